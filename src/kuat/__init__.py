@@ -1,0 +1,62 @@
+"""kuat: a fast, drop-in data loader for PyTorch training.
+
+Public names are loaded lazily, so ``import kuat`` stays cheap and a command such as
+``kuat inspect`` does not pay for importing torch.
+
+    import kuat
+    ds = kuat.open("train.kuat")
+    loader = kuat.DataLoader(ds, batch_size=64, shuffle=True, num_workers=8)
+"""
+
+from __future__ import annotations
+
+import importlib
+
+__version__ = "0.1.0"
+
+# public name -> module that defines it
+_EXPORTS = {
+    # errors
+    "KuatError": "kuat.errors",
+    "FormatError": "kuat.errors",
+    "SchemaError": "kuat.errors",
+    "DecodeError": "kuat.errors",
+    "WorkerError": "kuat.errors",
+    "LoaderTimeoutError": "kuat.errors",
+    "SharedMemoryError": "kuat.errors",
+    # randomness
+    "sample_rng": "kuat.rng",
+    "SampleRNG": "kuat.rng",
+    # format
+    "Writer": "kuat.format",
+    "Dataset": "kuat.format",
+    "open": "kuat.format",
+    "Schema": "kuat.format",
+    "Field": "kuat.format",
+    # loader
+    "DataLoader": "kuat.loader",
+    "default_collate": "kuat.collate",
+    "pad_collate": "kuat.collate",
+    # sources
+    "mix": "kuat.sources",
+    "shuffle_buffer": "kuat.sources",
+    "check_resume": "kuat.testing",
+}
+
+__all__ = sorted(_EXPORTS) + ["__version__", "vision", "convert"]
+
+
+def __getattr__(name: str):
+    if name in ("vision", "convert"):
+        return importlib.import_module(f"kuat.{name}")
+    try:
+        module = _EXPORTS[name]
+    except KeyError:
+        raise AttributeError(f"module 'kuat' has no attribute {name!r}") from None
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return __all__

@@ -1,0 +1,62 @@
+"""The ``kuat`` command line: parses arguments and calls the library (nothing else).
+
+Each subcommand lives in its own module ``kuat.cli.<name>`` with two functions:
+``add_parser(subparsers)`` (registers its ``argparse`` parser, importing nothing heavy) and
+``run(args) -> int`` (the exit status).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+_COMMANDS = ["demo", "convert", "inspect", "verify", "merge", "bench"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from kuat import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="kuat", description="kuat: fast data loading for PyTorch training."
+    )
+    parser.add_argument("--version", action="version", version=f"kuat {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in _COMMANDS:
+        try:
+            module = importlib.import_module(f"kuat.cli.{name}")
+        except ModuleNotFoundError as e:
+            if e.name == f"kuat.cli.{name}":
+                continue
+            raise
+        p = module.add_parser(sub)
+        p.set_defaults(_run=module.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(levelname)s %(name)s: %(message)s",
+    )
+    if not getattr(args, "_run", None):
+        parser.print_help()
+        return 2
+    from kuat.errors import KuatError
+
+    try:
+        return int(args._run(args) or 0)
+    except KuatError as e:
+        print(f"kuat {args.command}: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,5 @@
+import sys
+
+from kuat.cli import main
+
+sys.exit(main())

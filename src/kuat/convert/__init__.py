@@ -1,0 +1,1 @@
+"""Converters from common formats into kuat datasets."""

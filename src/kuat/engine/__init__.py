@@ -1,0 +1,1 @@
+"""Workers (threads or processes), bounded queues, ordering, error transport, shutdown."""

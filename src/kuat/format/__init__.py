@@ -1,0 +1,1 @@
+"""On-disk kuat datasets: Arrow IPC shards and a JSON manifest."""

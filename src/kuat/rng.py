@@ -1,0 +1,151 @@
+"""Per-sample random generators, so that augmentations do not depend on threads or workers.
+
+A sample's random draws come from generators seeded by ``(seed, epoch, sample index)``
+(see DESIGN.md, "Determinism and state"). The loader sets ``seed`` and ``epoch`` for the
+thread (or process) that fetches a batch; code inside a dataset calls :func:`sample_rng`
+to get the generators of the sample it is producing. The result is the same whatever the
+number of workers, whether they are threads or processes, and in what order they run.
+
+Outside a loader, the seed and epoch default to 0, so a dataset can be indexed directly
+and still gets reproducible draws.
+
+Thread-safety: the context is thread-local; each :class:`SampleRNG` is owned by one sample
+and must not be shared between threads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import threading
+from collections.abc import Iterator
+
+import numpy as np
+
+__all__ = ["SampleRNG", "sample_rng", "sample_seed", "epoch_context", "sample_context"]
+
+_MASK64 = (1 << 64) - 1
+_local = threading.local()
+
+
+def sample_seed(seed: int, epoch: int, index: int) -> int:
+    """The 64-bit seed of sample ``index`` in ``epoch`` of a run seeded with ``seed``.
+
+    Derived with NumPy's ``SeedSequence`` (hash-based mixing, so neighbouring indices or
+    epochs give independent streams). ``index`` must be >= 0.
+    """
+    ss = np.random.SeedSequence([seed & _MASK64, epoch & _MASK64, index & _MASK64])
+    lo, hi = ss.generate_state(2, np.uint32)
+    return int(lo) | (int(hi) << 32)
+
+
+class SampleRNG:
+    """The random generators of one sample, all derived from one 64-bit seed.
+
+    Attributes:
+        seed: the 64-bit seed (see :func:`sample_seed`).
+        numpy: a ``numpy.random.Generator`` (PCG64), created on first use.
+        torch: a CPU ``torch.Generator``, created on first use.
+        python: a ``random.Random``, created on first use.
+    """
+
+    __slots__ = ("seed", "_numpy", "_torch", "_python")
+
+    def __init__(self, seed: int):
+        self.seed = seed
+        self._numpy = None
+        self._torch = None
+        self._python = None
+
+    @property
+    def numpy(self) -> np.random.Generator:
+        if self._numpy is None:
+            self._numpy = np.random.Generator(np.random.PCG64(self.seed))
+        return self._numpy
+
+    @property
+    def torch(self):
+        if self._torch is None:
+            import torch
+
+            g = torch.Generator()
+            g.manual_seed(self.seed & ((1 << 63) - 1))
+            self._torch = g
+        return self._torch
+
+    @property
+    def python(self) -> random.Random:
+        if self._python is None:
+            self._python = random.Random(self.seed)
+        return self._python
+
+    def __repr__(self) -> str:
+        return f"SampleRNG(seed={self.seed:#018x})"
+
+
+def _context() -> tuple[int, int]:
+    return getattr(_local, "seed", 0), getattr(_local, "epoch", 0)
+
+
+def current_epoch() -> tuple[int, int]:
+    """``(seed, epoch)`` of the loader running in this thread, ``(0, 0)`` outside one."""
+    return _context()
+
+
+def sample_rng(index: int | None = None) -> SampleRNG:
+    """The generators of sample ``index`` in the current ``(seed, epoch)``.
+
+    Args:
+        index: the sample's index in its dataset. ``None`` means the sample the loader is
+            fetching in this thread right now (set while it calls ``__getitem__``).
+
+    Raises:
+        RuntimeError: ``index`` is ``None`` and no sample is being fetched in this thread.
+    """
+    if index is None:
+        index = getattr(_local, "index", None)
+        if index is None:
+            raise RuntimeError(
+                "kuat.sample_rng() without an index must be called while a kuat loader "
+                "fetches a sample (inside the dataset's __getitem__); pass the index explicitly"
+            )
+    seed, epoch = _context()
+    return SampleRNG(sample_seed(seed, epoch, index))
+
+
+@contextlib.contextmanager
+def epoch_context(seed: int, epoch: int) -> Iterator[None]:
+    """Set ``(seed, epoch)`` for :func:`sample_rng` in this thread, restoring it after."""
+    old = (getattr(_local, "seed", None), getattr(_local, "epoch", None))
+    _local.seed, _local.epoch = seed, epoch
+    try:
+        yield
+    finally:
+        _local.seed, _local.epoch = old
+        if old[0] is None:
+            del _local.seed, _local.epoch
+
+
+@contextlib.contextmanager
+def sample_context(index: int | None) -> Iterator[None]:
+    """Mark ``index`` as the sample being fetched in this thread (for ``sample_rng()``)."""
+    old = getattr(_local, "index", None)
+    _local.index = index
+    try:
+        yield
+    finally:
+        _local.index = old
+
+
+def seed_global_rngs(seed: int) -> None:
+    """Seed Python's ``random``, NumPy's global generator and torch's default generator.
+
+    Used per worker (as torch's DataLoader does) and per sample where the loader isolates
+    global random state. NumPy's legacy seeding takes 32 bits, so it gets a mixed 32-bit
+    value of ``seed``.
+    """
+    import torch
+
+    random.seed(seed)
+    np.random.seed(int(np.random.SeedSequence(seed & _MASK64).generate_state(1, np.uint32)[0]))
+    torch.manual_seed(seed & ((1 << 63) - 1))

@@ -1,0 +1,1 @@
+"""Image decoding and fused crop/resize/flip transforms."""
