@@ -36,11 +36,13 @@ _EXPORTS = {
     # loader
     "DataLoader": "kuat.loader",
     "default_collate": "kuat.collate",
-    "pad_collate": "kuat.collate",
+    "pad_collate": "kuat.padding",
     # sources
     "mix": "kuat.sources",
     "shuffle_buffer": "kuat.sources",
     "check_resume": "kuat.testing",
+    # vision helpers most users need at top level
+    "probe_image": "kuat.vision.probe",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__", "vision", "convert"]

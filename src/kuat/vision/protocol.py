@@ -31,12 +31,15 @@ class FusedImageTransform(Protocol):
         rng: np.random.Generator,
         out: np.ndarray | None = None,
     ) -> np.ndarray:
-        """Decode ``data`` (stored size ``width`` x ``height`` px, before EXIF orientation is
-        applied) and transform it.
+        """Decode ``data`` and transform it.
+
+        ``width`` and ``height`` are the image's size as ``decode_image`` returns it, that is
+        after EXIF orientation (``kuat.vision.probe.probe_image``); crop boxes are planned in
+        those coordinates and mapped back to the stored orientation by the transform.
 
         Args:
             data: the encoded image (JPEG, PNG, ...).
-            width, height: the stored pixel size from the dataset's index.
+            width, height: the oriented pixel size from the dataset's index.
             rng: the sample's generator (``kuat.sample_rng(index).numpy``); all random
                 draws come from it.
             out: ``(3, H, W)`` uint8 array to write into (may be a strided view), or ``None``.
