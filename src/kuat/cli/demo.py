@@ -1,0 +1,327 @@
+"""``kuat demo``: the main job, end to end, on real photos and nothing downloaded.
+
+1. build (or reuse) an ImageNet-like ImageFolder cut from photos that installed packages ship;
+2. convert it to a kuat dataset;
+3. one epoch through torch's DataLoader over torchvision's ImageFolder and one through
+   kuat's DataLoader over the kuat dataset, same augmentations and output, each in a fresh
+   process so that memory is measured cleanly; print images/s, time to first batch and peak
+   memory (PSS summed over all the loader's processes);
+4. train a small CNN for a bounded time from the kuat loader, printing the loss and the
+   fraction of each step spent waiting for data.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "demo",
+        help="build demo images, convert them, race torch's DataLoader, train a small CNN",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--num-images", type=int, default=2000, help="demo dataset size (default 2000)")
+    p.add_argument(
+        "--cache-dir",
+        type=Path,
+        default=None,
+        help="where the demo images and dataset are kept (default $KUAT_CACHE or ~/.cache/kuat)",
+    )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=os.cpu_count() or 1,
+        help="num_workers of both loaders (default: all cores)",
+    )
+    p.add_argument("--batch-size", type=int, default=64, help="batch size (default 64)")
+    p.add_argument(
+        "--train-seconds",
+        type=float,
+        default=60.0,
+        help="time budget of the training run in seconds; 0 skips it (default 60)",
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed of the data and the loaders")
+    p.add_argument("--json", type=Path, default=None, help="also write the results to this file")
+    return p
+
+
+# --- one loader epoch, run in a fresh interpreter (python -m kuat.cli.demo measure ...) --------
+
+
+def _measure(which: str, path: str, workers: int, batch_size: int, seed: int) -> dict:
+    """One epoch of ``which`` ("torch" or "kuat"); returns the measurements as a dict."""
+    import torch
+    from tqdm.auto import tqdm
+
+    from kuat.cli._memory import PeakMemory
+
+    torch.manual_seed(seed)
+    with PeakMemory() as mem:
+        t0 = time.perf_counter()
+        if which == "torch":
+            from torchvision import datasets
+            from torchvision.transforms import v2
+
+            tf = v2.Compose([v2.RandomResizedCrop(224), v2.RandomHorizontalFlip(), v2.PILToTensor()])
+            ds = datasets.ImageFolder(path, transform=tf)
+            loader = torch.utils.data.DataLoader(
+                ds, batch_size=batch_size, shuffle=True, num_workers=workers
+            )
+
+            def unpack(batch):
+                return batch[0], batch[1]
+        else:
+            import kuat
+            from kuat import vision as kv
+
+            ds = kuat.open(path).with_transform(
+                {"image": kv.Compose([kv.RandomResizedCrop(224), kv.RandomHorizontalFlip()])}
+            )
+            loader = kuat.DataLoader(
+                ds, batch_size=batch_size, shuffle=True, num_workers=workers, seed=seed
+            )
+
+            def unpack(batch):
+                return batch["image"], batch["label"]
+
+        n = 0
+        first = None
+        labels = torch.zeros(0, dtype=torch.int64)
+        for batch in tqdm(loader, desc=f"{which} epoch", unit="batch", leave=False):
+            images, label = unpack(batch)
+            if first is None:
+                first = time.perf_counter() - t0
+                if images.dtype != torch.uint8 or tuple(images.shape[1:]) != (3, 224, 224):
+                    raise RuntimeError(f"{which}: unexpected batch {images.dtype} {images.shape}")
+            n += images.shape[0]
+            labels = torch.cat([labels, label.to(torch.int64)])
+        elapsed = time.perf_counter() - t0
+        del loader
+    return {
+        "loader": which,
+        "images": n,
+        "epoch_s": elapsed,
+        "images_per_s": n / elapsed,
+        "first_batch_s": first,
+        "peak_pss_mb": mem.peak / 2**20,
+        "added_pss_mb": mem.added / 2**20,
+        "label_counts": torch.bincount(labels).tolist(),
+    }
+
+
+def _measure_in_subprocess(which: str, path: Path, args) -> dict:
+    cmd = [
+        sys.executable,
+        "-m",
+        "kuat.cli.demo",
+        "measure",
+        which,
+        str(path),
+        str(args.workers),
+        str(args.batch_size),
+        str(args.seed),
+    ]
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"the {which} loader run failed (exit {proc.returncode}): {' '.join(cmd)}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+# --- training -----------------------------------------------------------------------------
+
+
+def _train(path: Path, num_classes: int, args) -> dict:
+    import torch
+    from torch import nn
+    from tqdm.auto import tqdm
+
+    import kuat
+    from kuat import vision as kv
+
+    torch.manual_seed(args.seed)
+    ds = kuat.open(path).with_transform(
+        {
+            "image": kv.Compose(
+                [
+                    kv.RandomResizedCrop(224),
+                    kv.RandomHorizontalFlip(),
+                    kv.Normalize(mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225)),
+                ]
+            )
+        }
+    )
+    loader = kuat.DataLoader(
+        ds,
+        batch_size=args.batch_size,
+        shuffle=True,
+        num_workers=args.workers,
+        drop_last=True,
+        persistent_workers=True,
+        seed=args.seed,
+    )
+
+    def block(cin: int, cout: int, k: int, s: int) -> list[nn.Module]:
+        return [nn.Conv2d(cin, cout, k, s, k // 2, bias=False), nn.BatchNorm2d(cout), nn.ReLU()]
+
+    model = nn.Sequential(  # (B, 3, 224, 224) float32 -> (B, num_classes) logits
+        *block(3, 24, 5, 4),  # -> (B, 24, 56, 56)
+        *block(24, 48, 3, 2),  # -> (B, 48, 28, 28)
+        *block(48, 96, 3, 2),  # -> (B, 96, 14, 14)
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),  # -> (B, 96)
+        nn.Linear(96, num_classes),
+    )
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    loss_fn = nn.CrossEntropyLoss()
+
+    steps, wait_s, total_s = 0, 0.0, 0.0
+    log_every_s, next_log = 10.0, 10.0
+    history = []
+    window_loss, window_correct, window_n = 0.0, 0, 0
+    bar = tqdm(total=round(args.train_seconds), desc="training", unit="s", leave=False)
+    start = time.perf_counter()
+    try:
+        while total_s < args.train_seconds:
+            it = iter(loader)
+            while total_s < args.train_seconds:
+                t0 = time.perf_counter()
+                try:
+                    batch = next(it)
+                except StopIteration:
+                    break
+                t1 = time.perf_counter()
+                x, y = batch["image"], batch["label"]  # (B, 3, 224, 224) float32, (B,) int64
+                logits = model(x)
+                loss = loss_fn(logits, y)
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+                t2 = time.perf_counter()
+                wait_s += t1 - t0
+                total_s = t2 - start
+                steps += 1
+                window_loss += loss.item() * len(y)
+                window_correct += int((logits.argmax(1) == y).sum())
+                window_n += len(y)
+                bar.update(round(total_s) - bar.n)
+                if total_s >= next_log or total_s >= args.train_seconds:
+                    entry = {
+                        "t_s": round(total_s, 1),
+                        "step": steps,
+                        "loss": window_loss / window_n,
+                        "train_acc": window_correct / window_n,
+                    }
+                    history.append(entry)
+                    tqdm.write(
+                        f"  t={entry['t_s']:5.1f}s  step {steps:4d}  loss {entry['loss']:.3f}"
+                        f"  train acc {entry['train_acc']:.2f}"
+                    )
+                    window_loss, window_correct, window_n = 0.0, 0, 0
+                    next_log += log_every_s
+    finally:
+        bar.close()
+        loader.close()
+    return {
+        "steps": steps,
+        "seconds": total_s,
+        "data_wait_fraction": wait_s / total_s if total_s else 0.0,
+        "history": history,
+    }
+
+
+# --- the command --------------------------------------------------------------------------
+
+
+def _table(rows: list[list[str]]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = []
+    for k, r in enumerate(rows):
+        lines.append("| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |")
+        if k == 0:
+            lines.append("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    return "\n".join(lines)
+
+
+def run(args) -> int:
+    import kuat.convert
+    from kuat.cli.demo_data import SOURCES, build_demo_imagefolder, default_cache_dir
+
+    if args.workers < 0 or args.batch_size < 1 or args.num_images < len(SOURCES):
+        raise SystemExit(
+            f"kuat demo: need --workers >= 0, --batch-size >= 1, --num-images >= {len(SOURCES)}"
+        )
+    cache = args.cache_dir or default_cache_dir()
+    print(f"kuat demo: {args.num_images} images, {args.workers} workers, cache {cache}")
+
+    print("\n[1/4] demo ImageFolder")
+    src = build_demo_imagefolder(cache / "demo", args.num_images, seed=args.seed)
+    print(f"  {src}")
+
+    print("\n[2/4] kuat convert")
+    dst = src.with_name(src.name + ".kuat")
+    t0 = time.perf_counter()
+    kuat.convert.from_imagefolder(src, dst, num_workers=args.workers, progress=True, overwrite=True)
+    conv_s = time.perf_counter() - t0
+    print(f"  {dst}: {args.num_images} images in {conv_s:.1f}s ({args.num_images / conv_s:,.0f} images/s)")
+
+    print("\n[3/4] one epoch each: torch DataLoader + torchvision ImageFolder vs kuat.DataLoader")
+    res = {w: _measure_in_subprocess(w, src if w == "torch" else dst, args) for w in ("torch", "kuat")}
+    for w, r in res.items():
+        if r["images"] != args.num_images:
+            raise RuntimeError(f"{w} loader yielded {r['images']} images, not {args.num_images}")
+    if res["torch"]["label_counts"] != res["kuat"]["label_counts"]:
+        raise RuntimeError("the two loaders yielded different label counts")
+    t, k = res["torch"], res["kuat"]
+    rows = [
+        ["loader", "images/s", "first batch (s)", "peak PSS (MiB)", "added PSS (MiB)", "speed"],
+        *(
+            [
+                name,
+                f"{r['images_per_s']:,.0f}",
+                f"{r['first_batch_s']:.2f}",
+                f"{r['peak_pss_mb']:,.0f}",
+                f"{r['added_pss_mb']:,.0f}",
+                f"{r['images_per_s'] / t['images_per_s']:.2f}x",
+            ]
+            for name, r in (
+                ("torch DataLoader + ImageFolder", t),
+                ("kuat.DataLoader + kuat dataset", k),
+            )
+        ),
+    ]
+    print(_table(rows))
+    print(
+        f"  kuat: {k['images_per_s'] / t['images_per_s']:.2f}x the images/s, "
+        f"{k['first_batch_s'] / t['first_batch_s']:.2f}x the time to first batch, "
+        f"{k['added_pss_mb'] / max(t['added_pss_mb'], 1e-9):.2f}x the added memory"
+    )
+
+    train = None
+    if args.train_seconds > 0:
+        print(f"\n[4/4] training a small CNN for {args.train_seconds:.0f}s from kuat.DataLoader")
+        train = _train(dst, len(SOURCES), args)
+        h = train["history"]
+        print(
+            f"  {train['steps']} steps; loss {h[0]['loss']:.3f} -> {h[-1]['loss']:.3f}; "
+            f"waiting for data {100 * train['data_wait_fraction']:.1f}% of step time"
+        )
+    if args.json:
+        args.json.write_text(json.dumps({"loaders": res, "convert_s": conv_s, "train": train}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 7 and sys.argv[1] == "measure":
+        _, _, which, path, workers, batch_size, seed = sys.argv
+        out = _measure(which, path, int(workers), int(batch_size), int(seed))
+        print(json.dumps(out))
+    else:
+        sys.exit("usage: python -m kuat.cli.demo measure torch|kuat PATH WORKERS BATCH SEED")
