@@ -6,10 +6,7 @@ import io
 from typing import NamedTuple
 
 from kuat.errors import DecodeError
-
-# EXIF orientations 5-8 are transposed: the displayed image has width and height swapped.
-_TRANSPOSED_ORIENTATIONS = {5, 6, 7, 8}
-_EXIF_ORIENTATION_TAG = 0x0112
+from kuat.vision import _exif
 
 
 class ImageInfo(NamedTuple):
@@ -23,25 +20,36 @@ class ImageInfo(NamedTuple):
 def probe_image(data: bytes | memoryview, *, source: object = None) -> ImageInfo:
     """Width, height (after EXIF orientation) and codec of an encoded image.
 
-    Reads only the header (Pillow's lazy open), so it costs microseconds, not a decode.
-    Malformed EXIF is ignored (the stored size is returned).
+    Reads only the header (libjpeg-turbo's header parser for JPEG, Pillow's lazy open for
+    the rest), so it costs microseconds, not a decode. Orientation comes from EXIF only (XMP
+    is ignored) and malformed EXIF/XMP is ignored (the stored size is returned): exactly the
+    rule ``kuat.vision.decode_image`` applies, so the two always agree on the size.
 
     Raises:
         kuat.DecodeError: the bytes are not an image Pillow recognises; names ``source``.
     """
+    if bytes(data[:2]) == b"\xff\xd8":
+        import simplejpeg
+
+        try:
+            height, width, _, _ = simplejpeg.decode_jpeg_header(data)
+        except ValueError:
+            pass  # let Pillow have a go (and report it)
+        else:
+            if _exif.jpeg_orientation(data) in _exif.TRANSPOSED:
+                width, height = height, width
+            return ImageInfo(width, height, "jpeg")
+
     from PIL import Image, UnidentifiedImageError
 
     try:
         with Image.open(io.BytesIO(data)) as im:
             width, height = im.size
             codec = (im.format or "unknown").lower()
-            try:
-                orientation = im.getexif().get(_EXIF_ORIENTATION_TAG, 1)
-            except Exception:  # malformed EXIF must not make an image unreadable
-                orientation = 1
+            orientation = _exif.pil_orientation(im, data)
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as e:
         where = f" ({source})" if source is not None else ""
         raise DecodeError(f"not a readable image{where}: {e}", source=source) from e
-    if orientation in _TRANSPOSED_ORIENTATIONS:
+    if orientation in _exif.TRANSPOSED:
         width, height = height, width
     return ImageInfo(width, height, codec)

@@ -1,0 +1,276 @@
+"""Decode encoded images (JPEG, PNG, WebP, BMP, GIF, TIFF) to ``(H, W, 3)`` uint8 RGB arrays.
+
+JPEG goes through simplejpeg (libjpeg-turbo; the GIL is released during the decode), which can
+decode at a reduced DCT scale (1/2, 1/4, 1/8) at a fraction of the cost: the fused crop path asks
+for the smallest scale that still covers its crop at the output size. CMYK and YCCK JPEGs, which
+libjpeg-turbo's RGB output cannot convert, and JPEGs that libjpeg-turbo rejects as slightly
+malformed go through Pillow (which also releases the GIL while decoding). Everything else goes
+through Pillow.
+
+What every decode returns, whatever the variant (one rule, applied on every path):
+
+* RGB, 8 bits per channel. Grayscale is replicated to three channels. CMYK and YCCK (including
+  Adobe's inverted CMYK) are converted with Pillow's CMYK -> RGB conversion, the same pixels
+  ``PIL.Image.open(f).convert("RGB")`` gives.
+* Alpha is **dropped, not composited**: an RGBA, LA or palette-with-transparency image returns
+  the colour channels as stored, whatever the alpha. This is exactly what torchvision's
+  ``ImageFolder`` loader (``Image.convert("RGB")``) and ``torchvision.io.decode_image(...,
+  ImageReadMode.RGB)`` give, so a model sees the same pixels as with the torch pipeline.
+* 16-bit images are scaled to 8 bits by taking the high byte (``v >> 8``, so 65535 -> 255),
+  the rule Pillow applies to 16-bit RGB PNGs; 16-bit grayscale follows the same rule instead of
+  being clipped.
+* EXIF orientation (tag 0x0112 of IFD0, values 1-8) is applied, including on reduced-scale
+  decodes; XMP orientation is ignored; malformed EXIF or XMP is ignored (never an error).
+* Animated GIF/WebP/TIFF: the first frame.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import threading
+from typing import NamedTuple
+
+import numpy as np
+
+from kuat.errors import DecodeError
+from kuat.vision import _exif
+
+__all__ = ["decode_image", "DEFAULT_MAX_PIXELS"]
+
+logger = logging.getLogger("kuat.vision")
+
+# Pillow's own limit for "this is an attack" (2 * Image.MAX_IMAGE_PIXELS): about 13k x 13k.
+DEFAULT_MAX_PIXELS = 178_956_970
+
+# DCT scales (numerator over 8) the reduced-scale path may use. libjpeg-turbo also offers
+# 3/8, 5/8, 6/8 and 7/8, but those run through non-SIMD inverse DCTs and measured slower than
+# the full-size decode, so only the power-of-two reductions are used.
+_JPEG_SCALES = (1, 2, 4, 8)  # ascending; 8 means 8/8 = full size
+_JPEG_SOI = b"\xff\xd8"
+_PIL_JPEG_COLORSPACES = ("CMYK", "YCCK")  # simplejpeg cannot convert these to RGB
+
+_local = threading.local()
+
+
+class Decoded(NamedTuple):
+    """A decode in the image's stored orientation (internal to kuat.vision).
+
+    ``pixels`` is ``(h, w, 3)`` uint8, possibly reduced: pixel ``(y, x)`` covers stored
+    full-size pixels ``[y / scale, (y + 1) / scale)``. ``height``/``width`` are the stored
+    full size; ``orientation`` the EXIF orientation still to apply.
+    """
+
+    pixels: np.ndarray
+    height: int
+    width: int
+    scale: float
+    orientation: int
+
+
+def _where(index, source) -> str:
+    parts = []
+    if index is not None:
+        parts.append(f"sample {index}")
+    if source is not None:
+        parts.append(f"from {source}")
+    return f" ({', '.join(parts)})" if parts else ""
+
+
+def _check_pixels(width: int, height: int, max_pixels, index, source) -> None:
+    if max_pixels is not None and width * height > max_pixels:
+        raise DecodeError(
+            f"image of {width}x{height} = {width * height} pixels is above "
+            f"max_pixels={max_pixels}{_where(index, source)}; refusing to decode it "
+            "(a decompression bomb?). Pass a larger max_pixels (or None) to allow it.",
+            index=index,
+            source=source,
+        )
+
+
+def _scratch(nbytes: int) -> np.ndarray:
+    """A per-thread reusable uint8 buffer of at least ``nbytes`` (avoids page-faulting a fresh
+    allocation per image). Only for decodes that do not outlive the caller's use."""
+    buf = getattr(_local, "buf", None)
+    if buf is None or buf.size < nbytes:
+        buf = np.empty(max(nbytes, 1 << 20), np.uint8)
+        _local.buf = buf
+    return buf
+
+
+def _pick_scale(min_scale: float) -> int:
+    """Smallest numerator ``k`` in ``_JPEG_SCALES`` with ``k / 8 >= min_scale``."""
+    for k in _JPEG_SCALES:
+        if k >= 8 * min_scale - 1e-9:
+            return k
+    return 8
+
+
+def decode_stored(
+    data,
+    *,
+    min_scale: float = 1.0,
+    max_pixels: int | None = DEFAULT_MAX_PIXELS,
+    index: int | None = None,
+    source: object = None,
+    reuse_buffer: bool = False,
+) -> Decoded:
+    """Decode at the smallest JPEG DCT scale ``>= min_scale`` (non-JPEG: full size), without
+    applying the EXIF orientation. Internal to kuat.vision (the fused transforms use it).
+
+    ``reuse_buffer=True`` decodes JPEGs into a per-thread scratch buffer: the result is only
+    valid until the next decode in the same thread.
+
+    Raises:
+        kuat.DecodeError: corrupt, truncated, not an image, or above ``max_pixels``.
+    """
+    import simplejpeg
+
+    if bytes(data[:2]) == _JPEG_SOI:
+        try:
+            height, width, colorspace, _ = simplejpeg.decode_jpeg_header(data)
+        except ValueError:
+            colorspace = None  # let Pillow report (or recover) it
+        if colorspace is not None and colorspace not in _PIL_JPEG_COLORSPACES:
+            _check_pixels(width, height, max_pixels, index, source)
+            k = _pick_scale(min_scale) if min_scale < 1.0 else 8
+            min_w = -(-width * k // 8)  # ceil: libjpeg's scaled size, so simplejpeg picks k/8
+            min_h = -(-height * k // 8)
+            try:
+                if reuse_buffer:
+                    out = _scratch(min_w * min_h * 3)
+                    pixels = simplejpeg.decode_jpeg(
+                        data, min_width=min_w, min_height=min_h, buffer=out
+                    )
+                else:
+                    pixels = simplejpeg.decode_jpeg(data, min_width=min_w, min_height=min_h)
+                return Decoded(pixels, height, width, k / 8, _exif.jpeg_orientation(data))
+            except ValueError as e:
+                # Truncated files fail again in Pillow (and are reported there); files with
+                # recoverable defects (extraneous bytes, bad markers) decode there, as they do
+                # for torchvision's PIL loader.
+                logger.debug(
+                    "simplejpeg failed%s: %s; retrying with Pillow", _where(index, source), e
+                )
+    return _decode_pil(data, min_scale, max_pixels, index, source)
+
+
+def _decode_pil(data, min_scale, max_pixels, index, source) -> Decoded:
+    from PIL import Image
+
+    try:
+        with Image.open(io.BytesIO(data)) as im:
+            width, height = im.size
+            _check_pixels(width, height, max_pixels, index, source)
+            orientation = _exif.pil_orientation(im, data)
+            scale = 1.0
+            if im.format == "JPEG" and min_scale < 1.0:
+                k = _pick_scale(min_scale)
+                if k < 8:
+                    im.draft(im.mode, (-(-width * k // 8), -(-height * k // 8)))
+                    # draft picked 1/1, 1/2, 1/4 or 1/8 (size = ceil(size / r)) covering it
+                    for r in (8, 4, 2, 1):
+                        if im.size == (-(-width // r), -(-height // r)):
+                            scale = 1.0 / r
+                            break
+            pixels = _to_rgb(im)
+    except DecodeError:
+        raise
+    except Exception as e:  # Pillow raises many types (OSError, SyntaxError, ValueError, ...)
+        raise DecodeError(
+            f"cannot decode image{_where(index, source)}: {type(e).__name__}: {e}",
+            index=index,
+            source=source,
+        ) from e
+    return Decoded(pixels, height, width, scale, orientation)
+
+
+def _to_rgb(im) -> np.ndarray:
+    """``(H, W, 3)`` uint8 RGB from a Pillow image of any mode (alpha dropped, 16-bit >> 8)."""
+    mode = im.mode
+    if mode == "RGB":
+        return np.asarray(im)
+    if mode.startswith("I;16") or mode == "I":
+        a = np.asarray(im)  # (H, W) uint16 or int32
+        a8 = (np.clip(a, 0, 65535) >> 8).astype(np.uint8)  # 16 -> 8 bits: high byte
+        return np.repeat(a8[:, :, None], 3, axis=2)  # (H, W) -> (H, W, 3)
+    if mode == "F":
+        a8 = np.clip(np.rint(np.asarray(im)), 0, 255).astype(np.uint8)
+        return np.repeat(a8[:, :, None], 3, axis=2)
+    if mode == "PA" or (mode == "P" and "transparency" in im.info):
+        # Via RGBA so Pillow does not warn; the colours are the palette's, alpha dropped.
+        return np.asarray(im.convert("RGBA"))[:, :, :3]
+    return np.asarray(im.convert("RGB"))
+
+
+def decode_image(
+    data,
+    *,
+    min_size: tuple[int, int] | int | None = None,
+    max_pixels: int | None = DEFAULT_MAX_PIXELS,
+    index: int | None = None,
+    source: object = None,
+) -> np.ndarray:
+    """Decode an encoded image to RGB pixels, EXIF orientation applied.
+
+    See the module docstring for how every variant (grayscale, CMYK/YCCK, alpha, palette,
+    16-bit, orientation) maps to RGB.
+
+    Args:
+        data: the encoded bytes (``bytes``, ``bytearray``, ``memoryview`` or 1-D uint8 array).
+        min_size: ``(min_height, min_width)`` (an int means both), in displayed (oriented)
+            pixels. A JPEG is then decoded at the smallest DCT scale (1/8, 1/4, 1/2 or 1)
+            whose result is at least that large (never smaller than the image is); other
+            formats are always decoded at full size. ``None``: full size.
+        max_pixels: refuse images whose stored width * height exceeds this (decompression
+            bombs); ``None`` disables the check (Pillow's own limit still applies to
+            non-JPEG formats).
+        index, source: the sample index and the file or shard the bytes came from; they only
+            appear in error messages and on the raised error.
+
+    Returns:
+        ``(H, W, 3)`` uint8 C-contiguous array, RGB, a new array owned by the caller.
+
+    Raises:
+        kuat.DecodeError: truncated or corrupt data, not an image, or more than
+            ``max_pixels`` pixels; names ``index`` and ``source``.
+        TypeError, ValueError: ``min_size`` or ``max_pixels`` is not valid.
+
+    Thread-safety: thread-safe; the decode itself releases the GIL, so threads decode in
+    parallel.
+    """
+    min_scale = 1.0
+    if min_size is not None:
+        if isinstance(min_size, int):
+            min_size = (min_size, min_size)
+        try:
+            min_h, min_w = (int(v) for v in min_size)
+        except (TypeError, ValueError):
+            raise TypeError(
+                f"min_size must be an int or (height, width), got {min_size!r}"
+            ) from None
+        if min_h < 0 or min_w < 0:
+            raise ValueError(f"min_size must be non-negative, got {min_size!r}")
+        min_scale = _min_scale_for(data, min_h, min_w)
+    if max_pixels is not None and (not isinstance(max_pixels, int) or max_pixels <= 0):
+        raise ValueError(f"max_pixels must be a positive int or None, got {max_pixels!r}")
+    d = decode_stored(data, min_scale=min_scale, max_pixels=max_pixels, index=index, source=source)
+    if d.orientation == 1:
+        return d.pixels
+    return np.ascontiguousarray(_exif.orient(d.pixels, d.orientation))
+
+
+def _min_scale_for(data, min_h: int, min_w: int) -> float:
+    """The smallest scale whose decode is at least ``(min_h, min_w)`` displayed pixels."""
+    if bytes(data[:2]) != _JPEG_SOI:
+        return 1.0
+    import simplejpeg
+
+    try:
+        height, width, _, _ = simplejpeg.decode_jpeg_header(data)
+    except ValueError:
+        return 1.0
+    if _exif.jpeg_orientation(data) in _exif.TRANSPOSED:
+        min_h, min_w = min_w, min_h
+    # scaled size is ceil(size * k / 8) >= size * k / 8, so this scale is sufficient
+    return min(1.0, max(min_h / height, min_w / width, 0.0))
