@@ -1,12 +1,27 @@
-"""What a loader reads: kuat datasets, torch map/iterable datasets, Hugging Face datasets, mixes."""
+"""What a loader reads: kuat datasets, torch map/iterable datasets, Hugging Face datasets, mixes.
+
+:func:`as_source` is called by :class:`kuat.DataLoader` at construction. :func:`mix` interleaves
+several sources by weight and :func:`shuffle_buffer` reorders a stream through a bounded buffer.
+"""
 
 from __future__ import annotations
+
+__all__ = ["as_source"]
 
 
 def as_source(dataset):
     """Return the object the loader should read for ``dataset``.
 
-    Hugging Face ``datasets`` objects are wrapped in kuat sources that gather a batch with one
-    Arrow call; every other dataset is returned unchanged.
+    * ``datasets.Dataset`` -> :class:`kuat.sources.hf.HFMapSource` (one Arrow gather per batch);
+    * everything else (kuat datasets, torch map-style and iterable datasets, kuat mixes) is
+      returned unchanged.
+
+    ``datasets`` is never imported unless ``dataset`` comes from it.
     """
+    from kuat.sources.hf import is_hf_map_dataset
+
+    if is_hf_map_dataset(dataset):
+        from kuat.sources.hf import HFMapSource
+
+        return HFMapSource(dataset)
     return dataset

@@ -1,0 +1,226 @@
+"""Hugging Face ``datasets`` as kuat sources.
+
+:class:`HFMapSource` reads a ``datasets.Dataset`` a batch at a time: the batch's row numbers
+go through the dataset's indices mapping (left by ``shuffle``, ``select``, ``filter``) in one
+NumPy lookup, then
+
+* numeric columns and lists of numbers (no nulls, nothing to decode), in the ``None``,
+  ``"numpy"`` and ``"torch"`` formats, are gathered straight from the Arrow buffers (see
+  :mod:`kuat.sources._arrow`) and converted to the format's dtype with one cast per column;
+  every sample's value is a view of that one batch buffer (the contract :func:`kuat.pad_collate`
+  vectorises over);
+* every other column, and every column when the dataset has a lazy transform
+  (``set_transform``/``with_transform``) or another format (``"arrow"``, ``"pandas"``, ...), is
+  gathered with ``datasets``' own ``Table.fast_gather`` and formatted by the dataset's own
+  formatter (which runs the transform once on the whole batch).
+
+Samples come out as indexing the dataset would give them: the same keys in the same order, the
+same types (``int`` / ``list``, ``numpy`` scalars and arrays, 0-d and 1-d tensors, one-row
+``pyarrow.Table``), the same dtypes (``datasets`` turns integers into int64 and floats into
+float32 in the ``numpy`` and ``torch`` formats) and the same values.
+:class:`HFIterableSource` wraps a streaming ``datasets.IterableDataset``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+
+import numpy as np
+import torch
+
+from kuat.sources._arrow import ListColumn, ScalarColumn, numeric_column, numeric_list_column
+
+__all__ = ["HFMapSource", "is_hf_map_dataset", "is_hf_iterable_dataset"]
+
+_log = logging.getLogger("kuat.sources.hf")
+
+
+def is_hf_map_dataset(obj) -> bool:
+    """True when ``obj`` is a ``datasets.Dataset`` (checked without importing ``datasets``)."""
+    return any(
+        c.__module__ == "datasets.arrow_dataset" and c.__name__ == "Dataset"
+        for c in type(obj).__mro__
+    )
+
+
+def is_hf_iterable_dataset(obj) -> bool:
+    """True when ``obj`` is a ``datasets.IterableDataset`` (checked without importing it)."""
+    return any(
+        c.__module__ == "datasets.iterable_dataset" and c.__name__ == "IterableDataset"
+        for c in type(obj).__mro__
+    )
+
+
+# What datasets' formatters turn numbers into (TorchFormatter._tensorize,
+# NumpyFormatter._tensorize): integers -> int64, floats -> float32, in both formats.
+def _format_dtype(dtype: np.dtype) -> np.dtype:
+    return np.dtype(np.int64) if dtype.kind in "iu" else np.dtype(np.float32)
+
+
+class _FastColumn:
+    """One column read straight from Arrow and formatted the way ``datasets`` would."""
+
+    __slots__ = ("name", "gather", "format_type")
+
+    def __init__(self, name: str, gather: ScalarColumn | ListColumn, format_type: str | None):
+        self.name = name
+        self.gather = gather
+        self.format_type = format_type  # None (python), "numpy" or "torch"
+
+    def values(self, rows: np.ndarray) -> list:
+        """The column's value for each of ``rows`` ``(B,) int64``, as a list of B objects."""
+        if isinstance(self.gather, ScalarColumn):
+            col = self.gather.take(rows)  # (B,)
+            if self.format_type is None:
+                return col.tolist()
+            col = col.astype(_format_dtype(col.dtype), copy=False)
+            if self.format_type == "numpy":
+                return list(col)  # numpy scalars, as datasets' batch[col][i]
+            t = torch.from_numpy(col)
+            return [t[i] for i in range(len(rows))]  # 0-d views of one (B,) tensor
+        offsets, flat = self.gather.take(rows)  # (B + 1,), (N,)
+        bounds = offsets.tolist()
+        if self.format_type is None:
+            flat_list = flat.tolist()
+            return [flat_list[bounds[i] : bounds[i + 1]] for i in range(len(rows))]
+        flat = flat.astype(_format_dtype(flat.dtype), copy=False)  # (N,) int64 | float32
+        if self.format_type == "torch":
+            flat = torch.from_numpy(flat)
+        # Views of one (N,) buffer, consecutive in batch order: pad_collate pads them in one op.
+        return [flat[bounds[i] : bounds[i + 1]] for i in range(len(rows))]
+
+
+class HFMapSource(torch.utils.data.Dataset):
+    """A ``datasets.Dataset`` read one batch per call (see the module docstring).
+
+    Args:
+        dataset: the ``datasets.Dataset``, with any indices mapping, format and transform.
+
+    ``__getitems__(indices)`` returns a list of B samples for B indices (negative indices count
+    from the end, as in ``datasets``); ``__getitem__(i)`` is ``__getitems__([i])[0]``.
+    Thread-safety: reads are thread-safe (the gather plan is read-only once built; a transform
+    must itself be thread-safe to be run by several thread workers). Picklable: the plan is
+    rebuilt after unpickling (memory-mapped tables are reopened by path).
+
+    Raises:
+        IndexError: an index is outside ``[-len(dataset), len(dataset))``.
+    """
+
+    def __init__(self, dataset):
+        if not is_hf_map_dataset(dataset):
+            raise TypeError(f"HFMapSource wraps a datasets.Dataset, got {type(dataset).__name__}")
+        self.dataset = dataset
+        self._build_plan()
+
+    # ----------------------------------------------------------------------------- plan
+    def _build_plan(self) -> None:
+        from datasets.features.features import require_decoding
+        from datasets.formatting import get_format_type_from_alias, get_formatter
+
+        ds = self.dataset
+        self._format_type = get_format_type_from_alias(ds._format_type)
+        self._formatter = get_formatter(
+            ds._format_type, features=ds._info.features, **(ds._format_kwargs or {})
+        )
+        self._indices = None if ds._indices is None else numeric_column(ds._indices.table.column(0))
+        table_columns = ds._data.column_names
+        fmt_cols = ds._format_columns
+        formatted = [c for c in table_columns if fmt_cols is None or c in fmt_cols]
+        extra = [c for c in table_columns if c not in formatted] if ds._output_all_columns else []
+        # Output key order of datasets' format_table: formatted columns, then the others.
+        self._keys = formatted + extra
+        self._fast: list[_FastColumn] = []
+        fast_formats = (None, "numpy", "torch")
+        if self._format_type in fast_formats:
+            for name in self._keys:
+                col_format = self._format_type if name in formatted else None
+                if col_format is not None and ds._format_kwargs:
+                    continue  # user dtype/device kwargs: let datasets apply them
+                feature = ds._info.features.get(name) if ds._info.features else None
+                if feature is None or require_decoding(feature):
+                    continue
+                column = ds._data.table.column(name)
+                gather = numeric_column(column) or numeric_list_column(column)
+                if gather is not None:
+                    self._fast.append(_FastColumn(name, gather, col_format))
+        fast_names = {c.name for c in self._fast}
+        self._slow = [c for c in table_columns if c not in fast_names]
+        _log.debug(
+            "HF source: %d rows, format %s, fast columns %s, datasets-formatted %s",
+            len(ds),
+            self._format_type,
+            sorted(fast_names),
+            self._slow,
+        )
+
+    def __getstate__(self):
+        return {"dataset": self.dataset}
+
+    def __setstate__(self, state):
+        self.dataset = state["dataset"]
+        self._build_plan()
+
+    # ---------------------------------------------------------------------------- reads
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int):
+        return self.__getitems__([index])[0]
+
+    def _rows(self, indices) -> np.ndarray:
+        """Table row numbers ``(B,) int64`` of dataset ``indices`` (bounds-checked)."""
+        keys = np.asarray(indices, dtype=np.int64).reshape(-1)  # (B,)
+        n = len(self.dataset)
+        if len(keys) and (keys.min() < -n or keys.max() >= n):
+            bad = int(keys[(keys < -n) | (keys >= n)][0])
+            raise IndexError(f"index {bad} is out of range for a dataset of {n} rows")
+        keys = keys % n if n else keys
+        if self._indices is None:
+            return keys
+        return self._indices.take(keys).astype(np.int64)  # (B,) uint64 -> int64
+
+    def __getitems__(self, indices) -> list:
+        from datasets.formatting.formatting import format_table
+
+        rows = self._rows(indices)
+        n = len(rows)
+        if n == 0:
+            return []
+        columns: dict[str, list | object] = {}
+        batch = None
+        if self._slow:
+            sub = self.dataset._data.fast_gather(rows).select(self._slow)  # pyarrow.Table (B rows)
+            batch = format_table(
+                sub,
+                range(n),
+                formatter=self._formatter,
+                format_columns=self.dataset._format_columns,
+                output_all_columns=self.dataset._output_all_columns,
+            )
+        if not self._fast:
+            return _split_rows(batch, n, self.dataset, indices)
+        for col in self._fast:
+            columns[col.name] = col.values(rows)
+        if batch is not None:
+            columns.update(batch)
+        keys = [k for k in self._keys if k in columns]
+        per_key = [columns[k] for k in keys]
+        return [dict(zip(keys, vals, strict=True)) for vals in zip(*per_key, strict=True)]
+
+
+def _split_rows(batch, n: int, dataset, indices) -> list:
+    """Per-sample values of a formatted batch, as indexing the dataset would give each."""
+    import pyarrow as pa
+
+    if isinstance(batch, Mapping):  # python / numpy / torch / custom transform
+        keys = list(batch)
+        if not keys:
+            return [{} for _ in range(n)]
+        return [{k: batch[k][i] for k in keys} for i in range(n)]
+    if isinstance(batch, pa.Table):  # "arrow": a one-row table per sample, zero-copy slices
+        return [batch.slice(i, 1) for i in range(n)]
+    if hasattr(batch, "iloc"):  # "pandas": one-row frames indexed from 0, like dataset[i]
+        return [batch.iloc[i : i + 1].reset_index(drop=True) for i in range(n)]
+    # Other formats (jax, tensorflow, polars): index the dataset row by row.
+    return [dataset[int(i)] for i in np.asarray(indices).reshape(-1)]

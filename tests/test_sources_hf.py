@@ -1,0 +1,215 @@
+"""HFMapSource: one gather per batch, same samples as torch's DataLoader over the dataset."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import torch
+
+datasets = pytest.importorskip("datasets")
+
+from kuat.sources import as_source  # noqa: E402
+from kuat.sources.hf import HFMapSource  # noqa: E402
+
+
+def _identity(batch):
+    return batch
+
+
+def _same(a, b, where="sample"):
+    """Exact equality: same type, dtype, shape and values, recursively."""
+    assert type(a) is type(b), f"{where}: {type(a).__name__} != {type(b).__name__}"
+    if isinstance(a, torch.Tensor):
+        assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b), where
+    elif isinstance(a, np.ndarray):
+        assert a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b), where
+    elif isinstance(a, np.generic):
+        assert a.dtype == b.dtype and a == b, where
+    elif isinstance(a, pa.Table):
+        assert a.equals(b), where
+    elif isinstance(a, dict):
+        assert list(a) == list(b), f"{where}: keys {list(a)} != {list(b)}"
+        for k in a:
+            _same(a[k], b[k], f"{where}[{k!r}]")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            _same(x, y, f"{where}[{i}]")
+    else:
+        assert a == b, f"{where}: {a!r} != {b!r}"
+
+
+def _make(n=40, seed=0):
+    rng = np.random.default_rng(seed)
+    lens = rng.integers(0, 9, n)
+    return {
+        "ids": [rng.integers(-50, 50, k).astype(np.int32).tolist() for k in lens],
+        "emb": [rng.random(k).astype(np.float32).tolist() for k in lens],
+        "label": rng.integers(0, 5, n).tolist(),
+        "score": rng.random(n).tolist(),
+        "name": [f"row{i}" for i in range(n)],
+    }
+
+
+def _features():
+    f = datasets.Features
+    return f(
+        {
+            "ids": datasets.List(datasets.Value("int32")),
+            "emb": datasets.List(datasets.Value("float32")),
+            "label": datasets.ClassLabel(num_classes=5),
+            "score": datasets.Value("float64"),
+            "name": datasets.Value("string"),
+        }
+    )
+
+
+@pytest.fixture(scope="module")
+def chunked(tmp_path_factory):
+    """A memory-mapped dataset of 40 rows in 6-row record batches (many Arrow chunks)."""
+    d = tmp_path_factory.mktemp("hf")
+    ds = datasets.Dataset.from_dict(_make(), features=_features())
+    return ds.map(
+        lambda b: b, batched=True, writer_batch_size=6, cache_file_name=str(d / "c.arrow")
+    )
+
+
+def _torch_samples(ds, order, batch_size=5):
+    loader = torch.utils.data.DataLoader(
+        ds, batch_size=batch_size, sampler=order, collate_fn=_identity
+    )
+    return [s for batch in loader for s in batch]
+
+
+def _kuat_samples(ds, order, batch_size=5):
+    src = as_source(ds)
+    return [
+        s
+        for i in range(0, len(order), batch_size)
+        for s in src.__getitems__(order[i : i + batch_size])
+    ]
+
+
+@pytest.mark.parametrize("fmt", [None, "numpy", "torch"])
+@pytest.mark.parametrize("view", ["plain", "shuffle", "select", "filter"])
+def test_same_samples_as_torch_loader(chunked, fmt, view):
+    ds = chunked.with_format(fmt)
+    if view == "shuffle":
+        ds = ds.shuffle(seed=7)
+    elif view == "select":
+        ds = ds.select([39, 3, 3, 17, 0, 25, 8, 30, 12, 6, 1])
+    elif view == "filter":
+        ds = ds.filter(lambda r: r["label"] != 2)
+    order = np.random.default_rng(1).permutation(len(ds)).tolist()
+    src = as_source(ds)
+    assert isinstance(src, HFMapSource) and len(src) == len(ds)
+    # The numeric columns take the Arrow fast path; strings go through datasets' formatter.
+    assert {c.name for c in src._fast} == {"ids", "emb", "label", "score"}
+    ref = _torch_samples(ds, order)
+    got = _kuat_samples(ds, order)
+    assert len(got) == len(ref) == len(ds)
+    for i, (a, b) in enumerate(zip(got, ref, strict=True)):
+        _same(a, b, f"sample {i}")
+
+
+def test_format_columns_and_output_all_columns(chunked):
+    for kwargs in ({"columns": ["ids", "label"]}, {"columns": ["emb"], "output_all_columns": True}):
+        ds = chunked.with_format("torch", **kwargs)
+        order = [5, 0, 39, 12]
+        for a, b in zip(_kuat_samples(ds, order), _torch_samples(ds, order), strict=True):
+            _same(a, b)
+
+
+def test_format_kwargs_go_through_datasets(chunked):
+    ds = chunked.with_format("torch", dtype=torch.float64)
+    got = as_source(ds).__getitems__([1, 2])
+    ref = ds.__getitems__([1, 2])
+    for a, b in zip(got, ref, strict=True):
+        _same(a, b)
+    assert got[0]["ids"].dtype == torch.float64
+
+
+def test_lazy_transform_runs_once_per_batch(chunked):
+    calls = []
+
+    def transform(batch):
+        calls.append(len(batch["ids"]))
+        return {"double": [[2 * v for v in r] for r in batch["ids"]], "name": batch["name"]}
+
+    ds = chunked.with_transform(transform)
+    order = list(range(39, -1, -1))
+    ref = _torch_samples(ds, order, batch_size=8)
+    calls.clear()
+    got = _kuat_samples(ds, order, batch_size=8)
+    assert calls == [8] * 5  # one call per batch, never per row
+    for a, b in zip(got, ref, strict=True):
+        _same(a, b)
+    assert got[0] == {"double": [2 * v for v in chunked[39]["ids"]], "name": "row39"}
+
+
+def test_arrow_format_works_where_datasets_getitems_fails(chunked):
+    ds = chunked.with_format("arrow")
+    # datasets 5.2: its own __getitems__ cannot split an Arrow batch into samples.
+    with pytest.raises(TypeError):
+        list(torch.utils.data.DataLoader(ds, batch_size=4, collate_fn=_identity))
+    src = as_source(ds)
+    got = [
+        s for b in torch.utils.data.DataLoader(src, batch_size=4, collate_fn=_identity) for s in b
+    ]
+    assert len(got) == 40
+    for i, s in enumerate(got):
+        assert isinstance(s, pa.Table) and s.num_rows == 1
+        assert s.equals(ds[i]), i
+
+
+def test_pandas_format_rows_match_indexing(chunked):
+    ds = chunked.with_format("pandas")
+    got = as_source(ds).__getitems__([4, 9])
+    for s, i in zip(got, [4, 9], strict=True):
+        assert s.equals(ds[i])
+
+
+def test_nulls_and_nested_lists_fall_back_to_datasets():
+    ds = datasets.Dataset.from_dict(
+        {"ids": [[1, 2], None, [3]], "nested": [[[1], [2, 3]], [], [[4]]], "v": [1.0, None, 3.0]}
+    ).with_format("torch")
+    src = as_source(ds)
+    assert src._fast == []
+    for a, b in zip(src.__getitems__([0, 1, 2]), ds.__getitems__([0, 1, 2]), strict=True):
+        assert a.keys() == b.keys()
+        assert repr(a) == repr(b)
+
+
+def test_single_index_negative_and_out_of_range(chunked):
+    src = as_source(chunked.with_format("numpy"))
+    _same(src[-1], src.__getitems__([39])[0])
+    assert src.__getitems__([]) == []
+    with pytest.raises(IndexError, match="index 40 is out of range"):
+        src.__getitems__([0, 40])
+    with pytest.raises(IndexError, match="-41"):
+        src[-41]
+
+
+def test_views_of_one_batch_buffer(chunked):
+    """List columns come back as consecutive views of one buffer (what pad_collate uses)."""
+    got = as_source(chunked.with_format("torch")).__getitems__([3, 1, 2])
+    base = got[0]["ids"]._base
+    assert base is not None and all(s["ids"]._base is base for s in got)
+    assert base.dtype == torch.int64
+
+
+def test_pickle_round_trip_rebuilds_the_plan(chunked):
+    import pickle
+
+    src = as_source(chunked.with_format("torch").shuffle(seed=2))
+    clone = pickle.loads(pickle.dumps(src))
+    for a, b in zip(clone.__getitems__([0, 5, 7]), src.__getitems__([0, 5, 7]), strict=True):
+        _same(a, b)
+
+
+def test_non_hf_datasets_pass_through():
+    data = list(range(5))
+    assert as_source(data) is data
+    with pytest.raises(TypeError, match="datasets.Dataset"):
+        HFMapSource(data)
