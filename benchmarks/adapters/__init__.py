@@ -1,0 +1,96 @@
+"""One adapter module per loader. Each module defines:
+
+- ``WORKLOADS``: the workloads it implements;
+- ``versions() -> dict[str, str]``: imports the peer (so the import counts in the baseline
+  memory) and returns the versions of the packages that matter;
+- ``build(workload, data, spec) -> Loader`` where ``Loader.epoch(epoch)`` returns an iterable
+  of canonical batches (see :mod:`benchmarks.checks`) and ``Loader.close()`` frees it;
+- optionally ``prepare(workload, data, cache_dir) -> dict`` (convert the data into the
+  peer's format once, cached; the returned keys are merged into ``data``) and
+  ``ingest(data, out_dir, num_workers) -> int`` (convert the ImageFolder afresh; images written).
+
+Every loader gets the same number of worker cores (``spec["num_workers"]``, default
+``os.cpu_count()``), batch size, augmentations (``RandomResizedCrop(224)`` with torchvision's
+scale/ratio and a horizontal flip with p=0.5) and output (uint8 ``(B, 3, 224, 224)`` plus int64
+labels), with ``drop_last`` so every batch is full.
+
+``LOADERS`` maps the names ``kuat bench --loaders`` accepts to their adapter module, the
+environment they run in (``main`` = the interpreter running ``kuat bench``; others are
+created by :mod:`benchmarks.envs`) and adapter options.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+LOADERS: dict[str, dict] = {
+    "torch": {"adapter": "torch", "env": "main", "label": "torch DataLoader"},
+    "kuat": {
+        "adapter": "kuat",
+        "env": "main",
+        "options": {"worker_type": "thread"},
+        "label": "kuat (threads)",
+    },
+    "kuat-proc": {
+        "adapter": "kuat",
+        "env": "main",
+        "options": {"worker_type": "process"},
+        "label": "kuat (processes)",
+    },
+    "torchdata-nodes": {
+        "adapter": "torchdata_nodes",
+        "env": "main",
+        "label": "torchdata.nodes (threads)",
+    },
+    "spdl": {"adapter": "spdl", "env": "peers", "label": "SPDL"},
+    "dali": {"adapter": "dali", "env": "peers", "label": "DALI (CPU)"},
+    "ffcv": {"adapter": "ffcv", "env": "ffcv", "label": "FFCV"},
+    "streaming": {"adapter": "streaming", "env": "streaming", "label": "Mosaic Streaming"},
+    "litdata": {"adapter": "litdata", "env": "peers", "label": "LitData"},
+    "webdataset": {"adapter": "webdataset", "env": "main", "label": "WebDataset"},
+    "hf": {"adapter": "hf", "env": "main", "label": "HF datasets"},
+    "decode-only": {
+        "adapter": "decode_only",
+        "env": "main",
+        "label": "decode-only limit (simplejpeg, all cores)",
+    },
+}
+
+IMAGE_SIZE = 224
+SCALE = (0.08, 1.0)
+RATIO = (3.0 / 4.0, 4.0 / 3.0)
+
+
+def num_workers(spec: dict) -> int:
+    return int(spec.get("num_workers") or os.cpu_count() or 1)
+
+
+def list_imagefolder(root: str | os.PathLike) -> tuple[list[str], list[int], list[str]]:
+    """``(files, labels, classes)`` of an ImageFolder tree, ordered as torchvision's
+    ``ImageFolder`` orders them (classes sorted, files sorted within each class)."""
+    root = Path(root)
+    classes = sorted(d.name for d in root.iterdir() if d.is_dir() and not d.name.startswith("."))
+    files, labels = [], []
+    for label, cls in enumerate(classes):
+        for f in sorted((root / cls).iterdir()):
+            if f.is_file() and f.suffix.lower() in (".jpg", ".jpeg", ".png"):
+                files.append(str(f))
+                labels.append(label)
+    return files, labels, classes
+
+
+class Loader:
+    """A loader under test: ``epoch(e)`` gives that epoch's batches; ``close()`` frees it."""
+
+    def __init__(self, epoch_fn, close_fn=None) -> None:
+        self._epoch_fn = epoch_fn
+        self._close_fn = close_fn
+
+    def epoch(self, epoch: int):
+        return self._epoch_fn(epoch)
+
+    def close(self) -> None:
+        if self._close_fn is not None:
+            fn, self._close_fn = self._close_fn, None
+            fn()

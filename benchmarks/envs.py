@@ -1,0 +1,180 @@
+"""Virtual environments for peers that cannot share the interpreter running ``kuat bench``.
+
+Each lives in ``~/.cache/kuat/bench-envs/<name>`` (``$KUAT_BENCH_ENVS`` overrides), is created
+with ``python3 -m venv`` and filled by pip from the package index only, and is reused while its
+recipe is unchanged (a marker file records the recipe and what installed). Every environment
+gets exactly the torch and torchvision of the running interpreter (``torch==X``), so pip never
+fetches another torch and every loader runs the same kernels.
+
+Why separate environments (facts measured on this project's machine, late 2026):
+
+- ``streaming``: Mosaic Streaming 0.13 pins ``numpy<2.2`` and brings a transformers /
+  huggingface-hub pair that breaks ``datasets`` 5.2.
+- ``ffcv``: FFCV 1.0.2 is an sdist that compiles against libjpeg-turbo and OpenCV (Debian's
+  ``libturbojpeg0-dev libopencv-dev pkg-config``), and its declared requirements pin old
+  versions, so it is installed with ``--no-deps`` after its run-time dependencies.
+- ``peers``: SPDL 0.8 (needs Debian's ``libavdevice59 libavfilter8`` at run time), DALI (CPU
+  pipeline) and LitData, which co-install, but not into the project's environment.
+
+Debian packages are installed with ``apt-get`` when missing and the process is root;
+otherwise the failure is recorded and the peers needing them are reported as unavailable.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+from importlib import metadata
+from pathlib import Path
+
+BASE = ["psutil", "simplejpeg", "pillow", "numpy"]
+
+# name -> Debian packages and pip steps; each step is one ``pip install`` whose outcome is
+# recorded separately, so one peer failing to install does not take the others down.
+ENVS: dict[str, dict] = {
+    "peers": {
+        "apt": ["libavdevice59", "libavfilter8"],
+        "steps": {
+            "spdl": ["spdl==0.8.0"],
+            "dali": ["nvidia-dali-cuda120==2.4.0", "nvidia-nvimgcodec-cu12"],
+            "litdata": ["litdata==0.2.76"],
+        },
+    },
+    "streaming": {
+        "apt": [],
+        "steps": {"streaming": ["mosaicml-streaming==0.13.0"]},
+    },
+    "ffcv": {
+        "apt": ["libturbojpeg0-dev", "libopencv-dev", "pkg-config"],
+        "steps": {
+            "ffcv-deps": [
+                "numba",
+                "opencv-python-headless",
+                "terminaltables",
+                "pytorch_pfn_extras",
+                "fastprogress",
+                "imgcat",
+                "tqdm",
+                "assertpy",
+                "pkgconfig",
+                "setuptools",
+                "wheel",
+            ],
+            "ffcv": ["--no-deps", "--no-build-isolation", "ffcv==1.0.2"],
+        },
+    },
+}
+
+
+class EnvUnavailable(RuntimeError):
+    """The environment (or the step a peer needs) is missing or failed to install."""
+
+
+def envs_root() -> Path:
+    return Path(os.environ.get("KUAT_BENCH_ENVS", Path.home() / ".cache" / "kuat" / "bench-envs"))
+
+
+def _torch_pins() -> list[str]:
+    pins = []
+    for name in ("torch", "torchvision"):
+        try:
+            pins.append(f"{name}=={metadata.version(name)}")
+        except metadata.PackageNotFoundError:
+            continue
+    return pins
+
+
+def recipe(name: str) -> dict:
+    if name not in ENVS:
+        raise ValueError(f"unknown bench environment name={name!r}; known: {sorted(ENVS)}")
+    return {"base": _torch_pins() + BASE, **ENVS[name]}
+
+
+def _digest(r: dict) -> str:
+    return hashlib.sha256(json.dumps(r, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def python_path(name: str) -> Path:
+    return envs_root() / name / "bin" / "python"
+
+
+def marker(name: str) -> dict | None:
+    """The recorded install outcome of environment ``name``, or None if never completed."""
+    p = envs_root() / name / "kuat-bench-env.json"
+    try:
+        return json.loads(p.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _missing_apt(packages: list[str]) -> list[str]:
+    if not shutil.which("dpkg-query"):
+        return list(packages)
+    missing = []
+    for pkg in packages:
+        r = subprocess.run(
+            ["dpkg-query", "-W", "-f=${Status}", pkg], capture_output=True, text=True
+        )
+        if "install ok installed" not in r.stdout:
+            missing.append(pkg)
+    return missing
+
+
+def _run(cmd: list[str], log) -> int:
+    log.write(f"$ {' '.join(cmd)}\n")
+    log.flush()
+    return subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT).returncode
+
+
+def ensure(name: str, *, create: bool, log_path: Path, force: bool = False) -> Path:
+    """Return the interpreter of environment ``name``, creating it when ``create`` is true.
+
+    Reuses an environment whose marker matches the current recipe. With ``create=False`` a
+    missing or outdated environment raises :class:`EnvUnavailable` (``kuat bench --quick``
+    only uses what is already installed). Creation output goes to ``log_path``.
+    """
+    r = recipe(name)
+    m = marker(name)
+    if m is not None and m.get("digest") == _digest(r) and not force:
+        return python_path(name)
+    if not create:
+        raise EnvUnavailable(
+            f"bench environment {name!r} is not set up (run `kuat bench --setup-envs`)"
+        )
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    status: dict[str, str] = {}
+    with open(log_path, "a") as log:
+        missing = _missing_apt(r["apt"])
+        if missing:
+            if os.geteuid() == 0 and shutil.which("apt-get"):
+                rc = _run(["apt-get", "update"], log) or _run(
+                    ["apt-get", "install", "-y", "--no-install-recommends", *missing], log
+                )
+            else:
+                rc = -1
+            status["apt"] = "ok" if rc == 0 else f"failed (rc={rc}): apt-get install {missing}"
+        d = envs_root() / name
+        py = python_path(name)
+        if not py.exists():
+            if _run(["python3", "-m", "venv", str(d)], log):
+                raise EnvUnavailable(f"python3 -m venv {d} failed; see {log_path}")
+        pip = [str(py), "-m", "pip", "install", "--disable-pip-version-check"]
+        if _run([*pip, *r["base"]], log):
+            raise EnvUnavailable(f"installing {r['base']} into {d} failed; see {log_path}")
+        for step, args in r["steps"].items():
+            rc = _run([*pip, *args], log)
+            status[step] = "ok" if rc == 0 else f"pip install {' '.join(args)} failed (rc={rc})"
+    (envs_root() / name / "kuat-bench-env.json").write_text(
+        json.dumps({"digest": _digest(r), "recipe": r, "status": status}, indent=1)
+    )
+    return python_path(name)
+
+
+def step_error(name: str) -> str | None:
+    """Why environment ``name`` is incomplete (failed apt or pip steps), or None."""
+    m = marker(name) or {}
+    bad = [f"{k}: {v}" for k, v in m.get("status", {}).items() if v != "ok"]
+    return "; ".join(bad) or None

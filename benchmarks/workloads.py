@@ -1,0 +1,83 @@
+"""The data every workload reads, generated (or reused) by the parent before any run.
+
+All of it lives under the bench cache directory (default ``~/.cache/kuat/bench``) and is
+reused across runs; nothing is downloaded.
+
+- ``imagenet-jpeg``: the demo ImageFolder (:func:`kuat.cli.demo_data.build_demo_imagefolder`,
+  ImageNet-like JPEGs cut from the photos that scikit-image, scikit-learn and matplotlib ship).
+- ``imagenet-jpeg-256``: the same tree; kuat converts it with ``resize_shorter=256``.
+- ``tokens``: one flat ``uint16`` memmap of ``num_tokens`` ids (GPT-2 vocabulary size 50,257,
+  so uint16 holds every id, as in nanoGPT), plus the random window start offsets of one epoch.
+- ``hf-rows``: from ``benchmarks/bench_hf.py`` (the HF sources area) when present.
+- ``ingest``: the imagenet-jpeg tree, converted afresh by each writer.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+TOKEN_WINDOW = 1025  # 1,024 inputs + 1 shifted target, as nanoGPT reads them
+VOCAB = 50257
+IMAGE_WORKLOADS = ("imagenet-jpeg", "imagenet-jpeg-256", "ingest")
+ALL = ("imagenet-jpeg", "imagenet-jpeg-256", "tokens", "hf-rows", "ingest")
+BATCH_SIZE = {
+    "imagenet-jpeg": 64,
+    "imagenet-jpeg-256": 64,
+    "tokens": 32,
+    "hf-rows": 64,
+    "ingest": 0,
+}
+
+
+def imagenet_jpeg(num_images: int, progress: bool) -> dict:
+    """The demo ImageFolder with ``num_images`` JPEGs: ``{"root", "num_images"}``."""
+    from kuat.cli.demo_data import build_demo_imagefolder
+
+    root = build_demo_imagefolder(num_images=num_images, seed=0, progress=progress)
+    return {"root": str(root), "num_images": num_images}
+
+
+def tokens(cache_dir: Path, num_tokens: int, num_windows: int, seed: int = 0) -> dict:
+    """A ``(num_tokens,)`` uint16 memmap and ``(num_windows,)`` int64 window starts.
+
+    Returns ``{"tokens_path", "offsets_path", "window", "num_tokens", "num_windows"}``.
+    Raises ValueError when ``num_tokens`` cannot hold one window.
+    """
+    if num_tokens <= TOKEN_WINDOW:
+        raise ValueError(f"num_tokens={num_tokens} must exceed the window of {TOKEN_WINDOW}")
+    d = cache_dir / "tokens"
+    d.mkdir(parents=True, exist_ok=True)
+    path = d / f"tokens-u16-n{num_tokens}-s{seed}.bin"
+    if not path.exists():
+        tmp = path.with_suffix(".tmp")
+        mm = np.memmap(tmp, dtype=np.uint16, mode="w+", shape=(num_tokens,))
+        rng = np.random.default_rng(seed)
+        step = 1 << 23
+        for start in range(0, num_tokens, step):
+            n = min(step, num_tokens - start)
+            mm[start : start + n] = rng.integers(0, VOCAB, n, dtype=np.uint16)
+        mm.flush()
+        del mm
+        tmp.rename(path)
+    offsets_path = d / f"offsets-n{num_tokens}-w{num_windows}-s{seed}.npy"
+    if not offsets_path.exists():
+        rng = np.random.default_rng(seed + 1)
+        offsets = rng.integers(0, num_tokens - TOKEN_WINDOW, num_windows, dtype=np.int64)
+        np.save(offsets_path, offsets)
+    return {
+        "tokens_path": str(path),
+        "offsets_path": str(offsets_path),
+        "window": TOKEN_WINDOW,
+        "num_tokens": num_tokens,
+        "num_windows": num_windows,
+    }
+
+
+def hf_rows(cache_dir: Path, num_rows: int) -> dict:
+    """Delegates to ``benchmarks.bench_hf.prepare(cache_dir, num_rows)`` (the HF area's
+    module). Raises ModuleNotFoundError when that module is not in the checkout."""
+    from benchmarks import bench_hf
+
+    return dict(bench_hf.prepare(cache_dir, num_rows))

@@ -1,0 +1,167 @@
+"""``kuat bench``: kuat against torch's DataLoader and the peer loaders, side by side.
+
+The harness lives in the repository's ``benchmarks/`` folder (workloads, one adapter per
+peer, the runner); this command finds it next to the ``src/`` tree it was installed from
+(``pip install -e .``) or at ``$KUAT_BENCHMARKS_DIR``, and only parses arguments and calls
+``benchmarks.runner.run_bench``. See docs/benchmarks.md for the method.
+
+Examples::
+
+    kuat bench --quick                      # a few minutes, only peers already installed
+    kuat bench --setup-envs                 # full run; creates the peer environments first
+    kuat bench --workloads imagenet-jpeg --loaders torch kuat decode-only
+    kuat bench --table bench-results/results.json   # print the README table again
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "bench",
+        help="benchmark kuat against torch's DataLoader and peer loaders",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="small data (512 images, 16k token windows, 50k HF rows), 2 epochs per "
+        "run, and only peers whose environments already exist",
+    )
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=Path("bench-results"),
+        help="output directory for results.json/.md/.png (default ./bench-results)",
+    )
+    p.add_argument(
+        "--loaders",
+        nargs="+",
+        default=None,
+        metavar="NAME",
+        help="loaders to run (default: all; see --list)",
+    )
+    p.add_argument(
+        "--workloads",
+        nargs="+",
+        default=None,
+        metavar="NAME",
+        help="imagenet-jpeg imagenet-jpeg-256 tokens hf-rows ingest (default: all)",
+    )
+    p.add_argument(
+        "--runs", type=int, default=None, help="interleaved rounds per loader (default 3)"
+    )
+    p.add_argument(
+        "--epochs",
+        type=int,
+        default=None,
+        help="epochs per run, the first one a warm-up (default 3; quick 2)",
+    )
+    p.add_argument(
+        "--num-images", type=int, default=None, help="demo images (default 2000; quick 512)"
+    )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="worker threads/processes of every loader (default: all cores)",
+    )
+    envs = p.add_mutually_exclusive_group()
+    envs.add_argument(
+        "--setup-envs",
+        dest="setup_envs",
+        action="store_true",
+        default=None,
+        help="create missing peer environments (apt + venv + pip); default for the full run",
+    )
+    envs.add_argument(
+        "--no-setup-envs",
+        dest="setup_envs",
+        action="store_false",
+        help="only use peer environments that already exist",
+    )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=900.0,
+        help="seconds one measured process may take (default 900)",
+    )
+    p.add_argument(
+        "--table",
+        type=Path,
+        default=None,
+        metavar="RESULTS_JSON",
+        help="print the Markdown report of an earlier run and exit",
+    )
+    p.add_argument("--list", action="store_true", help="list loaders and workloads and exit")
+    return p
+
+
+def _import_harness():
+    root = os.environ.get("KUAT_BENCHMARKS_DIR")
+    candidates = [Path(root).parent] if root else []
+    candidates.append(Path(__file__).resolve().parents[3])  # src/kuat/cli/bench.py -> repo
+    for repo in candidates:
+        if (repo / "benchmarks" / "runner.py").exists():
+            if str(repo) not in sys.path:
+                sys.path.insert(0, str(repo))
+            import benchmarks.runner
+
+            return benchmarks.runner
+    raise SystemExit(
+        "kuat bench: the benchmarks/ folder was not found; run it from a source checkout "
+        "installed with `pip install -e .[bench]`, or set KUAT_BENCHMARKS_DIR"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    runner = _import_harness()
+    from benchmarks import report
+    from benchmarks.adapters import LOADERS
+
+    if args.list:
+        for name, info in LOADERS.items():
+            print(f"{name:<16} env={info['env']:<10} {info['label']}")
+        print("workloads:", " ".join(runner.workloads.ALL))
+        return 0
+    if args.table is not None:
+        import json
+
+        print(report.markdown(json.loads(args.table.read_text())))
+        return 0
+    kw = {
+        k: v
+        for k, v in dict(
+            loaders=tuple(args.loaders) if args.loaders else None,
+            workloads=tuple(args.workloads) if args.workloads else None,
+            runs=args.runs,
+            epochs=args.epochs,
+            num_images=args.num_images,
+            num_workers=args.workers,
+            setup_envs=args.setup_envs,
+        ).items()
+        if v is not None
+    }
+    try:
+        cfg = runner.BenchConfig(out_dir=args.out, quick=args.quick, timeout_s=args.timeout, **kw)
+    except ValueError as e:
+        print(f"kuat bench: {e}", file=sys.stderr)
+        return 2
+    t0 = time.perf_counter()
+
+    def progress(line: str) -> None:
+        print(f"[{time.perf_counter() - t0:7.1f} s] {line}", flush=True)
+
+    results = runner.run_bench(cfg, progress)
+    print()
+    print(report.markdown(results))
+    print(f"wrote {cfg.out_dir / 'results.json'}, results.md, results.png")
+    ok = any(r.get("ok") for r in results["runs"])
+    return 0 if ok else 1
