@@ -1,0 +1,704 @@
+"""Reading kuat datasets: lazily memory-mapped shards, batch gathers, per-sample transforms.
+
+Opening a dataset reads only ``manifest.json``; a shard is memory-mapped the first time one of
+its rows is read (so opening thousands of shards is instant). Reads are zero-copy views into
+the mapping until a batch gather copies the selected rows once.
+
+Hot path of ``__getitems__(indices)`` (torch's batched fetch):
+
+1. indices -> (shard, row) with one ``searchsorted`` over the manifest's cumulative row counts;
+2. per field and per shard, one gather: ``np.take`` on the fixed-size column views
+   (a tensor field becomes one ``(B, *shape)`` copy), offset lookups on variable-length
+   columns whose values are sliced as zero-copy ``memoryview`` s;
+3. per sample, only what must be per sample: image decode (or a fused transform writing into
+   the batch buffer) and user callables.
+"""
+
+from __future__ import annotations
+
+import logging
+import operator
+import os
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+import pyarrow as pa
+
+from kuat.errors import FormatError
+from kuat.format.manifest import Manifest, ShardInfo, read_manifest
+from kuat.format.schema import EncodedImage, FieldType, Schema
+from kuat.rng import sample_context, sample_rng
+
+__all__ = ["Dataset", "ImageBatch", "open_dataset"]
+
+log = logging.getLogger("kuat.format.dataset")
+
+
+class ImageBatch(NamedTuple):
+    """The stored form of an image field for a batch of B rows (``Dataset.read_batch``).
+
+    Attributes:
+        data: B zero-copy ``memoryview`` s of the encoded bytes (read-only, valid while held).
+        width, height: ``(B,)`` int32, pixels after EXIF orientation.
+        codec: B lower-case codec names (``"jpeg"``, ``"png"``, ...).
+    """
+
+    data: list
+    width: np.ndarray
+    height: np.ndarray
+    codec: list
+
+
+def _decode(data, index: int, source: str) -> np.ndarray:
+    """Encoded image -> ``(H, W, 3)`` uint8 RGB (``kuat.vision.decode.decode_image``)."""
+    from kuat.vision.decode import decode_image
+
+    return decode_image(data, index=index, source=source)
+
+
+# -- columns of one opened shard ----------------------------------------------------------
+class _Fixed:
+    """scalar / bool / tensor: ``values`` is ``(n, *shape)``, a view of the mapping."""
+
+    __slots__ = ("values",)
+
+    def __init__(self, values: np.ndarray):
+        self.values = values
+
+
+class _Var:
+    """string / bytes / sequence: ``offsets`` ``(n + 1,)`` int32 into ``data``."""
+
+    __slots__ = ("offsets", "data", "mv")
+
+    def __init__(self, offsets: np.ndarray, data: np.ndarray):
+        self.offsets = offsets
+        self.data = data
+        self.mv = memoryview(data) if data.dtype == np.uint8 else None
+
+    def spans(self, rows: np.ndarray) -> tuple[list[int], list[int]]:
+        return self.offsets[rows].tolist(), self.offsets[rows + 1].tolist()
+
+
+class _Image:
+    __slots__ = ("bytes", "width", "height", "codec")
+
+    def __init__(self, data: _Var, width: np.ndarray, height: np.ndarray, codec: _Var):
+        self.bytes, self.width, self.height, self.codec = data, width, height, codec
+
+
+def _var_column(arr: pa.Array, value_dtype: np.dtype | None = None) -> _Var:
+    n = len(arr)
+    bufs = arr.buffers()
+    offsets = (
+        np.frombuffer(bufs[1], np.int32, count=n + 1, offset=arr.offset * 4)
+        if n
+        else (np.zeros(1, np.int32))
+    )
+    if value_dtype is None:  # string / binary: the data buffer
+        data = np.frombuffer(bufs[2], np.uint8) if bufs[2] is not None else np.empty(0, np.uint8)
+    else:  # list<T>: the child array's values (offsets index into it)
+        data = (
+            arr.values.to_numpy(zero_copy_only=True)
+            if len(arr.values)
+            else np.empty(0, value_dtype)
+        )
+    return _Var(offsets, data)
+
+
+def _fixed_column(arr: pa.Array, ftype: FieldType) -> _Fixed:
+    if ftype.kind == "bool":
+        return _Fixed(arr.to_numpy(zero_copy_only=False))  # bit-packed: unpacked once per shard
+    if ftype.kind == "scalar":
+        return _Fixed(arr.to_numpy(zero_copy_only=True))
+    flat = arr.flatten().to_numpy(zero_copy_only=True)  # (n * numel,)
+    return _Fixed(flat.reshape(len(arr), *ftype.shape))  # -> (n, *shape)
+
+
+def _has_nulls(arr: pa.Array) -> bool:
+    if arr.null_count:
+        return True
+    if isinstance(arr, pa.StructArray):
+        return any(_has_nulls(arr.field(i)) for i in range(arr.type.num_fields))
+    if isinstance(arr, (pa.ListArray, pa.FixedSizeListArray)):
+        return _has_nulls(arr.flatten())
+    return False
+
+
+class _Shard:
+    __slots__ = ("path", "rows", "columns")
+
+    def __init__(self, path: str, rows: int, columns: dict):
+        self.path, self.rows, self.columns = path, rows, columns
+
+
+def _read_batch(path: str, info: ShardInfo, arrow_schema: pa.Schema) -> pa.RecordBatch:
+    try:
+        size = os.stat(path).st_size
+    except FileNotFoundError as e:
+        raise FormatError(f"shard {path} is missing", path=path) from e
+    except OSError as e:
+        raise FormatError(f"cannot stat shard {path}: {e}", path=path) from e
+    if size != info.bytes:
+        what = "truncated" if size < info.bytes else "larger than recorded"
+        raise FormatError(
+            f"shard {path} is {size} bytes but the manifest records {info.bytes} ({what}; "
+            "run `kuat verify`)",
+            path=path,
+        )
+    try:
+        mm = pa.memory_map(path, "r")
+        try:
+            if mm.read(6) == b"ARROW1":  # IPC file format (also accepted)
+                reader = pa.ipc.open_file(mm)
+                batches = [reader.get_batch(i) for i in range(reader.num_record_batches)]
+            else:  # IPC stream format (what kuat writes; what datasets.Dataset.from_file reads)
+                mm.seek(0)
+                reader = pa.ipc.open_stream(mm)
+                batches = list(reader)
+            schema = reader.schema
+        finally:
+            mm.close()  # the mapping stays alive as long as the batches reference it
+    except (pa.ArrowException, OSError, ValueError) as e:
+        raise FormatError(f"shard {path} is not a readable Arrow IPC file: {e}", path=path) from e
+    if not schema.remove_metadata().equals(arrow_schema):
+        diffs = [
+            f"{f.name}: {f.type} vs {schema.field(f.name).type if f.name in schema.names else 'missing'}"
+            for f in arrow_schema
+            if f.name not in schema.names or not schema.field(f.name).type.equals(f.type)
+        ]
+        raise FormatError(
+            f"shard {path} does not match the manifest's schema ({'; '.join(diffs) or schema})",
+            path=path,
+        )
+    try:
+        if len(batches) == 1:
+            batch = batches[0]
+        else:  # written by another tool: concatenate once (a copy) so columns are contiguous
+            table = pa.Table.from_batches(batches, schema=schema).combine_chunks()
+            batch = pa.RecordBatch.from_arrays(
+                [c.chunk(0) if c.num_chunks else pa.array([], type=c.type) for c in table.columns],
+                schema=schema,
+            )
+        batch.validate(full=True)
+    except (pa.ArrowException, ValueError) as e:
+        raise FormatError(f"shard {path} is corrupt: {e}", path=path) from e
+    if batch.num_rows != info.rows:
+        raise FormatError(
+            f"shard {path} holds {batch.num_rows} rows but the manifest records {info.rows}",
+            path=path,
+        )
+    for name, col in zip(batch.schema.names, batch.columns):
+        if _has_nulls(col):
+            raise FormatError(f"shard {path}: field {name!r} has null values", path=path)
+    return batch
+
+
+def _open_shard(path: str, info: ShardInfo, schema: Schema, arrow_schema: pa.Schema) -> _Shard:
+    batch = _read_batch(path, info, arrow_schema)
+    columns = {}
+    try:
+        for f, arr in zip(schema, batch.columns):
+            kind = f.type.kind
+            if kind in ("scalar", "bool", "tensor"):
+                columns[f.name] = _fixed_column(arr, f.type)
+            elif kind in ("string", "bytes"):
+                columns[f.name] = _var_column(arr)
+            elif kind == "sequence":
+                columns[f.name] = _var_column(arr, f.type.np_dtype)
+            else:
+                columns[f.name] = _Image(
+                    _var_column(arr.field(0)),
+                    arr.field(1).to_numpy(zero_copy_only=True),
+                    arr.field(2).to_numpy(zero_copy_only=True),
+                    _var_column(arr.field(3)),
+                )
+    except (pa.ArrowException, ValueError, TypeError) as e:
+        raise FormatError(f"shard {path} has unreadable buffers: {e}", path=path) from e
+    return _Shard(path, batch.num_rows, columns)
+
+
+class _Store:
+    """Manifest + lazily opened shards, shared by a dataset and its transformed views."""
+
+    def __init__(self, path: Path, manifest: Manifest):
+        self.path = path
+        self.manifest = manifest
+        self.schema = manifest.schema
+        self.arrow_schema = manifest.schema.to_arrow()
+        rows = np.fromiter((s.rows for s in manifest.shards), np.int64, len(manifest.shards))
+        self.starts = np.zeros(len(rows), np.int64)  # first global row of each shard
+        np.cumsum(rows[:-1], out=self.starts[1:])
+        self.num_rows = int(rows.sum())
+        self.shard_paths = [str(path / s.file) for s in manifest.shards]
+        self._init_runtime()
+
+    def _init_runtime(self) -> None:
+        self.shards: list[_Shard | None] = [None] * len(self.shard_paths)
+        self.lock = threading.Lock()
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        # pickled Arrow schemas lose nested not-null flags: rebuild it from ours on load
+        del state["shards"], state["lock"], state["arrow_schema"]
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self.arrow_schema = self.schema.to_arrow()
+        self._init_runtime()
+
+    def shard(self, k: int) -> _Shard:
+        s = self.shards[k]
+        if s is None:
+            with self.lock:
+                s = self.shards[k]
+                if s is None:
+                    s = _open_shard(
+                        self.shard_paths[k], self.manifest.shards[k], self.schema, self.arrow_schema
+                    )
+                    self.shards[k] = s
+        return s
+
+    def close(self) -> None:
+        with self.lock:
+            self.shards = [None] * len(self.shard_paths)
+
+
+def _is_fused(t: object) -> bool:
+    return hasattr(t, "apply_encoded")
+
+
+class _BatchTransform:
+    """Applies each fused image transform's ``batch_transform()`` to its field of a batch."""
+
+    def __init__(self, fns: dict[str, Callable]):
+        self.fns = fns
+
+    def __call__(self, batch):
+        if not isinstance(batch, Mapping):
+            raise TypeError(
+                f"kuat_batch_transform expects the collated batch to be a dict with fields "
+                f"{sorted(self.fns)}, got {type(batch).__name__} (a whole-sample transform "
+                "changed the sample's structure; apply the batch step yourself)"
+            )
+        batch = dict(batch)
+        for name, fn in self.fns.items():
+            batch[name] = fn(batch[name])
+        return batch
+
+    def __repr__(self) -> str:
+        return f"_BatchTransform({self.fns!r})"
+
+
+class Dataset:
+    """A kuat dataset opened for random access; map-style and torch-compatible.
+
+    ``ds[i]`` returns ``{field: value}``:
+
+    - image: ``(H, W, 3)`` uint8 RGB ``np.ndarray`` (decoded with
+      ``kuat.vision.decode.decode_image``), or what the field's transform returns;
+    - int/float/bool scalar: Python ``int``/``float``/``bool``;
+    - tensor: ``np.ndarray`` of the declared ``shape`` and ``dtype``;
+    - sequence: 1-D ``np.ndarray``; string: ``str``; bytes: ``bytes``.
+
+    ``raw(i)`` returns the same without decoding (images as :class:`EncodedImage`),
+    ``read_batch(indices)`` a column-wise batch with one gather per field, and
+    ``__getitems__(indices)`` the list of sample dicts torch's ``DataLoader`` asks for.
+    Indices behave like a Python sequence's (negative from the end, ``IndexError`` outside).
+
+    Thread-safety: every read method may be called from many threads at once (shards are
+    opened under a lock; mapped memory is read-only). Picklable (for process workers):
+    the copy re-opens shards lazily.
+
+    Raises:
+        kuat.FormatError: on first access to a missing, truncated or corrupt shard, naming
+            its path (opening checks only the manifest).
+        kuat.DecodeError: an image cannot be decoded (names the sample index and shard).
+    """
+
+    def __init__(self, path: str | os.PathLike, *, _store: _Store | None = None):
+        if _store is None:
+            p = Path(path)
+            _store = _Store(p, read_manifest(p))
+        self._store = _store
+        self._field_transforms: dict[str, Callable] = {}
+        self._sample_transform: Callable | None = None
+
+    # -- description -----------------------------------------------------------------------
+    @property
+    def path(self) -> Path:
+        return self._store.path
+
+    @property
+    def schema(self) -> Schema:
+        return self._store.schema
+
+    @property
+    def manifest(self) -> Manifest:
+        return self._store.manifest
+
+    @property
+    def metadata(self) -> dict:
+        """The user metadata kept in the manifest (class names, source, ...)."""
+        return self._store.manifest.metadata
+
+    @property
+    def num_shards(self) -> int:
+        return len(self._store.shard_paths)
+
+    @property
+    def shard_paths(self) -> list[str]:
+        return list(self._store.shard_paths)
+
+    def __len__(self) -> int:
+        return self._store.num_rows
+
+    def __repr__(self) -> str:
+        return (
+            f"kuat.Dataset({str(self.path)!r}, rows={len(self)}, shards={self.num_shards}, "
+            f"schema={self.schema})"
+        )
+
+    def locate(self, index: int) -> tuple[str, int]:
+        """``(shard path, row within the shard)`` of sample ``index``."""
+        i = self._index(index)
+        k = int(np.searchsorted(self._store.starts, i, side="right")) - 1
+        return self._store.shard_paths[k], i - int(self._store.starts[k])
+
+    # -- indices ---------------------------------------------------------------------------
+    def _index(self, index: object) -> int:
+        if isinstance(index, slice):
+            raise TypeError(
+                "kuat.Dataset takes integer indices; use ds.__getitems__(range(...)) or "
+                "ds.read_batch(...) for several rows"
+            )
+        i = operator.index(index)
+        n = self._store.num_rows
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(f"index {index} is out of range for a dataset of {n} rows")
+        return i
+
+    def _indices(self, indices: object) -> np.ndarray:
+        """Non-negative ``(B,)`` int64 indices; raises IndexError/TypeError like a sequence."""
+        if hasattr(indices, "detach"):  # torch.Tensor
+            indices = indices.detach().cpu().numpy()
+        arr = np.asarray(indices)
+        if arr.dtype == object or arr.dtype == np.uint64:
+            arr = np.array([self._index(i) for i in np.ravel(arr)], dtype=np.int64)
+        if arr.ndim != 1:
+            arr = arr.reshape(-1)
+        if arr.size == 0:
+            return np.zeros(0, np.int64)
+        if arr.dtype.kind not in "iu":
+            raise TypeError(f"indices must be integers, got dtype {arr.dtype}")
+        n = self._store.num_rows
+        idx = arr.astype(np.int64, copy=True)
+        idx[idx < 0] += n
+        bad = (idx < 0) | (idx >= n)
+        if bad.any():
+            first = int(arr[np.argmax(bad)])
+            raise IndexError(f"index {first} is out of range for a dataset of {n} rows")
+        return idx
+
+    # -- gather ----------------------------------------------------------------------------
+    def _groups(self, idx: np.ndarray) -> tuple[np.ndarray, list]:
+        """Shard id per index ``(B,)`` and ``[(shard, positions or None, local rows)]``."""
+        store = self._store
+        sid = np.searchsorted(store.starts, idx, side="right") - 1  # (B,)
+        local = idx - store.starts[sid]  # (B,) row within its shard
+        if len(idx) and (sid == sid[0]).all():
+            return sid, [(store.shard(int(sid[0])), None, local)]
+        order = np.argsort(sid, kind="stable")
+        ids, first = np.unique(sid[order], return_index=True)
+        bounds = list(first[1:]) + [len(order)]
+        groups = []
+        for k, a, b in zip(ids.tolist(), first.tolist(), bounds):
+            pos = order[a:b]
+            groups.append((store.shard(k), pos, local[pos]))
+        return sid, groups
+
+    def _gather(self, idx: np.ndarray, fields: Sequence[str]) -> tuple[np.ndarray, dict]:
+        """Shard id per row ``(B,)`` and column-wise values of rows ``idx`` (see
+        :meth:`read_batch`)."""
+        sid, groups = self._groups(idx)
+        b = len(idx)
+        out = {}
+        for name in fields:
+            ftype = self.schema[name].type
+            kind = ftype.kind
+            if kind in ("scalar", "bool", "tensor"):
+                dt = ftype.np_dtype if kind != "bool" else np.dtype(bool)
+                res = np.empty((b, *(ftype.shape or ())), dt)  # (B, *shape)
+                for shard, pos, rows in groups:
+                    col = shard.columns[name].values
+                    if pos is None:
+                        np.take(col, rows, axis=0, out=res)  # one copy, straight into res
+                    else:
+                        res[pos] = np.take(col, rows, axis=0)
+                out[name] = res
+            elif kind == "image":
+                data, codec = [None] * b, [None] * b
+                width, height = np.empty(b, np.int32), np.empty(b, np.int32)
+                for shard, pos, rows in groups:
+                    col = shard.columns[name]
+                    p = range(b) if pos is None else pos.tolist()
+                    starts, ends = col.bytes.spans(rows)
+                    mv = col.bytes.mv
+                    cs, ce = col.codec.spans(rows)
+                    cdata = col.codec.data
+                    for j, s, e, s2, e2 in zip(p, starts, ends, cs, ce):
+                        data[j] = mv[s:e]
+                        codec[j] = cdata[s2:e2].tobytes().decode()
+                    if pos is None:
+                        np.take(col.width, rows, out=width)
+                        np.take(col.height, rows, out=height)
+                    else:
+                        width[pos] = col.width[rows]
+                        height[pos] = col.height[rows]
+                out[name] = ImageBatch(data, width, height, codec)
+            else:
+                res = [None] * b
+                for shard, pos, rows in groups:
+                    col = shard.columns[name]
+                    p = range(b) if pos is None else pos.tolist()
+                    starts, ends = col.spans(rows)
+                    if kind == "bytes":
+                        mv = col.mv
+                        for j, s, e in zip(p, starts, ends):
+                            res[j] = mv[s:e]
+                    elif kind == "string":
+                        data = col.data
+                        for j, s, e in zip(p, starts, ends):
+                            res[j] = data[s:e].tobytes().decode()
+                    else:
+                        data = col.data
+                        for j, s, e in zip(p, starts, ends):
+                            res[j] = data[s:e]
+                out[name] = res
+        return sid, out
+
+    def read_batch(self, indices: Sequence[int], fields: Sequence[str] | None = None) -> dict:
+        """Column-wise read of rows ``indices`` with one gather per field and shard.
+
+        Returns ``{field: column}`` for ``fields`` (default all), B = ``len(indices)``:
+
+        - scalar / bool: ``(B,)`` array of the field's dtype;
+        - tensor: ``(B, *shape)`` array (one copy of the selected rows);
+        - image: :class:`ImageBatch` (zero-copy ``memoryview`` s, ``(B,)`` width/height);
+        - bytes: B zero-copy ``memoryview`` s; string: B ``str``;
+        - sequence: B read-only 1-D array views.
+
+        No transform is applied and nothing is decoded. Memoryviews and views keep the shard
+        mapped while referenced.
+        """
+        idx = self._indices(indices)
+        if fields is None:
+            fields = self.schema.names
+        for name in fields:
+            if name not in self.schema:
+                raise ValueError(f"no field {name!r} in {self.schema}")
+        return self._gather(idx, fields)[1]
+
+    # -- samples ---------------------------------------------------------------------------
+    def raw(self, index: int) -> dict:
+        """Sample ``index`` without decoding or transforms (images as :class:`EncodedImage`
+        with ``bytes`` data)."""
+        i = self._index(index)
+        _, cols = self._gather(np.array([i], np.int64), self.schema.names)
+        out = {}
+        for f in self.schema:
+            c = cols[f.name]
+            kind = f.type.kind
+            if kind == "image":
+                out[f.name] = EncodedImage(
+                    bytes(c.data[0]), int(c.width[0]), int(c.height[0]), c.codec[0]
+                )
+            elif kind in ("scalar", "bool"):
+                out[f.name] = c[0].item()
+            elif kind == "tensor":
+                out[f.name] = c[0]
+            elif kind == "bytes":
+                out[f.name] = bytes(c[0])
+            elif kind == "sequence":
+                out[f.name] = np.array(c[0])
+            else:
+                out[f.name] = c[0]
+        return out
+
+    def __getitem__(self, index: int) -> dict:
+        return self._samples(np.array([self._index(index)], np.int64), batch_buffer=False)[0]
+
+    def __getitems__(self, indices: Sequence[int]) -> list[dict]:
+        """The samples ``indices`` as a list of dicts (torch's batched-fetch contract).
+
+        With a fused image transform of fixed output size ``(H, W)``, each sample's image is
+        ``buf[j]``, a view of one ``(B, 3, H, W)`` uint8 tensor, so collation is free.
+        """
+        return self._samples(self._indices(indices), batch_buffer=True)
+
+    def __iter__(self):
+        for i in range(len(self)):
+            yield self[i]
+
+    def _samples(self, idx: np.ndarray, batch_buffer: bool) -> list[dict]:
+        b = len(idx)
+        if b == 0:
+            return []
+        sid, cols = self._gather(idx, self.schema.names)
+        index_list = idx.tolist()
+        paths = self._store.shard_paths
+        ft = self._field_transforms
+        per_field = []
+        for f in self.schema:
+            c = cols[f.name]
+            kind = f.type.kind
+            if kind == "image":
+                values = self._images(c, index_list, sid, paths, ft.get(f.name), batch_buffer)
+            else:
+                if kind in ("scalar", "bool"):
+                    values = c.tolist()  # (B,) -> Python ints/floats/bools
+                elif kind == "tensor":
+                    values = list(c)  # (B, *shape) -> B views of shape
+                elif kind == "bytes":
+                    values = [bytes(v) for v in c]
+                elif kind == "sequence":
+                    values = [np.array(v) for v in c]  # writable copies
+                else:
+                    values = c
+                t = ft.get(f.name)
+                if t is not None:
+                    res = []
+                    for i, v in zip(index_list, values):
+                        with sample_context(i):
+                            res.append(t(v))
+                    values = res
+            per_field.append(values)
+        names = self.schema.names
+        samples = [dict(zip(names, vals)) for vals in zip(*per_field)]
+        st = self._sample_transform
+        if st is not None:
+            res = []
+            for i, s in zip(index_list, samples):
+                with sample_context(i):
+                    res.append(st(s))
+            samples = res
+        return samples
+
+    def _images(self, c: ImageBatch, index_list, sid, paths, t, batch_buffer: bool) -> list:
+        sources = [paths[k] for k in sid.tolist()]
+        if t is None:
+            return [_decode(d, i, s) for d, i, s in zip(c.data, index_list, sources)]
+        import torch
+
+        widths, heights = c.width.tolist(), c.height.tolist()
+        if _is_fused(t):
+            size = t.output_size() if hasattr(t, "output_size") else None
+            values = []
+            if size is not None and batch_buffer:
+                h, w = size
+                buf = torch.empty((len(index_list), 3, h, w), dtype=torch.uint8)  # (B, 3, H, W)
+                for j, (d, wd, ht, i) in enumerate(zip(c.data, widths, heights, index_list)):
+                    with sample_context(i):
+                        t.apply_encoded(d, wd, ht, sample_rng(i).numpy, out=buf[j].numpy())
+                    values.append(buf[j])  # a view: collate returns buf without copying
+                return values
+            for d, wd, ht, i in zip(c.data, widths, heights, index_list):
+                with sample_context(i):
+                    arr = t.apply_encoded(d, wd, ht, sample_rng(i).numpy)
+                values.append(torch.from_numpy(np.ascontiguousarray(arr)))  # (3, H, W) uint8
+            return values
+        values = []
+        for d, i, s in zip(c.data, index_list, sources):
+            hwc = _decode(d, i, s)  # (H, W, 3) uint8
+            if not hwc.flags.writeable:  # torch tensors must own writable memory
+                hwc = hwc.copy()
+            chw = torch.from_numpy(hwc).permute(2, 0, 1)  # -> (3, H, W) view
+            with sample_context(i):
+                values.append(t(chw))
+        return values
+
+    # -- transforms ------------------------------------------------------------------------
+    def with_transform(self, transform: Mapping[str, Callable] | Callable | None) -> Dataset:
+        """A view of this dataset that applies ``transform`` to each sample (shards shared).
+
+        Args:
+            transform: ``{field: callable}`` for per-field transforms, a callable applied to
+                the whole sample dict (after per-field transforms are gone: it gets the
+                decoded sample), or ``None`` for none. For an image field:
+
+                - an object with ``apply_encoded`` (``kuat.vision.protocol.FusedImageTransform``)
+                  gets the encoded bytes, the stored width/height and the sample's generator
+                  (``kuat.sample_rng(index).numpy``); with a fixed ``output_size()`` it writes
+                  into one ``(B, 3, H, W)`` uint8 batch buffer;
+                - any other callable gets a ``(3, H, W)`` uint8 ``torch.Tensor`` (so torchvision
+                  v2 transforms work).
+
+                ``kuat.sample_rng()`` works inside every user callable (the sample's index is set).
+
+        Raises:
+            ValueError: a key is not a field of the schema.
+            TypeError: a transform is not callable / has no ``apply_encoded``.
+        """
+        view = Dataset(self.path, _store=self._store)
+        if transform is None:
+            return view
+        if isinstance(transform, Mapping):
+            for name, t in transform.items():
+                if name not in self.schema:
+                    raise ValueError(f"with_transform: no field {name!r} in {self.schema}")
+                if not (callable(t) or _is_fused(t)):
+                    raise TypeError(
+                        f"with_transform: the transform of field {name!r} is not callable: {t!r}"
+                    )
+                if _is_fused(t) and self.schema[name].type.kind != "image":
+                    raise TypeError(
+                        f"with_transform: field {name!r} is {self.schema[name].type.describe()}; "
+                        "fused image transforms apply to image fields only"
+                    )
+            view._field_transforms = dict(transform)
+        elif callable(transform):
+            view._sample_transform = transform
+        else:
+            raise TypeError(
+                f"with_transform takes a dict of field -> callable or a callable, got {transform!r}"
+            )
+        return view
+
+    @property
+    def kuat_batch_transform(self) -> Callable | None:
+        """Callable applying each fused image transform's ``batch_transform()`` to its field
+        of the collated batch dict (the loader calls it after the device copy), or ``None``."""
+        fns = {}
+        for name, t in self._field_transforms.items():
+            if _is_fused(t) and hasattr(t, "batch_transform"):
+                fn = t.batch_transform()
+                if fn is not None:
+                    fns[name] = fn
+        return _BatchTransform(fns) if fns else None
+
+    # -- lifetime --------------------------------------------------------------------------
+    def close(self) -> None:
+        """Drop this dataset's shard mappings (shared with its transformed views). Idempotent;
+        a later read maps the shards again. Arrays returned earlier stay valid."""
+        self._store.close()
+
+    def __enter__(self) -> Dataset:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def open_dataset(path: str | os.PathLike) -> Dataset:
+    """Open the kuat dataset at ``path`` (reads only the manifest; shards map lazily).
+
+    Raises:
+        kuat.FormatError: no manifest, not JSON, invalid or of an unknown version.
+    """
+    return Dataset(path)

@@ -1,0 +1,566 @@
+"""Writing kuat datasets: validate rows against the schema, roll shards, rename into place.
+
+Each shard is one Arrow IPC record batch, written to ``.shard-NNNNN.arrow.tmp`` and renamed
+to ``shard-NNNNN.arrow`` once complete; the manifest is written last (also renamed into
+place), so an interrupted write never leaves a directory that opens as a dataset.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from kuat.errors import DecodeError, FormatError, SchemaError
+from kuat.format.manifest import (
+    MANIFEST_NAME,
+    Manifest,
+    ShardInfo,
+    file_checksum,
+    read_manifest,
+    write_manifest,
+)
+from kuat.format.schema import EncodedImage, FieldType, Schema
+
+__all__ = ["Writer", "DEFAULT_SHARD_BYTES"]
+
+log = logging.getLogger("kuat.format.writer")
+
+DEFAULT_SHARD_BYTES = 128 << 20
+# Arrow binary/string offsets are int32: one shard's variable-length data must stay < 2 GiB.
+_MAX_SHARD_BYTES = 1 << 30
+_SHARD_RE = re.compile(
+    r"^(shard-\d{5,}\.arrow|\.shard-\d{5,}\.arrow\.tmp.*|\.manifest\.json\.tmp.*)$"
+)
+
+
+def shard_name(i: int) -> str:
+    return f"shard-{i:05d}.arrow"
+
+
+def _short(value: object) -> str:
+    r = repr(value)
+    return r if len(r) <= 60 else r[:57] + "..."
+
+
+def _given(value: object) -> str:
+    if isinstance(value, np.ndarray):
+        return f"ndarray {value.dtype} {tuple(value.shape)}"
+    if hasattr(value, "dtype") and hasattr(value, "shape"):
+        return f"{type(value).__name__} {value.dtype} {tuple(value.shape)}"
+    return f"{type(value).__name__} {_short(value)}"
+
+
+class _Builder:
+    """Validates and accumulates the values of one field for the current shard."""
+
+    def __init__(self, name: str, ftype: FieldType):
+        self.name = name
+        self.t = ftype
+        self.chunks: list = []  # validated column pieces (np.ndarray or list)
+        self.pending: list = []  # validated single values not yet in a chunk
+
+    # -- errors ----------------------------------------------------------------------------
+    def error(self, row: int, value: object, detail: str = "") -> SchemaError:
+        extra = f" ({detail})" if detail else ""
+        return SchemaError(
+            f"field {self.name!r} row {row}: expected {self.t.describe()}, got "
+            f"{_given(value)}{extra}",
+            field=self.name,
+        )
+
+    # -- single values ---------------------------------------------------------------------
+    def _array(self, value: object, row: int, ndim: int) -> np.ndarray:
+        """``value`` as an array of the field's dtype, refusing lossy casts."""
+        dtype = self.t.np_dtype
+        try:
+            if hasattr(value, "detach") and hasattr(value, "cpu"):  # torch.Tensor
+                value = value.detach().cpu().numpy()
+            if isinstance(value, np.ndarray):
+                arr = value
+                if arr.dtype != dtype and not np.can_cast(arr.dtype, dtype, "safe"):
+                    raise self.error(row, value, "unsafe dtype cast")
+                arr = arr.astype(dtype, copy=False)
+            else:
+                loose = np.asarray(value)
+                if loose.dtype.kind not in "iufb" or (
+                    loose.dtype.kind == "b" and dtype.kind != "b"
+                ):
+                    raise self.error(row, value)
+                arr = np.asarray(value, dtype=dtype)
+                if loose.size and not np.array_equal(arr, loose):
+                    raise self.error(row, value, "values do not fit the dtype")
+        except (OverflowError, ValueError, TypeError) as e:
+            if isinstance(e, SchemaError):
+                raise
+            raise self.error(row, value, str(e)) from e
+        if arr.dtype.kind == "f" and dtype.kind in "iu":
+            raise self.error(row, value)
+        if arr.ndim != ndim:
+            raise self.error(row, value, f"expected {ndim} dimension(s)")
+        return arr
+
+    def check_value(self, value: object, row: int) -> tuple[object, int]:
+        """Validated value and its variable-length byte size."""
+        t = self.t
+        kind = t.kind
+        if kind == "scalar":
+            dt = t.np_dtype
+            if isinstance(value, (bool, np.bool_)):
+                raise self.error(row, value)
+            if dt.kind in "iu":
+                if not isinstance(value, (int, np.integer)):
+                    raise self.error(row, value)
+                info = np.iinfo(dt)
+                if not info.min <= int(value) <= info.max:
+                    raise self.error(row, value, f"out of range [{info.min}, {info.max}]")
+                return int(value), 0
+            if not isinstance(value, (int, float, np.integer, np.floating)):
+                raise self.error(row, value)
+            return value, 0
+        if kind == "bool":
+            if not isinstance(value, (bool, np.bool_)):
+                raise self.error(row, value)
+            return bool(value), 0
+        if kind == "string":
+            if not isinstance(value, str):
+                raise self.error(row, value)
+            n = len(value)  # a lower bound of the UTF-8 size, exact for ASCII
+            return value, n
+        if kind == "bytes":
+            if not isinstance(value, (bytes, bytearray, memoryview)):
+                raise self.error(row, value)
+            value = bytes(value)
+            return value, len(value)
+        if kind == "tensor":
+            arr = self._array(value, row, len(t.shape))
+            if tuple(arr.shape) != t.shape:
+                raise self.error(row, value, "shape differs")
+            return arr, 0
+        if kind == "sequence":
+            arr = self._array(value, row, 1)
+            return arr, arr.nbytes
+        return self._check_image(value, row)
+
+    def _check_image(self, value: object, row: int) -> tuple[EncodedImage, int]:
+        from kuat.vision.probe import probe_image
+
+        if isinstance(value, EncodedImage):
+            data, width, height, codec = value
+        elif isinstance(value, Mapping) and "bytes" in value:
+            data = value["bytes"]
+            width, height, codec = value.get("width"), value.get("height"), value.get("codec")
+        elif isinstance(value, (bytes, bytearray, memoryview)):
+            data, width, height, codec = value, None, None, None
+        else:
+            raise self.error(row, value, "give encoded image bytes")
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise self.error(row, data, "give encoded image bytes")
+        data = bytes(data)
+        if width is None or height is None or codec is None:
+            try:
+                width, height, codec = probe_image(data)
+            except DecodeError as e:
+                raise SchemaError(
+                    f"field {self.name!r} row {row}: expected an encoded image, got "
+                    f"{len(data)} bytes that are not a readable image ({e})",
+                    field=self.name,
+                ) from e
+        if not (isinstance(width, (int, np.integer)) and isinstance(height, (int, np.integer))):
+            raise self.error(row, value, "width/height must be ints")
+        if not (0 < int(width) < 2**31 and 0 < int(height) < 2**31) or not isinstance(codec, str):
+            raise self.error(row, value, f"invalid size {width}x{height} or codec {codec!r}")
+        return EncodedImage(data, int(width), int(height), codec), len(data) + len(codec)
+
+    # -- whole columns ---------------------------------------------------------------------
+    def check_column(self, values: object, n: int, first_row: int) -> tuple[object, np.ndarray]:
+        """Validated column (np.ndarray or list) and per-row variable byte sizes ``(n,)``."""
+        t = self.t
+        if t.kind in ("scalar", "bool", "tensor") and isinstance(values, np.ndarray):
+            want_ndim = 1 if t.kind != "tensor" else 1 + len(t.shape)
+            dt = t.np_dtype if t.kind != "bool" else np.dtype(bool)
+            ok = values.ndim == want_ndim and len(values) == n
+            if t.kind == "tensor":
+                ok = ok and tuple(values.shape[1:]) == t.shape
+            if t.kind == "bool":
+                ok = ok and values.dtype.kind == "b"
+            else:
+                ok = (
+                    ok
+                    and values.dtype.kind in "iuf"
+                    and (values.dtype == dt or np.can_cast(values.dtype, dt, "safe"))
+                )
+            if ok:
+                return np.ascontiguousarray(values, dtype=dt), np.zeros(n, np.int64)
+            if values.ndim == want_ndim and len(values) == n and values.dtype != object:
+                # report the first offending row with the row-wise check
+                for j in range(n):
+                    self.check_value(values[j], first_row + j)
+                raise SchemaError(
+                    f"field {self.name!r}: expected a column of {t.describe()}, got "
+                    f"{_given(values)}",
+                    field=self.name,
+                )
+        if isinstance(values, np.ndarray) and values.dtype != object:
+            values = list(values)
+        try:
+            values = list(values)
+        except TypeError as e:
+            raise SchemaError(
+                f"field {self.name!r}: a column must be a sequence, got {type(values).__name__}",
+                field=self.name,
+            ) from e
+        if len(values) != n:
+            raise SchemaError(
+                f"field {self.name!r}: column has {len(values)} rows, expected {n}", field=self.name
+            )
+        out, sizes = [], np.zeros(n, np.int64)
+        for j, v in enumerate(values):
+            value, sizes[j] = self.check_value(v, first_row + j)
+            out.append(value)
+        if t.kind in ("scalar", "bool"):
+            return np.asarray(out, dtype=t.np_dtype if t.kind == "scalar" else bool), sizes
+        if t.kind == "tensor":
+            return np.stack(out) if out else np.empty((0, *t.shape), t.np_dtype), sizes
+        return out, sizes
+
+    # -- accumulation ----------------------------------------------------------------------
+    def add_value(self, value: object) -> None:
+        self.pending.append(value)
+
+    def add_slice(self, column: object, start: int, stop: int) -> None:
+        self._seal_pending()
+        self.chunks.append(column[start:stop])
+
+    def _seal_pending(self) -> None:
+        if not self.pending:
+            return
+        t = self.t
+        if t.kind == "scalar":
+            chunk = np.asarray(self.pending, dtype=t.np_dtype)
+        elif t.kind == "bool":
+            chunk = np.asarray(self.pending, dtype=bool)
+        elif t.kind == "tensor":
+            chunk = np.stack(self.pending)
+        else:
+            chunk = list(self.pending)
+        self.chunks.append(chunk)
+        self.pending = []
+
+    def finish(self) -> pa.Array:
+        """The field's Arrow array for the current shard; resets the builder."""
+        self._seal_pending()
+        chunks, self.chunks = self.chunks, []
+        t = self.t
+        if t.kind in ("scalar", "bool", "tensor"):
+            dt = t.np_dtype if t.kind != "bool" else np.dtype(bool)
+            col = np.concatenate(chunks) if chunks else np.empty((0, *(t.shape or ())), dt)
+            if t.kind == "tensor":
+                flat = pa.array(col.reshape(-1))  # (N, *shape) -> (N * numel,)
+                return pa.FixedSizeListArray.from_arrays(flat, type=t.arrow_type)
+            return pa.array(col, type=t.arrow_type)
+        values = [v for c in chunks for v in c]
+        if t.kind == "string":
+            return pa.array(values, type=pa.string())
+        if t.kind == "bytes":
+            return pa.array(values, type=pa.binary())
+        if t.kind == "sequence":
+            lengths = np.fromiter((len(v) for v in values), np.int64, len(values))
+            offsets = np.zeros(len(values) + 1, np.int32)
+            np.cumsum(lengths, out=offsets[1:])
+            flat = np.concatenate(values) if values else np.empty(0, t.np_dtype)
+            return pa.ListArray.from_arrays(
+                pa.array(offsets), pa.array(flat.astype(t.np_dtype, copy=False)), type=t.arrow_type
+            )
+        # image
+        return pa.StructArray.from_arrays(
+            [
+                pa.array([v.data for v in values], type=pa.binary()),
+                pa.array(np.fromiter((v.width for v in values), np.int32, len(values))),
+                pa.array(np.fromiter((v.height for v in values), np.int32, len(values))),
+                pa.array([v.codec for v in values], type=pa.string()),
+            ],
+            fields=list(t.arrow_type),
+        )
+
+
+class Writer:
+    """Writes a kuat dataset directory: Arrow IPC shards plus ``manifest.json``.
+
+    Usage::
+
+        schema = kuat.Schema({"image": kuat.format.image(), "label": kuat.format.int64()})
+        with kuat.Writer("train.kuat", schema) as w:
+            w.write({"image": jpeg_bytes, "label": 3})
+            w.write_batch({"image": [b1, b2], "label": [0, 1]})
+
+    Args:
+        path: the dataset directory (created if missing).
+        schema: a :class:`Schema` or a mapping ``{name: FieldType}``.
+        shard_bytes: target shard size in bytes; a shard is closed before a row would take it
+            past this (a single larger row gets a shard of its own). 128 MiB by default: large
+            enough that thousands of shards cover an ImageNet-sized set, small enough that a
+            shard (buffered in memory until written, as one record batch) stays cheap.
+        overwrite: replace an existing dataset at ``path``. Without it an existing dataset,
+            or a non-empty directory that is not a kuat dataset, is refused.
+        metadata: JSON-serialisable dict kept in the manifest (class names, source, ...).
+
+    Image values are encoded bytes (width/height/codec probed from the header), an
+    :class:`EncodedImage`, or a dict ``{"bytes": ..., "width": ..., "height": ..., "codec": ...}``.
+
+    Not thread-safe: one thread writes. Rows are stored in the order written.
+
+    Raises:
+        FileExistsError: ``path`` holds a dataset (or other files) and ``overwrite`` is False.
+        kuat.SchemaError: a row or column does not match the schema (names field, row,
+            expected and given type); nothing of that row/batch is written.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        schema: Schema | Mapping[str, FieldType],
+        *,
+        shard_bytes: int = DEFAULT_SHARD_BYTES,
+        overwrite: bool = False,
+        metadata: dict | None = None,
+    ):
+        if not isinstance(schema, Schema):
+            schema = Schema(schema)
+        if not isinstance(shard_bytes, int) or not 1 <= shard_bytes <= _MAX_SHARD_BYTES:
+            raise ValueError(
+                f"shard_bytes={shard_bytes!r} must be an int in [1, {_MAX_SHARD_BYTES}]"
+            )
+        metadata = dict(metadata or {})
+        try:
+            json.dumps(metadata)
+        except (TypeError, ValueError) as e:
+            raise TypeError(f"metadata must be JSON-serialisable: {e}") from e
+        self.path = Path(path)
+        self.schema = schema
+        self.shard_bytes = shard_bytes
+        self.metadata = metadata
+        self._arrow_schema = schema.to_arrow().with_metadata(
+            {"kuat.schema": json.dumps(schema.to_json())}
+        )
+        self._builders = [_Builder(f.name, f.type) for f in schema]
+        self._fixed_row_bytes = sum(f.type.fixed_row_bytes for f in schema)
+        self._shards: list[ShardInfo] = []
+        self._rows_in_shard = 0
+        self._bytes_in_shard = 0
+        self._rows = 0
+        self._closed = False
+        self.manifest: Manifest | None = None
+        self._prepare_directory(overwrite)
+
+    # -- directory -------------------------------------------------------------------------
+    def _prepare_directory(self, overwrite: bool) -> None:
+        p = self.path
+        if p.exists() and not p.is_dir():
+            raise FileExistsError(f"{p} exists and is not a directory")
+        p.mkdir(parents=True, exist_ok=True)
+        manifest = p / MANIFEST_NAME
+        if manifest.exists():
+            if not overwrite:
+                raise FileExistsError(
+                    f"{p} is already a kuat dataset; pass overwrite=True to replace it"
+                )
+            try:
+                old = [s.file for s in read_manifest(p).shards]
+            except FormatError:
+                old = []
+            manifest.unlink()  # from here on the directory is no longer a dataset
+            for name in old:
+                if os.path.basename(name) == name and (p / name).is_file():
+                    (p / name).unlink()
+        others = [e.name for e in os.scandir(p) if not _SHARD_RE.match(e.name)]
+        if others and not overwrite:
+            raise FileExistsError(
+                f"{p} is a non-empty directory that is not a kuat dataset ({others[0]!r}, ...); "
+                "pass overwrite=True to write into it anyway"
+            )
+        for e in os.scandir(p):  # leftovers of an interrupted write
+            if _SHARD_RE.match(e.name) and e.is_file():
+                os.unlink(e.path)
+
+    # -- writing ---------------------------------------------------------------------------
+    @property
+    def num_rows(self) -> int:
+        """Rows written so far."""
+        return self._rows
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ValueError(f"Writer for {self.path} is closed")
+
+    def _check_names(self, names: object, what: str) -> None:
+        expected = self.schema.names
+        if set(names) != set(expected):
+            missing = [n for n in expected if n not in names]
+            extra = [n for n in names if n not in self.schema]
+            if missing:
+                raise SchemaError(
+                    f"{what} is missing field {missing[0]!r} (schema: {self.schema})",
+                    field=missing[0],
+                )
+            raise SchemaError(
+                f"{what} has field {extra[0]!r} that is not in the schema ({self.schema})",
+                field=str(extra[0]),
+            )
+
+    def write(self, row: Mapping[str, object]) -> None:
+        """Append one row ``{field: value}``.
+
+        Raises:
+            kuat.SchemaError: a field is missing, unknown, or of the wrong type.
+        """
+        self._check_open()
+        if not isinstance(row, Mapping):
+            raise TypeError(f"row must be a mapping of field -> value, got {type(row).__name__}")
+        self._check_names(row, f"row {self._rows}")
+        checked = []
+        size = self._fixed_row_bytes
+        for b in self._builders:
+            value, n = b.check_value(row[b.name], self._rows)
+            checked.append(value)
+            size += n
+        if self._rows_in_shard and self._bytes_in_shard + size > self.shard_bytes:
+            self._flush_shard()
+        for b, value in zip(self._builders, checked):
+            b.add_value(value)
+        self._rows_in_shard += 1
+        self._bytes_in_shard += size
+        self._rows += 1
+
+    def write_batch(self, columns: Mapping[str, object]) -> None:
+        """Append the rows of ``{field: column}`` (lists, or arrays of ``(N, ...)``).
+
+        All columns must have the same length N. Fixed-size columns given as NumPy arrays
+        of the field's dtype are taken without per-row Python work.
+
+        Raises:
+            kuat.SchemaError: a column is missing, unknown, of another length or type.
+        """
+        self._check_open()
+        if not isinstance(columns, Mapping):
+            raise TypeError(
+                f"columns must be a mapping of field -> column, got {type(columns).__name__}"
+            )
+        self._check_names(columns, "batch")
+        try:
+            lengths = {name: len(col) for name, col in columns.items()}
+        except TypeError as e:
+            raise SchemaError(f"every column must have a length: {e}") from e
+        n = next(iter(lengths.values()))
+        if any(v != n for v in lengths.values()):
+            raise SchemaError(f"columns have different lengths: {lengths}")
+        if n == 0:
+            return
+        checked, sizes = [], np.full(n, self._fixed_row_bytes, np.int64)
+        for b in self._builders:
+            col, s = b.check_column(columns[b.name], n, self._rows)
+            checked.append(col)
+            sizes += s
+        start = 0
+        while start < n:
+            room = self.shard_bytes - self._bytes_in_shard
+            cum = np.cumsum(sizes[start:])
+            take = int(np.searchsorted(cum, room, side="right"))
+            if take == 0:
+                if self._rows_in_shard:
+                    self._flush_shard()
+                    continue
+                take = 1  # a row larger than shard_bytes gets a shard of its own
+            stop = start + take
+            for b, col in zip(self._builders, checked):
+                b.add_slice(col, start, stop)
+            self._rows_in_shard += take
+            self._bytes_in_shard += int(cum[take - 1])
+            self._rows += take
+            start = stop
+            if self._bytes_in_shard >= self.shard_bytes and start < n:
+                self._flush_shard()
+
+    def _flush_shard(self) -> None:
+        if not self._rows_in_shard:
+            return
+        arrays = [b.finish() for b in self._builders]
+        batch = pa.RecordBatch.from_arrays(arrays, schema=self._arrow_schema)
+        name = shard_name(len(self._shards))
+        final = self.path / name
+        tmp = self.path / f".{name}.tmp-{os.getpid()}"
+        with pa.OSFile(str(tmp), "wb") as sink:
+            with pa.ipc.new_stream(sink, self._arrow_schema) as w:
+                w.write_batch(batch)
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        info = ShardInfo(name, batch.num_rows, os.path.getsize(tmp), file_checksum(tmp))
+        os.replace(tmp, final)
+        self._shards.append(info)
+        log.debug("wrote %s: %d rows, %d bytes", final, info.rows, info.bytes)
+        self._rows_in_shard = 0
+        self._bytes_in_shard = 0
+
+    # -- closing ---------------------------------------------------------------------------
+    def close(self) -> Manifest:
+        """Write the last shard, then the manifest (atomically). Idempotent.
+
+        Returns:
+            the dataset's :class:`Manifest`.
+        """
+        if self._closed:
+            return self.manifest
+        self._flush_shard()
+        self._closed = True
+        self.manifest = Manifest(
+            schema=self.schema,
+            shards=tuple(self._shards),
+            metadata=self.metadata,
+            created_by=f"kuat {_version()}",
+        )
+        write_manifest(self.path, self.manifest)
+        log.info(
+            "wrote kuat dataset %s: %d rows in %d shards", self.path, self._rows, len(self._shards)
+        )
+        return self.manifest
+
+    def abort(self) -> None:
+        """Stop without writing a manifest and delete the shards written so far."""
+        if self._closed:
+            return
+        self._closed = True
+        for b in self._builders:
+            b.chunks, b.pending = [], []
+        for e in os.scandir(self.path):
+            if _SHARD_RE.match(e.name) and e.name != MANIFEST_NAME:
+                try:
+                    os.unlink(e.path)
+                except OSError:  # best effort: the directory is not a dataset either way
+                    pass
+        log.warning(
+            "aborted writing %s after %d rows; no dataset was written", self.path, self._rows
+        )
+
+    def __enter__(self) -> Writer:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+    def __repr__(self) -> str:
+        return f"Writer({str(self.path)!r}, rows={self._rows}, shards={len(self._shards)})"
+
+
+def _version() -> str:
+    from kuat import __version__
+
+    return __version__

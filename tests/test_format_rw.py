@@ -1,0 +1,439 @@
+"""Round trips through kuat.Writer and kuat.open for every field type, indices, transforms."""
+
+from __future__ import annotations
+
+import io
+import json
+import pickle
+import threading
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import kuat
+from kuat import format as kf
+from kuat.errors import FormatError, SchemaError
+from kuat.rng import sample_rng
+
+
+def _png(w: int, h: int, seed: int) -> bytes:
+    rng = np.random.default_rng(seed)
+    arr = rng.integers(0, 255, (h, w, 3), dtype=np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(arr).save(buf, "PNG")
+    return buf.getvalue()
+
+
+def _pixels(data: bytes) -> np.ndarray:
+    return np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
+
+
+SCHEMA = kuat.Schema(
+    {
+        "image": kf.image(),
+        "label": kf.int64(),
+        "u8": kf.uint8(),
+        "f16": kf.float16(),
+        "f64": kf.float64(),
+        "flag": kf.bool_(),
+        "text": kf.string(),
+        "blob": kf.binary(),
+        "emb": kf.tensor((2, 3), "float32"),
+        "tokens": kf.sequence("int32"),
+    }
+)
+
+
+def _row(i: int) -> dict:
+    return {
+        "image": _png(4 + i % 5, 3 + i % 4, i),
+        "label": i * 1000 - 5,
+        "u8": i % 256,
+        "f16": i / 4,
+        "f64": i * 1.5,
+        "flag": i % 3 == 0,
+        "text": f"row {i} \u00e9\u4e2d",
+        "blob": bytes(range(i % 7)),
+        "emb": np.arange(6, dtype=np.float32).reshape(2, 3) + i,
+        "tokens": np.arange(i % 6, dtype=np.int32) * i,
+    }
+
+
+def _check(sample: dict, i: int) -> None:
+    exp = _row(i)
+    np.testing.assert_array_equal(sample["image"], _pixels(exp["image"]))
+    assert sample["image"].dtype == np.uint8 and sample["image"].shape[2] == 3
+    assert sample["label"] == exp["label"] and type(sample["label"]) is int
+    assert sample["u8"] == exp["u8"] and type(sample["u8"]) is int
+    assert sample["f16"] == exp["f16"]
+    assert sample["f64"] == exp["f64"]
+    assert sample["flag"] is exp["flag"]
+    assert sample["text"] == exp["text"]
+    assert sample["blob"] == exp["blob"] and type(sample["blob"]) is bytes
+    np.testing.assert_array_equal(sample["emb"], exp["emb"])
+    assert sample["emb"].dtype == np.float32 and sample["emb"].shape == (2, 3)
+    np.testing.assert_array_equal(sample["tokens"], exp["tokens"])
+    assert sample["tokens"].dtype == np.int32 and sample["tokens"].ndim == 1
+
+
+N = 40
+
+
+@pytest.fixture(scope="module")
+def dataset_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("rw") / "ds"
+    with kuat.Writer(path, SCHEMA, shard_bytes=600, metadata={"source": "test"}) as w:
+        for i in range(N // 2):
+            w.write(_row(i))
+        rows = [_row(i) for i in range(N // 2, N)]
+        w.write_batch({name: [r[name] for r in rows] for name in SCHEMA.names})
+    return path
+
+
+def test_round_trip_every_field_type(dataset_dir):
+    ds = kuat.open(dataset_dir)
+    assert len(ds) == N
+    assert ds.num_shards > 3  # shard_bytes=600 rolls shards
+    assert ds.metadata == {"source": "test"}
+    assert ds.schema == SCHEMA
+    for i in range(N):
+        _check(ds[i], i)
+    for i, sample in zip([7, 0, 39, 21, 7], ds.__getitems__([7, 0, 39, 21, 7])):
+        _check(sample, i)
+
+
+def test_manifest_records_shards(dataset_dir):
+    manifest = json.loads((dataset_dir / "manifest.json").read_text())
+    assert manifest["format"] == "kuat" and manifest["version"] == 1
+    assert manifest["num_rows"] == N == sum(s["rows"] for s in manifest["shards"])
+    for s in manifest["shards"]:
+        assert (dataset_dir / s["file"]).stat().st_size == s["bytes"]
+        assert s["checksum"].startswith("xxh3_64:")
+    assert not [p for p in dataset_dir.iterdir() if p.name.startswith(".")]
+
+
+def test_raw_and_read_batch(dataset_dir):
+    ds = kuat.open(dataset_dir)
+    raw = ds.raw(11)
+    exp = _row(11)
+    assert raw["image"].data == exp["image"]
+    w, h = Image.open(io.BytesIO(exp["image"])).size
+    assert (raw["image"].width, raw["image"].height, raw["image"].codec) == (w, h, "png")
+    idx = [3, 38, 3, 17, -1]
+    b = ds.read_batch(idx)
+    rows = [_row(i % N) for i in idx]
+    assert b["emb"].shape == (5, 2, 3) and b["emb"].dtype == np.float32
+    np.testing.assert_array_equal(b["emb"], np.stack([r["emb"] for r in rows]))
+    np.testing.assert_array_equal(b["label"], [r["label"] for r in rows])
+    assert b["label"].dtype == np.int64
+    assert [bytes(m) for m in b["image"].data] == [r["image"] for r in rows]
+    assert isinstance(b["image"].data[0], memoryview)
+    assert b["image"].codec == ["png"] * 5
+    assert b["text"] == [r["text"] for r in rows]
+    assert [bytes(m) for m in b["blob"]] == [r["blob"] for r in rows]
+    for got, r in zip(b["tokens"], rows):
+        np.testing.assert_array_equal(got, r["tokens"])
+    only = ds.read_batch(np.array([5, 6]), fields=["u8"])
+    assert list(only) == ["u8"] and only["u8"].tolist() == [5, 6]
+
+
+def test_indices_behave_like_a_sequence(dataset_dir):
+    ds = kuat.open(dataset_dir)
+    assert ds[-1]["label"] == ds[N - 1]["label"]
+    assert ds[-N]["label"] == ds[0]["label"]
+    for bad in (N, -N - 1, 10**30):
+        with pytest.raises(IndexError):
+            ds[bad]
+    with pytest.raises(IndexError):
+        ds.__getitems__([0, N])
+    with pytest.raises(IndexError):
+        ds.read_batch([-N - 1])
+    with pytest.raises(TypeError):
+        ds[1.5]
+    with pytest.raises(TypeError):
+        ds[0:2]
+    assert [s["label"] for s in ds.__getitems__(torch.tensor([-1, 0]))] == [
+        _row(N - 1)["label"],
+        _row(0)["label"],
+    ]
+    assert ds.__getitems__([]) == []
+    assert sum(1 for _ in ds) == N
+    assert ds.locate(-1)[1] >= 0
+
+
+def test_shards_open_with_hugging_face_datasets(dataset_dir):
+    datasets = pytest.importorskip("datasets")
+    ds = kuat.open(dataset_dir)
+    seen = 0
+    for path in ds.shard_paths:
+        hf = datasets.Dataset.from_file(path)
+        for row in hf:
+            exp = _row(seen)
+            assert row["label"] == exp["label"]
+            assert row["text"] == exp["text"]
+            assert row["image"]["bytes"] == exp["image"]
+            assert row["tokens"] == exp["tokens"].tolist()
+            np.testing.assert_array_equal(row["emb"], exp["emb"].reshape(-1))
+            seen += 1
+    assert seen == N
+
+
+def test_lazy_open_of_thousands_of_shards(tmp_path):
+    path = tmp_path / "many"
+    with kuat.Writer(path, {"x": kf.int32()}) as w:
+        w.write_batch({"x": np.arange(3, dtype=np.int32)})
+    manifest = json.loads((path / "manifest.json").read_text())
+    shard = manifest["shards"][0]
+    manifest["shards"] = [shard] * 5000  # every entry names the same valid file
+    manifest["num_rows"] = 3 * 5000
+    (path / "manifest.json").write_text(json.dumps(manifest))
+    ds = kuat.open(path)
+    assert len(ds) == 15000
+    assert all(s is None for s in ds._store.shards)  # nothing mapped by opening
+    assert ds[14999]["x"] == 2 and ds[3 * 2500 + 1]["x"] == 1
+    assert sum(s is not None for s in ds._store.shards) == 2
+
+
+def test_threads_read_the_same_values(dataset_dir):
+    ds = kuat.open(dataset_dir)
+    expected = [int(v) for v in ds.read_batch(range(N))["label"]]
+    errors = []
+
+    def work(seed):
+        rng = np.random.default_rng(seed)
+        for _ in range(30):
+            idx = rng.integers(0, N, 8)
+            got = [s["label"] for s in ds.with_transform({"image": lambda x: 0}).__getitems__(idx)]
+            if got != [expected[i] for i in idx]:
+                errors.append((idx, got))
+
+    threads = [threading.Thread(target=work, args=(s,)) for s in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+
+
+def test_pickle_reopens_lazily(dataset_dir):
+    ds = kuat.open(dataset_dir)
+    ds[0]
+    copy = pickle.loads(pickle.dumps(ds.with_transform({"label": abs})))
+    assert all(s is None for s in copy._store.shards)
+    _check(copy[5], 5)
+
+
+class _FakeFused:
+    """A fused transform: writes a constant derived from the sample's generator."""
+
+    def __init__(self, size=(4, 5)):
+        self.size = size
+        self.calls = []
+
+    def output_size(self):
+        return self.size
+
+    def apply_encoded(self, data, width, height, rng, out=None):
+        self.calls.append((bytes(data)[:8], width, height))
+        value = int(rng.integers(0, 256))
+        if out is None:
+            out = np.empty((3, 2, 2), np.uint8)
+        out[...] = value
+        return out
+
+    def batch_transform(self):
+        return lambda x: x.float() / 255
+
+
+def test_fused_transform_writes_into_one_batch_buffer(dataset_dir):
+    ds = kuat.open(dataset_dir)
+    t = _FakeFused()
+    view = ds.with_transform({"image": t})
+    samples = view.__getitems__([2, 9, 30])
+    imgs = [s["image"] for s in samples]
+    assert all(isinstance(x, torch.Tensor) and x.shape == (3, 4, 5) for x in imgs)
+    base = imgs[0].untyped_storage().data_ptr()
+    assert all(x.untyped_storage().data_ptr() == base for x in imgs)
+    assert [imgs[j].data_ptr() - base for j in range(3)] == [0, 60, 120]  # consecutive slots
+    for x, i in zip(imgs, [2, 9, 30]):
+        assert int(x[0, 0, 0]) == int(sample_rng(i).numpy.integers(0, 256))
+    raw = ds.raw(9)["image"]
+    assert t.calls[1] == (raw.data[:8], raw.width, raw.height)
+    assert samples[1]["label"] == _row(9)["label"]
+    batch = view.kuat_batch_transform({"image": torch.full((1, 3, 1, 1), 255, dtype=torch.uint8)})
+    assert batch["image"].dtype == torch.float32 and float(batch["image"][0, 0, 0, 0]) == 1.0
+    assert ds.kuat_batch_transform is None
+    # variable output size: one array per sample
+    single = ds.with_transform({"image": _FakeFused(size=None)})
+    out = single.__getitems__([1, 2])
+    assert (
+        out[0]["image"].shape == (3, 2, 2)
+        and out[0]["image"].data_ptr() != out[1]["image"].data_ptr()
+    )
+    assert single[3]["image"].shape == (3, 2, 2)
+
+
+def test_plain_callables_get_chw_tensors_and_sample_rng(dataset_dir):
+    ds = kuat.open(dataset_dir)
+    seen = {}
+
+    def image_t(x):
+        seen["shape"] = tuple(x.shape)
+        return x.flip(-1)
+
+    def label_t(v):
+        return (v, int(kuat.sample_rng().numpy.integers(0, 1 << 30)))
+
+    view = ds.with_transform({"image": image_t, "label": label_t})
+    s = view[6]
+    hwc = _pixels(_row(6)["image"])
+    assert seen["shape"] == (3, hwc.shape[0], hwc.shape[1])
+    np.testing.assert_array_equal(s["image"].numpy(), hwc.transpose(2, 0, 1)[:, :, ::-1])
+    assert s["label"] == (_row(6)["label"], int(sample_rng(6).numpy.integers(0, 1 << 30)))
+    whole = ds.with_transform(lambda sample: (sample["label"], kuat.sample_rng().seed))
+    assert whole.__getitems__([4, -1]) == [
+        (_row(4)["label"], sample_rng(4).seed),
+        (_row(N - 1)["label"], sample_rng(N - 1).seed),
+    ]
+    with pytest.raises(ValueError, match="nope"):
+        ds.with_transform({"nope": image_t})
+    with pytest.raises(TypeError):
+        ds.with_transform({"label": 3})
+
+
+def test_torchvision_v2_transform_works(dataset_dir):
+    v2 = pytest.importorskip("torchvision.transforms.v2")
+    ds = kuat.open(dataset_dir).with_transform({"image": v2.Resize((8, 8), antialias=True)})
+    samples = ds.__getitems__([0, 1])
+    assert samples[0]["image"].shape == (3, 8, 8) and samples[0]["image"].dtype == torch.uint8
+    batch = torch.utils.data.default_collate([{"image": s["image"]} for s in samples])
+    assert batch["image"].shape == (2, 3, 8, 8)
+
+
+def test_writer_rejects_rows_that_do_not_match(tmp_path):
+    with kuat.Writer(tmp_path / "x", SCHEMA) as w:
+        bad = [
+            ("label", "seven", r"field 'label' row 0: expected int64, got str"),
+            ("label", 2**63, "out of range"),
+            ("label", True, "expected int64, got bool"),
+            ("u8", -1, "expected uint8"),
+            ("emb", np.zeros((3, 2), np.float32), r"expected tensor\[2x3, float32\], got ndarray"),
+            ("emb", np.zeros((2, 3), np.float64), "unsafe dtype cast"),
+            ("tokens", [1.5], "expected sequence"),
+            ("text", b"bytes", "expected string, got bytes"),
+            ("blob", "str", "expected bytes, got str"),
+            ("flag", 1, "expected bool, got int"),
+            ("image", b"not an image at all", "not a readable image"),
+            ("image", 42, "expected image, got int"),
+        ]
+        for name, value, match in bad:
+            row = _row(0)
+            row[name] = value
+            with pytest.raises(SchemaError, match=match) as e:
+                w.write(row)
+            assert e.value.field == name
+        row = _row(0)
+        del row["label"]
+        with pytest.raises(SchemaError, match="missing field 'label'"):
+            w.write(row)
+        with pytest.raises(SchemaError, match="'extra'"):
+            w.write({**_row(0), "extra": 1})
+        with pytest.raises(SchemaError, match="different lengths"):
+            w.write_batch(
+                {name: [_row(0)[name]] * (2 if name == "u8" else 1) for name in SCHEMA.names}
+            )
+        cols = {name: [_row(i)[name] for i in range(3)] for name in SCHEMA.names}
+        cols["u8"] = [1, 2, 300]
+        with pytest.raises(SchemaError, match="field 'u8' row 2"):
+            w.write_batch(cols)
+        w.write(_row(0))
+        w.write(
+            {
+                **_row(1),
+                "emb": [[0, 1, 2], [3, 4, 5]],
+                "tokens": torch.tensor([1, 2], dtype=torch.int16),
+            }
+        )
+    ds = kuat.open(tmp_path / "x")
+    assert len(ds) == 2  # rejected rows and batches wrote nothing
+    np.testing.assert_array_equal(ds[1]["emb"], [[0, 1, 2], [3, 4, 5]])
+    np.testing.assert_array_equal(ds[1]["tokens"], [1, 2])
+
+
+def test_write_batch_takes_arrays_and_rolls_shards(tmp_path):
+    schema = {"x": kf.tensor((16,), "uint8"), "y": kf.int16()}
+    xs = np.arange(100 * 16, dtype=np.uint8).reshape(100, 16)
+    with kuat.Writer(tmp_path / "d", schema, shard_bytes=16 * 30) as w:
+        w.write_batch({"x": xs[:70], "y": np.arange(70, dtype=np.int8)})
+        w.write_batch({"x": xs[70:], "y": list(range(70, 100))})
+    ds = kuat.open(tmp_path / "d")
+    assert [s.rows for s in ds.manifest.shards] == [
+        26,
+        26,
+        26,
+        22,
+    ]  # 18 bytes per row, 480 per shard
+    np.testing.assert_array_equal(ds.read_batch(range(100))["x"], xs)
+    assert ds.read_batch(range(100))["y"].tolist() == list(range(100))
+
+
+def test_interrupted_write_leaves_no_dataset(tmp_path):
+    path = tmp_path / "d"
+    with pytest.raises(RuntimeError):
+        with kuat.Writer(path, {"x": kf.int64()}, shard_bytes=8) as w:
+            for i in range(10):
+                w.write({"x": i})
+            raise RuntimeError("killed")
+    assert not (path / "manifest.json").exists()
+    assert list(path.iterdir()) == []
+    with pytest.raises(FormatError, match="not a kuat dataset"):
+        kuat.open(path)
+    # a half-written directory is reusable without overwrite
+    (path / "shard-00000.arrow").write_bytes(b"stale")
+    with kuat.Writer(path, {"x": kf.int64()}) as w:
+        w.write({"x": 1})
+    assert kuat.open(path)[0]["x"] == 1
+
+
+def test_overwrite(tmp_path):
+    path = tmp_path / "d"
+    with kuat.Writer(path, {"x": kf.int64()}, shard_bytes=8) as w:
+        w.write_batch({"x": np.arange(5)})
+    with pytest.raises(FileExistsError, match="overwrite=True"):
+        kuat.Writer(path, {"x": kf.int64()})
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "cat.jpg").write_bytes(b"x")
+    with pytest.raises(FileExistsError, match="not a kuat dataset"):
+        kuat.Writer(tmp_path / "other", {"x": kf.int64()})
+    with kuat.Writer(path, {"y": kf.string()}, overwrite=True) as w:
+        w.write({"y": "new"})
+    ds = kuat.open(path)
+    assert len(ds) == 1 and ds[0] == {"y": "new"}
+    assert sorted(p.name for p in path.iterdir()) == ["manifest.json", "shard-00000.arrow"]
+
+
+def test_empty_dataset(tmp_path):
+    with kuat.Writer(tmp_path / "e", {"x": kf.int64()}):
+        pass
+    ds = kuat.open(tmp_path / "e")
+    assert len(ds) == 0 and ds.num_shards == 0
+    with pytest.raises(IndexError):
+        ds[0]
+
+
+def test_schema_json_round_trip_and_validation():
+    s = kuat.Schema([kuat.Field("a", kf.tensor((2, 2), "uint16"), {"names": ["x"]})])
+    assert kuat.Schema.from_json(json.loads(json.dumps(s.to_json()))) == s
+    assert s["a"].metadata == {"names": ["x"]}
+    with pytest.raises(ValueError):
+        kf.tensor((0, 3), "uint8")
+    with pytest.raises(ValueError):
+        kf.tensor((2,), "bool")
+    with pytest.raises(ValueError):
+        kf.sequence("U5")
+    with pytest.raises(ValueError):
+        kuat.Schema([kuat.Field("a", kf.int8()), kuat.Field("a", kf.int8())])
+    with pytest.raises(ValueError):
+        kuat.Writer("/nonexistent-never", {"a": kf.int8()}, shard_bytes=0)
