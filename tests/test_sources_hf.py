@@ -213,3 +213,20 @@ def test_non_hf_datasets_pass_through():
     assert as_source(data) is data
     with pytest.raises(TypeError, match="datasets.Dataset"):
         HFMapSource(data)
+
+
+def test_concatenated_in_memory_chunks(chunked):
+    """Chunks in separate allocations take the per-chunk gather; same samples."""
+    parts = [
+        datasets.Dataset.from_dict(_make(n, seed), features=_features())
+        for n, seed in ((5, 1), (9, 2), (4, 3))
+    ]
+    ds = datasets.concatenate_datasets(parts).with_format("torch")
+    src = as_source(ds)
+    ids = next(c for c in src._fast if c.name == "ids").gather
+    assert len(ids.offsets) == 3 and ids.offsets_region is None
+    mm = next(c for c in as_source(chunked)._fast if c.name == "ids").gather
+    assert len(mm.offsets) == 7 and mm.offsets_region is not None  # one memory-mapped file
+    order = [17, 0, 5, 4, 13, 9, 2, 16]
+    for a, b in zip(_kuat_samples(ds, order), _torch_samples(ds, order), strict=True):
+        _same(a, b)

@@ -47,6 +47,54 @@ class ChunkIndex:
         return chunk, rows - self.starts[chunk]
 
 
+def _root(buf: pa.Buffer) -> pa.Buffer:
+    while buf.parent is not None:
+        buf = buf.parent
+
+    return buf
+
+
+class _Region:
+    """Every chunk's buffer inside ONE memory region (a memory-mapped Arrow file, or a single
+    chunk): a typed view of the whole region plus each chunk's first element in it, so that a
+    gather across chunks is one NumPy fancy index instead of one per chunk.
+
+    Attributes:
+        view: ``(M,)`` read-only view of the region in the chunks' dtype.
+        starts: ``(C,) int64``, where chunk ``c``'s elements begin in ``view``.
+    """
+
+    def __init__(self, view: np.ndarray, starts: np.ndarray):
+        self.view = view
+        self.starts = starts
+
+    @classmethod
+    def of(cls, arrays: list[np.ndarray], buffers: list[pa.Buffer]) -> _Region | None:
+        """The region of ``arrays`` (zero-copy views of ``buffers``), or None if there is none."""
+        if not arrays:
+            return None
+        roots = {(r.address, r.size): r for r in map(_root, buffers)}
+        if len(roots) != 1:
+            return None
+        (root,) = roots.values()
+        dtype = arrays[0].dtype
+        item = dtype.itemsize
+        if root.address % item:
+            return None
+        starts = np.zeros(len(arrays), dtype=np.int64)
+        for i, a in enumerate(arrays):
+            if a.dtype != dtype:
+                return None
+            if a.size == 0:
+                continue  # never indexed
+            delta = a.ctypes.data - root.address
+            if delta % item or delta < 0 or delta + a.nbytes > root.size:
+                return None
+            starts[i] = delta // item
+        view = np.frombuffer(root, dtype=dtype, count=root.size // item)  # (M,)
+        return cls(view, starts)
+
+
 class ScalarColumn:
     """A fixed-width numeric column without nulls, one zero-copy NumPy view per chunk."""
 
@@ -55,12 +103,15 @@ class ScalarColumn:
         self.index = ChunkIndex([len(c) for c in chunks])
         self.chunks = [c.to_numpy(zero_copy_only=True) for c in chunks]
         self.dtype = np.dtype(column.type.to_pandas_dtype())
+        self.region = _Region.of(self.chunks, [c.buffers()[1] for c in chunks])
 
     def take(self, rows: np.ndarray) -> np.ndarray:
         """Values at global ``rows`` ``(B,) int64`` -> ``(B,)`` of the column's dtype."""
         if len(self.chunks) == 1:
             return self.chunks[0][rows]
         chunk, local = self.index.locate(rows)
+        if self.region is not None:
+            return self.region.view[self.region.starts[chunk] + local]  # (B,)
         out = np.empty(len(rows), dtype=self.dtype)  # (B,)
         for c in np.unique(chunk).tolist():
             sel = chunk == c
@@ -82,6 +133,8 @@ class ListColumn:
         self.offsets = [c.offsets.to_numpy(zero_copy_only=True) for c in chunks]
         self.values = [c.values.to_numpy(zero_copy_only=True) for c in chunks]
         self.dtype = np.dtype(column.type.value_type.to_pandas_dtype())
+        self.offsets_region = _Region.of(self.offsets, [c.offsets.buffers()[1] for c in chunks])
+        self.values_region = _Region.of(self.values, [c.values.buffers()[1] for c in chunks])
 
     def take(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Rows at global ``rows`` ``(B,) int64``, concatenated in that order.
@@ -90,7 +143,11 @@ class ListColumn:
             ``(offsets, values)``: ``offsets`` ``(B + 1,) int64`` into ``values`` ``(N,)`` (the
             column's value dtype), so row ``i`` is ``values[offsets[i]:offsets[i + 1]]``.
         """
+        if len(rows) == 0 or not self.offsets:
+            return np.zeros(len(rows) + 1, dtype=np.int64), np.empty(0, dtype=self.dtype)
         chunk, local = self.index.locate(rows)
+        if self.offsets_region is not None and self.values_region is not None:
+            return self._take_in_regions(chunk, local)
         starts = np.empty(len(rows), dtype=np.int64)  # (B,)
         ends = np.empty(len(rows), dtype=np.int64)  # (B,)
         for c in np.unique(chunk).tolist() if len(self.offsets) > 1 else [0]:
@@ -111,6 +168,18 @@ class ListColumn:
         ]
         values = np.concatenate(pieces) if pieces else np.empty(0, dtype=self.dtype)
         return out_offsets, values  # (N,)
+
+    def _take_in_regions(self, chunk: np.ndarray, local: np.ndarray):
+        offs, vals = self.offsets_region, self.values_region
+        at = offs.starts[chunk] + local  # (B,) rows' offset positions in the region
+        starts = offs.view[at].astype(np.int64)  # (B,) value positions within each chunk
+        lengths = offs.view[at + 1] - starts  # (B,)
+        starts += vals.starts[chunk]  # (B,) value positions in the region
+        out_offsets = np.zeros(len(chunk) + 1, dtype=np.int64)  # (B + 1,)
+        np.cumsum(lengths, out=out_offsets[1:])
+        # Position j of row i reads region[starts[i] + j]: one gather for the whole batch.
+        gather = np.repeat(starts - out_offsets[:-1], lengths) + np.arange(out_offsets[-1])
+        return out_offsets, vals.view[gather]  # (B + 1,), (N,)
 
 
 def numeric_column(column: pa.ChunkedArray) -> ScalarColumn | None:

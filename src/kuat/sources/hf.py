@@ -77,17 +77,16 @@ class _FastColumn:
             col = col.astype(_format_dtype(col.dtype), copy=False)
             if self.format_type == "numpy":
                 return list(col)  # numpy scalars, as datasets' batch[col][i]
-            t = torch.from_numpy(col)
-            return [t[i] for i in range(len(rows))]  # 0-d views of one (B,) tensor
+            return list(torch.from_numpy(col).unbind(0))  # 0-d views of one (B,) tensor
         offsets, flat = self.gather.take(rows)  # (B + 1,), (N,)
         bounds = offsets.tolist()
         if self.format_type is None:
             flat_list = flat.tolist()
             return [flat_list[bounds[i] : bounds[i + 1]] for i in range(len(rows))]
         flat = flat.astype(_format_dtype(flat.dtype), copy=False)  # (N,) int64 | float32
-        if self.format_type == "torch":
-            flat = torch.from_numpy(flat)
         # Views of one (N,) buffer, consecutive in batch order: pad_collate pads them in one op.
+        if self.format_type == "torch":
+            return list(torch.from_numpy(flat).split(np.diff(offsets).tolist()))
         return [flat[bounds[i] : bounds[i + 1]] for i in range(len(rows))]
 
 

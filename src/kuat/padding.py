@@ -1,0 +1,305 @@
+"""``pad_collate``: batch variable-length sequences by padding them to the longest in the batch.
+
+The usual way (a Python loop that copies each row into a padded tensor) costs a few microseconds
+of interpreter work per row and per field. Here the common cases take one NumPy operation per
+field and batch:
+
+* **views of one buffer**: a source that gathers a batch in one go (kuat's Hugging Face source
+  and kuat datasets) hands each sample a 1-d view of one batch buffer; the rows' positions in
+  that buffer give the offsets, and one masked copy fills the ``(B, L)`` result;
+* **Arrow tables**: samples that are one-row ``pyarrow.Table`` (a ``datasets.Dataset`` in the
+  ``"arrow"`` format), or a whole batch as one table, are padded from the list columns' offsets
+  and values;
+* **Python lists of numbers** are flattened into one tensor, then padded the same way.
+
+Anything else (separately allocated tensors or arrays, rows of shape ``(L, *F)``) is padded
+row by row, with the same result. Outputs are exactly those of the per-row loop:
+``torch.nn.utils.rnn.pad_sequence(rows, batch_first=True, padding_value=pad_value)``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import numbers
+from collections.abc import Callable, Mapping, Sequence
+
+import numpy as np
+import torch
+
+__all__ = ["pad_collate", "PadCollate"]
+
+_NUMPY_KINDS = "biuf"
+
+
+def pad_collate(
+    pad_value: float = 0,
+    *,
+    fields: Sequence[str] | None = None,
+    lengths_suffix: str = "_lengths",
+    collate_fn: Callable | None = None,
+) -> PadCollate:
+    """A collate function that pads variable-length sequence fields to the batch's longest.
+
+    For a batch of B samples that are mappings (dicts), every sequence field ``f`` becomes:
+
+    * ``out[f]``: a ``(B, L, *F)`` tensor, ``L`` the longest row of the batch, rows padded at
+      the end with ``pad_value``; dtype that of the rows (Python ints -> int64, floats ->
+      float32, as ``torch.tensor``);
+    * ``out[f + lengths_suffix]``: ``(B,) int64``, each row's length before padding.
+
+    Other fields are collated by ``collate_fn`` (default ``torch.utils.data.default_collate``).
+    Samples that are themselves sequences give ``(padded (B, L, *F), lengths (B,))``.
+
+    Args:
+        pad_value: the value written after each row's end.
+        fields: the field names to pad. ``None`` pads every field whose value in the first
+            sample is a tensor or NumPy array with at least one dimension, or a list/tuple of
+            numbers.
+        lengths_suffix: appended to a field's name to name its lengths.
+        collate_fn: collates the fields that are not padded.
+
+    Returns:
+        A picklable callable ``collate(batch) -> dict`` (safe to call from several threads).
+
+    Raises (when called):
+        ValueError: an empty batch; rows of one field with different trailing shapes or
+            dtypes (the message lists each row's shape and dtype); a lengths key that clashes
+            with a field.
+        KeyError: a name in ``fields`` missing from a sample.
+    """
+    if not isinstance(pad_value, numbers.Number):
+        raise TypeError(f"pad_value must be a number, got {pad_value!r}")
+    if fields is not None and (
+        isinstance(fields, str) or not all(isinstance(f, str) for f in fields)
+    ):
+        raise TypeError(f"fields must be a sequence of field names, got {fields!r}")
+    if not isinstance(lengths_suffix, str) or not lengths_suffix:
+        raise ValueError(f"lengths_suffix must be a non-empty string, got {lengths_suffix!r}")
+    return PadCollate(
+        pad_value, None if fields is None else tuple(fields), lengths_suffix, collate_fn
+    )
+
+
+class PadCollate:
+    """The callable :func:`pad_collate` returns (see there)."""
+
+    def __init__(self, pad_value, fields, lengths_suffix, collate_fn):
+        self.pad_value = pad_value
+        self.fields = fields
+        self.lengths_suffix = lengths_suffix
+        self.collate_fn = collate_fn
+
+    def __repr__(self) -> str:
+        return (
+            f"pad_collate(pad_value={self.pad_value!r}, fields={self.fields!r}, "
+            f"lengths_suffix={self.lengths_suffix!r})"
+        )
+
+    def _collate_rest(self, values: list):
+        fn = self.collate_fn
+        if fn is None:
+            fn = torch.utils.data.default_collate
+        return fn(values)
+
+    def __call__(self, batch):
+        import pyarrow as pa
+
+        if isinstance(batch, pa.Table):
+            return self._collate_table(batch)
+        if len(batch) == 0:
+            raise ValueError("pad_collate got an empty batch")
+        first = batch[0]
+        if isinstance(first, pa.Table):
+            return self._collate_table(pa.concat_tables(batch))
+        if not isinstance(first, Mapping):
+            if not _is_sequence(first):
+                raise TypeError(
+                    "pad_collate expects samples that are mappings (dicts) or sequences, "
+                    f"got {type(first).__name__}"
+                )
+            return pad_rows(list(batch), self.pad_value, "sample")
+        names = (
+            self.fields if self.fields is not None else [k for k in first if _is_sequence(first[k])]
+        )
+        out = {}
+        for key in first:
+            if key in names:
+                padded, lengths = pad_rows([s[key] for s in batch], self.pad_value, key)
+                out[key] = padded
+                self._put_lengths(out, first, key, lengths)
+            else:
+                out[key] = self._collate_rest([s[key] for s in batch])
+        for key in names:
+            if key not in first:
+                raise KeyError(
+                    f"pad_collate: field {key!r} is not in the samples (keys {list(first)})"
+                )
+        return out
+
+    def _put_lengths(self, out: dict, keys, key: str, lengths: torch.Tensor) -> None:
+        name = key + self.lengths_suffix
+        if name in keys:
+            raise ValueError(
+                f"pad_collate: the lengths of {key!r} would be stored as {name!r}, which is "
+                "already a field; pass another lengths_suffix"
+            )
+        out[name] = lengths
+
+    def _collate_table(self, table) -> dict:
+        """Columns of an Arrow table: list columns padded, others as tensors or lists."""
+        import pyarrow.types as pat
+
+        out = {}
+        for name in table.column_names:
+            col = table.column(name).combine_chunks()  # one array for the batch
+            t = col.type
+            is_list = pat.is_list(t) or pat.is_large_list(t)
+            wanted = self.fields is None or name in self.fields
+            if (
+                is_list
+                and wanted
+                and _numeric_arrow(t.value_type)
+                and not col.null_count
+                and not col.values.null_count
+            ):
+                offsets = col.offsets.to_numpy().astype(np.int64)  # (B + 1,)
+                values = col.values.to_numpy(zero_copy_only=False)  # (n,) at least offsets[-1]
+                out[name], lengths = _pad_offsets(
+                    values, offsets[:-1], np.diff(offsets), self.pad_value
+                )
+                self._put_lengths(out, table.column_names, name, lengths)
+            elif _numeric_arrow(t) and not col.null_count:
+                out[name] = torch.from_numpy(col.to_numpy(zero_copy_only=False).copy())  # (B,)
+            elif is_list and wanted:
+                padded, lengths = pad_rows(col.to_pylist(), self.pad_value, name)
+                out[name] = padded
+                self._put_lengths(out, table.column_names, name, lengths)
+            else:
+                out[name] = self._collate_rest(col.to_pylist())
+        if self.fields is not None:
+            for key in self.fields:
+                if key not in table.column_names:
+                    raise KeyError(
+                        f"pad_collate: field {key!r} is not a column ({table.column_names})"
+                    )
+        return out
+
+
+def _numeric_arrow(t) -> bool:
+    import pyarrow.types as pat
+
+    return pat.is_integer(t) or pat.is_floating(t) or pat.is_boolean(t)
+
+
+def _is_sequence(value) -> bool:
+    if isinstance(value, torch.Tensor):
+        return value.dim() >= 1
+    if isinstance(value, np.ndarray):
+        return value.ndim >= 1 and value.dtype.kind in _NUMPY_KINDS
+    if isinstance(value, (list, tuple)):
+        return all(isinstance(v, (numbers.Number, np.generic)) for v in value[:8])
+    return False
+
+
+def pad_rows(rows: list, pad_value, name: str = "field") -> tuple[torch.Tensor, torch.Tensor]:
+    """Pad ``rows`` (B tensors, arrays or lists of shape ``(L_i, *F)``) to ``(B, L, *F)``.
+
+    Returns ``(padded, lengths)``: the ``(B, L, *F)`` tensor and ``(B,) int64`` lengths. Takes
+    the one-op path when the rows are 1-d views of one buffer or Python lists of numbers.
+
+    Raises:
+        ValueError: rows with different trailing shapes or dtypes (each row's shape and
+            dtype is listed).
+    """
+    first = rows[0]
+    if isinstance(first, torch.Tensor):
+        fast = _views_of_one_tensor(rows)
+        if fast is not None:
+            return _pad_offsets(*fast, pad_value)
+    elif isinstance(first, np.ndarray):
+        fast = _views_of_one_array(rows)
+        if fast is not None:
+            return _pad_offsets(*fast, pad_value)
+        rows = [torch.from_numpy(np.ascontiguousarray(r)) for r in rows]
+    elif isinstance(first, (list, tuple)):
+        if all(isinstance(r, (list, tuple)) for r in rows):
+            lengths = np.fromiter((len(r) for r in rows), dtype=np.int64, count=len(rows))
+            flat = torch.tensor(list(itertools.chain.from_iterable(rows)))  # (N,) int64 | float32
+            if flat.dim() == 1 and len(flat):
+                offsets = np.zeros(len(rows), dtype=np.int64)
+                np.cumsum(lengths[:-1], out=offsets[1:])
+                return _pad_offsets(flat.numpy(), offsets, lengths, pad_value)
+        rows = [torch.as_tensor(r) for r in rows]
+    else:
+        rows = [torch.as_tensor(r) for r in rows]
+    return _pad_loop(rows, pad_value, name)
+
+
+def _pad_loop(rows: list[torch.Tensor], pad_value, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Row by row, for what the one-op paths do not cover."""
+    rows = [torch.as_tensor(r) for r in rows]
+    trailing = rows[0].shape[1:]
+    dtype = rows[0].dtype
+    if any(r.dim() == 0 or r.shape[1:] != trailing or r.dtype != dtype for r in rows):
+        listing = ", ".join(f"{i}: {tuple(r.shape)} {r.dtype}" for i, r in enumerate(rows))
+        raise ValueError(
+            f"pad_collate: the rows of {name!r} must share their trailing shape and dtype "
+            f"to be padded along their first dimension; got {listing}"
+        )
+    lengths = torch.tensor([r.shape[0] for r in rows], dtype=torch.int64)  # (B,)
+    longest = int(lengths.max()) if len(rows) else 0
+    out = torch.full((len(rows), longest, *trailing), pad_value, dtype=dtype)  # (B, L, *F)
+    for i, r in enumerate(rows):
+        out[i, : r.shape[0]] = r
+    return out, lengths
+
+
+def _views_of_one_tensor(rows: list[torch.Tensor]):
+    """``(values, starts, lengths)`` when every row is a stride-1 1-d view of one CPU tensor."""
+    base = rows[0]._base
+    if base is None or base.device.type != "cpu" or not base.is_contiguous():
+        return None
+    for r in rows:
+        if r._base is not base or r.dim() != 1 or (r.stride(0) != 1 and r.shape[0] > 1):
+            return None
+    try:
+        values = base.reshape(-1).numpy()  # the whole buffer, zero-copy
+    except (TypeError, RuntimeError):  # bfloat16 and other dtypes NumPy lacks; requires_grad
+        return None
+    origin = base.storage_offset()
+    starts = np.fromiter((r.storage_offset() - origin for r in rows), np.int64, len(rows))
+    lengths = np.fromiter((r.shape[0] for r in rows), np.int64, len(rows))
+    return values, starts, lengths
+
+
+def _views_of_one_array(rows: list[np.ndarray]):
+    """``(values, starts, lengths)`` when every row is a contiguous 1-d view of one array."""
+    base = rows[0].base
+    if not isinstance(base, np.ndarray) or base.dtype.kind not in _NUMPY_KINDS:
+        return None
+    if not base.flags.c_contiguous or base.dtype != rows[0].dtype:
+        return None
+    item = base.itemsize
+    origin = base.ctypes.data
+    starts = np.empty(len(rows), dtype=np.int64)
+    for i, r in enumerate(rows):
+        if r.base is not base or r.ndim != 1 or (r.strides[0] != item and r.shape[0] > 1):
+            return None
+        starts[i] = (r.ctypes.data - origin) // item
+    lengths = np.fromiter((r.shape[0] for r in rows), np.int64, len(rows))
+    return base.reshape(-1), starts, lengths
+
+
+def _pad_offsets(values: np.ndarray, starts: np.ndarray, lengths: np.ndarray, pad_value):
+    """Rows ``values[starts[i] : starts[i] + lengths[i]]`` padded into ``(B, L)``, one copy."""
+    batch = len(lengths)
+    longest = int(lengths.max()) if batch else 0
+    out = np.full((batch, longest), pad_value, dtype=values.dtype)  # (B, L)
+    mask = np.arange(longest)[None, :] < lengths[:, None]  # (B, L) bool
+    total = int(lengths.sum())
+    if batch and np.array_equal(starts[1:], starts[:-1] + lengths[:-1]):
+        out[mask] = values[starts[0] : starts[0] + total]  # rows are back to back: one slice
+    else:
+        positions = starts[:, None] + np.arange(longest)[None, :]  # (B, L)
+        out[mask] = values[positions[mask]]
+    return torch.from_numpy(out), torch.from_numpy(lengths.copy())

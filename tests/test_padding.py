@@ -1,0 +1,167 @@
+"""pad_collate: identical to the per-row Python padding loop, on every kind of input."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import torch
+from torch.nn.utils.rnn import pad_sequence
+from torch.utils.data import default_collate
+
+import kuat
+from kuat.padding import pad_collate, pad_rows
+
+
+def reference_collate(samples, pad_value=0, fields=("ids",)):
+    """The usual per-row collate: pad_sequence on each field's rows, default_collate the rest."""
+    out = {}
+    for key in samples[0]:
+        if key in fields:
+            rows = [torch.as_tensor(s[key]) for s in samples]
+            out[key] = pad_sequence(rows, batch_first=True, padding_value=pad_value)
+            out[key + "_lengths"] = torch.tensor([len(r) for r in rows], dtype=torch.int64)
+        else:
+            out[key] = default_collate([s[key] for s in samples])
+    return out
+
+
+def assert_batches_equal(a, b):
+    assert list(a) == list(b)
+    for k in a:
+        if isinstance(a[k], torch.Tensor):
+            assert a[k].dtype == b[k].dtype, k
+            assert a[k].shape == b[k].shape, k
+            assert torch.equal(a[k], b[k]), k
+        else:
+            assert a[k] == b[k], k
+
+
+def _samples(kind, n=7, seed=0):
+    rng = np.random.default_rng(seed)
+    lens = rng.integers(0, 12, n)
+    lens[2] = 11  # a longest row
+    rows = [rng.integers(-9, 9, k) for k in lens]
+    if kind == "views":  # one buffer, rows back to back (what kuat's sources hand out)
+        flat = torch.from_numpy(np.concatenate(rows))
+        bounds = np.concatenate([[0], np.cumsum(lens)]).tolist()
+        ids = [flat[bounds[i] : bounds[i + 1]] for i in range(n)]
+    elif kind == "views_shuffled":  # one buffer, rows in another order
+        flat = torch.from_numpy(np.concatenate(rows[::-1]))
+        bounds = np.concatenate([[0], np.cumsum(lens[::-1])]).tolist()
+        ids = [flat[bounds[i] : bounds[i + 1]] for i in range(n)][::-1]
+    elif kind == "numpy_views":
+        flat = np.concatenate(rows).astype(np.int32)
+        bounds = np.concatenate([[0], np.cumsum(lens)]).tolist()
+        ids = [flat[bounds[i] : bounds[i + 1]] for i in range(n)]
+    elif kind == "tensors":
+        ids = [torch.from_numpy(r.astype(np.int16)) for r in rows]
+    elif kind == "arrays":
+        ids = [r.astype(np.float32) for r in rows]
+    elif kind == "lists":
+        ids = [r.tolist() for r in rows]
+    else:
+        raise AssertionError(kind)
+    return [{"ids": ids[i], "label": int(i), "name": f"s{i}"} for i in range(n)]
+
+
+@pytest.mark.parametrize(
+    "kind", ["views", "views_shuffled", "numpy_views", "tensors", "arrays", "lists"]
+)
+@pytest.mark.parametrize("pad_value", [0, -100])
+def test_same_as_per_row_padding(kind, pad_value):
+    samples = _samples(kind)
+    got = kuat.pad_collate(pad_value=pad_value)(samples)
+    assert_batches_equal(got, reference_collate(samples, pad_value))
+    assert got["ids"].shape == (7, 11)
+    assert got["ids_lengths"].tolist() == [len(s["ids"]) for s in samples]
+
+
+def test_rows_with_feature_dims():
+    rows = [torch.arange(k * 3, dtype=torch.float32).reshape(k, 3) for k in (2, 5, 1)]
+    padded, lengths = pad_rows(rows, -1.0)
+    assert padded.shape == (3, 5, 3) and lengths.tolist() == [2, 5, 1]
+    assert torch.equal(padded, pad_sequence(rows, batch_first=True, padding_value=-1.0))
+
+
+def test_bare_sequences_and_explicit_fields():
+    padded, lengths = kuat.pad_collate()([torch.tensor([1, 2]), torch.tensor([3])])
+    assert padded.tolist() == [[1, 2], [3, 0]] and lengths.tolist() == [2, 1]
+    samples = [{"a": [1, 2, 3], "b": [4]}, {"a": [5], "b": [6]}]
+    out = pad_collate(fields=["a"], lengths_suffix="_len")(samples)
+    assert out["a"].tolist() == [[1, 2, 3], [5, 0, 0]] and out["a_len"].tolist() == [3, 1]
+    assert [t.tolist() for t in out["b"]] == [[4, 6]]  # default_collate of lists
+
+
+def test_errors_name_the_rows():
+    with pytest.raises(ValueError, match=r"1: \(2, 3\) torch.float32"):
+        pad_rows([torch.zeros(2, 2), torch.zeros(2, 3)], 0, "x")
+    with pytest.raises(ValueError, match="empty batch"):
+        pad_collate()([])
+    with pytest.raises(ValueError, match="already a field"):
+        pad_collate()([{"x": [1], "x_lengths": 3}])
+    with pytest.raises(KeyError, match="'y'"):
+        pad_collate(fields=["y"])([{"x": [1]}])
+    with pytest.raises(TypeError, match="pad_value"):
+        pad_collate(pad_value="0")
+
+
+def test_arrow_rows_and_tables():
+    table = pa.table(
+        {
+            "ids": pa.array([[1, 2], [], [3, 4, 5], [6]], pa.list_(pa.int32())),
+            "label": pa.array([0, 1, 2, 3], pa.int64()),
+            "name": ["a", "b", "c", "d"],
+        }
+    )
+    rows = [table.slice(i, 1) for i in (2, 0, 3)]
+    out = pad_collate(pad_value=9)(rows)
+    assert out["ids"].dtype == torch.int32
+    assert out["ids"].tolist() == [[3, 4, 5], [1, 2, 9], [6, 9, 9]]
+    assert out["ids_lengths"].tolist() == [3, 2, 1]
+    assert out["label"].tolist() == [2, 0, 3] and out["name"] == ["c", "a", "d"]
+    whole = pad_collate()(table)
+    assert whole["ids"].tolist() == [[1, 2, 0], [0, 0, 0], [3, 4, 5], [6, 0, 0]]
+
+
+def test_hf_dataset_same_padded_outputs_for_same_indices():
+    """Over a datasets.Dataset: kuat's source + pad_collate == per-row torch padding."""
+    datasets = pytest.importorskip("datasets")
+    from kuat.sources import as_source
+
+    rng = np.random.default_rng(3)
+    data = {
+        "input_ids": [
+            rng.integers(0, 1000, k).astype(np.int32).tolist() for k in rng.integers(1, 40, 50)
+        ],
+        "label": rng.integers(0, 4, 50).tolist(),
+    }
+    features = datasets.Features(
+        {"input_ids": datasets.List(datasets.Value("int32")), "label": datasets.Value("int64")}
+    )
+    ds = datasets.Dataset.from_dict(data, features=features)
+    order = rng.permutation(50).tolist()
+    collate = pad_collate()
+    for fmt in ("torch", "numpy", None, "arrow"):
+        src = as_source(ds.with_format(fmt))
+        ref_ds = ds.with_format("torch")
+        for i in range(0, 50, 16):
+            idx = order[i : i + 16]
+            got = collate(src.__getitems__(idx))
+            ref = reference_collate(ref_ds.__getitems__(idx), fields=("input_ids",))
+            if fmt == "arrow":  # Arrow keeps the stored int32; datasets' formats make int64
+                assert got["input_ids"].dtype == torch.int32
+                got["input_ids"] = got["input_ids"].long()
+            assert_batches_equal(got, ref)
+
+
+def test_one_op_paths_are_taken_for_views():
+    from kuat.padding import _views_of_one_array, _views_of_one_tensor
+
+    views = [s["ids"] for s in _samples("views")]
+    values, starts, lengths = _views_of_one_tensor(views)
+    assert starts.tolist() == np.concatenate([[0], np.cumsum(lengths)[:-1]]).tolist()
+    assert _views_of_one_array([s["ids"] for s in _samples("numpy_views")]) is not None
+    assert _views_of_one_tensor([s["ids"] for s in _samples("tensors")]) is None
+    strided = torch.arange(20)[::2]
+    assert _views_of_one_tensor([strided[0:3], strided[3:5]]) is None
