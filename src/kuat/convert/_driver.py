@@ -1,0 +1,224 @@
+"""The parallel driver shared by every converter: an ordered, bounded thread-pool map with a
+progress bar and an error policy, plus the per-image preparation (probe, or re-encode).
+
+Threads suffice: reading files, Pillow's header parse, decoding (simplejpeg/Pillow) and JPEG
+encoding release the GIL, so N threads use N cores; the single writer thread only appends.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from kuat.errors import DecodeError, KuatError
+from kuat.format.schema import EncodedImage
+
+__all__ = ["ConvertOptions", "ConvertReport", "parallel_map", "prepare_image", "ON_ERROR"]
+
+log = logging.getLogger("kuat.convert")
+
+ON_ERROR = ("raise", "skip")
+
+
+@dataclass(frozen=True)
+class ConvertOptions:
+    """Options every converter takes.
+
+    Attributes:
+        num_workers: threads preparing samples (``None``: one per CPU core).
+        progress: show a tqdm progress bar (only when stderr is a terminal).
+        on_error: ``"raise"`` stops at the first unreadable image, naming its path;
+            ``"skip"`` leaves it out, logs every skipped path and the count at the end.
+        resize_shorter: re-encode images whose shorter side exceeds this many pixels,
+            resized (Pillow, antialiased) so the shorter side is exactly this; ``None`` keeps
+            the original bytes (default). Images already small enough keep their bytes.
+        quality: JPEG quality (1-100) of re-encoded images.
+        decode_check: fully decode every kept image to catch truncated files (slower); by
+            default only the header is read.
+        shard_bytes: target shard size in bytes (see ``kuat.Writer``).
+        overwrite: replace an existing dataset at the destination.
+    """
+
+    num_workers: int | None = None
+    progress: bool = True
+    on_error: str = "raise"
+    resize_shorter: int | None = None
+    quality: int = 90
+    decode_check: bool = False
+    shard_bytes: int | None = None
+    overwrite: bool = False
+
+    def __post_init__(self):
+        if self.on_error not in ON_ERROR:
+            raise ValueError(f"on_error={self.on_error!r} must be one of {ON_ERROR}")
+        if self.num_workers is not None and (
+            not isinstance(self.num_workers, int) or self.num_workers < 1
+        ):
+            raise ValueError(f"num_workers={self.num_workers!r} must be a positive int or None")
+        if self.resize_shorter is not None and (
+            not isinstance(self.resize_shorter, int) or self.resize_shorter < 1
+        ):
+            raise ValueError(f"resize_shorter={self.resize_shorter!r} must be a positive int")
+        if not isinstance(self.quality, int) or not 1 <= self.quality <= 100:
+            raise ValueError(f"quality={self.quality!r} must be an int in [1, 100]")
+
+    @property
+    def workers(self) -> int:
+        return self.num_workers or os.cpu_count() or 1
+
+    def writer_kwargs(self) -> dict:
+        kw = {"overwrite": self.overwrite}
+        if self.shard_bytes is not None:
+            kw["shard_bytes"] = self.shard_bytes
+        return kw
+
+
+@dataclass
+class ConvertReport:
+    """What a conversion did.
+
+    Attributes:
+        path: the written dataset directory.
+        rows: rows written.
+        skipped: ``[(source, reason)]`` of every sample left out with ``on_error="skip"``.
+        seconds: wall time.
+    """
+
+    path: str
+    rows: int = 0
+    skipped: list = field(default_factory=list)
+    seconds: float = 0.0
+
+    def __repr__(self) -> str:
+        return (
+            f"ConvertReport({self.path!r}, rows={self.rows}, skipped={len(self.skipped)}, "
+            f"seconds={self.seconds:.2f})"
+        )
+
+
+def prepare_image(data: bytes, source: object, opts: ConvertOptions) -> EncodedImage:
+    """Encoded image bytes -> :class:`EncodedImage` as stored (original or re-encoded).
+
+    Raises:
+        kuat.DecodeError: the bytes are not a readable image (names ``source``).
+    """
+    from kuat.vision.probe import probe_image
+
+    info = probe_image(data, source=source)
+    resize = opts.resize_shorter is not None and min(info.width, info.height) > opts.resize_shorter
+    if not resize:
+        if opts.decode_check:
+            from kuat.vision.decode import decode_image
+
+            decode_image(data, source=source)
+        return EncodedImage(data, info.width, info.height, info.codec)
+    return _resize_encode(data, source, opts.resize_shorter, opts.quality)
+
+
+def _resize_encode(data: bytes, source: object, shorter: int, quality: int) -> EncodedImage:
+    import numpy as np
+    import simplejpeg
+    from PIL import Image
+
+    from kuat.vision.decode import decode_image
+
+    hwc = decode_image(data, source=source)  # (H, W, 3) uint8, EXIF orientation applied
+    h, w = hwc.shape[:2]
+    scale = shorter / min(h, w)
+    # the shorter side becomes exactly `shorter`; the other keeps the aspect ratio
+    size = (shorter, max(1, round(w * scale))) if h <= w else (max(1, round(h * scale)), shorter)
+    im = Image.fromarray(hwc).resize(
+        (size[1], size[0]), Image.Resampling.BILINEAR, reducing_gap=None
+    )
+    out = np.ascontiguousarray(np.asarray(im))  # (H', W', 3) uint8
+    encoded = simplejpeg.encode_jpeg(out, quality=quality, colorspace="RGB")
+    return EncodedImage(encoded, out.shape[1], out.shape[0], "jpeg")
+
+
+class _Progress:
+    def __init__(self, total: int | None, desc: str, enabled: bool):
+        self.bar = None
+        if enabled and sys.stderr.isatty():
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, desc=desc, unit="sample", dynamic_ncols=True)
+
+    def update(self, n: int = 1) -> None:
+        if self.bar is not None:
+            self.bar.update(n)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def parallel_map(
+    fn: Callable,
+    items: Iterable,
+    opts: ConvertOptions,
+    *,
+    total: int | None = None,
+    desc: str = "convert",
+    source_of: Callable = str,
+    report: ConvertReport | None = None,
+) -> Iterator:
+    """Yield ``fn(item)`` for every item, in order, computed by ``opts.workers`` threads.
+
+    At most ``4 * workers`` items are in flight (bounded memory). An item whose ``fn``
+    raises a :class:`kuat.KuatError` or ``OSError`` is skipped (``on_error="skip"``; recorded
+    in ``report.skipped`` with ``source_of(item)``) or re-raised (``"raise"``). Other
+    exceptions are bugs and always propagate.
+    """
+    progress = _Progress(total, desc, opts.progress)
+    window = 4 * opts.workers
+    pending: deque[tuple[object, Future]] = deque()
+    it = iter(items)
+    try:
+        with ThreadPoolExecutor(opts.workers, thread_name_prefix="kuat-convert") as pool:
+            exhausted = False
+            while True:
+                while not exhausted and len(pending) < window:
+                    try:
+                        item = next(it)
+                    except StopIteration:
+                        exhausted = True
+                        break
+                    pending.append((item, pool.submit(fn, item)))
+                if not pending:
+                    break
+                item, fut = pending.popleft()
+                try:
+                    result = fut.result()
+                except (KuatError, OSError) as e:
+                    if opts.on_error == "raise":
+                        for _, f in pending:
+                            f.cancel()
+                        if isinstance(e, KuatError):
+                            raise
+                        raise DecodeError(
+                            f"cannot read {source_of(item)}: {e}", source=source_of(item)
+                        ) from e
+                    where = source_of(item)
+                    log.warning("skipping %s: %s", where, e)
+                    if report is not None:
+                        report.skipped.append((where, str(e)))
+                    progress.update()
+                    continue
+                progress.update()
+                yield result
+    finally:
+        progress.close()
+
+
+def log_skipped(report: ConvertReport) -> None:
+    if report.skipped:
+        log.warning(
+            "skipped %d unreadable sample(s): %s",
+            len(report.skipped),
+            ", ".join(str(s) for s, _ in report.skipped),
+        )

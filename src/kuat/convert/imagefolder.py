@@ -1,0 +1,137 @@
+"""ImageFolder tree (``root/<class>/**/<image>``) -> kuat dataset ``{image, label}``.
+
+Classes and sample order match ``torchvision.datasets.ImageFolder``: class folders sorted by
+name give ``class_to_idx``; within a class, ``os.walk`` (following links) with directories and
+file names sorted; files are kept by extension (torchvision's ``IMG_EXTENSIONS``, any case).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from kuat.convert._driver import (
+    ConvertOptions,
+    ConvertReport,
+    log_skipped,
+    parallel_map,
+    prepare_image,
+)
+from kuat.format import Field, Schema, Writer, image, int64, string
+
+__all__ = ["IMG_EXTENSIONS", "find_classes", "list_imagefolder", "from_imagefolder"]
+
+# torchvision.datasets.folder.IMG_EXTENSIONS
+IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+
+
+def find_classes(root: str | os.PathLike) -> tuple[list[str], dict[str, int]]:
+    """Sorted class folder names and ``class_to_idx`` (as torchvision's ``find_classes``).
+
+    Raises:
+        FileNotFoundError: ``root`` has no class folders.
+    """
+    classes = sorted(e.name for e in os.scandir(root) if e.is_dir())
+    if not classes:
+        raise FileNotFoundError(f"no class folders found in {root} (expected root/<class>/<image>)")
+    return classes, {c: i for i, c in enumerate(classes)}
+
+
+def list_imagefolder(root: str | os.PathLike) -> tuple[list[tuple[str, int]], list[str]]:
+    """``[(path, class index)]`` in torchvision's order, and the class names."""
+    root = os.fspath(root)
+    classes, class_to_idx = find_classes(root)
+    samples = []
+    for c in classes:
+        target = os.path.join(root, c)
+        for dirpath, _, fnames in sorted(os.walk(target, followlinks=True)):
+            for fname in sorted(fnames):
+                if fname.lower().endswith(IMG_EXTENSIONS):
+                    samples.append((os.path.join(dirpath, fname), class_to_idx[c]))
+    return samples, classes
+
+
+def from_imagefolder(
+    src: str | os.PathLike,
+    dst: str | os.PathLike,
+    *,
+    num_workers: int | None = None,
+    progress: bool = True,
+    overwrite: bool = False,
+    on_error: str = "raise",
+    resize_shorter: int | None = None,
+    quality: int = 90,
+    decode_check: bool = False,
+    shard_bytes: int | None = None,
+    include_path: bool = False,
+) -> ConvertReport:
+    """Convert an ImageFolder tree into a kuat dataset at ``dst``.
+
+    Fields: ``image`` (original bytes unless ``resize_shorter``), ``label`` (int64, index into
+    the sorted class names) and, with ``include_path``, ``path`` (string, relative to ``src``).
+    The manifest metadata holds ``classes`` and ``class_to_idx``; the ``label`` field's
+    metadata holds ``names``.
+
+    Args:
+        num_workers: threads reading and probing images (default: one per core).
+        progress: show a progress bar when stderr is a terminal.
+        on_error: ``"raise"`` (default; the error names the file) or ``"skip"``.
+        resize_shorter, quality, decode_check, shard_bytes, overwrite: see
+            :class:`kuat.convert.ConvertOptions`.
+
+    Returns:
+        a :class:`kuat.convert.ConvertReport` (rows written, skipped files, seconds).
+
+    Raises:
+        FileNotFoundError: ``src`` has no class folders.
+        FileExistsError: ``dst`` is a dataset and ``overwrite`` is False.
+        kuat.DecodeError: an image is unreadable and ``on_error="raise"``.
+    """
+    opts = ConvertOptions(
+        num_workers=num_workers,
+        progress=progress,
+        on_error=on_error,
+        resize_shorter=resize_shorter,
+        quality=quality,
+        decode_check=decode_check,
+        shard_bytes=shard_bytes,
+        overwrite=overwrite,
+    )
+    t0 = time.perf_counter()
+    src = Path(src)
+    samples, classes = list_imagefolder(src)
+    fields = [Field("image", image()), Field("label", int64(), {"names": classes})]
+    if include_path:
+        fields.append(Field("path", string()))
+    metadata = {
+        "source": "imagefolder",
+        "classes": classes,
+        "class_to_idx": {c: i for i, c in enumerate(classes)},
+    }
+    report = ConvertReport(str(dst))
+
+    def load(item: tuple[str, int]) -> dict:
+        path, label = item
+        with open(path, "rb") as f:
+            data = f.read()
+        row = {"image": prepare_image(data, path, opts), "label": label}
+        if include_path:
+            row["path"] = os.path.relpath(path, src)
+        return row
+
+    with Writer(dst, Schema(fields), metadata=metadata, **opts.writer_kwargs()) as w:
+        for row in parallel_map(
+            load,
+            samples,
+            opts,
+            total=len(samples),
+            desc=f"convert {src.name}",
+            source_of=lambda item: item[0],
+            report=report,
+        ):
+            w.write(row)
+        report.rows = w.num_rows
+    report.seconds = time.perf_counter() - t0
+    log_skipped(report)
+    return report
