@@ -1,0 +1,166 @@
+"""Batch assembly: ``default_collate`` with torch's output structures and a zero-copy fast path.
+
+``default_collate(samples)`` returns exactly what ``torch.utils.data.default_collate`` returns
+(nested dicts, namedtuples, lists, NumPy arrays and Python numbers become tensors, strings stay
+lists), with two differences in how tensors are stacked:
+
+* **Zero-copy**: when the B tensors of a field are consecutive, equal-shape, contiguous views of
+  one storage (``buf[0], buf[1], ...`` as kuat datasets produce when they decode straight into a
+  ``(B, C, H, W)`` batch buffer), the batch is that buffer's view, with no copy.
+* **Errors name every element**: when tensors cannot be stacked, the ``RuntimeError`` lists each
+  element's shape and dtype (torch's message names only the first mismatch).
+
+Unlike torch's collate inside a worker *process*, the output is never allocated in shared memory
+here: kuat's process workers move batches through their own reused shared-memory pool.
+
+Thread-safety: pure functions; safe to call from any number of threads.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping, MutableMapping, Sequence
+
+import torch
+from torch.utils.data._utils.collate import collate as _torch_collate
+from torch.utils.data._utils.collate import default_collate_fn_map as _torch_collate_map
+
+__all__ = ["default_collate", "describe_elements", "map_structure"]
+
+_MAX_LISTED = 64
+
+
+def describe_elements(batch: Sequence[object]) -> str:
+    """One line per element: its position, type, and shape/dtype when it has them."""
+    lines = []
+    for i, x in enumerate(batch[:_MAX_LISTED]):
+        shape = getattr(x, "shape", None)
+        dtype = getattr(x, "dtype", None)
+        if shape is not None:
+            lines.append(f"  element {i}: shape {tuple(shape)} dtype {dtype} ({type(x).__name__})")
+        else:
+            lines.append(f"  element {i}: {type(x).__name__} {x!r:.60}")
+    if len(batch) > _MAX_LISTED:
+        lines.append(f"  ... and {len(batch) - _MAX_LISTED} more elements")
+    return "\n".join(lines)
+
+
+def _consecutive_view(batch: Sequence[torch.Tensor]) -> torch.Tensor | None:
+    """``(B, *S)`` view of the storage the B tensors of shape ``S`` come from, or None."""
+    first = batch[0]
+    if not first.is_contiguous() or first.layout != torch.strided or first.numel() == 0:
+        return None
+    numel, shape, dtype = first.numel(), first.shape, first.dtype
+    ptr = first.untyped_storage().data_ptr()
+    off = first.storage_offset()
+    for i, t in enumerate(batch):
+        if (
+            type(t) is not type(first)
+            or t.shape != shape
+            or t.dtype != dtype
+            or t.device != first.device
+            or t.requires_grad
+            or t.storage_offset() != off + i * numel
+            or t.untyped_storage().data_ptr() != ptr
+            or not t.is_contiguous()
+        ):
+            return None
+    if first.untyped_storage().nbytes() < (off + len(batch) * numel) * first.element_size():
+        return None
+    # (B, *S) with the element stride of the (contiguous) sample: no copy.
+    return first.as_strided((len(batch), *shape), (numel, *first.stride()), off)
+
+
+def _collate_tensors(batch, *, collate_fn_map=None):
+    elem = batch[0]
+    if elem.is_nested:
+        raise RuntimeError(
+            "Batches of nested tensors are not currently supported by the default collate_fn; "
+            "please provide a custom collate_fn to handle them appropriately."
+        )
+    if elem.layout in {
+        torch.sparse_coo,
+        torch.sparse_csr,
+        torch.sparse_bsr,
+        torch.sparse_csc,
+        torch.sparse_bsc,
+    }:
+        raise RuntimeError(
+            "Batches of sparse tensors are not currently supported by the default collate_fn; "
+            "please provide a custom collate_fn to handle them appropriately."
+        )
+    view = _consecutive_view(batch)
+    if view is not None:
+        return view
+    try:
+        return torch.stack(batch, 0)  # B x (*S) -> (B, *S)
+    except (RuntimeError, TypeError) as e:
+        raise type(e)(
+            f"default_collate cannot stack {len(batch)} tensors into one batch "
+            f"({e}). The elements are:\n{describe_elements(batch)}"
+        ) from e
+
+
+_COLLATE_MAP = dict(_torch_collate_map)
+_COLLATE_MAP[torch.Tensor] = _collate_tensors
+
+
+def default_collate(batch: Sequence[object]):
+    """Assemble a list of B samples into a batch, with torch's ``default_collate`` structures.
+
+    Args:
+        batch: B samples (tensors, NumPy arrays, numbers, strings, or nested dicts, lists,
+            tuples and namedtuples of them, the same structure in every sample).
+
+    Returns:
+        The same structure with a leading batch dimension ``B`` on every tensor: tensors of
+        shape ``S`` become ``(B, *S)`` (a view without copy when the samples are consecutive
+        views of one buffer), NumPy arrays become tensors, Python floats become ``float64``
+        tensors of shape ``(B,)``, ints ``int64``, strings stay a list of B strings.
+
+    Raises:
+        RuntimeError: tensors of different shapes (the message lists every element's shape and
+            dtype).
+        TypeError: an element type torch's ``default_collate`` does not handle.
+    """
+    return _torch_collate(batch, collate_fn_map=_COLLATE_MAP)
+
+
+def map_structure(fn, data):
+    """Apply ``fn`` to every leaf of nested mappings, tuples, namedtuples and lists.
+
+    Containers are rebuilt with the same types as ``torch.utils.data._utils.pin_memory``
+    rebuilds them (mutable mappings and sequences are copied and updated; others are rebuilt
+    from their items, falling back to ``dict``/``list`` when the type cannot be rebuilt).
+    Strings and bytes are leaves.
+    """
+    if isinstance(data, (str, bytes, torch.Tensor)):
+        return fn(data)
+    if isinstance(data, Mapping):
+        items = {k: map_structure(fn, v) for k, v in data.items()}
+        try:
+            if isinstance(data, MutableMapping):
+                clone = copy.copy(data)
+                clone.update(items)
+                return clone
+            return type(data)(items)
+        except TypeError:
+            return items
+    if isinstance(data, tuple):
+        if hasattr(data, "_fields"):  # namedtuple
+            return type(data)(*(map_structure(fn, x) for x in data))
+        try:
+            return type(data)(map_structure(fn, x) for x in data)
+        except TypeError:
+            return tuple(map_structure(fn, x) for x in data)
+    if isinstance(data, list):
+        items = [map_structure(fn, x) for x in data]
+        if type(data) is list:
+            return items
+        try:
+            clone = copy.copy(data)
+            clone[:] = items
+            return clone
+        except TypeError:
+            return items
+    return fn(data)

@@ -1,0 +1,75 @@
+"""Pinning and host-to-device copies on a side CUDA stream, one batch ahead of use.
+
+:func:`pin_batch` pins every tensor of a batch with torch's own ``pin_memory`` walk (same
+container types as torch's DataLoader). :class:`DeviceCopier` starts a batch's copy on its own
+CUDA stream (``stage``) while the previous batch is in use, and ``wait`` makes the consumer's
+current stream wait for that copy only (an event, not a host synchronisation), recording the
+tensors on the current stream so the caching allocator does not reuse them early.
+
+Thread-safety: one copier per loader iterator, used from the consumer thread only.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kuat.collate import map_structure
+
+__all__ = ["accelerator_available", "pin_batch", "DeviceCopier"]
+
+
+def accelerator_available() -> bool:
+    """Whether pinned memory is useful here (an accelerator is present), as torch decides."""
+    acc = getattr(torch, "accelerator", None)
+    if acc is not None and hasattr(acc, "is_available"):
+        return bool(acc.is_available())
+    return torch.cuda.is_available()
+
+
+def pin_batch(batch):
+    """Every tensor of ``batch`` in pinned (page-locked) host memory, containers preserved."""
+    from torch.utils.data._utils.pin_memory import pin_memory
+
+    return pin_memory(batch)
+
+
+class DeviceCopier:
+    """Copies batches to ``device``; on CUDA asynchronously, on a side stream.
+
+    ``stage(batch)`` returns a handle with the copy in flight; ``wait(handle)`` returns the
+    batch on ``device``, ordered before later work on the current stream. Tensors should be
+    pinned for the copy to be truly asynchronous. Non-tensor leaves pass through.
+    """
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+
+    def _to(self, x):
+        if isinstance(x, torch.Tensor):
+            return x.to(self.device, non_blocking=True)
+        return x
+
+    def stage(self, batch):
+        if self.stream is None:
+            return map_structure(self._to, batch), None, None
+        with torch.cuda.stream(self.stream):
+            out = map_structure(self._to, batch)  # (B, ...) host -> (B, ...) device, async
+            event = torch.cuda.Event()
+            event.record(self.stream)
+        return out, event, batch  # keep the host batch alive until the copy is waited on
+
+    def wait(self, staged):
+        out, event, _host = staged
+        if event is None:
+            return out
+        current = torch.cuda.current_stream(self.device)
+        current.wait_event(event)
+
+        def record(x):
+            if isinstance(x, torch.Tensor) and x.device.type == "cuda":
+                x.record_stream(current)
+            return x
+
+        map_structure(record, out)
+        return out

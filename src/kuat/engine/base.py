@@ -1,0 +1,180 @@
+"""Task and result records, the worker loop every engine shares, and error transport.
+
+A *task* is ``(task_id, epoch, key)``: ``key`` is what to fetch (a list of sample indices, one
+index, or ``None`` for "the next batch of the iterable"). A :class:`Result` comes back with the
+task id, the worker id, a kind (``OK``/``END``/``FAIL``/``EMPTY``), the value and the work's
+timings. Exceptions travel as :class:`Failure` records (picklable) and are rebuilt in the
+consumer with their original type when possible (``type(e)(*e.args)``), with a note naming the
+worker, the sample indices and the worker's traceback.
+"""
+
+from __future__ import annotations
+
+import pickle
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from typing import NamedTuple
+
+from kuat.errors import WorkerError
+
+__all__ = ["OK", "END", "FAIL", "EMPTY", "Task", "Result", "WorkStats", "Failure", "serve"]
+
+OK, END, FAIL, EMPTY = 0, 1, 2, 3  # result kinds: batch, iterable exhausted, error, all skipped
+
+
+class Task(NamedTuple):
+    task_id: int
+    epoch: int
+    key: object  # list[int] (batch of indices) | int (batch_size=None) | None (iterable)
+    base_seed: int  # per-worker global RNG seeds are base_seed + worker_id (as in torch)
+
+
+class WorkStats:
+    """Seconds a worker spent on one task, and the samples it produced or skipped."""
+
+    __slots__ = ("fetch_s", "fetch_cpu_s", "collate_s", "pin_s", "rng_wait_s", "samples", "skipped")
+
+    def __init__(self):
+        self.fetch_s = self.fetch_cpu_s = self.collate_s = self.pin_s = self.rng_wait_s = 0.0
+        self.samples = 0
+        self.skipped: list[tuple[object, str, str]] = []  # (index, type name, message)
+
+    def __getstate__(self):
+        return tuple(getattr(self, k) for k in self.__slots__)
+
+    def __setstate__(self, state):
+        for k, v in zip(self.__slots__, state):
+            setattr(self, k, v)
+
+
+class Result:
+    __slots__ = ("task_id", "worker_id", "kind", "value", "stats")
+
+    def __init__(self, task_id, worker_id, kind, value, stats):
+        self.task_id, self.worker_id, self.kind = task_id, worker_id, kind
+        self.value, self.stats = value, stats
+
+    def __getstate__(self):
+        return (self.task_id, self.worker_id, self.kind, self.value, self.stats)
+
+    def __setstate__(self, state):
+        self.task_id, self.worker_id, self.kind, self.value, self.stats = state
+
+
+def describe_key(key: object) -> str:
+    if key is None:
+        return "the next batch of its IterableDataset"
+    if isinstance(key, list):
+        return f"sample indices {key}"
+    return f"sample index {key}"
+
+
+def key_indices(key: object) -> list[int] | None:
+    if isinstance(key, list):
+        return list(key)
+    return None if key is None else [key]
+
+
+class _RemoteTraceback(Exception):
+    """Carries a worker's formatted traceback as the ``__cause__`` of a rebuilt exception."""
+
+    def __init__(self, tb: str):
+        super().__init__(tb)
+        self.tb = tb
+
+    def __str__(self):
+        return self.tb
+
+
+class Failure:
+    """A picklable description of an exception raised in a worker."""
+
+    def __init__(self, exc: BaseException, worker: str, key: object):
+        self.type = type(exc)
+        self.type_name = f"{type(exc).__module__}.{type(exc).__qualname__}"
+        self.args = exc.args
+        self.message = str(exc)
+        self.traceback = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        self.worker = worker
+        self.key = key
+        self.original = exc  # kept in thread mode, dropped when pickled
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["original"] = None
+        try:
+            pickle.loads(pickle.dumps((self.type, self.args)))
+        except Exception:
+            state["type"], state["args"] = None, None
+        return state
+
+    def exception(self) -> tuple[BaseException, BaseException]:
+        """``(exception to raise, its cause)``: the original type when it can be rebuilt."""
+        note = (
+            f"Raised in kuat worker {self.worker} while fetching {describe_key(self.key)}.\n"
+            f"Worker traceback:\n{self.traceback}"
+        )
+        exc = None
+        if self.type is not None and self.args is not None:
+            try:
+                exc = self.type(*self.args)
+            except Exception:
+                exc = None
+        if not isinstance(exc, BaseException) or sys.version_info < (3, 11):
+            exc = WorkerError(
+                f"{self.type_name}: {self.message}\n{note}",
+                original_type=self.type_name,
+                worker=self.worker,
+                indices=key_indices(self.key),
+                worker_traceback=self.traceback,
+            )
+        else:
+            exc.add_note(note)
+        cause = self.original if self.original is not None else _RemoteTraceback(self.traceback)
+        return exc, cause
+
+
+def serve(
+    job,
+    worker_id: int,
+    num_workers: int,
+    method: str,
+    name: str,
+    base_seed: int,
+    recv: Callable[[], Task | None],
+    send: Callable[[Result], None],
+) -> None:
+    """The loop of one worker: start the job, then run tasks until ``recv()`` returns None.
+
+    An exception while starting (for example in ``worker_init_fn``) is reported as the result of
+    every task, so the consumer raises it on its next batch.
+    """
+    init_failure = None
+    ctx = None
+    try:
+        ctx = job.start(worker_id, num_workers, method, base_seed)
+    except Exception as e:
+        init_failure = Failure(e, name, None)
+    try:
+        while True:
+            task = recv()
+            if task is None:
+                return
+            if init_failure is not None:
+                send(Result(task.task_id, worker_id, FAIL, init_failure, None))
+                continue
+            try:
+                kind, value, stats = job.run(ctx, task.epoch, task.key, task.base_seed)
+            except Exception as e:
+                kind, value, stats = FAIL, Failure(e, name, task.key), None
+            send(Result(task.task_id, worker_id, kind, value, stats))
+            del value
+    finally:
+        if ctx is not None:
+            job.stop(ctx)
+
+
+def now() -> float:
+    return time.perf_counter()

@@ -1,0 +1,42 @@
+"""``num_workers=0``: each task runs in the calling thread when its result is asked for."""
+
+from __future__ import annotations
+
+import collections
+import queue
+
+from kuat.engine.base import FAIL, Failure, Result, Task
+
+__all__ = ["InlineEngine"]
+
+
+class InlineEngine:
+    """Runs tasks lazily, in submission order, in the thread that calls :meth:`get`.
+
+    There is no worker: ``torch.utils.data.get_worker_info()`` stays ``None`` and
+    ``worker_init_fn`` is not called, as with torch's ``num_workers=0``.
+    """
+
+    num_workers = 1
+    name = "main thread"
+
+    def __init__(self, job, base_seed: int):
+        self._job = job
+        self._ctx = job.start(0, 1, "inline", base_seed)
+        self._tasks: collections.deque[Task] = collections.deque()
+
+    def submit(self, worker_id: int, task: Task) -> None:
+        self._tasks.append(task)
+
+    def get(self, timeout_s: float | None = None) -> Result:
+        if not self._tasks:
+            raise queue.Empty
+        task = self._tasks.popleft()
+        try:
+            kind, value, stats = self._job.run(self._ctx, task.epoch, task.key, task.base_seed)
+        except Exception as e:
+            kind, value, stats = FAIL, Failure(e, self.name, task.key), None
+        return Result(task.task_id, 0, kind, value, stats)
+
+    def close(self) -> None:
+        self._tasks.clear()

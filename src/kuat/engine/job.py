@@ -1,0 +1,289 @@
+"""What a worker does with one task: fetch a batch, collate it, isolate global RNGs, skip failures.
+
+A :class:`FetchJob` is built once by the loader, shared by every worker thread (read-only) or
+pickled once for worker processes. Each worker calls :meth:`FetchJob.start` once, then
+:meth:`FetchJob.run` per task; per-worker state lives in the returned :class:`WorkerCtx`.
+
+Global RNG isolation (``isolate_rng``): Python's ``random``, NumPy's legacy global generator and
+torch's default CPU generator are process-wide. When a map-style dataset is read one sample at a
+time (no ``__getitems__``), each ``dataset[i]`` runs with those generators reseeded from
+``sample_seed(seed, epoch, i)``, under one process-wide lock (so thread workers cannot interleave
+draws), and in thread/inline mode the caller's generator states are saved before and restored
+after, so the training loop's own random streams are not disturbed. This makes a dataset that
+calls ``np.random``/``random``/``torch.rand`` reproducible whatever the worker count, at the cost
+of running those ``__getitem__`` calls one at a time in thread mode.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import threading
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from kuat import rng as krng
+from kuat.engine.base import EMPTY, END, OK, WorkStats
+
+__all__ = ["FetchJob", "WorkerCtx", "GLOBAL_RNG_LOCK", "set_worker_info"]
+
+# Held while a sample runs with reseeded global RNGs (they are process-wide).
+GLOBAL_RNG_LOCK = threading.Lock()
+_MASK32 = (1 << 32) - 1
+
+
+def _seed_globals_cpu(seed: int) -> None:
+    """Seed random, NumPy's global generator and torch's default *CPU* generator only.
+
+    Unlike ``torch.manual_seed`` this leaves CUDA generators alone (the training loop owns them).
+    """
+    random.seed(seed)
+    np.random.seed(seed & _MASK32 ^ (seed >> 32))
+    torch.default_generator.manual_seed(seed & ((1 << 63) - 1))
+
+
+class _PerThreadWorkerInfo(threading.local):
+    info = None
+
+
+_thread_info = _PerThreadWorkerInfo()
+
+
+def _reset_lock_in_child() -> None:
+    # A fork while another thread held the lock would leave it locked forever in the child.
+    global GLOBAL_RNG_LOCK
+    GLOBAL_RNG_LOCK = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_lock_in_child)
+_install_lock = threading.Lock()
+
+
+def _thread_aware_get_worker_info():  # code object swapped into torch's get_worker_info
+    info = _kuat_thread_worker_info.info  # noqa: F821 (a global of torch's worker module)
+    return _worker_info if info is None else info  # noqa: F821
+
+
+def _install_thread_worker_info() -> None:
+    """Make ``torch.utils.data.get_worker_info()`` answer per thread.
+
+    torch's function returns one module global. Its code is replaced (once, idempotently) by a
+    version that first looks at a ``threading.local`` and falls back to that global, so every
+    reference to it (``from torch.utils.data import get_worker_info`` included) sees the info of
+    the kuat thread worker calling it, and ``None`` in the main thread, as under torch.
+    """
+    from torch.utils.data._utils import worker as wmod
+
+    with _install_lock:
+        if getattr(wmod, "_kuat_thread_worker_info", None) is not None:
+            return
+        wmod._kuat_thread_worker_info = _thread_info
+        wmod.get_worker_info.__code__ = _thread_aware_get_worker_info.__code__
+
+
+def set_worker_info(method: str, worker_id: int, num_workers: int, seed: int, dataset) -> None:
+    """Set what ``torch.utils.data.get_worker_info()`` returns in this worker."""
+    from torch.utils.data._utils import worker as wmod
+
+    try:
+        info = wmod.WorkerInfo(
+            id=worker_id,
+            num_workers=num_workers,
+            seed=seed,
+            dataset=dataset,
+            worker_method="thread" if method == "thread" else "multiprocessing",
+        )
+    except TypeError:  # torch without the worker_method field
+        info = wmod.WorkerInfo(id=worker_id, num_workers=num_workers, seed=seed, dataset=dataset)
+    if method == "thread":
+        _install_thread_worker_info()
+        _thread_info.info = info
+    else:
+        wmod._worker_info = info
+
+
+def _clear_worker_info(method: str) -> None:
+    from torch.utils.data._utils import worker as wmod
+
+    if method == "thread":
+        _thread_info.info = None
+    elif method == "process":
+        wmod._worker_info = None
+
+
+@dataclass
+class WorkerCtx:
+    worker_id: int
+    num_workers: int
+    method: str  # "inline" | "thread" | "process"
+    base_seed: int
+    epoch: int | None = None
+    iterator: object = None
+    ended: bool = False
+    extra: dict = field(default_factory=dict)
+
+
+@dataclass
+class FetchJob:
+    """Everything a worker needs to turn a task key into a collated batch (picklable)."""
+
+    dataset: object
+    iterable: bool
+    auto_collation: bool
+    batch_size: int | None
+    drop_last: bool
+    collate_fn: object
+    seed: int
+    isolate_rng: bool
+    on_error: str
+    worker_init_fn: object = None
+    use_getitems: bool = False
+    pin: bool = False  # pin batches in the worker (thread/inline; process workers pin on read)
+
+    # -- worker lifecycle -------------------------------------------------------------------
+    def start(self, worker_id: int, num_workers: int, method: str, base_seed: int) -> WorkerCtx:
+        ctx = WorkerCtx(worker_id, num_workers, method, base_seed)
+        if method == "inline":
+            return ctx
+        seed = base_seed + worker_id
+        if method == "process":
+            torch.set_num_threads(1)
+            krng.seed_global_rngs(seed)  # as torch seeds each worker process
+        set_worker_info(method, worker_id, num_workers, seed, self.dataset)
+        if self.worker_init_fn is not None:
+            self.worker_init_fn(worker_id)
+        return ctx
+
+    def stop(self, ctx: WorkerCtx) -> None:
+        _clear_worker_info(ctx.method)
+
+    def _new_epoch(self, ctx: WorkerCtx, epoch: int, base_seed: int) -> None:
+        ctx.epoch, ctx.ended = epoch, False
+        if ctx.method != "inline" and base_seed != ctx.base_seed:
+            ctx.base_seed = base_seed
+            seed = base_seed + ctx.worker_id
+            if ctx.method == "process":
+                krng.seed_global_rngs(seed)
+            set_worker_info(ctx.method, ctx.worker_id, ctx.num_workers, seed, self.dataset)
+        if self.iterable:
+            set_epoch = getattr(self.dataset, "set_epoch", None)
+            if callable(set_epoch):
+                set_epoch(epoch)
+            ctx.iterator = iter(self.dataset)
+
+    # -- one task ---------------------------------------------------------------------------
+    def run(self, ctx: WorkerCtx, epoch: int, key, base_seed: int):
+        """Fetch and collate one batch. Returns ``(kind, batch_or_None, WorkStats)``."""
+        if ctx.epoch != epoch:
+            self._new_epoch(ctx, epoch, base_seed)
+        st = WorkStats()
+        t0, c0 = time.perf_counter(), time.thread_time()
+        with krng.epoch_context(self.seed, epoch):
+            if self.iterable:
+                data = self._next_items(ctx, st)
+            else:
+                data = self._fetch_indices(ctx, epoch, key, st)
+        st.fetch_s, st.fetch_cpu_s = time.perf_counter() - t0, time.thread_time() - c0
+        if data is None:
+            return (END if self.iterable else EMPTY), None, st
+        st.samples = len(data) if self.auto_collation else 1
+        t1 = time.perf_counter()
+        batch = self.collate_fn(data)
+        st.collate_s = time.perf_counter() - t1
+        if self.pin and ctx.method != "process":
+            from torch.utils.data._utils.pin_memory import pin_memory
+
+            t2 = time.perf_counter()
+            batch = pin_memory(batch)
+            st.pin_s = time.perf_counter() - t2
+        return OK, batch, st
+
+    def _next_items(self, ctx: WorkerCtx, st: WorkStats):
+        """Up to ``batch_size`` next items of this worker's iterator; None when exhausted."""
+        if ctx.ended:
+            return None
+        it = ctx.iterator
+        if not self.auto_collation:
+            while True:
+                try:
+                    return next(it)
+                except StopIteration:
+                    ctx.ended = True
+                    return None
+                except Exception as e:
+                    if self.on_error != "skip":
+                        raise
+                    st.skipped.append((None, type(e).__qualname__, str(e)))
+        data = []
+        while len(data) < self.batch_size:
+            try:
+                data.append(next(it))
+            except StopIteration:
+                ctx.ended = True
+                break
+            except Exception as e:
+                if self.on_error != "skip":
+                    raise
+                st.skipped.append((None, type(e).__qualname__, str(e)))
+        if not data or (self.drop_last and len(data) < self.batch_size):
+            return None
+        return data
+
+    def _fetch_indices(self, ctx: WorkerCtx, epoch: int, key, st: WorkStats):
+        """The samples of ``key`` (list of indices, or one index); None when all were skipped."""
+        ds = self.dataset
+        if not self.auto_collation:
+            try:
+                return self._samples(ctx, epoch, [key], st)[0]
+            except Exception as e:
+                if self.on_error != "skip":
+                    raise
+                st.skipped.append((key, type(e).__qualname__, str(e)))
+                return None
+        try:
+            if self.use_getitems:
+                return ds.__getitems__(key)
+            return self._samples(ctx, epoch, key, st)
+        except Exception:
+            if self.on_error != "skip":
+                raise
+        # skip mode: retry one sample at a time, keep those that succeed
+        kept = []
+        for i in key:
+            try:
+                kept += ds.__getitems__([i]) if self.use_getitems else self._samples(ctx, epoch, [i], st)
+            except Exception as e:
+                st.skipped.append((i, type(e).__qualname__, str(e)))
+        return kept or None
+
+    def _samples(self, ctx: WorkerCtx, epoch: int, indices, st: WorkStats) -> list:
+        """``[dataset[i] for i in indices]``, each with its sample context (and isolated RNGs)."""
+        ds = self.dataset
+        if not self.isolate_rng:
+            out = []
+            for i in indices:
+                with krng.sample_context(i):
+                    out.append(ds[i])
+            return out
+        t0 = time.perf_counter()
+        with GLOBAL_RNG_LOCK:
+            st.rng_wait_s += time.perf_counter() - t0
+            restore = ctx.method != "process"
+            if restore:
+                saved = (random.getstate(), np.random.get_state(), torch.default_generator.get_state())
+            try:
+                out = []
+                for i in indices:
+                    _seed_globals_cpu(krng.sample_seed(self.seed, epoch, i))
+                    with krng.sample_context(i):
+                        out.append(ds[i])
+                return out
+            finally:
+                if restore:
+                    random.setstate(saved[0])
+                    np.random.set_state(saved[1])
+                    torch.default_generator.set_state(saved[2])

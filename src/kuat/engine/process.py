@@ -1,0 +1,231 @@
+"""N worker processes: one pipe each; batch payloads come back through shared-memory slots.
+
+The job (dataset, collate_fn, worker_init_fn) reaches the workers once: inherited by ``fork``
+(the default on Linux, as in torch), or pickled once by the loader into bytes that every
+``spawn``/``forkserver`` worker unpickles. Tasks and results are small records over a
+``multiprocessing.Pipe`` per worker; the consumer waits on all pipes and on the processes'
+sentinels at once (``multiprocessing.connection.wait``), so a worker that dies is noticed at
+once and reported with its exit code and the sample indices it was fetching. Workers poll for
+their parent every second and exit when it is gone.
+
+Shutdown (``close()``, idempotent; also at interpreter exit): each worker is asked to stop,
+given 1 s, then terminated, then killed; every shared-memory slot is unlinked.
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import os
+import queue
+import secrets
+import time
+import weakref
+from multiprocessing.connection import wait
+
+from kuat.engine import shm
+from kuat.engine.base import FAIL, OK, Failure, Result, Task, describe_key, key_indices, serve
+from kuat.errors import WorkerError
+
+__all__ = ["ProcessEngine"]
+
+_LIVE: weakref.WeakSet = weakref.WeakSet()
+_JOIN_S = 1.0
+
+
+def _worker_main(payload, worker_id, num_workers, name, base_seed, conn, prefix, parent_pid):
+    """Entry point of a worker process."""
+    import pickle
+
+    job = pickle.loads(payload) if isinstance(payload, bytes) else payload
+    writer = shm.SlotWriter(prefix, worker_id)
+    current: dict = {}
+
+    def recv():
+        while not conn.poll(1.0):
+            if os.getppid() != parent_pid:
+                return None
+        msg = conn.recv()
+        if msg is None:
+            return None
+        current["task"], current["slot"] = msg
+        return current["task"]
+
+    def send(result: Result):
+        try:
+            if result.kind == OK:
+                result.value = writer.write(result.value, current["slot"])
+            conn.send(result)
+        except (BrokenPipeError, EOFError):
+            raise
+        except Exception as e:
+            conn.send(Result(result.task_id, worker_id, FAIL, Failure(e, name, current["task"].key), None))
+
+    try:
+        serve(job, worker_id, num_workers, "process", name, base_seed, recv, send)
+    except (KeyboardInterrupt, BrokenPipeError, EOFError):
+        pass  # the consumer raises its own KeyboardInterrupt, or is gone
+    finally:
+        writer.close()
+        conn.close()
+
+
+class ProcessEngine:
+    """``num_workers`` processes running ``job``; see the package docstring for the API.
+
+    Args:
+        payload: the job, or the job pickled once into bytes (for non-fork start methods).
+        num_workers: number of processes.
+        base_seed: seed of the first epoch (per-worker global RNGs: ``base_seed + worker id``).
+        context: a ``multiprocessing`` context.
+        pin: copy batches out of shared memory straight into pinned (page-locked) memory.
+    """
+
+    def __init__(self, payload, num_workers: int, base_seed: int, context, *, pin: bool = False,
+                 name: str = "kuat-worker"):
+        self.num_workers = num_workers
+        self.pin = pin
+        self._closed = False
+        self._prefix = f"kuat-{os.getpid()}-{secrets.token_hex(4)}"
+        self._free: list[tuple[str, int]] = []  # slots ready for the next task
+        self._owned: set[str] = set()
+        self._maps: dict[str, object] = {}
+        self._pending: list[collections.deque] = [collections.deque() for _ in range(num_workers)]
+        self._conns, self._procs = [], []
+        _LIVE.add(self)
+        try:
+            for i in range(num_workers):
+                parent, child = context.Pipe(duplex=True)
+                p = context.Process(
+                    target=_worker_main,
+                    args=(payload, i, num_workers, f"{name}-{i}", base_seed, child, self._prefix,
+                          os.getpid()),
+                    name=f"{name}-{i}",
+                    daemon=True,
+                )
+                p.start()
+                child.close()
+                self._conns.append(parent)
+                self._procs.append(p)
+        except BaseException:
+            self.close()
+            raise
+        self._by_conn = {c: i for i, c in enumerate(self._conns)}
+        self._by_sentinel = {p.sentinel: i for i, p in enumerate(self._procs)}
+
+    def worker_name(self, worker_id: int) -> str:
+        return self._procs[worker_id].name
+
+    def submit(self, worker_id: int, task: Task) -> None:
+        slot = self._free.pop() if self._free else None
+        self._pending[worker_id].append((task, slot))
+        self._conns[worker_id].send((task, slot))
+
+    def get(self, timeout_s: float | None = None) -> Result:
+        """The next result to arrive, its batch copied out of shared memory.
+
+        Raises:
+            queue.Empty: nothing arrived within ``timeout_s`` seconds.
+            WorkerError: a worker process died (its exit code and pending indices named).
+        """
+        ready = wait(self._conns + list(self._by_sentinel), timeout_s)
+        if not ready:
+            raise queue.Empty
+        for obj in ready:  # results first: a worker may have sent and then died
+            if obj in self._by_conn:
+                try:
+                    return self._receive(self._by_conn[obj])
+                except EOFError:
+                    continue
+        self._raise_dead(self._by_sentinel[ready[0]] if ready[0] in self._by_sentinel
+                         else self._by_conn[ready[0]])
+
+    def _receive(self, w: int) -> Result:
+        r: Result = self._conns[w].recv()
+        task, slot = self._pending[w].popleft()
+        value = r.value
+        if isinstance(value, shm.ShmBatch):
+            if value.name != (slot and slot[0]):  # the worker made a new (larger) slot
+                self._owned.add(value.name)
+                if slot is not None:
+                    self._retire(slot[0])
+                slot = (value.name, value.size)
+            mm = self._maps.get(value.name)
+            if mm is None:
+                mm = self._maps[value.name] = shm.attach(value.name)
+            r.value = shm.read_batch(value, mm, self.pin)
+        if slot is not None:
+            self._free.append(slot)
+        return r
+
+    def _retire(self, name: str) -> None:
+        mm = self._maps.pop(name, None)
+        if mm is not None:
+            mm.close()
+        shm.unlink(name)
+        self._owned.discard(name)
+
+    def _raise_dead(self, w: int):
+        p = self._procs[w]
+        p.join(0.1)
+        keys = [describe_key(t.key) for t, _ in self._pending[w]]
+        indices = [i for t, _ in self._pending[w] for i in (key_indices(t.key) or [])]
+        self.close()
+        raise WorkerError(
+            f"kuat worker process {p.name} (pid {p.pid}) exited unexpectedly with exit code "
+            f"{p.exitcode} while fetching {', '.join(keys) or 'nothing'}",
+            original_type="",
+            worker=p.name,
+            indices=indices or None,
+        )
+
+    def close(self) -> None:
+        """Stop the workers (1 s grace, then terminate/kill) and unlink every slot. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        for c in self._conns:
+            try:
+                c.send(None)
+            except (OSError, ValueError):
+                pass
+        deadline = time.monotonic() + _JOIN_S
+        for p in self._procs:
+            p.join(max(0.0, deadline - time.monotonic()))
+        for p in self._procs:
+            if p.is_alive():
+                p.terminate()
+                p.join(0.5)
+            if p.is_alive():
+                p.kill()
+                p.join(0.5)
+        for c in self._conns:
+            c.close()
+        for p in self._procs:
+            try:
+                p.close()
+            except ValueError:
+                pass
+        for mm in self._maps.values():
+            try:
+                mm.close()
+            except BufferError:
+                pass
+        self._maps.clear()
+        for name in self._owned:
+            shm.unlink(name)
+        shm.unlink_prefix(self._prefix)
+        self._free.clear()
+        _LIVE.discard(self)
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+@atexit.register
+def _close_all() -> None:
+    for engine in list(_LIVE):
+        engine.close()

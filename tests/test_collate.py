@@ -1,0 +1,76 @@
+import collections
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import default_collate as torch_collate
+
+from kuat.collate import default_collate, map_structure
+
+Point = collections.namedtuple("Point", "x y")
+
+
+def _same(a, b):
+    assert type(a) is type(b), (type(a), type(b))
+    if isinstance(a, torch.Tensor):
+        assert a.dtype == b.dtype and torch.equal(a, b)
+    elif isinstance(a, dict):
+        assert list(a) == list(b)
+        for k in a:
+            _same(a[k], b[k])
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b)
+        for x, y in zip(a, b):
+            _same(x, y)
+    else:
+        assert a == b
+
+
+def test_structures_match_torch_default_collate():
+    samples = [
+        {
+            "img": torch.arange(6, dtype=torch.uint8).reshape(2, 3) + i,
+            "arr": np.full((2,), i, dtype=np.float32),
+            "label": i,
+            "weight": 0.5 * i,
+            "name": f"s{i}",
+            "pt": Point(i, torch.tensor([i, -i])),
+            "nested": {"a": [i, i + 1], "b": (np.int64(i),)},
+        }
+        for i in range(4)
+    ]
+    _same(default_collate(samples), torch_collate(samples))
+
+
+def test_consecutive_views_of_one_buffer_are_returned_without_copy():
+    buf = torch.arange(4 * 3 * 2 * 2, dtype=torch.uint8).reshape(4, 3, 2, 2)  # (B, C, H, W)
+    batch = default_collate([{"image": buf[i], "label": i} for i in range(4)])
+    assert batch["image"].data_ptr() == buf.data_ptr()
+    assert torch.equal(batch["image"], buf)
+    part = default_collate([buf[1], buf[2]])  # a run in the middle of the buffer
+    assert part.data_ptr() == buf[1].data_ptr() and torch.equal(part, buf[1:3])
+
+
+def test_non_consecutive_views_are_copied():
+    buf = torch.arange(12.0).reshape(4, 3)
+    out = default_collate([buf[2], buf[0]])
+    assert out.data_ptr() != buf.data_ptr()
+    assert torch.equal(out, torch.stack([buf[2], buf[0]]))
+    out2 = default_collate([buf[0], buf[0]])
+    assert torch.equal(out2, torch.stack([buf[0], buf[0]]))
+
+
+def test_shape_mismatch_lists_every_elements_shape_and_dtype():
+    with pytest.raises(RuntimeError) as info:
+        default_collate([torch.zeros(3, 4), torch.zeros(3, 5, dtype=torch.float64), torch.zeros(3, 4)])
+    msg = str(info.value)
+    assert "element 0: shape (3, 4) dtype torch.float32" in msg
+    assert "element 1: shape (3, 5) dtype torch.float64" in msg
+    assert "element 2: shape (3, 4)" in msg
+
+
+def test_map_structure_keeps_containers():
+    data = {"a": [torch.ones(1), "s"], "p": Point(torch.zeros(1), 3)}
+    out = map_structure(lambda x: x * 2 if isinstance(x, torch.Tensor) else x, data)
+    assert isinstance(out["p"], Point) and out["a"][1] == "s"
+    assert torch.equal(out["a"][0], torch.full((1,), 2.0))
