@@ -94,3 +94,28 @@ class Loader:
         if self._close_fn is not None:
             fn, self._close_fn = self._close_fn, None
             fn()
+
+
+def random_resized_crop_box(rng, height: int, width: int) -> tuple[int, int, int, int]:
+    """``(top, left, crop_height, crop_width)`` drawn like torchvision's
+    ``RandomResizedCrop.get_params`` (10 tries, then a central crop clamped to the ratio
+    range), from a ``numpy.random.Generator``. For peers without a random-resized-crop op."""
+    import math
+
+    area = height * width
+    log_lo, log_hi = math.log(RATIO[0]), math.log(RATIO[1])
+    for _ in range(10):
+        target = area * rng.uniform(*SCALE)
+        aspect = math.exp(rng.uniform(log_lo, log_hi))
+        w = int(round(math.sqrt(target * aspect)))
+        h = int(round(math.sqrt(target / aspect)))
+        if 0 < w <= width and 0 < h <= height:
+            return int(rng.integers(0, height - h + 1)), int(rng.integers(0, width - w + 1)), h, w
+    in_ratio = width / height
+    if in_ratio < RATIO[0]:
+        w, h = width, int(round(width / RATIO[0]))
+    elif in_ratio > RATIO[1]:
+        h, w = height, int(round(height * RATIO[1]))
+    else:
+        w, h = width, height
+    return (height - h) // 2, (width - w) // 2, h, w
