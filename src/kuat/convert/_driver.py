@@ -18,7 +18,14 @@ from dataclasses import dataclass, field
 from kuat.errors import DecodeError, KuatError
 from kuat.format.schema import EncodedImage
 
-__all__ = ["ConvertOptions", "ConvertReport", "parallel_map", "prepare_image", "ON_ERROR"]
+__all__ = [
+    "ConvertOptions",
+    "ConvertReport",
+    "parallel_map",
+    "prepare_image",
+    "ON_ERROR",
+    "Progress",
+]
 
 log = logging.getLogger("kuat.convert")
 
@@ -140,7 +147,7 @@ def _resize_encode(data: bytes, source: object, shorter: int, quality: int) -> E
     return EncodedImage(encoded, out.shape[1], out.shape[0], "jpeg")
 
 
-class _Progress:
+class Progress:
     def __init__(self, total: int | None, desc: str, enabled: bool):
         self.bar = None
         if enabled and sys.stderr.isatty():
@@ -174,7 +181,7 @@ def parallel_map(
     in ``report.skipped`` with ``source_of(item)``) or re-raised (``"raise"``). Other
     exceptions are bugs and always propagate.
     """
-    progress = _Progress(total, desc, opts.progress)
+    progress = Progress(total, desc, opts.progress)
     window = 4 * opts.workers
     pending: deque[tuple[object, Future]] = deque()
     it = iter(items)

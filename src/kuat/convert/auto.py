@@ -1,0 +1,145 @@
+"""Pick the converter from the source: what ``kuat convert SRC DST`` does without ``--format``."""
+
+from __future__ import annotations
+
+import glob
+import os
+from collections.abc import Sequence
+
+from kuat.convert.imagefolder import IMG_EXTENSIONS
+
+__all__ = ["FORMATS", "detect_format", "convert"]
+
+FORMATS = ("imagefolder", "hf", "parquet", "jsonl", "csv", "numpy", "webdataset")
+
+_BY_EXT = {
+    ".parquet": "parquet",
+    ".pq": "parquet",
+    ".jsonl": "jsonl",
+    ".ndjson": "jsonl",
+    ".json": "jsonl",
+    ".csv": "csv",
+    ".npy": "numpy",
+    ".npz": "numpy",
+    ".tar": "webdataset",
+    ".tgz": "webdataset",
+    ".tar.gz": "webdataset",
+}
+
+
+def _ext(path: str) -> str:
+    p = path.lower()
+    if p.endswith(".tar.gz"):
+        return ".tar.gz"
+    return os.path.splitext(p)[1]
+
+
+def _expand(sources: Sequence[str]) -> list[str]:
+    out = []
+    for s in sources:
+        s = os.fspath(s)
+        out.extend(sorted(glob.glob(s)) if glob.has_magic(s) else [s])
+    return out
+
+
+def _dir_format(d: str) -> tuple[str, list[str]]:
+    names = set(os.listdir(d))
+    if "dataset_dict.json" in names or {"dataset_info.json", "state.json"} <= names:
+        return "hf", [d]
+    subdirs = sorted(n for n in names if os.path.isdir(os.path.join(d, n)))
+    for sub in subdirs:
+        for _, _, fnames in os.walk(os.path.join(d, sub), followlinks=True):
+            if any(f.lower().endswith(IMG_EXTENSIONS) for f in fnames):
+                return "imagefolder", [d]
+    files = sorted(os.path.join(d, n) for n in names if _ext(n) in _BY_EXT)
+    kinds = {_BY_EXT[_ext(f)] for f in files}
+    if len(kinds) == 1:
+        return kinds.pop(), files
+    raise ValueError(
+        f"cannot tell what {d} holds (not a Hugging Face save_to_disk directory, no class "
+        f"folders of images, files of {len(kinds)} kinds); pass --format {{{','.join(FORMATS)}}}"
+    )
+
+
+def detect_format(sources: str | os.PathLike | Sequence) -> tuple[str, list[str]]:
+    """``(format, inputs)`` for sources given as paths or globs.
+
+    A directory is a Hugging Face ``save_to_disk`` directory (``state.json`` or
+    ``dataset_dict.json``), an ImageFolder tree (class folders holding images) or a folder of
+    files of one kind; files are recognised by extension (``.parquet``, ``.jsonl``/``.json``,
+    ``.csv``, ``.npy``/``.npz``, ``.tar``/``.tar.gz``).
+
+    Raises:
+        FileNotFoundError: a source does not exist.
+        ValueError: the sources are of several kinds or of none kuat knows.
+    """
+    if isinstance(sources, (str, os.PathLike)):
+        sources = [sources]
+    paths = _expand(sources)
+    if not paths:
+        raise FileNotFoundError(f"no input matches {list(map(str, sources))}")
+    for p in paths:
+        if not os.path.exists(p):
+            raise FileNotFoundError(f"no such file or directory: {p}")
+    if len(paths) == 1 and os.path.isdir(paths[0]):
+        return _dir_format(paths[0])
+    kinds = set()
+    for p in paths:
+        if os.path.isdir(p):
+            raise ValueError(f"{p} is a directory; give one directory or a list of files")
+        kind = _BY_EXT.get(_ext(p))
+        if kind is None:
+            raise ValueError(f"cannot tell the format of {p} from its extension; pass --format")
+        kinds.add(kind)
+    if len(kinds) != 1:
+        raise ValueError(
+            f"the inputs are of several kinds ({sorted(kinds)}); convert them separately"
+        )
+    return kinds.pop(), paths
+
+
+def convert(
+    sources,
+    dst: str | os.PathLike,
+    *,
+    format: str = "auto",
+    image_fields: Sequence[str] = (),
+    split: str | None = None,
+    **options,
+):
+    """Convert ``sources`` into a kuat dataset at ``dst`` with the converter for ``format``
+    (``"auto"``: :func:`detect_format`). ``options`` are those of
+    :class:`kuat.convert.ConvertOptions`. Returns the converter's ``ConvertReport``.
+
+    Raises:
+        ValueError: unknown ``format``, or options the chosen converter does not take.
+    """
+    from kuat import convert as c
+
+    if format == "auto":
+        format, inputs = detect_format(sources)
+    elif format not in FORMATS:
+        raise ValueError(f"format={format!r} must be 'auto' or one of {FORMATS}")
+    else:
+        inputs = _expand([sources] if isinstance(sources, (str, os.PathLike)) else sources)
+        if format in ("imagefolder", "hf") and len(inputs) == 1 and os.path.isdir(inputs[0]):
+            pass
+        elif format in ("imagefolder", "hf"):
+            raise ValueError(f"format {format!r} takes one directory, got {inputs}")
+        elif len(inputs) == 1 and os.path.isdir(inputs[0]):
+            inputs = _dir_format(inputs[0])[1]
+    if format == "imagefolder":
+        return c.from_imagefolder(inputs[0], dst, **options)
+    if format == "hf":
+        return c.from_hf(inputs[0], dst, split=split, **options)
+    if format == "numpy":
+        keep = {
+            k: v
+            for k, v in options.items()
+            if k in ("progress", "overwrite", "shard_bytes", "num_workers")
+        }
+        return c.from_numpy(inputs, dst, **keep)
+    if format == "webdataset":
+        return c.from_webdataset(inputs, dst, **options)
+    fn = {"parquet": c.from_parquet, "jsonl": c.from_jsonl, "csv": c.from_csv}[format]
+    return fn(inputs, dst, image_fields=image_fields, **options)

@@ -1,0 +1,112 @@
+"""NumPy arrays (``.npy`` / ``.npz`` files, or arrays in memory) -> kuat dataset.
+
+Every array is one field and its first axis is the row axis: an ``(N,)`` array becomes a
+scalar (or bool) field, an ``(N, *shape)`` array a ``tensor[shape, dtype]`` field. All arrays
+must have the same N. ``.npy`` files are memory-mapped and copied in shard-sized slices, so
+arrays larger than memory convert.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from kuat.convert._driver import ConvertOptions, ConvertReport, Progress
+from kuat.convert.tabular import expand_paths
+from kuat.format import DEFAULT_SHARD_BYTES, Field, Schema, Writer
+from kuat.format import schema as fs
+
+__all__ = ["from_numpy"]
+
+
+def _field(name: str, arr: np.ndarray) -> Field:
+    if arr.ndim == 0:
+        raise ValueError(f"array {name!r} is 0-d; the first axis must index rows")
+    if arr.dtype.kind == "b" and arr.ndim == 1:
+        return Field(name, fs.bool_())
+    if arr.dtype.name not in fs.NUMERIC_DTYPES:
+        raise ValueError(
+            f"array {name!r} has dtype {arr.dtype}; kuat stores {', '.join(fs.NUMERIC_DTYPES)}"
+            + (" (store booleans tensors as uint8)" if arr.dtype.kind == "b" else "")
+        )
+    if arr.ndim == 1:
+        return Field(name, fs.FieldType("scalar", arr.dtype.name))
+    return Field(name, fs.tensor(arr.shape[1:], arr.dtype))
+
+
+def _arrays(src) -> dict[str, np.ndarray]:
+    if isinstance(src, np.ndarray):
+        return {"data": src}
+    if isinstance(src, Mapping):
+        out = {}
+        for name, v in src.items():
+            out[str(name)] = (
+                v if isinstance(v, np.ndarray) else np.load(os.fspath(v), mmap_mode="r")
+            )
+        return out
+    out = {}
+    for path in expand_paths(src):
+        if path.endswith(".npz"):
+            with np.load(path) as z:
+                for name in z.files:
+                    if name in out:
+                        raise ValueError(f"array name {name!r} appears twice ({path})")
+                    out[name] = z[name]
+        else:
+            name = os.path.splitext(os.path.basename(path))[0]
+            if name in out:
+                raise ValueError(f"array name {name!r} appears twice ({path})")
+            out[name] = np.load(path, mmap_mode="r", allow_pickle=False)
+    return out
+
+
+def from_numpy(
+    src: str | os.PathLike | Sequence | Mapping | np.ndarray,
+    dst: str | os.PathLike,
+    *,
+    progress: bool = True,
+    overwrite: bool = False,
+    shard_bytes: int | None = None,
+    num_workers: int | None = None,
+) -> ConvertReport:
+    """Convert NumPy arrays into a kuat dataset at ``dst``.
+
+    Args:
+        src: ``.npy``/``.npz`` path(s) or glob (field name: the file stem, or the ``.npz``
+            member name), a mapping ``{field: array or .npy path}``, or one array (field
+            ``"data"``).
+        progress, overwrite, shard_bytes: see :class:`kuat.convert.ConvertOptions`.
+        num_workers: accepted for a uniform signature; copying slices needs no threads.
+
+    Raises:
+        ValueError: arrays of different lengths, 0-d arrays or unsupported dtypes.
+    """
+    opts = ConvertOptions(
+        num_workers=num_workers, progress=progress, shard_bytes=shard_bytes, overwrite=overwrite
+    )
+    t0 = time.perf_counter()
+    arrays = _arrays(src)
+    fields = [_field(name, arr) for name, arr in arrays.items()]
+    lengths = {name: len(arr) for name, arr in arrays.items()}
+    n = next(iter(lengths.values()))
+    if any(v != n for v in lengths.values()):
+        raise ValueError(f"arrays have different lengths (first axis): {lengths}")
+    row_bytes = sum(a.dtype.itemsize * int(np.prod(a.shape[1:])) for a in arrays.values()) or 1
+    step = max(1, (opts.shard_bytes or DEFAULT_SHARD_BYTES) // row_bytes // 4)
+    report = ConvertReport(str(dst))
+    bar = Progress(n, "convert numpy", opts.progress)
+    try:
+        with Writer(dst, Schema(fields), metadata={"source": "numpy"}, **opts.writer_kwargs()) as w:
+            for start in range(0, n, step):
+                w.write_batch(
+                    {name: np.asarray(a[start : start + step]) for name, a in arrays.items()}
+                )
+                bar.update(min(step, n - start))
+            report.rows = w.num_rows
+    finally:
+        bar.close()
+    report.seconds = time.perf_counter() - t0
+    return report

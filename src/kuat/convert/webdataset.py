@@ -1,0 +1,205 @@
+"""WebDataset ``.tar`` shards -> kuat dataset.
+
+Members are grouped into samples as the ``webdataset`` library does: consecutive members
+sharing a key, where the key is the member path up to the first ``.`` of its file name and
+the rest (lower-cased) is the extension. Each extension becomes a field of that name:
+
+==========================================  ==============================================
+extension                                   kuat field
+==========================================  ==============================================
+jpg jpeg png webp bmp ppm pgm tif tiff      ``image`` (original bytes unless resized)
+cls cls2 index idx label target             ``int64`` (the decimal text)
+txt text caption                            ``string`` (UTF-8)
+json                                        ``string`` (the JSON text, validated)
+npy                                         ``tensor`` (shape and dtype of the first sample)
+anything else                               ``bytes``
+==========================================  ==============================================
+
+plus ``__key__`` (string). The first sample fixes the fields; a later sample with other
+extensions is an error (or skipped with ``on_error="skip"``). Tar files may be compressed
+(``.tar.gz``); they are read as streams, so remote-style sequential reading is enough.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import tarfile
+import time
+from collections.abc import Iterator
+
+import numpy as np
+
+from kuat.convert._driver import (
+    ConvertOptions,
+    ConvertReport,
+    log_skipped,
+    parallel_map,
+    prepare_image,
+)
+from kuat.convert.tabular import expand_paths
+from kuat.errors import FormatError, SchemaError
+from kuat.format import Field, Schema, Writer
+from kuat.format import schema as fs
+
+__all__ = ["from_webdataset", "IMAGE_EXTS", "INT_EXTS", "TEXT_EXTS"]
+
+IMAGE_EXTS = {"jpg", "jpeg", "png", "webp", "bmp", "ppm", "pgm", "tif", "tiff"}
+INT_EXTS = {"cls", "cls2", "index", "idx", "label", "target"}
+TEXT_EXTS = {"txt", "text", "caption", "json"}
+
+
+def _split(name: str) -> tuple[str, str]:
+    d, base = os.path.split(name)
+    if "." not in base:
+        return name, ""
+    stem, ext = base.split(".", 1)
+    return os.path.join(d, stem), ext.lower()
+
+
+def _samples(paths: list[str]) -> Iterator[tuple[str, dict[str, bytes]]]:
+    """``(where, {"__key__": key, ext: bytes})`` for each sample of the tar files."""
+    for path in paths:
+        try:
+            with tarfile.open(path, "r|*") as tar:
+                key, sample = None, {}
+                for member in tar:
+                    if not member.isfile():
+                        continue
+                    k, ext = _split(member.name)
+                    if not ext or os.path.basename(member.name).startswith("."):
+                        continue
+                    if k != key and sample:
+                        yield f"{path}:{key}", {"__key__": key, **sample}
+                        sample = {}
+                    key = k
+                    f = tar.extractfile(member)
+                    sample[ext] = f.read() if f is not None else b""
+                if sample:
+                    yield f"{path}:{key}", {"__key__": key, **sample}
+        except (tarfile.TarError, EOFError) as e:
+            raise FormatError(f"{path} is not a readable tar file: {e}", path=path) from e
+
+
+def _ext_field(ext: str, value: bytes, where: str) -> Field:
+    if ext in IMAGE_EXTS or ext.rsplit(".", 1)[-1] in IMAGE_EXTS:
+        return Field(ext, fs.image())
+    if ext in INT_EXTS:
+        return Field(ext, fs.int64())
+    if ext in TEXT_EXTS:
+        return Field(ext, fs.string())
+    if ext == "npy":
+        arr = np.load(io.BytesIO(value), allow_pickle=False)
+        if arr.ndim == 0:
+            return Field(ext, fs.FieldType("scalar", arr.dtype.name))
+        return Field(ext, fs.tensor(arr.shape, arr.dtype))
+    return Field(ext, fs.binary())
+
+
+def _convert(field: Field, value: bytes, where: str) -> object:
+    kind = field.type.kind
+    try:
+        if kind == "scalar" and field.name in INT_EXTS:
+            return int(value.decode().strip())
+        if kind == "string":
+            text = value.decode("utf-8")
+            if field.name == "json":
+                json.loads(text)
+            return text
+        if kind in ("tensor", "scalar"):
+            arr = np.load(io.BytesIO(value), allow_pickle=False)
+            return arr if kind == "tensor" else arr.item()
+    except (ValueError, UnicodeDecodeError, OSError) as e:
+        raise SchemaError(
+            f"{where}.{field.name}: cannot parse as {field.type.describe()}: {e}", field=field.name
+        ) from e
+    return value
+
+
+def from_webdataset(
+    paths,
+    dst: str | os.PathLike,
+    *,
+    num_workers: int | None = None,
+    progress: bool = True,
+    overwrite: bool = False,
+    on_error: str = "raise",
+    resize_shorter: int | None = None,
+    quality: int = 90,
+    decode_check: bool = False,
+    shard_bytes: int | None = None,
+) -> ConvertReport:
+    """Convert WebDataset tar shard(s) into a kuat dataset at ``dst``.
+
+    Args:
+        paths: a ``.tar`` file, a glob (``"shards/*.tar"``) or a list; read in sorted order.
+        num_workers, progress, overwrite, on_error, resize_shorter, quality, decode_check,
+            shard_bytes: see :class:`kuat.convert.ConvertOptions`.
+
+    Raises:
+        FileNotFoundError: no tar file.
+        kuat.FormatError: a tar file is corrupt (names it).
+        kuat.SchemaError: a sample's extensions differ from the first sample's, or a value
+            does not parse (names tar file and key); skipped instead with ``on_error="skip"``.
+        kuat.DecodeError: an unreadable image with ``on_error="raise"``.
+    """
+    opts = ConvertOptions(
+        num_workers=num_workers,
+        progress=progress,
+        on_error=on_error,
+        resize_shorter=resize_shorter,
+        quality=quality,
+        decode_check=decode_check,
+        shard_bytes=shard_bytes,
+        overwrite=overwrite,
+    )
+    t0 = time.perf_counter()
+    files = expand_paths(paths)
+    it = _samples(files)
+    first = next(it, None)
+    if first is None:
+        raise ValueError(f"no samples in {files}")
+    where0, sample0 = first
+    fields = [Field("__key__", fs.string())] + [
+        _ext_field(ext, value, where0) for ext, value in sample0.items() if ext != "__key__"
+    ]
+    schema = Schema(fields)
+    exts = set(schema.names)
+    report = ConvertReport(str(dst))
+
+    def all_samples():
+        yield first
+        yield from it
+
+    def prepare(item):
+        where, sample = item
+        if set(sample) != exts:
+            raise SchemaError(
+                f"{where}: extensions {sorted(set(sample) - {'__key__'})} differ from the first "
+                f"sample's {sorted(exts - {'__key__'})}"
+            )
+        row = {"__key__": sample["__key__"]}
+        for f in fields[1:]:
+            value = sample[f.name]
+            if f.type.kind == "image":
+                row[f.name] = prepare_image(value, f"{where}.{f.name}", opts)
+            else:
+                row[f.name] = _convert(f, value, where)
+        return row
+
+    metadata = {"source": "webdataset", "files": [os.path.basename(f) for f in files]}
+    with Writer(dst, schema, metadata=metadata, **opts.writer_kwargs()) as w:
+        for row in parallel_map(
+            prepare,
+            all_samples(),
+            opts,
+            desc="convert webdataset",
+            source_of=lambda item: item[0],
+            report=report,
+        ):
+            w.write(row)
+        report.rows = w.num_rows
+    report.seconds = time.perf_counter() - t0
+    log_skipped(report)
+    return report
