@@ -19,6 +19,7 @@ import collections
 import os
 import queue
 import secrets
+import sys
 import time
 import weakref
 from multiprocessing.connection import wait
@@ -68,6 +69,13 @@ def _worker_main(payload, worker_id, num_workers, name, base_seed, conn, prefix,
     finally:
         writer.close()
         conn.close()
+    # Skip interpreter finalisation (torch's is slow): nothing of the worker's needs it.
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    os._exit(0)
 
 
 class ProcessEngine:
@@ -168,14 +176,15 @@ class ProcessEngine:
     def _raise_dead(self, w: int):
         p = self._procs[w]
         p.join(0.1)
+        name, pid, code = p.name, p.pid, p.exitcode
         keys = [describe_key(t.key) for t, _ in self._pending[w]]
         indices = [i for t, _ in self._pending[w] for i in (key_indices(t.key) or [])]
         self.close()
         raise WorkerError(
-            f"kuat worker process {p.name} (pid {p.pid}) exited unexpectedly with exit code "
-            f"{p.exitcode} while fetching {', '.join(keys) or 'nothing'}",
+            f"kuat worker process {name} (pid {pid}) exited unexpectedly with exit code "
+            f"{code} while fetching {', '.join(keys) or 'nothing'}",
             original_type="",
-            worker=p.name,
+            worker=name,
             indices=indices or None,
         )
 
