@@ -28,6 +28,10 @@ Optional attributes the loader honours on the source:
 * ``kuat_set_distributed(rank, world_size)`` (iterable sources): called once at construction
   when ``world_size > 1`` so the source can take its rank's share. Map-style sources are
   sharded by the loader's sampler and need nothing.
+* ``kuat_set_batching(batch_size, drop_last)`` (iterable sources): called once at construction,
+  so that a kuat stream (``kuat.sources.stream``) splits workers by whole batches (batch ``k`` is
+  then the same whatever ``num_workers``, which makes replay-resume exact) and, with
+  ``drop_last``, truncates rank shares instead of padding them.
 * ``state_dict()`` / ``load_state_dict(state)``: the source's own resumable state, stored
   under ``"source"`` in the loader's state. For iterable sources without it, resuming replays
   (fetches and drops) the batches already served in the epoch.
@@ -290,6 +294,8 @@ class DataLoader:
                 sampler = _InfiniteSampler()
                 if world_size > 1 and hasattr(source, "kuat_set_distributed"):
                     source.kuat_set_distributed(rank, world_size)
+                if hasattr(source, "kuat_set_batching"):  # kuat streams: workers take whole batches
+                    source.kuat_set_batching(batch_size, drop_last)
             elif batch_sampler is None:
                 sampler = EpochSampler(
                     len(source), shuffle=shuffle, seed=self.seed, rank=rank,
@@ -444,8 +450,7 @@ class DataLoader:
         """The position to resume from: a small dict of ints (plus the source's own state).
 
         Keys: ``version``, ``seed``, ``epoch`` (the epoch the next batch belongs to),
-        ``batches_served_in_epoch``, ``rank``, ``world_size``, ``num_workers`` (informative),
-        and ``source`` when the source has ``state_dict()``. Taken mid-epoch it resumes after the
+        ``batches_served_in_epoch``, ``rank``, ``world_size``, and ``source`` when the source has ``state_dict()``. Taken mid-epoch it resumes after the
         last batch yielded; at the end of an epoch it points at the start of the next one.
         Costs a few microseconds.
         """
@@ -465,7 +470,6 @@ class DataLoader:
             "batches_served_in_epoch": served,
             "rank": self.rank,
             "world_size": self.world_size,
-            "num_workers": self.num_workers,
         }
         source_state = getattr(self._source, "state_dict", None)
         if callable(source_state):
