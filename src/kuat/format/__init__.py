@@ -8,6 +8,7 @@ ds = kuat.open("train.kuat")
 
 from kuat.format.dataset import Dataset, ImageBatch, open_dataset
 from kuat.format.manifest import FORMAT_VERSION, Manifest, ShardInfo, read_manifest
+from kuat.format.merge import merge
 from kuat.format.schema import (
     EncodedImage,
     Field,
@@ -31,6 +32,7 @@ from kuat.format.schema import (
     uint32,
     uint64,
 )
+from kuat.format.verify import VerifyReport, verify
 from kuat.format.writer import DEFAULT_SHARD_BYTES, Writer
 
 open = open_dataset  # noqa: A001 - kuat.open(path), like the builtin for files
@@ -46,6 +48,7 @@ __all__ = [
     "Manifest",
     "Schema",
     "ShardInfo",
+    "VerifyReport",
     "Writer",
     "binary",
     "bool_",
@@ -54,6 +57,7 @@ __all__ = [
     "float64",
     "image",
     "int8",
+    "merge",
     "int16",
     "int32",
     "int64",
@@ -67,4 +71,5 @@ __all__ = [
     "uint16",
     "uint32",
     "uint64",
+    "verify",
 ]

@@ -1,0 +1,49 @@
+"""``kuat verify PATH``: re-check every shard's checksum, size, schema and row count.
+
+Exit status 0 when all shards are intact, 1 otherwise (each bad shard is named).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "verify",
+        help="re-check a kuat dataset's checksums and row counts",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("path", help="the kuat dataset directory")
+    p.add_argument(
+        "--images",
+        action="store_true",
+        help="also probe every image header against its stored width/height/codec",
+    )
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p
+
+
+def run(args) -> int:
+    from kuat.format import read_manifest, verify
+
+    total = len(read_manifest(args.path).shards)
+    bar = None
+    if not args.no_progress and sys.stderr.isatty():
+        from tqdm import tqdm
+
+        bar = tqdm(total=total, desc="verify", unit="shard")
+    try:
+        report = verify(args.path, images=args.images, on_shard=lambda k, p: bar and bar.update())
+    finally:
+        if bar is not None:
+            bar.close()
+    for e in report.errors:
+        print(f"BAD {e.path}: {e}")
+    if report.ok:
+        print(f"OK {report.path}: {report.rows} rows, {report.shards} shards, {report.bytes} bytes")
+        return 0
+    print(f"FAILED {report.path}: {len(report.errors)} of {report.shards} shards are bad")
+    return 1

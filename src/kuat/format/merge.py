@@ -1,0 +1,119 @@
+"""Merge kuat datasets into one without rewriting shard bytes: a new manifest whose shards
+are hard links to the sources' shards, or references to them where a hard link is not
+possible (another file system, no permission)."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from kuat.errors import SchemaError
+from kuat.format.manifest import MANIFEST_NAME, Manifest, ShardInfo, read_manifest, write_manifest
+from kuat.format.writer import _SHARD_RE, _version, shard_name
+
+__all__ = ["merge", "LINK_MODES"]
+
+log = logging.getLogger("kuat.format.merge")
+
+LINK_MODES = ("auto", "hardlink", "reference")
+
+
+def merge(
+    sources: Sequence[str | os.PathLike],
+    out: str | os.PathLike,
+    *,
+    link: str = "auto",
+    overwrite: bool = False,
+) -> Manifest:
+    """Write a dataset at ``out`` holding the rows of ``sources`` in order.
+
+    Args:
+        sources: kuat dataset directories; their schemas (names, types, and field metadata
+            such as class names) must be equal.
+        out: the new dataset directory.
+        link: ``"hardlink"`` links every shard into ``out`` (fails if impossible);
+            ``"reference"`` records each shard's path relative to ``out`` in the manifest;
+            ``"auto"`` (default) hard-links and falls back to a reference per shard.
+        overwrite: replace a dataset at ``out``.
+
+    The manifest keeps each shard's rows, bytes and checksum from its source (nothing is
+    re-read) and the first source's metadata, plus ``merged_from``.
+
+    Returns:
+        the new :class:`Manifest`.
+
+    Raises:
+        kuat.SchemaError: the schemas differ; names the field and the dataset.
+        kuat.FormatError: a source is not a valid dataset.
+        FileExistsError: ``out`` is a dataset and ``overwrite`` is False.
+        OSError: ``link="hardlink"`` and a shard cannot be linked.
+    """
+    if link not in LINK_MODES:
+        raise ValueError(f"link={link!r} must be one of {LINK_MODES}")
+    if not sources:
+        raise ValueError("merge needs at least one source dataset")
+    roots = [Path(s) for s in sources]
+    manifests = [read_manifest(r) for r in roots]
+    first = manifests[0]
+    for root, m in zip(roots[1:], manifests[1:]):
+        diff = first.schema.difference(m.schema)
+        if diff is not None:
+            raise SchemaError(f"cannot merge {roots[0]} and {root}: {diff}")
+        for a, b in zip(first.schema, m.schema):
+            if a.metadata != b.metadata:
+                raise SchemaError(
+                    f"cannot merge {roots[0]} and {root}: field {a.name!r} has different "
+                    f"metadata ({a.metadata} vs {b.metadata}), e.g. other class names",
+                    field=a.name,
+                )
+    out = Path(out)
+    if (out / MANIFEST_NAME).exists() and not overwrite:
+        raise FileExistsError(f"{out} is already a kuat dataset; pass overwrite=True to replace it")
+    out.mkdir(parents=True, exist_ok=True)
+    if (out / MANIFEST_NAME).exists():
+        (out / MANIFEST_NAME).unlink()
+    for e in os.scandir(out):
+        if _SHARD_RE.match(e.name) and e.is_file():
+            os.unlink(e.path)
+    out_abs = out.resolve()
+    shards = []
+    linked = referenced = 0
+    for root, m in zip(roots, manifests):
+        for info in m.shards:
+            src = (root / info.file).resolve()
+            name = shard_name(len(shards))
+            entry = None
+            if link != "reference":
+                try:
+                    os.link(src, out / name)
+                    entry = name
+                    linked += 1
+                except OSError as e:
+                    if link == "hardlink":
+                        raise
+                    log.debug("cannot hard-link %s (%s); referencing it", src, e)
+            if entry is None:
+                entry = os.path.relpath(src, out_abs)
+                referenced += 1
+            shards.append(ShardInfo(entry, info.rows, info.bytes, info.checksum))
+    metadata = dict(first.metadata)
+    metadata["merged_from"] = [str(r) for r in roots]
+    manifest = Manifest(
+        schema=first.schema,
+        shards=tuple(shards),
+        metadata=metadata,
+        created_by=f"kuat {_version()}",
+    )
+    write_manifest(out, manifest)
+    log.info(
+        "merged %d datasets into %s: %d rows, %d shards (%d hard-linked, %d referenced)",
+        len(roots),
+        out,
+        manifest.num_rows,
+        len(shards),
+        linked,
+        referenced,
+    )
+    return manifest

@@ -1,0 +1,136 @@
+"""Check a kuat dataset's shards against its manifest: presence, size, checksum, schema, rows
+and (optionally) every image's header against its stored width/height/codec."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kuat.errors import DecodeError, FormatError
+from kuat.format.dataset import _open_shard
+from kuat.format.manifest import file_checksum, read_manifest
+
+__all__ = ["VerifyReport", "verify"]
+
+log = logging.getLogger("kuat.format.verify")
+
+
+@dataclass
+class VerifyReport:
+    """The outcome of :func:`verify`.
+
+    Attributes:
+        path: the dataset directory.
+        rows: rows the manifest records.
+        shards: shards checked.
+        bytes: bytes checked.
+        errors: one :class:`kuat.FormatError` per bad shard (naming its path and, for an
+            image that does not match, the row).
+    """
+
+    path: str
+    rows: int = 0
+    shards: int = 0
+    bytes: int = 0
+    errors: list[FormatError] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+    def raise_first(self) -> None:
+        """Raise the first error, if any."""
+        if self.errors:
+            raise self.errors[0]
+
+
+def _check_images(shard, manifest_schema) -> None:
+    from kuat.vision.probe import probe_image
+
+    for f in manifest_schema:
+        if f.type.kind != "image":
+            continue
+        col = shard.columns[f.name]
+        offs, data = col.bytes.offsets, col.bytes.mv
+        coffs, cdata = col.codec.offsets, col.codec.data
+        for row in range(shard.rows):
+            try:
+                info = probe_image(data[offs[row] : offs[row + 1]], source=shard.path)
+            except DecodeError as e:
+                raise FormatError(
+                    f"shard {shard.path} row {row}: field {f.name!r} is not a readable image: {e}",
+                    path=shard.path,
+                    row=row,
+                ) from e
+            codec = cdata[coffs[row] : coffs[row + 1]].tobytes().decode()
+            stored = (int(col.width[row]), int(col.height[row]), codec)
+            if tuple(info) != stored:
+                raise FormatError(
+                    f"shard {shard.path} row {row}: field {f.name!r} records {stored} but the "
+                    f"image header says {tuple(info)}",
+                    path=shard.path,
+                    row=row,
+                )
+
+
+def verify(
+    path: str | os.PathLike,
+    *,
+    images: bool = False,
+    on_shard: Callable[[int, str], None] | None = None,
+) -> VerifyReport:
+    """Re-check every shard of the dataset at ``path``.
+
+    For each shard: it exists, its size and xxh3-64 checksum equal the manifest's, it opens
+    as Arrow IPC with the manifest's schema and row count, without nulls. With ``images``,
+    every image header is also probed and compared with the stored width/height/codec.
+    All shards are checked even after a failure.
+
+    Args:
+        on_shard: called as ``on_shard(k, shard_path)`` after each shard (progress).
+
+    Raises:
+        kuat.FormatError: the manifest itself is missing or invalid (shard problems are
+            collected in the report instead).
+    """
+    root = Path(path)
+    manifest = read_manifest(root)
+    schema, arrow_schema = manifest.schema, manifest.schema.to_arrow()
+    report = VerifyReport(str(root), rows=manifest.num_rows)
+    for k, info in enumerate(manifest.shards):
+        shard_path = str(root / info.file)
+        try:
+            try:
+                size = os.path.getsize(shard_path)
+            except FileNotFoundError as e:
+                raise FormatError(f"shard {shard_path} is missing", path=shard_path) from e
+            if size != info.bytes:
+                raise FormatError(
+                    f"shard {shard_path} is {size} bytes but the manifest records {info.bytes}",
+                    path=shard_path,
+                )
+            checksum = file_checksum(shard_path)
+            if checksum != info.checksum:
+                raise FormatError(
+                    f"shard {shard_path} checksum mismatch: {checksum}, manifest records "
+                    f"{info.checksum} (the file was modified or corrupted)",
+                    path=shard_path,
+                )
+            shard = _open_shard(shard_path, info, schema, arrow_schema)
+            if images:
+                _check_images(shard, schema)
+        except FormatError as e:
+            log.error("%s", e)
+            report.errors.append(e)
+        except OSError as e:
+            err = FormatError(f"cannot read shard {shard_path}: {e}", path=shard_path)
+            err.__cause__ = e
+            report.errors.append(err)
+        report.shards += 1
+        report.bytes += info.bytes
+        if on_shard is not None:
+            on_shard(k, shard_path)
+    return report

@@ -1,0 +1,230 @@
+"""Bad input raises kuat errors naming the path (and row): missing/truncated/corrupt shards,
+bad manifests, unknown versions, checksum mismatches; verify and merge."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+import kuat
+from kuat import format as kf
+from kuat.errors import DecodeError, FormatError, KuatError, SchemaError
+
+
+def _write(path, n=30, shard_bytes=100, start=0, schema=None):
+    schema = schema or {"x": kf.int64(), "v": kf.tensor((4,), "uint8"), "s": kf.string()}
+    with kuat.Writer(path, schema, shard_bytes=shard_bytes) as w:
+        for i in range(start, start + n):
+            w.write({"x": i, "v": np.full(4, i % 256, np.uint8), "s": f"s{i}"})
+    return kuat.open(path)
+
+
+def _manifest(path):
+    return json.loads((path / "manifest.json").read_text())
+
+
+def test_missing_shard_names_its_path(tmp_path):
+    ds = _write(tmp_path / "d")
+    victim, row = ds.locate(20)
+    os.unlink(victim)
+    ds = kuat.open(tmp_path / "d")
+    assert ds[0]["x"] == 0  # other shards still read
+    with pytest.raises(FormatError, match="missing") as e:
+        ds[20]
+    assert e.value.path == victim
+
+
+def test_truncated_shard(tmp_path):
+    ds = _write(tmp_path / "d")
+    victim, _ = ds.locate(5)
+    data = open(victim, "rb").read()
+    open(victim, "wb").write(data[: len(data) // 2])
+    with pytest.raises(FormatError, match="truncated") as e:
+        kuat.open(tmp_path / "d")[5]
+    assert e.value.path == victim
+
+
+def test_truncated_shard_with_matching_manifest_size(tmp_path):
+    """Also fix the recorded size: the Arrow reader must still refuse the file."""
+    ds = _write(tmp_path / "d", shard_bytes=10_000)
+    victim, _ = ds.locate(0)
+    data = open(victim, "rb").read()
+    for cut in (8, 100, len(data) - 9):
+        open(victim, "wb").write(data[:cut])
+        m = _manifest(tmp_path / "d")
+        m["shards"][0]["bytes"] = cut
+        (tmp_path / "d" / "manifest.json").write_text(json.dumps(m))
+        with pytest.raises(FormatError) as e:
+            kuat.open(tmp_path / "d").read_batch([0, 29])
+        assert e.value.path == victim
+
+
+def test_manifest_not_json_and_unknown_version(tmp_path):
+    _write(tmp_path / "d")
+    path = tmp_path / "d" / "manifest.json"
+    good = path.read_text()
+    path.write_text(good[: len(good) // 2])
+    with pytest.raises(FormatError, match="not valid JSON") as e:
+        kuat.open(tmp_path / "d")
+    assert e.value.path == str(path)
+    m = json.loads(good)
+    m["version"] = 2
+    path.write_text(json.dumps(m))
+    with pytest.raises(FormatError, match="unknown kuat format version 2"):
+        kuat.open(tmp_path / "d")
+    for key, value, match in [
+        ("format", "other", "'format'"),
+        ("shards", {}, "'shards' must be a list"),
+        ("num_rows", 7, "'num_rows' is 7"),
+        ("schema", {"fields": [{"name": "x", "type": "complex128"}]}, "invalid schema"),
+        (
+            "schema",
+            {"fields": [{"name": "v", "type": "tensor", "shape": [2**40], "dtype": "uint8"}]},
+            "invalid schema",
+        ),
+    ]:
+        m = json.loads(good)
+        m[key] = value
+        path.write_text(json.dumps(m))
+        with pytest.raises(FormatError, match=match):
+            kuat.open(tmp_path / "d")
+    path.write_bytes(b"\xff\xfe\x00")
+    with pytest.raises(FormatError):
+        kuat.open(tmp_path / "d")
+    path.unlink()
+    with pytest.raises(FormatError, match="not a kuat dataset"):
+        kuat.open(tmp_path / "d")
+    with pytest.raises(FormatError, match="does not exist"):
+        kuat.open(tmp_path / "nowhere")
+
+
+def test_shard_with_another_schema(tmp_path):
+    _write(tmp_path / "a", shard_bytes=10_000)
+    _write(
+        tmp_path / "b",
+        shard_bytes=10_000,
+        schema={"x": kf.int32(), "v": kf.tensor((4,), "uint8"), "s": kf.string()},
+    )
+    m = _manifest(tmp_path / "a")
+    m["shards"][0]["file"] = "../b/shard-00000.arrow"
+    m["shards"][0]["bytes"] = os.path.getsize(tmp_path / "b" / "shard-00000.arrow")
+    (tmp_path / "a" / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(
+        FormatError, match="does not match the manifest's schema.*x: int64 vs int32"
+    ):
+        kuat.open(tmp_path / "a")[0]
+
+
+def test_row_count_mismatch(tmp_path):
+    _write(tmp_path / "d", shard_bytes=10_000)
+    m = _manifest(tmp_path / "d")
+    m["shards"][0]["rows"] = 31
+    m["num_rows"] = 31
+    (tmp_path / "d" / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(FormatError, match="holds 30 rows but the manifest records 31"):
+        kuat.open(tmp_path / "d")[30]
+
+
+def test_undecodable_image_names_index_and_shard(tmp_path):
+    with kuat.Writer(tmp_path / "d", {"image": kf.image()}) as w:
+        w.write({"image": kuat.format.EncodedImage(b"\xff\xd8garbage", 4, 4, "jpeg")})
+    ds = kuat.open(tmp_path / "d")
+    with pytest.raises(DecodeError) as e:
+        ds[0]
+    assert e.value.index == 0 and "shard-00000.arrow" in str(e.value.source)
+    assert ds.raw(0)["image"].data == b"\xff\xd8garbage"
+
+
+def test_verify_finds_bad_checksums_and_missing_shards(tmp_path):
+    ds = _write(tmp_path / "d")
+    report = kf.verify(tmp_path / "d")
+    assert report.ok and report.rows == 30 and report.shards == ds.num_shards
+    flip, _ = ds.locate(3)
+    gone, _ = ds.locate(29)
+    data = bytearray(open(flip, "rb").read())
+    data[-20] ^= 0xFF  # same size, different bytes
+    open(flip, "wb").write(bytes(data))
+    os.unlink(gone)
+    report = kf.verify(tmp_path / "d")
+    assert not report.ok
+    assert [e.path for e in report.errors] == [flip, gone]
+    assert "checksum mismatch" in str(report.errors[0]) and "missing" in str(report.errors[1])
+    with pytest.raises(FormatError):
+        report.raise_first()
+
+
+def test_verify_images_compares_headers(tmp_path):
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (7, 5)).save(buf, "PNG")
+    with kuat.Writer(tmp_path / "d", {"image": kf.image()}) as w:
+        w.write({"image": buf.getvalue()})
+        w.write({"image": kuat.format.EncodedImage(buf.getvalue(), 5, 7, "png")})
+    assert kf.verify(tmp_path / "d").ok  # headers are not read by default
+    report = kf.verify(tmp_path / "d", images=True)
+    assert len(report.errors) == 1 and report.errors[0].row == 1
+    assert "(5, 7, 'png')" in str(report.errors[0])
+
+
+def test_merge_hard_links_without_rewriting(tmp_path):
+    _write(tmp_path / "a", n=10)
+    _write(tmp_path / "b", n=7, start=10)
+    m = kf.merge([tmp_path / "a", tmp_path / "b"], tmp_path / "ab")
+    ds = kuat.open(tmp_path / "ab")
+    assert len(ds) == m.num_rows == 17
+    assert ds.read_batch(range(17))["x"].tolist() == list(range(17))
+    assert [ds[i]["s"] for i in (0, 10, 16)] == ["s0", "s10", "s16"]
+    a_first = kuat.open(tmp_path / "a").shard_paths[0]
+    assert os.stat(ds.shard_paths[0]).st_ino == os.stat(a_first).st_ino  # same bytes on disk
+    assert kf.verify(tmp_path / "ab").ok
+    assert ds.metadata["merged_from"] == [str(tmp_path / "a"), str(tmp_path / "b")]
+    with pytest.raises(FileExistsError):
+        kf.merge([tmp_path / "a"], tmp_path / "ab")
+
+
+def test_merge_by_reference(tmp_path):
+    _write(tmp_path / "a", n=5)
+    _write(tmp_path / "b", n=5, start=5)
+    kf.merge([tmp_path / "a", tmp_path / "b"], tmp_path / "r", link="reference")
+    m = _manifest(tmp_path / "r")
+    assert all(s["file"].startswith("../") for s in m["shards"])
+    assert [p.name for p in (tmp_path / "r").iterdir()] == ["manifest.json"]
+    ds = kuat.open(tmp_path / "r")
+    assert ds.read_batch(range(10))["x"].tolist() == list(range(10))
+    # merging a merged dataset follows its references
+    kf.merge([tmp_path / "r", tmp_path / "a"], tmp_path / "rr")
+    assert kuat.open(tmp_path / "rr").read_batch(range(15))["x"].tolist() == list(range(10)) + list(
+        range(5)
+    )
+
+
+def test_merge_schema_mismatch_names_the_field(tmp_path):
+    _write(tmp_path / "a", n=3)
+    _write(
+        tmp_path / "b",
+        n=3,
+        schema={"x": kf.int64(), "v": kf.tensor((4,), "int16"), "s": kf.string()},
+    )
+    with pytest.raises(SchemaError, match=r"field 'v' is tensor\[4, uint8\] vs tensor\[4, int16\]"):
+        kf.merge([tmp_path / "a", tmp_path / "b"], tmp_path / "o")
+    assert not (tmp_path / "o" / "manifest.json").exists()
+    with kuat.Writer(
+        tmp_path / "c", kuat.Schema([kuat.Field("x", kf.int64(), {"names": ["a"]})])
+    ) as w:
+        w.write({"x": 0})
+    with kuat.Writer(
+        tmp_path / "e", kuat.Schema([kuat.Field("x", kf.int64(), {"names": ["b"]})])
+    ) as w:
+        w.write({"x": 0})
+    with pytest.raises(SchemaError, match="different metadata"):
+        kf.merge([tmp_path / "c", tmp_path / "e"], tmp_path / "o")
+
+
+def test_all_format_errors_are_kuat_errors():
+    assert issubclass(FormatError, KuatError) and issubclass(SchemaError, KuatError)
