@@ -1,0 +1,141 @@
+"""kuat: ``kuat.DataLoader`` over a kuat dataset, thread workers (default) or process workers.
+
+- imagenet-jpeg: the ImageFolder converted with ``kuat.convert.from_imagefolder`` (original
+  JPEG bytes, no re-encode), opened with ``kuat.open(...).with_transform({"image":
+  Compose([RandomResizedCrop(224), RandomHorizontalFlip()])})``: the crop is planned from the
+  stored size, the JPEG decoded at the smallest DCT scale covering it, resized (antialiased
+  bilinear) and flipped straight into the batch buffer.
+- imagenet-jpeg-256: the same, converted with ``resize_shorter=256``.
+- tokens: a map-style dataset (written here, as a user would) whose ``__getitems__`` gathers a
+  whole batch of windows from the memmap in one vectorised NumPy indexing operation.
+- ingest: ``from_imagefolder`` into a fresh directory.
+
+Loader settings: ``num_workers=cores``, ``persistent_workers=True``, ``drop_last=True``,
+``shuffle=True``, ``seed`` fixed; ``worker_type`` from the loader entry (``kuat`` /
+``kuat-proc``).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from benchmarks.adapters import IMAGE_SIZE, Loader, num_workers
+
+WORKLOADS = ("imagenet-jpeg", "imagenet-jpeg-256", "tokens", "ingest")
+
+
+def versions() -> dict[str, str]:
+    import torch
+
+    import kuat
+    import kuat.loader  # noqa: F401
+    import kuat.vision  # noqa: F401
+
+    return {"kuat": kuat.__version__, "torch": torch.__version__}
+
+
+def _convert(root: str, dst: Path, workers: int, resize_shorter: int | None) -> int:
+    from kuat.convert.imagefolder import from_imagefolder
+
+    report = from_imagefolder(
+        root,
+        dst,
+        num_workers=workers,
+        progress=False,
+        overwrite=True,
+        resize_shorter=resize_shorter,
+    )
+    return report.rows
+
+
+def prepare(workload: str, data: dict, cache_dir: Path) -> dict:
+    if workload == "tokens":
+        return {}
+    shorter = 256 if workload == "imagenet-jpeg-256" else None
+    name = Path(data["root"]).name + (f"-short{shorter}" if shorter else "")
+    dst = cache_dir / "kuat" / f"{name}.kuat"
+    if not (dst / "manifest.json").exists():
+        _convert(data["root"], dst, os.cpu_count() or 1, shorter)
+    return {"kuat_path": str(dst)}
+
+
+def ingest(data: dict, out_dir: Path, workers: int) -> int:
+    import kuat
+
+    dst = out_dir / "data.kuat"
+    _convert(data["root"], dst, workers, None)
+    return len(kuat.open(dst))
+
+
+class TokenWindows:
+    """Sample ``i`` = ``tokens[offsets[i] : offsets[i] + window]`` as int64; a batch of
+    windows is gathered in one NumPy fancy-indexing call (``__getitems__``).
+
+    Thread-safe (reads only); the memmap is opened lazily in each process.
+    """
+
+    def __init__(self, path: str, offsets_path: str, window: int) -> None:
+        import numpy as np
+
+        self.path = path
+        self.offsets = np.load(offsets_path)  # (N,) int64
+        self.window = window
+        self._arange = np.arange(window, dtype=np.int64)  # (T,)
+        self._mm = None
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    def _tokens(self):
+        import numpy as np
+
+        if self._mm is None:
+            self._mm = np.memmap(self.path, dtype=np.uint16, mode="r")
+        return self._mm
+
+    def __getstate__(self):
+        return {**self.__dict__, "_mm": None}
+
+    def __getitem__(self, i: int):
+        return self.__getitems__([i])[0]
+
+    def __getitems__(self, indices):
+        import numpy as np
+        import torch
+
+        starts = self.offsets[np.asarray(indices, dtype=np.int64)]  # (B,)
+        rows = starts[:, None] + self._arange  # (B, T) token positions
+        batch = torch.from_numpy(self._tokens()[rows].astype(np.int64))  # (B, T) u16 -> i64
+        return [{"tokens": t} for t in batch]  # views of one buffer: collated without a copy
+
+
+def build(workload: str, data: dict, spec: dict) -> Loader:
+    import kuat
+    from kuat import vision as kv
+
+    opts = spec.get("options", {})
+    if workload.startswith("imagenet-jpeg"):
+        ds = kuat.open(data["kuat_path"]).with_transform(
+            {"image": kv.Compose([kv.RandomResizedCrop(IMAGE_SIZE), kv.RandomHorizontalFlip()])}
+        )
+    elif workload == "tokens":
+        ds = TokenWindows(data["tokens_path"], data["offsets_path"], data["window"])
+    else:
+        raise ValueError(f"kuat adapter: unknown workload={workload!r}")
+    workers = num_workers(spec)
+    loader = kuat.DataLoader(
+        ds,
+        batch_size=spec["batch_size"],
+        shuffle=True,
+        num_workers=workers,
+        drop_last=True,
+        persistent_workers=workers > 0,
+        worker_type=opts.get("worker_type", "thread"),
+        seed=spec.get("seed", 0),
+    )
+
+    def epoch(e):
+        return iter(loader)
+
+    return Loader(epoch, getattr(loader, "close", None))
