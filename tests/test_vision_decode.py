@@ -156,6 +156,7 @@ def test_rgba_png_alpha_dropped():
     rgba = np.dstack([src, alpha])
     out = decode_image(_encode(Image.fromarray(rgba, "RGBA"), "PNG"))
     np.testing.assert_array_equal(out, src)
+    assert out.flags.c_contiguous and out.flags.writeable
 
 
 def test_la_png_alpha_dropped():
@@ -224,6 +225,7 @@ def test_exif_orientation(fmt, orientation):
         ref = np.asarray(ImageOps.exif_transpose(im).convert("RGB"))
     out = decode_image(data)
     assert out.shape == ref.shape
+    assert out.flags.c_contiguous and out.flags.writeable
     assert (out.shape[0] == 64) == (orientation >= 5)
     assert _diff(out, ref)[0] <= 2
     info = probe_image(data)

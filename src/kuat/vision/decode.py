@@ -186,10 +186,11 @@ def _decode_pil(data, min_scale, max_pixels, index, source) -> Decoded:
 
 
 def _to_rgb(im) -> np.ndarray:
-    """``(H, W, 3)`` uint8 RGB from a Pillow image of any mode (alpha dropped, 16-bit >> 8)."""
+    """``(H, W, 3)`` uint8 RGB, C-contiguous and writable, from a Pillow image of any mode
+    (alpha dropped, 16-bit -> 8-bit by the high byte)."""
     mode = im.mode
     if mode == "RGB":
-        return np.asarray(im)
+        return np.array(im)  # a writable copy (np.asarray of a Pillow image is read-only)
     if mode.startswith("I;16") or mode == "I":
         a = np.asarray(im)  # (H, W) uint16 or int32
         a8 = (np.clip(a, 0, 65535) >> 8).astype(np.uint8)  # 16 -> 8 bits: high byte
@@ -199,8 +200,8 @@ def _to_rgb(im) -> np.ndarray:
         return np.repeat(a8[:, :, None], 3, axis=2)
     if mode == "PA" or (mode == "P" and "transparency" in im.info):
         # Via RGBA so Pillow does not warn; the colours are the palette's, alpha dropped.
-        return np.asarray(im.convert("RGBA"))[:, :, :3]
-    return np.asarray(im.convert("RGB"))
+        return np.ascontiguousarray(np.asarray(im.convert("RGBA"))[:, :, :3])
+    return np.array(im.convert("RGB"))
 
 
 def decode_image(

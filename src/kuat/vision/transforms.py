@@ -1,0 +1,647 @@
+"""Image augmentations that run fused into the decode: plan the crop, decode only what it needs.
+
+``Compose([RandomResizedCrop(224), RandomHorizontalFlip()])`` on a kuat dataset implements
+:class:`kuat.vision.protocol.FusedImageTransform`. Per sample, ``apply_encoded``:
+
+1. plans the geometry from the image's (oriented) width and height and the sample's
+   generator: one crop box in source pixels, one output size, one flip (``_Plan``);
+2. decodes the JPEG at the smallest DCT scale (1/8, 1/4, 1/2, 1) at which the crop still
+   covers the output size (``decode.decode_stored``), into a per-thread scratch buffer;
+3. snaps the box to the decoded pixel grid (``_snap``: exact at scale 1; at scale ``1/k``
+   each edge moves by at most ``k/2`` source pixels), crops it (a view) and resizes it once, bilinear with antialiasing (torch's uint8
+   kernel, the one torchvision v2 uses for uint8 tensors), in the image's stored orientation;
+4. applies EXIF orientation and the flip as strided views while copying into ``out``, the
+   sample's ``(3, H, W)`` slot of the batch buffer.
+
+So a sample costs one (reduced) decode, one resize and one small copy. ``Normalize`` is not
+run per sample: ``batch_transform()`` returns it and the loader applies it to the collated
+``(B, 3, H, W)`` uint8 batch on its device.
+
+The geometry matches torchvision's transforms: ``RandomResizedCrop`` draws its box with
+torchvision's ``RandomResizedCrop.get_params`` algorithm (same distribution; draws come from
+the NumPy generator instead of torch's global one), ``Resize(int)`` resizes the shorter side
+(``torchvision.transforms.functional._compute_resized_output_size``), ``CenterCrop`` rounds
+its offsets as torchvision does. A chain such as ``Resize(256), CenterCrop(224)`` is one crop
+and one resize (torchvision resamples twice), so pixels differ slightly from torchvision's
+chain, not its geometry. For the same crop box at full scale the output equals torchvision's
+``F.resized_crop(..., antialias=True)`` on a uint8 tensor.
+
+Every transform also works on its own (``__call__``) on a decoded ``(..., 3, H, W)`` uint8
+``torch.Tensor`` (returns a tensor) or an ``(H, W, 3)`` uint8 NumPy array (returns one).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import threading
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from kuat.vision import _exif
+from kuat.vision.decode import DEFAULT_MAX_PIXELS, decode_image, decode_stored
+
+__all__ = [
+    "Compose",
+    "RandomResizedCrop",
+    "Resize",
+    "CenterCrop",
+    "RandomHorizontalFlip",
+    "Normalize",
+]
+
+_local = threading.local()
+
+
+def _single_threaded_torch() -> None:
+    """Run torch ops single-threaded in loader worker threads (once per thread).
+
+    Several worker threads each spawning an OpenMP team oversubscribes the cores (measured:
+    a 224x224 resize went from 0.5 ms to 5 ms with 2 threads on 2 busy cores). torch's own
+    DataLoader workers call ``torch.set_num_threads(1)`` for the same reason. The main thread
+    is left alone (with ``num_workers=0`` the user's setting applies).
+    """
+    if not getattr(_local, "single", False):
+        _local.single = True
+        if threading.current_thread() is not threading.main_thread():
+            torch.set_num_threads(1)
+
+
+def _pair(size, name: str) -> tuple[int, int]:
+    if isinstance(size, numbers.Integral) and not isinstance(size, bool):
+        size = (int(size), int(size))
+    elif (
+        isinstance(size, Sequence)
+        and len(size) == 2
+        and all(isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in size)
+    ):
+        size = (int(size[0]), int(size[1]))
+    else:
+        raise TypeError(f"{name} size must be an int or (height, width) ints, got {size!r}")
+    if size[0] <= 0 or size[1] <= 0:
+        raise ValueError(f"{name} size must be positive, got {size!r}")
+    return size
+
+
+class _Plan:
+    """The geometry of one sample: resample a source box to a grid, take a window, flip.
+
+    The output is ``resample(source[box] -> (res_h, res_w))[win_i : win_i + cur_h,
+    win_j : win_j + cur_w]``, mirrored when ``flip``. ``top, left, height, width`` (floats)
+    are the box in the oriented source image. Keeping the window separate from the box makes
+    ``Resize(256), CenterCrop(224)`` exactly torchvision's resize-then-crop (integer window in
+    the resized grid), while ``RandomResizedCrop`` is one integer box resampled once.
+    """
+
+    __slots__ = (
+        "top", "left", "height", "width", "res_h", "res_w",
+        "win_i", "win_j", "cur_h", "cur_w", "flip", "fusable",
+    )  # fmt: skip
+
+    def __init__(self, height: int, width: int):
+        self.top = 0.0
+        self.left = 0.0
+        self.height = float(height)
+        self.width = float(width)
+        self.res_h, self.res_w = height, width
+        self.win_i = self.win_j = 0
+        self.cur_h, self.cur_w = height, width
+        self.flip = False
+        self.fusable = True
+
+    def crop(self, i: int, j: int, h: int, w: int) -> None:
+        """Crop rows ``i:i+h``, columns ``j:j+w`` of the current image."""
+        if self.flip:  # the current image is mirrored: map the box back
+            j = self.cur_w - j - w
+        self.win_i += i
+        self.win_j += j
+        self.cur_h, self.cur_w = h, w
+
+    def resize(self, h: int, w: int) -> None:
+        """Resize the current image to ``h x w``: the window becomes the box to resample."""
+        if (self.win_i, self.win_j, self.cur_h, self.cur_w) != (0, 0, self.res_h, self.res_w):
+            sy = self.height / self.res_h
+            sx = self.width / self.res_w
+            self.top += self.win_i * sy
+            self.left += self.win_j * sx
+            self.height = self.cur_h * sy
+            self.width = self.cur_w * sx
+        self.res_h, self.res_w = h, w
+        self.win_i = self.win_j = 0
+        self.cur_h, self.cur_w = h, w
+
+    def min_scale(self) -> float:
+        """Smallest decode scale at which the box still has at least the grid's pixels."""
+        return min(1.0, max(self.res_h / self.height, self.res_w / self.width))
+
+    def window(self) -> tuple[slice, slice] | None:
+        """Row and column slices of the window in the grid, or None for the whole grid."""
+        if (self.win_i, self.win_j, self.cur_h, self.cur_w) == (0, 0, self.res_h, self.res_w):
+            return None
+        return (
+            slice(self.win_i, self.win_i + self.cur_h),
+            slice(self.win_j, self.win_j + self.cur_w),
+        )
+
+
+class _Transform:
+    """Base of kuat's vision transforms (``Compose`` fuses only these)."""
+
+    def _plan(self, plan: _Plan, rng: np.random.Generator) -> None:
+        raise NotImplementedError
+
+    def _fixed_size(self, size: tuple[int, int] | None) -> tuple[int, int] | None:
+        """Output size given the input size (``None``: varies per image)."""
+        return size
+
+    def _apply(self, img: torch.Tensor, rng: np.random.Generator) -> torch.Tensor:
+        """Standalone: ``(..., 3, H, W)`` uint8 tensor -> transformed tensor."""
+        plan = _Plan(img.shape[-2], img.shape[-1])
+        self._plan(plan, rng)
+        return _execute(img, plan)
+
+    def __call__(self, img, rng: np.random.Generator | None = None):
+        """Transform a decoded image.
+
+        Args:
+            img: ``(..., 3, H, W)`` uint8 ``torch.Tensor`` or ``(H, W, 3)`` uint8 array.
+            rng: the generator random draws come from; ``None`` uses the current sample's
+                generator inside a kuat loader fetch, else a fresh unseeded one.
+
+        Returns:
+            the same kind as ``img``: a tensor ``(..., 3, H', W')`` or an array ``(H', W', 3)``.
+        """
+        if rng is None:
+            rng = _default_rng()
+        if isinstance(img, np.ndarray):
+            if img.ndim != 3 or img.shape[2] != 3:
+                raise ValueError(f"expected an (H, W, 3) array, got shape {img.shape}")
+            t = torch.from_numpy(np.ascontiguousarray(img)).permute(2, 0, 1)  # (H,W,3)->(3,H,W)
+            return np.ascontiguousarray(self._apply(t, rng).permute(1, 2, 0).numpy())
+        if not isinstance(img, torch.Tensor):
+            raise TypeError(f"expected a torch.Tensor or numpy array, got {type(img).__name__}")
+        return self._apply(img, rng)
+
+
+def _default_rng() -> np.random.Generator:
+    from kuat.rng import sample_rng
+
+    try:
+        return sample_rng().numpy
+    except RuntimeError:
+        return np.random.default_rng()
+
+
+def _resize_tensor(img: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+    """Bilinear antialiased resize of ``(..., C, H, W)`` (uint8 stays uint8, like torchvision v2)."""
+    if tuple(img.shape[-2:]) == size:
+        return img
+    lead = img.shape[:-3]
+    x = img.reshape(-1, *img.shape[-3:])  # (N, C, H, W)
+    if x.dtype == torch.uint8 and x.device.type == "cpu":
+        x = x.contiguous(memory_format=torch.channels_last)  # the fast AVX2 uint8 kernel
+        y = F.interpolate(x, size=size, mode="bilinear", antialias=True, align_corners=False)
+    else:
+        y = F.interpolate(
+            x.float(), size=size, mode="bilinear", antialias=True, align_corners=False
+        )
+        if img.dtype == torch.uint8:
+            y = y.round_().clamp_(0, 255).to(torch.uint8)
+        else:
+            y = y.to(img.dtype)
+    return y.reshape(*lead, *y.shape[-3:])
+
+
+def _snap(start: float, length: float, scale: float, size: int) -> tuple[int, int]:
+    """Rows (or columns) ``[a, b)`` of a decode at ``scale`` that the source span
+    ``[start, start + length)`` covers: each edge rounded to the nearest decoded pixel edge.
+
+    At scale 1 this is torchvision's integer box. At a reduced scale ``1/k`` it moves each
+    edge of the box by at most ``k/2`` source pixels (the crop is then at least ``k`` times the
+    output, so < 1/4 of an output pixel): cheaper than a sub-pixel resampler, and the pixels
+    equal torchvision's ``resized_crop`` of that snapped box (same filter, same quality).
+    """
+    a = min(max(round(start * scale), 0), size - 1)
+    b = min(max(round((start + length) * scale), a + 1), size)
+    return a, b
+
+
+def _execute(img: torch.Tensor, plan: _Plan) -> torch.Tensor:
+    """Run a plan on a decoded ``(..., 3, H, W)`` tensor (the unfused path, scale 1)."""
+    if not plan.fusable:
+        raise RuntimeError("internal: _execute on an unfusable plan")
+    y0, y1 = _snap(plan.top, plan.height, 1.0, img.shape[-2])
+    x0, x1 = _snap(plan.left, plan.width, 1.0, img.shape[-1])
+    out = _resize_tensor(img[..., y0:y1, x0:x1], (plan.res_h, plan.res_w))
+    win = plan.window()
+    if win is not None:
+        out = out[..., win[0], win[1]]
+    if plan.flip:
+        out = out.flip(-1)
+    return out
+
+
+class RandomResizedCrop(_Transform):
+    """Crop a random box of random area and aspect ratio, resize it to ``size``.
+
+    The box distribution is torchvision's ``RandomResizedCrop.get_params``: up to 10 draws of
+    an area fraction ``~ U(scale)`` and a log aspect ratio ``~ U(log ratio)``; the first box
+    that fits is placed uniformly; else the central crop clamped to ``ratio``. Draws come from
+    the sample's NumPy generator. Output ``(3, size[0], size[1])``; bilinear, antialiased.
+    """
+
+    def __init__(self, size, scale=(0.08, 1.0), ratio=(3.0 / 4.0, 4.0 / 3.0)):
+        self.size = _pair(size, "RandomResizedCrop")
+        scale = tuple(float(v) for v in scale)
+        ratio = tuple(float(v) for v in ratio)
+        if len(scale) != 2 or not 0 < scale[0] <= scale[1]:
+            raise ValueError(f"scale must be (min, max) with 0 < min <= max, got {scale!r}")
+        if len(ratio) != 2 or not 0 < ratio[0] <= ratio[1]:
+            raise ValueError(f"ratio must be (min, max) with 0 < min <= max, got {ratio!r}")
+        self.scale = scale
+        self.ratio = ratio
+        self._log_ratio = (math.log(ratio[0]), math.log(ratio[1]))
+
+    def get_params(
+        self, height: int, width: int, rng: np.random.Generator
+    ) -> tuple[int, int, int, int]:
+        """``(top, left, h, w)`` of a crop of a ``height x width`` image (torchvision's algorithm)."""
+        area = height * width
+        lo, hi = self._log_ratio
+        for _ in range(10):
+            target_area = area * rng.uniform(self.scale[0], self.scale[1])
+            aspect = math.exp(rng.uniform(lo, hi))
+            w = int(round(math.sqrt(target_area * aspect)))
+            h = int(round(math.sqrt(target_area / aspect)))
+            if 0 < w <= width and 0 < h <= height:
+                i = int(rng.integers(0, height - h + 1))
+                j = int(rng.integers(0, width - w + 1))
+                return i, j, h, w
+        in_ratio = width / height
+        if in_ratio < self.ratio[0]:
+            w = width
+            h = int(round(w / self.ratio[0]))
+        elif in_ratio > self.ratio[1]:
+            h = height
+            w = int(round(h * self.ratio[1]))
+        else:
+            w, h = width, height
+        return (height - h) // 2, (width - w) // 2, h, w
+
+    def _plan(self, plan, rng):
+        plan.crop(*self.get_params(plan.cur_h, plan.cur_w, rng))
+        plan.resize(*self.size)
+
+    def _fixed_size(self, size):
+        return self.size
+
+    def __repr__(self):
+        return f"RandomResizedCrop(size={self.size}, scale={self.scale}, ratio={self.ratio})"
+
+
+class Resize(_Transform):
+    """Resize, bilinear with antialiasing (torchvision's default).
+
+    ``size`` an int: the shorter side becomes ``size``, the longer ``int(size * long / short)``
+    (torchvision's rule). ``(height, width)``: exactly that.
+    """
+
+    def __init__(self, size):
+        if isinstance(size, numbers.Integral) and not isinstance(size, bool):
+            if size <= 0:
+                raise ValueError(f"Resize size must be positive, got {size!r}")
+            self.size: int | tuple[int, int] = int(size)
+        else:
+            self.size = _pair(size, "Resize")
+
+    def output_for(self, height: int, width: int) -> tuple[int, int]:
+        if isinstance(self.size, tuple):
+            return self.size
+        short, long = (width, height) if width <= height else (height, width)
+        new_short, new_long = self.size, int(self.size * long / short)
+        return (new_long, new_short) if width <= height else (new_short, new_long)
+
+    def _plan(self, plan, rng):
+        plan.resize(*self.output_for(plan.cur_h, plan.cur_w))
+
+    def _fixed_size(self, size):
+        return self.size if isinstance(self.size, tuple) else None
+
+    def __repr__(self):
+        return f"Resize(size={self.size})"
+
+
+class CenterCrop(_Transform):
+    """Crop the centre ``size`` (offsets rounded as torchvision does). An image smaller than
+    ``size`` is zero-padded around, as torchvision does (that case is not fused: it decodes at
+    full size)."""
+
+    def __init__(self, size):
+        self.size = _pair(size, "CenterCrop")
+
+    def _plan(self, plan, rng):
+        th, tw = self.size
+        if th > plan.cur_h or tw > plan.cur_w:
+            plan.fusable = False
+            return
+        i = int(round((plan.cur_h - th) / 2.0))
+        j = int(round((plan.cur_w - tw) / 2.0))
+        plan.crop(i, j, th, tw)
+
+    def _apply(self, img, rng):
+        th, tw = self.size
+        h, w = img.shape[-2:]
+        if th > h or tw > w:  # torchvision pads with zeros: left/top get the floor half
+            pad = [(tw - w) // 2 if tw > w else 0, (tw - w + 1) // 2 if tw > w else 0]
+            pad += [(th - h) // 2 if th > h else 0, (th - h + 1) // 2 if th > h else 0]
+            img = F.pad(img, pad)
+            h, w = img.shape[-2:]
+        i = int(round((h - th) / 2.0))
+        j = int(round((w - tw) / 2.0))
+        return img[..., i : i + th, j : j + tw]
+
+    def _fixed_size(self, size):
+        return self.size
+
+    def __repr__(self):
+        return f"CenterCrop(size={self.size})"
+
+
+class RandomHorizontalFlip(_Transform):
+    """Mirror left-right with probability ``p`` (one draw ``rng.random() < p`` per sample)."""
+
+    def __init__(self, p: float = 0.5):
+        if not 0.0 <= float(p) <= 1.0:
+            raise ValueError(f"RandomHorizontalFlip p must be in [0, 1], got {p!r}")
+        self.p = float(p)
+
+    def _plan(self, plan, rng):
+        if rng.random() < self.p:
+            plan.flip = not plan.flip
+
+    def _apply(self, img, rng):
+        return img.flip(-1) if rng.random() < self.p else img
+
+    def __repr__(self):
+        return f"RandomHorizontalFlip(p={self.p})"
+
+
+class Normalize(_Transform):
+    """``(x / 255 - mean) / std`` per channel, once per batch, on the batch's device.
+
+    ``mean`` and ``std`` are in [0, 1] units (torchvision's ImageNet constants work as is).
+    Input: ``(B, 3, H, W)`` or ``(3, H, W)`` uint8 (scaled by 1/255 first) or floating
+    (taken as already in [0, 1]), on any device. Output: ``dtype`` (float32 or bfloat16), same
+    shape and device. Computed in float32 as one fused multiply-add, then cast.
+    Thread-safety: safe; per-device constants are cached.
+    """
+
+    def __init__(self, mean, std, dtype: torch.dtype = torch.float32):
+        mean = [float(v) for v in mean]
+        std = [float(v) for v in std]
+        if len(mean) != len(std) or not mean:
+            raise ValueError(f"mean and std must have the same non-zero length, got {mean}, {std}")
+        if any(s <= 0 for s in std):
+            raise ValueError(f"std must be positive, got {std}")
+        if dtype not in (torch.float32, torch.bfloat16, torch.float16, torch.float64):
+            raise TypeError(f"Normalize dtype must be a floating torch dtype, got {dtype!r}")
+        self.mean, self.std, self.dtype = mean, std, dtype
+        self._consts: dict = {}
+
+    def _constants(self, device, uint8: bool):
+        key = (str(device), uint8)
+        c = self._consts.get(key)
+        if c is None:
+            scale = 255.0 if uint8 else 1.0
+            mul = torch.tensor([1.0 / (scale * s) for s in self.std], device=device)
+            add = torch.tensor([-m / s for m, s in zip(self.mean, self.std)], device=device)
+            c = (mul.view(-1, 1, 1), add.view(-1, 1, 1))  # (C, 1, 1), broadcast over H, W
+            self._consts[key] = c
+        return c
+
+    def __call__(self, img, rng=None):
+        if isinstance(img, np.ndarray):
+            img = torch.from_numpy(np.ascontiguousarray(img)).permute(2, 0, 1)
+        if not isinstance(img, torch.Tensor):
+            raise TypeError(f"Normalize expects a torch.Tensor, got {type(img).__name__}")
+        if img.ndim < 3 or img.shape[-3] != len(self.mean):
+            raise ValueError(
+                f"Normalize expects (..., {len(self.mean)}, H, W), got shape {tuple(img.shape)}"
+            )
+        mul, add = self._constants(img.device, img.dtype == torch.uint8)
+        out = torch.addcmul(add, img.to(torch.float32), mul)  # (B, C, H, W) float32
+        return out if self.dtype == torch.float32 else out.to(self.dtype)
+
+    def _plan(self, plan, rng):
+        raise RuntimeError("internal: Normalize is a batch step, not planned")
+
+    def __repr__(self):
+        return f"Normalize(mean={self.mean}, std={self.std}, dtype={self.dtype})"
+
+
+class Compose(_Transform):
+    """A chain of kuat transforms, fused into the decode on kuat datasets.
+
+    Implements :class:`kuat.vision.protocol.FusedImageTransform`. ``Normalize`` may only come
+    last; it becomes the ``batch_transform()``. For arbitrary callables (torchvision v2
+    transforms...) give those to the dataset directly instead: they run unfused per sample.
+
+    Args:
+        transforms: kuat transforms (RandomResizedCrop, Resize, CenterCrop,
+            RandomHorizontalFlip, Normalize).
+        decode_device: ``"cpu"`` (default) or ``"cuda"``/``"cuda:N"``: decode JPEG batches
+            with nvJPEG through ``apply_encoded_batch`` (see ``kuat.vision.gpu``).
+        max_pixels: decompression-bomb limit passed to the decoder.
+
+    Raises:
+        TypeError: a step is not a kuat transform.
+        ValueError: ``Normalize`` is not last; bad ``decode_device``.
+        kuat.KuatError: ``decode_device`` is CUDA and CUDA is not available.
+
+    Thread-safety: stateless after construction; ``apply_encoded`` may run in many threads.
+    """
+
+    def __init__(self, transforms, *, decode_device: str = "cpu", max_pixels=DEFAULT_MAX_PIXELS):
+        transforms = list(transforms)
+        for k, t in enumerate(transforms):
+            if not isinstance(t, _Transform) or isinstance(t, Compose):
+                raise TypeError(
+                    f"Compose step {k} ({t!r}) is not a kuat transform; kuat.vision.Compose fuses "
+                    "only kuat.vision transforms. Give torchvision or other callables to the "
+                    "dataset directly (e.g. torchvision.transforms.v2.Compose): they run per sample."
+                )
+        norms = [k for k, t in enumerate(transforms) if isinstance(t, Normalize)]
+        if norms and norms != [len(transforms) - 1]:
+            raise ValueError("Normalize must be the last step of Compose (it runs once per batch)")
+        self.transforms = transforms
+        self._geometric = [t for t in transforms if not isinstance(t, Normalize)]
+        self._normalize = transforms[norms[0]] if norms else None
+        self.max_pixels = max_pixels
+        size = None
+        for t in self._geometric:
+            size = t._fixed_size(size)
+        self._output_size = size
+        self.decode_device = _check_decode_device(decode_device)
+
+    # --- FusedImageTransform -------------------------------------------------------------
+
+    def output_size(self) -> tuple[int, int] | None:
+        """``(H, W)`` of every output, or ``None`` when it depends on the image size."""
+        return self._output_size
+
+    def batch_transform(self):
+        """The ``Normalize`` step (callable on a ``(B, 3, H, W)`` uint8 batch), or ``None``."""
+        return self._normalize
+
+    def plan(self, width: int, height: int, rng: np.random.Generator) -> _Plan:
+        """Draw this sample's geometry for an oriented ``width x height`` image."""
+        plan = _Plan(height, width)
+        for t in self._geometric:
+            t._plan(plan, rng)
+            if not plan.fusable:
+                break
+        return plan
+
+    def apply_encoded(self, data, width, height, rng, out=None, *, index=None, source=None):
+        """Decode ``data`` at the smallest sufficient scale, crop, resize, flip into ``out``.
+
+        Args:
+            data: the encoded image (bytes-like).
+            width, height: its size after EXIF orientation (as in the dataset's manifest).
+                If the bytes decode to another size the box is scaled to it.
+            rng: the sample's generator; all draws come from it (same seed, same pixels).
+            out: ``(3, H, W)`` uint8 array (may be a strided view of the batch buffer), or
+                ``None`` to allocate one.
+            index, source: sample index and shard/file, for error messages only.
+
+        Returns:
+            ``(3, H, W)`` uint8 array: ``out`` itself when given.
+
+        Raises:
+            kuat.DecodeError: the bytes cannot be decoded (names ``index`` and ``source``).
+            ValueError: ``out`` has the wrong shape or dtype.
+        """
+        _single_threaded_torch()
+        width, height = int(width), int(height)
+        if width <= 0 or height <= 0:
+            raise ValueError(f"width and height must be positive, got {width}x{height}")
+        plan = self.plan(width, height, rng)
+        if not plan.fusable:
+            return self._apply_unfused(data, rng, out, index, source)
+        oh, ow = plan.cur_h, plan.cur_w
+        if out is None:
+            out = np.empty((3, oh, ow), np.uint8)
+        elif out.shape != (3, oh, ow) or out.dtype != np.uint8:
+            raise ValueError(f"out must be (3, {oh}, {ow}) uint8, got {out.shape} {out.dtype}")
+        d = decode_stored(
+            data,
+            min_scale=plan.min_scale(),
+            max_pixels=self.max_pixels,
+            index=index,
+            source=source,
+            reuse_buffer=True,
+        )
+        transposed = d.orientation in _exif.TRANSPOSED
+        full_w, full_h = (d.height, d.width) if transposed else (d.width, d.height)
+        top, left, bh, bw = plan.top, plan.left, plan.height, plan.width
+        if (full_w, full_h) != (width, height):  # the index disagrees: keep the relative box
+            fy, fx = full_h / height, full_w / width
+            top, left, bh, bw = top * fy, left * fx, bh * fy, bw * fx
+        top, left, bh, bw = _exif.stored_box(d.orientation, d.height, d.width, top, left, bh, bw)
+        pixels = d.pixels  # (ph, pw, 3) at scale d.scale, stored orientation
+        y0, y1 = _snap(top, bh, d.scale, pixels.shape[0])  # box edges on the decoded grid
+        x0, x1 = _snap(left, bw, d.scale, pixels.shape[1])
+        grid = (plan.res_w, plan.res_h) if transposed else (plan.res_h, plan.res_w)  # stored
+        src = torch.from_numpy(pixels).permute(2, 0, 1)[None, :, y0:y1, x0:x1]  # (1, 3, h, w) view
+        if (y1 - y0, x1 - x0) != grid:
+            src = F.interpolate(
+                src.contiguous(memory_format=torch.channels_last),  # AVX2 uint8 kernel input
+                size=grid,
+                mode="bilinear",
+                antialias=True,
+                align_corners=False,
+            )  # (1, 3, grid_h, grid_w)
+        res = _exif.orient(src[0].permute(1, 2, 0).numpy(), d.orientation)  # (H, W, 3) view
+        win = plan.window()
+        if win is not None:
+            res = res[win]
+        dst = out.transpose(1, 2, 0)  # (H, W, 3) view of the (3, H, W) slot
+        if plan.flip:
+            dst = dst[:, ::-1]
+        np.copyto(dst, res)
+        return out
+
+    def _apply_unfused(self, data, rng, out, index, source):
+        """Full decode, then the transforms one by one (for plans that need padding)."""
+        sub = np.random.Generator(np.random.PCG64(int(rng.integers(0, 2**63))))
+        img = decode_image(data, max_pixels=self.max_pixels, index=index, source=source)
+        t = torch.from_numpy(img).permute(2, 0, 1)  # (H, W, 3) -> (3, H, W) view
+        for step in self._geometric:
+            t = step._apply(t, sub)
+        res = t.numpy()
+        if out is None:
+            return np.ascontiguousarray(res)
+        if out.shape != res.shape or out.dtype != np.uint8:
+            raise ValueError(f"out must be {res.shape} uint8, got {out.shape} {out.dtype}")
+        np.copyto(out, res)
+        return out
+
+    def apply_encoded_batch(self, datas, widths, heights, rngs, *, indices=None, sources=None):
+        """Decode a batch of JPEGs on ``decode_device`` (nvJPEG) with the same crop planning.
+
+        Returns a ``(B, 3, H, W)`` uint8 tensor on that device. See
+        :func:`kuat.vision.gpu.decode_batch_cuda`.
+        """
+        from kuat.vision.gpu import decode_batch_cuda
+
+        return decode_batch_cuda(
+            self,
+            datas,
+            widths,
+            heights,
+            rngs,
+            device=self.decode_device,
+            indices=indices,
+            sources=sources,
+        )
+
+    # --- standalone -------------------------------------------------------------------------
+
+    def _apply(self, img, rng):
+        # The fused path's geometry (one crop, one resize), unless padding is needed.
+        plan = self.plan(img.shape[-1], img.shape[-2], rng)
+        if plan.fusable:
+            img = _execute(img, plan)
+        else:
+            sub = np.random.Generator(np.random.PCG64(int(rng.integers(0, 2**63))))
+            for t in self._geometric:
+                img = t._apply(img, sub)
+        if self._normalize is not None:
+            img = self._normalize(img)
+        return img
+
+    def __call__(self, img, rng=None):
+        if rng is None:
+            rng = _default_rng()
+        if self._normalize is not None and isinstance(img, np.ndarray):
+            img = torch.from_numpy(np.ascontiguousarray(img)).permute(2, 0, 1)
+        return super().__call__(img, rng)
+
+    def __repr__(self):
+        inner = ", ".join(repr(t) for t in self.transforms)
+        return f"Compose([{inner}], decode_device={self.decode_device!r})"
+
+
+def _check_decode_device(decode_device) -> str:
+    dev = str(decode_device)
+    if dev == "cpu":
+        return dev
+    if dev == "cuda" or dev.startswith("cuda:"):
+        from kuat.vision.gpu import check_cuda
+
+        check_cuda(dev)
+        return dev
+    raise ValueError(f"decode_device must be 'cpu', 'cuda' or 'cuda:N', got {decode_device!r}")
