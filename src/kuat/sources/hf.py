@@ -18,22 +18,28 @@ Samples come out as indexing the dataset would give them: the same keys in the s
 same types (``int`` / ``list``, ``numpy`` scalars and arrays, 0-d and 1-d tensors, one-row
 ``pyarrow.Table``), the same dtypes (``datasets`` turns integers into int64 and floats into
 float32 in the ``numpy`` and ``torch`` formats) and the same values.
-:class:`HFIterableSource` wraps a streaming ``datasets.IterableDataset``.
+:class:`HFIterableSource` wraps a streaming ``datasets.IterableDataset``: each epoch is the
+dataset's own iteration for that epoch (``set_epoch``: its shard order and shuffle buffer), split
+across ranks and workers by position (:mod:`kuat.sources.stream`).
 """
 
 from __future__ import annotations
 
 import logging
+import pickle
+import threading
 from collections.abc import Mapping
 
 import numpy as np
 import torch
 
 from kuat.sources._arrow import ListColumn, ScalarColumn, numeric_column, numeric_list_column
+from kuat.sources.stream import Stream
 
-__all__ = ["HFMapSource", "is_hf_map_dataset", "is_hf_iterable_dataset"]
+__all__ = ["HFMapSource", "HFIterableSource", "is_hf_map_dataset", "is_hf_iterable_dataset"]
 
 _log = logging.getLogger("kuat.sources.hf")
+_COPY_LOCK = threading.Lock()
 
 
 def is_hf_map_dataset(obj) -> bool:
@@ -223,3 +229,75 @@ def _split_rows(batch, n: int, dataset, indices) -> list:
         return [batch.iloc[i : i + 1].reset_index(drop=True) for i in range(n)]
     # Other formats (jax, tensorflow, polars): index the dataset row by row.
     return [dataset[int(i)] for i in np.asarray(indices).reshape(-1)]
+
+
+class HFIterableSource(Stream):
+    """A streaming ``datasets.IterableDataset`` as a kuat stream.
+
+    ``samples(epoch)`` calls the dataset's ``set_epoch(epoch)`` and yields exactly what iterating
+    it in the main process gives (its shuffle, ``map``, format), ignoring the worker split that
+    ``datasets`` applies inside torch workers: kuat splits the stream itself, by position, so
+    that every rank gets the same number of samples and a resumed run is exact whatever the
+    number of workers (see :mod:`kuat.sources.stream` for the cost: each rank and worker reads
+    every shard). A dataset already split with ``datasets.distributed.split_dataset_by_node`` is
+    read as given, and not split across ranks again.
+
+    Args:
+        dataset: the ``datasets.IterableDataset``.
+
+    Thread-safety: several workers may iterate at once: each iteration unpickles its own copy of
+    the dataset object (pickled once; files are reopened by path, but an in-memory Arrow table
+    is copied, so stream large data from files).
+    """
+
+    def __init__(self, dataset):
+        super().__init__()
+        if not is_hf_iterable_dataset(dataset):
+            raise TypeError(
+                f"HFIterableSource wraps a datasets.IterableDataset, got {type(dataset).__name__}"
+            )
+        self.dataset = dataset
+        self._pickled: bytes | None = None
+        if getattr(dataset, "_distributed", None) is not None:
+            _log.info("the datasets.IterableDataset is already split by node; kuat keeps its split")
+
+    def kuat_set_distributed(self, rank: int, world_size: int) -> None:
+        if getattr(self.dataset, "_distributed", None) is not None:
+            return  # split_dataset_by_node already took this rank's share
+        super().kuat_set_distributed(rank, world_size)
+
+    def _rank_and_world(self) -> tuple[int, int]:
+        if getattr(self.dataset, "_distributed", None) is not None:
+            return 0, 1
+        return super()._rank_and_world()
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["_pickled"] = None
+        return state
+
+    def samples(self, epoch: int):
+        """The dataset's examples for ``epoch``, as ``iter(dataset)`` gives them in the main
+        process (mirrors ``datasets`` 5.2 ``IterableDataset.__iter__`` without its torch-worker
+        branch)."""
+        from datasets.formatting import get_formatter
+
+        # A private copy per iteration, unpickled from bytes taken once: datasets keeps
+        # iteration progress on the examples iterable, so two workers iterating one object (or
+        # copying it while another iterates) would disturb each other.
+        with _COPY_LOCK:
+            if self._pickled is None:
+                self._pickled = pickle.dumps(self.dataset, protocol=pickle.HIGHEST_PROTOCOL)
+        ds = pickle.loads(self._pickled)
+        ds.set_epoch(epoch)
+        ex_iterable = ds._prepare_ex_iterable_for_iteration()
+        if ds._formatting and (ex_iterable.iter_arrow or ds._formatting.is_table):
+            formatter = get_formatter(ds._formatting.format_type, features=ds.features)
+            for _key, pa_table in ex_iterable.iter_arrow():
+                yield formatter.format_row(pa_table)
+            return
+        for _key, example in ex_iterable:
+            yield example
+
+    def __repr__(self) -> str:
+        return f"HFIterableSource({self.dataset!r:.80})"

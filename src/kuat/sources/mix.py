@@ -1,0 +1,278 @@
+"""``kuat.mix``: interleave several sources by weight, deterministically from a seed.
+
+Each step picks a source at random with probability proportional to its weight among the
+sources still in play and takes that source's next sample (sources are read in their own order;
+shuffle them first, or let the loader shuffle a map-style mix). Stopping:
+
+* ``"first_exhausted"``: the mix ends the first time the source picked has no sample left (as
+  ``datasets.interleave_datasets``); an empty source with a positive weight ends it at once;
+* ``"all_exhausted"``: a source that runs out leaves the draw (the others' weights are
+  renormalised) and the mix ends when every source has run out, so every sample of every source
+  appears exactly once (no oversampling, unlike ``datasets``' ``all_exhausted``).
+
+A source of weight 0 is never picked and never counts toward exhaustion.
+
+When every source is map-style (kuat datasets, ``datasets.Dataset``, torch map-style datasets)
+the mix is map-style too (:class:`MapMix`): its schedule is drawn once from the seed, so the
+loader shuffles, shards across ranks and resumes it like any map-style dataset. Otherwise it is
+a :class:`MixStream`, a :class:`kuat.sources.stream.Stream` whose draws depend on
+``(seed, epoch)``.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+import torch
+
+from kuat.sources.stream import Stream, stream_of
+
+__all__ = ["mix", "MapMix", "MixStream"]
+
+_MASK64 = (1 << 64) - 1
+_MIX_SALT = 0x4D4958  # "MIX": keeps mix draws apart from shuffles and per-sample seeds
+_STOPPING = ("first_exhausted", "all_exhausted")
+
+
+def mix(
+    sources: Sequence,
+    weights: Sequence[float] | None = None,
+    stopping: str = "first_exhausted",
+    seed: int = 0,
+    *,
+    shuffle_buffer: int | None = None,
+):
+    """Interleave ``sources`` by ``weights`` (see the module docstring for the rules).
+
+    Args:
+        sources: kuat datasets, ``datasets.Dataset`` / ``datasets.IterableDataset``, torch
+            map-style or iterable datasets, or other mixes.
+        weights: one non-negative number per source (not all 0); ``None`` weighs them equally.
+        stopping: ``"first_exhausted"`` or ``"all_exhausted"``.
+        seed: seeds the draws (with the epoch, for iterable mixes).
+        shuffle_buffer: when given, reorder the mix's output through a buffer of that many
+            samples (:func:`kuat.shuffle_buffer`; the result is then iterable).
+
+    Returns:
+        A :class:`MapMix` (map-style: ``len`` and ``__getitems__``) when every source is
+        map-style, else a :class:`MixStream` (a ``torch.utils.data.IterableDataset``).
+
+    Raises:
+        ValueError: no source, a weight count that differs from the source count, a negative,
+            non-finite or all-zero weight, an unknown ``stopping``.
+        TypeError: a source that is neither map-style nor iterable, a non-int ``seed``.
+    """
+    from kuat.sources import as_source
+
+    if isinstance(sources, (str, bytes)) or not isinstance(sources, Sequence) or not sources:
+        raise ValueError(f"mix needs a non-empty sequence of sources, got {sources!r:.100}")
+    if weights is None:
+        weights = [1.0] * len(sources)
+    weights = list(weights)
+    if len(weights) != len(sources):
+        raise ValueError(f"mix got {len(sources)} sources but {len(weights)} weights")
+    for w in weights:
+        if isinstance(w, bool) or not isinstance(w, numbers.Real) or not math.isfinite(w) or w < 0:
+            raise ValueError(f"mix weights must be finite numbers >= 0, got {weights}")
+    if not any(w > 0 for w in weights):
+        raise ValueError(f"mix needs at least one positive weight, got {weights}")
+    if stopping not in _STOPPING:
+        raise ValueError(f"stopping should be one of {_STOPPING}, got {stopping=!r}")
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+        raise TypeError(f"seed should be an int, got {seed=!r}")
+    srcs = [as_source(s) for s in sources]
+    for i, s in enumerate(srcs):
+        if not _is_map_style(s) and not isinstance(s, torch.utils.data.IterableDataset):
+            raise TypeError(
+                f"mix source {i} ({type(s).__name__}) is neither map-style (__len__ and "
+                "__getitem__) nor a torch IterableDataset"
+            )
+    weights = [float(w) for w in weights]
+    if all(_is_map_style(s) for s in srcs):
+        out = MapMix(srcs, weights, stopping, int(seed))
+    else:
+        out = MixStream(srcs, weights, stopping, int(seed))
+    if shuffle_buffer is not None:
+        from kuat.sources.shuffle import shuffle_buffer as _shuffle_buffer
+
+        out = _shuffle_buffer(out, shuffle_buffer, seed=int(seed))
+    return out
+
+
+def _is_map_style(source) -> bool:
+    return (
+        not isinstance(source, torch.utils.data.IterableDataset)
+        and hasattr(source, "__len__")
+        and hasattr(source, "__getitem__")
+    )
+
+
+def _generator(seed: int, *extra: int) -> np.random.Generator:
+    words = [seed & _MASK64, *(e & _MASK64 for e in extra), _MIX_SALT]
+    return np.random.Generator(np.random.PCG64(np.random.SeedSequence(words)))
+
+
+def _schedule(lengths: list[int], weights: list[float], stopping: str, seed: int) -> np.ndarray:
+    """The source picked at each step of a map-style mix, ``(L,) int32``, drawn in blocks."""
+    active = [k for k, w in enumerate(weights) if w > 0]
+    if stopping == "first_exhausted" and any(lengths[k] == 0 for k in active):
+        return np.empty(0, dtype=np.int32)
+    rng = _generator(seed)
+    counts = np.zeros(len(lengths), dtype=np.int64)
+    parts = []
+    while active:
+        p = np.array([weights[k] for k in active])
+        remaining = sum(lengths[k] - int(counts[k]) for k in active)
+        block = int(min(1 << 20, max(1024, remaining + 1)))
+        picks = np.asarray(active, dtype=np.int32)[
+            rng.choice(len(active), size=block, p=p / p.sum())
+        ]
+        cut, out_of = block, None  # first step whose pick has nothing left
+        for k in active:
+            steps = np.flatnonzero(picks == k)
+            room = lengths[k] - int(counts[k])
+            if len(steps) > room and steps[room] < cut:
+                cut, out_of = int(steps[room]), k
+        parts.append(picks[:cut])
+        counts += np.bincount(picks[:cut], minlength=len(lengths))
+        if out_of is not None:
+            if stopping == "first_exhausted":
+                break
+            active.remove(out_of)  # draws after the cut are discarded: redrawn without it
+    return np.concatenate(parts) if parts else np.empty(0, dtype=np.int32)
+
+
+class MapMix(torch.utils.data.Dataset):
+    """A weighted interleave of map-style sources, itself map-style (built by :func:`mix`).
+
+    Position ``i`` of the mix is sample ``positions[i]`` of source ``source_ids[i]``; the
+    schedule is drawn once, from the seed, at construction (5 bytes per sample of memory).
+    ``__getitems__`` fetches each source's share of a batch in one call.
+
+    Attributes:
+        sources: the sources (after ``kuat.sources.as_source``).
+        source_ids: ``(L,) int32``, the source of each position.
+        positions: ``(L,) int64``, the index within that source.
+
+    Thread-safety: read-only after construction; safe from several threads when the sources are.
+    """
+
+    def __init__(self, sources: list, weights: list[float], stopping: str, seed: int):
+        self.sources = sources
+        self.weights = weights
+        self.stopping = stopping
+        self.seed = seed
+        lengths = [len(s) for s in sources]
+        self.source_ids = _schedule(lengths, weights, stopping, seed)  # (L,)
+        self.positions = np.empty(len(self.source_ids), dtype=np.int64)  # (L,)
+        for k in range(len(sources)):
+            at = self.source_ids == k
+            self.positions[at] = np.arange(int(at.sum()))
+
+    def __len__(self) -> int:
+        return len(self.source_ids)
+
+    def __getitem__(self, index: int):
+        return self.__getitems__([index])[0]
+
+    def __getitems__(self, indices) -> list:
+        """Samples at mix positions ``indices`` (list of B ints), as their sources return them.
+
+        Raises:
+            IndexError: a position outside ``[-len, len)``.
+        """
+        idx = np.asarray(indices, dtype=np.int64).reshape(-1)  # (B,)
+        n = len(self)
+        if len(idx) and (idx.min() < -n or idx.max() >= n):
+            bad = int(idx[(idx < -n) | (idx >= n)][0])
+            raise IndexError(f"index {bad} is out of range for a mix of {n} samples")
+        idx = idx % n if n else idx
+        ks = self.source_ids[idx]  # (B,)
+        js = self.positions[idx]  # (B,)
+        out = [None] * len(idx)
+        for k in np.unique(ks).tolist():
+            at = np.flatnonzero(ks == k)
+            for slot, sample in zip(
+                at.tolist(), _fetch(self.sources[k], js[at].tolist()), strict=True
+            ):
+                out[slot] = sample
+        return out
+
+    def __repr__(self) -> str:
+        return (
+            f"MapMix({len(self.sources)} sources, weights={self.weights}, "
+            f"stopping={self.stopping!r}, seed={self.seed}, len={len(self)})"
+        )
+
+
+def _fetch(source, indices: list[int]) -> list:
+    getitems = getattr(source, "__getitems__", None)
+    if getitems:
+        return list(getitems(indices))
+    from kuat.rng import sample_context
+
+    out = []
+    for i in indices:
+        with sample_context(i):  # the source's own index: same draws as outside the mix
+            out.append(source[i])
+    return out
+
+
+class MixStream(Stream):
+    """A weighted interleave with at least one iterable source (built by :func:`mix`).
+
+    Epoch ``e`` draws from a generator seeded with ``(seed, e)``; the sources read epoch ``e``
+    too (``set_epoch`` / their own ``samples(e)``). Split across ranks and workers as every
+    :class:`kuat.sources.stream.Stream`.
+    """
+
+    def __init__(self, sources: list, weights: list[float], stopping: str, seed: int):
+        super().__init__()
+        self.sources = sources
+        self.weights = weights
+        self.stopping = stopping
+        self.seed = seed
+
+    def samples(self, epoch: int) -> Iterator:
+        first = self.stopping == "first_exhausted"
+        iters = {k: stream_of(s, epoch) for k, s in enumerate(self.sources) if self.weights[k] > 0}
+        heads = {}
+        for k in list(iters):  # an empty source is known at once
+            try:
+                heads[k] = next(iters[k])
+            except StopIteration:
+                if first:
+                    return
+                del iters[k]
+        rng = _generator(self.seed, epoch)
+        picks: list[int] = []
+        while iters:
+            if not picks:
+                active = list(iters)
+                p = np.array([self.weights[k] for k in active])
+                picks = np.asarray(active)[
+                    rng.choice(len(active), size=1024, p=p / p.sum())
+                ].tolist()
+                picks.reverse()
+            k = picks.pop()
+            if k in heads:
+                yield heads.pop(k)
+                continue
+            try:
+                item = next(iters[k])
+            except StopIteration:
+                if first:
+                    return
+                del iters[k]
+                picks = []  # redraw without it
+                continue
+            yield item
+
+    def __repr__(self) -> str:
+        return (
+            f"MixStream({len(self.sources)} sources, weights={self.weights}, "
+            f"stopping={self.stopping!r}, seed={self.seed})"
+        )

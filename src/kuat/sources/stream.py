@@ -1,0 +1,172 @@
+"""Iterable sources as one deterministic stream per epoch, split by position.
+
+A :class:`Stream` defines :meth:`Stream.samples`: every sample of an epoch, in order, as a
+function of the epoch only. Each rank and each worker iterates that same stream and keeps its
+share by position, so:
+
+* **ranks** get samples ``r, r + world_size, ...`` (as ``DistributedSampler``); without
+  ``drop_last`` the stream is padded by wrapping around to a multiple of ``world_size``, with it
+  the incomplete last round is dropped, so every rank gets the same number of samples, hence the
+  same number of batches, and none of them is empty;
+* **workers** of a rank take whole batches: worker ``w`` of ``n`` keeps the rank's batches
+  ``w, w + n, ...``, so batch ``k`` holds the same samples whatever the number of workers, and
+  the loader's round-robin over workers yields them in order. Resuming by replaying the epoch's
+  first batches (what :class:`kuat.DataLoader` does for iterable sources) is therefore exact,
+  also with another ``num_workers``.
+
+The price: every rank and worker reads the whole stream (and skips what is not its own), like
+``datasets``' ``split_dataset_by_node`` does when shards do not divide evenly.
+
+The loader hands a stream its batching with ``kuat_set_batching(batch_size, drop_last)`` and
+its rank with ``kuat_set_distributed(rank, world_size)``; without those (torch's DataLoader),
+the rank comes from ``torch.distributed`` when initialised and workers split sample by sample.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+
+import torch
+
+__all__ = ["Stream", "rank_share", "worker_share", "stream_of"]
+
+_log = logging.getLogger("kuat.sources.stream")
+
+
+class Stream(torch.utils.data.IterableDataset):
+    """Base class of kuat's iterable sources (mixes of iterables, shuffle buffers, HF streaming).
+
+    Subclasses implement :meth:`samples`. ``iter(stream)`` yields this rank's and this
+    worker's share of the current epoch (see the module docstring).
+
+    Thread-safety: ``iter()`` may be called from several worker threads at once (each gets an
+    independent iterator); ``set_epoch`` and the ``kuat_set_*`` hooks are called by the loader
+    before iterating.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self._epoch = 0
+        self._rank: int | None = None
+        self._world_size: int | None = None
+        self._batch_size: int | None = None
+        self._drop_last = False
+
+    def samples(self, epoch: int) -> Iterator:
+        """Every sample of ``epoch``, in order, unsplit (deterministic given ``epoch``)."""
+        raise NotImplementedError
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch the next ``iter()`` reads (the loader calls it every epoch)."""
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+            raise ValueError(f"epoch should be a non-negative int, got {epoch!r}")
+        self._epoch = epoch
+
+    def kuat_set_distributed(self, rank: int, world_size: int) -> None:
+        """Take rank ``rank``'s share of ``world_size`` (called by the loader)."""
+        if world_size < 1 or not 0 <= rank < world_size:
+            raise ValueError(f"rank should be in [0, world_size), got {rank=} {world_size=}")
+        self._rank, self._world_size = int(rank), int(world_size)
+
+    def kuat_set_batching(self, batch_size: int | None, drop_last: bool) -> None:
+        """Split workers by whole batches of ``batch_size``; ``drop_last`` also truncates ranks."""
+        self._batch_size = batch_size
+        self._drop_last = bool(drop_last)
+
+    def _rank_and_world(self) -> tuple[int, int]:
+        if self._world_size is not None:
+            return self._rank, self._world_size
+        dist = torch.distributed
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_rank(), dist.get_world_size()
+        return 0, 1
+
+    def __iter__(self) -> Iterator:
+        rank, world_size = self._rank_and_world()
+        info = torch.utils.data.get_worker_info()
+        items = self.samples(self._epoch)
+        if world_size > 1:
+            items = rank_share(items, rank, world_size, self._drop_last)
+        if info is not None and info.num_workers > 1:
+            items = worker_share(items, info.id, info.num_workers, self._batch_size or 1)
+        return items
+
+
+def rank_share(items: Iterator, rank: int, world_size: int, drop_last: bool) -> Iterator:
+    """Samples at positions ``rank, rank + world_size, ...`` of ``items``, equal for every rank.
+
+    Without ``drop_last`` the stream is padded by wrapping around (its first samples again) to a
+    multiple of ``world_size``; with it, the incomplete last round is dropped. Matches
+    ``torch.utils.data.DistributedSampler`` on the sequence ``items``.
+    """
+    head: list = []  # the first world_size samples, for the wrap-around padding
+    held = None  # this rank's sample of the current round, until the round is complete
+    has_held = False
+    n = 0
+    for item in items:
+        if not drop_last and n < world_size:
+            head.append(item)
+        pos = n % world_size
+        n += 1
+        if pos == rank:
+            if not drop_last:
+                yield item
+                continue
+            held, has_held = item, True
+        if drop_last and pos == world_size - 1 and has_held:
+            yield held
+            held, has_held = None, False
+    if drop_last or n == 0 or n % world_size == 0:
+        return
+    # Padded positions n .. total-1 repeat samples 0, 1, ... (as DistributedSampler does).
+    total = -(-n // world_size) * world_size
+    for p in range(n, total):
+        if p % world_size == rank:
+            yield head[(p - n) % len(head)]
+
+
+def worker_share(items: Iterator, worker_id: int, num_workers: int, batch_size: int) -> Iterator:
+    """Samples of the batches ``worker_id, worker_id + num_workers, ...`` of ``items``."""
+    for q, item in enumerate(items):
+        if (q // batch_size) % num_workers == worker_id:
+            yield item
+
+
+def stream_of(source, epoch: int, chunk: int = 64) -> Iterator:
+    """Every sample of ``source`` for ``epoch``, unsplit by ranks or workers.
+
+    * a :class:`Stream`: its :meth:`Stream.samples`;
+    * a ``datasets.IterableDataset``: read through :class:`kuat.sources.hf.HFIterableSource`;
+    * another ``torch.utils.data.IterableDataset``: ``set_epoch(epoch)`` when it has it, then
+      ``iter()`` (it must not shard itself by worker inside a mix);
+    * a map-style source: indices ``0 .. len - 1`` in order, ``chunk`` at a time through
+      ``__getitems__`` when it has one.
+    """
+    from kuat.sources import as_source
+
+    source = as_source(source)
+    if isinstance(source, Stream):
+        return source.samples(epoch)
+    if isinstance(source, torch.utils.data.IterableDataset):
+        set_epoch = getattr(source, "set_epoch", None)
+        if callable(set_epoch):
+            set_epoch(epoch)
+        return iter(source)
+    return _map_stream(source, chunk)
+
+
+def _map_stream(source, chunk: int) -> Iterator:
+    from kuat.rng import sample_context
+
+    n = len(source)
+    getitems = getattr(source, "__getitems__", None)
+    for start in range(0, n, chunk):
+        indices = list(range(start, min(n, start + chunk)))
+        if getitems:
+            yield from getitems(indices)
+        else:
+            for i in indices:
+                with sample_context(i):
+                    item = source[i]
+                yield item

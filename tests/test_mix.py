@@ -1,0 +1,165 @@
+"""kuat.mix and kuat.shuffle_buffer: weights, stopping rules, determinism, no drops or duplicates."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pytest
+import torch
+
+import kuat
+from kuat.sources.mix import MapMix, MixStream
+
+
+class Stream(torch.utils.data.IterableDataset):
+    """A plain torch iterable (no sharding of its own)."""
+
+    def __init__(self, items):
+        self.items = list(items)
+
+    def __iter__(self):
+        return iter(self.items)
+
+
+def _all(source):
+    if isinstance(source, MapMix):
+        return [source[i] for i in range(len(source))]
+    return list(source)
+
+
+@pytest.mark.parametrize("kind", ["map", "iterable"])
+def test_zero_weight_source_does_not_count_and_empty_source_ends_at_once(kind):
+    wrap = list if kind == "map" else Stream
+    m = kuat.mix([wrap(range(5)), wrap(range(10, 15))], weights=[1, 0], stopping="all_exhausted")
+    assert isinstance(m, MapMix if kind == "map" else MixStream)
+    assert _all(m) == [0, 1, 2, 3, 4]
+    empty_first = kuat.mix([wrap([]), wrap(range(10, 15))], [1, 0], "all_exhausted")
+    assert _all(empty_first) == []
+    # first_exhausted: an empty source with a positive weight ends the mix at once
+    assert _all(kuat.mix([wrap([]), wrap(range(10, 15))], [1, 1], "first_exhausted")) == []
+    # all_exhausted: it simply leaves the draw
+    assert _all(kuat.mix([wrap([]), wrap(range(10, 15))], [1, 1], "all_exhausted")) == list(
+        range(10, 15)
+    )
+
+
+@pytest.mark.parametrize("kind", ["map", "iterable"])
+def test_all_exhausted_yields_every_sample_once_in_source_order(kind):
+    wrap = list if kind == "map" else Stream
+    sources = [wrap(range(0, 30)), wrap(range(100, 110)), wrap(range(200, 250))]
+    out = _all(kuat.mix(sources, weights=[3, 1, 1], stopping="all_exhausted", seed=5))
+    assert sorted(out) == list(range(30)) + list(range(100, 110)) + list(range(200, 250))
+    for lo in (0, 100, 200):  # each source is read in its own order
+        mine = [x for x in out if lo <= x < lo + 100]
+        assert mine == sorted(mine)
+    # weight 3 source is drawn first: it dominates the first 20 picks
+    assert sum(x < 100 for x in out[:20]) >= 9
+
+
+@pytest.mark.parametrize("kind", ["map", "iterable"])
+def test_first_exhausted_stops_when_a_picked_source_is_empty(kind):
+    wrap = list if kind == "map" else Stream
+    out = _all(kuat.mix([wrap(range(5)), wrap(range(100, 200))], [1, 1], seed=2))
+    small = [x for x in out if x < 5]
+    assert small == [0, 1, 2, 3, 4]  # the small source ran out ...
+    assert len(out) < 105 and out[-1] >= 100 or out[-1] == 4  # ... and ended the mix
+    big = [x for x in out if x >= 100]
+    assert big == list(range(100, 100 + len(big)))
+
+
+def test_deterministic_from_seed_and_weights_roughly_respected():
+    sources = [list(range(10_000)), list(range(10_000, 20_000))]
+    a = kuat.mix(sources, weights=[0.8, 0.2], seed=1)
+    b = kuat.mix(sources, weights=[0.8, 0.2], seed=1)
+    c = kuat.mix(sources, weights=[0.8, 0.2], seed=2)
+    assert np.array_equal(a.source_ids, b.source_ids)
+    assert not np.array_equal(a.source_ids[:100], c.source_ids[:100])
+    share = float(np.mean(a.source_ids[:5000] == 0))
+    assert 0.76 < share < 0.84
+    s1 = list(kuat.mix([Stream(range(50)), sources[1]], [1, 1], seed=9))
+    s2 = list(kuat.mix([Stream(range(50)), sources[1]], [1, 1], seed=9))
+    assert s1 == s2
+
+
+def test_iterable_mix_draws_per_epoch():
+    m = kuat.mix([Stream(range(20)), Stream(range(100, 120))], stopping="all_exhausted", seed=3)
+    e0 = list(m)
+    m.set_epoch(1)
+    e1 = list(m)
+    assert sorted(e0) == sorted(e1) and e0 != e1
+    m.set_epoch(0)
+    assert list(m) == e0
+
+
+def test_map_mix_fetches_each_source_once_per_batch():
+    calls = []
+
+    class Batched:
+        def __init__(self, offset, n):
+            self.offset, self.n = offset, n
+
+        def __len__(self):
+            return self.n
+
+        def __getitem__(self, i):
+            raise AssertionError("__getitems__ should be used")
+
+        def __getitems__(self, indices):
+            calls.append((self.offset, list(indices)))
+            return [self.offset + i for i in indices]
+
+    m = kuat.mix([Batched(0, 10), Batched(100, 10)], stopping="all_exhausted", seed=4)
+    batch = m.__getitems__(list(range(len(m))))
+    assert sorted(batch) == list(range(10)) + list(range(100, 110))
+    assert sorted(c[0] for c in calls) == [0, 100]
+    with pytest.raises(IndexError, match="out of range"):
+        m.__getitems__([20])
+
+
+def test_mix_of_mixes_and_hf_sources():
+    datasets = pytest.importorskip("datasets")
+    hf = datasets.Dataset.from_dict({"x": list(range(6))})
+    inner = kuat.mix([[{"x": 100}], hf], stopping="all_exhausted", seed=1)
+    outer = kuat.mix([inner, [{"x": -1}]], stopping="all_exhausted", seed=2)
+    assert sorted(s["x"] for s in _all(outer)) == [-1, 0, 1, 2, 3, 4, 5, 100]
+    stream = kuat.mix([hf.to_iterable_dataset(num_shards=2), [{"x": 7}]], stopping="all_exhausted")
+    assert sorted(s["x"] for s in stream) == [0, 1, 2, 3, 4, 5, 7]
+
+
+def test_validation_errors_name_the_values():
+    with pytest.raises(ValueError, match="non-empty"):
+        kuat.mix([])
+    with pytest.raises(ValueError, match="2 sources but 1 weights"):
+        kuat.mix([[1], [2]], weights=[1])
+    with pytest.raises(ValueError, match=r"\[1, -1\]"):
+        kuat.mix([[1], [2]], weights=[1, -1])
+    with pytest.raises(ValueError, match="positive weight"):
+        kuat.mix([[1], [2]], weights=[0, 0])
+    with pytest.raises(ValueError, match="stopping"):
+        kuat.mix([[1]], stopping="never")
+    with pytest.raises(TypeError, match="seed"):
+        kuat.mix([[1]], seed="1")
+    with pytest.raises(TypeError, match="neither map-style"):
+        kuat.mix([object()])
+    with pytest.raises(ValueError, match="size"):
+        kuat.shuffle_buffer([1], 0)
+
+
+def test_shuffle_buffer_reorders_without_drops_or_duplicates():
+    sb = kuat.shuffle_buffer(range(100), size=10, seed=1)
+    e0 = list(sb)
+    assert sorted(e0) == list(range(100)) and e0 != list(range(100))
+    assert list(sb) == e0  # same epoch, same order
+    sb.set_epoch(1)
+    e1 = list(sb)
+    assert sorted(e1) == list(range(100)) and e1 != e0
+    # output i is emitted after reading sample 10 + i: nothing comes out before it is read
+    assert all(x <= i + 10 for i, x in enumerate(e0))
+    assert list(kuat.shuffle_buffer(Stream(range(7)), size=1)) == list(range(7))
+    assert sorted(kuat.shuffle_buffer(Stream(range(7)), size=50)) == list(range(7))
+    assert list(kuat.shuffle_buffer([], size=3)) == []
+    mixed = kuat.mix(
+        [list(range(20)), list(range(50, 60))], stopping="all_exhausted", shuffle_buffer=8
+    )
+    assert Counter(mixed) == Counter(list(range(20)) + list(range(50, 60)))
