@@ -755,8 +755,12 @@ class _LoaderIter:
             # EMPTY: every sample of the batch was skipped; never yield an empty batch
 
     def _dispatch(self) -> None:
-        """Submit tasks round-robin over active workers, up to the prefetch bound."""
-        while len(self._tasks) < self._max_inflight and not self._keys_done:
+        """Submit tasks round-robin over active workers, up to the prefetch bound.
+
+        A batch counts against the bound from submission until it is yielded (as in torch), so
+        results waiting for their turn (``in_order``) hold no more memory than the bound.
+        """
+        while len(self._tasks) + len(self._ready) < self._max_inflight and not self._keys_done:
             w = self._next_worker()
             if w is None:
                 return

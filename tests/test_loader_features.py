@@ -1,0 +1,194 @@
+"""Loader features: ordering, prefetch bound, worker info, batch transform, zero copy, stats,
+torchvision ImageFolder, pinning and CUDA copies (the CUDA tests run on a GPU machine)."""
+
+import os
+import threading
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import IterableDataset, get_worker_info
+
+import kuat
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+class Slowish:
+    """Sample i takes longer for small i, so completion order differs from sampler order."""
+
+    def __init__(self, n=12):
+        self.n = n
+        self.gates = [threading.Event() for _ in range(n)]
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if i + 1 < self.n:
+            self.gates[i].wait(5)  # sample i waits until sample i + 1 is done
+        self.gates[i - 1].set() if i > 0 else None
+        return i
+
+
+def test_in_order_false_yields_every_batch_as_completed():
+    dl = kuat.DataLoader(Slowish(4), num_workers=4, in_order=False, isolate_global_rng=False)
+    got = [int(b) for b in dl]
+    assert sorted(got) == [0, 1, 2, 3]
+    assert got != [0, 1, 2, 3]  # the last sample completes first
+    dl = kuat.DataLoader(Slowish(4), num_workers=4, isolate_global_rng=False)
+    assert [int(b) for b in dl] == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("prefetch", [1, 3])
+def test_prefetch_factor_bounds_batches_in_flight(prefetch):
+    dl = kuat.DataLoader(list(range(40)), batch_size=2, num_workers=2, prefetch_factor=prefetch)
+    it = iter(dl)
+    seen = []
+    for b in it:
+        assert len(it._tasks) + len(it._ready) <= prefetch * 2
+        seen += b.tolist()
+    assert seen == list(range(40))
+
+
+class InfoRecorder(IterableDataset):
+    def __init__(self):
+        self.infos = []
+        self.epochs = []
+        self.lock = threading.Lock()
+
+    def set_epoch(self, epoch):
+        with self.lock:
+            self.epochs.append(epoch)
+
+    def __iter__(self):
+        info = get_worker_info()
+        with self.lock:
+            self.infos.append((info.id, info.num_workers, info.seed, info.dataset is self,
+                               info.worker_method))
+        yield info.id
+
+
+def test_thread_workers_see_their_own_worker_info_and_set_epoch_each_epoch():
+    ds = InfoRecorder()
+    dl = kuat.DataLoader(ds, batch_size=None, num_workers=3, persistent_workers=True, seed=4)
+    assert sorted(int(x) for x in dl) == [0, 1, 2]
+    assert sorted(int(x) for x in dl) == [0, 1, 2]
+    dl.close()
+    first = sorted(ds.infos[:3])
+    assert [i[:2] for i in first] == [(0, 3), (1, 3), (2, 3)]
+    assert all(i[3] and i[4] == "thread" for i in first)
+    assert first[1][2] == first[0][2] + 1  # seed = base_seed + worker id, as torch
+    assert sorted(ds.epochs) == [0, 0, 0, 1, 1, 1]
+    assert get_worker_info() is None
+
+
+class Buffered:
+    """Like a kuat dataset: one (B, C, H, W) buffer per batch, samples are views of it."""
+
+    kuat_uses_sample_rng = True
+
+    def __init__(self):
+        self.buffers = []
+
+    def __len__(self):
+        return 8
+
+    def __getitems__(self, indices):
+        buf = torch.empty((len(indices), 3, 2, 2), dtype=torch.uint8)  # (B, C, H, W)
+        for j, i in enumerate(indices):
+            buf[j].fill_(i)
+        self.buffers.append(buf)
+        return [{"image": buf[j], "label": i} for j, i in enumerate(indices)]
+
+    @staticmethod
+    def kuat_batch_transform(batch):
+        return {**batch, "image": batch["image"].float() / 255}  # (B, C, H, W) u8 -> f32
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_batch_buffer_is_not_copied_and_the_batch_transform_runs_after(num_workers):
+    ds = Buffered()
+    raw = kuat.DataLoader(ds, batch_size=4, num_workers=num_workers)
+    raw._batch_transform = None
+    batches = list(raw)
+    # worker threads may fill the buffers in any order
+    assert sorted(b["image"].data_ptr() for b in batches) == sorted(b.data_ptr() for b in ds.buffers)
+    out = list(kuat.DataLoader(ds, batch_size=4, num_workers=num_workers))
+    assert out[1]["image"].dtype == torch.float32
+    assert torch.allclose(out[1]["image"][0], torch.full((3, 2, 2), 4 / 255))
+    assert out[1]["label"].tolist() == [4, 5, 6, 7]
+
+
+def test_stats_count_batches_samples_and_stage_times():
+    dl = kuat.DataLoader(list(range(50)), batch_size=8, num_workers=2)
+    for _ in range(2):
+        for _b in dl:
+            pass
+    s = dl.stats()
+    assert s["batches"] == 14 and s["samples"] == 100 and s["skipped_samples"] == 0
+    assert s["elapsed_s"] > 0 and 0 <= s["input_bound_fraction"] <= 1
+    assert s["batches_per_s"] > 0 and s["samples_per_s"] > 0
+    assert s["busy_s"]["fetch"] > 0 and s["busy_s"]["collate"] > 0
+    assert set(s["busy_s"]) == {"fetch", "fetch_cpu", "collate", "pin", "rng_lock_wait", "device",
+                                "batch_transform"}
+
+
+def test_worker_init_fn_runs_once_per_process_worker(tmp_path):
+    def init(worker_id):
+        (tmp_path / f"{worker_id}-{os.getpid()}").touch()
+
+    dl = kuat.DataLoader(list(range(12)), batch_size=2, num_workers=2, worker_type="process",
+                         worker_init_fn=init)
+    assert sorted(x for b in dl for x in b.tolist()) == list(range(12))
+    files = sorted(p.name.split("-")[0] for p in tmp_path.iterdir())
+    assert files == ["0", "1"]
+
+
+def test_torchvision_image_folder_with_random_transforms_is_reproducible(tmp_path):
+    from PIL import Image
+    from torchvision import datasets, transforms
+
+    rng = np.random.default_rng(0)
+    for cls in ("cat", "dog"):
+        (tmp_path / cls).mkdir()
+        for k in range(5):
+            pixels = rng.integers(0, 255, (12, 10, 3), dtype=np.uint8)
+            Image.fromarray(pixels).save(tmp_path / cls / f"{k}.png")
+    tf = transforms.Compose([transforms.RandomResizedCrop(8), transforms.RandomHorizontalFlip(),
+                             transforms.PILToTensor()])
+    ds = datasets.ImageFolder(str(tmp_path), transform=tf)
+
+    def run(**kw):
+        dl = kuat.DataLoader(ds, batch_size=4, shuffle=True, drop_last=True, seed=3, **kw)
+        return [(b[0].clone(), b[1].tolist()) for _ in range(2) for b in dl]
+
+    a, b, c = run(num_workers=2), run(num_workers=0), run(num_workers=2, worker_type="process")
+    assert len(a) == 4 and a[0][0].shape == (4, 3, 8, 8) and a[0][0].dtype == torch.uint8
+    for x, y, z in zip(a, b, c):
+        assert torch.equal(x[0], y[0]) and torch.equal(x[0], z[0]) and x[1] == y[1] == z[1]
+
+
+@cuda
+@pytest.mark.cuda
+@pytest.mark.parametrize("worker_type", ["thread", "process"])
+def test_pin_memory_returns_pinned_tensors_in_the_same_containers(worker_type):
+    ds = [{"x": torch.full((3,), i), "n": i, "s": str(i)} for i in range(8)]
+    dl = kuat.DataLoader(ds, batch_size=4, num_workers=2, worker_type=worker_type, pin_memory=True)
+    batches = list(dl)
+    assert all(b["x"].is_pinned() and b["n"].is_pinned() for b in batches)
+    assert batches[1]["s"] == ["4", "5", "6", "7"] and batches[1]["x"][:, 0].tolist() == [4, 5, 6, 7]
+
+
+@cuda
+@pytest.mark.cuda
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_device_cuda_copies_ahead_and_applies_the_batch_transform_on_the_device(num_workers):
+    ds = Buffered()
+    dl = kuat.DataLoader(ds, batch_size=4, num_workers=num_workers, device="cuda")
+    out = list(dl)
+    assert len(out) == 2
+    assert out[0]["image"].device.type == "cuda" and out[0]["image"].dtype == torch.float32
+    assert torch.allclose(out[1]["image"][3].cpu(), torch.full((3, 2, 2), 7 / 255))
+    assert out[1]["label"].device.type == "cuda" and out[1]["label"].tolist() == [4, 5, 6, 7]
+    assert dl.stats()["busy_s"]["device"] > 0
