@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from kuat.engine import shm
+from kuat.engine.base import OK, Task
 from kuat.engine.job import FetchJob
 from kuat.engine.process import ProcessEngine
-from kuat.engine.base import OK, Task
 
 Pair = collections.namedtuple("Pair", "a b")
 
