@@ -119,3 +119,19 @@ def random_resized_crop_box(rng, height: int, width: int) -> tuple[int, int, int
     else:
         w, h = width, height
     return (height - h) // 2, (width - w) // 2, h, w
+
+
+def torchvision_transform(pil: bool = True):
+    """torchvision v2 ``RandomResizedCrop(224)`` (antialiased bilinear) + ``RandomHorizontalFlip()``,
+    ending in a ``(3, 224, 224)`` uint8 tensor; input PIL (``pil=True``) or a ``(C, H, W)`` uint8
+    tensor (grayscale expanded to 3 channels). For peers that run torchvision transforms."""
+    from torchvision.transforms import v2
+
+    head = [v2.RandomResizedCrop(IMAGE_SIZE, antialias=True), v2.RandomHorizontalFlip()]
+    if pil:
+        return v2.Compose([*head, v2.PILToTensor()])
+
+    def rgb(t):
+        return t.expand(3, -1, -1) if t.shape[0] == 1 else t[:3]  # (1|3|4, H, W) -> (3, H, W)
+
+    return v2.Compose([v2.Lambda(rgb), *head])
