@@ -135,6 +135,19 @@ class _Shard:
         self.path, self.rows, self.columns = path, rows, columns
 
 
+def _schema_diff(got: pa.Schema, want: pa.Schema) -> str:
+    try:
+        names = got.names
+        diffs = [
+            f"{f.name}: {f.type} vs {got.field(f.name).type if f.name in names else 'missing'}"
+            for f in want
+            if f.name not in names or not got.field(f.name).type.equals(f.type)
+        ]
+        return "; ".join(diffs) or f"shard schema: {got}"
+    except (UnicodeDecodeError, KeyError, ValueError, pa.ArrowException):  # corrupt names
+        return "the shard's schema is unreadable"
+
+
 def _read_batch(path: str, info: ShardInfo, arrow_schema: pa.Schema) -> pa.RecordBatch:
     try:
         size = os.stat(path).st_size
@@ -165,13 +178,8 @@ def _read_batch(path: str, info: ShardInfo, arrow_schema: pa.Schema) -> pa.Recor
     except (pa.ArrowException, OSError, ValueError) as e:
         raise FormatError(f"shard {path} is not a readable Arrow IPC file: {e}", path=path) from e
     if not schema.remove_metadata().equals(arrow_schema):
-        diffs = [
-            f"{f.name}: {f.type} vs {schema.field(f.name).type if f.name in schema.names else 'missing'}"
-            for f in arrow_schema
-            if f.name not in schema.names or not schema.field(f.name).type.equals(f.type)
-        ]
         raise FormatError(
-            f"shard {path} does not match the manifest's schema ({'; '.join(diffs) or schema})",
+            f"shard {path} does not match the manifest's schema ({_schema_diff(schema, arrow_schema)})",
             path=path,
         )
     try:

@@ -101,6 +101,9 @@ def file_checksum(path: str | os.PathLike) -> str:
     return f"{CHECKSUM_ALGO}:{h.hexdigest()}"
 
 
+_MAX_COUNT = 2**62  # rows and bytes are summed in int64
+
+
 def _is_int(v: object) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
@@ -138,8 +141,10 @@ def parse_manifest(obj: object, path: str) -> Manifest:
         file, rows, size, checksum = (s.get(k) for k in ("file", "rows", "bytes", "checksum"))
         if not isinstance(file, str) or not file or "\x00" in file:
             raise bad(f"shard {i}: 'file' must be a non-empty path string, got {file!r}")
-        if not _is_int(rows) or rows < 0 or not _is_int(size) or size < 0:
-            raise bad(f"shard {i} ({file}): 'rows' and 'bytes' must be non-negative integers")
+        if not (
+            _is_int(rows) and _is_int(size) and 0 <= rows < _MAX_COUNT and 0 <= size < _MAX_COUNT
+        ):
+            raise bad(f"shard {i} ({file}): 'rows' and 'bytes' must be integers in [0, 2**62)")
         if not isinstance(checksum, str) or not checksum.startswith(f"{CHECKSUM_ALGO}:"):
             raise bad(f"shard {i} ({file}): 'checksum' must be '{CHECKSUM_ALGO}:<hex>'")
         shards.append(ShardInfo(file, rows, size, checksum))
@@ -151,6 +156,8 @@ def parse_manifest(obj: object, path: str) -> Manifest:
         version=version,
     )
     num_rows = obj.get("num_rows", manifest.num_rows)
+    if manifest.num_rows >= _MAX_COUNT:
+        raise bad(f"the shards hold {manifest.num_rows} rows, more than 2**62")
     if num_rows != manifest.num_rows:
         raise bad(f"'num_rows' is {num_rows!r} but the shards hold {manifest.num_rows} rows")
     return manifest

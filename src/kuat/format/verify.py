@@ -123,7 +123,7 @@ def verify(
             if images:
                 _check_images(shard, schema)
         except FormatError as e:
-            log.error("%s", e)
+            log.debug("%s", e)
             report.errors.append(e)
         except OSError as e:
             err = FormatError(f"cannot read shard {shard_path}: {e}", path=shard_path)
