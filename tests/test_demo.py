@@ -1,0 +1,104 @@
+"""The demo's slice through the system: the same images reach the consumer exactly once per
+epoch through torch's loader and kuat's, with the same labels, shapes and dtypes."""
+
+import collections
+import json
+import os
+
+import pytest
+import torch
+
+import kuat
+import kuat.convert
+from kuat import vision as kv
+from kuat.cli.demo_data import build_demo_imagefolder
+
+
+@pytest.fixture(scope="module")
+def demo_tree(tmp_path_factory):
+    root = tmp_path_factory.mktemp("demo")
+    src = build_demo_imagefolder(root, num_images=40, seed=5, progress=False)
+    dst = root / "demo.kuat"
+    kuat.convert.from_imagefolder(src, dst, num_workers=2, progress=False, include_path=True)
+    return src, dst
+
+
+def _expected(src):
+    from torchvision import datasets
+
+    folder = datasets.ImageFolder(str(src))
+    return collections.Counter(
+        (os.path.relpath(path, src), label) for path, label in folder.samples
+    )
+
+
+def test_torch_loader_sees_every_demo_image_once(demo_tree):
+    from torchvision import datasets
+    from torchvision.transforms import v2
+
+    src, _ = demo_tree
+    tf = v2.Compose([v2.RandomResizedCrop(224), v2.RandomHorizontalFlip(), v2.PILToTensor()])
+    folder = datasets.ImageFolder(str(src), transform=tf)
+
+    class WithPath(torch.utils.data.Dataset):
+        def __len__(self):
+            return len(folder)
+
+        def __getitem__(self, i):
+            image, label = folder[i]
+            return image, label, os.path.relpath(folder.samples[i][0], src)
+
+    loader = torch.utils.data.DataLoader(WithPath(), batch_size=16, shuffle=True, num_workers=2)
+    for _ in range(2):
+        seen = collections.Counter()
+        for images, labels, paths in loader:
+            assert images.dtype == torch.uint8 and images.shape[1:] == (3, 224, 224)
+            seen.update(zip(paths, labels.tolist()))
+        assert seen == _expected(src)
+
+
+@pytest.mark.parametrize("worker_type", ["thread", "process"])
+def test_kuat_loader_sees_every_demo_image_once(demo_tree, worker_type):
+    src, dst = demo_tree
+    ds = kuat.open(dst).with_transform(
+        {"image": kv.Compose([kv.RandomResizedCrop(224), kv.RandomHorizontalFlip()])}
+    )
+    loader = kuat.DataLoader(
+        ds, batch_size=16, shuffle=True, num_workers=2, worker_type=worker_type, seed=1
+    )
+    for _ in range(2):
+        seen = collections.Counter()
+        for batch in loader:
+            images, labels = batch["image"], batch["label"]
+            assert images.dtype == torch.uint8 and images.shape[1:] == (3, 224, 224)
+            assert labels.dtype == torch.int64 and labels.shape == (images.shape[0],)
+            seen.update(zip(batch["path"], labels.tolist()))
+        assert seen == _expected(src)
+
+
+def test_kuat_demo_command_end_to_end(tmp_path, capsys):
+    from kuat.cli import main
+
+    out = tmp_path / "demo.json"
+    status = main(
+        [
+            "demo",
+            "--num-images", "24",
+            "--batch-size", "8",
+            "--workers", "2",
+            "--train-seconds", "3",
+            "--cache-dir", str(tmp_path),
+            "--json", str(out),
+        ]
+    )
+    assert status == 0
+    printed = capsys.readouterr().out
+    assert "torch DataLoader + ImageFolder" in printed and "kuat.DataLoader" in printed
+    result = json.loads(out.read_text())
+    for name in ("torch", "kuat"):
+        r = result["loaders"][name]
+        assert r["images"] == 24
+        assert r["images_per_s"] > 0 and r["first_batch_s"] > 0 and r["peak_pss_mb"] > 0
+        assert sum(r["label_counts"]) == 24
+    assert result["train"]["steps"] >= 1
+    assert 0.0 <= result["train"]["data_wait_fraction"] <= 1.0
