@@ -192,3 +192,24 @@ def test_device_cuda_copies_ahead_and_applies_the_batch_transform_on_the_device(
     assert torch.allclose(out[1]["image"][3].cpu(), torch.full((3, 2, 2), 7 / 255))
     assert out[1]["label"].device.type == "cuda" and out[1]["label"].tolist() == [4, 5, 6, 7]
     assert dl.stats()["busy_s"]["device"] > 0
+
+
+def test_torchs_default_collate_is_replaced_in_workers_and_non_int_keys_work():
+    from torch.utils.data import default_collate as torch_collate
+
+    class Keyed:
+        def __len__(self):
+            return 2
+
+        def __getitem__(self, key):
+            return {"key": key, "r": np.random.randint(1 << 30)}
+
+    def first_batch():
+        dl = kuat.DataLoader(Keyed(), batch_size=2, sampler=["a", "b"], num_workers=1,
+                             collate_fn=torch_collate, seed=8)
+        assert dl.collate_fn is torch_collate
+        return next(iter(dl))
+
+    first = first_batch()
+    assert first["key"] == ["a", "b"]
+    assert torch.equal(first_batch()["r"], first["r"])  # isolated per key, reproducible

@@ -57,6 +57,7 @@ from typing import Any
 import numpy as np
 import torch
 from torch.utils.data import BatchSampler, IterableDataset, Sampler, SequentialSampler
+from torch.utils.data._utils.collate import default_collate as torch_default_collate
 from torch.utils.data._utils.collate import default_convert
 
 from kuat import sources as _sources
@@ -229,6 +230,7 @@ class DataLoader:
             )
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer))):
             raise TypeError(f"seed should be an int or None, got {seed=!r}")
+        seed_was_none = seed is None
         if seed is None:  # drawn once, like torch's base_seed, so torch.manual_seed reproduces it
             seed = int(torch.empty((), dtype=torch.int64).random_().item())
         self._device = _check_device(device)
@@ -342,13 +344,20 @@ class DataLoader:
                     "then device pinned memory won't be used.",
                     stacklevel=2,
                 )
+        if world_size > 1 and seed_was_none:
+            log.warning("kuat.DataLoader on rank %d of %d drew its seed from torch's default "
+                        "generator; pass the same seed= on every rank so that all ranks shuffle "
+                        "alike", rank, world_size)
+        # torch's default_collate allocates in shared memory inside any worker (it sees
+        # get_worker_info()); kuat's gives the same structures without that, and zero-copy.
+        job_collate = default_collate if collate_fn is torch_default_collate else collate_fn
         self._job = FetchJob(
             dataset=source,
             iterable=iterable,
             auto_collation=auto_collation,
             batch_size=batch_size,
             drop_last=drop_last,
-            collate_fn=collate_fn,
+            collate_fn=job_collate,
             seed=self.seed,
             isolate_rng=isolate_global_rng and not iterable and not use_getitems,
             on_error=on_error,

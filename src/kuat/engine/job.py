@@ -16,10 +16,12 @@ of running those ``__getitem__`` calls one at a time in thread mode.
 
 from __future__ import annotations
 
+import operator
 import os
 import random
 import threading
 import time
+import zlib
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -113,6 +115,14 @@ def _clear_worker_info(method: str) -> None:
         _thread_info.info = None
     elif method == "process":
         wmod._worker_info = None
+
+
+def _index_key(index) -> int:
+    """An int for a sample key: the index itself, or a stable hash of a non-integer key."""
+    try:
+        return operator.index(index)
+    except TypeError:
+        return zlib.crc32(repr(index).encode())
 
 
 @dataclass
@@ -278,7 +288,7 @@ class FetchJob:
             try:
                 out = []
                 for i in indices:
-                    _seed_globals_cpu(krng.sample_seed(self.seed, epoch, i))
+                    _seed_globals_cpu(krng.sample_seed(self.seed, epoch, _index_key(i)))
                     with krng.sample_context(i):
                         out.append(ds[i])
                 return out
