@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from kuat.errors import DecodeError, KuatError
 from kuat.vision import _exif
-from kuat.vision.decode import decode_stored
+from kuat.vision.decode import _check_pixels, decode_stored
 from kuat.vision.transforms import _snap
 
 __all__ = ["check_cuda", "decode_batch_cuda"]
@@ -43,16 +43,17 @@ def check_cuda(device: str = "cuda") -> None:
         )
 
 
-def _nvjpeg_ok(data) -> bool:
-    """Baseline/progressive YCbCr or grayscale JPEG (nvJPEG's domain)."""
+def _nvjpeg_ok(data, max_pixels, index, source) -> bool:
+    """Baseline/progressive YCbCr or grayscale JPEG (nvJPEG's domain), size checked."""
     if bytes(data[:2]) != _JPEG_SOI:
         return False
     import simplejpeg
 
     try:
-        _, _, colorspace, _ = simplejpeg.decode_jpeg_header(data)
+        height, width, colorspace, _ = simplejpeg.decode_jpeg_header(data)
     except ValueError:
         return False
+    _check_pixels(width, height, max_pixels, index, source)  # before nvJPEG allocates it
     return colorspace not in ("CMYK", "YCCK")
 
 
@@ -104,7 +105,7 @@ def decode_batch_cuda(
     orientations = [1] * n
     gpu_ks = []
     for k, data in enumerate(datas):
-        if _nvjpeg_ok(data):
+        if _nvjpeg_ok(data, transform.max_pixels, indices[k], sources[k]):
             gpu_ks.append(k)
             orientations[k] = _exif.jpeg_orientation(data)
     if gpu_ks:
@@ -127,7 +128,18 @@ def decode_batch_cuda(
             images[k] = torch.from_numpy(np.ascontiguousarray(d.pixels)).to(dev).permute(2, 0, 1)
             orientations[k] = d.orientation
 
-    # 2. plan, crop, resize, orient, flip on the device
+    return finish_batch(transform, images, orientations, widths, heights, rngs, indices, sources)
+
+
+def finish_batch(transform, images, orientations, widths, heights, rngs, indices, sources):
+    """Plan, crop, resize (float, antialiased), orient and flip decoded images on their device.
+
+    ``images``: B ``(3, h, w)`` uint8 tensors in their *stored* orientation, full size;
+    ``orientations``: their EXIF orientations. Device-agnostic (the CPU tests use it too).
+    Returns what :func:`decode_batch_cuda` returns.
+    """
+    n = len(images)
+    dev = images[0].device if n else torch.device("cpu")
     size = transform.output_size()
     out = torch.empty((n, 3, *size), dtype=torch.uint8, device=dev) if size is not None else None
     results = []

@@ -54,6 +54,16 @@ __all__ = [
 ]
 
 _local = threading.local()
+_upsample_aa = getattr(torch._C._nn, "_upsample_bilinear2d_aa", None)
+
+
+def _resize_aa(x: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+    """``F.interpolate(x, size, mode="bilinear", antialias=True, align_corners=False)`` for a
+    ``(N, C, H, W)`` tensor, calling the ATen op directly when it exists (saves ~10 us of
+    Python argument checks per sample; the op releases the GIL)."""
+    if _upsample_aa is not None:
+        return _upsample_aa(x, size, False)
+    return F.interpolate(x, size=size, mode="bilinear", antialias=True, align_corners=False)
 
 
 def _single_threaded_torch() -> None:
@@ -271,14 +281,18 @@ class RandomResizedCrop(_Transform):
         """``(top, left, h, w)`` of a crop of a ``height x width`` image (torchvision's algorithm)."""
         area = height * width
         lo, hi = self._log_ratio
+        s0, s1 = self.scale
         for _ in range(10):
-            target_area = area * rng.uniform(self.scale[0], self.scale[1])
-            aspect = math.exp(rng.uniform(lo, hi))
+            u_area, u_ratio = rng.random(2).tolist()  # one call: ~1 us instead of ~4
+            target_area = area * (s0 + (s1 - s0) * u_area)
+            aspect = math.exp(lo + (hi - lo) * u_ratio)
             w = int(round(math.sqrt(target_area * aspect)))
             h = int(round(math.sqrt(target_area / aspect)))
             if 0 < w <= width and 0 < h <= height:
-                i = int(rng.integers(0, height - h + 1))
-                j = int(rng.integers(0, width - w + 1))
+                u_i, u_j = rng.random(2).tolist()
+                # floor(u * n) is uniform on 0..n-1 (torch.randint(0, n) in torchvision)
+                i = min(int(u_i * (height - h + 1)), height - h)
+                j = min(int(u_j * (width - w + 1)), width - w)
                 return i, j, h, w
         in_ratio = width / height
         if in_ratio < self.ratio[0]:
@@ -555,16 +569,14 @@ class Compose(_Transform):
         y0, y1 = _snap(top, bh, d.scale, pixels.shape[0])  # box edges on the decoded grid
         x0, x1 = _snap(left, bw, d.scale, pixels.shape[1])
         grid = (plan.res_w, plan.res_h) if transposed else (plan.res_h, plan.res_w)  # stored
-        src = torch.from_numpy(pixels).permute(2, 0, 1)[None, :, y0:y1, x0:x1]  # (1, 3, h, w) view
-        if (y1 - y0, x1 - x0) != grid:
-            src = F.interpolate(
-                src.contiguous(memory_format=torch.channels_last),  # AVX2 uint8 kernel input
-                size=grid,
-                mode="bilinear",
-                antialias=True,
-                align_corners=False,
-            )  # (1, 3, grid_h, grid_w)
-        res = _exif.orient(src[0].permute(1, 2, 0).numpy(), d.orientation)  # (H, W, 3) view
+        crop = pixels[y0:y1, x0:x1]  # (h, w, 3) view
+        if crop.shape[:2] != grid:
+            # (h, w, 3) -> (1, 3, h, w) channels_last, the layout of torch's AVX2 uint8 kernel
+            src = torch.from_numpy(crop).permute(2, 0, 1).unsqueeze(0)
+            src = src.contiguous(memory_format=torch.channels_last)
+            crop = _resize_aa(src, grid).numpy()[0]
+            crop = crop.transpose(1, 2, 0)  # (3, gh, gw) -> (gh, gw, 3) view
+        res = _exif.orient(crop, d.orientation)  # (H, W, 3) view
         win = plan.window()
         if win is not None:
             res = res[win]

@@ -1,0 +1,209 @@
+"""Decode and fused-transform throughput of kuat.vision, in megapixels and images per second.
+
+Not a test: prints a table. Run with ``.venv/bin/python benchmarks/bench_vision.py``.
+
+Workload: ImageNet-like JPEGs (long side 300 to 900 px, quality 75 to 95, varied aspect ratios)
+cut from the photographs shipped inside scikit-image, scikit-learn and matplotlib (no
+download), held in memory. Megapixels are *source* pixels (stored width x height), so every
+row is comparable: a row that decodes less (reduced DCT scale) shows as more Mpx/s.
+
+Rows:
+  decode-only (simplejpeg)   full-size decode, nothing else: the decode-only limit
+  kuat decode_image          the same through kuat (header, EXIF orientation, checks)
+  kuat fused RRC224+flip     Compose([RandomResizedCrop(224), RandomHorizontalFlip()])
+                             .apply_encoded into a (B, 3, 224, 224) uint8 batch buffer slot
+  kuat fused, +resize-256    the same on the images pre-resized to shorter side 256
+  torchvision PIL RRC224     PIL open + convert("RGB") + torchvision v2 RandomResizedCrop(224)
+                             + RandomHorizontalFlip + PILToTensor (what ImageFolder workers do,
+                             without the DataLoader around it)
+
+Each row runs for ``--seconds`` with 1 and with 2 threads (the work releases the GIL).
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import threading
+import time
+
+import numpy as np
+
+
+def _sources() -> list[np.ndarray]:
+    import matplotlib.cbook
+    import skimage.data
+    from PIL import Image
+    from sklearn.datasets import load_sample_images
+
+    out = []
+    for name in (
+        "astronaut",
+        "coffee",
+        "chelsea",
+        "rocket",
+        "motorcycle_left",
+        "hubble_deep_field",
+    ):
+        try:
+            a = getattr(skimage.data, name)()
+        except Exception:  # some need pooch downloads; skip them
+            continue
+        if a.ndim == 3 and a.shape[2] == 3:
+            out.append(a)
+    out.extend(load_sample_images().images)
+    with matplotlib.cbook.get_sample_data("grace_hopper.jpg") as f:
+        out.append(np.asarray(Image.open(f).convert("RGB")))
+    return out
+
+
+def make_corpus(n: int, seed: int = 0) -> list[tuple[bytes, int, int]]:
+    """``n`` JPEGs as ``(bytes, width, height)``: random crops of real photos, long side
+    300-900 px, quality 75-95."""
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    srcs = _sources()
+    corpus = []
+    for k in range(n):
+        src = srcs[k % len(srcs)]
+        h, w = src.shape[:2]
+        ch = int(rng.integers(h // 2, h + 1))
+        cw = int(rng.integers(w // 2, w + 1))
+        y, x = int(rng.integers(0, h - ch + 1)), int(rng.integers(0, w - cw + 1))
+        im = Image.fromarray(src[y : y + ch, x : x + cw])
+        long_side = int(rng.integers(300, 901))
+        scale = long_side / max(im.size)
+        im = im.resize(
+            (max(1, round(im.width * scale)), max(1, round(im.height * scale))), Image.BICUBIC
+        )
+        if rng.random() < 0.5:
+            im = im.transpose(Image.FLIP_LEFT_RIGHT)
+        b = io.BytesIO()
+        im.save(b, "JPEG", quality=int(rng.integers(75, 96)))
+        corpus.append((b.getvalue(), im.width, im.height))
+    return corpus
+
+
+def resize_shorter(corpus, side: int = 256):
+    from PIL import Image
+
+    out = []
+    for data, w, h in corpus:
+        im = Image.open(io.BytesIO(data)).convert("RGB")
+        s = side / min(w, h)
+        im = im.resize((max(1, round(w * s)), max(1, round(h * s))), Image.BICUBIC)
+        b = io.BytesIO()
+        im.save(b, "JPEG", quality=90)
+        out.append((b.getvalue(), im.width, im.height))
+    return out
+
+
+def run_threads(work, corpus, nthreads: int, seconds: float) -> tuple[float, float]:
+    """Run ``work(k, thread_id)`` over the corpus round-robin in ``nthreads`` threads for
+    ``seconds``; returns (images/s, source Mpx/s)."""
+    counts = [0] * nthreads
+    pixels = [0] * nthreads
+    stop = time.perf_counter() + seconds
+    n = len(corpus)
+
+    def loop(t):
+        k = t
+        while time.perf_counter() < stop:
+            work(k % n, t)
+            counts[t] += 1
+            pixels[t] += corpus[k % n][1] * corpus[k % n][2]
+            k += nthreads
+
+    threads = [threading.Thread(target=loop, args=(t,)) for t in range(nthreads)]
+    t0 = time.perf_counter()
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    dt = time.perf_counter() - t0
+    return sum(counts) / dt, sum(pixels) / dt / 1e6
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--images", type=int, default=200, help="corpus size (default 200)")
+    p.add_argument("--seconds", type=float, default=3.0, help="seconds per measurement")
+    p.add_argument("--threads", default="1,2", help="thread counts, comma separated")
+    p.add_argument("--rounds", type=int, default=2, help="interleaved rounds; the median is shown")
+    args = p.parse_args(argv)
+
+    import simplejpeg
+    import torch
+    import torchvision.transforms.v2 as T2
+    from PIL import Image
+
+    from kuat.vision import Compose, RandomHorizontalFlip, RandomResizedCrop, decode_image
+
+    corpus = make_corpus(args.images)
+    small = resize_shorter(corpus)
+    fused = Compose([RandomResizedCrop(224), RandomHorizontalFlip()])
+    tv = T2.Compose([T2.RandomResizedCrop(224), T2.RandomHorizontalFlip(), T2.PILToTensor()])
+    buffers = {}
+
+    def slot(t):
+        buf = buffers.get(threading.get_ident())
+        if buf is None:
+            torch.set_num_threads(1)  # as loader workers do
+            buf = buffers[threading.get_ident()] = torch.empty((64, 3, 224, 224), dtype=torch.uint8)
+        return buf
+
+    def decode_only(k, t):
+        simplejpeg.decode_jpeg(corpus[k][0])
+
+    def kuat_decode(k, t):
+        decode_image(corpus[k][0])
+
+    def kuat_fused(k, t, corpus=corpus):
+        data, w, h = corpus[k]
+        buf = slot(t)
+        fused.apply_encoded(data, w, h, np.random.default_rng(k), buf[k % 64].numpy())
+
+    def kuat_fused_small(k, t):
+        kuat_fused(k, t, small)
+
+    def torchvision_pil(k, t):
+        slot(t)
+        with Image.open(io.BytesIO(corpus[k][0])) as im:
+            tv(im.convert("RGB"))
+
+    rows = [
+        ("decode-only (simplejpeg)", decode_only, corpus),
+        ("kuat decode_image", kuat_decode, corpus),
+        ("kuat fused RRC224+flip", kuat_fused, corpus),
+        ("kuat fused, resize-256 data", kuat_fused_small, small),
+        ("torchvision PIL RRC224+flip", torchvision_pil, corpus),
+    ]
+    threads = [int(v) for v in args.threads.split(",")]
+    results: dict = {}
+    for _ in range(args.rounds):  # interleave rows so machine drift spreads evenly
+        for name, fn, data in rows:
+            for nt in threads:
+                results.setdefault((name, nt), []).append(run_threads(fn, data, nt, args.seconds))
+    mpx = np.mean([w * h for _, w, h in corpus]) / 1e6
+    print(
+        f"corpus: {len(corpus)} JPEGs, mean {mpx:.3f} Mpx; {os.cpu_count()} CPUs; median of {args.rounds} rounds"
+    )
+    header = f"{'workload':32s}" + "".join(f" | {nt} thr img/s | {nt} thr Mpx/s" for nt in threads)
+    print(header)
+    print("-" * len(header))
+    for name, _, _ in rows:
+        line = f"{name:32s}"
+        for nt in threads:
+            ips = float(np.median([r[0] for r in results[(name, nt)]]))
+            mps = float(np.median([r[1] for r in results[(name, nt)]]))
+            line += f" | {ips:11.0f} | {mps:11.1f}"
+        print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,171 @@
+"""GPU decode (decode_device="cuda"): nvJPEG batches with the CPU path's crop planning.
+
+The nvJPEG tests run only where CUDA is present; the device-agnostic second half of the path
+(plan, crop, resize, orient, flip on decoded tensors) is also checked on the CPU.
+"""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+import torch
+import torchvision.transforms.v2.functional as TF
+from PIL import Image
+
+from kuat.errors import DecodeError, KuatError
+from kuat.vision import (
+    CenterCrop,
+    Compose,
+    RandomHorizontalFlip,
+    RandomResizedCrop,
+    Resize,
+    _exif,
+    decode_image,
+)
+from kuat.vision.decode import decode_stored
+from kuat.vision.gpu import decode_batch_cuda, finish_batch
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+def _photo(h: int, w: int, seed: int = 0) -> np.ndarray:
+    import skimage.data
+
+    base = Image.fromarray(skimage.data.astronaut()).resize((w, h), Image.BICUBIC)
+    a = np.asarray(base).astype(np.int16)
+    a = a + np.random.default_rng(seed).integers(-4, 5, size=a.shape)
+    return np.clip(a, 0, 255).astype(np.uint8)
+
+
+def _jpeg(a: np.ndarray, orientation: int = 1, mode: str = "RGB") -> bytes:
+    b = io.BytesIO()
+    kw = {}
+    if orientation != 1:
+        exif = Image.Exif()
+        exif[0x0112] = orientation
+        kw["exif"] = exif.tobytes()
+    Image.fromarray(a).convert(mode).save(b, "JPEG", quality=92, **kw)
+    return b.getvalue()
+
+
+def _batch():
+    datas, sizes = [], []
+    for k, (h, w, o) in enumerate([(150, 200, 1), (120, 180, 6), (160, 140, 3), (90, 130, 8)]):
+        data = _jpeg(_photo(h, w, k), o)
+        datas.append(data)
+        sizes.append((w, h) if o < 5 else (h, w))  # oriented (width, height)
+    return datas, sizes
+
+
+def _diff(a, b):
+    d = (a.cpu().to(torch.int16) - b.cpu().to(torch.int16)).abs()
+    return int(d.max()), float(d.float().mean())
+
+
+def test_finish_batch_matches_cpu_fused_path():
+    """The device-agnostic half, run on CPU tensors: same boxes and pixels as apply_encoded."""
+    datas, sizes = _batch()
+    c = Compose([RandomResizedCrop(64), RandomHorizontalFlip()])
+    images, orientations = [], []
+    for data in datas:
+        d = decode_stored(data)
+        images.append(torch.from_numpy(np.ascontiguousarray(d.pixels)).permute(2, 0, 1))
+        orientations.append(d.orientation)
+    rngs = [np.random.default_rng(k) for k in range(4)]
+    out = finish_batch(
+        c,
+        images,
+        orientations,
+        [w for w, _ in sizes],
+        [h for _, h in sizes],
+        rngs,
+        [0] * 4,
+        [None] * 4,
+    )
+    assert out.shape == (4, 3, 64, 64) and out.dtype == torch.uint8
+    for k, (data, (w, h)) in enumerate(zip(datas, sizes)):
+        ref = c.apply_encoded(data, w, h, np.random.default_rng(k))
+        mx, mean = _diff(out[k], torch.from_numpy(ref))  # float vs uint8 resize kernels
+        assert mx <= 2 and mean < 0.3, (k, mx, mean)
+
+
+def test_finish_batch_variable_size_returns_list():
+    datas, sizes = _batch()
+    c = Compose([Resize(32)])
+    images = [
+        torch.from_numpy(np.ascontiguousarray(decode_stored(d).pixels)).permute(2, 0, 1)
+        for d in datas
+    ]
+    orientations = [_exif.jpeg_orientation(d) for d in datas]
+    rngs = [np.random.default_rng(k) for k in range(4)]
+    out = finish_batch(
+        c,
+        images,
+        orientations,
+        [w for w, _ in sizes],
+        [h for _, h in sizes],
+        rngs,
+        [0] * 4,
+        [None] * 4,
+    )
+    assert isinstance(out, list)
+    for t, data in zip(out, datas):
+        full = decode_image(data)  # (H, W, 3), oriented
+        assert tuple(t.shape) == (3, *Resize(32).output_for(full.shape[0], full.shape[1]))
+        ref = TF.resize(torch.from_numpy(full).permute(2, 0, 1), [32], antialias=True)
+        assert _diff(t, ref)[1] < 0.5
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error raised without CUDA")
+def test_without_cuda_raises_kuat_error():
+    datas, sizes = _batch()
+    c = Compose([RandomResizedCrop(64)])
+    with pytest.raises(KuatError, match="CUDA"):
+        decode_batch_cuda(c, datas, [1] * 4, [1] * 4, [None] * 4)
+    with pytest.raises(KuatError, match="CUDA"):
+        Compose([RandomResizedCrop(64)], decode_device="cuda")
+
+
+@cuda
+def test_cuda_batch_matches_reference_on_same_boxes():
+    datas, sizes = _batch()
+    c = Compose([RandomResizedCrop(64), RandomHorizontalFlip()], decode_device="cuda")
+    rngs = [np.random.default_rng(k) for k in range(4)]
+    out = c.apply_encoded_batch(datas, [w for w, _ in sizes], [h for _, h in sizes], rngs)
+    assert out.shape == (4, 3, 64, 64) and out.dtype == torch.uint8 and out.is_cuda
+    for k, (data, (w, h)) in enumerate(zip(datas, sizes)):
+        # the same box on the CPU decode: nvJPEG and libjpeg-turbo differ only slightly
+        plan = c.plan(w, h, np.random.default_rng(k))
+        full = torch.from_numpy(decode_image(data)).permute(2, 0, 1)
+        ref = TF.resized_crop(
+            full,
+            round(plan.top),
+            round(plan.left),
+            round(plan.height),
+            round(plan.width),
+            [64, 64],
+            antialias=True,
+        )
+        ref = TF.horizontal_flip(ref) if plan.flip else ref
+        mx, mean = _diff(out[k], ref)
+        assert mean < 2.0 and mx <= 40, (k, mx, mean)
+
+
+@cuda
+def test_cuda_batch_falls_back_for_cmyk_and_png_and_reports_corrupt():
+    src = _photo(100, 120)
+    b = io.BytesIO()
+    Image.fromarray(src).save(b, "PNG")
+    datas = [_jpeg(src), _jpeg(src, mode="CMYK"), b.getvalue()]
+    c = Compose([CenterCrop(64)], decode_device="cuda")
+    rngs = [np.random.default_rng(k) for k in range(3)]
+    out = c.apply_encoded_batch(datas, [120] * 3, [100] * 3, rngs)
+    for k, data in enumerate(datas):
+        ref = c.apply_encoded(data, 120, 100, np.random.default_rng(k))
+        assert _diff(out[k], torch.from_numpy(ref))[1] < 2.0
+    bad = datas[0][: len(datas[0]) // 2]
+    with pytest.raises(DecodeError) as ei:
+        c.apply_encoded_batch([datas[0], bad], [120] * 2, [100] * 2, rngs[:2], indices=[10, 11])
+    assert ei.value.index == 11
