@@ -36,8 +36,12 @@ _JOIN_S = 1.0
 
 def _worker_main(payload, worker_id, num_workers, name, base_seed, conn, prefix, parent_pid):
     """Entry point of a worker process."""
+    import gc
     import pickle
 
+    # Objects inherited through fork are never garbage: keep the collector off them, so it
+    # neither spends time on the parent's heap nor touches (copies) its pages.
+    gc.freeze()
     job = pickle.loads(payload) if isinstance(payload, bytes) else payload
     writer = shm.SlotWriter(prefix, worker_id)
     current: dict = {}
