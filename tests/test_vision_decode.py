@@ -348,3 +348,70 @@ def test_reused_buffer_is_per_thread():
     assert d1.pixels.shape == (48, 64, 3) and d1.scale == 1.0 and d1.orientation == 1
     fresh = decode_image(data)
     assert not np.shares_memory(fresh, d1.pixels)
+
+
+# --- the fused transform on every fixture variant -------------------------------------------
+
+
+def _fixture_set() -> dict[str, bytes]:
+    """Every variant, at a size where the fused path decodes at full scale."""
+    src = np.asarray(Image.fromarray(_smooth_rgb()).resize((160, 120)))
+    gray = np.asarray(Image.fromarray(src).convert("L"))
+    rgba = np.dstack([src, np.full(src.shape[:2], 90, np.uint8)])
+    idx = (np.arange(120 * 160).reshape(120, 160) // 7 % 4).astype(np.uint8)
+    pal = Image.fromarray(idx, "P")
+    pal.putpalette([0, 0, 0, 255, 0, 0, 0, 255, 0, 0, 0, 255] + [0] * (256 * 3 - 12))
+    a16 = src.astype(np.uint16) * 257
+    return {
+        "rgb": _encode(Image.fromarray(src), "JPEG", quality=95),
+        "gray": _encode(Image.fromarray(gray), "JPEG", quality=95),
+        "cmyk": _encode(Image.fromarray(src).convert("CMYK"), "JPEG", quality=95),
+        "ycck": _ycck_jpeg(src),
+        "rgba_png": _encode(Image.fromarray(rgba, "RGBA"), "PNG"),
+        "palette_png": _encode(pal, "PNG", transparency=1),
+        "png16": _png16_rgb(a16),
+        "webp": _encode(Image.fromarray(src), "WEBP", lossless=True),
+        "exif6": _encode(Image.fromarray(src), "JPEG", quality=95, exif=_exif_bytes(6)),
+        "exif7_png": _encode(Image.fromarray(src), "PNG", exif=_exif_bytes(7)),
+        "bad_xmp": _insert_app_segment(
+            _encode(Image.fromarray(src), "JPEG", quality=95),
+            0xE1,
+            b"http://ns.adobe.com/xap/1.0/\x00\xc3\x28\xff not utf-8",
+        ),
+    }
+
+
+@pytest.mark.parametrize("kind", sorted(_fixture_set()))
+def test_fused_matches_unfused_reference_on_every_variant(kind):
+    """decode full -> crop -> torchvision resize -> flip, against the fused one-pass path."""
+    import torch
+    import torchvision.transforms.v2.functional as TF
+
+    from kuat.vision import Compose, RandomHorizontalFlip, RandomResizedCrop
+
+    data = _fixture_set()[kind]
+    full = decode_image(data)  # (H, W, 3) oriented
+    info = probe_image(data)
+    assert (info.height, info.width) == full.shape[:2]
+    c = Compose([RandomResizedCrop((96, 80)), RandomHorizontalFlip()])
+    ref_img = torch.from_numpy(full).permute(2, 0, 1)
+    for seed in range(4):
+        plan = c.plan(info.width, info.height, np.random.default_rng(seed))
+        assert plan.min_scale() > 0.5  # full-scale decode: the box is torchvision's exactly
+        out = c.apply_encoded(data, info.width, info.height, np.random.default_rng(seed))
+        i, j, h, w = round(plan.top), round(plan.left), round(plan.height), round(plan.width)
+        ref = TF.resized_crop(ref_img, i, j, h, w, [96, 80], antialias=True)
+        ref = TF.horizontal_flip(ref) if plan.flip else ref
+        mx, mean = _diff(out, ref.numpy())
+        # transposed EXIF orientations resize in stored orientation (rounding differs by 1)
+        assert mx <= 1 and mean < 0.3, (kind, seed, mx, mean)
+
+
+def test_not_an_image_through_fused_path():
+    from kuat.vision import Compose, RandomResizedCrop
+
+    with pytest.raises(DecodeError) as ei:
+        Compose([RandomResizedCrop(8)]).apply_encoded(
+            b"GIF89a garbage", 10, 10, np.random.default_rng(0), index=4, source="a.arrow"
+        )
+    assert ei.value.index == 4 and ei.value.source == "a.arrow"
