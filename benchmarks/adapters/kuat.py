@@ -29,6 +29,7 @@ def versions() -> dict[str, str]:
     import torch
 
     import kuat
+    import kuat.convert.imagefolder  # noqa: F401  (imported before ingest is timed)
     import kuat.loader  # noqa: F401
     import kuat.vision  # noqa: F401
 
