@@ -134,7 +134,9 @@ def _resize_encode(data: bytes, source: object, shorter: int, quality: int) -> E
 
     from kuat.vision.decode import decode_image
 
-    hwc = decode_image(data, source=source)  # (H, W, 3) uint8, EXIF orientation applied
+    # (H, W, 3) uint8, EXIF orientation applied; a JPEG decodes at the smallest DCT scale
+    # (1/8 .. 1) that keeps both sides >= `shorter`, so the resize below only refines it
+    hwc = decode_image(data, min_size=(shorter, shorter), source=source)
     h, w = hwc.shape[:2]
     scale = shorter / min(h, w)
     # the shorter side becomes exactly `shorter`; the other keeps the aspect ratio

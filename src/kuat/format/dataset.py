@@ -79,7 +79,11 @@ class _Var:
         self.data = data
         self.mv = memoryview(data) if data.dtype == np.uint8 else None
 
-    def spans(self, rows: np.ndarray) -> tuple[list[int], list[int]]:
+    def spans(self, rows: np.ndarray | list[int]) -> tuple[list[int], list[int]]:
+        """Start and end offsets of ``rows`` (an int64 array, or a list of ints)."""
+        if isinstance(rows, list):
+            o = self.offsets
+            return [int(o[r]) for r in rows], [int(o[r + 1]) for r in rows]
         return self.offsets[rows].tolist(), self.offsets[rows + 1].tolist()
 
 
@@ -416,20 +420,26 @@ class Dataset:
 
     # -- gather ----------------------------------------------------------------------------
     def _groups(self, idx: np.ndarray) -> tuple[np.ndarray, list]:
-        """Shard id per index ``(B,)`` and ``[(shard, positions or None, local rows)]``."""
+        """Shard id per index ``(B,)`` and ``[(shard, positions or None, local rows)]``.
+
+        ``positions`` (a list of batch positions) is ``None`` when every row is in one shard,
+        and ``local rows`` (rows within the shard) is then the ``(B,)`` int64 array, else a
+        list of ints.
+        """
         store = self._store
         sid = np.searchsorted(store.starts, idx, side="right") - 1  # (B,)
         local = idx - store.starts[sid]  # (B,) row within its shard
         if len(idx) and (sid == sid[0]).all():
             return sid, [(store.shard(int(sid[0])), None, local)]
-        order = np.argsort(sid, kind="stable")
-        ids, first = np.unique(sid[order], return_index=True)
-        bounds = list(first[1:]) + [len(order)]
-        groups = []
-        for k, a, b in zip(ids.tolist(), first.tolist(), bounds):
-            pos = order[a:b]
-            groups.append((store.shard(k), pos, local[pos]))
-        return sid, groups
+        by_shard: dict[int, list[int]] = {}
+        for j, k in enumerate(sid.tolist()):  # cheaper than argsort + unique for B ~ 10^2
+            pos = by_shard.get(k)
+            if pos is None:
+                by_shard[k] = [j]
+            else:
+                pos.append(j)
+        rows = local.tolist()  # Python ints: indexing with them is cheaper than tiny arrays
+        return sid, [(store.shard(k), pos, [rows[j] for j in pos]) for k, pos in by_shard.items()]
 
     def _gather(self, idx: np.ndarray, fields: Sequence[str]) -> tuple[np.ndarray, dict]:
         """Shard id per row ``(B,)`` and column-wise values of rows ``idx`` (see
@@ -446,16 +456,21 @@ class Dataset:
                 for shard, pos, rows in groups:
                     col = shard.columns[name].values
                     if pos is None:
-                        np.take(col, rows, axis=0, out=res)  # one copy, straight into res
+                        # one copy straight into res; indices are already checked, and
+                        # mode="clip" avoids numpy's buffered (extra-copy) out= path
+                        np.take(col, rows, axis=0, out=res, mode="clip")
+                    elif len(pos) <= 8:  # few rows in this shard: per-row copies are cheaper
+                        for p, r in zip(pos, rows):
+                            res[p] = col[r]
                     else:
-                        res[pos] = np.take(col, rows, axis=0)
+                        res[pos] = np.take(col, rows, axis=0, mode="clip")
                 out[name] = res
             elif kind == "image":
                 data, codec = [None] * b, [None] * b
                 width, height = np.empty(b, np.int32), np.empty(b, np.int32)
                 for shard, pos, rows in groups:
                     col = shard.columns[name]
-                    p = range(b) if pos is None else pos.tolist()
+                    p = range(b) if pos is None else pos
                     starts, ends = col.bytes.spans(rows)
                     mv = col.bytes.mv
                     cs, ce = col.codec.spans(rows)
@@ -464,17 +479,17 @@ class Dataset:
                         data[j] = mv[s:e]
                         codec[j] = cdata[s2:e2].tobytes().decode()
                     if pos is None:
-                        np.take(col.width, rows, out=width)
-                        np.take(col.height, rows, out=height)
+                        np.take(col.width, rows, out=width, mode="clip")
+                        np.take(col.height, rows, out=height, mode="clip")
                     else:
-                        width[pos] = col.width[rows]
-                        height[pos] = col.height[rows]
+                        width[pos] = np.take(col.width, rows, mode="clip")
+                        height[pos] = np.take(col.height, rows, mode="clip")
                 out[name] = ImageBatch(data, width, height, codec)
             else:
                 res = [None] * b
                 for shard, pos, rows in groups:
                     col = shard.columns[name]
-                    p = range(b) if pos is None else pos.tolist()
+                    p = range(b) if pos is None else pos
                     starts, ends = col.spans(rows)
                     if kind == "bytes":
                         mv = col.mv
