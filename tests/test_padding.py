@@ -165,3 +165,41 @@ def test_one_op_paths_are_taken_for_views():
     assert _views_of_one_tensor([s["ids"] for s in _samples("tensors")]) is None
     strided = torch.arange(20)[::2]
     assert _views_of_one_tensor([strided[0:3], strided[3:5]]) is None
+
+
+def test_samples_columns_are_used_only_while_the_samples_hold_them():
+    from kuat.padding import BatchColumn, Samples
+
+    flat = torch.arange(10)
+    offsets = np.array([0, 3, 3, 10])
+    rows = list(flat.split(np.diff(offsets).tolist()))
+    labels = torch.tensor([7, 8, 9])
+    label_rows = list(labels.unbind(0))
+    samples = Samples(
+        [{"ids": r, "label": lab} for r, lab in zip(rows, label_rows, strict=True)],
+        {"ids": BatchColumn(flat, offsets, rows), "label": BatchColumn(labels, None, label_rows)},
+    )
+    assert isinstance(samples, list) and len(samples) == 3
+    out = pad_collate(pad_value=-1)(samples)
+    assert out["ids"].tolist() == [[0, 1, 2, -1, -1, -1, -1], [-1] * 7, [3, 4, 5, 6, 7, 8, 9]]
+    assert out["ids_lengths"].tolist() == [3, 0, 7] and out["label"] is labels
+    assert_batches_equal(out, reference_collate(list(samples), -1))
+    # a sample replaced after the source made the batch: the columns are not trusted
+    samples[1] = {"ids": torch.tensor([5, 5]), "label": torch.tensor(1)}
+    out = pad_collate(pad_value=-1)(samples)
+    assert out["ids"][1].tolist() == [5, 5, -1, -1, -1, -1, -1]
+    assert out["label"].tolist() == [7, 1, 9]
+    assert_batches_equal(out, reference_collate(list(samples), -1))
+    assert torch.equal(default_collate([s["label"] for s in samples]), out["label"])
+
+
+def test_hf_source_returns_samples_with_columns():
+    datasets = pytest.importorskip("datasets")
+    from kuat.padding import Samples
+    from kuat.sources import as_source
+
+    ds = datasets.Dataset.from_dict({"ids": [[1, 2], [3], [4, 5, 6]], "y": [0, 1, 2]})
+    got = as_source(ds.with_format("torch")).__getitems__([2, 0])
+    assert isinstance(got, Samples) and set(got.kuat_columns) == {"ids", "y"}
+    out = pad_collate()(got)
+    assert out["ids"].tolist() == [[4, 5, 6], [1, 2, 0]] and out["y"].tolist() == [2, 0]

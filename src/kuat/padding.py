@@ -26,7 +26,38 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 import torch
 
-__all__ = ["pad_collate", "PadCollate"]
+__all__ = ["pad_collate", "PadCollate", "Samples", "BatchColumn"]
+
+
+class BatchColumn:
+    """The batch-level data behind one field of a :class:`Samples` list.
+
+    Attributes:
+        values: ``(N,)`` tensor or NumPy array every sample's value is a view of.
+        offsets: ``(B + 1,) int64`` NumPy array for a sequence field (sample ``i`` is
+            ``values[offsets[i]:offsets[i + 1]]``), or ``None`` for a scalar field (sample ``i``
+            is ``values[i]``, and ``N == B``).
+        rows: the B per-sample objects handed out (checked by identity before use).
+    """
+
+    __slots__ = ("values", "offsets", "rows")
+
+    def __init__(self, values, offsets, rows):
+        self.values, self.offsets, self.rows = values, offsets, rows
+
+
+class Samples(list):
+    """A list of per-sample dicts (the ``__getitems__`` contract) that also carries, in
+    ``kuat_columns`` (``{field: BatchColumn}``), the batch columns the samples' values are views
+    of. :func:`pad_collate` then pads or collates those fields without touching each sample
+    (after checking by identity that the samples still hold those views). Sources that gather a
+    batch at once (kuat's Hugging Face source) return it; any other collate sees a plain list.
+    """
+
+    def __init__(self, samples=(), columns=None):
+        super().__init__(samples)
+        self.kuat_columns = columns or {}
+
 
 _NUMPY_KINDS = "biuf"
 
@@ -47,7 +78,8 @@ def pad_collate(
       float32, as ``torch.tensor``);
     * ``out[f + lengths_suffix]``: ``(B,) int64``, each row's length before padding.
 
-    Other fields are collated by ``collate_fn`` (default ``torch.utils.data.default_collate``).
+    Other fields are collated by ``collate_fn`` (default :func:`kuat.default_collate`, torch's
+    structures).
     Samples that are themselves sequences give ``(padded (B, L, *F), lengths (B,))``.
 
     Args:
@@ -98,7 +130,7 @@ class PadCollate:
     def _collate_rest(self, values: list):
         fn = self.collate_fn
         if fn is None:
-            fn = torch.utils.data.default_collate
+            from kuat.collate import default_collate as fn
         return fn(values)
 
     def __call__(self, batch):
@@ -121,14 +153,27 @@ class PadCollate:
         names = (
             self.fields if self.fields is not None else [k for k in first if _is_sequence(first[k])]
         )
+        columns = getattr(batch, "kuat_columns", None) or {}
         out = {}
         for key in first:
+            values = [s[key] for s in batch]
+            col = columns.get(key)
+            if col is not None and not _same_objects(col.rows, values):
+                col = None  # the samples were changed after the source made them
             if key in names:
-                padded, lengths = pad_rows([s[key] for s in batch], self.pad_value, key)
+                if col is not None and col.offsets is not None:
+                    flat = col.values
+                    flat = flat.numpy() if isinstance(flat, torch.Tensor) else flat  # (N,)
+                    starts, lengths = col.offsets[:-1], np.diff(col.offsets)  # (B,), (B,)
+                    padded, lengths = _pad_offsets(flat, starts, lengths, self.pad_value)
+                else:
+                    padded, lengths = pad_rows(values, self.pad_value, key)
                 out[key] = padded
                 self._put_lengths(out, first, key, lengths)
+            elif col is not None and col.offsets is None and isinstance(col.values, torch.Tensor):
+                out[key] = col.values  # (B,): what stacking the samples' 0-d views gives
             else:
-                out[key] = self._collate_rest([s[key] for s in batch])
+                out[key] = self._collate_rest(values)
         for key in names:
             if key not in first:
                 raise KeyError(
@@ -183,6 +228,10 @@ class PadCollate:
                         f"pad_collate: field {key!r} is not a column ({table.column_names})"
                     )
         return out
+
+
+def _same_objects(a, b) -> bool:
+    return len(a) == len(b) and all(x is y for x, y in zip(a, b, strict=True))
 
 
 def _numeric_arrow(t) -> bool:

@@ -7,8 +7,9 @@ NumPy lookup, then
 * numeric columns and lists of numbers (no nulls, nothing to decode), in the ``None``,
   ``"numpy"`` and ``"torch"`` formats, are gathered straight from the Arrow buffers (see
   :mod:`kuat.sources._arrow`) and converted to the format's dtype with one cast per column;
-  every sample's value is a view of that one batch buffer (the contract :func:`kuat.pad_collate`
-  vectorises over);
+  every sample's value is a view of that one batch buffer, and the list of samples is a
+  :class:`kuat.padding.Samples` that carries those buffers, so :func:`kuat.pad_collate` pads
+  and collates those fields without per-sample work;
 * every other column, and every column when the dataset has a lazy transform
   (``set_transform``/``with_transform``) or another format (``"arrow"``, ``"pandas"``, ...), is
   gathered with ``datasets``' own ``Table.fast_gather`` and formatted by the dataset's own
@@ -33,6 +34,7 @@ from collections.abc import Mapping
 import numpy as np
 import torch
 
+from kuat.padding import BatchColumn, Samples
 from kuat.sources._arrow import ListColumn, ScalarColumn, numeric_column, numeric_list_column
 from kuat.sources.stream import Stream
 
@@ -74,26 +76,32 @@ class _FastColumn:
         self.gather = gather
         self.format_type = format_type  # None (python), "numpy" or "torch"
 
-    def values(self, rows: np.ndarray) -> list:
-        """The column's value for each of ``rows`` ``(B,) int64``, as a list of B objects."""
+    def values(self, rows: np.ndarray) -> tuple[list, BatchColumn | None]:
+        """The column's value for each of ``rows`` ``(B,) int64`` (a list of B objects), and
+        the batch column they are views of (``None`` when they are not views)."""
         if isinstance(self.gather, ScalarColumn):
             col = self.gather.take(rows)  # (B,)
             if self.format_type is None:
-                return col.tolist()
+                return col.tolist(), None
             col = col.astype(_format_dtype(col.dtype), copy=False)
             if self.format_type == "numpy":
-                return list(col)  # numpy scalars, as datasets' batch[col][i]
-            return list(torch.from_numpy(col).unbind(0))  # 0-d views of one (B,) tensor
+                return list(col), None  # numpy scalars, as datasets' batch[col][i]
+            t = torch.from_numpy(col)
+            out = t.unbind(0)  # 0-d views of one (B,) tensor
+            return list(out), BatchColumn(t, None, out)
         offsets, flat = self.gather.take(rows)  # (B + 1,), (N,)
         bounds = offsets.tolist()
         if self.format_type is None:
             flat_list = flat.tolist()
-            return [flat_list[bounds[i] : bounds[i + 1]] for i in range(len(rows))]
+            return [flat_list[bounds[i] : bounds[i + 1]] for i in range(len(rows))], None
         flat = flat.astype(_format_dtype(flat.dtype), copy=False)  # (N,) int64 | float32
         # Views of one (N,) buffer, consecutive in batch order: pad_collate pads them in one op.
         if self.format_type == "torch":
-            return list(torch.from_numpy(flat).split(np.diff(offsets).tolist()))
-        return [flat[bounds[i] : bounds[i + 1]] for i in range(len(rows))]
+            flat = torch.from_numpy(flat)
+            out = flat.split(np.diff(offsets).tolist())
+        else:
+            out = [flat[bounds[i] : bounds[i + 1]] for i in range(len(rows))]
+        return list(out), BatchColumn(flat, offsets, out)
 
 
 class HFMapSource(torch.utils.data.Dataset):
@@ -205,13 +213,17 @@ class HFMapSource(torch.utils.data.Dataset):
             )
         if not self._fast:
             return _split_rows(batch, n, self.dataset, indices)
+        batch_columns = {}
         for col in self._fast:
-            columns[col.name] = col.values(rows)
+            columns[col.name], info = col.values(rows)
+            if info is not None:
+                batch_columns[col.name] = info
         if batch is not None:
             columns.update(batch)
         keys = [k for k in self._keys if k in columns]
         per_key = [columns[k] for k in keys]
-        return [dict(zip(keys, vals, strict=True)) for vals in zip(*per_key, strict=True)]
+        samples = [dict(zip(keys, vals, strict=True)) for vals in zip(*per_key, strict=True)]
+        return Samples(samples, batch_columns)
 
 
 def _split_rows(batch, n: int, dataset, indices) -> list:
