@@ -136,6 +136,12 @@ def test_undecodable_image_names_index_and_shard(tmp_path):
         ds[0]
     assert e.value.index == 0 and "shard-00000.arrow" in str(e.value.source)
     assert ds.raw(0)["image"].data == b"\xff\xd8garbage"
+    from kuat import vision as kv
+
+    fused = ds.with_transform({"image": kv.Compose([kv.Resize(8), kv.CenterCrop(8)])})
+    with pytest.raises(DecodeError) as e:
+        fused.__getitems__([-1])
+    assert e.value.index == 0 and "shard-00000.arrow" in str(e.value.source)
 
 
 def test_verify_finds_bad_checksums_and_missing_shards(tmp_path):

@@ -437,3 +437,60 @@ def test_schema_json_round_trip_and_validation():
         kuat.Schema([kuat.Field("a", kf.int8()), kuat.Field("a", kf.int8())])
     with pytest.raises(ValueError):
         kuat.Writer("/nonexistent-never", {"a": kf.int8()}, shard_bytes=0)
+
+
+class _FakeDeviceDecode(_FakeFused):
+    """Stands in for ``Compose(decode_device="cuda")``: one call per batch."""
+
+    decode_device = "cuda"
+
+    def __init__(self):
+        super().__init__()
+        self.batches = []
+
+    def apply_encoded_batch(self, datas, widths, heights, rngs, *, indices=None, sources=None):
+        self.batches.append((list(indices), [bytes(d) for d in datas], list(widths), sources))
+        out = torch.empty((len(datas), 3, 4, 5), dtype=torch.uint8)
+        for j, rng in enumerate(rngs):
+            out[j] = int(rng.integers(0, 256))
+        return out
+
+
+def test_device_decoding_transform_gets_the_whole_batch(dataset_dir):
+    ds = kuat.open(dataset_dir)
+    t = _FakeDeviceDecode()
+    samples = ds.with_transform({"image": t}).__getitems__([5, -1])
+    ((indices, datas, widths, sources),) = t.batches
+    assert indices == [5, N - 1]
+    assert datas == [_row(5)["image"], _row(N - 1)["image"]]
+    assert widths == [ds.raw(5)["image"].width, ds.raw(N - 1)["image"].width]
+    assert sources == [ds.locate(5)[0], ds.locate(N - 1)[0]]
+    assert int(samples[1]["image"][0, 0, 0]) == int(sample_rng(N - 1).numpy.integers(0, 256))
+    assert not t.calls  # the per-sample path was not used
+
+
+def test_real_fused_transforms_and_loader(dataset_dir):
+    from kuat import vision as kv
+
+    t = kv.Compose(
+        [kv.RandomResizedCrop(6), kv.RandomHorizontalFlip(), kv.Normalize((0.5,) * 3, (0.25,) * 3)]
+    )
+    ds = kuat.open(dataset_dir).with_transform({"image": t})
+    a = ds.__getitems__([3, 8, 3])
+    b = ds.__getitems__([3, 8, 3])
+    assert all(torch.equal(x["image"], y["image"]) for x, y in zip(a, b))  # seeded per index
+    assert torch.equal(a[0]["image"], a[2]["image"])
+    assert a[0]["image"].untyped_storage().data_ptr() == a[1]["image"].untyped_storage().data_ptr()
+    loader = kuat.DataLoader(
+        kuat.open(dataset_dir).with_transform({"image": t, "tokens": len}),
+        batch_size=8,
+        num_workers=2,
+    )
+    batches = list(loader)
+    assert len(batches) == N // 8
+    first = batches[0]
+    assert (
+        first["image"].shape == (8, 3, 6, 6) and first["image"].dtype == torch.float32
+    )  # normalised
+    assert first["label"].tolist() == [_row(i)["label"] for i in range(8)]
+    assert first["tokens"].tolist() == [i % 6 for i in range(8)]

@@ -284,6 +284,32 @@ def _is_fused(t: object) -> bool:
     return hasattr(t, "apply_encoded")
 
 
+def _decodes_batches(t: object) -> bool:
+    """A fused transform that decodes a whole batch on a device (``apply_encoded_batch``)."""
+    return hasattr(t, "apply_encoded_batch") and str(getattr(t, "decode_device", "cpu")) != "cpu"
+
+
+_LOCATION_KW: dict[type, bool] = {}
+
+
+def _takes_location(t: object) -> bool:
+    """Whether ``t.apply_encoded`` accepts ``index=``/``source=`` (for error messages)."""
+    key = type(t)
+    ok = _LOCATION_KW.get(key)
+    if ok is None:
+        import inspect
+
+        try:
+            params = inspect.signature(t.apply_encoded).parameters
+            ok = ("index" in params and "source" in params) or any(
+                p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()
+            )
+        except (TypeError, ValueError):
+            ok = False
+        _LOCATION_KW[key] = ok
+    return ok
+
+
 class _BatchTransform:
     """Applies each fused image transform's ``batch_transform()`` to its field of a batch."""
 
@@ -621,19 +647,30 @@ class Dataset:
 
         widths, heights = c.width.tolist(), c.height.tolist()
         if _is_fused(t):
+            if _decodes_batches(t):  # e.g. Compose(decode_device="cuda"): nvJPEG, one call
+                rngs = [sample_rng(i).numpy for i in index_list]
+                out = t.apply_encoded_batch(
+                    c.data, widths, heights, rngs, indices=index_list, sources=sources
+                )
+                return list(out)  # (B, 3, H, W) on the device -> B views, or B tensors
+            loc = _takes_location(t)
             size = t.output_size() if hasattr(t, "output_size") else None
             values = []
             if size is not None and batch_buffer:
                 h, w = size
                 buf = torch.empty((len(index_list), 3, h, w), dtype=torch.uint8)  # (B, 3, H, W)
-                for j, (d, wd, ht, i) in enumerate(zip(c.data, widths, heights, index_list)):
+                for j, (d, wd, ht, i, s) in enumerate(
+                    zip(c.data, widths, heights, index_list, sources)
+                ):
+                    kw = {"index": i, "source": s} if loc else {}
                     with sample_context(i):
-                        t.apply_encoded(d, wd, ht, sample_rng(i).numpy, out=buf[j].numpy())
+                        t.apply_encoded(d, wd, ht, sample_rng(i).numpy, out=buf[j].numpy(), **kw)
                     values.append(buf[j])  # a view: collate returns buf without copying
                 return values
-            for d, wd, ht, i in zip(c.data, widths, heights, index_list):
+            for d, wd, ht, i, s in zip(c.data, widths, heights, index_list, sources):
+                kw = {"index": i, "source": s} if loc else {}
                 with sample_context(i):
-                    arr = t.apply_encoded(d, wd, ht, sample_rng(i).numpy)
+                    arr = t.apply_encoded(d, wd, ht, sample_rng(i).numpy, **kw)
                 values.append(torch.from_numpy(np.ascontiguousarray(arr)))  # (3, H, W) uint8
             return values
         values = []
