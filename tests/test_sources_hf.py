@@ -230,3 +230,31 @@ def test_concatenated_in_memory_chunks(chunked):
     order = [17, 0, 5, 4, 13, 9, 2, 16]
     for a, b in zip(_kuat_samples(ds, order), _torch_samples(ds, order), strict=True):
         _same(a, b)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_kuat_loader_same_samples_as_torch_loader(chunked, num_workers):
+    import kuat
+
+    ds = chunked.with_format("torch").shuffle(seed=5)
+    order = np.random.default_rng(4).permutation(len(ds)).tolist()
+    loader = kuat.DataLoader(
+        ds, batch_size=6, sampler=order, collate_fn=_identity, num_workers=num_workers
+    )
+    got = [s for batch in loader for s in batch]
+    for i, (a, b) in enumerate(zip(got, _torch_samples(ds, order, 6), strict=True)):
+        _same(a, b, f"sample {i}")
+
+
+def test_kuat_loader_reads_arrow_format_with_pad_collate(chunked):
+    import kuat
+
+    ds = chunked.with_format("arrow")
+    loader = kuat.DataLoader(ds, batch_size=8, collate_fn=kuat.pad_collate(), num_workers=2)
+    batches = list(loader)
+    assert len(batches) == 5
+    first = batches[0]
+    assert first["ids"].dtype == torch.int32 and first["ids"].shape[0] == 8
+    assert first["ids_lengths"].tolist() == [len(chunked[i]["ids"]) for i in range(8)]
+    assert first["label"].tolist() == [chunked[i]["label"] for i in range(8)]
+    assert first["name"] == [f"row{i}" for i in range(8)]
