@@ -234,3 +234,18 @@ def test_merge_schema_mismatch_names_the_field(tmp_path):
 
 def test_all_format_errors_are_kuat_errors():
     assert issubclass(FormatError, KuatError) and issubclass(SchemaError, KuatError)
+
+
+def test_merge_falls_back_to_references_when_links_fail(tmp_path, monkeypatch):
+    _write(tmp_path / "a", n=4)
+    _write(tmp_path / "b", n=4, start=4)
+
+    def no_links(src, dst):
+        raise OSError(18, "Invalid cross-device link")
+
+    monkeypatch.setattr(os, "link", no_links)
+    kf.merge([tmp_path / "a", tmp_path / "b"], tmp_path / "m")
+    assert all(s["file"].startswith("../") for s in _manifest(tmp_path / "m")["shards"])
+    assert kuat.open(tmp_path / "m").read_batch(range(8))["x"].tolist() == list(range(8))
+    with pytest.raises(OSError, match="cross-device"):
+        kf.merge([tmp_path / "a"], tmp_path / "h", link="hardlink")

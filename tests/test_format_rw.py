@@ -494,3 +494,15 @@ def test_real_fused_transforms_and_loader(dataset_dir):
     )  # normalised
     assert first["label"].tolist() == [_row(i)["label"] for i in range(8)]
     assert first["tokens"].tolist() == [i % 6 for i in range(8)]
+
+
+def test_write_batch_takes_values_that_fit_from_wider_dtypes(tmp_path):
+    with kuat.Writer(tmp_path / "d", {"a": kf.int64(), "b": kf.uint8()}) as w:
+        w.write_batch({"a": np.array([1, 2**40], np.uint64), "b": np.array([0, 255], np.int64)})
+        with pytest.raises(SchemaError, match="field 'b' row 3"):
+            w.write_batch({"a": np.array([1, 2], np.uint64), "b": np.array([0, 256], np.int64)})
+        with pytest.raises(SchemaError, match="field 'a' row 2"):
+            w.write_batch({"a": np.array([1.5, 2.0]), "b": np.array([0, 1], np.uint8)})
+    ds = kuat.open(tmp_path / "d")
+    assert ds.read_batch([0, 1])["a"].tolist() == [1, 2**40]
+    assert ds.read_batch([0, 1])["b"].tolist() == [0, 255]

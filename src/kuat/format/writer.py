@@ -199,9 +199,12 @@ class _Builder:
             if ok:
                 return np.ascontiguousarray(values, dtype=dt), np.zeros(n, np.int64)
             if values.ndim == want_ndim and len(values) == n and values.dtype != object:
-                # report the first offending row with the row-wise check
+                # the dtype is not a safe cast: check every row (names the first bad one);
+                # if all fit (small uint64 values in an int64 field, say), take them
                 for j in range(n):
                     self.check_value(values[j], first_row + j)
+                if t.kind == "scalar" and values.dtype.kind in "iu":
+                    return values.astype(dt), np.zeros(n, np.int64)
                 raise SchemaError(
                     f"field {self.name!r}: expected a column of {t.describe()}, got "
                     f"{_given(values)}",
