@@ -688,9 +688,10 @@ class Dataset:
         """A view of this dataset that applies ``transform`` to each sample (shards shared).
 
         Args:
-            transform: ``{field: callable}`` for per-field transforms, a callable applied to
-                the whole sample dict (after per-field transforms are gone: it gets the
-                decoded sample), or ``None`` for none. For an image field:
+            transform: ``{field: callable}`` for per-field transforms; or one callable that
+                gets each whole decoded sample dict and may return anything; or ``None``.
+                It replaces this view's transform (it does not compose with it). For an
+                image field:
 
                 - an object with ``apply_encoded`` (``kuat.vision.protocol.FusedImageTransform``)
                   gets the encoded bytes, the stored width/height and the sample's generator
