@@ -163,3 +163,20 @@ def test_shuffle_buffer_reorders_without_drops_or_duplicates():
         [list(range(20)), list(range(50, 60))], stopping="all_exhausted", shuffle_buffer=8
     )
     assert Counter(mixed) == Counter(list(range(20)) + list(range(50, 60)))
+
+
+def test_sources_of_a_mix_draw_independently():
+    class Draws(torch.utils.data.Dataset):
+        def __len__(self):
+            return 4
+
+        def __getitem__(self, i):
+            return float(kuat.sample_rng(i).numpy.random())
+
+    m = kuat.mix([Draws(), Draws()], stopping="all_exhausted", seed=1)
+    (batch,) = list(kuat.DataLoader(m, batch_size=8, seed=3))
+    (alone,) = list(kuat.DataLoader(Draws(), batch_size=4, seed=3))
+    first = [float(batch[i]) for i in range(8) if m.source_ids[i] == 0]
+    second = [float(batch[i]) for i in range(8) if m.source_ids[i] == 1]
+    assert first == alone.tolist()  # source 0 draws as it does alone
+    assert len(second) == 4 and not set(first) & set(second)  # source 1 draws differently

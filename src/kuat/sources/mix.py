@@ -12,6 +12,9 @@ shuffle them first, or let the loader shuffle a map-style mix). Stopping:
 
 A source of weight 0 is never picked and never counts toward exhaustion.
 
+Per-sample randomness (``kuat.sample_rng``) inside source ``k > 0`` is seeded from the loader's
+seed mixed with ``k``, so that the samples of equal index of two sources draw differently.
+
 When every source is map-style (kuat datasets, ``datasets.Dataset``, torch map-style datasets)
 the mix is map-style too (:class:`MapMix`): its schedule is drawn once from the seed, so the
 loader shuffles, shards across ranks and resumes it like any map-style dataset. Otherwise it is
@@ -21,6 +24,7 @@ a :class:`MixStream`, a :class:`kuat.sources.stream.Stream` whose draws depend o
 
 from __future__ import annotations
 
+import contextlib
 import math
 import numbers
 from collections.abc import Iterator, Sequence
@@ -196,7 +200,7 @@ class MapMix(torch.utils.data.Dataset):
         for k in np.unique(ks).tolist():
             at = np.flatnonzero(ks == k)
             for slot, sample in zip(
-                at.tolist(), _fetch(self.sources[k], js[at].tolist()), strict=True
+                at.tolist(), _fetch(self.sources[k], js[at].tolist(), k), strict=True
             ):
                 out[slot] = sample
         return out
@@ -208,17 +212,30 @@ class MapMix(torch.utils.data.Dataset):
         )
 
 
-def _fetch(source, indices: list[int]) -> list:
-    getitems = getattr(source, "__getitems__", None)
-    if getitems:
-        return list(getitems(indices))
+def _source_context(k: int):
+    """The per-sample RNG context of source ``k``: source 0 keeps the loader's seed (so a
+    one-source mix draws as the source alone); source ``k > 0`` gets a seed derived from it, so
+    that sample ``j`` of two sources does not get the same augmentation draws."""
+    from kuat.rng import current_epoch, epoch_context, sample_seed
+
+    if k == 0:
+        return contextlib.nullcontext()
+    seed, epoch = current_epoch()
+    return epoch_context(sample_seed(seed, _MIX_SALT, k), epoch)
+
+
+def _fetch(source, indices: list[int], k: int) -> list:
     from kuat.rng import sample_context
 
-    out = []
-    for i in indices:
-        with sample_context(i):  # the source's own index: same draws as outside the mix
-            out.append(source[i])
-    return out
+    with _source_context(k):
+        getitems = getattr(source, "__getitems__", None)
+        if getitems:
+            return list(getitems(indices))
+        out = []
+        for i in indices:
+            with sample_context(i):  # the source's own index: same draws as outside the mix
+                out.append(source[i])
+        return out
 
 
 class MixStream(Stream):
@@ -242,7 +259,8 @@ class MixStream(Stream):
         heads = {}
         for k in list(iters):  # an empty source is known at once
             try:
-                heads[k] = next(iters[k])
+                with _source_context(k):
+                    heads[k] = next(iters[k])
             except StopIteration:
                 if first:
                     return
@@ -262,7 +280,8 @@ class MixStream(Stream):
                 yield heads.pop(k)
                 continue
             try:
-                item = next(iters[k])
+                with _source_context(k):
+                    item = next(iters[k])
             except StopIteration:
                 if first:
                     return
