@@ -149,5 +149,7 @@ def test_refuses_existing_dataset_and_bad_options(tree, tmp_path):
     kuat.convert.from_imagefolder(tree, tmp_path / "out", progress=False, overwrite=True)
     with pytest.raises(ValueError, match="on_error"):
         kuat.convert.from_imagefolder(tree, tmp_path / "x", on_error="ignore")
+    with pytest.raises(ValueError, match="inside"):
+        kuat.convert.from_imagefolder(tree, tree / "out.kuat")
     with pytest.raises(FileNotFoundError, match="no class folders"):
         kuat.convert.from_imagefolder(tree / "empty", tmp_path / "y")

@@ -99,6 +99,17 @@ def test_hf_save_to_disk_and_auto_detect(hf_dataset, tmp_path):
     assert [kuat.open(tmp_path / "sh").raw(i)["caption"] for i in range(5)] == shuffled["caption"]
 
 
+def test_hf_dataset_dict_split(hf_dataset, tmp_path):
+    datasets = pytest.importorskip("datasets")
+    dd = datasets.DatasetDict({"train": hf_dataset, "test": hf_dataset.select([2, 0])})
+    dd.save_to_disk(str(tmp_path / "dd"))
+    with pytest.raises(ValueError, match="split"):
+        kuat.convert.from_hf(str(tmp_path / "dd"), tmp_path / "o", progress=False)
+    kuat.convert.convert(str(tmp_path / "dd"), tmp_path / "o", split="test", progress=False)
+    ds = kuat.open(tmp_path / "o")
+    assert [ds.raw(i)["caption"] for i in range(len(ds))] == ["a photo 2", "a photo 0"]
+
+
 def test_hf_unsupported_feature_names_the_column(tmp_path):
     datasets = pytest.importorskip("datasets")
     hf = datasets.Dataset.from_dict({"when": [{"a": 1}]})

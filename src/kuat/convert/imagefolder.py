@@ -85,6 +85,7 @@ def from_imagefolder(
 
     Raises:
         FileNotFoundError: ``src`` has no class folders.
+        ValueError: ``dst`` is inside ``src`` (it would become a class).
         FileExistsError: ``dst`` is a dataset and ``overwrite`` is False.
         kuat.DecodeError: an image is unreadable and ``on_error="raise"``.
     """
@@ -100,6 +101,8 @@ def from_imagefolder(
     )
     t0 = time.perf_counter()
     src = Path(src)
+    if Path(dst).resolve().is_relative_to(src.resolve()):
+        raise ValueError(f"dst={str(dst)!r} is inside the ImageFolder src={str(src)!r}")
     samples, classes = list_imagefolder(src)
     fields = [Field("image", image()), Field("label", int64(), {"names": classes})]
     if include_path:
