@@ -213,7 +213,7 @@ def parallel_map(
                             f"cannot read {source_of(item)}: {e}", source=source_of(item)
                         ) from e
                     where = source_of(item)
-                    log.warning("skipping %s: %s", where, e)
+                    log.debug("skipping %s: %s", where, e)
                     if report is not None:
                         report.skipped.append((where, str(e)))
                     progress.update()
