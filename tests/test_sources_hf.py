@@ -92,13 +92,16 @@ def _kuat_samples(ds, order, batch_size=5):
 
 
 @pytest.mark.parametrize("fmt", [None, "numpy", "torch"])
-@pytest.mark.parametrize("view", ["plain", "shuffle", "select", "filter"])
+@pytest.mark.parametrize("view", ["plain", "shuffle", "select", "range", "filter"])
 def test_same_samples_as_torch_loader(chunked, fmt, view):
     ds = chunked.with_format(fmt)
     if view == "shuffle":
         ds = ds.shuffle(seed=7)
     elif view == "select":
         ds = ds.select([39, 3, 3, 17, 0, 25, 8, 30, 12, 6, 1])
+    elif view == "range":  # contiguous: datasets slices the Arrow chunks instead of mapping
+        ds = ds.select(range(5, 31))
+        assert ds._indices is None
     elif view == "filter":
         ds = ds.filter(lambda r: r["label"] != 2)
     order = np.random.default_rng(1).permutation(len(ds)).tolist()
