@@ -15,6 +15,10 @@ from kuat.engine import shm
 BOTH = ["thread", "process"]
 
 
+def _own_slots():
+    return {f for f in os.listdir(shm.SHM_DIR) if f.startswith(f"kuat-{os.getpid()}-")}
+
+
 class Boom:
     def __init__(self, bad=(3,), exc=ValueError):
         self.bad, self.exc = set(bad), exc
@@ -132,13 +136,13 @@ class Crashes:
 
 
 def test_a_dead_worker_process_is_reported_with_exit_code_and_indices():
-    before = set(os.listdir(shm.SHM_DIR))
+    before = _own_slots()
     dl = kuat.DataLoader(Crashes(), batch_size=2, num_workers=1, worker_type="process")
     it = iter(dl)
     assert next(it).tolist() == [0, 1]
     with pytest.raises(kuat.WorkerError, match=r"exit code 3 .*sample indices \[2, 3\]"):
         next(it)
-    assert set(os.listdir(shm.SHM_DIR)) <= before
+    assert _own_slots() <= before
 
 
 def test_too_small_shared_memory_names_it_and_the_size(monkeypatch):
@@ -146,11 +150,11 @@ def test_too_small_shared_memory_names_it_and_the_size(monkeypatch):
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(os, "posix_fallocate", no_space)  # inherited by forked workers
-    before = set(os.listdir(shm.SHM_DIR))
+    before = _own_slots()
     dl = kuat.DataLoader([torch.zeros(1000)] * 4, batch_size=2, num_workers=1, worker_type="process")
     with pytest.raises(kuat.SharedMemoryError, match=r"shared memory .* needs \d+ bytes"):
         next(iter(dl))
-    assert set(os.listdir(shm.SHM_DIR)) <= before
+    assert _own_slots() <= before
 
 
 def test_invalid_kuat_arguments():

@@ -369,6 +369,7 @@ class DataLoader:
         self._batch_transform = getattr(source, "kuat_batch_transform", None)
         self._stats = _Stats()
         self._warned: set[tuple[str, str]] = set()
+        self._advised = False
         self._engine = None  # persistent workers only
         self._progress: list | None = None  # [epoch, batches served, exhausted] of the last iter
         self._pending: tuple[int, int] | None = None  # (epoch, batches to skip) for the next iter
@@ -620,6 +621,22 @@ class DataLoader:
         engine = self.__dict__.get("_engine")
         if engine is not None:
             engine.close()
+
+    def _advise(self) -> None:
+        """Once per loader: say so when global-RNG isolation serialises thread workers."""
+        if self._advised or self.worker_type != "thread" or self.num_workers < 2:
+            return
+        s = self._stats
+        if s.rng_wait_s > 0.25 * max(s.fetch_s, 1e-9) and s.rng_wait_s > 0.1:
+            self._advised = True
+            log.warning(
+                "kuat.DataLoader: thread workers spent %.1f s of %.1f s of fetching waiting for "
+                "global-RNG isolation (samples run one at a time so that random/np.random/torch "
+                "draws are reproducible). If the dataset draws no global randomness pass "
+                "isolate_global_rng=False; otherwise draw from kuat.sample_rng(index) and set "
+                "kuat_uses_sample_rng = True on the dataset, or use worker_type='process'.",
+                s.rng_wait_s, s.fetch_s,
+            )
 
     def _warn_skipped(self, skipped) -> None:
         for index, type_name, message in skipped:
@@ -878,6 +895,7 @@ class _LoaderIter:
             self._finished = True
             self._progress[2] = True
             self.close()
+            self._loader._advise()
 
     def close(self, broken: bool = False) -> None:
         """Release the workers (this epoch's, or persistent ones when they broke). Idempotent."""

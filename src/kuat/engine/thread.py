@@ -7,10 +7,12 @@ resizing, copies, Arrow gathers) runs truly in parallel.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import queue
 import threading
 import time
+import weakref
 
 from kuat.engine.base import Result, Task, serve
 
@@ -18,6 +20,7 @@ __all__ = ["ThreadEngine"]
 
 log = logging.getLogger("kuat.engine")
 _JOIN_S = 2.0
+_LIVE: weakref.WeakSet = weakref.WeakSet()
 
 
 class ThreadEngine:
@@ -31,6 +34,7 @@ class ThreadEngine:
         ]
         self._threads = []
         self._closed = False
+        _LIVE.add(self)
         for i in range(num_workers):
             t = threading.Thread(
                 target=serve,
@@ -67,3 +71,17 @@ class ThreadEngine:
         if stuck:
             log.warning("kuat worker threads %s are still inside the dataset after %.0f s; "
                         "they are daemons and end with the process", stuck, _JOIN_S)
+        _LIVE.discard(self)
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+@atexit.register
+def _close_all() -> None:
+    # Stop workers before interpreter finalisation, not in the middle of it.
+    for engine in list(_LIVE):
+        engine.close()
