@@ -506,3 +506,23 @@ def test_write_batch_takes_values_that_fit_from_wider_dtypes(tmp_path):
     ds = kuat.open(tmp_path / "d")
     assert ds.read_batch([0, 1])["a"].tolist() == [1, 2**40]
     assert ds.read_batch([0, 1])["b"].tolist() == [0, 255]
+
+
+def test_reads_ipc_file_format_and_multi_batch_shards(tmp_path):
+    import pyarrow as pa
+
+    schema = kuat.Schema({"x": kf.int64(), "v": kf.tensor((2,), "uint8")})
+    with kuat.Writer(tmp_path / "d", schema) as w:
+        w.write_batch({"x": np.arange(6), "v": np.arange(12, dtype=np.uint8).reshape(6, 2)})
+    shard = tmp_path / "d" / "shard-00000.arrow"
+    table = pa.ipc.open_stream(shard.read_bytes()).read_all()  # in memory: we rewrite the file
+    with pa.ipc.new_file(str(shard), table.schema) as f:  # file format, 3 record batches
+        for batch in table.to_batches(max_chunksize=2):
+            f.write_batch(batch)
+    m = json.loads((tmp_path / "d" / "manifest.json").read_text())
+    m["shards"][0]["bytes"] = shard.stat().st_size
+    (tmp_path / "d" / "manifest.json").write_text(json.dumps(m))
+    ds = kuat.open(tmp_path / "d")
+    b = ds.read_batch([5, 0, 3])
+    assert b["x"].tolist() == [5, 0, 3]
+    np.testing.assert_array_equal(b["v"], [[10, 11], [0, 1], [6, 7]])
