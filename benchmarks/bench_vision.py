@@ -100,21 +100,29 @@ def resize_shorter(corpus, side: int = 256):
     return out
 
 
-def run_threads(work, corpus, nthreads: int, seconds: float) -> tuple[float, float]:
+def run_threads(work, corpus, nthreads: int, seconds: float) -> tuple[float, float, float]:
     """Run ``work(k, thread_id)`` over the corpus round-robin in ``nthreads`` threads for
-    ``seconds``; returns (images/s, source Mpx/s)."""
+    ``seconds``; returns (images/s, source Mpx/s, CPU ms per image).
+
+    CPU ms per image is summed thread CPU time (``time.thread_time``), which other processes
+    on a busy machine disturb much less than wall-clock rates: ``cores / cpu_ms`` is what the
+    row reaches with every core to itself.
+    """
     counts = [0] * nthreads
     pixels = [0] * nthreads
+    cpu = [0.0] * nthreads
     stop = time.perf_counter() + seconds
     n = len(corpus)
 
     def loop(t):
         k = t
+        c0 = time.thread_time()
         while time.perf_counter() < stop:
             work(k % n, t)
             counts[t] += 1
             pixels[t] += corpus[k % n][1] * corpus[k % n][2]
             k += nthreads
+        cpu[t] = time.thread_time() - c0
 
     threads = [threading.Thread(target=loop, args=(t,)) for t in range(nthreads)]
     t0 = time.perf_counter()
@@ -123,7 +131,7 @@ def run_threads(work, corpus, nthreads: int, seconds: float) -> tuple[float, flo
     for th in threads:
         th.join()
     dt = time.perf_counter() - t0
-    return sum(counts) / dt, sum(pixels) / dt / 1e6
+    return sum(counts) / dt, sum(pixels) / dt / 1e6, 1e3 * sum(cpu) / max(1, sum(counts))
 
 
 def main(argv=None) -> int:
@@ -190,17 +198,22 @@ def main(argv=None) -> int:
                 results.setdefault((name, nt), []).append(run_threads(fn, data, nt, args.seconds))
     mpx = np.mean([w * h for _, w, h in corpus]) / 1e6
     print(
-        f"corpus: {len(corpus)} JPEGs, mean {mpx:.3f} Mpx; {os.cpu_count()} CPUs; median of {args.rounds} rounds"
+        f"corpus: {len(corpus)} JPEGs, mean {mpx:.3f} Mpx; {os.cpu_count()} CPUs; "
+        f"median of {args.rounds} interleaved rounds of {args.seconds:g} s"
     )
-    header = f"{'workload':32s}" + "".join(f" | {nt} thr img/s | {nt} thr Mpx/s" for nt in threads)
+    header = f"{'workload':30s}" + "".join(f" | {nt}thr img/s  Mpx/s" for nt in threads)
+    header += " | CPU ms/img | % of decode-only"
     print(header)
     print("-" * len(header))
+    med = {key: np.median(np.array(v), axis=0) for key, v in results.items()}
+    base_cpu = np.median([med[(rows[0][0], nt)][2] for nt in threads])
     for name, _, _ in rows:
-        line = f"{name:32s}"
+        line = f"{name:30s}"
         for nt in threads:
-            ips = float(np.median([r[0] for r in results[(name, nt)]]))
-            mps = float(np.median([r[1] for r in results[(name, nt)]]))
-            line += f" | {ips:11.0f} | {mps:11.1f}"
+            ips, mps, _ = med[(name, nt)]
+            line += f" | {ips:9.0f} {mps:6.1f}"
+        cpu_ms = float(np.median([med[(name, nt)][2] for nt in threads]))
+        line += f" | {cpu_ms:10.2f} | {100 * base_cpu / cpu_ms:15.0f}%"
         print(line)
     return 0
 

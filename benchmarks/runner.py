@@ -75,6 +75,8 @@ class BenchConfig:
     num_workers: int | None = None  # default os.cpu_count()
     setup_envs: bool | None = None  # create missing peer environments; default: not quick
     cache_dir: Path | None = None  # default ~/.cache/kuat/bench
+    image_root: Path | None = None  # an existing ImageFolder instead of the demo images
+    batch_sizes: dict[str, int] | None = None  # per-workload override of the batch size
     timeout_s: float = 900.0  # per child process
     seed: int = 0
 
@@ -99,6 +101,11 @@ class BenchConfig:
         self.setup_envs = (not q) if self.setup_envs is None else self.setup_envs
         self.cache_dir = Path(self.cache_dir or Path.home() / ".cache" / "kuat" / "bench")
         self.out_dir = Path(self.out_dir)
+        self.batch_sizes = {**workloads.BATCH_SIZE, **(self.batch_sizes or {})}
+        if self.image_root is not None:
+            self.image_root = Path(self.image_root)
+            if not self.image_root.is_dir():
+                raise ValueError(f"image_root={str(self.image_root)!r} is not a directory")
 
 
 def machine_info() -> dict:
@@ -294,8 +301,11 @@ def run_bench(cfg: BenchConfig, progress: Callable[[str], None] = lambda s: None
         if loader in unavailable:
             progress(f"skip {loader}: {unavailable[loader]}")
             continue
-        spec = _spec(cfg, loader, "-", "probe")
-        res = run_child(pythons[loader], spec, logs, timeout_s=300)
+        if LOADERS[loader]["env"] == "main":
+            res = _probe_here(loader)  # same interpreter: no need for a process
+        else:
+            spec = _spec(cfg, loader, "-", "probe")
+            res = run_child(pythons[loader], spec, logs, timeout_s=300)
         if not res.get("ok"):
             env_err = (
                 envs.step_error(LOADERS[loader]["env"])
@@ -321,8 +331,11 @@ def run_bench(cfg: BenchConfig, progress: Callable[[str], None] = lambda s: None
             continue
         try:
             if w in workloads.IMAGE_WORKLOADS:
-                progress(f"data for {w}: demo ImageFolder of {cfg.num_images} JPEGs")
-                data[w] = workloads.imagenet_jpeg(cfg.num_images, progress=False)
+                if cfg.image_root is not None:
+                    data[w] = {"root": str(cfg.image_root)}
+                else:
+                    progress(f"data for {w}: demo ImageFolder of {cfg.num_images} JPEGs")
+                    data[w] = workloads.imagenet_jpeg(cfg.num_images, progress=False)
             elif w == "tokens":
                 progress(f"data for tokens: {cfg.num_tokens:,} uint16 tokens")
                 data[w] = workloads.tokens(
@@ -343,11 +356,14 @@ def run_bench(cfg: BenchConfig, progress: Callable[[str], None] = lambda s: None
             continue
         for loader in list(loaders):
             adapter = importlib.import_module(f"benchmarks.adapters.{LOADERS[loader]['adapter']}")
-            if not hasattr(adapter, "prepare"):
+            if w not in getattr(adapter, "PREPARE", ()):
                 continue
             progress(f"prepare {loader} for {w}")
-            spec = _spec(cfg, loader, w, "prepare", data[w])
-            res = run_child(pythons[loader], spec, logs, cfg.timeout_s)
+            if LOADERS[loader]["env"] == "main":  # same interpreter: convert right here
+                res = _prepare_here(adapter, w, data[w], cfg.cache_dir)
+            else:
+                spec = _spec(cfg, loader, w, "prepare", data[w])
+                res = run_child(pythons[loader], spec, logs, cfg.timeout_s)
             if not res.get("ok"):
                 unavailable[f"{loader}:{w}"] = res.get("error", "?")
                 progress(f"skip {loader} on {w}: prepare failed: {res.get('error')}")
@@ -406,6 +422,38 @@ def run_bench(cfg: BenchConfig, progress: Callable[[str], None] = lambda s: None
     return results
 
 
+def _probe_here(loader: str) -> dict:
+    """Import a main-environment adapter's peer in this process; the worker's probe result."""
+    import importlib
+    import traceback
+
+    try:
+        adapter = importlib.import_module(f"benchmarks.adapters.{LOADERS[loader]['adapter']}")
+        return {"ok": True, "versions": adapter.versions()}
+    except Exception as e:  # recorded as the reason the loader is not measured
+        return {
+            "ok": False,
+            "error": f"{type(e).__name__}: {e}",
+            "traceback": traceback.format_exc(),
+        }
+
+
+def _prepare_here(adapter, workload: str, data: dict, cache_dir: Path) -> dict:
+    """Run a main-environment adapter's ``prepare`` in this process; the worker's result."""
+    import traceback
+
+    t0 = measure.now()
+    try:
+        extra = adapter.prepare(workload, data, cache_dir)
+    except Exception as e:  # recorded as the reason the loader is not measured on workload
+        return {
+            "ok": False,
+            "error": f"{type(e).__name__}: {e}",
+            "traceback": traceback.format_exc(),
+        }
+    return {"ok": True, "data": extra or {}, "prepare_s": measure.now() - t0}
+
+
 def _spec(
     cfg: BenchConfig,
     loader: str,
@@ -423,7 +471,7 @@ def _spec(
         "options": info.get("options", {}),
         "workload": workload,
         "data": data or {},
-        "batch_size": workloads.BATCH_SIZE.get(workload, 0),
+        "batch_size": cfg.batch_sizes.get(workload, 0),
         "num_workers": cfg.num_workers,
         "epochs": cfg.epochs,
         "seed": cfg.seed,

@@ -5,7 +5,8 @@
   memory) and returns the versions of the packages that matter;
 - ``build(workload, data, spec) -> Loader`` where ``Loader.epoch(epoch)`` returns an iterable
   of canonical batches (see :mod:`benchmarks.checks`) and ``Loader.close()`` frees it;
-- optionally ``prepare(workload, data, cache_dir) -> dict`` (convert the data into the
+- optionally ``PREPARE`` (workloads that read a converted copy) with
+  ``prepare(workload, data, cache_dir) -> dict`` (convert the data into the
   peer's format once, cached; the returned keys are merged into ``data``) and
   ``ingest(data, out_dir, num_workers) -> int`` (convert the ImageFolder afresh; images written).
 
@@ -135,3 +136,12 @@ def torchvision_transform(pil: bool = True):
         return t.expand(3, -1, -1) if t.shape[0] == 1 else t[:3]  # (1|3|4, H, W) -> (3, H, W)
 
     return v2.Compose([v2.Lambda(rgb), *head])
+
+
+def cache_key(root: str | os.PathLike) -> str:
+    """A directory name for converted copies of the ImageFolder at ``root``: its base name
+    plus a digest of its absolute path, so two trees of the same name never share a cache."""
+    import hashlib
+
+    path = str(Path(root).resolve())
+    return f"{Path(path).name}-{hashlib.sha1(path.encode()).hexdigest()[:8]}"

@@ -17,9 +17,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from benchmarks.adapters import IMAGE_SIZE, RATIO, SCALE, Loader, num_workers
+from benchmarks.adapters import IMAGE_SIZE, RATIO, SCALE, Loader, cache_key, num_workers
 
 WORKLOADS = ("imagenet-jpeg", "ingest")
+PREPARE = ("imagenet-jpeg",)
 
 
 def versions() -> dict[str, str]:
@@ -52,7 +53,7 @@ def _write(root: str, out: Path, workers: int) -> int:
 
 
 def prepare(workload: str, data: dict, cache_dir: Path) -> dict:
-    out = cache_dir / "ffcv" / f"{Path(data['root']).name}.beton"
+    out = cache_dir / "ffcv" / f"{cache_key(data['root'])}.beton"
     if not out.exists():
         tmp = out.with_suffix(".tmp.beton")
         _write(data["root"], tmp, os.cpu_count() or 1)

@@ -15,6 +15,7 @@ from pathlib import Path
 from benchmarks.adapters import Loader, num_workers, torchvision_transform
 
 WORKLOADS = ("imagenet-jpeg",)
+PREPARE = ("imagenet-jpeg",)
 
 
 def versions() -> dict[str, str]:

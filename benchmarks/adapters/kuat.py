@@ -20,9 +20,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from benchmarks.adapters import IMAGE_SIZE, Loader, num_workers
+from benchmarks.adapters import IMAGE_SIZE, Loader, cache_key, num_workers
 
 WORKLOADS = ("imagenet-jpeg", "imagenet-jpeg-256", "tokens", "ingest")
+PREPARE = ("imagenet-jpeg", "imagenet-jpeg-256")  # workloads that read a converted copy
 
 
 def versions() -> dict[str, str]:
@@ -54,7 +55,7 @@ def prepare(workload: str, data: dict, cache_dir: Path) -> dict:
     if workload == "tokens":
         return {}
     shorter = 256 if workload == "imagenet-jpeg-256" else None
-    name = Path(data["root"]).name + (f"-short{shorter}" if shorter else "")
+    name = cache_key(data["root"]) + (f"-short{shorter}" if shorter else "")
     dst = cache_dir / "kuat" / f"{name}.kuat"
     if not (dst / "manifest.json").exists():
         _convert(data["root"], dst, os.cpu_count() or 1, shorter)

@@ -17,9 +17,16 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from benchmarks.adapters import Loader, list_imagefolder, num_workers, torchvision_transform
+from benchmarks.adapters import (
+    Loader,
+    cache_key,
+    list_imagefolder,
+    num_workers,
+    torchvision_transform,
+)
 
 WORKLOADS = ("imagenet-jpeg", "ingest")
+PREPARE = ("imagenet-jpeg",)
 
 
 def versions() -> dict[str, str]:
@@ -55,7 +62,7 @@ def _write(root: str, out_dir: Path, workers: int) -> int:
 
 
 def prepare(workload: str, data: dict, cache_dir: Path) -> dict:
-    out = cache_dir / "litdata" / Path(data["root"]).name
+    out = cache_dir / "litdata" / cache_key(data["root"])
     if not (out / "index.json").exists():
         _write(data["root"], out, os.cpu_count() or 1)
     return {"litdata_dir": str(out)}

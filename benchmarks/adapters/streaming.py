@@ -16,9 +16,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from benchmarks.adapters import Loader, list_imagefolder, num_workers, torchvision_transform
+from benchmarks.adapters import (
+    Loader,
+    cache_key,
+    list_imagefolder,
+    num_workers,
+    torchvision_transform,
+)
 
 WORKLOADS = ("imagenet-jpeg", "ingest")
+PREPARE = ("imagenet-jpeg",)
 
 
 def versions() -> dict[str, str]:
@@ -48,7 +55,7 @@ def _write(root: str, out_dir: Path) -> int:
 
 
 def prepare(workload: str, data: dict, cache_dir: Path) -> dict:
-    out = cache_dir / "mds" / Path(data["root"]).name
+    out = cache_dir / "mds" / cache_key(data["root"])
     if not (out / "index.json").exists():
         _write(data["root"], out)
     return {"mds_dir": str(out)}

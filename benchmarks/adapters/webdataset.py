@@ -15,9 +15,16 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from benchmarks.adapters import Loader, list_imagefolder, num_workers, torchvision_transform
+from benchmarks.adapters import (
+    Loader,
+    cache_key,
+    list_imagefolder,
+    num_workers,
+    torchvision_transform,
+)
 
 WORKLOADS = ("imagenet-jpeg", "ingest")
+PREPARE = ("imagenet-jpeg",)
 SHARDS = 16
 
 
@@ -44,7 +51,7 @@ def _write(root: str, out_dir: Path) -> int:
 
 
 def prepare(workload: str, data: dict, cache_dir: Path) -> dict:
-    out = cache_dir / "webdataset" / Path(data["root"]).name
+    out = cache_dir / "webdataset" / cache_key(data["root"])
     if not (out / ".complete").exists():
         _write(data["root"], out)
         (out / ".complete").write_text("ok\n")

@@ -146,6 +146,8 @@ def run(args: argparse.Namespace) -> int:
             num_images=args.num_images,
             num_workers=args.workers,
             setup_envs=args.setup_envs,
+            image_root=args.imagefolder,
+            cache_dir=args.cache_dir,
         ).items()
         if v is not None
     }
