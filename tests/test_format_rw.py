@@ -137,6 +137,9 @@ def test_raw_and_read_batch(dataset_dir):
         np.testing.assert_array_equal(got, r["tokens"])
     only = ds.read_batch(np.array([5, 6]), fields=["u8"])
     assert list(only) == ["u8"] and only["u8"].tolist() == [5, 6]
+    assert ds.read_batch([5], fields="u8")["u8"].tolist() == [5]
+    with pytest.raises(ValueError, match="no field 'nope'"):
+        ds.read_batch([5], fields=["nope"])
 
 
 def test_indices_behave_like_a_sequence(dataset_dir):

@@ -549,6 +549,8 @@ class Dataset:
         idx = self._indices(indices)
         if fields is None:
             fields = self.schema.names
+        elif isinstance(fields, str):
+            fields = [fields]
         for name in fields:
             if name not in self.schema:
                 raise ValueError(f"no field {name!r} in {self.schema}")
