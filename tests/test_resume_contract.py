@@ -164,3 +164,22 @@ def test_assert_same_batch_names_the_path():
         assert_same_batch(
             {"x": [1, torch.zeros(2)]}, {"x": [1, torch.zeros(2, dtype=torch.int64)]}, "b"
         )
+
+
+@pytest.mark.parametrize("name", ["hf_stream", "mix_map"])
+def test_resume_with_persistent_workers(sources, name):
+    def make():
+        iterable = isinstance(
+            kuat.sources.as_source(sources[name]), torch.utils.data.IterableDataset
+        )
+        return kuat.DataLoader(
+            sources[name],
+            batch_size=4,
+            shuffle=None if iterable else True,
+            num_workers=2,
+            persistent_workers=True,
+            collate_fn=_collate,
+            seed=7,
+        )
+
+    check_resume(make, _midpoints(name)[1:4], epochs=3)
