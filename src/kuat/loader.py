@@ -25,9 +25,11 @@ Optional attributes the loader honours on the source:
   device copy (on the device when there is one), or ``None``.
 * ``set_epoch(epoch)`` (iterable sources): called in each worker, on that worker's copy, before
   iterating each epoch (also with persistent workers).
-* ``kuat_set_distributed(rank, world_size)`` (iterable sources): called once at construction
-  when ``world_size > 1`` so the source can take its rank's share. Map-style sources are
-  sharded by the loader's sampler and need nothing.
+* ``kuat_set_distributed(rank, world_size)`` and ``kuat_set_batching(batch_size, drop_last)``
+  (iterable sources): called once at construction, so the source takes its rank's share and
+  splits workers by whole batches (then batch ``k`` is the same whatever the worker count,
+  which makes replay-based resume exact). Map-style sources are sharded by the loader's
+  sampler and need nothing.
 * ``kuat_set_batching(batch_size, drop_last)`` (iterable sources): called once at construction,
   so that a kuat stream (``kuat.sources.stream``) splits workers by whole batches (batch ``k`` is
   then the same whatever ``num_workers``, which makes replay-resume exact) and, with
@@ -294,8 +296,10 @@ class DataLoader:
         if sampler is None:
             if iterable:
                 sampler = _InfiniteSampler()
-                if world_size > 1 and hasattr(source, "kuat_set_distributed"):
+                if hasattr(source, "kuat_set_distributed"):
                     source.kuat_set_distributed(rank, world_size)
+                if hasattr(source, "kuat_set_batching"):
+                    source.kuat_set_batching(batch_size, drop_last)
                 if hasattr(source, "kuat_set_batching"):  # kuat streams: workers take whole batches
                     source.kuat_set_batching(batch_size, drop_last)
             elif batch_sampler is None:
