@@ -104,3 +104,23 @@ def test_torch_loader_over_a_stream_splits_by_sample():
     loader = torch.utils.data.DataLoader(stream, batch_size=2, num_workers=2)
     got = sorted(x for b in loader for x in b.tolist())
     assert got == list(range(12))
+
+
+def test_hf_stream_split_by_shards_reads_each_example_once(hf_stream):
+    from kuat.sources.hf import HFIterableSource
+
+    with pytest.raises(ValueError, match="split"):
+        HFIterableSource(hf_stream, split="rows")
+    src = HFIterableSource(hf_stream, split="shards")
+    for workers in (0, 2):
+        got = [
+            x
+            for b in kuat.DataLoader(src, batch_size=4, num_workers=workers)
+            for x in b["x"].tolist()
+        ]
+        assert sorted(got) == list(range(26))
+    shares = []
+    for rank in range(2):
+        loader = kuat.DataLoader(src, batch_size=4, num_workers=2, rank=rank, world_size=2)
+        shares.append({x for b in loader for x in b["x"].tolist()})
+    assert not shares[0] & shares[1] and shares[0] | shares[1] == set(range(26))

@@ -254,21 +254,37 @@ class HFIterableSource(Stream):
     every shard). A dataset already split with ``datasets.distributed.split_dataset_by_node`` is
     read as given, and not split across ranks again.
 
+    ``split="shards"`` reads each example once instead: ranks take shards as
+    ``datasets.distributed.split_dataset_by_node`` assigns them, and each worker the shards
+    ``datasets`` gives it through ``torch.utils.data.get_worker_info()`` (kuat's thread workers
+    answer it per thread). Shards differ in size, so ranks may then get different numbers of
+    batches (end the epoch together yourself, e.g. with ``torch.distributed``'s ``Join``), and
+    batches depend on ``num_workers``, so resume is exact only with the same worker count.
+
     Args:
         dataset: the ``datasets.IterableDataset``.
+        split: ``"position"`` (default: equal shares, exact resume with any worker count) or
+            ``"shards"`` (each example read once).
+
+    Raises:
+        TypeError: ``dataset`` is not a ``datasets.IterableDataset``.
+        ValueError: an unknown ``split``.
 
     Thread-safety: several workers may iterate at once: each iteration unpickles its own copy of
     the dataset object (pickled once; files are reopened by path, but an in-memory Arrow table
     is copied, so stream large data from files).
     """
 
-    def __init__(self, dataset):
+    def __init__(self, dataset, split: str = "position"):
         super().__init__()
         if not is_hf_iterable_dataset(dataset):
             raise TypeError(
                 f"HFIterableSource wraps a datasets.IterableDataset, got {type(dataset).__name__}"
             )
+        if split not in ("position", "shards"):
+            raise ValueError(f"split should be 'position' or 'shards', got {split=!r}")
         self.dataset = dataset
+        self.split = split
         self._pickled: bytes | None = None
         if getattr(dataset, "_distributed", None) is not None:
             _log.info("the datasets.IterableDataset is already split by node; kuat keeps its split")
@@ -288,20 +304,35 @@ class HFIterableSource(Stream):
         state["_pickled"] = None
         return state
 
+    def _copy(self, epoch: int):
+        """A private copy of the dataset at ``epoch``, unpickled from bytes taken once:
+        datasets keeps iteration progress on the examples iterable, so two workers iterating
+        one object (or copying it while another iterates) would disturb each other."""
+        with _COPY_LOCK:
+            if self._pickled is None:
+                self._pickled = pickle.dumps(self.dataset, protocol=pickle.HIGHEST_PROTOCOL)
+        ds = pickle.loads(self._pickled)
+        ds.set_epoch(epoch)
+        return ds
+
+    def __iter__(self):
+        if self.split == "position":
+            return super().__iter__()
+        from datasets.distributed import split_dataset_by_node
+
+        ds = self._copy(self._epoch)
+        rank, world_size = self._rank_and_world()
+        if world_size > 1:
+            ds = split_dataset_by_node(ds, rank=rank, world_size=world_size)
+        return iter(ds)  # datasets shards by worker itself (get_worker_info)
+
     def samples(self, epoch: int):
         """The dataset's examples for ``epoch``, as ``iter(dataset)`` gives them in the main
         process (mirrors ``datasets`` 5.2 ``IterableDataset.__iter__`` without its torch-worker
         branch)."""
         from datasets.formatting import get_formatter
 
-        # A private copy per iteration, unpickled from bytes taken once: datasets keeps
-        # iteration progress on the examples iterable, so two workers iterating one object (or
-        # copying it while another iterates) would disturb each other.
-        with _COPY_LOCK:
-            if self._pickled is None:
-                self._pickled = pickle.dumps(self.dataset, protocol=pickle.HIGHEST_PROTOCOL)
-        ds = pickle.loads(self._pickled)
-        ds.set_epoch(epoch)
+        ds = self._copy(epoch)
         ex_iterable = ds._prepare_ex_iterable_for_iteration()
         if ds._formatting and (ex_iterable.iter_arrow or ds._formatting.is_table):
             formatter = get_formatter(ds._formatting.format_type, features=ds.features)
