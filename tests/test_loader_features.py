@@ -213,3 +213,26 @@ def test_torchs_default_collate_is_replaced_in_workers_and_non_int_keys_work():
     first = first_batch()
     assert first["key"] == ["a", "b"]
     assert torch.equal(first_batch()["r"], first["r"])  # isolated per key, reproducible
+
+
+class CountsPickles:
+    pickles = 0
+
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        return i * 10
+
+    def __getstate__(self):
+        CountsPickles.pickles += 1
+        return {}
+
+
+@pytest.mark.slow
+def test_spawned_workers_get_the_dataset_pickled_once():
+    CountsPickles.pickles = 0
+    with kuat.DataLoader(CountsPickles(), batch_size=4, num_workers=2, worker_type="process",
+                         multiprocessing_context="spawn", persistent_workers=True) as dl:
+        assert [b.tolist() for _ in range(2) for b in dl] == [[0, 10, 20, 30], [40, 50, 60, 70]] * 2
+    assert CountsPickles.pickles == 1  # two spawned workers, one pickling

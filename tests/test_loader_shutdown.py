@@ -2,6 +2,7 @@
 
 import gc
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -107,26 +108,42 @@ def test_persistent_workers_end_on_close_and_with_block(worker_type):
         iter(dl)
 
 
-def test_interpreter_exit_mid_epoch_leaves_nothing():
+def test_ctrl_c_and_interpreter_exit_mid_epoch_leave_nothing():
+    """Ctrl-C (SIGINT to the whole process group) while loaders are mid-epoch."""
     script = textwrap.dedent("""
-        import os, torch, kuat
+        import os, time, psutil, torch, kuat
         class D:
             def __len__(self): return 100
-            def __getitem__(self, i): return torch.zeros(1000)
+            def __getitem__(self, i):
+                if i >= 8:
+                    time.sleep(0.05)  # the workload: slow samples
+                return torch.zeros(1000)
         loaders = [kuat.DataLoader(D(), batch_size=4, num_workers=2, worker_type=t,
                                    persistent_workers=True) for t in ("thread", "process")]
         iterators = [iter(dl) for dl in loaders]
         for it in iterators:
             next(it)
-        print(os.getpid(), flush=True)
+        children = [c.pid for c in psutil.Process().children(recursive=True)]
+        print(os.getpid(), *children, flush=True)
+        for it in iterators:
+            for _ in it:
+                pass
     """)
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stderr
-    pid = int(out.stdout.split()[0])
-    leftovers = {f for f in os.listdir(shm.SHM_DIR) if f.startswith(f"kuat-{pid}-")}
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        pids = [int(x) for x in proc.stdout.readline().split()]
+        assert len(pids) == 3, proc.stderr.read()
+        os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0 and "KeyboardInterrupt" in err, err
+    leftovers = {f for f in os.listdir(shm.SHM_DIR) if f.startswith(f"kuat-{pids[0]}-")}
     assert leftovers == set()
-    orphans = [p for p in psutil.process_iter(["ppid", "name"]) if p.info["ppid"] == pid]
-    assert orphans == []
+    for pid in pids[1:]:  # the worker processes are gone, not orphaned
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
 
 
 def _rss_all() -> int:
