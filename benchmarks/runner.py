@@ -66,7 +66,7 @@ class BenchConfig:
     quick: bool = False
     loaders: tuple[str, ...] = DEFAULT_LOADERS
     workloads: tuple[str, ...] = workloads.ALL
-    runs: int | None = None  # rounds; default 3 (quick: 3 as well, on smaller data)
+    runs: int | None = None  # interleaved rounds; default 3 (quick: 2)
     num_images: int | None = None  # default 2000 (quick: 512)
     epochs: int | None = None  # per run: 1 warm-up + steady; default 3 (quick: 2)
     num_tokens: int = 50_000_000
@@ -92,7 +92,7 @@ class BenchConfig:
         if self.epochs is not None and self.epochs < 2:
             raise ValueError(f"epochs={self.epochs} must be >= 2 (one warm-up, then steady)")
         q = self.quick
-        self.runs = self.runs or 3
+        self.runs = self.runs or (2 if q else 3)
         self.num_images = self.num_images or (512 if q else 2000)
         self.epochs = self.epochs or (2 if q else 3)
         self.token_windows = self.token_windows or (16_384 if q else 65_536)

@@ -8,6 +8,10 @@
 - imagenet-jpeg-256: the same, converted with ``resize_shorter=256``.
 - tokens: a map-style dataset (written here, as a user would) whose ``__getitems__`` gathers a
   whole batch of windows from the memmap in one vectorised NumPy indexing operation.
+- hf-rows: ``benchmarks.bench_hf.kuat_loader`` (the HF area's configuration): the
+  ``datasets.Dataset`` ``with_format("torch")`` read a batch at a time through its Arrow table,
+  ``collate_fn=kuat.pad_collate()``; the torch baseline is ``bench_hf.torch_loader`` (per-row
+  Python padding). Both read the same fixed shuffled order.
 - ingest: ``from_imagefolder`` into a fresh directory.
 
 Loader settings: ``num_workers=cores``, ``persistent_workers=True``, ``drop_last=True``,
@@ -22,7 +26,7 @@ from pathlib import Path
 
 from benchmarks.adapters import IMAGE_SIZE, Loader, cache_key, num_workers
 
-WORKLOADS = ("imagenet-jpeg", "imagenet-jpeg-256", "tokens", "ingest")
+WORKLOADS = ("imagenet-jpeg", "imagenet-jpeg-256", "tokens", "hf-rows", "ingest")
 PREPARE = ("imagenet-jpeg", "imagenet-jpeg-256")  # workloads that read a converted copy
 
 
@@ -117,6 +121,13 @@ def build(workload: str, data: dict, spec: dict) -> Loader:
     from kuat import vision as kv
 
     opts = spec.get("options", {})
+    workers = num_workers(spec)
+    if workload == "hf-rows":
+        from benchmarks import bench_hf
+
+        indices = bench_hf.order(data["num_rows"], spec.get("seed", 0))
+        loader = bench_hf.kuat_loader(data, workers, indices, opts.get("worker_type", "thread"))
+        return Loader(lambda e: iter(loader), getattr(loader, "close", None))
     if workload.startswith("imagenet-jpeg"):
         ds = kuat.open(data["kuat_path"]).with_transform(
             {"image": kv.Compose([kv.RandomResizedCrop(IMAGE_SIZE), kv.RandomHorizontalFlip()])}
@@ -125,7 +136,6 @@ def build(workload: str, data: dict, spec: dict) -> Loader:
         ds = TokenWindows(data["tokens_path"], data["offsets_path"], data["window"])
     else:
         raise ValueError(f"kuat adapter: unknown workload={workload!r}")
-    workers = num_workers(spec)
     loader = kuat.DataLoader(
         ds,
         batch_size=spec["batch_size"],

@@ -6,6 +6,8 @@
   files: it is the reference kuat's resized dataset is compared with.
 - tokens: a map-style dataset that slices a ``np.memmap`` per sample (nanoGPT's read, one
   window per ``__getitem__``) and ``default_collate`` stacking.
+- hf-rows: ``benchmarks.bench_hf.torch_loader``: the ``datasets.Dataset``
+  ``with_format("torch")`` and the usual per-row Python padding collate.
 
 Fast settings used: ``num_workers=os.cpu_count()``, ``persistent_workers=True`` (no worker
 restart per epoch), ``prefetch_factor=2`` (default), ``drop_last=True``, fork start method.
@@ -15,7 +17,7 @@ from __future__ import annotations
 
 from benchmarks.adapters import IMAGE_SIZE, Loader, num_workers
 
-WORKLOADS = ("imagenet-jpeg", "imagenet-jpeg-256", "tokens")
+WORKLOADS = ("imagenet-jpeg", "imagenet-jpeg-256", "tokens", "hf-rows")
 
 
 def versions() -> dict[str, str]:
@@ -91,6 +93,15 @@ def build(workload: str, data: dict, spec: dict) -> Loader:
         def epoch(e):
             for images, labels in loader:  # (B, 3, 224, 224) uint8, (B,) int64
                 yield {"image": images, "label": labels}
+
+    elif workload == "hf-rows":
+        from benchmarks import bench_hf
+
+        indices = bench_hf.order(data["num_rows"], spec.get("seed", 0))
+        loader = bench_hf.torch_loader(data, workers, indices)  # with_format("torch"), pad_rows
+
+        def epoch(e):
+            return iter(loader)
 
     elif workload == "tokens":
         ds = TokenWindows(data["tokens_path"], data["offsets_path"], data["window"])

@@ -56,7 +56,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         help="imagenet-jpeg imagenet-jpeg-256 tokens hf-rows ingest (default: all)",
     )
     p.add_argument(
-        "--runs", type=int, default=None, help="interleaved rounds per loader (default 3)"
+        "--runs", type=int, default=None, help="interleaved rounds per loader (default 3; quick 2)"
     )
     p.add_argument(
         "--epochs",
@@ -86,6 +86,19 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         dest="setup_envs",
         action="store_false",
         help="only use peer environments that already exist",
+    )
+    p.add_argument(
+        "--imagefolder",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="benchmark on this ImageFolder tree instead of the demo images",
+    )
+    p.add_argument(
+        "--cache-dir",
+        type=Path,
+        default=None,
+        help="where converted copies and generated data are kept (default ~/.cache/kuat/bench)",
     )
     p.add_argument(
         "--timeout",
