@@ -236,3 +236,30 @@ def test_spawned_workers_get_the_dataset_pickled_once():
                          multiprocessing_context="spawn", persistent_workers=True) as dl:
         assert [b.tolist() for _ in range(2) for b in dl] == [[0, 10, 20, 30], [40, 50, 60, 70]] * 2
     assert CountsPickles.pickles == 1  # two spawned workers, one pickling
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_one_batch_ahead_copy_path_yields_every_batch_and_defers_errors(num_workers):
+    # The device path of the iterator (stage the next batch, then hand out the current one)
+    # driven with a CPU "device", so it runs without CUDA.
+    class FailsAt5:
+        def __len__(self):
+            return 8
+
+        def __getitem__(self, i):
+            if i == 5:
+                raise KeyError(i)
+            return i
+
+    dl = kuat.DataLoader(FailsAt5(), batch_size=2, num_workers=num_workers)
+    dl._device = torch.device("cpu")
+    it = iter(dl)
+    assert next(it).tolist() == [0, 1]
+    assert next(it).tolist() == [2, 3]  # batch [4, 5] failed while this one was staged
+    assert dl.state_dict()["batches_served_in_epoch"] == 2
+    with pytest.raises(KeyError):
+        next(it)
+    assert next(it).tolist() == [6, 7]
+    with pytest.raises(StopIteration):
+        next(it)
+    assert dl.state_dict()["epoch"] == 1

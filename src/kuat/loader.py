@@ -852,20 +852,27 @@ class _LoaderIter:
         if self._deferred is not None:
             exc, self._deferred = self._deferred, None
             raise exc
-        t0 = time.perf_counter()
         if self._staged is None:
-            self._staged = self._copier.stage(self._next_batch())
+            self._staged = self._stage(self._next_batch())
         current, self._staged = self._staged, None
         try:
-            self._staged = self._copier.stage(self._next_batch())
+            self._staged = self._stage(self._next_batch())
         except StopIteration:
             pass
         except BaseException as e:
             self._deferred = e
+        t0 = time.perf_counter()
         batch = self._copier.wait(current)
         with self._stats.lock:
             self._stats.device_s += time.perf_counter() - t0
         return batch
+
+    def _stage(self, batch):
+        t0 = time.perf_counter()
+        staged = self._copier.stage(batch)
+        with self._stats.lock:
+            self._stats.device_s += time.perf_counter() - t0
+        return staged
 
     # --- bookkeeping --------------------------------------------------------------------------
     def _account(self, r) -> None:
