@@ -200,7 +200,7 @@ class HFMapSource(torch.utils.data.Dataset):
         n = len(rows)
         if n == 0:
             return []
-        columns: dict[str, list | object] = {}
+        columns: dict[str, object] = {}
         batch = None
         if self._slow:
             sub = self.dataset._data.fast_gather(rows).select(self._slow)  # pyarrow.Table (B rows)
@@ -234,6 +234,7 @@ def _split_rows(batch, n: int, dataset, indices) -> list:
         keys = list(batch)
         if not keys:
             return [{} for _ in range(n)]
+        n = len(batch[keys[0]])  # as datasets: a transform may return another number of rows
         return [{k: batch[k][i] for k in keys} for i in range(n)]
     if isinstance(batch, pa.Table):  # "arrow": a one-row table per sample, zero-copy slices
         return [batch.slice(i, 1) for i in range(n)]
