@@ -12,6 +12,8 @@ Rows:
   kuat decode_image          the same through kuat (header, EXIF orientation, checks)
   kuat fused RRC224+flip     Compose([RandomResizedCrop(224), RandomHorizontalFlip()])
                              .apply_encoded into a (B, 3, 224, 224) uint8 batch buffer slot
+    same, ROI decoder off    the same with the optional ROI decoder disabled (simplejpeg:
+                             full-size or DCT-scaled decode of the whole image)
   kuat fused, +resize-256    the same on the images pre-resized to shorter side 256
   torchvision PIL RRC224     PIL open + convert("RGB") + torchvision v2 RandomResizedCrop(224)
                              + RandomHorizontalFlip + PILToTensor (what ImageFolder workers do,
@@ -150,6 +152,10 @@ def main(argv=None) -> int:
     from PIL import Image
 
     from kuat.vision import Compose, RandomHorizontalFlip, RandomResizedCrop, decode_image
+    from kuat.vision import decode as kdecode
+
+    if kdecode._roi is None:
+        print("note: the ROI decoder is not built (python -m kuat.vision._build_roijpeg)")
 
     corpus = make_corpus(args.images)
     small = resize_shorter(corpus)
@@ -178,6 +184,13 @@ def main(argv=None) -> int:
     def kuat_fused_small(k, t):
         kuat_fused(k, t, small)
 
+    def kuat_fused_no_roi(k, t):
+        roi, kdecode._roi = kdecode._roi, None  # this row runs alone: safe to toggle
+        try:
+            kuat_fused(k, t)
+        finally:
+            kdecode._roi = roi
+
     def torchvision_pil(k, t):
         slot(t)
         with Image.open(io.BytesIO(corpus[k][0])) as im:
@@ -187,6 +200,7 @@ def main(argv=None) -> int:
         ("decode-only (simplejpeg)", decode_only, corpus),
         ("kuat decode_image", kuat_decode, corpus),
         ("kuat fused RRC224+flip", kuat_fused, corpus),
+        ("  same, ROI decoder off", kuat_fused_no_roi, corpus),
         ("kuat fused, resize-256 data", kuat_fused_small, small),
         ("torchvision PIL RRC224+flip", torchvision_pil, corpus),
     ]

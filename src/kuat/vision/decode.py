@@ -52,6 +52,11 @@ _PIL_JPEG_COLORSPACES = ("CMYK", "YCCK")  # simplejpeg cannot convert these to R
 
 _local = threading.local()
 
+try:  # the optional ROI decoder (C, libjpeg-turbo); see _roijpeg.c and _build_roijpeg.py
+    from kuat.vision import _roijpeg as _roi
+except ImportError:  # not built: full-size/DCT-scaled decodes through simplejpeg only
+    _roi = None
+
 
 class Decoded(NamedTuple):
     """A decode in the image's stored orientation (internal to kuat.vision).
@@ -153,6 +158,47 @@ def decode_stored(
                     "simplejpeg failed%s: %s; retrying with Pillow", _where(index, source), e
                 )
     return _decode_pil(data, min_scale, max_pixels, index, source)
+
+
+class JpegHeader(NamedTuple):
+    """What the ROI path needs before decoding: stored size and EXIF orientation."""
+
+    height: int
+    width: int
+    orientation: int
+
+
+def roi_header(data) -> JpegHeader | None:
+    """Header of a JPEG the ROI decoder can take (YCbCr/grayscale/RGB, header readable, the
+    decoder built), else ``None`` (the caller uses :func:`decode_stored`). Internal."""
+    if _roi is None or bytes(data[:2]) != _JPEG_SOI:
+        return None
+    import simplejpeg
+
+    try:
+        height, width, colorspace, _ = simplejpeg.decode_jpeg_header(data)
+    except ValueError:
+        return None
+    if colorspace in _PIL_JPEG_COLORSPACES:
+        return None
+    return JpegHeader(height, width, _exif.jpeg_orientation(data))
+
+
+def decode_jpeg_roi(data, scale_num: int, y0: int, y1: int, x0: int, x1: int) -> np.ndarray:
+    """Rows ``[y0, y1)`` and columns ``[x0, x1)`` of the JPEG decoded at ``scale_num / 8``
+    (stored orientation), decoding only what they need: ``(y1 - y0, x1 - x0, 3)`` uint8 view
+    into a per-thread scratch buffer (valid until the next decode in this thread). Pixels equal
+    the same region of a full decode at that scale. Internal.
+
+    Raises:
+        ValueError: corrupt or truncated above ``y1`` (the caller falls back to
+            :func:`decode_stored`, which reports it as a DecodeError).
+    """
+    rows = y1 - y0
+    buf = _scratch(rows * (x1 + 8) * 3)  # the decoded window is at most columns [0, x1 + 8)
+    xoff, width = _roi.decode_crop(data, scale_num, y0, y1, x0, x1, buf)
+    region = buf[: rows * width * 3].reshape(rows, width, 3)  # (rows, width, 3)
+    return region[:, x0 - xoff : x1 - xoff]
 
 
 def _decode_pil(data, min_scale, max_pixels, index, source) -> Decoded:

@@ -32,6 +32,7 @@ Every transform also works on its own (``__call__``) on a decoded ``(..., 3, H, 
 
 from __future__ import annotations
 
+import logging
 import math
 import numbers
 import threading
@@ -42,7 +43,15 @@ import torch
 import torch.nn.functional as F
 
 from kuat.vision import _exif
-from kuat.vision.decode import DEFAULT_MAX_PIXELS, decode_image, decode_stored
+from kuat.vision.decode import (
+    DEFAULT_MAX_PIXELS,
+    _check_pixels,
+    _pick_scale,
+    decode_image,
+    decode_jpeg_roi,
+    decode_stored,
+    roi_header,
+)
 
 __all__ = [
     "Compose",
@@ -53,6 +62,7 @@ __all__ = [
     "Normalize",
 ]
 
+logger = logging.getLogger("kuat.vision")
 _local = threading.local()
 _upsample_aa = getattr(torch._C._nn, "_upsample_bilinear2d_aa", None)
 
@@ -550,33 +560,16 @@ class Compose(_Transform):
             out = np.empty((3, oh, ow), np.uint8)
         elif out.shape != (3, oh, ow) or out.dtype != np.uint8:
             raise ValueError(f"out must be (3, {oh}, {ow}) uint8, got {out.shape} {out.dtype}")
-        d = decode_stored(
-            data,
-            min_scale=plan.min_scale(),
-            max_pixels=self.max_pixels,
-            index=index,
-            source=source,
-            reuse_buffer=True,
-        )
-        transposed = d.orientation in _exif.TRANSPOSED
-        full_w, full_h = (d.height, d.width) if transposed else (d.width, d.height)
-        top, left, bh, bw = plan.top, plan.left, plan.height, plan.width
-        if (full_w, full_h) != (width, height):  # the index disagrees: keep the relative box
-            fy, fx = full_h / height, full_w / width
-            top, left, bh, bw = top * fy, left * fx, bh * fy, bw * fx
-        top, left, bh, bw = _exif.stored_box(d.orientation, d.height, d.width, top, left, bh, bw)
-        pixels = d.pixels  # (ph, pw, 3) at scale d.scale, stored orientation
-        y0, y1 = _snap(top, bh, d.scale, pixels.shape[0])  # box edges on the decoded grid
-        x0, x1 = _snap(left, bw, d.scale, pixels.shape[1])
+        crop, orientation = self._decode_crop(data, width, height, plan, index, source)
+        transposed = orientation in _exif.TRANSPOSED
         grid = (plan.res_w, plan.res_h) if transposed else (plan.res_h, plan.res_w)  # stored
-        crop = pixels[y0:y1, x0:x1]  # (h, w, 3) view
         if crop.shape[:2] != grid:
-            # (h, w, 3) -> (1, 3, h, w) channels_last, the layout of torch's AVX2 uint8 kernel
-            src = torch.from_numpy(crop).permute(2, 0, 1).unsqueeze(0)
-            src = src.contiguous(memory_format=torch.channels_last)
+            # (h, w, 3) -> (1, 3, h, w) channels_last, the layout of torch's AVX2 uint8 kernel;
+            # NumPy's row copy is ~2x faster than torch's .contiguous() for this
+            src = torch.from_numpy(np.ascontiguousarray(crop)).permute(2, 0, 1).unsqueeze(0)
             crop = _resize_aa(src, grid).numpy()[0]
             crop = crop.transpose(1, 2, 0)  # (3, gh, gw) -> (gh, gw, 3) view
-        res = _exif.orient(crop, d.orientation)  # (H, W, 3) view
+        res = _exif.orient(crop, orientation)  # (H, W, 3) view
         win = plan.window()
         if win is not None:
             res = res[win]
@@ -585,6 +578,52 @@ class Compose(_Transform):
             dst = dst[:, ::-1]
         np.copyto(dst, res)
         return out
+
+    def _decode_crop(self, data, width, height, plan, index, source):
+        """The plan's box, decoded at the smallest sufficient DCT scale and snapped to its
+        pixel grid: ``((h, w, 3) uint8 view in stored orientation, EXIF orientation)``.
+
+        With the ROI decoder only the box's rows and columns are reconstructed; otherwise
+        the whole image is decoded (at that scale) and the box is a view into it.
+        """
+        hdr = roi_header(data)
+        if hdr is not None:
+            _check_pixels(hdr.width, hdr.height, self.max_pixels, index, source)
+            k = _pick_scale(plan.min_scale())
+            s = k / 8
+            ph, pw = -(-hdr.height * k // 8), -(-hdr.width * k // 8)  # libjpeg's scaled size
+            top, left, bh, bw = self._stored_box(plan, hdr, width, height)
+            y0, y1 = _snap(top, bh, s, ph)
+            x0, x1 = _snap(left, bw, s, pw)
+            try:
+                return decode_jpeg_roi(data, k, y0, y1, x0, x1), hdr.orientation
+            except ValueError as e:  # corrupt or libjpeg warnings: the full path decides
+                logger.debug("ROI decode failed (sample %s): %s; decoding in full", index, e)
+        d = decode_stored(
+            data,
+            min_scale=plan.min_scale(),
+            max_pixels=self.max_pixels,
+            index=index,
+            source=source,
+            reuse_buffer=True,
+        )
+        top, left, bh, bw = self._stored_box(plan, d, width, height)
+        pixels = d.pixels  # (ph, pw, 3) at scale d.scale, stored orientation
+        y0, y1 = _snap(top, bh, d.scale, pixels.shape[0])  # box edges on the decoded grid
+        x0, x1 = _snap(left, bw, d.scale, pixels.shape[1])
+        return pixels[y0:y1, x0:x1], d.orientation
+
+    @staticmethod
+    def _stored_box(plan, hdr, width, height):
+        """The plan's box in the stored orientation at full size (``hdr``: height, width,
+        orientation of the bytes; ``width``/``height``: the oriented size from the index)."""
+        transposed = hdr.orientation in _exif.TRANSPOSED
+        full_w, full_h = (hdr.height, hdr.width) if transposed else (hdr.width, hdr.height)
+        top, left, bh, bw = plan.top, plan.left, plan.height, plan.width
+        if (full_w, full_h) != (width, height):  # the index disagrees: keep the relative box
+            fy, fx = full_h / height, full_w / width
+            top, left, bh, bw = top * fy, left * fx, bh * fy, bw * fx
+        return _exif.stored_box(hdr.orientation, hdr.height, hdr.width, top, left, bh, bw)
 
     def _apply_unfused(self, data, rng, out, index, source):
         """Full decode, then the transforms one by one (for plans that need padding)."""
