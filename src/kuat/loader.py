@@ -41,6 +41,7 @@ Optional attributes the loader honours on the source:
 
 from __future__ import annotations
 
+import collections
 import itertools
 import logging
 import math
@@ -713,8 +714,7 @@ class _LoaderIter:
         self._active = [True] * self._nw
         self._rr = 0
         self._tasks: dict[int, int] = {}  # task id -> worker id, in flight
-        self._order: list[int] = []  # task ids in dispatch order (in_order)
-        self._head = 0
+        self._order: collections.deque[int] = collections.deque()  # dispatch order (in_order)
         self._ready: dict[int, Any] = {}
         self._in_order = loader.in_order
         self._timeout = loader.timeout
@@ -816,13 +816,10 @@ class _LoaderIter:
         """The next result to yield (in order, or as completed); None when the epoch is over."""
         while True:
             if self._in_order:
-                if self._head < len(self._order) and self._order[self._head] in self._ready:
-                    self._head += 1
-                    return self._ready.pop(self._order[self._head - 1])
-                if self._head >= len(self._order):
-                    self._order.clear()
-                    self._head = 0
+                if not self._order:
                     return None
+                if self._order[0] in self._ready:
+                    return self._ready.pop(self._order.popleft())
             else:
                 if self._ready:
                     return self._ready.pop(next(iter(self._ready)))
