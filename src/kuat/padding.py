@@ -153,6 +153,11 @@ class PadCollate:
         names = (
             self.fields if self.fields is not None else [k for k in first if _is_sequence(first[k])]
         )
+        for key in names:
+            if key not in first:
+                raise KeyError(
+                    f"pad_collate: field {key!r} is not in the samples (keys {list(first)})"
+                )
         columns = getattr(batch, "kuat_columns", None) or {}
         out = {}
         for key in first:
@@ -170,15 +175,15 @@ class PadCollate:
                     padded, lengths = pad_rows(values, self.pad_value, key)
                 out[key] = padded
                 self._put_lengths(out, first, key, lengths)
-            elif col is not None and col.offsets is None and isinstance(col.values, torch.Tensor):
+            elif (
+                col is not None
+                and col.offsets is None
+                and self.collate_fn is None
+                and isinstance(col.values, torch.Tensor)
+            ):
                 out[key] = col.values  # (B,): what stacking the samples' 0-d views gives
             else:
                 out[key] = self._collate_rest(values)
-        for key in names:
-            if key not in first:
-                raise KeyError(
-                    f"pad_collate: field {key!r} is not in the samples (keys {list(first)})"
-                )
         return out
 
     def _put_lengths(self, out: dict, keys, key: str, lengths: torch.Tensor) -> None:
