@@ -411,3 +411,17 @@ def test_validation_errors():
 def test_cuda_decode_without_cuda_raises():
     with pytest.raises(KuatError, match="CUDA"):
         Compose([RandomResizedCrop(224)], decode_device="cuda")
+
+
+@pytest.mark.parametrize("hw", [(1, 1), (3, 500), (500, 2), (17, 13)])
+def test_tiny_and_extreme_images(hw):
+    h, w = hw
+    data = _jpeg(np.full((h, w, 3), 200, np.uint8))
+    c = Compose([RandomResizedCrop(32), RandomHorizontalFlip()])
+    full = _chw(decode_image(data))
+    for seed in range(5):
+        out = c.apply_encoded(data, w, h, np.random.default_rng(seed))
+        assert out.shape == (3, 32, 32)
+        np.testing.assert_array_equal(out, c(full, np.random.default_rng(seed)).numpy())
+    r = Compose([Resize(8), CenterCrop(4)]).apply_encoded(data, w, h, np.random.default_rng(0))
+    assert r.shape == (3, 4, 4)
