@@ -180,3 +180,31 @@ def test_sources_of_a_mix_draw_independently():
     second = [float(batch[i]) for i in range(8) if m.source_ids[i] == 1]
     assert first == alone.tolist()  # source 0 draws as it does alone
     assert len(second) == 4 and not set(first) & set(second)  # source 1 draws differently
+
+
+def test_mix_carries_the_sources_batch_transform(caplog):
+    class WithStep(list):
+        def __init__(self, items, step):
+            super().__init__(items)
+            self.kuat_batch_transform = step
+
+    def double(batch):
+        return batch * 2
+
+    m = kuat.mix([list(range(3)), WithStep(range(10, 13), double)], stopping="all_exhausted")
+    assert m.kuat_batch_transform is double
+    batches = list(kuat.DataLoader(m, batch_size=6))
+    assert sorted(batches[0].tolist()) == [0, 2, 4, 20, 22, 24]  # applied by the loader
+    assert kuat.mix([[1], [2]]).kuat_batch_transform is None
+    with caplog.at_level("WARNING", logger="kuat.sources.mix"):
+        both = kuat.mix([WithStep([1], double), WithStep([2], abs)])
+    assert both.kuat_batch_transform is double and "sources [0, 1]" in caplog.text
+
+
+def test_shuffle_buffer_keeps_the_batch_transform():
+    class WithStep(list):
+        kuat_batch_transform = staticmethod(abs)
+
+    assert kuat.shuffle_buffer(WithStep([1, 2]), 2).kuat_batch_transform is abs
+    m = kuat.mix([WithStep([-1]), [2]], stopping="all_exhausted", shuffle_buffer=4)
+    assert m.kuat_batch_transform is abs

@@ -12,6 +12,10 @@ shuffle them first, or let the loader shuffle a map-style mix). Stopping:
 
 A source of weight 0 is never picked and never counts toward exhaustion.
 
+The sources' batch step (``kuat_batch_transform``, e.g. an on-device ``Normalize``) applies to
+every batch of the mix: the first source's that has one (they must agree; kuat warns when
+several have one).
+
 Per-sample randomness (``kuat.sample_rng``) inside source ``k > 0`` is seeded from the loader's
 seed mixed with ``k``, so that the samples of equal index of two sources draw differently.
 
@@ -25,6 +29,7 @@ a :class:`MixStream`, a :class:`kuat.sources.stream.Stream` whose draws depend o
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import numbers
 from collections.abc import Iterator, Sequence
@@ -36,6 +41,7 @@ from kuat.sources.stream import Stream, stream_of
 
 __all__ = ["mix", "MapMix", "MixStream"]
 
+_log = logging.getLogger("kuat.sources.mix")
 _MASK64 = (1 << 64) - 1
 _MIX_SALT = 0x4D4958  # "MIX": keeps mix draws apart from shuffles and per-sample seeds
 _STOPPING = ("first_exhausted", "all_exhausted")
@@ -99,11 +105,34 @@ def mix(
         out = MapMix(srcs, weights, stopping, int(seed))
     else:
         out = MixStream(srcs, weights, stopping, int(seed))
+    out.kuat_batch_transform = _batch_transform(srcs, weights)
     if shuffle_buffer is not None:
         from kuat.sources.shuffle import shuffle_buffer as _shuffle_buffer
 
         out = _shuffle_buffer(out, shuffle_buffer, seed=int(seed))
     return out
+
+
+def _batch_transform(sources: list, weights: list[float]):
+    """The ``kuat_batch_transform`` of the mix: the first drawn source's that has one.
+
+    A batch mixes samples of every source, so one batch step (e.g. on-device ``Normalize``)
+    applies to all of them: the sources must agree on it. kuat cannot compare two such
+    callables, so it warns when several sources have one.
+    """
+    found = [
+        (k, t)
+        for k, s in enumerate(sources)
+        if weights[k] > 0 and (t := getattr(s, "kuat_batch_transform", None)) is not None
+    ]
+    if len(found) > 1:
+        _log.warning(
+            "mix: sources %s each have a kuat_batch_transform; the one of source %d is applied "
+            "to every batch (they must do the same thing)",
+            [k for k, _ in found],
+            found[0][0],
+        )
+    return found[0][1] if found else None
 
 
 def _is_map_style(source) -> bool:

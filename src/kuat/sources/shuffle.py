@@ -58,6 +58,11 @@ class ShuffleBuffer(Stream):
         self.size = size
         self.seed = seed
 
+    @property
+    def kuat_batch_transform(self):
+        """The source's batch step (applied by the loader to every batch), or ``None``."""
+        return getattr(self.source, "kuat_batch_transform", None)
+
     def samples(self, epoch: int) -> Iterator:
         words = [self.seed & _MASK64, epoch & _MASK64, _SHUFFLE_BUFFER_SALT]
         rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence(words)))
