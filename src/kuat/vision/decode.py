@@ -5,7 +5,8 @@ decode at a reduced DCT scale (1/2, 1/4, 1/8) at a fraction of the cost: the fus
 for the smallest scale that still covers its crop at the output size. CMYK and YCCK JPEGs, which
 libjpeg-turbo's RGB output cannot convert, and JPEGs that libjpeg-turbo rejects as slightly
 malformed go through Pillow (which also releases the GIL while decoding). Everything else goes
-through Pillow.
+through Pillow. The fused transforms can also decode just a crop's region with the optional ROI
+decoder (``decode_jpeg_roi``, ``_roijpeg.c``), whose pixels equal a full decode's.
 
 What every decode returns, whatever the variant (one rule, applied on every path):
 
