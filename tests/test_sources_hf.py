@@ -261,3 +261,20 @@ def test_kuat_loader_reads_arrow_format_with_pad_collate(chunked):
     assert first["ids_lengths"].tolist() == [len(chunked[i]["ids"]) for i in range(8)]
     assert first["label"].tolist() == [chunked[i]["label"] for i in range(8)]
     assert first["name"] == [f"row{i}" for i in range(8)]
+
+
+def test_image_feature_decoded_by_datasets():
+    from PIL import Image
+
+    images = [Image.new("RGB", (4 + i, 3), (10 * i, 20, 30)) for i in range(5)]
+    ds = datasets.Dataset.from_dict(
+        {"image": images, "label": list(range(5))},
+        features=datasets.Features(
+            {"image": datasets.Image(), "label": datasets.ClassLabel(num_classes=5)}
+        ),
+    ).with_format("torch")
+    src = as_source(ds)
+    assert [c.name for c in src._fast] == ["label"] and src._slow == ["image"]
+    for a, b in zip(src.__getitems__([4, 1]), ds.__getitems__([4, 1]), strict=True):
+        _same(a, b)
+    assert src[4]["image"].shape == (3, 3, 8)
