@@ -5,8 +5,10 @@ The job (dataset, collate_fn, worker_init_fn) reaches the workers once: inherite
 ``spawn``/``forkserver`` worker unpickles. Tasks and results are small records over a
 ``multiprocessing.Pipe`` per worker; the consumer waits on all pipes and on the processes'
 sentinels at once (``multiprocessing.connection.wait``), so a worker that dies is noticed at
-once and reported with its exit code and the sample indices it was fetching. Workers poll for
-their parent every second and exit when it is gone.
+once and reported with its exit code and the sample indices it was fetching. A receiver thread
+(``kuat-worker-receiver``) does that waiting and copies each batch out of its slot as it
+arrives, so the copy overlaps with the training step. Workers poll for their parent every
+second and exit when it is gone.
 
 Shutdown (``close()``, idempotent; also at interpreter exit): each worker is asked to stop,
 given 1 s, then terminated, then killed; every shared-memory slot is unlinked.
@@ -20,6 +22,7 @@ import os
 import queue
 import secrets
 import sys
+import threading
 import time
 import weakref
 from multiprocessing.connection import wait
@@ -57,6 +60,8 @@ def _worker_main(payload, worker_id, num_workers, name, base_seed, conn, prefix,
         return current["task"]
 
     def send(result: Result):
+        # Synchronous: a result is on the wire before the next batch starts, so a worker that
+        # crashes later loses nothing it finished.
         try:
             if result.kind == OK:
                 result.value = writer.write(result.value, current["slot"])
@@ -82,6 +87,13 @@ def _worker_main(payload, worker_id, num_workers, name, base_seed, conn, prefix,
     os._exit(0)
 
 
+class _Dead:
+    __slots__ = ("worker_id",)
+
+    def __init__(self, worker_id: int):
+        self.worker_id = worker_id
+
+
 class ProcessEngine:
     """``num_workers`` processes running ``job``; see the package docstring for the API.
 
@@ -104,6 +116,10 @@ class ProcessEngine:
         self._maps: dict[str, object] = {}
         self._pending: list[collections.deque] = [collections.deque() for _ in range(num_workers)]
         self._conns, self._procs = [], []
+        self._results: queue.SimpleQueue = queue.SimpleQueue()
+        self._stopping = False
+        self._receiver = None
+        self._wake_r, self._wake_w = os.pipe()  # wakes the receiver thread at close
         _LIVE.add(self)
         try:
             for i in range(num_workers):
@@ -124,6 +140,9 @@ class ProcessEngine:
             raise
         self._by_conn = {c: i for i, c in enumerate(self._conns)}
         self._by_sentinel = {p.sentinel: i for i, p in enumerate(self._procs)}
+        self._receiver = threading.Thread(target=self._receive_loop, name=f"{name}-receiver",
+                                          daemon=True)
+        self._receiver.start()
 
     def worker_name(self, worker_id: int) -> str:
         return self._procs[worker_id].name
@@ -134,23 +153,48 @@ class ProcessEngine:
         self._conns[worker_id].send((task, slot))
 
     def get(self, timeout_s: float | None = None) -> Result:
-        """The next result to arrive, its batch copied out of shared memory.
+        """The next result to arrive, its batch already copied out of shared memory.
 
         Raises:
             queue.Empty: nothing arrived within ``timeout_s`` seconds.
             WorkerError: a worker process died (its exit code and pending indices named).
         """
-        ready = wait(self._conns + list(self._by_sentinel), timeout_s)
-        if not ready:
-            raise queue.Empty
-        for obj in ready:  # results first: a worker may have sent and then died
-            if obj in self._by_conn:
-                try:
-                    return self._receive(self._by_conn[obj])
-                except EOFError:
-                    continue
-        self._raise_dead(self._by_sentinel[ready[0]] if ready[0] in self._by_sentinel
-                         else self._by_conn[ready[0]])
+        item = self._results.get(timeout=timeout_s)
+        if isinstance(item, Result):
+            return item
+        if isinstance(item, _Dead):
+            self._raise_dead(item.worker_id)
+        self.close()
+        raise item  # the receiver thread failed
+
+    def _receive_loop(self) -> None:
+        """Receiver thread: wait on every pipe and process, copy batches out, queue results.
+
+        Copying out of shared memory here overlaps with the training step instead of delaying
+        the consumer's ``next()``.
+        """
+        waitables = self._conns + list(self._by_sentinel) + [self._wake_r]
+        try:
+            while not self._stopping:
+                ready = wait(waitables, None)
+                if self._stopping:
+                    return
+                dead = None
+                for obj in ready:  # results first: a worker may have sent and then died
+                    if obj in self._by_conn:
+                        try:
+                            self._results.put(self._receive(self._by_conn[obj]))
+                        except EOFError:
+                            dead = self._by_conn[obj]
+                    elif obj in self._by_sentinel:
+                        w = self._by_sentinel[obj]
+                        if not self._conns[w].poll():
+                            dead = w
+                if dead is not None:
+                    self._results.put(_Dead(dead))
+                    return
+        except BaseException as e:  # surfaced by get() in the consumer
+            self._results.put(e)
 
     def _receive(self, w: int) -> Result:
         r: Result = self._conns[w].recv()
@@ -197,6 +241,10 @@ class ProcessEngine:
         if self._closed:
             return
         self._closed = True
+        self._stopping = True
+        os.write(self._wake_w, b"x")
+        if self._receiver is not None and self._receiver is not threading.current_thread():
+            self._receiver.join(_JOIN_S)
         for c in self._conns:
             try:
                 c.send(None)
@@ -229,6 +277,8 @@ class ProcessEngine:
             shm.unlink(name)
         shm.unlink_prefix(self._prefix)
         self._free.clear()
+        os.close(self._wake_r)
+        os.close(self._wake_w)
         _LIVE.discard(self)
 
     def __del__(self):
