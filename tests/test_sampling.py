@@ -42,3 +42,11 @@ def test_invalid_arguments():
 def test_batches_of():
     assert batches_of(list(range(7)), 3, False) == [[0, 1, 2], [3, 4, 5], [6]]
     assert batches_of(list(range(7)), 3, True) == [[0, 1, 2], [3, 4, 5]]
+
+
+def test_a_dataset_that_grows_between_epochs_is_read_again():
+    data = list(range(5))
+    sampler = EpochSampler(data, shuffle=True, seed=0)
+    assert sorted(sampler.indices(0)) == list(range(5)) and len(sampler) == 5
+    data.extend([5, 6])
+    assert sorted(sampler.indices(1)) == list(range(7)) and len(sampler) == 7

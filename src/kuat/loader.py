@@ -305,7 +305,7 @@ class DataLoader:
                     source.kuat_set_batching(batch_size, drop_last)
             elif batch_sampler is None:
                 sampler = EpochSampler(
-                    len(source), shuffle=shuffle, seed=self.seed, rank=rank,
+                    source, shuffle=shuffle, seed=self.seed, rank=rank,
                     world_size=world_size, drop_last=drop_last, generator=generator,
                 )
             else:

@@ -18,7 +18,7 @@ Thread-safety: :class:`EpochSampler` is read-only after construction except for
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Sized
 
 import numpy as np
 import torch
@@ -41,7 +41,8 @@ class EpochSampler(Sampler[int]):
     """Sample indices of one rank's share of one epoch.
 
     Args:
-        num_samples: the dataset length ``N`` (>= 0).
+        num_samples: the dataset length ``N`` (>= 0), or a sized dataset whose ``len()`` is read
+            at every epoch (as torch's samplers do, so a dataset may grow between epochs).
         shuffle: permute the indices each epoch.
         seed: run seed; the permutation of epoch ``e`` is seeded with ``shuffle_seed(seed, e)``.
         rank: this process's rank in ``[0, world_size)``.
@@ -57,7 +58,7 @@ class EpochSampler(Sampler[int]):
 
     def __init__(
         self,
-        num_samples: int,
+        num_samples: int | Sized,
         *,
         shuffle: bool,
         seed: int,
@@ -66,13 +67,14 @@ class EpochSampler(Sampler[int]):
         drop_last: bool = False,
         generator: torch.Generator | None = None,
     ):
-        if num_samples < 0:
+        self._source = None if isinstance(num_samples, int) else num_samples
+        n = num_samples if self._source is None else len(self._source)
+        if n < 0:
             raise ValueError(f"num_samples should be >= 0, got {num_samples=}")
         if world_size < 1:
             raise ValueError(f"world_size should be >= 1, got {world_size=}")
         if not 0 <= rank < world_size:
             raise ValueError(f"rank should be in [0, {world_size}), got {rank=}")
-        self.n = num_samples
         self.shuffle = shuffle
         self.seed = seed
         self.rank = rank
@@ -80,12 +82,21 @@ class EpochSampler(Sampler[int]):
         self.drop_last = drop_last
         self.generator = generator
         self.epoch = 0
-        if world_size == 1:
-            self.per_rank = num_samples
-        elif drop_last:
-            self.per_rank = num_samples // world_size
-        else:
-            self.per_rank = math.ceil(num_samples / world_size)
+        self._n = n
+
+    @property
+    def n(self) -> int:
+        """The dataset length (read again from the dataset when one was given)."""
+        return self._n if self._source is None else len(self._source)
+
+    @property
+    def per_rank(self) -> int:
+        n = self.n
+        if self.world_size == 1:
+            return n
+        if self.drop_last:
+            return n // self.world_size
+        return math.ceil(n / self.world_size)
 
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch whose order ``iter(sampler)`` gives."""
@@ -100,6 +111,7 @@ class EpochSampler(Sampler[int]):
     def indices(self, epoch: int) -> list[int]:
         """This rank's indices of ``epoch``, in order (a list of ``len(self)`` ints)."""
         n = self.n
+        per_rank = self.per_rank
         if self.shuffle and n > 0:
             if self.generator is not None:
                 # RandomSampler draws randperm(n) once per full pass, then once for the remainder.
@@ -113,7 +125,7 @@ class EpochSampler(Sampler[int]):
             order = list(range(n))
         if self.world_size == 1:
             return order
-        total = self.per_rank * self.world_size
+        total = per_rank * self.world_size
         if total > n:  # pad by wrapping around, like DistributedSampler
             pad = total - n
             order += (order * math.ceil(pad / n))[:pad] if n else []
