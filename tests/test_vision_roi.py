@@ -82,10 +82,13 @@ def test_roi_pixels_equal_full_decode(roi, variant, scale_num):
         y1 = int(rng.integers(y0 + 1, ph + 1))
         x0 = int(rng.integers(0, pw - 1))
         x1 = int(rng.integers(x0 + 1, pw + 1))
-        xoff, width = roi.decode_crop(data, scale_num, y0, y1, x0, x1, buf)
-        assert xoff <= x0 and xoff + width >= x1
-        got = buf[: (y1 - y0) * width * 3].reshape(y1 - y0, width, 3)[:, x0 - xoff : x1 - xoff]
+        assert roi.decode_crop(data, scale_num, y0, y1, x0, x1, buf) is None
+        got = buf[: (y1 - y0) * (x1 - x0) * 3].reshape(y1 - y0, x1 - x0, 3)
         np.testing.assert_array_equal(got, full[y0:y1, x0:x1], err_msg=f"{(y0, y1, x0, x1)}")
+        roi.decode_crop(data, scale_num, y0, y1, x0, x1, buf, 4)  # RGBX
+        got4 = buf[: (y1 - y0) * (x1 - x0) * 4].reshape(y1 - y0, x1 - x0, 4)
+        np.testing.assert_array_equal(got4[:, :, :3], full[y0:y1, x0:x1])
+        assert (got4[:, :, 3] == 255).all()
 
 
 def test_roi_errors(roi):
@@ -97,6 +100,8 @@ def test_roi_errors(roi):
         roi.decode_crop(data, 8, 0, 64, 0, 96, np.empty(10, np.uint8))
     with pytest.raises(ValueError):
         roi.decode_crop(b"\xff\xd8 not a jpeg", 8, 0, 1, 0, 1, buf)
+    with pytest.raises(ValueError, match="channels"):
+        roi.decode_crop(data, 8, 0, 1, 0, 1, buf, 2)
     with pytest.raises(ValueError):  # rows past the end of a truncated file
         roi.decode_crop(data[: len(data) // 2], 8, 0, 64, 0, 96, buf)
     cmyk = io.BytesIO()

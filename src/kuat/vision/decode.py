@@ -185,21 +185,23 @@ def roi_header(data) -> JpegHeader | None:
     return JpegHeader(height, width, _exif.jpeg_orientation(data))
 
 
-def decode_jpeg_roi(data, scale_num: int, y0: int, y1: int, x0: int, x1: int) -> np.ndarray:
+def decode_jpeg_roi(
+    data, scale_num: int, y0: int, y1: int, x0: int, x1: int, channels: int = 3
+) -> np.ndarray:
     """Rows ``[y0, y1)`` and columns ``[x0, x1)`` of the JPEG decoded at ``scale_num / 8``
-    (stored orientation), decoding only what they need: ``(y1 - y0, x1 - x0, 3)`` uint8 view
-    into a per-thread scratch buffer (valid until the next decode in this thread). Pixels equal
-    the same region of a full decode at that scale. Internal.
+    (stored orientation), decoding only what they need: ``(y1 - y0, x1 - x0, channels)``
+    uint8 C-contiguous view into a per-thread scratch buffer (valid until the next decode in
+    this thread). ``channels=4`` gives RGBX (X = 255). Pixels equal the same region of a full
+    decode at that scale. Internal.
 
     Raises:
         ValueError: corrupt or truncated above ``y1`` (the caller falls back to
             :func:`decode_stored`, which reports it as a DecodeError).
     """
-    rows = y1 - y0
-    buf = _scratch(rows * (x1 + 8) * 3)  # the decoded window is at most columns [0, x1 + 8)
-    xoff, width = _roi.decode_crop(data, scale_num, y0, y1, x0, x1, buf)
-    region = buf[: rows * width * 3].reshape(rows, width, 3)  # (rows, width, 3)
-    return region[:, x0 - xoff : x1 - xoff]
+    n = (y1 - y0) * (x1 - x0) * channels
+    buf = _scratch(n)
+    _roi.decode_crop(data, scale_num, y0, y1, x0, x1, buf, channels)
+    return buf[:n].reshape(y1 - y0, x1 - x0, channels)  # (rows, cols, channels)
 
 
 def _decode_pil(data, min_scale, max_pixels, index, source) -> Decoded:

@@ -573,12 +573,15 @@ class Compose(_Transform):
         crop, orientation = self._decode_crop(data, width, height, plan, index, source)
         transposed = orientation in _exif.TRANSPOSED
         grid = (plan.res_w, plan.res_h) if transposed else (plan.res_h, plan.res_w)  # stored
-        if crop.shape[:2] != grid:
-            # (h, w, 3) -> (1, 3, h, w) channels_last, the layout of torch's AVX2 uint8 kernel;
-            # NumPy's row copy is ~2x faster than torch's .contiguous() for this
+        if crop.shape[:2] == grid:
+            crop = crop[:, :, :3]  # (h, w, 3) view (RGBX from the ROI decoder: drop X)
+        else:
+            # (h, w, 3) -> (1, 3, h, w) channels_last, the layout of torch's AVX2 uint8 kernel
+            # (the ROI crop already is; a view into a full decode is copied, NumPy's row copy
+            # being ~2x faster than torch's .contiguous() for this)
             src = torch.from_numpy(np.ascontiguousarray(crop)).permute(2, 0, 1).unsqueeze(0)
-            crop = _resize_aa(src, grid).numpy()[0]
-            crop = crop.transpose(1, 2, 0)  # (3, gh, gw) -> (gh, gw, 3) view
+            crop = _resize_aa(src, grid).numpy()[0]  # (C, gh, gw), channels_last strides
+            crop = crop.transpose(1, 2, 0)[:, :, :3]  # -> (gh, gw, 3) view
         res = _exif.orient(crop, orientation)  # (H, W, 3) view
         win = plan.window()
         if win is not None:
@@ -591,7 +594,8 @@ class Compose(_Transform):
 
     def _decode_crop(self, data, width, height, plan, index, source):
         """The plan's box, decoded at the smallest sufficient DCT scale and snapped to its
-        pixel grid: ``((h, w, 3) uint8 view in stored orientation, EXIF orientation)``.
+        pixel grid: ``((h, w, C) uint8 view in stored orientation, EXIF orientation)``, with
+        C = 4 (RGBX) from the ROI decoder, 3 (RGB) otherwise.
 
         With the ROI decoder only the box's rows and columns are reconstructed; otherwise
         the whole image is decoded (at that scale) and the box is a view into it.
@@ -606,7 +610,9 @@ class Compose(_Transform):
             y0, y1 = _snap(top, bh, s, ph)
             x0, x1 = _snap(left, bw, s, pw)
             try:
-                return decode_jpeg_roi(data, k, y0, y1, x0, x1), hdr.orientation
+                # RGBX: torch's uint8 resize kernel works on 4-byte pixels and skips its
+                # scalar RGB -> RGBX unpacking loop (measured 15-25% faster resizes)
+                return decode_jpeg_roi(data, k, y0, y1, x0, x1, 4), hdr.orientation
             except ValueError as e:  # corrupt or libjpeg warnings: the full path decides
                 logger.debug("ROI decode failed (sample %s): %s; decoding in full", index, e)
         d = decode_stored(
