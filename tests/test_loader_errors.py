@@ -179,3 +179,15 @@ def test_without_cuda_device_cuda_is_refused_and_pinning_skipped_with_one_warnin
         dl = kuat.DataLoader([torch.ones(2)], pin_memory=True)
     assert len(caught) == 1
     assert torch.equal(next(iter(dl)), torch.ones(1, 2))
+
+
+def test_system_exit_in_a_thread_worker_reaches_the_consumer_instead_of_hanging():
+    class Exits:
+        def __len__(self):
+            return 2
+
+        def __getitem__(self, i):
+            raise SystemExit(4)
+
+    with pytest.raises(SystemExit):
+        next(iter(kuat.DataLoader(Exits(), num_workers=1)))

@@ -169,6 +169,9 @@ def serve(
                 kind, value, stats = job.run(ctx, task.epoch, task.key, task.base_seed)
             except Exception as e:
                 kind, value, stats = FAIL, Failure(e, name, task.key), None
+            except BaseException as e:  # SystemExit, KeyboardInterrupt: report, then end
+                send(Result(task.task_id, worker_id, FAIL, Failure(e, name, task.key), None))
+                return
             send(Result(task.task_id, worker_id, kind, value, stats))
             del value
     finally:
