@@ -263,3 +263,14 @@ def test_one_batch_ahead_copy_path_yields_every_batch_and_defers_errors(num_work
     with pytest.raises(StopIteration):
         next(it)
     assert dl.state_dict()["epoch"] == 1
+
+
+def test_a_new_iterator_over_persistent_workers_ends_the_previous_one():
+    with kuat.DataLoader(list(range(12)), batch_size=2, num_workers=2,
+                         persistent_workers=True) as dl:
+        first = iter(dl)
+        assert next(first).tolist() == [0, 1]
+        second = iter(dl)
+        assert [b.tolist() for b in second] == [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9], [10, 11]]
+        with pytest.raises(StopIteration):
+            next(first)

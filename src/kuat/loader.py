@@ -383,6 +383,7 @@ class DataLoader:
         self._warned: set[tuple[str, str]] = set()
         self._advised = False
         self._engine = None  # persistent workers only
+        self._live_iter = None  # weakref to the iterator using the persistent workers
         self._progress: list | None = None  # [epoch, batches served, exhausted] of the last iter
         self._pending: tuple[int, int] | None = None  # (epoch, batches to skip) for the next iter
         self._closed = False
@@ -586,10 +587,16 @@ class DataLoader:
             if self._engine is None:
                 self._engine = self._make_engine(base_seed)
             engine, owned = self._engine, False
+            previous = self._live_iter() if self._live_iter is not None else None
+            if previous is not None:  # as torch resets its one iterator: the old one ends
+                previous._abandon()
         else:
             engine, owned = self._make_engine(base_seed), True
         self._progress = [epoch, skip, False]
-        return _LoaderIter(self, engine, owned, epoch, base_seed, keys, discard, self._progress)
+        it = _LoaderIter(self, engine, owned, epoch, base_seed, keys, discard, self._progress)
+        if self.persistent_workers:
+            self._live_iter = weakref.ref(it)
+        return it
 
     def _keys(self, epoch: int, skip: int):
         if self._own_sampler:
@@ -911,6 +918,15 @@ class _LoaderIter:
             self._progress[2] = True
             self.close()
             self._loader._advise()
+
+    def _abandon(self) -> None:
+        """A newer iterator took over the persistent workers: this one yields nothing more."""
+        self._keys_done = self._finished = True
+        self._tasks.clear()
+        self._ready.clear()
+        self._order.clear()
+        self._staged = self._deferred = None
+        self._closed = True
 
     def close(self, broken: bool = False) -> None:
         """Release the workers (this epoch's, or persistent ones when they broke). Idempotent."""
