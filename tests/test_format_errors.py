@@ -249,3 +249,28 @@ def test_merge_falls_back_to_references_when_links_fail(tmp_path, monkeypatch):
     assert kuat.open(tmp_path / "m").read_batch(range(8))["x"].tolist() == list(range(8))
     with pytest.raises(OSError, match="cross-device"):
         kf.merge([tmp_path / "a"], tmp_path / "h", link="hardlink")
+
+
+def test_merge_into_one_of_its_sources_is_refused_and_loses_nothing(tmp_path):
+    _write(tmp_path / "a", n=10)
+    _write(tmp_path / "b", n=5, start=10)
+    with pytest.raises(ValueError, match="holds shards of"):
+        kf.merge([tmp_path / "a", tmp_path / "b"], tmp_path / "a", overwrite=True)
+    # a merge by reference whose shards are then merged into its own directory
+    kf.merge([tmp_path / "b"], tmp_path / "r", link="reference")
+    with pytest.raises(ValueError, match="holds shards of"):
+        kf.merge([tmp_path / "a", tmp_path / "r"], tmp_path / "b", overwrite=True)
+    assert kuat.open(tmp_path / "a").read_batch(range(10))["x"].tolist() == list(range(10))
+    assert kf.verify(tmp_path / "a").ok and kf.verify(tmp_path / "b").ok
+
+
+def test_merge_refuses_a_non_empty_directory_that_is_not_a_dataset(tmp_path):
+    _write(tmp_path / "a", n=3)
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(FileExistsError, match="not a kuat dataset"):
+        kf.merge([tmp_path / "a"], out)
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
+    kf.merge([tmp_path / "a"], out, overwrite=True)  # asked for: written beside the file
+    assert len(kuat.open(out)) == 3 and (out / "notes.txt").read_text() == "mine"

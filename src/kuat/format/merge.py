@@ -47,7 +47,10 @@ def merge(
     Raises:
         kuat.SchemaError: the schemas differ; names the field and the dataset.
         kuat.FormatError: a source is not a valid dataset.
-        FileExistsError: ``out`` is a dataset and ``overwrite`` is False.
+        FileExistsError: ``out`` is a dataset, or a non-empty directory, and ``overwrite``
+            is False.
+        ValueError: ``out`` holds shards of a source (it is one of them, or a source
+            references shards in it): writing there would delete them.
         OSError: ``link="hardlink"`` and a shard cannot be linked.
     """
     if link not in LINK_MODES:
@@ -69,15 +72,35 @@ def merge(
                     field=a.name,
                 )
     out = Path(out)
+    out_abs = out.resolve()
+    sources_in_out = [
+        root
+        for root, m in zip(roots, manifests)
+        if any((root / info.file).resolve().parent == out_abs for info in m.shards)
+    ]
+    if sources_in_out:
+        # replacing out's shards would delete the very files the new manifest links to
+        raise ValueError(
+            f"cannot merge into {out}: it holds shards of {sources_in_out[0]}, which a merge "
+            "there would delete; write the merged dataset to a new directory"
+        )
     if (out / MANIFEST_NAME).exists() and not overwrite:
-        raise FileExistsError(f"{out} is already a kuat dataset; pass overwrite=True to replace it")
+        raise FileExistsError(
+            f"{out} is already a kuat dataset; pass overwrite=True (--overwrite) to replace it"
+        )
+    if out.is_dir() and not overwrite:
+        others = [e.name for e in os.scandir(out) if not _SHARD_RE.match(e.name)]
+        if others:
+            raise FileExistsError(
+                f"{out} is a non-empty directory that is not a kuat dataset ({others[0]!r}, "
+                "...); pass overwrite=True (--overwrite) to write into it anyway"
+            )
     out.mkdir(parents=True, exist_ok=True)
     if (out / MANIFEST_NAME).exists():
         (out / MANIFEST_NAME).unlink()
     for e in os.scandir(out):
         if _SHARD_RE.match(e.name) and e.is_file():
             os.unlink(e.path)
-    out_abs = out.resolve()
     shards = []
     linked = referenced = 0
     for root, m in zip(roots, manifests):
