@@ -28,12 +28,8 @@ Optional attributes the loader honours on the source:
 * ``kuat_set_distributed(rank, world_size)`` and ``kuat_set_batching(batch_size, drop_last)``
   (iterable sources): called once at construction, so the source takes its rank's share and
   splits workers by whole batches (then batch ``k`` is the same whatever the worker count,
-  which makes replay-based resume exact). Map-style sources are sharded by the loader's
-  sampler and need nothing.
-* ``kuat_set_batching(batch_size, drop_last)`` (iterable sources): called once at construction,
-  so that a kuat stream (``kuat.sources.stream``) splits workers by whole batches (batch ``k`` is
-  then the same whatever ``num_workers``, which makes replay-resume exact) and, with
-  ``drop_last``, truncates rank shares instead of padding them.
+  which makes replay-based resume exact; with ``drop_last`` rank shares are truncated instead
+  of padded). Map-style sources are sharded by the loader's sampler and need nothing.
 * ``state_dict()`` / ``load_state_dict(state)``: the source's own resumable state, stored
   under ``"source"`` in the loader's state. For iterable sources without it, resuming replays
   (fetches and drops) the batches already served in the epoch.
@@ -306,8 +302,6 @@ class DataLoader:
                 sampler = _InfiniteSampler()
                 if hasattr(source, "kuat_set_distributed"):
                     source.kuat_set_distributed(rank, world_size)
-                if hasattr(source, "kuat_set_batching"):
-                    source.kuat_set_batching(batch_size, drop_last)
                 if hasattr(source, "kuat_set_batching"):  # kuat streams: workers take whole batches
                     source.kuat_set_batching(batch_size, drop_last)
             elif batch_sampler is None:
