@@ -529,3 +529,54 @@ def test_reads_ipc_file_format_and_multi_batch_shards(tmp_path):
     b = ds.read_batch([5, 0, 3])
     assert b["x"].tolist() == [5, 0, 3]
     np.testing.assert_array_equal(b["v"], [[10, 11], [0, 1], [6, 7]])
+
+
+def test_writer_refuses_values_arrow_cannot_store_at_write_time(tmp_path, monkeypatch):
+    """Such values used to pass write() and fail at close() with a non-kuat error (or be
+    stored as inf), losing the whole shard."""
+    from kuat.format import writer
+
+    schema = {"s": kf.string(), "h": kf.float16(), "d": kf.float64(), "b": kf.binary()}
+    good = {"s": "ok \u00e9", "h": 1.5, "d": 2.0, "b": b"x"}
+    monkeypatch.setattr(writer, "_MAX_VALUE_BYTES", 16)
+    with kuat.Writer(tmp_path / "d", schema) as w:
+        bad = [
+            ("s", "a\udcff", "UTF-8"),
+            ("s", "\u00e9" * 9, "18 bytes"),  # 9 characters, 18 bytes of UTF-8
+            ("h", 70000.0, "out of range"),
+            ("h", np.float64(1e10), "out of range"),
+            ("d", 2**1100, "out of range"),
+            ("b", b"y" * 17, "17 bytes"),
+            ("b", "x" * 10_000_000, "expected bytes, got str"),
+        ]
+        for name, value, match in bad:
+            with pytest.raises(SchemaError, match=match) as e:
+                w.write({**good, name: value})
+            assert e.value.field == name and len(str(e.value)) < 300
+        w.write(good)
+        w.write({**good, "h": float("inf"), "d": float("nan")})  # given, not overflowed
+    ds = kuat.open(tmp_path / "d")
+    assert len(ds) == 2 and ds[0] == good
+    assert ds[1]["h"] == float("inf") and np.isnan(ds[1]["d"])
+
+
+def test_write_batch_names_a_column_without_length(tmp_path):
+    with kuat.Writer(tmp_path / "d", {"x": kf.int64(), "y": kf.int8()}) as w:
+        with pytest.raises(SchemaError, match="field 'y'") as e:
+            w.write_batch({"x": [1], "y": 5})
+        assert e.value.field == "y"
+        with pytest.raises(SchemaError, match=r"field 'y' row 0: expected int8, got float64 1.5"):
+            w.write_batch({"x": [1], "y": np.array([1.5])})
+
+
+def test_failed_close_leaves_no_shards(tmp_path, monkeypatch):
+    from kuat.format import writer
+
+    def disk_full(*args):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(writer, "write_manifest", disk_full)
+    with pytest.raises(OSError, match="No space"):
+        with kuat.Writer(tmp_path / "d", {"x": kf.int64()}, shard_bytes=8) as w:
+            w.write_batch({"x": np.arange(5)})
+    assert list((tmp_path / "d").iterdir()) == []

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import re
 from collections.abc import Mapping
@@ -35,6 +36,8 @@ log = logging.getLogger("kuat.format.writer")
 DEFAULT_SHARD_BYTES = 128 << 20
 # Arrow binary/string offsets are int32: one shard's variable-length data must stay < 2 GiB.
 _MAX_SHARD_BYTES = 1 << 30
+# the most bytes (or sequence elements) one Arrow binary/string/list value can hold
+_MAX_VALUE_BYTES = 2**31 - 2
 _SHARD_RE = re.compile(
     r"^(shard-\d{5,}\.arrow|\.shard-\d{5,}\.arrow\.tmp.*|\.manifest\.json\.tmp.*)$"
 )
@@ -45,11 +48,21 @@ def shard_name(i: int) -> str:
 
 
 def _short(value: object) -> str:
+    # never repr a whole large value: a 2 GiB bytes object would build an 8 GiB string
+    if isinstance(value, (str, bytes, bytearray)) and len(value) > 60:
+        return repr(value[:57]) + "..."
+    if isinstance(value, memoryview):
+        return f"<{value.nbytes} bytes>"
+    if isinstance(value, (list, tuple)) and len(value) > 8:
+        value = type(value)(value[:8])
+        return repr(value)[:57] + "..."
     r = repr(value)
     return r if len(r) <= 60 else r[:57] + "..."
 
 
 def _given(value: object) -> str:
+    if isinstance(value, np.generic):
+        return f"{value.dtype} {_short(value.item())}"
     if isinstance(value, np.ndarray):
         return f"ndarray {value.dtype} {tuple(value.shape)}"
     if hasattr(value, "dtype") and hasattr(value, "shape"):
@@ -106,6 +119,28 @@ class _Builder:
             raise self.error(row, value, f"expected {ndim} dimension(s)")
         return arr
 
+    def _check_size(self, value: object, row: int, n: int, unit: str = "bytes") -> None:
+        if n > _MAX_VALUE_BYTES:
+            raise self.error(
+                row,
+                value,
+                f"{n} {unit}, more than the {_MAX_VALUE_BYTES} one Arrow value can hold "
+                "(int32 offsets)",
+            )
+
+    def _check_float(self, value: object, row: int) -> None:
+        """A finite ``value`` must stay finite in the field's float dtype (no silent inf)."""
+        dt = self.t.np_dtype
+        try:
+            f = float(value)
+        except OverflowError as e:  # an int beyond float64
+            raise self.error(row, value, f"out of range of {dt}") from e
+        if math.isfinite(f):
+            with np.errstate(over="ignore"):
+                finite = np.isfinite(dt.type(f))
+            if not finite:
+                raise self.error(row, value, f"out of range of {dt} (max {np.finfo(dt).max})")
+
     def check_value(self, value: object, row: int) -> tuple[object, int]:
         """Validated value and its variable-length byte size."""
         t = self.t
@@ -123,6 +158,7 @@ class _Builder:
                 return int(value), 0
             if not isinstance(value, (int, float, np.integer, np.floating)):
                 raise self.error(row, value)
+            self._check_float(value, row)
             return value, 0
         if kind == "bool":
             if not isinstance(value, (bool, np.bool_)):
@@ -131,12 +167,22 @@ class _Builder:
         if kind == "string":
             if not isinstance(value, str):
                 raise self.error(row, value)
-            n = len(value)  # a lower bound of the UTF-8 size, exact for ASCII
+            if value.isascii():
+                n = len(value)
+            else:  # the UTF-8 size (shards are sized by it); refuses lone surrogates
+                try:
+                    n = len(value.encode("utf-8"))
+                except UnicodeEncodeError as e:
+                    raise self.error(
+                        row, value, f"not encodable as UTF-8: {e.reason} at {e.start}"
+                    ) from e
+            self._check_size(value, row, n)
             return value, n
         if kind == "bytes":
             if not isinstance(value, (bytes, bytearray, memoryview)):
                 raise self.error(row, value)
             value = bytes(value)
+            self._check_size(value, row, len(value))
             return value, len(value)
         if kind == "tensor":
             arr = self._array(value, row, len(t.shape))
@@ -145,6 +191,7 @@ class _Builder:
             return arr, 0
         if kind == "sequence":
             arr = self._array(value, row, 1)
+            self._check_size(value, row, len(arr), "elements")
             return arr, arr.nbytes
         return self._check_image(value, row)
 
@@ -176,6 +223,7 @@ class _Builder:
             raise self.error(row, value, "width/height must be ints")
         if not (0 < int(width) < 2**31 and 0 < int(height) < 2**31) or not isinstance(codec, str):
             raise self.error(row, value, f"invalid size {width}x{height} or codec {codec!r}")
+        self._check_size(data, row, len(data))
         return EncodedImage(data, int(width), int(height), codec), len(data) + len(codec)
 
     # -- whole columns ---------------------------------------------------------------------
@@ -456,10 +504,15 @@ class Writer:
                 f"columns must be a mapping of field -> column, got {type(columns).__name__}"
             )
         self._check_names(columns, "batch")
-        try:
-            lengths = {name: len(col) for name, col in columns.items()}
-        except TypeError as e:
-            raise SchemaError(f"every column must have a length: {e}") from e
+        lengths = {}
+        for name, col in columns.items():
+            try:
+                lengths[name] = len(col)
+            except TypeError as e:
+                raise SchemaError(
+                    f"field {name!r}: a column must be a sequence or an array, got {_given(col)}",
+                    field=str(name),
+                ) from e
         n = next(iter(lengths.values()))
         if any(v != n for v in lengths.values()):
             raise SchemaError(f"columns have different lengths: {lengths}")
@@ -512,23 +565,29 @@ class Writer:
 
     # -- closing ---------------------------------------------------------------------------
     def close(self) -> Manifest:
-        """Write the last shard, then the manifest (atomically). Idempotent.
+        """Write the last shard, then the manifest (atomically). Idempotent. If that fails
+        (a full disk, say), the write is aborted (see :meth:`abort`) and the error re-raised.
 
         Returns:
             the dataset's :class:`Manifest`.
         """
         if self._closed:
             return self.manifest
-        self._flush_shard()
+        try:
+            self._flush_shard()
+            manifest = Manifest(
+                schema=self.schema,
+                shards=tuple(self._shards),
+                metadata=self.metadata,
+                created_by=f"kuat {_version()}",
+            )
+            write_manifest(self.path, manifest)
+        except BaseException:
+            self.abort()  # no dataset; delete the shards rather than leave them unlisted
+            raise
         self._closed = True
-        self.manifest = Manifest(
-            schema=self.schema,
-            shards=tuple(self._shards),
-            metadata=self.metadata,
-            created_by=f"kuat {_version()}",
-        )
-        write_manifest(self.path, self.manifest)
-        log.info(
+        self.manifest = manifest
+        log.debug(
             "wrote kuat dataset %s: %d rows in %d shards", self.path, self._rows, len(self._shards)
         )
         return self.manifest
