@@ -17,6 +17,7 @@ from PIL import Image
 
 from kuat.vision import Compose, RandomHorizontalFlip, RandomResizedCrop
 from kuat.vision import decode as kdecode
+from kuat.vision import transforms as kt
 
 
 @pytest.fixture(scope="module")
@@ -120,12 +121,17 @@ def test_fused_path_identical_with_and_without_roi(roi, monkeypatch):
     with_roi = [
         c.apply_encoded(d, w, h, np.random.default_rng(k)) for k, (d, w, h) in enumerate(datas * 4)
     ]
+    monkeypatch.setattr(kt, "_ROI_CHANNELS", 4)  # RGBX into torch's resize
+    rgbx = [
+        c.apply_encoded(d, w, h, np.random.default_rng(k)) for k, (d, w, h) in enumerate(datas * 4)
+    ]
     monkeypatch.setattr(kdecode, "_roi", None)
     without = [
         c.apply_encoded(d, w, h, np.random.default_rng(k)) for k, (d, w, h) in enumerate(datas * 4)
     ]
-    for a, b in zip(with_roi, without):
+    for a, b, x in zip(with_roi, without, rgbx):
         np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(x, b)
 
 
 def test_fused_roi_falls_back_on_truncated_and_recoverable(roi, monkeypatch):
