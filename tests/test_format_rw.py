@@ -8,6 +8,7 @@ import pickle
 import threading
 
 import numpy as np
+import pyarrow as pa
 import pytest
 import torch
 from PIL import Image
@@ -580,3 +581,65 @@ def test_failed_close_leaves_no_shards(tmp_path, monkeypatch):
         with kuat.Writer(tmp_path / "d", {"x": kf.int64()}, shard_bytes=8) as w:
             w.write_batch({"x": np.arange(5)})
     assert list((tmp_path / "d").iterdir()) == []
+
+
+def test_values_view_matches_to_numpy_on_slices():
+    from kuat.format.arrow_views import values_view
+
+    ints = pa.array(np.arange(10, dtype=np.int16))
+    bools = pa.array([i % 3 == 0 for i in range(11)])
+    nested = pa.FixedSizeListArray.from_arrays(
+        pa.FixedSizeListArray.from_arrays(pa.array(np.arange(24, dtype=np.float32)), 3), 2
+    )
+    for arr in (ints, bools, nested):
+        for sl in (slice(0, None), slice(3, 7), slice(9, 9)):
+            part = arr[sl]
+            assert values_view(part).tolist() == part.to_pylist()
+    assert values_view(nested[1:3]).shape == (2, 2, 3)
+    assert values_view(bools[1:4]).tolist() == [False, False, True]
+    with pytest.raises(ValueError, match="nulls"):
+        values_view(pa.array([1, None]))
+    with pytest.raises(ValueError, match="no NumPy view"):
+        values_view(pa.array(["a"]))
+    # and back: what the writer builds, without pyarrow.array
+    from kuat.format.arrow_views import array_from_bytes, array_from_numpy
+
+    for values in ([], [True, False, True] * 5, np.arange(7, dtype=np.float16)):
+        arr = array_from_numpy(np.asarray(values, dtype=np.asarray(values).dtype))
+        arr.validate(full=True)
+        assert arr.to_pylist() == list(values) and arr.null_count == 0
+    for values, t in (
+        (["", "\u00e9\u4e2d", "x"], pa.string()),
+        ([b"\x00", b""], pa.binary()),
+        ([], pa.string()),
+    ):
+        arr = array_from_bytes(values, t)
+        arr.validate(full=True)
+        assert arr.type == t and arr.to_pylist() == values
+
+
+def test_reading_shards_imports_neither_pandas_nor_torch(tmp_path):
+    """pyarrow's to_numpy imports pandas (~1 s per process); inspect must not import torch."""
+    import subprocess
+    import sys
+
+    (tmp_path / "t.csv").write_text("a,b\n1,x\n2,y\n")
+    code = f"""
+import sys
+import numpy as np
+import kuat
+from kuat import format as kf
+from kuat.cli import main
+schema = {{"f": kf.bool_(), "t": kf.tensor((2, 2), "int8"), "q": kf.sequence("int32"), "x": kf.float32()}}
+with kuat.Writer({str(tmp_path / "d")!r}, schema) as w:
+    w.write({{"f": True, "t": np.ones((2, 2), np.int8), "q": [1, 2], "x": 1.0}})
+ds = kuat.open({str(tmp_path / "d")!r})
+assert ds[0]["f"] is True and ds.read_batch([0])["q"][0].tolist() == [1, 2]
+assert main(["inspect", {str(tmp_path / "d")!r}]) == 0
+assert main(["convert", {str(tmp_path / "t.csv")!r}, {str(tmp_path / "c")!r}, "--no-progress"]) == 0
+assert kuat.open({str(tmp_path / "c")!r}).read_batch([0, 1])["a"].tolist() == [1, 2]
+print(sorted(m for m in ("pandas", "torch", "datasets") if m in sys.modules))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "[]"

@@ -32,6 +32,7 @@ from kuat.convert._driver import (
 from kuat.errors import SchemaError
 from kuat.format import Field, FieldType, Schema, Writer
 from kuat.format import schema as fs
+from kuat.format.arrow_views import values_view
 
 __all__ = ["from_parquet", "from_jsonl", "from_csv", "arrow_field", "expand_paths"]
 
@@ -131,21 +132,22 @@ def _batches(kind: str, path: str, batch_size: int) -> Iterator[pa.RecordBatch]:
 def _column(field: Field, arr: pa.Array, path: str, first_row: int, base: str) -> object:
     """An Arrow column -> the form ``Writer.write_batch`` takes (images: raw values)."""
     if arr.null_count:
-        row = first_row + int(np.argmax(np.asarray(arr.is_null())))
+        row = first_row + int(np.argmax(values_view(arr.is_null())))
         raise SchemaError(
             f"column {field.name!r} of {path} has a null at row {row} "
             f"(kuat fields are not nullable)",
             field=field.name,
         )
     kind = field.type.kind
-    if kind in ("scalar", "bool"):
-        return arr.to_numpy(zero_copy_only=False)
-    if kind == "tensor":
-        flat = arr
-        while pa.types.is_fixed_size_list(flat.type):
-            flat = flat.flatten()
-        # (N * numel,) -> (N, *shape)
-        return flat.to_numpy(zero_copy_only=False).reshape(len(arr), *field.type.shape)
+    if kind in ("scalar", "bool", "tensor"):
+        try:
+            return values_view(arr)  # (N,) or (N, *shape)
+        except ValueError as e:  # nulls inside the lists of a tensor column
+            raise SchemaError(
+                f"column {field.name!r} of {path} (rows {first_row}..): {e} "
+                "(kuat fields are not nullable)",
+                field=field.name,
+            ) from e
     if kind == "sequence":
         dt = field.type.np_dtype
         return [np.asarray(v, dtype=dt) for v in arr.to_pylist()]

@@ -28,6 +28,7 @@ import numpy as np
 import pyarrow as pa
 
 from kuat.errors import FormatError
+from kuat.format.arrow_views import values_view
 from kuat.format.manifest import Manifest, ShardInfo, read_manifest
 from kuat.format.schema import EncodedImage, FieldType, Schema
 from kuat.rng import sample_context, sample_rng
@@ -105,21 +106,15 @@ def _var_column(arr: pa.Array, value_dtype: np.dtype | None = None) -> _Var:
     if value_dtype is None:  # string / binary: the data buffer
         data = np.frombuffer(bufs[2], np.uint8) if bufs[2] is not None else np.empty(0, np.uint8)
     else:  # list<T>: the child array's values (offsets index into it)
-        data = (
-            arr.values.to_numpy(zero_copy_only=True)
-            if len(arr.values)
-            else np.empty(0, value_dtype)
-        )
+        data = values_view(arr.values) if len(arr.values) else np.empty(0, value_dtype)
     return _Var(offsets, data)
 
 
 def _fixed_column(arr: pa.Array, ftype: FieldType) -> _Fixed:
-    if ftype.kind == "bool":
-        return _Fixed(arr.to_numpy(zero_copy_only=False))  # bit-packed: unpacked once per shard
-    if ftype.kind == "scalar":
-        return _Fixed(arr.to_numpy(zero_copy_only=True))
-    flat = arr.flatten().to_numpy(zero_copy_only=True)  # (n * numel,)
-    return _Fixed(flat.reshape(len(arr), *ftype.shape))  # -> (n, *shape)
+    # bool: bit-packed, unpacked once per shard; others: zero-copy views of the mapping
+    if ftype.kind == "tensor":  # (n * numel,) -> (n, *shape)
+        return _Fixed(values_view(arr.flatten()).reshape(len(arr), *ftype.shape))
+    return _Fixed(values_view(arr))
 
 
 def _has_nulls(arr: pa.Array) -> bool:
@@ -224,8 +219,8 @@ def _open_shard(path: str, info: ShardInfo, schema: Schema, arrow_schema: pa.Sch
             else:
                 columns[f.name] = _Image(
                     _var_column(arr.field(0)),
-                    arr.field(1).to_numpy(zero_copy_only=True),
-                    arr.field(2).to_numpy(zero_copy_only=True),
+                    values_view(arr.field(1)),
+                    values_view(arr.field(2)),
                     _var_column(arr.field(3)),
                 )
     except (pa.ArrowException, ValueError, TypeError) as e:

@@ -19,6 +19,7 @@ import numpy as np
 import pyarrow as pa
 
 from kuat.errors import DecodeError, FormatError, SchemaError
+from kuat.format.arrow_views import array_from_bytes, array_from_numpy
 from kuat.format.manifest import (
     MANIFEST_NAME,
     Manifest,
@@ -313,29 +314,29 @@ class _Builder:
             dt = t.np_dtype if t.kind != "bool" else np.dtype(bool)
             col = np.concatenate(chunks) if chunks else np.empty((0, *(t.shape or ())), dt)
             if t.kind == "tensor":
-                flat = pa.array(col.reshape(-1))  # (N, *shape) -> (N * numel,)
+                flat = array_from_numpy(col.reshape(-1))  # (N, *shape) -> (N * numel,)
                 return pa.FixedSizeListArray.from_arrays(flat, type=t.arrow_type)
-            return pa.array(col, type=t.arrow_type)
+            return array_from_numpy(col.astype(dt, copy=False))
         values = [v for c in chunks for v in c]
-        if t.kind == "string":
-            return pa.array(values, type=pa.string())
-        if t.kind == "bytes":
-            return pa.array(values, type=pa.binary())
+        if t.kind in ("string", "bytes"):
+            return array_from_bytes(values, t.arrow_type)
         if t.kind == "sequence":
             lengths = np.fromiter((len(v) for v in values), np.int64, len(values))
             offsets = np.zeros(len(values) + 1, np.int32)
             np.cumsum(lengths, out=offsets[1:])
             flat = np.concatenate(values) if values else np.empty(0, t.np_dtype)
             return pa.ListArray.from_arrays(
-                pa.array(offsets), pa.array(flat.astype(t.np_dtype, copy=False)), type=t.arrow_type
+                array_from_numpy(offsets),
+                array_from_numpy(flat.astype(t.np_dtype, copy=False)),
+                type=t.arrow_type,
             )
         # image
         return pa.StructArray.from_arrays(
             [
-                pa.array([v.data for v in values], type=pa.binary()),
-                pa.array(np.fromiter((v.width for v in values), np.int32, len(values))),
-                pa.array(np.fromiter((v.height for v in values), np.int32, len(values))),
-                pa.array([v.codec for v in values], type=pa.string()),
+                array_from_bytes([v.data for v in values], pa.binary()),
+                array_from_numpy(np.fromiter((v.width for v in values), np.int32, len(values))),
+                array_from_numpy(np.fromiter((v.height for v in values), np.int32, len(values))),
+                array_from_bytes([v.codec for v in values], pa.string()),
             ],
             fields=list(t.arrow_type),
         )
