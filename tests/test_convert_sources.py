@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import tarfile
 
 import numpy as np
@@ -15,7 +16,7 @@ from PIL import Image
 import kuat
 import kuat.convert
 from kuat import format as kf
-from kuat.errors import DecodeError, SchemaError
+from kuat.errors import DecodeError, FormatError, SchemaError
 
 
 def _png(w: int, h: int, seed: int) -> bytes:
@@ -338,3 +339,46 @@ def test_detect_format(tmp_path):
         kuat.convert.detect_format(tmp_path / "missing.parquet")
     with pytest.raises(ValueError, match="--format"):
         kuat.convert.detect_format(tmp_path)
+
+
+def test_unreadable_table_files_are_named(tmp_path):
+    cases = {
+        "bad.jsonl": '{"a": 1}\n{"a": \n',
+        "mixed.jsonl": '{"a": 1}\n{"a": "x"}\n',
+        "bad.csv": "a,b\n1,2\n3\n",
+        "empty.csv": "",
+        "text.parquet": "not parquet at all",
+    }
+    for name, text in cases.items():
+        (tmp_path / name).write_text(text)
+        with pytest.raises(FormatError, match=f"{name} is not a readable") as e:
+            kuat.convert.convert(str(tmp_path / name), tmp_path / "o", progress=False)
+        assert e.value.path == str(tmp_path / name)
+    (tmp_path / "nested.jsonl").write_text('{"a": {"b": 1}}\n')
+    with pytest.raises(ValueError, match=r"column 'a' has Arrow type struct.*nested.jsonl"):
+        kuat.convert.from_jsonl(tmp_path / "nested.jsonl", tmp_path / "o", progress=False)
+
+
+def _npy(a) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, a)
+    return buf.getvalue()
+
+
+def test_webdataset_bad_npy_names_tar_and_key_and_can_be_skipped(tmp_path):
+    _tar(tmp_path / "p.tar", [("a", {"npy": b"garbage"})])
+    with pytest.raises(SchemaError, match=r"p.tar:a.npy"):
+        kuat.convert.from_webdataset(tmp_path / "p.tar", tmp_path / "o", progress=False)
+    _tar(tmp_path / "b.tar", [("a", {"npy": _npy(np.zeros(3, bool))})])
+    with pytest.raises(SchemaError, match=r"b.tar:a.npy.*bool"):
+        kuat.convert.from_webdataset(tmp_path / "b.tar", tmp_path / "o", progress=False)
+    shapes = [np.zeros(3), np.zeros(4), np.ones(3), np.zeros(3, np.complex64)]
+    _tar(tmp_path / "s.tar", [(f"k{i}", {"npy": _npy(a)}) for i, a in enumerate(shapes)])
+    with pytest.raises(SchemaError, match=r"s.tar:k1.npy"):
+        kuat.convert.from_webdataset(tmp_path / "s.tar", tmp_path / "o", progress=False)
+    report = kuat.convert.from_webdataset(
+        tmp_path / "s.tar", tmp_path / "o", progress=False, on_error="skip"
+    )
+    assert report.rows == 2
+    assert [os.path.basename(w) for w, _ in report.skipped] == ["s.tar:k1", "s.tar:k3"]
+    np.testing.assert_array_equal(kuat.open(tmp_path / "o")[1]["npy"], np.ones(3))

@@ -29,7 +29,7 @@ from kuat.convert._driver import (
     parallel_map,
     prepare_image,
 )
-from kuat.errors import SchemaError
+from kuat.errors import FormatError, SchemaError
 from kuat.format import Field, FieldType, Schema, Writer
 from kuat.format import schema as fs
 from kuat.format.arrow_views import values_view
@@ -113,20 +113,24 @@ def arrow_field(name: str, t: pa.DataType, image: bool = False) -> Field:
 
 
 def _batches(kind: str, path: str, batch_size: int) -> Iterator[pa.RecordBatch]:
-    if kind == "parquet":
-        import pyarrow.parquet as pq
+    """The record batches of one file; a file pyarrow cannot parse raises ``FormatError``."""
+    try:
+        if kind == "parquet":
+            import pyarrow.parquet as pq
 
-        yield from pq.ParquetFile(path).iter_batches(batch_size=batch_size)
-    elif kind == "jsonl":
-        import pyarrow.json as pj
+            yield from pq.ParquetFile(path).iter_batches(batch_size=batch_size)
+        elif kind == "jsonl":
+            import pyarrow.json as pj
 
-        yield from pj.read_json(path).to_batches(max_chunksize=batch_size)
-    elif kind == "csv":
-        import pyarrow.csv as pc
+            yield from pj.read_json(path).to_batches(max_chunksize=batch_size)
+        elif kind == "csv":
+            import pyarrow.csv as pc
 
-        yield from pc.open_csv(path)
-    else:
-        raise ValueError(f"unknown tabular kind {kind!r}")
+            yield from pc.open_csv(path)
+        else:
+            raise ValueError(f"unknown tabular kind {kind!r}")
+    except (pa.ArrowException, OSError) as e:  # ArrowInvalid: a parse error
+        raise FormatError(f"{path} is not a readable {kind} file: {e}", path=path) from e
 
 
 def _column(field: Field, arr: pa.Array, path: str, first_row: int, base: str) -> object:
@@ -187,7 +191,10 @@ def _from_tables(
         raise ValueError(
             f"image field {unknown[0]!r} is not a column of {files[0]} ({arrow_schema.names})"
         )
-    fields = [arrow_field(f.name, f.type, f.name in image_fields) for f in arrow_schema]
+    try:
+        fields = [arrow_field(f.name, f.type, f.name in image_fields) for f in arrow_schema]
+    except ValueError as e:
+        raise ValueError(f"{e} (in {files[0]})") from e
     schema = Schema(fields)
     image_names = [f.name for f in fields if f.type.kind == "image"]
     metadata = {"source": kind, "files": [os.path.basename(f) for f in files]}
@@ -283,6 +290,7 @@ _DOC_ARGS = """
     Raises:
         FileNotFoundError: no input file.
         ValueError: a column type has no kuat equivalent (names the column).
+        kuat.FormatError: a file that does not parse as its format (names the file).
         kuat.SchemaError: a null value, or files whose columns differ.
         kuat.DecodeError: an unreadable image with ``on_error="raise"``.
 """

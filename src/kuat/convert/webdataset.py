@@ -90,10 +90,15 @@ def _ext_field(ext: str, value: bytes, where: str) -> Field:
     if ext in TEXT_EXTS:
         return Field(ext, fs.string())
     if ext == "npy":
-        arr = np.load(io.BytesIO(value), allow_pickle=False)
-        if arr.ndim == 0:
-            return Field(ext, fs.FieldType("scalar", arr.dtype.name))
-        return Field(ext, fs.tensor(arr.shape, arr.dtype))
+        try:
+            arr = np.load(io.BytesIO(value), allow_pickle=False)
+            if arr.ndim == 0:
+                return Field(ext, fs.FieldType("scalar", arr.dtype.name))
+            return Field(ext, fs.tensor(arr.shape, arr.dtype))
+        except (ValueError, OSError, EOFError) as e:  # not .npy, pickled, bool, complex, empty
+            raise SchemaError(
+                f"{where}.{ext}: the first sample's .npy gives no kuat field type: {e}", field=ext
+            ) from e
     return Field(ext, fs.binary())
 
 
@@ -109,12 +114,21 @@ def _convert(field: Field, value: bytes, where: str) -> object:
             return text
         if kind in ("tensor", "scalar"):
             arr = np.load(io.BytesIO(value), allow_pickle=False)
-            return arr if kind == "tensor" else arr.item()
-    except (ValueError, UnicodeDecodeError, OSError) as e:
+        else:
+            return value
+    except (ValueError, UnicodeDecodeError, OSError, EOFError) as e:
         raise SchemaError(
             f"{where}.{field.name}: cannot parse as {field.type.describe()}: {e}", field=field.name
         ) from e
-    return value
+    # checked here, in the worker, so that on_error="skip" can leave the sample out
+    want = field.type
+    if arr.shape != (want.shape or ()) or not np.can_cast(arr.dtype, want.np_dtype, "safe"):
+        raise SchemaError(
+            f"{where}.{field.name}: {arr.dtype} array of shape {arr.shape} where the first "
+            f"sample fixed {want.describe()}",
+            field=field.name,
+        )
+    return arr if kind == "tensor" else arr.item()
 
 
 def from_webdataset(
