@@ -238,20 +238,21 @@ def main(argv=None) -> int:
 
 
 def _per_image_table(rows, passes: int) -> None:
-    """Per-image thread CPU time, minimum over ``passes`` interleaved passes (row A, B, ...
-    on image k, then image k + 1): robust against other processes on a busy machine."""
+    """Per-image thread CPU time, minimum over ``passes`` passes (each pass runs every row
+    over all images, rows in alternating order): robust against other processes on a busy
+    machine, and each row measured in its own steady state (caches, allocator)."""
     n = min(len(data) for _, _, data in rows)
     best = {name: np.full(n, np.inf) for name, _, _ in rows}
     for p in range(passes):
         order = rows if p % 2 == 0 else rows[::-1]  # alternate, so no row always goes first
-        for k in range(n):
-            for name, fn, _ in order:
+        for name, fn, _ in order:  # a whole pass per row: each row in its own steady state
+            for k in range(n):
                 c0 = time.thread_time_ns()
                 fn(k, 0)
                 best[name][k] = min(best[name][k], time.thread_time_ns() - c0)
     base = best[rows[0][0]].mean()
     torch_row = best[rows[-1][0]].mean()
-    print(f"\nper-image CPU time, 1 thread, min of {passes} interleaved passes over {n} images")
+    print(f"\nper-image CPU time, 1 thread, min of {passes} passes over {n} images")
     print(f"{'workload':30s} | mean us/img | % of decode-only | x torchvision PIL")
     for name, _, _ in rows:
         us = best[name].mean()
