@@ -20,6 +20,23 @@ TITLES = {
 }
 
 
+# ingest rows name the writer, not the loader
+INGEST_LABELS = {
+    "kuat": "kuat convert (original bytes)",
+    "ffcv": "FFCV DatasetWriter (re-encodes)",
+    "streaming": "Mosaic MDSWriter",
+    "litdata": "LitData optimize",
+    "webdataset": "WebDataset ShardWriter",
+}
+CHART_TITLES = {
+    "imagenet-jpeg": "imagenet-jpeg: RandomResizedCrop(224) + flip, uint8 out",
+    "imagenet-jpeg-256": "imagenet-jpeg-256: kuat on --resize-shorter 256, torch on originals",
+    "tokens": "tokens: random 1,025-token windows, batch 32",
+    "hf-rows": "hf-rows: variable-length rows, padding collate, batch 64",
+    "ingest": "ingest: ImageFolder into each format",
+}
+
+
 def _f(v, fmt: str = "{:.0f}") -> str:
     return "–" if v is None else fmt.format(v)
 
@@ -64,7 +81,8 @@ def markdown(results: dict) -> str:
             for loader, r in rows.items():
                 inv = (1.0 / r["ratio_to_baseline"]) if r.get("ratio_to_baseline") else None
                 lines.append(
-                    f"| {labels.get(loader, loader)} | {_f(r['rate'])} | {_f(inv, '{:.2f}')} | "
+                    f"| {INGEST_LABELS.get(loader, loader)} | {_f(r['rate'])} | "
+                    f"{_f(inv, '{:.2f}')} | "
                     f"{_f(r['cpu_s_per_1k'], '{:.1f}')} | {_f(r.get('output_mib'))} |"
                 )
         else:
@@ -120,7 +138,8 @@ def chart(results: dict, path: Path) -> None:
         len(panels), 1, figsize=(9, 2.2 + 0.45 * sum(len(r) for _, r in panels)), squeeze=False
     )
     for ax, (workload, rows) in zip(axes[:, 0], panels):
-        names = [labels.get(k, k) for k, r in rows.items() if r.get("rate")]
+        names_of = INGEST_LABELS if workload == "ingest" else labels
+        names = [names_of.get(k, k) for k, r in rows.items() if r.get("rate")]
         rates = [r["rate"] for r in rows.values() if r.get("rate")]
         colors = [
             "tab:orange" if n.startswith("kuat") else "tab:gray" if "decode" in n else "tab:blue"
@@ -128,7 +147,7 @@ def chart(results: dict, path: Path) -> None:
         ]
         ax.barh(names[::-1], rates[::-1], color=colors[::-1])
         unit = "images/s" if workload != "tokens" and workload != "hf-rows" else "samples/s"
-        ax.set_title(TITLES.get(workload, workload), fontsize=9)
+        ax.set_title(CHART_TITLES.get(workload, workload), fontsize=9)
         ax.set_xlabel(unit)
         for i, v in enumerate(rates[::-1]):
             ax.text(v, i, f" {v:.0f}", va="center", fontsize=8)

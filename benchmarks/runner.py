@@ -272,6 +272,7 @@ def run_bench(cfg: BenchConfig, progress: Callable[[str], None] = lambda s: None
     cfg.out_dir.mkdir(parents=True, exist_ok=True)
     cfg.cache_dir.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="kuat-bench-"))
+    (cfg.out_dir / "runs.jsonl").unlink(missing_ok=True)
     logs = cfg.out_dir / "logs"
     logs.mkdir(exist_ok=True)
     unavailable: dict[str, str] = {}
@@ -320,7 +321,7 @@ def run_bench(cfg: BenchConfig, progress: Callable[[str], None] = lambda s: None
             f"benchmarks.adapters.{LOADERS[loader]['adapter']}"
         ).WORKLOADS
         for w in cfg.workloads:
-            if w in supported:
+            if w in supported and w not in LOADERS[loader].get("skip", ()):
                 plan[w].append(loader)
         progress(f"{loader}: {res['versions']}")
 
@@ -391,6 +392,8 @@ def run_bench(cfg: BenchConfig, progress: Callable[[str], None] = lambda s: None
                     res = run_child(pythons[loader], spec, logs, cfg.timeout_s, sample_pss=True)
                 res.update(loader=loader, workload=w, round=rnd)
                 runs.append(res)
+                with open(cfg.out_dir / "runs.jsonl", "a") as f:  # survives an interrupted run
+                    f.write(json.dumps(res, default=str) + "\n")
                 progress(
                     f"[{done}/{total}] round {rnd + 1}/{cfg.runs} {w:<17} {loader:<16} "
                     + _one_line(res, w)

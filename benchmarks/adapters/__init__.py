@@ -17,7 +17,7 @@ labels), with ``drop_last`` so every batch is full.
 
 ``LOADERS`` maps the names ``kuat bench --loaders`` accepts to their adapter module, the
 environment they run in (``main`` = the interpreter running ``kuat bench``; others are
-created by :mod:`benchmarks.envs`) and adapter options.
+created by :mod:`benchmarks.envs`), adapter options and workloads to ``skip``.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ LOADERS: dict[str, dict] = {
         "adapter": "kuat",
         "env": "main",
         "options": {"worker_type": "process"},
+        "skip": ("ingest",),  # the same converter as "kuat"
         "label": "kuat (processes)",
     },
     "torchdata-nodes": {

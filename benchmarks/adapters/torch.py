@@ -114,9 +114,6 @@ def build(workload: str, data: dict, spec: dict) -> Loader:
     else:
         raise ValueError(f"torch adapter: unknown workload={workload!r}")
 
-    def close():
-        it = getattr(loader, "_iterator", None)
-        if it is not None and hasattr(it, "_shutdown_workers"):
-            it._shutdown_workers()
-
-    return Loader(epoch, close)
+    # The worker process exits right after the last epoch, taking the persistent workers
+    # with it; torch's DataLoader has no public close().
+    return Loader(epoch)
