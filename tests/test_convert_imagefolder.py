@@ -153,3 +153,19 @@ def test_refuses_existing_dataset_and_bad_options(tree, tmp_path):
         kuat.convert.from_imagefolder(tree, tree / "out.kuat")
     with pytest.raises(FileNotFoundError, match="no class folders"):
         kuat.convert.from_imagefolder(tree / "empty", tmp_path / "y")
+
+
+def test_imagefolder_without_images_is_refused(tmp_path, caplog):
+    (tmp_path / "src" / "a").mkdir(parents=True)
+    (tmp_path / "src" / "a" / "readme.txt").write_text("x")
+    with pytest.raises(FileNotFoundError, match=r"no images .*\.jpg"):
+        kuat.convert.from_imagefolder(tmp_path / "src", tmp_path / "o", progress=False)
+    assert not (tmp_path / "o").exists()  # no empty dataset written
+    with pytest.raises(ValueError, match="no class folder holds images"):
+        kuat.convert.detect_format(tmp_path / "src")
+    # some empty classes: converted (as torchvision with allow_empty), and said once
+    (tmp_path / "src" / "b").mkdir()
+    (tmp_path / "src" / "b" / "x.png").write_bytes(_png(3, 3, 0))
+    kuat.convert.from_imagefolder(tmp_path / "src", tmp_path / "o", progress=False)
+    assert len(kuat.open(tmp_path / "o")) == 1
+    assert any("hold no images: a" in r.getMessage() for r in caplog.records)

@@ -55,9 +55,11 @@ def _dir_format(d: str) -> tuple[str, list[str]]:
     kinds = {_BY_EXT[_ext(f)] for f in files}
     if len(kinds) == 1:
         return kinds.pop(), files
+    found = f"files of several kinds ({', '.join(sorted(kinds))})" if kinds else "no data files"
     raise ValueError(
-        f"cannot tell what {d} holds (not a Hugging Face save_to_disk directory, no class "
-        f"folders of images, files of {len(kinds)} kinds); pass --format {{{','.join(FORMATS)}}}"
+        f"cannot tell what {d} holds: no class folder holds images (ImageFolder), no "
+        f"state.json or dataset_dict.json (Hugging Face save_to_disk), and {found} "
+        f"({', '.join(sorted(_BY_EXT))}); pass --format {{{','.join(FORMATS)}}}"
     )
 
 

@@ -7,6 +7,7 @@ file names sorted; files are kept by extension (torchvision's ``IMG_EXTENSIONS``
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from pathlib import Path
@@ -21,6 +22,8 @@ from kuat.convert._driver import (
 from kuat.format import Field, Schema, Writer, image, int64, string
 
 __all__ = ["IMG_EXTENSIONS", "find_classes", "list_imagefolder", "from_imagefolder"]
+
+log = logging.getLogger("kuat.convert.imagefolder")
 
 # torchvision.datasets.folder.IMG_EXTENSIONS
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
@@ -84,7 +87,7 @@ def from_imagefolder(
         a :class:`kuat.convert.ConvertReport` (rows written, skipped files, seconds).
 
     Raises:
-        FileNotFoundError: ``src`` has no class folders.
+        FileNotFoundError: ``src`` has no class folders, or they hold no images.
         ValueError: ``dst`` is inside ``src`` (it would become a class).
         FileExistsError: ``dst`` is a dataset and ``overwrite`` is False.
         kuat.DecodeError: an image is unreadable and ``on_error="raise"``.
@@ -104,6 +107,20 @@ def from_imagefolder(
     if Path(dst).resolve().is_relative_to(src.resolve()):
         raise ValueError(f"dst={str(dst)!r} is inside the ImageFolder src={str(src)!r}")
     samples, classes = list_imagefolder(src)
+    if not samples:
+        raise FileNotFoundError(
+            f"no images in the class folders of {src} ({', '.join(classes[:5])}"
+            f"{', ...' if len(classes) > 5 else ''}); an ImageFolder reads files ending in "
+            f"{', '.join(IMG_EXTENSIONS)} (any case)"
+        )
+    empty = sorted(set(classes) - {classes[label] for _, label in samples})
+    if empty:
+        log.warning(
+            "%d class folder(s) of %s hold no images: %s (their labels have no samples)",
+            len(empty),
+            src,
+            ", ".join(empty),
+        )
     fields = [Field("image", image()), Field("label", int64(), {"names": classes})]
     if include_path:
         fields.append(Field("path", string()))
