@@ -169,3 +169,80 @@ def test_cuda_batch_falls_back_for_cmyk_and_png_and_reports_corrupt():
     with pytest.raises(DecodeError) as ei:
         c.apply_encoded_batch([datas[0], bad], [120] * 2, [100] * 2, rngs[:2], indices=[10, 11])
     assert ei.value.index == 11
+
+
+def _cpu_nvjpeg(monkeypatch, fail=False):
+    """Stand-in for nvJPEG: torchvision's CPU JPEG decoder, so the batch path runs here."""
+    import torchvision.io
+
+    import kuat.vision.gpu as kgpu
+
+    real = torchvision.io.decode_jpeg
+    calls = []
+
+    def fake(tensors, mode, device):
+        calls.append(len(tensors))
+        if fail:
+            raise RuntimeError("nvjpeg: simulated failure")
+        return real(tensors, mode=mode, device="cpu")  # stored orientation, like nvJPEG
+
+    monkeypatch.setattr(torchvision.io, "decode_jpeg", fake)
+    monkeypatch.setattr(kgpu, "check_cuda", lambda device="cuda": None)
+    return calls
+
+
+def test_batch_path_with_stand_in_decoder(monkeypatch):
+    """decode_batch_cuda end to end (nvJPEG replaced by torchvision's CPU decoder)."""
+    calls = _cpu_nvjpeg(monkeypatch)
+    datas, sizes = _batch()
+    src = _photo(100, 120)
+    b = io.BytesIO()
+    Image.fromarray(src).save(b, "PNG")
+    datas = datas + [_jpeg(src, mode="CMYK"), b.getvalue()]
+    sizes = sizes + [(120, 100), (120, 100)]
+    c = Compose([RandomResizedCrop(64), RandomHorizontalFlip()])
+    rngs = [np.random.default_rng(k) for k in range(len(datas))]
+    ws, hs = [w for w, _ in sizes], [h for _, h in sizes]
+    out = decode_batch_cuda(c, datas, ws, hs, rngs, device="cpu")
+    assert calls == [4]  # the 4 YCbCr JPEGs in one batch; CMYK and PNG on the CPU path
+    assert out.shape == (6, 3, 64, 64) and out.dtype == torch.uint8
+    for k, (data, (w, h)) in enumerate(zip(datas, sizes)):
+        ref = c.apply_encoded(data, w, h, np.random.default_rng(k))
+        mx, mean = _diff(out[k], torch.from_numpy(ref))
+        assert mx <= 3 and mean < 0.5, (k, mx, mean)
+
+
+def test_batch_path_failure_falls_back_and_names_the_bad_sample(monkeypatch):
+    _cpu_nvjpeg(monkeypatch, fail=True)
+    datas, sizes = _batch()
+    c = Compose([CenterCrop(48)])
+    rngs = [np.random.default_rng(k) for k in range(4)]
+    ws, hs = [w for w, _ in sizes], [h for _, h in sizes]
+    out = decode_batch_cuda(c, datas, ws, hs, rngs, device="cpu")  # all decoded on the CPU
+    for k, (data, (w, h)) in enumerate(zip(datas, sizes)):
+        ref = c.apply_encoded(data, w, h, np.random.default_rng(k))
+        assert _diff(out[k], torch.from_numpy(ref))[0] <= 1
+    bad = datas[:2] + [datas[2][:200]]
+    with pytest.raises(DecodeError) as ei:
+        decode_batch_cuda(
+            c,
+            bad,
+            ws[:3],
+            hs[:3],
+            rngs[:3],
+            device="cpu",
+            indices=[7, 8, 9],
+            sources=["a", "b", "c"],
+        )
+    assert ei.value.index == 9 and ei.value.source == "c"
+    with pytest.raises(DecodeError, match="max_pixels"):
+        decode_batch_cuda(
+            Compose([CenterCrop(8)], max_pixels=100),
+            datas[:1],
+            ws[:1],
+            hs[:1],
+            rngs[:1],
+            device="cpu",
+        )
+    with pytest.raises(ValueError, match="one entry per sample"):
+        decode_batch_cuda(c, datas, ws[:2], hs, rngs, device="cpu")

@@ -112,7 +112,9 @@ def decode_batch_cuda(
         tensors = [torch.frombuffer(bytearray(datas[k]), dtype=torch.uint8) for k in gpu_ks]
         try:
             with warnings.catch_warnings():
-                warnings.simplefilter("ignore", UserWarning)  # torchvision's deprecation note
+                # torchvision 0.29 warns that its image I/O moves to TorchCodec; nvJPEG
+                # through decode_jpeg is what this path is asked to use
+                warnings.filterwarnings("ignore", message=".*deprecated.*")
                 decoded = decode_jpeg(tensors, mode=ImageReadMode.RGB, device=dev)
         except RuntimeError as e:
             logger.debug("nvJPEG failed on the batch (%s); decoding it on the CPU", e)
