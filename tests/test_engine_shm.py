@@ -1,6 +1,7 @@
 """The shared-memory slot ring: encoding round trips, growth, reuse, cleanup."""
 
 import collections
+import gc
 import multiprocessing
 import os
 
@@ -102,3 +103,44 @@ def test_unwritable_directory_errors_are_not_swallowed(tmp_path, monkeypatch):
     monkeypatch.setattr(shm, "SHM_DIR", str(tmp_path / "missing"))
     with pytest.raises(FileNotFoundError):
         shm.create("kuat-x-0-1", 4096)
+
+
+def test_large_arrays_are_views_released_when_gone_small_ones_are_copied():
+    big = torch.arange(shm.VIEW_MIN_BYTES // 4 + 10, dtype=torch.float32)
+    batch = {"image": big, "label": torch.tensor([1, 2]), "np": np.ones(shm.VIEW_MIN_BYTES)}
+    writer = shm.SlotWriter("kuat-test-view", 0)
+    released = []
+    try:
+        msg = writer.write(batch, None)
+        mm = shm.attach(msg.name)
+        out = shm.view_batch(msg, mm, lambda: released.append(msg.name))
+        assert torch.equal(out["image"], big) and np.array_equal(out["np"], batch["np"])
+        assert out["label"].tolist() == [1, 2]
+        label, image = out["label"], out["image"][10:]  # keep a small field and a view
+        del out
+        assert released == []
+        del image
+        gc.collect()
+        assert released == [msg.name] and label.tolist() == [1, 2]  # labels never pin a slot
+    finally:
+        writer.close()
+        shm.unlink_prefix("kuat-test-view")
+
+
+class Big:
+    def __len__(self):
+        return 16
+
+    def __getitem__(self, i):
+        return torch.full((shm.VIEW_MIN_BYTES // 4,), float(i))  # a view-sized batch
+
+
+def test_a_held_zero_copy_batch_is_never_overwritten():
+    import kuat
+
+    dl = kuat.DataLoader(Big(), batch_size=None, num_workers=2, worker_type="process")
+    held = []
+    for i, b in enumerate(dl):
+        if i % 5 == 0:
+            held.append((i, b))  # kept while the ring goes on being reused
+    assert all(torch.all(b == float(i)) for i, b in held)

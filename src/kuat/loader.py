@@ -139,8 +139,10 @@ class DataLoader:
             pure-Python per-sample work is GIL-bound (``stats()``: ``fetch_cpu`` far below
             ``fetch`` and a high ``input_bound_fraction``). Process workers send each batch's
             tensors through a reused ring of shared-memory slots (``/dev/shm``, at most
-            ``prefetch_factor * num_workers``, unlinked on every exit path); a receiver thread
-            copies each batch out (one memcpy, into pinned memory when pinning) as it arrives.
+            ``prefetch_factor * num_workers`` in flight, unlinked on every exit path); tensors
+            of 256 KiB and more reach the training loop as views of their slot (no copy; the
+            slot is reused once they are gone), smaller ones are copied, and with pinning the
+            batch is copied once into pinned memory.
         seed: the run seed; shuffle order depends only on ``(seed, epoch, rank, world_size)``
             and each sample's randomness on ``(seed, epoch, index)``. ``None`` draws one at
             construction from torch's default generator (so ``torch.manual_seed`` makes runs

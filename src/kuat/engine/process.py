@@ -6,8 +6,10 @@ The job (dataset, collate_fn, worker_init_fn) reaches the workers once: inherite
 ``multiprocessing.Pipe`` per worker; the consumer waits on all pipes and on the processes'
 sentinels at once (``multiprocessing.connection.wait``), so a worker that dies is noticed at
 once and reported with its exit code and the sample indices it was fetching. A receiver thread
-(``kuat-worker-receiver``) does that waiting and copies each batch out of its slot as it
-arrives, so the copy overlaps with the training step. Workers poll for their parent every
+(``kuat-worker-receiver``) does that waiting. Large tensors are handed to the consumer as views
+of their slot (no copy; the slot is reused once they are all gone), small ones (< 256 KiB) are
+copied so that keeping, say, the labels never pins a slot; with pinning, the batch is copied
+once, straight into pinned memory. Workers poll for their parent every
 second and exit when it is gone.
 
 Shutdown (``close()``, idempotent; also at interpreter exit): each worker is asked to stop,
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import atexit
 import collections
+import functools
 import os
 import queue
 import secrets
@@ -209,7 +212,11 @@ class ProcessEngine:
             mm = self._maps.get(value.name)
             if mm is None:
                 mm = self._maps[value.name] = shm.attach(value.name)
-            r.value = shm.read_batch(value, mm, self.pin)
+            if self.pin:  # one copy, straight into pinned memory
+                r.value = shm.read_batch(value, mm, pin=True)
+            else:  # zero-copy: the slot comes back when the batch's large tensors are gone
+                r.value = shm.view_batch(value, mm, functools.partial(self._free.append, slot))
+                return r
         if slot is not None:
             self._free.append(slot)
         return r
@@ -217,7 +224,10 @@ class ProcessEngine:
     def _retire(self, name: str) -> None:
         mm = self._maps.pop(name, None)
         if mm is not None:
-            mm.close()
+            try:
+                mm.close()
+            except BufferError:  # views of it are still alive; unmapped when they go
+                pass
         shm.unlink(name)
         self._owned.discard(name)
 

@@ -25,6 +25,9 @@ import glob
 import mmap
 import os
 import tempfile
+import threading
+import weakref
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -32,11 +35,15 @@ import torch
 from kuat.collate import map_structure
 from kuat.errors import SharedMemoryError
 
-__all__ = ["SHM_DIR", "ShmBatch", "SlotWriter", "read_batch", "unlink", "unlink_prefix"]
+__all__ = ["SHM_DIR", "ShmBatch", "SlotWriter", "read_batch", "view_batch", "unlink", "unlink_prefix"]
 
 SHM_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
 _ALIGN = 64
 _CACHE = 32  # mappings a worker keeps open
+# Arrays smaller than this are copied out of a slot; larger ones are handed out as views of it
+# (then the slot is reused only once they are all gone). Copying small fields (labels, lengths)
+# means that keeping them, e.g. for metrics, never pins a whole slot.
+VIEW_MIN_BYTES = 256 * 1024
 
 
 def _path(name: str) -> str:
@@ -201,19 +208,57 @@ class SlotWriter:
 
 def read_batch(msg: ShmBatch, mm: mmap.mmap, pin: bool = False):
     """Consumer side: copy the batch's arrays out of the slot (into pinned memory if ``pin``)."""
-    arrays = []
-    for kind, off, dtype, shape, nbytes in msg.specs:
-        if kind == "n":
-            out = np.empty(shape, dtype=dtype)
-            if nbytes:
-                out.reshape(-1).view(np.uint8)[:] = np.frombuffer(
-                    mm, dtype=np.uint8, count=nbytes, offset=off
-                )
-        else:
-            out = torch.empty(shape, dtype=dtype, pin_memory=pin)
-            if nbytes:
-                src = torch.frombuffer(mm, dtype=torch.uint8, count=nbytes, offset=off)
-                out.reshape(-1).view(torch.uint8).copy_(src)  # (nbytes,) u8 -> shape dtype
-                del src
-        arrays.append(out)
+    arrays = [_copy_out(kind, off, dtype, shape, nbytes, mm, pin)
+              for kind, off, dtype, shape, nbytes in msg.specs]
     return map_structure(lambda x: arrays[x.i] if isinstance(x, _Ref) else x, msg.skeleton)
+
+def view_batch(msg: ShmBatch, mm: mmap.mmap, on_release: Callable[[], None]):
+    """Consumer side, zero-copy: large arrays are views of the slot, small ones are copied.
+
+    ``on_release()`` is called (from whichever thread drops the last one) once no view of the
+    slot is alive any more, so the slot can be handed out again; at once if there is none.
+    """
+    arrays, views = [], []
+    for kind, off, dtype, shape, nbytes in msg.specs:
+        if nbytes < VIEW_MIN_BYTES:
+            arrays.append(_copy_out(kind, off, dtype, shape, nbytes, mm, False))
+            continue
+        buf = np.frombuffer(mm, dtype=np.uint8, count=nbytes, offset=off)  # (nbytes,) u8 view
+        if kind == "n":
+            out = buf.view(dtype).reshape(shape)
+        else:
+            out = torch.frombuffer(buf, dtype=dtype).view(shape)  # keeps buf alive
+        views.append(buf)
+        arrays.append(out)
+    if views:
+        remaining = [len(views)]
+        lock = threading.Lock()
+
+        def one_gone():
+            with lock:
+                remaining[0] -= 1
+                last = remaining[0] == 0
+            if last:
+                on_release()
+
+        for buf in views:
+            weakref.finalize(buf, one_gone)
+        del buf, views
+    else:
+        on_release()
+    return map_structure(lambda x: arrays[x.i] if isinstance(x, _Ref) else x, msg.skeleton)
+
+
+def _copy_out(kind, off, dtype, shape, nbytes, mm, pin):
+    if kind == "n":
+        out = np.empty(shape, dtype=dtype)
+        if nbytes:
+            out.reshape(-1).view(np.uint8)[:] = np.frombuffer(mm, dtype=np.uint8, count=nbytes,
+                                                              offset=off)
+        return out
+    out = torch.empty(shape, dtype=dtype, pin_memory=pin)
+    if nbytes:
+        src = torch.frombuffer(mm, dtype=torch.uint8, count=nbytes, offset=off)
+        out.reshape(-1).view(torch.uint8).copy_(src)  # (nbytes,) u8 -> shape dtype
+        del src
+    return out
