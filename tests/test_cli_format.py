@@ -109,3 +109,45 @@ def test_convert_numpy_with_format_flag(tmp_path, capsys):
     ds = kuat.open(tmp_path / "o")
     np.testing.assert_array_equal(ds[3]["arr.bin"], [9, 10, 11])
     assert os.path.isdir(tmp_path / "o")
+
+
+def test_help_is_plain_text_and_bad_flags_name_the_flag(tmp_path, capsys):
+    for cmd in ("convert", "inspect", "verify", "merge"):
+        with pytest.raises(SystemExit):
+            main([cmd, "--help"])
+        text = capsys.readouterr().out
+        assert "``" not in text and "::" not in text, text
+    for flag, value in (
+        ("--workers", "0"),
+        ("--resize-shorter", "-1"),
+        ("--quality", "101"),
+        ("--shard-bytes", "2G"),
+        ("--shard-bytes", "lots"),
+    ):
+        with pytest.raises(SystemExit):
+            main(["convert", str(tmp_path), str(tmp_path / "o"), flag, value])
+        err = capsys.readouterr().err
+        assert f"argument {flag}:" in err and "_size" not in err, err
+
+
+def test_cli_messages_say_the_flag_and_print_each_thing_once(tree, tmp_path, capsys, caplog):
+    (tree / "a" / "bad.jpg").write_bytes(b"not a jpeg")
+    out = str(tmp_path / "o")
+    args = ["convert", str(tree), out, "--no-progress", "--on-error", "skip"]
+    assert main(args) == 0
+    captured = capsys.readouterr()
+    assert captured.out.count("bad.jpg") == 1 and "bad.jpg" not in captured.err
+    assert not [r for r in caplog.records if "bad.jpg" in r.getMessage()]  # not logged too
+    assert "wrote 5 rows" in captured.out and "wrote kuat dataset" not in captured.err
+    assert main(args) == 1
+    assert "--overwrite" in capsys.readouterr().err
+    assert main(["merge", out, "-o", str(tmp_path / "m")]) == 0
+    assert main(["merge", out, "-o", str(tmp_path / "m")]) == 1
+    assert "--overwrite" in capsys.readouterr().err
+    shard = kuat.open(out).shard_paths[0]
+    with open(shard, "r+b") as f:
+        f.seek(100)
+        f.write(b"\xff")
+    assert main(["verify", out]) == 1
+    bad = [line for line in capsys.readouterr().out.splitlines() if line.startswith("BAD")]
+    assert len(bad) == 1 and bad[0].count(shard) == 1 and "checksum mismatch" in bad[0]

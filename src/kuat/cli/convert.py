@@ -1,38 +1,71 @@
-"""``kuat convert SRC... DST``: convert a dataset into the kuat format.
-
-The source type is detected (``--format`` forces it): a directory of class folders
-(ImageFolder), a Hugging Face ``save_to_disk`` directory, ``.parquet``/``.jsonl``/``.csv``
-files, ``.npy``/``.npz`` arrays or WebDataset ``.tar`` shards (files or globs).
-
-Examples::
-
-    kuat convert imagenet/train train.kuat --workers 16
-    kuat convert imagenet/train train256.kuat --resize-shorter 256 --quality 90
-    kuat convert 'shards/*.tar' wds.kuat --on-error skip
-    kuat convert data.parquet table.kuat --image-field picture
-"""
+"""``kuat convert SRC... DST``: convert a dataset into the kuat format (see ``DESCRIPTION``,
+which is also the command's ``--help`` text)."""
 
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 
 FORMATS = ("auto", "imagefolder", "hf", "parquet", "jsonl", "csv", "numpy", "webdataset")
+_MAX_SHARD_BYTES = 1 << 30  # kuat.format.writer's limit, repeated so --help imports nothing
+
+DESCRIPTION = """\
+Convert a dataset into a kuat dataset directory (Arrow shards + manifest.json).
+
+The source type is detected (--format forces it): a directory of class folders
+(ImageFolder), a Hugging Face save_to_disk directory, .parquet / .jsonl / .csv files,
+.npy / .npz arrays, or WebDataset .tar shards (files or globs).
+
+examples:
+  kuat convert imagenet/train train.kuat --workers 16
+  kuat convert imagenet/train train256.kuat --resize-shorter 256 --quality 90
+  kuat convert 'shards/*.tar' wds.kuat --on-error skip
+  kuat convert data.parquet table.kuat --image-field picture
+"""
+
+
+def _int_in(low: int, high: int | None = None):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < low or (high is not None and value > high):
+            where = f"in [{low}, {high}]" if high is not None else f">= {low}"
+            raise argparse.ArgumentTypeError(f"must be {where}, got {value}")
+        return value
+
+    return parse
 
 
 def _size(text: str) -> int:
+    """``256M``, ``1G``, ``65536`` -> bytes (binary units)."""
     units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
     t = text.strip().lower().removesuffix("ib").removesuffix("b")
-    if t and t[-1] in units:
-        return int(float(t[:-1]) * units[t[-1]])
-    return int(t)
+    try:
+        value = int(float(t[:-1]) * units[t[-1]]) if t and t[-1] in units else int(t)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a size such as 256M, 1G or 65536, got {text!r}"
+        ) from None
+    if not 1 <= value <= _MAX_SHARD_BYTES:
+        raise argparse.ArgumentTypeError(f"must be between 1 byte and 1G, got {text!r}")
+    return value
+
+
+class _DropSkippedSummary(logging.Filter):
+    """The command prints the skipped samples one per line; drop the library's one-line list."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("skipped %d unreadable")
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "convert",
         help="convert ImageFolder / HF / Parquet / JSONL / CSV / NumPy / WebDataset to kuat",
-        description=__doc__,
+        description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("src", nargs="+", help="source directory, file(s) or glob(s)")
@@ -40,15 +73,22 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument(
         "--format", choices=FORMATS, default="auto", help="source type (default: detect)"
     )
-    p.add_argument("--workers", type=int, default=None, help="threads (default: one per core)")
+    p.add_argument(
+        "--workers", type=_int_in(1), default=None, help="threads (default: one per core)"
+    )
     p.add_argument(
         "--resize-shorter",
-        type=int,
+        type=_int_in(1),
         default=None,
         metavar="PX",
         help="re-encode images whose shorter side exceeds PX to exactly PX (default: keep bytes)",
     )
-    p.add_argument("--quality", type=int, default=90, help="JPEG quality of re-encoded images")
+    p.add_argument(
+        "--quality",
+        type=_int_in(1, 100),
+        default=90,
+        help="JPEG quality of re-encoded images, 1-100 (default 90)",
+    )
     p.add_argument(
         "--on-error",
         choices=("raise", "skip"),
@@ -56,7 +96,13 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         help="unreadable images: stop naming the file (raise), or skip and list them at the end",
     )
     p.add_argument("--decode-check", action="store_true", help="fully decode each image (slower)")
-    p.add_argument("--shard-bytes", type=_size, default=None, help="target shard size, e.g. 256M")
+    p.add_argument(
+        "--shard-bytes",
+        type=_size,
+        default=None,
+        metavar="SIZE",
+        help="target shard size, e.g. 256M (default 128M, at most 1G)",
+    )
     p.add_argument(
         "--image-field",
         action="append",
@@ -83,6 +129,8 @@ def run(args) -> int:
         decode_check=args.decode_check,
         shard_bytes=args.shard_bytes,
     )
+    drop = _DropSkippedSummary()
+    logging.getLogger("kuat.convert").addFilter(drop)
     try:
         report = kuat.convert.convert(
             args.src,
@@ -92,9 +140,11 @@ def run(args) -> int:
             split=args.split,
             **options,
         )
-    except (FileExistsError, FileNotFoundError, ValueError, TypeError) as e:
+    except (OSError, ValueError, TypeError) as e:  # OSError: missing source, existing DST...
         print(f"kuat convert: error: {e}", file=sys.stderr)
         return 1
+    finally:
+        logging.getLogger("kuat.convert").removeFilter(drop)
     rate = report.rows / report.seconds if report.seconds > 0 else float("inf")
     print(
         f"wrote {report.rows} rows to {report.path} in {report.seconds:.1f} s ({rate:.0f} rows/s)"
@@ -102,5 +152,5 @@ def run(args) -> int:
     if report.skipped:
         print(f"skipped {len(report.skipped)} unreadable sample(s):")
         for where, why in report.skipped:
-            print(f"  {where}: {why}")
+            print(f"  {why}" if str(where) in why else f"  {where}: {why}")
     return 0

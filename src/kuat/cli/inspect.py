@@ -1,6 +1,6 @@
-"""``kuat inspect PATH``: a kuat dataset's schema, rows, shards, bytes and a few sample rows.
+"""kuat inspect PATH: a kuat dataset's schema, rows, shards, bytes and a few sample rows.
 
-Reads the manifest and only the shards holding the rows shown.
+Reads the manifest and only the shards holding the rows shown; images are not decoded.
 """
 
 from __future__ import annotations

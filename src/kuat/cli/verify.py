@@ -1,4 +1,4 @@
-"""``kuat verify PATH``: re-check every shard's checksum, size, schema and row count.
+"""kuat verify PATH: re-check every shard's checksum, size, schema and row count.
 
 Exit status 0 when all shards are intact, 1 otherwise (each bad shard is named).
 """
@@ -41,7 +41,8 @@ def run(args) -> int:
         if bar is not None:
             bar.close()
     for e in report.errors:
-        print(f"BAD {e.path}: {e}")
+        msg = str(e).removeprefix(f"shard {e.path} ")  # the path is said once, up front
+        print(f"BAD {e.path}: {msg}")
     if report.ok:
         print(f"OK {report.path}: {report.rows} rows, {report.shards} shards, {report.bytes} bytes")
         return 0

@@ -61,7 +61,7 @@ def _check_images(shard, manifest_schema) -> None:
                 info = probe_image(data[offs[row] : offs[row + 1]], source=shard.path)
             except DecodeError as e:
                 raise FormatError(
-                    f"shard {shard.path} row {row}: field {f.name!r} is not a readable image: {e}",
+                    f"shard {shard.path} row {row}: field {f.name!r}: {e}",
                     path=shard.path,
                     row=row,
                 ) from e

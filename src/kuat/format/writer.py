@@ -421,7 +421,7 @@ class Writer:
         if manifest.exists():
             if not overwrite:
                 raise FileExistsError(
-                    f"{p} is already a kuat dataset; pass overwrite=True to replace it"
+                    f"{p} is already a kuat dataset; pass overwrite=True (--overwrite) to replace it"
                 )
             try:
                 old = [s.file for s in read_manifest(p).shards]
@@ -435,7 +435,7 @@ class Writer:
         if others and not overwrite:
             raise FileExistsError(
                 f"{p} is a non-empty directory that is not a kuat dataset ({others[0]!r}, ...); "
-                "pass overwrite=True to write into it anyway"
+                "pass overwrite=True (--overwrite) to write into it anyway"
             )
         for e in os.scandir(p):  # leftovers of an interrupted write
             if _SHARD_RE.match(e.name) and e.is_file():
