@@ -253,6 +253,13 @@ def test_numpy_files_and_arrays(tmp_path):
             {"a": np.zeros(3), "b": np.zeros(4)}, tmp_path / "bad", progress=False
         )
 
+    (tmp_path / "junk.npy").write_bytes(b"junk")
+    with pytest.raises(FormatError, match="junk.npy is not a readable") as e:
+        kuat.convert.from_numpy(tmp_path / "junk.npy", tmp_path / "bad", progress=False)
+    assert e.value.path == str(tmp_path / "junk.npy")
+    with pytest.raises(ValueError, match="array 'z' of shape"):
+        kuat.convert.from_numpy({"z": np.zeros((3, 0))}, tmp_path / "bad", progress=False)
+
 
 # -- WebDataset ------------------------------------------------------------------------------
 def _tar(path, samples):

@@ -16,6 +16,7 @@ import numpy as np
 
 from kuat.convert._driver import ConvertOptions, ConvertReport, Progress
 from kuat.convert.tabular import expand_paths
+from kuat.errors import FormatError
 from kuat.format import DEFAULT_SHARD_BYTES, Field, Schema, Writer
 from kuat.format import schema as fs
 
@@ -30,11 +31,23 @@ def _field(name: str, arr: np.ndarray) -> Field:
     if arr.dtype.name not in fs.NUMERIC_DTYPES:
         raise ValueError(
             f"array {name!r} has dtype {arr.dtype}; kuat stores {', '.join(fs.NUMERIC_DTYPES)}"
-            + (" (store booleans tensors as uint8)" if arr.dtype.kind == "b" else "")
+            + (" (store boolean tensors as uint8)" if arr.dtype.kind == "b" else "")
         )
     if arr.ndim == 1:
         return Field(name, fs.FieldType("scalar", arr.dtype.name))
+    if 0 in arr.shape[1:]:
+        raise ValueError(f"array {name!r} of shape {arr.shape} has rows of no elements")
     return Field(name, fs.tensor(arr.shape[1:], arr.dtype))
+
+
+def _load(path: str, **kwargs):
+    """``np.load`` without pickles; a file that is not NumPy's raises ``FormatError``."""
+    try:
+        return np.load(path, allow_pickle=False, **kwargs)
+    except (ValueError, OSError, EOFError) as e:
+        if isinstance(e, FileNotFoundError):
+            raise
+        raise FormatError(f"{path} is not a readable .npy/.npz file: {e}", path=path) from e
 
 
 def _arrays(src) -> dict[str, np.ndarray]:
@@ -43,14 +56,12 @@ def _arrays(src) -> dict[str, np.ndarray]:
     if isinstance(src, Mapping):
         out = {}
         for name, v in src.items():
-            out[str(name)] = (
-                v if isinstance(v, np.ndarray) else np.load(os.fspath(v), mmap_mode="r")
-            )
+            out[str(name)] = v if isinstance(v, np.ndarray) else _load(os.fspath(v), mmap_mode="r")
         return out
     out = {}
     for path in expand_paths(src):
         if path.endswith(".npz"):
-            with np.load(path) as z:
+            with _load(path) as z:
                 for name in z.files:
                     if name in out:
                         raise ValueError(f"array name {name!r} appears twice ({path})")
@@ -59,7 +70,7 @@ def _arrays(src) -> dict[str, np.ndarray]:
             name = os.path.splitext(os.path.basename(path))[0]
             if name in out:
                 raise ValueError(f"array name {name!r} appears twice ({path})")
-            out[name] = np.load(path, mmap_mode="r", allow_pickle=False)
+            out[name] = _load(path, mmap_mode="r")
     return out
 
 
@@ -83,6 +94,7 @@ def from_numpy(
 
     Raises:
         ValueError: arrays of different lengths, 0-d arrays or unsupported dtypes.
+        kuat.FormatError: a file that is not a .npy/.npz (names it).
     """
     opts = ConvertOptions(
         num_workers=num_workers, progress=progress, shard_bytes=shard_bytes, overwrite=overwrite
