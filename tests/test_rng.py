@@ -35,3 +35,4 @@ def test_torch_and_python_generators_are_seeded():
     a, b = rng.sample_rng(11), rng.sample_rng(11)
     assert torch.equal(torch.rand(3, generator=a.torch), torch.rand(3, generator=b.torch))
     assert a.python.random() == b.python.random()
+

@@ -88,8 +88,12 @@ class WorkerError(KuatError):
         self.worker_traceback = worker_traceback
 
 
-class LoaderTimeoutError(KuatError, TimeoutError):
-    """The loader waited longer than its ``timeout`` (seconds) for a batch."""
+class LoaderTimeoutError(KuatError, RuntimeError, TimeoutError):
+    """The loader waited longer than its ``timeout`` (seconds) for a batch.
+
+    A ``RuntimeError`` as well, because that is what torch's DataLoader raises on a time-out:
+    ``except RuntimeError`` in an existing training script keeps working.
+    """
 
 
 class SharedMemoryError(KuatError, OSError):
