@@ -10,30 +10,41 @@
   a crop's rows and columns (libjpeg-turbo skip/crop scanlines), used by the fused path.
 * ``gpu.py``: nvJPEG batch decode for ``Compose(..., decode_device="cuda")``.
 * ``_exif.py``: EXIF orientation read from the bytes and applied as views.
+
+Names are loaded lazily: ``decode_image`` and ``probe_image`` do not import torch (the
+converter and ``kuat inspect`` stay cheap); the transforms do.
 """
 
-from kuat.vision.decode import DEFAULT_MAX_PIXELS, decode_image
-from kuat.vision.probe import ImageInfo, probe_image
-from kuat.vision.protocol import FusedImageTransform
-from kuat.vision.transforms import (
-    CenterCrop,
-    Compose,
-    Normalize,
-    RandomHorizontalFlip,
-    RandomResizedCrop,
-    Resize,
-)
+from __future__ import annotations
 
-__all__ = [
-    "decode_image",
-    "DEFAULT_MAX_PIXELS",
-    "probe_image",
-    "ImageInfo",
-    "FusedImageTransform",
-    "Compose",
-    "RandomResizedCrop",
-    "Resize",
-    "CenterCrop",
-    "RandomHorizontalFlip",
-    "Normalize",
-]
+import importlib
+
+_EXPORTS = {
+    "decode_image": "kuat.vision.decode",
+    "DEFAULT_MAX_PIXELS": "kuat.vision.decode",
+    "probe_image": "kuat.vision.probe",
+    "ImageInfo": "kuat.vision.probe",
+    "FusedImageTransform": "kuat.vision.protocol",
+    "Compose": "kuat.vision.transforms",
+    "RandomResizedCrop": "kuat.vision.transforms",
+    "Resize": "kuat.vision.transforms",
+    "CenterCrop": "kuat.vision.transforms",
+    "RandomHorizontalFlip": "kuat.vision.transforms",
+    "Normalize": "kuat.vision.transforms",
+}
+
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str):
+    try:
+        module = _EXPORTS[name]
+    except KeyError:
+        raise AttributeError(f"module 'kuat.vision' has no attribute {name!r}") from None
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(__all__) | set(globals()))
