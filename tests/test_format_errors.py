@@ -274,3 +274,30 @@ def test_merge_refuses_a_non_empty_directory_that_is_not_a_dataset(tmp_path):
     assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
     kf.merge([tmp_path / "a"], out, overwrite=True)  # asked for: written beside the file
     assert len(kuat.open(out)) == 3 and (out / "notes.txt").read_text() == "mine"
+
+
+@pytest.mark.timeout(60)
+def test_special_files_are_refused_without_blocking(tmp_path):
+    """A manifest naming a FIFO (or a FIFO as manifest.json) must not block open or verify."""
+    _write(tmp_path / "d", n=3, shard_bytes=10_000)
+    m = _manifest(tmp_path / "d")
+    m["shards"][0].update(file="fifo", bytes=0)
+    (tmp_path / "d" / "manifest.json").write_text(json.dumps(m))
+    os.mkfifo(tmp_path / "d" / "fifo")
+    with pytest.raises(FormatError, match="not a regular file"):
+        kuat.open(tmp_path / "d")[0]
+    report = kf.verify(tmp_path / "d")
+    assert not report.ok and "not a regular file" in str(report.errors[0])
+    m["shards"][0].update(file=".", bytes=4096)  # the dataset directory itself
+    (tmp_path / "d" / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(FormatError, match="not a regular file"):
+        kuat.open(tmp_path / "d")[0]
+    (tmp_path / "e").mkdir()
+    os.mkfifo(tmp_path / "e" / "manifest.json")
+    with pytest.raises(FormatError, match="not a regular file"):
+        kuat.open(tmp_path / "e")
+    m = _manifest(tmp_path / "d")
+    m["schema"]["fields"][0]["metadata"] = ["not", "an", "object"]
+    (tmp_path / "d" / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(FormatError, match="field 'x': 'metadata' must be an object"):
+        kuat.open(tmp_path / "d")

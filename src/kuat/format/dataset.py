@@ -29,7 +29,7 @@ import pyarrow as pa
 
 from kuat.errors import FormatError
 from kuat.format.arrow_views import values_view
-from kuat.format.manifest import Manifest, ShardInfo, read_manifest
+from kuat.format.manifest import Manifest, ShardInfo, check_regular_file, read_manifest
 from kuat.format.schema import EncodedImage, FieldType, Schema
 from kuat.rng import sample_context, sample_rng
 
@@ -149,7 +149,7 @@ def _schema_diff(got: pa.Schema, want: pa.Schema) -> str:
 
 def _read_batch(path: str, info: ShardInfo, arrow_schema: pa.Schema) -> pa.RecordBatch:
     try:
-        size = os.stat(path).st_size
+        size = check_regular_file(path, "shard").st_size
     except FileNotFoundError as e:
         raise FormatError(f"shard {path} is missing", path=path) from e
     except OSError as e:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -92,6 +93,21 @@ class Manifest:
         }
 
 
+def check_regular_file(path: str, what: str) -> os.stat_result:
+    """``os.stat(path)``, refusing anything but a regular file: opening a FIFO named by a
+    (corrupt or crafted) manifest would block forever, a directory or device is no shard.
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+        OSError: it cannot be stat'ed.
+        kuat.FormatError: it is not a regular file (names it).
+    """
+    st = os.stat(path)
+    if not stat.S_ISREG(st.st_mode):
+        raise FormatError(f"{what} {path} is not a regular file", path=path)
+    return st
+
+
 def file_checksum(path: str | os.PathLike) -> str:
     """``"xxh3_64:<hex>"`` of a file's bytes, read in 8 MiB chunks."""
     h = xxhash.xxh3_64()
@@ -171,6 +187,7 @@ def read_manifest(directory: str | os.PathLike) -> Manifest:
     """
     path = os.path.join(os.fspath(directory), MANIFEST_NAME)
     try:
+        check_regular_file(path, "manifest")
         with open(path, "rb") as f:
             raw = f.read()
     except FileNotFoundError as e:

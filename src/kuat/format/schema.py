@@ -348,6 +348,11 @@ class Schema:
             if not isinstance(f, Mapping):
                 raise TypeError(f"schema field must be an object, got {f!r}")
             metadata = f.get("metadata", {})
+            if not isinstance(metadata, Mapping):
+                raise TypeError(
+                    f"field {f.get('name')!r}: 'metadata' must be an object, got "
+                    f"{type(metadata).__name__}"
+                )
             fields.append(Field(f.get("name"), FieldType.from_json(f), dict(metadata)))
         return cls(fields)
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from kuat.errors import DecodeError, FormatError
 from kuat.format.dataset import _open_shard
-from kuat.format.manifest import file_checksum, read_manifest
+from kuat.format.manifest import check_regular_file, file_checksum, read_manifest
 
 __all__ = ["VerifyReport", "verify"]
 
@@ -104,7 +104,7 @@ def verify(
         shard_path = str(root / info.file)
         try:
             try:
-                size = os.path.getsize(shard_path)
+                size = check_regular_file(shard_path, "shard").st_size
             except FileNotFoundError as e:
                 raise FormatError(f"shard {shard_path} is missing", path=shard_path) from e
             if size != info.bytes:
