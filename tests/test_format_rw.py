@@ -643,3 +643,33 @@ print(sorted(m for m in ("pandas", "torch", "datasets") if m in sys.modules))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_a_second_writer_into_the_same_directory_is_refused(tmp_path):
+    """Two writers (two `kuat convert` runs, say) would delete and rename over each other's
+    shards: the last manifest could list the other writer's bytes."""
+    path = tmp_path / "d"
+    w1 = kuat.Writer(path, {"x": kf.int64()}, shard_bytes=8)
+    w1.write({"x": 1})
+    w1.write({"x": 2})  # rolls a shard
+    with pytest.raises(FileExistsError, match="another kuat Writer"):
+        kuat.Writer(path, {"x": kf.int64()}, overwrite=True)
+    w1.write({"x": 3})
+    w1.close()
+    assert kuat.open(path).read_batch([0, 1, 2])["x"].tolist() == [1, 2, 3]
+    assert sorted(p.name for p in path.iterdir()) == [
+        "manifest.json",
+        "shard-00000.arrow",
+        "shard-00001.arrow",
+        "shard-00002.arrow",
+    ]
+    with kuat.Writer(path, {"x": kf.int64()}, overwrite=True) as w2:  # free again
+        w2.write({"x": 4})
+    with pytest.raises(FileExistsError, match="already a kuat dataset"):
+        kuat.Writer(path, {"x": kf.int64()})  # a refused writer releases its lock too
+    with pytest.raises(RuntimeError):
+        with kuat.Writer(path, {"x": kf.int64()}, overwrite=True):
+            raise RuntimeError("aborted")
+    with kuat.Writer(path, {"x": kf.int64()}, overwrite=True) as w3:
+        w3.write({"x": 5})
+    assert kuat.open(path)[0]["x"] == 5

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from kuat.errors import SchemaError
 from kuat.format.manifest import MANIFEST_NAME, Manifest, ShardInfo, read_manifest, write_manifest
-from kuat.format.writer import _SHARD_RE, _version, shard_name
+from kuat.format.writer import _SHARD_RE, LOCK_NAME, _version, shard_name
 
 __all__ = ["merge", "LINK_MODES"]
 
@@ -89,7 +89,9 @@ def merge(
             f"{out} is already a kuat dataset; pass overwrite=True (--overwrite) to replace it"
         )
     if out.is_dir() and not overwrite:
-        others = [e.name for e in os.scandir(out) if not _SHARD_RE.match(e.name)]
+        others = [
+            e.name for e in os.scandir(out) if not _SHARD_RE.match(e.name) and e.name != LOCK_NAME
+        ]
         if others:
             raise FileExistsError(
                 f"{out} is a non-empty directory that is not a kuat dataset ({others[0]!r}, "

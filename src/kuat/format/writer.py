@@ -7,6 +7,7 @@ place), so an interrupted write never leaves a directory that opens as a dataset
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import math
@@ -42,6 +43,10 @@ _MAX_VALUE_BYTES = 2**31 - 2
 _SHARD_RE = re.compile(
     r"^(shard-\d{5,}\.arrow|\.shard-\d{5,}\.arrow\.tmp.*|\.manifest\.json\.tmp.*)$"
 )
+
+
+# held (flock) by the one Writer writing into a directory; not part of the dataset
+LOCK_NAME = ".kuat-writer.lock"
 
 
 def shard_name(i: int) -> str:
@@ -366,10 +371,13 @@ class Writer:
     Image values are encoded bytes (width/height/codec probed from the header), an
     :class:`EncodedImage`, or a dict ``{"bytes": ..., "width": ..., "height": ..., "codec": ...}``.
 
-    Not thread-safe: one thread writes. Rows are stored in the order written.
+    Not thread-safe: one thread writes. Rows are stored in the order written. One Writer
+    per directory at a time: it holds an advisory lock (``.kuat-writer.lock``, flock) until
+    ``close()``/``abort()``, and a second Writer, in any process, is refused.
 
     Raises:
-        FileExistsError: ``path`` holds a dataset (or other files) and ``overwrite`` is False.
+        FileExistsError: ``path`` holds a dataset (or other files) and ``overwrite`` is False,
+            or another Writer is writing into it.
         kuat.SchemaError: a row or column does not match the schema (names field, row,
             expected and given type); nothing of that row/batch is written.
     """
@@ -409,14 +417,61 @@ class Writer:
         self._rows = 0
         self._closed = False
         self.manifest: Manifest | None = None
+        self._lock_fd: int | None = None
         self._prepare_directory(overwrite)
 
     # -- directory -------------------------------------------------------------------------
+    def _lock(self) -> None:
+        """Take the directory's writer lock, or raise ``FileExistsError``: a second writer
+        would delete and rename over this one's shards."""
+        path = self.path / LOCK_NAME
+        for _ in range(3):
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                raise FileExistsError(
+                    f"another kuat Writer is writing into {self.path} (it holds {path}); "
+                    "wait for it to finish or write elsewhere"
+                ) from None
+            except OSError as e:  # a file system without flock (some network mounts)
+                os.close(fd)
+                log.debug("cannot lock %s (%s); writing without a lock", path, e)
+                return
+            try:
+                same = os.fstat(fd).st_ino == os.stat(path).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                self._lock_fd = fd
+                return
+            os.close(fd)  # the holder removed the file between our open and lock: again
+        raise FileExistsError(f"cannot take the writer lock {path}")
+
+    def _unlock(self) -> None:
+        fd, self._lock_fd = self._lock_fd, None
+        if fd is not None:
+            try:
+                os.unlink(self.path / LOCK_NAME)  # before unlocking: see _lock's inode check
+            except OSError:
+                pass
+            os.close(fd)
+
     def _prepare_directory(self, overwrite: bool) -> None:
         p = self.path
         if p.exists() and not p.is_dir():
             raise FileExistsError(f"{p} exists and is not a directory")
         p.mkdir(parents=True, exist_ok=True)
+        self._lock()
+        try:
+            self._clear_directory(overwrite)
+        except BaseException:
+            self._unlock()
+            raise
+
+    def _clear_directory(self, overwrite: bool) -> None:
+        p = self.path
         manifest = p / MANIFEST_NAME
         if manifest.exists():
             if not overwrite:
@@ -431,7 +486,9 @@ class Writer:
             for name in old:
                 if os.path.basename(name) == name and (p / name).is_file():
                     (p / name).unlink()
-        others = [e.name for e in os.scandir(p) if not _SHARD_RE.match(e.name)]
+        others = [
+            e.name for e in os.scandir(p) if not _SHARD_RE.match(e.name) and e.name != LOCK_NAME
+        ]
         if others and not overwrite:
             raise FileExistsError(
                 f"{p} is a non-empty directory that is not a kuat dataset ({others[0]!r}, ...); "
@@ -588,6 +645,7 @@ class Writer:
             raise
         self._closed = True
         self.manifest = manifest
+        self._unlock()
         log.debug(
             "wrote kuat dataset %s: %d rows in %d shards", self.path, self._rows, len(self._shards)
         )
@@ -606,6 +664,7 @@ class Writer:
                     os.unlink(e.path)
                 except OSError:  # best effort: the directory is not a dataset either way
                     pass
+        self._unlock()
         log.warning(
             "aborted writing %s after %d rows; no dataset was written", self.path, self._rows
         )
