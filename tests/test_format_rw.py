@@ -673,3 +673,36 @@ def test_a_second_writer_into_the_same_directory_is_refused(tmp_path):
     with kuat.Writer(path, {"x": kf.int64()}, overwrite=True) as w3:
         w3.write({"x": 5})
     assert kuat.open(path)[0]["x"] == 5
+
+
+@pytest.mark.timeout(120)
+def test_killed_writer_process_leaves_no_dataset(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    path = tmp_path / "d"
+    code = f"""
+import numpy as np, kuat
+from kuat import format as kf
+with kuat.Writer({str(path)!r}, {{"t": kf.tensor((256,), "float32")}}, shard_bytes=4096) as w:
+    for i in range(10**7):
+        w.write({{"t": np.full(256, i, np.float32)}})
+"""
+    proc = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        deadline = time.monotonic() + 100
+        while not (path.is_dir() and len(list(path.glob("shard-*.arrow"))) >= 3):
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    with pytest.raises(FormatError, match="not a kuat dataset"):
+        kuat.open(path)
+    with kuat.Writer(path, {"x": kf.int64()}) as w:  # leftovers and the stale lock: reusable
+        w.write({"x": 7})
+    assert kuat.open(path)[0] == {"x": 7}
+    assert sorted(p.name for p in path.iterdir()) == ["manifest.json", "shard-00000.arrow"]
