@@ -141,7 +141,10 @@ def test_cli_messages_say_the_flag_and_print_each_thing_once(tree, tmp_path, cap
     assert "wrote 5 rows" in captured.out and "wrote kuat dataset" not in captured.err
     assert main(args) == 1
     assert "--overwrite" in capsys.readouterr().err
+    caplog.clear()
     assert main(["merge", out, "-o", str(tmp_path / "m")]) == 0
+    assert "merged 1 datasets" in capsys.readouterr().out
+    assert not [r for r in caplog.records if "merged" in r.getMessage()]  # printed once
     assert main(["merge", out, "-o", str(tmp_path / "m")]) == 1
     assert "--overwrite" in capsys.readouterr().err
     shard = kuat.open(out).shard_paths[0]

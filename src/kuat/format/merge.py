@@ -132,7 +132,7 @@ def merge(
         created_by=f"kuat {_version()}",
     )
     write_manifest(out, manifest)
-    log.info(
+    log.debug(  # the CLI prints this summary
         "merged %d datasets into %s: %d rows, %d shards (%d hard-linked, %d referenced)",
         len(roots),
         out,
