@@ -4,9 +4,9 @@ The job (dataset, collate_fn, worker_init_fn) reaches the workers once: inherite
 (the default on Linux, as in torch), or pickled once by the loader into bytes that every
 ``spawn``/``forkserver`` worker unpickles. Tasks and results are small records over a
 ``multiprocessing.Pipe`` per worker; the consumer waits on all pipes and on the processes'
-sentinels at once (``multiprocessing.connection.wait``), so a worker that dies is noticed at
-once and reported with its exit code and the sample indices it was fetching. A receiver thread
-(``kuat-worker-receiver``) does that waiting. Large tensors are handed to the consumer as views
+sentinels at once (``multiprocessing.connection.wait``, in the consumer's own ``get()``: no
+receiver thread, so each batch costs one wake-up), so a worker that dies is noticed at once and
+reported with its exit code and the sample indices it was fetching. Large tensors are handed to the consumer as views
 of their slot (no copy; the slot is reused once they are all gone), small ones (< 256 KiB) are
 copied so that keeping, say, the labels never pins a slot; with pinning, the batch is copied
 once, straight into pinned memory. Workers poll for their parent every
@@ -25,7 +25,6 @@ import os
 import queue
 import secrets
 import sys
-import threading
 import time
 import weakref
 from multiprocessing.connection import wait
@@ -90,13 +89,6 @@ def _worker_main(payload, worker_id, num_workers, name, base_seed, conn, prefix,
     os._exit(0)
 
 
-class _Dead:
-    __slots__ = ("worker_id",)
-
-    def __init__(self, worker_id: int):
-        self.worker_id = worker_id
-
-
 class ProcessEngine:
     """``num_workers`` processes running ``job``; see the package docstring for the API.
 
@@ -119,10 +111,8 @@ class ProcessEngine:
         self._maps: dict[str, object] = {}
         self._pending: list[collections.deque] = [collections.deque() for _ in range(num_workers)]
         self._conns, self._procs = [], []
-        self._results: queue.SimpleQueue = queue.SimpleQueue()
-        self._stopping = False
-        self._receiver = None
-        self._wake_r, self._wake_w = os.pipe()  # wakes the receiver thread at close
+        self._results: collections.deque[Result] = collections.deque()  # received, not yet taken
+        self._dead: int | None = None  # a worker found dead while results were still queued
         _LIVE.add(self)
         try:
             for i in range(num_workers):
@@ -143,9 +133,7 @@ class ProcessEngine:
             raise
         self._by_conn = {c: i for i, c in enumerate(self._conns)}
         self._by_sentinel = {p.sentinel: i for i, p in enumerate(self._procs)}
-        self._receiver = threading.Thread(target=self._receive_loop, name=f"{name}-receiver",
-                                          daemon=True)
-        self._receiver.start()
+        self._waitables = self._conns + list(self._by_sentinel)
 
     def worker_name(self, worker_id: int) -> str:
         return self._procs[worker_id].name
@@ -156,48 +144,41 @@ class ProcessEngine:
         self._conns[worker_id].send((task, slot))
 
     def get(self, timeout_s: float | None = None) -> Result:
-        """The next result to arrive, its batch already copied out of shared memory.
+        """The next result to arrive, its batch already mapped out of shared memory.
+
+        Waits in the calling (consumer) thread on every pipe and every process sentinel at once.
+        There is no receiver thread: a result costs one wake-up of the consumer, not a wake-up
+        of a receiver thread plus a GIL hand-over to the consumer (on a busy machine each
+        wake-up can cost a scheduler tick). Every pipe found ready is drained in one go. Call
+        from one consumer thread only.
 
         Raises:
             queue.Empty: nothing arrived within ``timeout_s`` seconds.
             WorkerError: a worker process died (its exit code and pending indices named).
         """
-        item = self._results.get(timeout=timeout_s)
-        if isinstance(item, Result):
-            return item
-        if isinstance(item, _Dead):
-            self._raise_dead(item.worker_id)
-        self.close()
-        raise item  # the receiver thread failed
-
-    def _receive_loop(self) -> None:
-        """Receiver thread: wait on every pipe and process, copy batches out, queue results.
-
-        Copying out of shared memory here overlaps with the training step instead of delaying
-        the consumer's ``next()``.
-        """
-        waitables = self._conns + list(self._by_sentinel) + [self._wake_r]
-        try:
-            while not self._stopping:
-                ready = wait(waitables, None)
-                if self._stopping:
-                    return
-                dead = None
-                for obj in ready:  # results first: a worker may have sent and then died
-                    if obj in self._by_conn:
-                        try:
-                            self._results.put(self._receive(self._by_conn[obj]))
-                        except EOFError:
-                            dead = self._by_conn[obj]
-                    elif obj in self._by_sentinel:
-                        w = self._by_sentinel[obj]
-                        if not self._conns[w].poll():
-                            dead = w
-                if dead is not None:
-                    self._results.put(_Dead(dead))
-                    return
-        except BaseException as e:  # surfaced by get() in the consumer
-            self._results.put(e)
+        if self._results:
+            return self._results.popleft()
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            if self._dead is not None:
+                self._raise_dead(self._dead)
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            ready = wait(self._waitables, remaining)
+            if not ready:
+                raise queue.Empty
+            for obj in ready:  # results first: a worker may have sent and then died
+                w = self._by_conn.get(obj)
+                if w is not None:
+                    try:
+                        self._results.append(self._receive(w))
+                    except EOFError:
+                        self._dead = w
+                else:
+                    w = self._by_sentinel[obj]
+                    if not self._conns[w].poll():
+                        self._dead = w
+            if self._results:  # a death found here is raised once these are taken
+                return self._results.popleft()
 
     def _receive(self, w: int) -> Result:
         r: Result = self._conns[w].recv()
@@ -251,10 +232,6 @@ class ProcessEngine:
         if self._closed:
             return
         self._closed = True
-        self._stopping = True
-        os.write(self._wake_w, b"x")
-        if self._receiver is not None and self._receiver is not threading.current_thread():
-            self._receiver.join(_JOIN_S)
         for c in self._conns:
             try:
                 c.send(None)
@@ -287,8 +264,7 @@ class ProcessEngine:
             shm.unlink(name)
         shm.unlink_prefix(self._prefix)
         self._free.clear()
-        os.close(self._wake_r)
-        os.close(self._wake_w)
+        self._results.clear()
         _LIVE.discard(self)
 
     def __del__(self):
