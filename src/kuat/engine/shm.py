@@ -258,7 +258,9 @@ def _copy_out(kind, off, dtype, shape, nbytes, mm, pin):
         return out
     out = torch.empty(shape, dtype=dtype, pin_memory=pin)
     if nbytes:
-        src = torch.frombuffer(mm, dtype=torch.uint8, count=nbytes, offset=off)
-        out.reshape(-1).view(torch.uint8).copy_(src)  # (nbytes,) u8 -> shape dtype
-        del src
+        # A NumPy byte copy, not torch's copy_: a copy of more than 32 Ki elements runs on
+        # torch's intra-op (OpenMP) pool, whose threads then spin-wait in the consumer process
+        # and take a core from the workers (measured: 2 workers on 2 cores, 121 -> 790 batches/s).
+        out.reshape(-1).view(torch.uint8).numpy()[:] = np.frombuffer(
+            mm, dtype=np.uint8, count=nbytes, offset=off)  # (nbytes,) u8 -> shape dtype
     return out
