@@ -99,11 +99,11 @@ class BenchConfig:
         self.hf_rows = self.hf_rows or (50_000 if q else 200_000)
         self.num_workers = self.num_workers or os.cpu_count() or 1
         self.setup_envs = (not q) if self.setup_envs is None else self.setup_envs
-        self.cache_dir = Path(self.cache_dir or Path.home() / ".cache" / "kuat" / "bench")
-        self.out_dir = Path(self.out_dir)
+        self.cache_dir = Path(self.cache_dir or Path.home() / ".cache" / "kuat" / "bench").resolve()
+        self.out_dir = Path(self.out_dir).resolve()  # children run in another directory
         self.batch_sizes = {**workloads.BATCH_SIZE, **(self.batch_sizes or {})}
         if self.image_root is not None:
-            self.image_root = Path(self.image_root)
+            self.image_root = Path(self.image_root).resolve()
             if not self.image_root.is_dir():
                 raise ValueError(f"image_root={str(self.image_root)!r} is not a directory")
 
@@ -280,13 +280,15 @@ def run_bench(cfg: BenchConfig, progress: Callable[[str], None] = lambda s: None
 
     # 1. Interpreters: the running one for "main", the peer environments otherwise.
     pythons: dict[str, Path] = {}
+    announced: set[str] = set()
     for loader in cfg.loaders:
         env = LOADERS[loader]["env"]
         if env == "main":
             pythons[loader] = Path(sys.executable)
             continue
         try:
-            if env not in pythons:
+            if env not in announced:
+                announced.add(env)
                 progress(f"environment {env}: {'creating or ' if cfg.setup_envs else ''}reusing")
             pythons[loader] = envs.ensure(
                 env, create=cfg.setup_envs, log_path=logs / f"env-{env}.log"

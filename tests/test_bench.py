@@ -161,3 +161,10 @@ def test_config_rejects_unknown_names() -> None:
         runner.BenchConfig(workloads=("nope",))
     with pytest.raises(ValueError, match="epochs=1"):
         runner.BenchConfig(epochs=1)
+
+
+def test_config_paths_are_absolute(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # children run in their own working directory, so a relative --out must not reach them
+    monkeypatch.chdir(tmp_path)
+    cfg = runner.BenchConfig(out_dir=Path("rel-out"), cache_dir=Path("rel-cache"))
+    assert cfg.out_dir == tmp_path / "rel-out" and cfg.cache_dir == tmp_path / "rel-cache"
