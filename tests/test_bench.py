@@ -167,4 +167,5 @@ def test_config_paths_are_absolute(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     # children run in their own working directory, so a relative --out must not reach them
     monkeypatch.chdir(tmp_path)
     cfg = runner.BenchConfig(out_dir=Path("rel-out"), cache_dir=Path("rel-cache"))
-    assert cfg.out_dir == tmp_path / "rel-out" and cfg.cache_dir == tmp_path / "rel-cache"
+    root = tmp_path.resolve()
+    assert cfg.out_dir == root / "rel-out" and cfg.cache_dir == root / "rel-cache"
