@@ -163,6 +163,9 @@ def test_indices_behave_like_a_sequence(dataset_dir):
         _row(0)["label"],
     ]
     assert ds.__getitems__([]) == []
+    for nested in ([[0, 1], [2, 3]], np.zeros((2, 2), np.int64), np.int64(3)):
+        with pytest.raises(TypeError, match="1-D"):  # not silently flattened
+            ds.read_batch(nested)
     assert sum(1 for _ in ds) == N
     assert ds.locate(-1)[1] >= 0
 

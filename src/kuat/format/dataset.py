@@ -422,10 +422,13 @@ class Dataset:
         if hasattr(indices, "detach"):  # torch.Tensor
             indices = indices.detach().cpu().numpy()
         arr = np.asarray(indices)
+        if arr.ndim != 1:  # a nested list or a bare int: refused, as a list would
+            raise TypeError(
+                f"indices must be a 1-D sequence of ints, got {type(indices).__name__} of "
+                f"shape {arr.shape}"
+            )
         if arr.dtype == object or arr.dtype == np.uint64:
-            arr = np.array([self._index(i) for i in np.ravel(arr)], dtype=np.int64)
-        if arr.ndim != 1:
-            arr = arr.reshape(-1)
+            arr = np.array([self._index(i) for i in arr], dtype=np.int64)
         if arr.size == 0:
             return np.zeros(0, np.int64)
         if arr.dtype.kind not in "iu":
