@@ -222,7 +222,7 @@ class _Builder:
             except DecodeError as e:
                 raise SchemaError(
                     f"field {self.name!r} row {row}: expected an encoded image, got "
-                    f"{len(data)} bytes that are not a readable image ({e})",
+                    f"{len(data)} bytes {data[:8]!r}...: {e}",
                     field=self.name,
                 ) from e
         if not (isinstance(width, (int, np.integer)) and isinstance(height, (int, np.integer))):
