@@ -106,6 +106,8 @@ def test_hf_dataset_dict_split(hf_dataset, tmp_path):
     dd.save_to_disk(str(tmp_path / "dd"))
     with pytest.raises(ValueError, match="split"):
         kuat.convert.from_hf(str(tmp_path / "dd"), tmp_path / "o", progress=False)
+    with pytest.raises(ValueError, match=r"no split 'val'.*\['test', 'train'\]"):
+        kuat.convert.from_hf(str(tmp_path / "dd"), tmp_path / "o", split="val", progress=False)
     kuat.convert.convert(str(tmp_path / "dd"), tmp_path / "o", split="test", progress=False)
     ds = kuat.open(tmp_path / "o")
     assert [ds.raw(i)["caption"] for i in range(len(ds))] == ["a photo 2", "a photo 0"]

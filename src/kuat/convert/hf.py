@@ -90,9 +90,11 @@ def _load(src, split: str | None):
         if split is None:
             if len(src) != 1:
                 raise ValueError(
-                    f"the source holds splits {sorted(src)}; pass split=... to pick one"
+                    f"the source holds splits {sorted(src)}; pass split=... (--split) to pick one"
                 )
             split = next(iter(src))
+        if split not in src:
+            raise ValueError(f"no split {split!r} in the source; it holds {sorted(src)}")
         src = src[split]
     if not isinstance(src, datasets.Dataset):
         raise TypeError(
