@@ -348,6 +348,10 @@ def test_detect_format(tmp_path):
         kuat.convert.detect_format(tmp_path / "missing.parquet")
     with pytest.raises(ValueError, match="--format"):
         kuat.convert.detect_format(tmp_path)
+    with kuat.Writer(tmp_path / "k", {"x": kf.int64()}) as w:
+        w.write({"x": 1})
+    with pytest.raises(ValueError, match="already a kuat dataset"):  # not 'manifest.json' as jsonl
+        kuat.convert.detect_format(tmp_path / "k")
 
 
 def test_unreadable_table_files_are_named(tmp_path):

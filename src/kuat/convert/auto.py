@@ -44,6 +44,11 @@ def _expand(sources: Sequence[str]) -> list[str]:
 
 def _dir_format(d: str) -> tuple[str, list[str]]:
     names = set(os.listdir(d))
+    if "manifest.json" in names and any(n.endswith(".arrow") for n in names):
+        raise ValueError(
+            f"{d} is already a kuat dataset: open it with kuat.open; kuat merge combines "
+            "datasets without copying"
+        )
     if "dataset_dict.json" in names or {"dataset_info.json", "state.json"} <= names:
         return "hf", [d]
     subdirs = sorted(n for n in names if os.path.isdir(os.path.join(d, n)))
