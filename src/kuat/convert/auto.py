@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import glob
+import json
 import os
 from collections.abc import Sequence
 
@@ -42,9 +43,18 @@ def _expand(sources: Sequence[str]) -> list[str]:
     return out
 
 
+def _is_kuat_manifest(path: str) -> bool:
+    try:
+        with open(path, "rb") as f:
+            obj = json.load(f)
+    except (OSError, ValueError, RecursionError):
+        return False
+    return isinstance(obj, dict) and obj.get("format") == "kuat"
+
+
 def _dir_format(d: str) -> tuple[str, list[str]]:
     names = set(os.listdir(d))
-    if "manifest.json" in names and any(n.endswith(".arrow") for n in names):
+    if "manifest.json" in names and _is_kuat_manifest(os.path.join(d, "manifest.json")):
         raise ValueError(
             f"{d} is already a kuat dataset: open it with kuat.open; kuat merge combines "
             "datasets without copying"
