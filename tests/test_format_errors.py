@@ -301,3 +301,17 @@ def test_special_files_are_refused_without_blocking(tmp_path):
     (tmp_path / "d" / "manifest.json").write_text(json.dumps(m))
     with pytest.raises(FormatError, match="field 'x': 'metadata' must be an object"):
         kuat.open(tmp_path / "d")
+
+
+def test_merge_waits_for_no_writer_busy_in_its_output(tmp_path):
+    _write(tmp_path / "a", n=3)
+    w = kuat.Writer(tmp_path / "o", {"x": kf.int64()}, shard_bytes=8)
+    w.write({"x": 1})
+    w.write({"x": 2})  # a shard on disk
+    with pytest.raises(FileExistsError, match="another kuat Writer"):
+        kf.merge([tmp_path / "a"], tmp_path / "o", overwrite=True)
+    w.close()
+    assert kuat.open(tmp_path / "o").read_batch([0, 1])["x"].tolist() == [1, 2]
+    kf.merge([tmp_path / "a"], tmp_path / "o", overwrite=True)
+    assert len(kuat.open(tmp_path / "o")) == 3
+    assert not (tmp_path / "o" / ".kuat-writer.lock").exists()

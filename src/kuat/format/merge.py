@@ -11,7 +11,14 @@ from pathlib import Path
 
 from kuat.errors import SchemaError
 from kuat.format.manifest import MANIFEST_NAME, Manifest, ShardInfo, read_manifest, write_manifest
-from kuat.format.writer import _SHARD_RE, LOCK_NAME, _version, shard_name
+from kuat.format.writer import (
+    _SHARD_RE,
+    LOCK_NAME,
+    _version,
+    lock_directory,
+    shard_name,
+    unlock_directory,
+)
 
 __all__ = ["merge", "LINK_MODES"]
 
@@ -98,6 +105,15 @@ def merge(
                 "...); pass overwrite=True (--overwrite) to write into it anyway"
             )
     out.mkdir(parents=True, exist_ok=True)
+    lock = lock_directory(out)  # a Writer busy in `out` would lose its shards to us
+    try:
+        return _merge_into(out, roots, manifests, link)
+    finally:
+        unlock_directory(out, lock)
+
+
+def _merge_into(out: Path, roots: list[Path], manifests: list, link: str) -> Manifest:
+    out_abs = out.resolve()
     if (out / MANIFEST_NAME).exists():
         (out / MANIFEST_NAME).unlink()
     for e in os.scandir(out):
@@ -123,6 +139,7 @@ def merge(
                 entry = os.path.relpath(src, out_abs)
                 referenced += 1
             shards.append(ShardInfo(entry, info.rows, info.bytes, info.checksum))
+    first = manifests[0]
     metadata = dict(first.metadata)
     metadata["merged_from"] = [str(r) for r in roots]
     manifest = Manifest(

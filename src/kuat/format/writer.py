@@ -49,6 +49,54 @@ _SHARD_RE = re.compile(
 LOCK_NAME = ".kuat-writer.lock"
 
 
+def lock_directory(directory: Path) -> int | None:
+    """Take ``directory``'s writer lock (an exclusive ``flock`` on ``.kuat-writer.lock``).
+
+    Returns:
+        the lock's file descriptor, for :func:`unlock_directory`; ``None`` on a file system
+        without ``flock`` (some network mounts), where writing goes on unlocked.
+
+    Raises:
+        FileExistsError: another Writer or merge holds it (it would delete and rename over
+            this one's shards, and this one over its).
+    """
+    path = directory / LOCK_NAME
+    for _ in range(3):
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise FileExistsError(
+                f"another kuat Writer is writing into {directory} (it holds {path}); "
+                "wait for it to finish or write elsewhere"
+            ) from None
+        except OSError as e:
+            os.close(fd)
+            log.debug("cannot lock %s (%s); writing without a lock", path, e)
+            return None
+        try:
+            same = os.fstat(fd).st_ino == os.stat(path).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            return fd
+        os.close(fd)  # the holder removed the file between our open and lock: again
+    raise FileExistsError(f"cannot take the writer lock {path}")
+
+
+def unlock_directory(directory: Path, fd: int | None) -> None:
+    """Release a lock from :func:`lock_directory` (removing the file first, which the
+    inode check there relies on)."""
+    if fd is None:
+        return
+    try:
+        os.unlink(directory / LOCK_NAME)
+    except OSError:
+        pass
+    os.close(fd)
+
+
 def shard_name(i: int) -> str:
     return f"shard-{i:05d}.arrow"
 
@@ -422,41 +470,11 @@ class Writer:
 
     # -- directory -------------------------------------------------------------------------
     def _lock(self) -> None:
-        """Take the directory's writer lock, or raise ``FileExistsError``: a second writer
-        would delete and rename over this one's shards."""
-        path = self.path / LOCK_NAME
-        for _ in range(3):
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                os.close(fd)
-                raise FileExistsError(
-                    f"another kuat Writer is writing into {self.path} (it holds {path}); "
-                    "wait for it to finish or write elsewhere"
-                ) from None
-            except OSError as e:  # a file system without flock (some network mounts)
-                os.close(fd)
-                log.debug("cannot lock %s (%s); writing without a lock", path, e)
-                return
-            try:
-                same = os.fstat(fd).st_ino == os.stat(path).st_ino
-            except FileNotFoundError:
-                same = False
-            if same:
-                self._lock_fd = fd
-                return
-            os.close(fd)  # the holder removed the file between our open and lock: again
-        raise FileExistsError(f"cannot take the writer lock {path}")
+        self._lock_fd = lock_directory(self.path)
 
     def _unlock(self) -> None:
         fd, self._lock_fd = self._lock_fd, None
-        if fd is not None:
-            try:
-                os.unlink(self.path / LOCK_NAME)  # before unlocking: see _lock's inode check
-            except OSError:
-                pass
-            os.close(fd)
+        unlock_directory(self.path, fd)
 
     def _prepare_directory(self, overwrite: bool) -> None:
         p = self.path
