@@ -415,3 +415,18 @@ def test_not_an_image_through_fused_path():
             b"GIF89a garbage", 10, 10, np.random.default_rng(0), index=4, source="a.arrow"
         )
     assert ei.value.index == 4 and ei.value.source == "a.arrow"
+
+
+def test_unknown_format_error_says_what_the_bytes_are_not_where_they_live():
+    from kuat.errors import DecodeError
+    from kuat.vision import decode_image, probe_image
+
+    for call in (
+        lambda: decode_image(b"hello", index=3, source="x.jpg"),
+        lambda: probe_image(b"hello", source="x.jpg"),
+    ):
+        with pytest.raises(DecodeError) as info:
+            call()
+        message = str(info.value)
+        assert "x.jpg" in message and "b'hello'" in message
+        assert "object at 0x" not in message

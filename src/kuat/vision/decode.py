@@ -36,6 +36,7 @@ import numpy as np
 
 from kuat.errors import DecodeError
 from kuat.vision import _exif
+from kuat.vision.probe import describe_pil_error
 
 __all__ = ["decode_image", "DEFAULT_MAX_PIXELS"]
 
@@ -227,7 +228,7 @@ def _decode_pil(data, min_scale, max_pixels, index, source) -> Decoded:
         raise
     except Exception as e:  # Pillow raises many types (OSError, SyntaxError, ValueError, ...)
         raise DecodeError(
-            f"cannot decode image{_where(index, source)}: {type(e).__name__}: {e}",
+            f"cannot decode image{_where(index, source)}: {describe_pil_error(e, data)}",
             index=index,
             source=source,
         ) from e

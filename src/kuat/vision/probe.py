@@ -49,7 +49,23 @@ def probe_image(data: bytes | memoryview, *, source: object = None) -> ImageInfo
             orientation = _exif.pil_orientation(im, data)
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as e:
         where = f" ({source})" if source is not None else ""
-        raise DecodeError(f"not a readable image{where}: {e}", source=source) from e
+        raise DecodeError(
+            f"not a readable image{where}: {describe_pil_error(e, data)}", source=source
+        ) from e
     if orientation in _exif.TRANSPOSED:
         width, height = height, width
     return ImageInfo(width, height, codec)
+
+
+def describe_pil_error(e: BaseException, data: bytes | memoryview) -> str:
+    """Pillow's error message, without the address of the in-memory file it was handed.
+
+    Pillow's ``UnidentifiedImageError`` reads "cannot identify image file <_io.BytesIO object
+    at 0x...>", which tells a user nothing; say what the bytes start with instead.
+    """
+    from PIL import UnidentifiedImageError
+
+    if isinstance(e, UnidentifiedImageError):
+        head = bytes(data[:8])
+        return f"not a known image format ({len(data)} bytes starting {head!r})"
+    return f"{type(e).__name__}: {e}"
