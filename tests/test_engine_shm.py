@@ -27,6 +27,8 @@ def test_round_trip_keeps_values_dtypes_and_containers():
         "f": torch.randn(2, 5)[:, ::2],  # non-contiguous
         "b": torch.tensor([True, False]),
         "bf": torch.ones(3, dtype=torch.bfloat16),
+        "c": torch.tensor([1 + 2j, -3j], dtype=torch.complex64),
+        "big": torch.arange(40_000, dtype=torch.int64).reshape(200, 200),  # > 32 Ki elements
         "scalar": torch.tensor(3.5, dtype=torch.float64),
         "empty": torch.zeros(0, 4),
         "np": np.arange(6, dtype=np.int32).reshape(2, 3),
@@ -42,7 +44,7 @@ def test_round_trip_keeps_values_dtypes_and_containers():
     finally:
         writer.close()
         shm.unlink_prefix("kuat-test-rt")
-    for k in ("u8", "f", "b", "bf", "scalar", "empty"):
+    for k in ("u8", "f", "b", "bf", "c", "big", "scalar", "empty"):
         assert out[k].dtype == batch[k].dtype and torch.equal(out[k], batch[k]), k
     assert isinstance(out["np"], np.ndarray) and np.array_equal(out["np"], batch["np"])
     assert isinstance(out["pair"], Pair) and out["pair"].a == [1, "x"]

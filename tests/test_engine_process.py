@@ -1,0 +1,42 @@
+"""Process workers: worker settings that keep them from oversubscribing the machine."""
+
+import threading
+
+import torch
+
+import kuat
+
+
+class _Threads(torch.utils.data.Dataset):
+    """Sample i is ``(i, torch.get_num_threads())`` as seen where the sample is fetched."""
+
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        return i, torch.get_num_threads()
+
+
+def test_process_workers_run_torch_single_threaded_and_the_consumer_keeps_its_threads():
+    # torch's workers call torch.set_num_threads(1): N workers x M intra-op threads would
+    # oversubscribe the cores. The consumer's own setting is left alone.
+    before = torch.get_num_threads()
+    loader = kuat.DataLoader(_Threads(), batch_size=2, num_workers=2, worker_type="process", seed=0)
+    indices, threads = [], []
+    for idx, n in loader:
+        indices += idx.tolist()
+        threads += n.tolist()
+    assert sorted(indices) == list(range(8))
+    assert threads == [1] * 8
+    assert torch.get_num_threads() == before
+
+
+def test_process_engine_adds_no_consumer_thread():
+    # Results are received in the consumer's own get(): no receiver thread per engine.
+    loader = kuat.DataLoader(_Threads(), batch_size=2, num_workers=2, worker_type="process", seed=0)
+    it = iter(loader)
+    first = next(it)
+    names = [t.name for t in threading.enumerate()]
+    assert not [n for n in names if n.startswith("kuat-")], names
+    assert first[0].tolist() == [0, 1]
+    assert [b[0].tolist() for b in it] == [[2, 3], [4, 5], [6, 7]]
