@@ -1,10 +1,16 @@
 """Process workers: worker settings that keep them from oversubscribing the machine."""
 
+import multiprocessing
+import queue
 import threading
 
+import pytest
 import torch
 
 import kuat
+from kuat.engine.base import OK, Task
+from kuat.engine.job import FetchJob
+from kuat.engine.process import ProcessEngine
 
 
 class _Threads(torch.utils.data.Dataset):
@@ -40,3 +46,29 @@ def test_process_engine_adds_no_consumer_thread():
     assert not [n for n in names if n.startswith("kuat-")], names
     assert first[0].tolist() == [0, 1]
     assert [b[0].tolist() for b in it] == [[2, 3], [4, 5], [6, 7]]
+
+
+def _identity(x):
+    return x
+
+
+def test_get_drains_every_ready_worker_and_refuses_after_close():
+    job = FetchJob(dataset=_Threads(), iterable=False, auto_collation=False, batch_size=None,
+                   drop_last=False, collate_fn=_identity, seed=0, isolate_rng=False,
+                   on_error="raise")
+    engine = ProcessEngine(job, 2, 0, multiprocessing.get_context("fork"))
+    try:
+        for i in range(6):
+            engine.submit(i % 2, Task(i, 0, i, 0))
+        got = {}
+        for _ in range(6):
+            r = engine.get(10)
+            assert r.kind == OK
+            got[r.task_id] = r.value
+        assert got == {i: (i, 1) for i in range(6)}
+        with pytest.raises(queue.Empty):
+            engine.get(0.05)
+    finally:
+        engine.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        engine.get(0.05)

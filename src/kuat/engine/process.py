@@ -155,9 +155,12 @@ class ProcessEngine:
         Raises:
             queue.Empty: nothing arrived within ``timeout_s`` seconds.
             WorkerError: a worker process died (its exit code and pending indices named).
+            RuntimeError: the engine was closed.
         """
         if self._results:
             return self._results.popleft()
+        if self._closed:
+            raise RuntimeError("this kuat ProcessEngine was closed (its workers are stopped)")
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
             if self._dead is not None:
