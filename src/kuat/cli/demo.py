@@ -1,4 +1,4 @@
-"""``kuat demo``: the main job, end to end, on real photos and nothing downloaded.
+"""kuat demo: the main job, end to end, on real photos and nothing downloaded.
 
 1. build (or reuse) an ImageNet-like ImageFolder cut from photos that installed packages ship;
 2. convert it to a kuat dataset;
@@ -95,7 +95,8 @@ def _measure(which: str, path: str, workers: int, batch_size: int, seed: int) ->
         n = 0
         first = None
         labels = torch.zeros(0, dtype=torch.int64)
-        for batch in tqdm(loader, desc=f"{which} epoch", unit="batch", leave=False):
+        bar = tqdm(loader, desc=f"{which} epoch", unit="batch", leave=False, disable=None)
+        for batch in bar:
             images, label = unpack(batch)
             if first is None:
                 first = time.perf_counter() - t0
@@ -164,9 +165,11 @@ def _train(path: Path, num_classes: int, args) -> dict:
         shuffle=True,
         num_workers=args.workers,
         drop_last=True,
-        persistent_workers=True,
+        persistent_workers=args.workers > 0,
         seed=args.seed,
     )
+    if len(loader) == 0:
+        raise ValueError(f"no full batch of {args.batch_size} in {len(ds)} images: nothing to train on")
 
     def block(cin: int, cout: int, k: int, s: int) -> list[nn.Module]:
         return [nn.Conv2d(cin, cout, k, s, k // 2, bias=False), nn.BatchNorm2d(cout), nn.ReLU()]
@@ -186,7 +189,13 @@ def _train(path: Path, num_classes: int, args) -> dict:
     log_every_s, next_log = 10.0, 10.0
     history = []
     window_loss, window_correct, window_n = 0.0, 0, 0
-    bar = tqdm(total=round(args.train_seconds), desc="training", unit="s", leave=False)
+    bar = tqdm(
+        total=round(args.train_seconds),
+        desc="training",
+        leave=False,
+        disable=None,
+        bar_format="{desc}: {bar} {n:.0f}/{total:.0f} s",
+    )
     start = time.perf_counter()
     try:
         while total_s < args.train_seconds:
@@ -254,9 +263,11 @@ def run(args) -> int:
     import kuat.convert
     from kuat.cli.demo_data import SOURCES, build_demo_imagefolder, default_cache_dir
 
-    if args.workers < 0 or args.batch_size < 1 or args.num_images < len(SOURCES):
+    if args.workers < 0 or args.batch_size < 1 or args.num_images < max(len(SOURCES), args.batch_size):
         raise SystemExit(
-            f"kuat demo: need --workers >= 0, --batch-size >= 1, --num-images >= {len(SOURCES)}"
+            f"kuat demo: need --workers >= 0, --batch-size >= 1 and --num-images >= "
+            f"max({len(SOURCES)} classes, --batch-size); got --workers {args.workers}, "
+            f"--batch-size {args.batch_size}, --num-images {args.num_images}"
         )
     cache = args.cache_dir or default_cache_dir()
     print(f"kuat demo: {args.num_images} images, {args.workers} workers, cache {cache}")
@@ -268,7 +279,9 @@ def run(args) -> int:
     print("\n[2/4] kuat convert")
     dst = src.with_name(src.name + ".kuat")
     t0 = time.perf_counter()
-    kuat.convert.from_imagefolder(src, dst, num_workers=args.workers, progress=True, overwrite=True)
+    kuat.convert.from_imagefolder(
+        src, dst, num_workers=max(1, args.workers), progress=True, overwrite=True
+    )
     conv_s = time.perf_counter() - t0
     print(f"  {dst}: {args.num_images} images in {conv_s:.1f}s ({args.num_images / conv_s:,.0f} images/s)")
 

@@ -118,7 +118,7 @@ def build_demo_imagefolder(
         root: cache directory; ``None`` means ``default_cache_dir() / "demo"``.
         num_images: number of JPEGs (>= number of classes).
         seed: the same seed gives the same bytes.
-        progress: show a tqdm progress bar.
+        progress: show a tqdm progress bar (when stderr is a terminal).
         num_workers: encoding threads (Pillow releases the GIL); default ``os.cpu_count()``.
 
     Raises:
@@ -156,7 +156,7 @@ def build_demo_imagefolder(
                     total=num_images,
                     desc="building demo images",
                     unit="img",
-                    disable=not progress,
+                    disable=None if progress else True,  # None: only on a terminal
                 )
             )
         (tmp / ".complete").write_text(f"{num_images} images, {sum(results)} grayscale\n")
