@@ -146,3 +146,57 @@ def test_a_held_zero_copy_batch_is_never_overwritten():
         if i % 5 == 0:
             held.append((i, b))  # kept while the ring goes on being reused
     assert all(torch.all(b == float(i)) for i, b in held)
+
+
+def test_slots_of_a_killed_consumer_are_reaped_by_the_next_loader():
+    """SIGTERM/SIGKILL skip every clean-up; the next process engine removes what is left."""
+    import signal
+    import subprocess
+    import sys
+    import textwrap
+
+    import kuat
+
+    script = textwrap.dedent(
+        """
+        import sys, torch, kuat
+
+        class Big(torch.utils.data.Dataset):
+            def __len__(self):
+                return 10_000
+
+            def __getitem__(self, i):
+                return torch.zeros(3, 64, 64, dtype=torch.uint8)
+
+        loader = kuat.DataLoader(Big(), batch_size=64, num_workers=2, worker_type="process")
+        for k, batch in enumerate(loader):
+            if k == 2:
+                print("running", flush=True)
+        """
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "running"
+        prefix = f"kuat-{proc.pid}-"
+        assert _files(prefix), "the running loader should hold slots"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    # its worker processes may take a moment to notice the consumer is gone; slots stay
+    assert _files(prefix)
+    loader = kuat.DataLoader(list(range(4)), batch_size=2, num_workers=1, worker_type="process")
+    assert [b.tolist() for b in loader] == [[0, 1], [2, 3]]
+    assert _files(prefix) == []
+
+
+def test_reap_orphans_spares_live_processes(tmp_path):
+    live = f"kuat-{os.getpid()}-deadbeef-0-1"
+    open(os.path.join(shm.SHM_DIR, live), "wb").close()
+    try:
+        assert live not in shm.reap_orphans()
+        assert os.path.exists(os.path.join(shm.SHM_DIR, live))
+    finally:
+        shm.unlink(live)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import atexit
 import collections
 import functools
+import logging
 import os
 import queue
 import secrets
@@ -32,6 +33,8 @@ from multiprocessing.connection import wait
 from kuat.engine import shm
 from kuat.engine.base import FAIL, OK, Failure, Result, Task, describe_key, key_indices, serve
 from kuat.errors import WorkerError
+
+log = logging.getLogger("kuat.engine.process")
 
 __all__ = ["ProcessEngine"]
 
@@ -106,6 +109,13 @@ class ProcessEngine:
         self.pin = pin
         self._closed = False
         self._prefix = f"kuat-{os.getpid()}-{secrets.token_hex(4)}"
+        reaped = shm.reap_orphans()
+        if reaped:
+            log.warning(
+                "removed %d shared-memory slot(s) left in %s by loaders whose process was killed",
+                len(reaped),
+                shm.SHM_DIR,
+            )
         self._free: list[tuple[str, int]] = []  # slots ready for the next task
         self._owned: set[str] = set()
         self._maps: dict[str, object] = {}

@@ -24,6 +24,7 @@ import errno
 import glob
 import mmap
 import os
+import re
 import tempfile
 import threading
 import weakref
@@ -109,6 +110,42 @@ def unlink_prefix(prefix: str) -> None:
             os.unlink(path)
         except FileNotFoundError:
             pass
+
+
+_ORPHAN = re.compile(r"kuat-(\d+)-[0-9a-f]+-")
+
+
+def reap_orphans() -> list[str]:
+    """Unlink slots left by loaders whose process no longer exists; return their names.
+
+    A consumer killed by a signal it does not handle (SIGTERM from ``kill``, a scheduler's
+    preemption, SIGKILL) runs no clean-up, so its slots would stay in ``/dev/shm`` for good.
+    Every new process engine calls this first. A slot is only removed when no process has the
+    PID in its name (a live process is never robbed, even if it reused the PID).
+    """
+    reaped = []
+    try:
+        names = os.listdir(SHM_DIR)
+    except OSError:
+        return reaped
+    alive: dict[int, bool] = {}
+    for name in names:
+        m = _ORPHAN.match(name)
+        if m is None:
+            continue
+        pid = int(m.group(1))
+        if pid not in alive:
+            try:
+                os.kill(pid, 0)
+                alive[pid] = True
+            except ProcessLookupError:
+                alive[pid] = False
+            except PermissionError:  # exists, owned by someone else
+                alive[pid] = True
+        if not alive[pid]:
+            unlink(name)
+            reaped.append(name)
+    return reaped
 
 
 class _Ref:
