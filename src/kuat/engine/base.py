@@ -77,17 +77,6 @@ def key_indices(key: object) -> list[int] | None:
     return None if key is None else [key]
 
 
-class _RemoteTraceback(Exception):
-    """Carries a worker's formatted traceback as the ``__cause__`` of a rebuilt exception."""
-
-    def __init__(self, tb: str):
-        super().__init__(tb)
-        self.tb = tb
-
-    def __str__(self):
-        return self.tb
-
-
 class Failure:
     """A picklable description of an exception raised in a worker."""
 
@@ -110,12 +99,16 @@ class Failure:
             state["type"], state["args"] = None, None
         return state
 
-    def exception(self) -> tuple[BaseException, BaseException]:
-        """``(exception to raise, its cause)``: the original type when it can be rebuilt."""
-        note = (
-            f"Raised in kuat worker {self.worker} while fetching {describe_key(self.key)}.\n"
-            f"Worker traceback:\n{self.traceback}"
-        )
+    def exception(self) -> tuple[BaseException, BaseException | None]:
+        """``(exception to raise, its cause)``: the original type when it can be rebuilt.
+
+        The worker's traceback is shown once: in thread mode the cause is the original
+        exception, whose own traceback Python prints; from a process, where the original does
+        not survive pickling, the formatted traceback goes into the note and there is no cause.
+        """
+        note = f"Raised in kuat worker {self.worker} while fetching {describe_key(self.key)}."
+        if self.original is None:
+            note += f"\nWorker traceback:\n{self.traceback}"
         exc = None
         if self.type is not None and self.args is not None:
             try:
@@ -132,8 +125,7 @@ class Failure:
             )
         else:
             exc.add_note(note)
-        cause = self.original if self.original is not None else _RemoteTraceback(self.traceback)
-        return exc, cause
+        return exc, self.original
 
 
 def serve(
