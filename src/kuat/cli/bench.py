@@ -1,11 +1,11 @@
-"""``kuat bench``: kuat against torch's DataLoader and the peer loaders, side by side.
+"""kuat bench: kuat against torch's DataLoader and the peer loaders, side by side.
 
-The harness lives in the repository's ``benchmarks/`` folder (workloads, one adapter per
-peer, the runner); this command finds it next to the ``src/`` tree it was installed from
-(``pip install -e .``) or at ``$KUAT_BENCHMARKS_DIR``, and only parses arguments and calls
-``benchmarks.runner.run_bench``. See docs/benchmarks.md for the method.
+The harness lives in the repository's benchmarks/ folder (workloads, one adapter per
+peer, the runner); this command finds it next to the src/ tree it was installed from
+(pip install -e .) or at $KUAT_BENCHMARKS_DIR, and only parses arguments and calls
+benchmarks.runner.run_bench. See docs/benchmarks.md for the method.
 
-Examples::
+Examples:
 
     kuat bench --quick                      # a few minutes, only peers already installed
     kuat bench --setup-envs                 # full run; creates the peer environments first
