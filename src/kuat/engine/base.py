@@ -10,14 +10,43 @@ worker, the sample indices and the worker's traceback.
 
 from __future__ import annotations
 
+import atexit
 import pickle
 import sys
 import time
 import traceback
+import weakref
 from collections.abc import Callable
 from typing import NamedTuple
 
 from kuat.errors import WorkerError
+
+_LIVE: weakref.WeakSet = weakref.WeakSet()
+
+
+class ClosedOnExit:
+    """Engine mix-in: ``close()`` also runs when the engine is garbage-collected and, for every
+    engine still open, before interpreter finalisation (workers must stop before, not during,
+    it). An engine calls ``_track()`` when it starts workers and ``_untrack()`` in ``close()``.
+    """
+
+    def _track(self) -> None:
+        _LIVE.add(self)
+
+    def _untrack(self) -> None:
+        _LIVE.discard(self)
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+@atexit.register
+def _close_live_engines() -> None:
+    for engine in list(_LIVE):
+        engine.close()
 
 __all__ = ["OK", "END", "FAIL", "EMPTY", "Task", "Result", "WorkStats", "Failure", "serve"]
 

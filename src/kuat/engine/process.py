@@ -18,7 +18,6 @@ given 1 s, then terminated, then killed; every shared-memory slot is unlinked.
 
 from __future__ import annotations
 
-import atexit
 import collections
 import functools
 import logging
@@ -27,18 +26,26 @@ import queue
 import secrets
 import sys
 import time
-import weakref
 from multiprocessing.connection import wait
 
 from kuat.engine import shm
-from kuat.engine.base import FAIL, OK, Failure, Result, Task, describe_key, key_indices, serve
+from kuat.engine.base import (
+    FAIL,
+    OK,
+    ClosedOnExit,
+    Failure,
+    Result,
+    Task,
+    describe_key,
+    key_indices,
+    serve,
+)
 from kuat.errors import WorkerError
 
 log = logging.getLogger("kuat.engine.process")
 
 __all__ = ["ProcessEngine"]
 
-_LIVE: weakref.WeakSet = weakref.WeakSet()
 _JOIN_S = 1.0
 
 
@@ -92,7 +99,7 @@ def _worker_main(payload, worker_id, num_workers, name, base_seed, conn, prefix,
     os._exit(0)
 
 
-class ProcessEngine:
+class ProcessEngine(ClosedOnExit):
     """``num_workers`` processes running ``job``; see the package docstring for the API.
 
     Args:
@@ -123,7 +130,7 @@ class ProcessEngine:
         self._conns, self._procs = [], []
         self._results: collections.deque[Result] = collections.deque()  # received, not yet taken
         self._dead: int | None = None  # a worker found dead while results were still queued
-        _LIVE.add(self)
+        self._track()
         try:
             for i in range(num_workers):
                 parent, child = context.Pipe(duplex=True)
@@ -278,16 +285,5 @@ class ProcessEngine:
         shm.unlink_prefix(self._prefix)
         self._free.clear()
         self._results.clear()
-        _LIVE.discard(self)
+        self._untrack()
 
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
-
-
-@atexit.register
-def _close_all() -> None:
-    for engine in list(_LIVE):
-        engine.close()

@@ -7,23 +7,20 @@ resizing, copies, Arrow gathers) runs truly in parallel.
 
 from __future__ import annotations
 
-import atexit
 import logging
 import queue
 import threading
 import time
-import weakref
 
-from kuat.engine.base import Result, Task, serve
+from kuat.engine.base import ClosedOnExit, Result, Task, serve
 
 __all__ = ["ThreadEngine"]
 
 log = logging.getLogger("kuat.engine")
 _JOIN_S = 2.0
-_LIVE: weakref.WeakSet = weakref.WeakSet()
 
 
-class ThreadEngine:
+class ThreadEngine(ClosedOnExit):
     """``num_workers`` daemon threads running ``job``; see the package docstring for the API."""
 
     def __init__(self, job, num_workers: int, base_seed: int, *, name: str = "kuat-worker"):
@@ -34,7 +31,7 @@ class ThreadEngine:
         ]
         self._threads = []
         self._closed = False
-        _LIVE.add(self)
+        self._track()
         for i in range(num_workers):
             t = threading.Thread(
                 target=serve,
@@ -71,17 +68,5 @@ class ThreadEngine:
         if stuck:
             log.warning("kuat worker threads %s are still inside the dataset after %.0f s; "
                         "they are daemons and end with the process", stuck, _JOIN_S)
-        _LIVE.discard(self)
+        self._untrack()
 
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
-
-
-@atexit.register
-def _close_all() -> None:
-    # Stop workers before interpreter finalisation, not in the middle of it.
-    for engine in list(_LIVE):
-        engine.close()
