@@ -286,4 +286,3 @@ class ProcessEngine(ClosedOnExit):
         self._free.clear()
         self._results.clear()
         self._untrack()
-

@@ -69,4 +69,3 @@ class ThreadEngine(ClosedOnExit):
             log.warning("kuat worker threads %s are still inside the dataset after %.0f s; "
                         "they are daemons and end with the process", stuck, _JOIN_S)
         self._untrack()
-
