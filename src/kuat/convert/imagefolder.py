@@ -9,17 +9,16 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 from pathlib import Path
 
 from kuat.convert._driver import (
     ConvertOptions,
     ConvertReport,
-    log_skipped,
+    converting,
     parallel_map,
     prepare_image,
 )
-from kuat.format import Field, Schema, Writer, image, int64, string
+from kuat.format import Field, Schema, image, int64, string
 
 __all__ = ["IMG_EXTENSIONS", "find_classes", "list_imagefolder", "from_imagefolder"]
 
@@ -102,7 +101,6 @@ def from_imagefolder(
         shard_bytes=shard_bytes,
         overwrite=overwrite,
     )
-    t0 = time.perf_counter()
     src = Path(src)
     if Path(dst).resolve().is_relative_to(src.resolve()):
         raise ValueError(f"dst={str(dst)!r} is inside the ImageFolder src={str(src)!r}")
@@ -129,7 +127,6 @@ def from_imagefolder(
         "classes": classes,
         "class_to_idx": {c: i for i, c in enumerate(classes)},
     }
-    report = ConvertReport(str(dst))
 
     def load(item: tuple[str, int]) -> dict:
         path, label = item
@@ -140,7 +137,7 @@ def from_imagefolder(
             row["path"] = os.path.relpath(path, src)
         return row
 
-    with Writer(dst, Schema(fields), metadata=metadata, **opts.writer_kwargs()) as w:
+    with converting(dst, Schema(fields), opts, metadata) as (w, report):
         for row in parallel_map(
             load,
             samples,
@@ -151,7 +148,4 @@ def from_imagefolder(
             report=report,
         ):
             w.write(row)
-        report.rows = w.num_rows
-    report.seconds = time.perf_counter() - t0
-    log_skipped(report)
     return report
