@@ -118,15 +118,8 @@ def from_hf(
     dst: str | os.PathLike,
     *,
     split: str | None = None,
-    num_workers: int | None = None,
-    progress: bool = True,
-    overwrite: bool = False,
-    on_error: str = "raise",
-    resize_shorter: int | None = None,
-    quality: int = 90,
-    decode_check: bool = False,
-    shard_bytes: int | None = None,
     batch_size: int = 256,
+    **options,
 ) -> ConvertReport:
     """Convert a Hugging Face ``datasets.Dataset`` into a kuat dataset at ``dst``.
 
@@ -135,8 +128,9 @@ def from_hf(
             written by ``save_to_disk``.
         split: the split of a ``DatasetDict`` (needed when it has several).
         batch_size: rows read from the source per Arrow slice.
-        num_workers, progress, overwrite, on_error, resize_shorter, quality, decode_check,
-            shard_bytes: see :class:`kuat.convert.ConvertOptions`.
+        options: ``num_workers``, ``progress``, ``progress_interval_s``, ``overwrite``,
+            ``on_error``, ``resize_shorter``, ``quality``, ``decode_check``,
+            ``shard_bytes``: see :class:`kuat.convert.ConvertOptions`.
 
     Rows keep their order (after any ``select``/``shuffle`` on the source).
 
@@ -144,16 +138,7 @@ def from_hf(
         ValueError: a feature has no kuat equivalent (names the column).
         kuat.DecodeError: an image is unreadable and ``on_error="raise"`` (names the row).
     """
-    opts = ConvertOptions(
-        num_workers=num_workers,
-        progress=progress,
-        on_error=on_error,
-        resize_shorter=resize_shorter,
-        quality=quality,
-        decode_check=decode_check,
-        shard_bytes=shard_bytes,
-        overwrite=overwrite,
-    )
+    opts = ConvertOptions(**options)
     ds = _load(src, split)
     features = ds.features
     arrow_schema = features.arrow_schema

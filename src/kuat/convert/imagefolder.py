@@ -58,15 +58,8 @@ def from_imagefolder(
     src: str | os.PathLike,
     dst: str | os.PathLike,
     *,
-    num_workers: int | None = None,
-    progress: bool = True,
-    overwrite: bool = False,
-    on_error: str = "raise",
-    resize_shorter: int | None = None,
-    quality: int = 90,
-    decode_check: bool = False,
-    shard_bytes: int | None = None,
     include_path: bool = False,
+    **options,
 ) -> ConvertReport:
     """Convert an ImageFolder tree into a kuat dataset at ``dst``.
 
@@ -76,10 +69,10 @@ def from_imagefolder(
     metadata holds ``names``.
 
     Args:
-        num_workers: threads reading and probing images (default: one per core).
-        progress: show a progress bar when stderr is a terminal.
-        on_error: ``"raise"`` (default; the error names the file) or ``"skip"``.
-        resize_shorter, quality, decode_check, shard_bytes, overwrite: see
+        options: ``num_workers`` (threads reading and probing images; default one per core),
+            ``progress``, ``progress_interval_s``, ``on_error`` (``"raise"``, default: the
+            error names the file; or ``"skip"``), ``resize_shorter``, ``quality``,
+            ``decode_check``, ``shard_bytes``, ``overwrite``: see
             :class:`kuat.convert.ConvertOptions`.
 
     Returns:
@@ -91,16 +84,7 @@ def from_imagefolder(
         FileExistsError: ``dst`` is a dataset and ``overwrite`` is False.
         kuat.DecodeError: an image is unreadable and ``on_error="raise"``.
     """
-    opts = ConvertOptions(
-        num_workers=num_workers,
-        progress=progress,
-        on_error=on_error,
-        resize_shorter=resize_shorter,
-        quality=quality,
-        decode_check=decode_check,
-        shard_bytes=shard_bytes,
-        overwrite=overwrite,
-    )
+    opts = ConvertOptions(**options)
     src = Path(src)
     if Path(dst).resolve().is_relative_to(src.resolve()):
         raise ValueError(f"dst={str(dst)!r} is inside the ImageFolder src={str(src)!r}")

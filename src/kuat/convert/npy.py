@@ -81,6 +81,7 @@ def from_numpy(
     overwrite: bool = False,
     shard_bytes: int | None = None,
     num_workers: int | None = None,
+    progress_interval_s: float = 30.0,
 ) -> ConvertReport:
     """Convert NumPy arrays into a kuat dataset at ``dst``.
 
@@ -88,7 +89,8 @@ def from_numpy(
         src: ``.npy``/``.npz`` path(s) or glob (field name: the file stem, or the ``.npz``
             member name), a mapping ``{field: array or .npy path}``, or one array (field
             ``"data"``).
-        progress, overwrite, shard_bytes: see :class:`kuat.convert.ConvertOptions`.
+        progress, progress_interval_s, overwrite, shard_bytes: see
+            :class:`kuat.convert.ConvertOptions`.
         num_workers: accepted for a uniform signature; copying slices needs no threads.
 
     Raises:
@@ -96,7 +98,11 @@ def from_numpy(
         kuat.FormatError: a file that is not a .npy/.npz (names it).
     """
     opts = ConvertOptions(
-        num_workers=num_workers, progress=progress, shard_bytes=shard_bytes, overwrite=overwrite
+        num_workers=num_workers,
+        progress=progress,
+        progress_interval_s=progress_interval_s,
+        shard_bytes=shard_bytes,
+        overwrite=overwrite,
     )
     arrays = _arrays(src)
     fields = [_field(name, arr) for name, arr in arrays.items()]

@@ -367,8 +367,9 @@ _DOC_ARGS = """
         image_fields: columns holding images (bytes, or file paths relative to the file's
             directory); ``struct<bytes, path>`` columns are images without being named.
         batch_size: rows per Arrow record batch read.
-        num_workers, progress, overwrite, on_error, resize_shorter, quality, decode_check,
-            shard_bytes: see :class:`kuat.convert.ConvertOptions`.
+        options: ``num_workers``, ``progress``, ``progress_interval_s``, ``overwrite``,
+            ``on_error``, ``resize_shorter``, ``quality``, ``decode_check``,
+            ``shard_bytes``: see :class:`kuat.convert.ConvertOptions`.
 
     Returns:
         a :class:`kuat.convert.ConvertReport`.

@@ -142,22 +142,15 @@ def _convert(field: Field, value: bytes, where: str) -> object:
 def from_webdataset(
     paths,
     dst: str | os.PathLike,
-    *,
-    num_workers: int | None = None,
-    progress: bool = True,
-    overwrite: bool = False,
-    on_error: str = "raise",
-    resize_shorter: int | None = None,
-    quality: int = 90,
-    decode_check: bool = False,
-    shard_bytes: int | None = None,
+    **options,
 ) -> ConvertReport:
     """Convert WebDataset tar shard(s) into a kuat dataset at ``dst``.
 
     Args:
         paths: a ``.tar`` file, a glob (``"shards/*.tar"``) or a list; read in sorted order.
-        num_workers, progress, overwrite, on_error, resize_shorter, quality, decode_check,
-            shard_bytes: see :class:`kuat.convert.ConvertOptions`.
+        options: ``num_workers``, ``progress``, ``progress_interval_s``, ``overwrite``,
+            ``on_error``, ``resize_shorter``, ``quality``, ``decode_check``,
+            ``shard_bytes``: see :class:`kuat.convert.ConvertOptions`.
 
     Raises:
         FileNotFoundError: no tar file.
@@ -167,16 +160,7 @@ def from_webdataset(
             skipped instead with ``on_error="skip"``.
         kuat.DecodeError: an unreadable image with ``on_error="raise"``.
     """
-    opts = ConvertOptions(
-        num_workers=num_workers,
-        progress=progress,
-        on_error=on_error,
-        resize_shorter=resize_shorter,
-        quality=quality,
-        decode_check=decode_check,
-        shard_bytes=shard_bytes,
-        overwrite=overwrite,
-    )
+    opts = ConvertOptions(**options)
     files = expand_paths(paths)
     it = _samples(files)
     first = next(it, None)
