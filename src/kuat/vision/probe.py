@@ -44,8 +44,9 @@ def probe_image(data: bytes | memoryview, *, source: object = None) -> ImageInfo
 
     try:
         with Image.open(io.BytesIO(data)) as im:
-            width, height = im.size
+            width, height = _exif.pil_stored_size(im)
             codec = (im.format or "unknown").lower()
+            # before load(): a TIFF still carries its tag, also where Pillow will apply it
             orientation = _exif.pil_orientation(im, data)
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as e:
         where = f" ({source})" if source is not None else ""
