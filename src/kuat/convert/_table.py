@@ -391,6 +391,8 @@ def _tensor(arr: pa.Array, f: Field) -> np.ndarray:
 def _sequence(arr: pa.Array, dtype: np.dtype) -> list[np.ndarray]:
     lengths = np.asarray(arr.value_lengths().fill_null(0))  # (N,)
     values = arr.flatten()
+    if pa.types.is_null(values.type):  # list<null>: every list is empty (nulls were refused)
+        values = values.cast(pa.from_numpy_dtype(dtype))
     if pa.types.is_boolean(values.type):
         values = values.cast(pa.uint8())
     flat = values_view(values).astype(dtype, copy=False)  # (sum(lengths),)
