@@ -144,7 +144,7 @@ def unify(a: pa.DataType, b: pa.DataType) -> pa.DataType | None:
 
 
 def _first_valid_row(arr: pa.Array) -> int:
-    valid = np.asarray(arr.is_valid())
+    valid = values_view(arr.is_valid())
     return int(np.argmax(valid)) if valid.any() else 0
 
 
@@ -187,9 +187,11 @@ class TypeUnifier:
                 # no value to type here: only widens (and keeps the column known)
                 self.types.setdefault(name, pa.null())
                 continue
-            self._fold(name, t, f"{path} row {first_row + _first_valid_row(arr)}")
+            self.add_type(name, t, f"{path} row {first_row + _first_valid_row(arr)}")
 
-    def _fold(self, name: str, t: pa.DataType, at: str) -> None:
+    def add_type(self, name: str, t: pa.DataType, at: str) -> None:
+        """Fold one more type of column ``name`` (found at ``at``, for errors) in."""
+        t = logical_type(t)
         old = self.types.get(name)
         if old is None or pa.types.is_null(old):
             self.types[name] = t
@@ -211,7 +213,7 @@ class TypeUnifier:
     def update(self, other: TypeUnifier) -> None:
         """Fold in the types another unifier found (e.g. over one file)."""
         for name, t in other.types.items():
-            self._fold(name, t, other.seen_at.get(name, "?"))
+            self.add_type(name, t, other.seen_at.get(name, "?"))
         for name, cats in other.categories.items():
             mine = self.categories.setdefault(name, [])
             known = set(mine)
@@ -290,7 +292,7 @@ def null_rows(arr: pa.Array) -> np.ndarray:
     """``(N,)`` bool: rows of ``arr`` holding a null at any nesting level (the row itself, an
     item of its list, a field of its struct)."""
     n = len(arr)
-    bad = np.asarray(arr.is_null()) if arr.null_count else np.zeros(n, bool)
+    bad = values_view(arr.is_null()) if arr.null_count else np.zeros(n, bool)
     t = arr.type
     if pa.types.is_dictionary(t):
         return bad
@@ -300,7 +302,7 @@ def null_rows(arr: pa.Array) -> np.ndarray:
         values = arr.flatten()  # the items of non-null rows, honouring the parent's offset
         inner = null_rows(values)
         if inner.any():
-            parents = np.asarray(pc.list_parent_indices(arr))  # (items,) row of each item
+            parents = values_view(pc.list_parent_indices(arr))  # (items,) row of each item
             bad = bad.copy()
             bad[parents[inner]] = True
     elif pa.types.is_struct(t):
@@ -380,7 +382,7 @@ def _tensor(arr: pa.Array, f: Field) -> np.ndarray:
         return values_view(arr)  # (N, *shape)
     n, flat = len(arr), arr
     for size in f.type.shape:  # variable-size lists that must hold exactly `size` items
-        lengths = np.asarray(flat.value_lengths())
+        lengths = values_view(flat.value_lengths())
         if (lengths != size).any():
             k = int(np.argmax(lengths != size))
             raise ValueError(f"a list of {lengths[k]} items where the shape needs {size}")
@@ -389,7 +391,7 @@ def _tensor(arr: pa.Array, f: Field) -> np.ndarray:
 
 
 def _sequence(arr: pa.Array, dtype: np.dtype) -> list[np.ndarray]:
-    lengths = np.asarray(arr.value_lengths().fill_null(0))  # (N,)
+    lengths = values_view(arr.value_lengths())  # (N,); null rows were refused before
     values = arr.flatten()
     if pa.types.is_null(values.type):  # list<null>: every list is empty (nulls were refused)
         values = values.cast(pa.from_numpy_dtype(dtype))
@@ -460,7 +462,7 @@ def _checked(fields, batches: Iterable[TableBatch], opts: ConvertOptions, report
             else:  # a key that no record of this block has
                 arr = pa.nulls(n, target)
             arrays.append(arr)
-            bad = np.asarray(arr.is_null()) if f.type.kind == "image" else null_rows(arr)
+            bad = values_view(arr.is_null()) if f.type.kind == "image" else null_rows(arr)
             if bad.any():
                 k = int(np.argmax(bad))
                 if first_bad is None or k < first_bad[0]:

@@ -21,8 +21,9 @@ Reading: any valid file reads, whatever its record sizes. JSON Lines is parsed i
 whole lines (a record longer than a block extends its block); a ``.json`` file whose first
 character is ``[`` is a JSON array of records (what ``datasets.load_dataset("json")`` reads);
 CSV blocks grow until the longest record fits, quoted values may hold newlines, and a CSV
-file whose types change after its first block is read whole once to infer them. Every file
-is read twice: once to infer the types, once to convert.
+file whose types change after its first block is read whole once to infer them. Types come
+first (a Parquet file's from its schema; JSON and CSV files are parsed, and the parsed
+batches are kept for the conversion up to 256 MiB, beyond which they are parsed again).
 
 Several files (a list, or a glob such as ``"data/*.parquet"``) are read in sorted order and
 must have the same columns (JSON records may omit keys: a missing key is a null).
@@ -82,6 +83,9 @@ def expand_paths(paths: str | os.PathLike | Sequence) -> list[str]:
 
 _JSON_BLOCK = 1 << 20  # bytes of whole lines per JSON Lines parse; a longer line extends it
 _CSV_BLOCK = 1 << 20  # pyarrow's CSV block; doubled until the longest record fits
+# JSON/CSV batches parsed by the first pass are kept for the second up to this many bytes of
+# Arrow data (parsing is most of the cost); larger inputs are parsed again
+_KEEP_BYTES = 256 << 20
 
 
 def _json_kind(path: str) -> str:
@@ -196,6 +200,23 @@ def _csv(path: str, batch_size: int, delimiter: str, block: int, types) -> Itera
         yield from pa.Table.from_batches([batch]).to_batches(max_chunksize=batch_size)
 
 
+class _Kept:
+    """First-pass batches of one file, until the whole input's budget is spent."""
+
+    def __init__(self, total: int):
+        self.batches: list | None = []
+        self.total = total  # bytes kept so far, this file included
+
+    def append(self, batch: pa.RecordBatch) -> None:
+        if self.batches is None:
+            return
+        self.total += batch.nbytes
+        if self.total > _KEEP_BYTES:
+            self.batches = None  # too much: the second pass parses this file again
+        else:
+            self.batches.append(batch)
+
+
 class _Files:
     """The input files of one tabular format, read as Arrow record batches (see the module
     docstring for how each format is read)."""
@@ -205,6 +226,8 @@ class _Files:
         self.delimiter = delimiter
         self.csv_block: dict[str, int] = {}  # per CSV file: a block size its records fit in
         self.types: dict | None = None  # unified column types (after infer)
+        self.kept: dict[str, list[pa.RecordBatch]] = {}  # first-pass batches, per file
+        self.kept_bytes = 0
 
     def _delimiter(self, path: str) -> str:
         if self.delimiter is not None:
@@ -238,6 +261,25 @@ class _Files:
         block = self.csv_block.get(path, _CSV_BLOCK)
         yield from _csv(path, self.batch_size, self._delimiter(path), block, types)
 
+    def _keep(self, path: str, kept: _Kept | None) -> None:
+        if kept is not None and kept.batches is not None:
+            self.kept[path] = kept.batches
+            self.kept_bytes = kept.total
+
+    def _parquet_types(self, path: str, u: TypeUnifier) -> list[str]:
+        """First pass over a Parquet file: the types from its schema; the data is read only
+        for dictionary-encoded columns (their categories)."""
+        import pyarrow.parquet as pq
+
+        schema = pq.read_schema(path)
+        dict_cols = [f.name for f in schema if pa.types.is_dictionary(f.type)]
+        for f in schema:
+            if f.name not in dict_cols:
+                u.add_type(f.name, f.type, f"{path} (its schema)")
+        if dict_cols:
+            u.add(pq.read_table(path, columns=dict_cols), path, 0)
+        return schema.names
+
     def _csv_types(self, path: str, u: TypeUnifier) -> list[str]:
         """First pass over a CSV file: a block size every record fits in (doubled from 1 MiB
         until pyarrow stops reporting a record that straddles blocks), and the types; when
@@ -247,12 +289,13 @@ class _Files:
 
         d, size, block = self._delimiter(path), os.path.getsize(path), _CSV_BLOCK
         while True:
-            local, names, row = TypeUnifier(), [], 0
+            local, names, row, kept = TypeUnifier(), [], 0, _Kept(self.kept_bytes)
             try:
                 for batch in _csv(path, self.batch_size, d, block, None):
                     names = batch.schema.names
                     local.add(batch, path, row)
                     row += batch.num_rows
+                    kept.append(batch)
             except pa.ArrowInvalid as e:
                 if "straddl" in str(e) and block <= size:
                     block *= 2
@@ -264,10 +307,11 @@ class _Files:
                     read_options=pc.ReadOptions(block_size=max(block, size + 1)),
                     parse_options=pc.ParseOptions(delimiter=d, newlines_in_values=True),
                 )
-                local, names = TypeUnifier(), table.schema.names
+                local, names, kept = TypeUnifier(), table.schema.names, None
                 local.add(table, path, 0)
             self.csv_block[path] = block
             u.update(local)
+            self._keep(path, kept)
             return names
 
     def schema_metadata(self, path: str) -> dict:
@@ -286,12 +330,16 @@ class _Files:
             try:
                 if self.kind == "csv":
                     names.update(dict.fromkeys(self._csv_types(path, u)))
+                elif self.kind == "parquet":
+                    names.update(dict.fromkeys(self._parquet_types(path, u)))
                 else:
-                    row = 0
+                    row, kept = 0, _Kept(self.kept_bytes)
                     for batch in self.batches(path):
                         names.update(dict.fromkeys(batch.schema.names))
                         u.add(batch, path, row)
                         row += batch.num_rows
+                        kept.append(batch)
+                    self._keep(path, kept)
             except (pa.ArrowException, OSError) as e:
                 if isinstance(e, FileNotFoundError):
                     raise
@@ -312,7 +360,8 @@ class _Files:
         for path in self.files:
             base = os.path.dirname(os.path.abspath(path))
             row = 0
-            for batch in self.batches(path):
+            kept = self.kept.pop(path, None)
+            for batch in kept if kept is not None else self.batches(path):
                 yield TableBatch(batch, path, row, base)
                 row += batch.num_rows
 
