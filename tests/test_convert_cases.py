@@ -116,13 +116,6 @@ def test_int_column_widens_to_float_after_many_blocks(tmp_path, small_blocks):
     import pyarrow.csv as pcsv
 
     (tmp_path / "d.csv").write_text(
-        "x\n"
-        + "\n".join(str(v) for v in expected[:15_000])
-        + "\n"
-        + "\n".join(str(v) for v in expected[15_000:])
-        + "\n"
-    )
-    (tmp_path / "d.csv").write_text(
         "x\n" + "".join(f"{i}\n" if i < 15_000 else f"{i + 0.5}\n" for i in range(n))
     )
     kuat.convert.from_csv(tmp_path / "d.csv", tmp_path / "c", progress=False)
