@@ -389,3 +389,19 @@ def test_cli_logs_progress_lines_when_stderr_is_not_a_terminal(tmp_path):
     assert cli.returncode == 0, cli.stderr
     lines = [ln for ln in cli.stderr.splitlines() if "convert jsonl:" in ln]
     assert lines and "50 samples" in lines[-1] and "samples/s" in lines[-1]
+
+
+def test_hf_token_columns_refused_and_empty_lists_kept(tmp_path):
+    datasets = pytest.importorskip("datasets")
+    tokens = datasets.Dataset.from_dict({"tokens": [["a", "b"], ["c"]]})
+    with pytest.raises(ValueError, match="column 'tokens' is a list of strings"):
+        kuat.convert.from_hf(tokens, tmp_path / "o", progress=False)
+    empty = datasets.Dataset.from_dict(
+        {"ids": [[], []], "x": [1, 2]},
+        features=datasets.Features(
+            {"ids": datasets.Sequence(datasets.Value("int32")), "x": datasets.Value("int64")}
+        ),
+    )
+    kuat.convert.from_hf(empty, tmp_path / "e", progress=False)
+    assert _rows(tmp_path / "e") == [dict(r) for r in empty]
+    assert kuat.open(tmp_path / "e").schema["ids"].type == kf.sequence("int32")

@@ -50,6 +50,7 @@ def test_lambda_streams_iterate_without_pickling(name, num_workers):
         assert len(got) == len(expected)
 
 
+@pytest.mark.filterwarnings("ignore:Got pickle error")  # torch's hint, around the same error
 def test_spawned_process_workers_fail_as_torch_does():
     ds = _streams()["map_filter"]
     with pytest.raises(Exception) as torch_err:

@@ -452,8 +452,9 @@ def _checked(fields, batches: Iterable[TableBatch], opts: ConvertOptions, report
         names = batch.schema.names
         arrays = []
         bad_any = np.zeros(n, bool)
+        bad_col = np.full(n, -1)  # (N,) the first field with a null, per row
         first_bad: tuple[int, str] | None = None
-        for f, target in fields:
+        for c, (f, target) in enumerate(fields):
             if f.name in names:
                 arr = batch.column(names.index(f.name))
                 if isinstance(arr, pa.ChunkedArray):
@@ -467,6 +468,7 @@ def _checked(fields, batches: Iterable[TableBatch], opts: ConvertOptions, report
                 k = int(np.argmax(bad))
                 if first_bad is None or k < first_bad[0]:
                     first_bad = (k, f.name)
+                bad_col[bad & ~bad_any] = c
                 bad_any |= bad
         if first_bad is not None:
             k, name = first_bad
@@ -478,7 +480,10 @@ def _checked(fields, batches: Iterable[TableBatch], opts: ConvertOptions, report
                     field=name,
                 )
             for k in np.flatnonzero(bad_any):
-                report.skipped.append((f"{where} row {row0 + int(k)}", "a null value"))
+                name = fields[bad_col[k]][0].name
+                report.skipped.append(
+                    (f"{where} row {row0 + int(k)}", f"column {name!r} holds a null")
+                )
             progress.update(int(bad_any.sum()))
         kept = pa.RecordBatch.from_arrays(arrays, names=[f.name for f, _ in fields])
         if first_bad is not None:

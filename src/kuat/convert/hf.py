@@ -69,7 +69,7 @@ def hf_field(name: str, feature) -> Field:
             return Field(name, fs.string())
         if dtype in ("binary", "large_binary"):
             return Field(name, fs.binary())
-        raise ValueError(f"column {name!r}: Value({dtype!r}) has no kuat field type")
+        # string_view, null, timestamps...: as their Arrow type maps (or a clear refusal)
     if kind.startswith("Array") and kind[5:6].isdigit():
         return Field(name, fs.tensor(tuple(feature.shape), feature.dtype))
     lists = (datasets.List, datasets.LargeList) if hasattr(datasets, "List") else ()

@@ -155,18 +155,18 @@ def _json_lines(path: str, batch_size: int) -> Iterator[pa.RecordBatch]:
 
     row = 0
     with open(path, "rb") as f:
-        rest = b""
+        pending = bytearray()  # the start of a line that the last read cut
         while True:
             chunk = f.read(_JSON_BLOCK)
-            block = rest + chunk
             if chunk:
-                cut = block.rfind(b"\n") + 1
+                cut = chunk.rfind(b"\n") + 1
                 if cut == 0:  # a record longer than the block: read on to its end
-                    rest = block
+                    pending += chunk
                     continue
-                block, rest = block[:cut], block[cut:]
+                block = bytes(pending) + chunk[:cut]
+                pending = bytearray(chunk[cut:])
             else:
-                rest = b""
+                block = bytes(pending)
             if block.strip():
                 try:
                     table = pj.read_json(
@@ -192,7 +192,7 @@ def _csv(path: str, batch_size: int, delimiter: str, block: int, types) -> Itera
 
     reader = pc.open_csv(
         path,
-        read_options=pc.ReadOptions(block_size=block, use_threads=False),
+        read_options=pc.ReadOptions(block_size=block),
         parse_options=pc.ParseOptions(delimiter=delimiter, newlines_in_values=True),
         convert_options=pc.ConvertOptions(column_types=types or None),
     )
