@@ -234,13 +234,13 @@ _SHARD_KEYS = ("file", "rows", "bytes", "checksum")
 # Known metadata keys (written by kuat's converters and merge) and the JSON type each must have;
 # other keys are the user's and may hold any JSON value.
 _METADATA_TYPES = {
-    "source": "string",
-    "classes": "list of strings",
-    "class_to_idx": "object of integers",
-    "merged_from": "list of strings",
-    "hf_features": "object",
+    "source": "a string",
+    "classes": "a list of strings",
+    "class_to_idx": "an object of integers",
+    "merged_from": "a list of strings",
+    "hf_features": "an object",
 }
-_FIELD_METADATA_TYPES = {"names": "list of strings"}
+_FIELD_METADATA_TYPES = {"names": "a list of strings"}
 
 
 def _is_int(v: object) -> bool:
@@ -248,13 +248,13 @@ def _is_int(v: object) -> bool:
 
 
 def _has_type(value: object, kind: str) -> bool:
-    if kind == "string":
+    if kind == "a string":
         return isinstance(value, str)
-    if kind == "object":
+    if kind == "an object":
         return isinstance(value, dict)
-    if kind == "list of strings":
+    if kind == "a list of strings":
         return isinstance(value, list) and all(isinstance(v, str) for v in value)
-    if kind == "object of integers":
+    if kind == "an object of integers":
         return isinstance(value, dict) and all(_is_int(v) for v in value.values())
     raise AssertionError(kind)  # a typo in the tables above, not bad input
 
@@ -266,7 +266,7 @@ def _check_metadata(metadata: object, types: dict[str, str], where: str) -> dict
         if key in metadata and not _has_type(metadata[key], kind):
             value = metadata[key]
             raise FormatError(
-                f"{where}[{key!r}] must be a {kind}, got {type(value).__name__} {value!r:.80}"
+                f"{where}[{key!r}] must be {kind}, got {type(value).__name__} {value!r:.80}"
             )
     return metadata
 
