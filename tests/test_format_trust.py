@@ -11,6 +11,7 @@ every run) and few: about 20 s in all.
 
 from __future__ import annotations
 
+import atexit
 import io
 import json
 import os
@@ -423,6 +424,7 @@ def _world() -> Path:
     global _WORLD
     if _WORLD is None:
         world = Path(tempfile.mkdtemp(prefix="kuat-trust-"))
+        atexit.register(shutil.rmtree, world, True)
         _write(world / "ds", range(5))
         _write(world / "outside" / "sentinel.kuat", range(1000, 1005))
         sentinel = world / "outside" / "sentinel.kuat" / "shard-00000.arrow"
