@@ -405,3 +405,13 @@ def test_hf_token_columns_refused_and_empty_lists_kept(tmp_path):
     kuat.convert.from_hf(empty, tmp_path / "e", progress=False)
     assert _rows(tmp_path / "e") == [dict(r) for r in empty]
     assert kuat.open(tmp_path / "e").schema["ids"].type == kf.sequence("int32")
+
+
+def test_cli_reports_unreadable_input_without_a_traceback(tmp_path, capsys):
+    from kuat.cli import main
+
+    (tmp_path / "x.json").write_text("hello")
+    assert main(["convert", str(tmp_path / "x.json"), str(tmp_path / "o"), "--no-progress"]) == 1
+    err = capsys.readouterr().err
+    assert "kuat convert: error:" in err and "neither JSON Lines" in err
+    assert "Traceback" not in err

@@ -139,6 +139,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 def run(args) -> int:
     import kuat.convert
+    from kuat.errors import KuatError
 
     options = dict(
         num_workers=args.workers,
@@ -163,7 +164,7 @@ def run(args) -> int:
             delimiter=args.delimiter,
             **options,
         )
-    except (OSError, ValueError, TypeError) as e:  # OSError: missing source, existing DST...
+    except (KuatError, OSError, ValueError, TypeError) as e:  # unreadable input, existing DST...
         print(f"kuat convert: error: {e}", file=sys.stderr)
         return 1
     finally:
