@@ -25,12 +25,12 @@ from kuat.format.manifest import (
     MANIFEST_NAME,
     Manifest,
     ShardInfo,
-    file_checksum,
     member_path,
     read_manifest,
     write_manifest,
 )
 from kuat.format.schema import EncodedImage, FieldType, Schema
+from kuat.format.shard_file import DEFER_MIN_BYTES, ShardFile
 
 __all__ = ["Writer", "DEFAULT_SHARD_BYTES"]
 
@@ -123,6 +123,15 @@ def _given(value: object) -> str:
     if hasattr(value, "dtype") and hasattr(value, "shape"):
         return f"{type(value).__name__} {value.dtype} {tuple(value.shape)}"
     return f"{type(value).__name__} {_short(value)}"
+
+
+def _deferrer(shard: ShardFile):
+    """``array_from_bytes``'s ``defer``: large data buffers are written from their values."""
+
+    def defer(values: list, size: int) -> pa.Buffer | None:
+        return shard.defer(values, size) if size >= DEFER_MIN_BYTES else None
+
+    return defer
 
 
 class _Builder:
@@ -359,8 +368,10 @@ class _Builder:
         self.chunks.append(chunk)
         self.pending = []
 
-    def finish(self) -> pa.Array:
-        """The field's Arrow array for the current shard; resets the builder."""
+    def finish(self, shard: ShardFile) -> pa.Array:
+        """The field's Arrow array for the current shard, to be written to ``shard`` (large
+        binary/string data buffers are deferred to it, see :mod:`kuat.format.shard_file`);
+        resets the builder."""
         self._seal_pending()
         chunks, self.chunks = self.chunks, []
         t = self.t
@@ -373,7 +384,7 @@ class _Builder:
             return array_from_numpy(col.astype(dt, copy=False))
         values = [v for c in chunks for v in c]
         if t.kind in ("string", "bytes"):
-            return array_from_bytes(values, t.arrow_type)
+            return array_from_bytes(values, t.arrow_type, defer=_deferrer(shard))
         if t.kind == "sequence":
             lengths = np.fromiter((len(v) for v in values), np.int64, len(values))
             offsets = np.zeros(len(values) + 1, np.int32)
@@ -387,7 +398,7 @@ class _Builder:
         # image
         return pa.StructArray.from_arrays(
             [
-                array_from_bytes([v.data for v in values], pa.binary()),
+                array_from_bytes([v.data for v in values], pa.binary(), defer=_deferrer(shard)),
                 array_from_numpy(np.fromiter((v.width for v in values), np.int32, len(values))),
                 array_from_numpy(np.fromiter((v.height for v in values), np.int32, len(values))),
                 array_from_bytes([v.codec for v in values], pa.string()),
@@ -627,17 +638,20 @@ class Writer:
     def _flush_shard(self) -> None:
         if not self._rows_in_shard:
             return
-        arrays = [b.finish() for b in self._builders]
-        batch = pa.RecordBatch.from_arrays(arrays, schema=self._arrow_schema)
         name = shard_name(len(self._shards))
         final = self.path / name
         tmp = self.path / f".{name}.tmp-{os.getpid()}"
-        with pa.OSFile(str(tmp), "wb") as sink:
-            with pa.ipc.new_stream(sink, self._arrow_schema) as w:
+        # one pass over the bytes: values go from their objects to the file, hashed on the
+        # way (no joined copy, no re-read for the checksum), and one fsync per shard
+        with ShardFile(tmp) as shard:
+            arrays = [b.finish(shard) for b in self._builders]
+            batch = pa.RecordBatch.from_arrays(arrays, schema=self._arrow_schema)
+            with pa.ipc.new_stream(pa.PythonFile(shard, mode="w"), self._arrow_schema) as w:
                 w.write_batch(batch)
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        info = ShardInfo(name, batch.num_rows, os.path.getsize(tmp), file_checksum(tmp))
+            del arrays, batch  # the deferred placeholders
+            checksum = shard.sync()
+            size = shard.tell()
+        info = ShardInfo(name, self._rows_in_shard, size, checksum)
         os.replace(tmp, final)
         self._shards.append(info)
         log.debug("wrote %s: %d rows, %d bytes", final, info.rows, info.bytes)
