@@ -231,17 +231,11 @@ class _Builder:
         if kind == "string":
             if not isinstance(value, str):
                 raise self.error(row, value)
-            if value.isascii():
-                n = len(value)
-            else:  # the UTF-8 size (shards are sized by it); refuses lone surrogates
-                try:
-                    n = len(value.encode("utf-8"))
-                except UnicodeEncodeError as e:
-                    raise self.error(
-                        row, value, f"not encodable as UTF-8: {e.reason} at {e.start}"
-                    ) from e
+            n = self._utf8_size(value, row, value)
             self._check_size(value, row, n)
             return value, n
+        if kind == "strings":
+            return self._check_strings(value, row)
         if kind == "bytes":
             if not isinstance(value, (bytes, bytearray, memoryview)):
                 raise self.error(row, value)
@@ -258,6 +252,32 @@ class _Builder:
             self._check_size(value, row, len(arr), "elements")
             return arr, arr.nbytes
         return self._check_image(value, row)
+
+    def _utf8_size(self, s: str, row: int, value: object) -> int:
+        """The UTF-8 size of ``s`` (shards are sized by it); refuses lone surrogates."""
+        if s.isascii():
+            return len(s)
+        try:
+            return len(s.encode("utf-8"))
+        except UnicodeEncodeError as e:
+            raise self.error(row, value, f"not encodable as UTF-8: {e.reason} at {e.start}") from e
+
+    def _check_strings(self, value: object, row: int) -> tuple[list[str], int]:
+        """A list/tuple (or 1-D str/object array) of ``str`` -> a new ``list[str]`` and its
+        size: UTF-8 bytes plus 4 offset bytes per string."""
+        if isinstance(value, np.ndarray) and value.ndim == 1 and value.dtype.kind in "UO":
+            value = value.tolist()
+        if not isinstance(value, (list, tuple)):  # a str is not a list of its characters
+            raise self.error(row, value, "give a list of str")
+        out = list(value)
+        n = 4 * len(out)
+        for k, s in enumerate(out):
+            if not isinstance(s, str):
+                raise self.error(row, value, f"item {k} is {_given(s)}")
+            n += self._utf8_size(s, row, value)
+        self._check_size(value, row, len(out), "strings")
+        self._check_size(value, row, n)
+        return out, n
 
     def _check_image(self, value: object, row: int) -> tuple[EncodedImage, int]:
         from kuat.vision.probe import probe_image
@@ -385,6 +405,15 @@ class _Builder:
         values = [v for c in chunks for v in c]
         if t.kind in ("string", "bytes"):
             return array_from_bytes(values, t.arrow_type, defer=_deferrer(shard))
+        if t.kind == "strings":
+            offsets = np.zeros(len(values) + 1, np.int32)
+            np.cumsum(np.fromiter(map(len, values), np.int64, len(values)), out=offsets[1:])
+            flat = [s for v in values for s in v]
+            return pa.ListArray.from_arrays(
+                array_from_numpy(offsets),
+                array_from_bytes(flat, pa.string(), defer=_deferrer(shard)),
+                type=t.arrow_type,
+            )
         if t.kind == "sequence":
             lengths = np.fromiter((len(v) for v in values), np.int64, len(values))
             offsets = np.zeros(len(values) + 1, np.int32)
