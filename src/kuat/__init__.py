@@ -44,6 +44,7 @@ _EXPORTS = {
     # text: packing and token-budget batching
     "pack": "kuat.text",
     "pack_collate": "kuat.text",
+    "TokenBudgetBatchSampler": "kuat.text",
     # vision helpers most users need at top level
     "probe_image": "kuat.vision.probe",
 }

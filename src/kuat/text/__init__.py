@@ -10,16 +10,19 @@
 ``kuat.pad_collate`` (``kuat/padding.py``) pads unpacked samples.
 """
 
+from kuat.text.budget import TokenBudgetBatchSampler, lengths_of
 from kuat.text.collate import PackCollate, document_mask, flex_block_mask, pack_collate
 from kuat.text.pack import STRATEGIES, Packed, PackIterator, pack
 
 __all__ = [
     "STRATEGIES",
+    "TokenBudgetBatchSampler",
     "PackCollate",
     "PackIterator",
     "Packed",
     "document_mask",
     "flex_block_mask",
+    "lengths_of",
     "pack",
     "pack_collate",
 ]
