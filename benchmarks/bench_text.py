@@ -64,7 +64,7 @@ def _timed(fn) -> tuple[float, float, int, int]:
         if first is None:
             first = time.perf_counter() - t0
         rows += 1
-        tokens += len(row["input_ids"])
+        tokens += len(row["input_ids"] if "input_ids" in row else row["tokens"])  # torchtune
     return time.perf_counter() - t0, first or 0.0, rows, tokens
 
 

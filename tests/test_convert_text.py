@@ -173,3 +173,44 @@ def test_cli_convert_with_a_tokenizer(corpus, tok, tmp_path):
     assert "wrote 25 rows" in out.stdout
     rows = stored(tmp_path / "out")
     assert rows[3].tolist() == tok.encode(corpus[3], add_special_tokens=False).ids + [0]
+
+
+class _CountingTokenizer:
+    """A tokenizers.Tokenizer that counts the texts it encodes (threads share the count)."""
+
+    def __init__(self, tok):
+        self.tok, self.texts = tok, []
+
+    def encode_batch(self, texts, add_special_tokens=False):
+        self.texts.extend(texts)
+        return self.tok.encode_batch(texts, add_special_tokens=add_special_tokens)
+
+    def get_vocab_size(self, with_added_tokens=True):
+        return self.tok.get_vocab_size(with_added_tokens=with_added_tokens)
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_on_the_fly_tokenize_splits_before_encoding(corpus, tok, world_size):
+    """Each rank and worker tokenizes only its own share, and together they give exactly the
+    batches a whole-stream tokenization split afterwards would."""
+    texts = [{"text": t} for t in corpus[:90]]
+    eos = tok.token_to_id(EOS)
+    whole = [s["input_ids"] for s in tokenize(texts, tok, eos_id=eos).samples(0)]
+    counting = _CountingTokenizer(tok)
+    served = []
+    for rank in range(world_size):
+        loader = kuat.DataLoader(
+            tokenize(texts, counting, eos_id=eos, batch_size=4),
+            batch_size=5,
+            num_workers=2,
+            collate_fn=kuat.pad_collate(),
+            rank=rank,
+            world_size=world_size,
+            seed=0,
+        )
+        for batch in loader:
+            served += [row[:n] for row, n in zip(batch["input_ids"], batch["input_ids_lengths"])]
+    assert len(counting.texts) == len(texts)  # every text tokenized once, by one worker
+    assert sorted(map(tuple, (s.tolist() for s in served))) == sorted(
+        map(tuple, (np.asarray(w).tolist() for w in whole))
+    )

@@ -160,8 +160,21 @@ class Tokenize(Stream):
         self.add_eos = add_eos
 
     def samples(self, epoch: int) -> Iterator[dict]:
+        """Every sample of ``epoch`` tokenized, in order (what a packer reads)."""
+        return self._encoded(stream_of(self.source, epoch))
+
+    def __iter__(self) -> Iterator[dict]:
+        # Tokenizing maps samples 1:1, so split the raw samples by rank and worker first (the
+        # same positions Stream.__iter__ would keep) and tokenize only this share: the loader's
+        # workers tokenize in parallel instead of each tokenizing the whole stream.
+        raw = _RawShare(self.source)
+        raw._epoch, raw._rank, raw._world_size = self._epoch, self._rank, self._world_size
+        raw._batch_size, raw._drop_last = self._batch_size, self._drop_last
+        return self._encoded(Stream.__iter__(raw))
+
+    def _encoded(self, samples: Iterator) -> Iterator[dict]:
         batch: list = []
-        for sample in stream_of(self.source, epoch):
+        for sample in samples:
             batch.append(sample)
             if len(batch) == self.batch_size:
                 yield from self._encode(batch)
@@ -190,6 +203,17 @@ class Tokenize(Stream):
 
     def __repr__(self) -> str:
         return f"Tokenize({self.source!r:.60}, {self.tok!r})"
+
+
+class _RawShare(Stream):
+    """The untokenized samples of a source, split like any :class:`Stream`."""
+
+    def __init__(self, source):
+        super().__init__()
+        self.source = source
+
+    def samples(self, epoch: int) -> Iterator:
+        return stream_of(self.source, epoch)
 
 
 def tokenize(
