@@ -28,13 +28,14 @@ _CHUNK = 256  # documents fetched per __getitems__ call when reading in order
 class Doc:
     """One document: ``ids (n,) int64`` and ``labels (n,) int64`` (-100 where masked)."""
 
-    __slots__ = ("ordinal", "index", "ids", "labels")
+    __slots__ = ("ordinal", "index", "ids", "labels", "n")
 
     def __init__(self, ordinal: int, index: int | None, ids: np.ndarray, labels: np.ndarray):
         self.ordinal, self.index, self.ids, self.labels = ordinal, index, ids, labels
+        self.n = len(ids)
 
     def __len__(self) -> int:
-        return len(self.ids)
+        return self.n
 
 
 def to_doc(sample, ordinal: int, index: int | None, field: str) -> Doc:

@@ -273,15 +273,15 @@ def _concat(docs: Documents, packed: Packed, stats: PackStats, pos) -> Iterator:
     for doc in docs.read(first):
         end = (doc.ordinal + 1, 0)
         stats.documents += 1
-        stats.tokens += len(doc)
+        stats.tokens += doc.n
         at = offset if doc.ordinal == first else 0
-        while at < len(doc):
-            take = min(length - filled, len(doc) - at)
+        while at < doc.n:
+            take = min(length - filled, doc.n - at)
             pieces.append((doc.ids[at : at + take], doc.labels[at : at + take]))
             filled += take
             at += take
             if filled == length:
-                after = (doc.ordinal, at) if at < len(doc) else (doc.ordinal + 1, 0)
+                after = (doc.ordinal, at) if at < doc.n else (doc.ordinal + 1, 0)
                 stats.rows += 1
                 yield _row(pieces, length, packed.pad_id), after
                 pieces, filled = [], 0
@@ -295,34 +295,34 @@ def _fit(docs: Documents, packed: Packed, stats: PackStats, pos) -> Iterator:
     """First-fit or best-fit decreasing over buffers. ``pos``: (first document of the buffer,
     keys of the row carried into it, rows already emitted from it)."""
     length, size = packed.seq_len, packed.buffer_size
+    drop = packed.too_long == "drop"
+    binpack = _first_fit if packed.strategy == "first_fit" else _best_fit
     start, carried_keys, skip = pos
-    carried = _pieces(docs.fetch(sorted({o for o, _ in carried_keys})), length)
-    carried = [carried[k] for k in carried_keys]
+    fetched = docs.fetch(sorted({o for o, _ in carried_keys}))
+    by_key = {it[0]: it for it in _pieces(fetched, length)}
+    carried = [by_key[k] for k in carried_keys]
     reader = docs.read(start)
     while True:
         new_docs = list(itertools.islice(reader, size))
         last = len(new_docs) < size
+        items = carried  # (key, ids, labels, n) of every piece to pack
         for doc in new_docs:
+            n = doc.n
             stats.documents += 1
-            stats.tokens += len(doc)
-            if len(doc) > length:
-                if packed.too_long == "drop":
-                    stats.dropped_documents += 1
-                    stats.dropped_tokens += len(doc)
-                else:
-                    stats.split_documents += 1
-        kept = [d for d in new_docs if len(d) <= length or packed.too_long == "split"]
-        items = carried + list(_pieces(kept, length).values())
-        items = [it for it in items if len(it[1])]  # empty documents add nothing
-        sizes = [len(it[1]) for it in items]
-        bins = (
-            _first_fit(sizes, length)
-            if packed.strategy == "first_fit"
-            else _best_fit(sizes, length)
-        )
+            stats.tokens += n
+            if n <= length:
+                if n:  # empty documents add nothing
+                    items.append(((doc.ordinal, 0), doc.ids, doc.labels, n))
+            elif drop:
+                stats.dropped_documents += 1
+                stats.dropped_tokens += n
+            else:
+                stats.split_documents += 1
+                items.extend(_pieces([doc], length))
+        sizes = [it[3] for it in items]
+        bins, fills = binpack(sizes, length)
         keep_back = None
         if not last and bins:
-            fills = [sum(sizes[i] for i in b) for b in bins]
             emptiest = min(range(len(bins)), key=lambda b: (fills[b], -b))
             if fills[emptiest] < length:
                 keep_back = emptiest
@@ -334,11 +334,10 @@ def _fit(docs: Documents, packed: Packed, stats: PackStats, pos) -> Iterator:
             emitted += 1
             if emitted <= skip:
                 continue
-            pieces = [(items[i][1], items[i][2]) for i in members]
-            filled = sum(sizes[i] for i in members)
             stats.rows += 1
-            stats.pad_tokens += length - filled
-            yield _row(pieces, length, packed.pad_id), (start, out_keys, emitted)
+            stats.pad_tokens += length - fills[b]
+            row = _row([(items[i][1], items[i][2]) for i in members], length, packed.pad_id)
+            yield row, (start, out_keys, emitted)
         if last:
             return
         skip = 0
@@ -347,19 +346,19 @@ def _fit(docs: Documents, packed: Packed, stats: PackStats, pos) -> Iterator:
         start += size
 
 
-def _pieces(docs: list[Doc], length: int) -> dict:
-    """``{(ordinal, piece): ((ordinal, piece), ids, labels)}``: documents cut into ``length``."""
-    out = {}
+def _pieces(docs: list[Doc], length: int) -> list[tuple]:
+    """``[((ordinal, piece), ids, labels, n), ...]``: documents cut into ``length`` tokens."""
+    out = []
     for doc in docs:
-        n = len(doc)
-        for p, at in enumerate(range(0, max(n, 1), length)):
-            key = (doc.ordinal, p)
-            out[key] = (key, doc.ids[at : at + length], doc.labels[at : at + length])
+        for p, at in enumerate(range(0, doc.n, length)):
+            ids = doc.ids[at : at + length]
+            out.append(((doc.ordinal, p), ids, doc.labels[at : at + length], len(ids)))
     return out
 
 
-def _first_fit(sizes: list[int], capacity: int) -> list[list[int]]:
+def _first_fit(sizes: list[int], capacity: int) -> tuple[list[list[int]], list[int]]:
     """Greedy first-fit in arrival order: each item into the lowest-numbered bin with room.
+    Returns the bins (item positions) and their fills.
 
     A max-segment-tree over the bins' free space finds that bin in O(log n)."""
     n = len(sizes)
@@ -381,15 +380,17 @@ def _first_fit(sizes: list[int], capacity: int) -> list[list[int]]:
         while node:
             tree[node] = max(tree[2 * node], tree[2 * node + 1])
             node //= 2
-    return bins
+    return bins, [capacity - tree[leaves + b] for b in range(len(bins))]
 
 
-def _best_fit(sizes: list[int], capacity: int) -> list[list[int]]:
+def _best_fit(sizes: list[int], capacity: int) -> tuple[list[list[int]], list[int]]:
     """Best-fit decreasing: longest first (ties in arrival order), each into the open bin with
-    the least free space that still holds it, else a new bin."""
+    the least free space that still holds it, else a new bin. Returns the bins (item
+    positions, each in arrival order) and their fills."""
     order = sorted(range(len(sizes)), key=lambda i: -sizes[i])
     free: list[tuple[int, int]] = []  # sorted (free space, bin) of bins that are not full
     bins: list[list[int]] = []
+    fills: list[int] = []
     for i in order:
         s = sizes[i]
         j = bisect.bisect_left(free, (s, -1))
@@ -398,12 +399,14 @@ def _best_fit(sizes: list[int], capacity: int) -> list[list[int]]:
         else:
             space, b = capacity, len(bins)
             bins.append([])
+            fills.append(0)
         bins[b].append(i)
+        fills[b] += s
         if space - s:
             bisect.insort(free, (space - s, b))
     for members in bins:  # each row keeps its documents in arrival order
         members.sort()
-    return bins
+    return bins, fills
 
 
 def _row(pieces: list[tuple[np.ndarray, np.ndarray]], length: int, pad_id: int) -> dict:
