@@ -9,8 +9,14 @@ loaders interleaved (A B C A B C ...), medians and min-max spread reported:
   pre-tokenized data (a kuat dataset) and from raw text (``kuat.text.tokenize`` on the fly),
   for kuat's ``concat``, ``first_fit`` and ``best_fit``; torchtune's ``PackedDataset`` (eager:
   its first row comes after its whole pass) and TRL's ``pack_dataset`` (``bfd`` and
-  ``wrapped``) on the same token lists, when they import in this interpreter (they need their
-  own environments: torchtune 0.6.1 imports with torch 2.14 only beside ``torchao==0.10.0``);
+  ``wrapped``) on the same token lists, when they import in this interpreter. They are kept
+  out of kuat's environment in a directory of their own (torchtune 0.6.1 imports with torch
+  2.14 only beside ``torchao==0.10.0``)::
+
+      pip install --target PEERS --no-deps trl==1.16.0 torchtune==0.6.1 torchao==0.10.0 \
+          omegaconf antlr4-python3-runtime==4.9.3 sentencepiece tiktoken
+      PYTHONPATH=src:PEERS .venv/bin/python -m benchmarks.bench_text
+
 * **waste**: % of row tokens that are padding: naive per-sample padding (batches of 8 in order)
   and each packing strategy, at ``--seq-len``;
 * **memory**: bytes per stored token on disk; peak traced bytes per token (``tracemalloc``,
@@ -27,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 import tracemalloc
@@ -172,6 +179,8 @@ def main(argv=None) -> int:
     ap.add_argument("--cache-dir", type=Path, default=Path.home() / ".cache" / "kuat" / "bench")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
+    os.environ.setdefault("TQDM_DISABLE", "1")  # the peers' progress bars would garble the table
+    os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
     args.cache_dir.mkdir(parents=True, exist_ok=True)
     data = prepare(args.cache_dir, args.docs)
     runs = pack_runs(data, args.seq_len)
