@@ -157,6 +157,16 @@ def test_lengths_of():
         lengths_of(ds, "tokens")
 
 
+def test_lengths_of_a_kuat_dataset(tmp_path):
+    rows = [np.arange(k, dtype=np.uint16) for k in (3, 0, 5, 2, 7)]
+    with kuat.Writer(tmp_path / "d", {"input_ids": kuat.format.schema.sequence("uint16")}) as w:
+        w.write_batch({"input_ids": rows})
+    ds = kuat.open(tmp_path / "d")
+    assert lengths_of(ds).tolist() == [3, 0, 5, 2, 7]
+    with pytest.raises(KeyError, match="'tokens'"):
+        lengths_of(ds, "tokens")
+
+
 def test_argument_errors():
     with pytest.raises(ValueError, match="max_tokens should be an int >= 1, got 0"):
         TokenBudgetBatchSampler([1, 2], 0)

@@ -189,8 +189,9 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
 def lengths_of(dataset, field: str = "input_ids") -> np.ndarray:
     """``(N,) int64``: the length of ``field`` in every sample of ``dataset``.
 
-    A ``datasets.Dataset`` is read from its Arrow column's offsets (no per-row Python); anything
-    else is indexed sample by sample.
+    A ``datasets.Dataset`` is read from its Arrow column's offsets (no per-row Python); a kuat
+    dataset with column-wise ``read_batch`` gathers (no decoding, no transforms); anything else
+    is indexed sample by sample.
 
     Raises:
         KeyError: ``field`` is not a column / key of the samples.
@@ -205,4 +206,15 @@ def lengths_of(dataset, field: str = "input_ids") -> np.ndarray:
         table = dataset.with_format("arrow")[:]  # after select/shuffle: the rows in order
         col = table.column(field)
         return pc.list_value_length(col).to_numpy(zero_copy_only=False).astype(np.int64)
+    from kuat.format import Dataset
+
+    if isinstance(dataset, Dataset):
+        n, step = len(dataset), 1 << 16
+        if field not in dataset.schema:
+            raise KeyError(f"{field!r} is not a field of the dataset ({dataset.schema.names})")
+        out = np.empty(n, np.int64)  # (N,)
+        for lo in range(0, n, step):
+            rows = dataset.read_batch(range(lo, min(n, lo + step)), [field])[field]
+            out[lo : lo + len(rows)] = [len(r) for r in rows]
+        return out
     return np.fromiter((len(dataset[i][field]) for i in range(len(dataset))), np.int64)
