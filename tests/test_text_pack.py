@@ -247,6 +247,15 @@ def test_resume_reads_only_a_buffer_from_a_large_source():
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
+def test_first_row_reads_one_buffer_whatever_the_dataset_size(strategy):
+    """No eager pass: the first row costs one buffer (read in chunks of 256), not the epoch."""
+    for n in (2_000, 20_000):
+        source = MapDocs([{"input_ids": list(range(d % 50 + 1))} for d in range(n)])
+        next(iter(pack(source, 64, strategy, buffer_size=100)))
+        assert source.reads <= 256
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_loader_resume_is_exact(strategy, num_workers):
     docs = make_docs(50, seed=4)

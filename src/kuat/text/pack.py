@@ -177,6 +177,11 @@ class Packed(Stream):
         self.shuffle = shuffle
         self.seed = seed
         self._stats = PackStats(seq_len)
+        if shuffle and isinstance(self.source, torch.utils.data.IterableDataset):
+            _log.warning(
+                "pack(shuffle=True) over an iterable source keeps the stream's order; shuffle "
+                "the stream itself (kuat.shuffle_buffer, datasets' IterableDataset.shuffle)"
+            )
 
     def __repr__(self) -> str:
         return (
