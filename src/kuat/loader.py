@@ -177,14 +177,8 @@ class DataLoader:
     :meth:`state_dict` may be called from any thread.
     """
 
-    _locked_attrs = (
-        "batch_size",
-        "batch_sampler",
-        "sampler",
-        "drop_last",
-        "dataset",
-        "persistent_workers",
-    )
+    _locked_attrs = ("batch_size", "batch_sampler", "sampler", "drop_last", "dataset",
+                     "persistent_workers")
     __initialized = False
 
     def __init__(
@@ -317,13 +311,8 @@ class DataLoader:
                     source.kuat_set_batching(batch_size, drop_last)
             elif batch_sampler is None:
                 sampler = EpochSampler(
-                    source,
-                    shuffle=shuffle,
-                    seed=self.seed,
-                    rank=rank,
-                    world_size=world_size,
-                    drop_last=drop_last,
-                    generator=generator,
+                    source, shuffle=shuffle, seed=self.seed, rank=rank,
+                    world_size=world_size, drop_last=drop_last, generator=generator,
                 )
             else:
                 sampler = SequentialSampler(source)
@@ -343,18 +332,12 @@ class DataLoader:
         self.persistent_workers = persistent_workers
 
         # --- what workers run, decided once ---------------------------------------------------
-        use_getitems = (
-            auto_collation
-            and not iterable
-            and hasattr(source, "__getitems__")
-            and bool(source.__getitems__)
-        )
+        use_getitems = (auto_collation and not iterable and hasattr(source, "__getitems__")
+                        and bool(source.__getitems__))
         if isolate_global_rng is None:
             isolate_global_rng = not getattr(source, "kuat_uses_sample_rng", False)
         if not isinstance(isolate_global_rng, bool):
-            raise TypeError(
-                f"isolate_global_rng should be a bool or None, got {isolate_global_rng=!r}"
-            )
+            raise TypeError(f"isolate_global_rng should be a bool or None, got {isolate_global_rng=!r}")
         self.isolate_global_rng = isolate_global_rng
         self._pin = False
         if pin_memory and pin_memory_device:
@@ -373,13 +356,9 @@ class DataLoader:
                     stacklevel=2,
                 )
         if world_size > 1 and seed_was_none:
-            log.warning(
-                "kuat.DataLoader on rank %d of %d drew its seed from torch's default "
-                "generator; pass the same seed= on every rank so that all ranks shuffle "
-                "alike",
-                rank,
-                world_size,
-            )
+            log.warning("kuat.DataLoader on rank %d of %d drew its seed from torch's default "
+                        "generator; pass the same seed= on every rank so that all ranks shuffle "
+                        "alike", rank, world_size)
         # torch's default_collate allocates in shared memory inside any worker (it sees
         # get_worker_info()); kuat's gives the same structures without that, and zero-copy.
         job_collate = default_collate if collate_fn is torch_default_collate else collate_fn
@@ -410,9 +389,7 @@ class DataLoader:
         self._IterableDataset_len_called = None
         self.__initialized = True
         if num_workers and worker_type == "process":
-            cpus = (
-                len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-            )
+            cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
             if cpus is not None and num_workers > cpus:
                 warnings.warn(
                     f"This DataLoader will create {num_workers} worker processes in total. Our "
@@ -472,11 +449,7 @@ class DataLoader:
         if self._iterable:
             length = self._IterableDataset_len_called = len(self._source)
             if self.batch_size is not None:
-                length = (
-                    length // self.batch_size
-                    if self.drop_last
-                    else math.ceil(length / self.batch_size)
-                )
+                length = length // self.batch_size if self.drop_last else math.ceil(length / self.batch_size)
             return length
         return len(self._index_sampler)
 
@@ -534,17 +507,11 @@ class DataLoader:
             ValueError: the state is not a kuat loader state of a known version.
         """
         if not isinstance(state, dict) or state.get("version") != _STATE_VERSION:
-            raise ValueError(
-                f"not a kuat DataLoader state of version {_STATE_VERSION}: {state!r:.200}"
-            )
+            raise ValueError(f"not a kuat DataLoader state of version {_STATE_VERSION}: {state!r:.200}")
         if (state.get("world_size"), state.get("rank")) != (self.world_size, self.rank):
-            log.warning(
-                "resuming a state of rank %s/%s on rank %s/%s: shares differ, resume is not exact",
-                state.get("rank"),
-                state.get("world_size"),
-                self.rank,
-                self.world_size,
-            )
+            log.warning("resuming a state of rank %s/%s on rank %s/%s: shares differ, resume is "
+                        "not exact", state.get("rank"), state.get("world_size"), self.rank,
+                        self.world_size)
         self.seed = int(state["seed"])
         self._job.seed = self.seed
         self._job_bytes = None
@@ -593,8 +560,7 @@ class DataLoader:
                 "batches_per_s": s.batches / el if el > 0 else 0.0,
                 "samples_per_s": s.samples / el if el > 0 else 0.0,
                 "worker_busy_fraction": (s.fetch_s + s.collate_s) / (el * max(1, self.num_workers))
-                if el > 0
-                else 0.0,
+                if el > 0 else 0.0,
             }
 
     # --- iteration --------------------------------------------------------------------------
@@ -611,9 +577,7 @@ class DataLoader:
         elif callable(getattr(self._index_sampler, "kuat_set_epoch", None)):
             self._index_sampler.kuat_set_epoch(epoch)  # e.g. kuat.text.TokenBudgetBatchSampler
         if self.generator is not None:  # as torch: one base_seed draw per iterator
-            base_seed = int(
-                torch.empty((), dtype=torch.int64).random_(generator=self.generator).item()
-            )
+            base_seed = int(torch.empty((), dtype=torch.int64).random_(generator=self.generator).item())
         else:
             base_seed = _base_seed(self.seed, epoch)
         if self._iterable:
@@ -691,8 +655,7 @@ class DataLoader:
                 "draws are reproducible). If the dataset draws no global randomness pass "
                 "isolate_global_rng=False; otherwise draw from kuat.sample_rng(index) and set "
                 "kuat_uses_sample_rng = True on the dataset, or use worker_type='process'.",
-                s.rng_wait_s,
-                s.fetch_s,
+                s.rng_wait_s, s.fetch_s,
             )
 
     def _warn_skipped(self, skipped) -> None:
@@ -750,17 +713,8 @@ def _distributed(rank, world_size) -> tuple[int, int]:
 class _LoaderIter:
     """One epoch of a :class:`DataLoader`: dispatches tasks, restores order, yields batches."""
 
-    def __init__(
-        self,
-        loader: DataLoader,
-        engine,
-        owned: bool,
-        epoch: int,
-        base_seed: int,
-        keys,
-        discard: int,
-        progress: list,
-    ):
+    def __init__(self, loader: DataLoader, engine, owned: bool, epoch: int, base_seed: int,
+                 keys, discard: int, progress: list):
         self._loader = loader
         self._engine = engine
         self._owned = owned

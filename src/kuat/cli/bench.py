@@ -148,9 +148,8 @@ def run(args: argparse.Namespace) -> int:
         text_args = ["--json", str(Path(args.out) / "text.json")] if args.out else []
         if args.cache_dir is not None:
             text_args += ["--cache-dir", str(args.cache_dir)]
-        return bench_text.main(
-            text_args + (["--docs", "2000", "--repeats", "1"] if args.quick else [])
-        )
+        quick = ["--docs", "2000", "--repeats", "1"] if args.quick else []
+        return bench_text.main(text_args + quick)
     from benchmarks import report
     from benchmarks.adapters import LOADERS
 

@@ -76,9 +76,7 @@ def _measure(which: str, path: str, workers: int, batch_size: int, seed: int) ->
             from torchvision import datasets
             from torchvision.transforms import v2
 
-            tf = v2.Compose(
-                [v2.RandomResizedCrop(224), v2.RandomHorizontalFlip(), v2.PILToTensor()]
-            )
+            tf = v2.Compose([v2.RandomResizedCrop(224), v2.RandomHorizontalFlip(), v2.PILToTensor()])
             ds = datasets.ImageFolder(path, transform=tf)
             loader = torch.utils.data.DataLoader(
                 ds, batch_size=batch_size, shuffle=True, num_workers=workers
@@ -140,9 +138,7 @@ def _measure_in_subprocess(which: str, path: Path, args) -> dict:
     ]
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
     if proc.returncode != 0:
-        raise RuntimeError(
-            f"the {which} loader run failed (exit {proc.returncode}): {' '.join(cmd)}"
-        )
+        raise RuntimeError(f"the {which} loader run failed (exit {proc.returncode}): {' '.join(cmd)}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
@@ -179,9 +175,7 @@ def _train(path: Path, num_classes: int, args) -> dict:
         seed=args.seed,
     )
     if len(loader) == 0:
-        raise ValueError(
-            f"no full batch of {args.batch_size} in {len(ds)} images: nothing to train on"
-        )
+        raise ValueError(f"no full batch of {args.batch_size} in {len(ds)} images: nothing to train on")
 
     def block(cin: int, cout: int, k: int, s: int) -> list[nn.Module]:
         return [nn.Conv2d(cin, cout, k, s, k // 2, bias=False), nn.BatchNorm2d(cout), nn.ReLU()]
@@ -279,11 +273,7 @@ def run(args) -> int:
     import kuat.convert
     from kuat.cli.demo_data import SOURCES, build_demo_imagefolder, default_cache_dir
 
-    if (
-        args.workers < 0
-        or args.batch_size < 1
-        or args.num_images < max(len(SOURCES), args.batch_size)
-    ):
+    if args.workers < 0 or args.batch_size < 1 or args.num_images < max(len(SOURCES), args.batch_size):
         raise SystemExit(
             f"kuat demo: need --workers >= 0, --batch-size >= 1 and --num-images >= "
             f"max({len(SOURCES)} classes, --batch-size); got --workers {args.workers}, "
@@ -303,14 +293,10 @@ def run(args) -> int:
         src, dst, num_workers=max(1, args.workers), progress=True, overwrite=True
     )
     conv_s = time.perf_counter() - t0
-    print(
-        f"  {dst}: {args.num_images} images in {conv_s:.1f}s ({args.num_images / conv_s:,.0f} images/s)"
-    )
+    print(f"  {dst}: {args.num_images} images in {conv_s:.1f}s ({args.num_images / conv_s:,.0f} images/s)")
 
     print("\n[3/4] one epoch each: torch DataLoader + torchvision ImageFolder vs kuat.DataLoader")
-    res = {
-        w: _measure_in_subprocess(w, src if w == "torch" else dst, args) for w in ("torch", "kuat")
-    }
+    res = {w: _measure_in_subprocess(w, src if w == "torch" else dst, args) for w in ("torch", "kuat")}
     for w, r in res.items():
         if r["images"] != args.num_images:
             raise RuntimeError(f"{w} loader yielded {r['images']} images, not {args.num_images}")
@@ -351,9 +337,7 @@ def run(args) -> int:
             f"waiting for data {100 * train['data_wait_fraction']:.1f}% of step time"
         )
     if args.json:
-        args.json.write_text(
-            json.dumps({"loaders": res, "convert_s": conv_s, "train": train}, indent=2)
-        )
+        args.json.write_text(json.dumps({"loaders": res, "convert_s": conv_s, "train": train}, indent=2))
     return 0
 
 

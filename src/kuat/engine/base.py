@@ -48,7 +48,6 @@ def _close_live_engines() -> None:
     for engine in list(_LIVE):
         engine.close()
 
-
 __all__ = ["OK", "END", "FAIL", "EMPTY", "Task", "Result", "WorkStats", "Failure", "serve"]
 
 OK, END, FAIL, EMPTY = 0, 1, 2, 3  # result kinds: batch, iterable exhausted, error, all skipped

@@ -286,11 +286,7 @@ class FetchJob:
         kept = []
         for i in key:
             try:
-                kept += (
-                    ds.__getitems__([i])
-                    if self.use_getitems
-                    else self._samples(ctx, epoch, [i], st)
-                )
+                kept += ds.__getitems__([i]) if self.use_getitems else self._samples(ctx, epoch, [i], st)
             except Exception as e:
                 st.skipped.append((i, type(e).__qualname__, str(e)))
         return kept or None
@@ -309,11 +305,7 @@ class FetchJob:
             st.rng_wait_s += time.perf_counter() - t0
             restore = ctx.method != "process"
             if restore:
-                saved = (
-                    random.getstate(),
-                    np.random.get_state(),
-                    torch.default_generator.get_state(),
-                )
+                saved = (random.getstate(), np.random.get_state(), torch.default_generator.get_state())
             try:
                 out = []
                 for i in indices:

@@ -81,9 +81,7 @@ def _worker_main(payload, worker_id, num_workers, name, base_seed, conn, prefix,
         except (BrokenPipeError, EOFError):
             raise
         except Exception as e:
-            conn.send(
-                Result(result.task_id, worker_id, FAIL, Failure(e, name, current["task"].key), None)
-            )
+            conn.send(Result(result.task_id, worker_id, FAIL, Failure(e, name, current["task"].key), None))
 
     try:
         serve(job, worker_id, num_workers, "process", name, base_seed, recv, send)
@@ -112,16 +110,8 @@ class ProcessEngine(ClosedOnExit):
         pin: copy batches out of shared memory straight into pinned (page-locked) memory.
     """
 
-    def __init__(
-        self,
-        payload,
-        num_workers: int,
-        base_seed: int,
-        context,
-        *,
-        pin: bool = False,
-        name: str = "kuat-worker",
-    ):
+    def __init__(self, payload, num_workers: int, base_seed: int, context, *, pin: bool = False,
+                 name: str = "kuat-worker"):
         self.num_workers = num_workers
         self.pin = pin
         self._closed = False
@@ -146,16 +136,8 @@ class ProcessEngine(ClosedOnExit):
                 parent, child = context.Pipe(duplex=True)
                 p = context.Process(
                     target=_worker_main,
-                    args=(
-                        payload,
-                        i,
-                        num_workers,
-                        f"{name}-{i}",
-                        base_seed,
-                        child,
-                        self._prefix,
-                        os.getpid(),
-                    ),
+                    args=(payload, i, num_workers, f"{name}-{i}", base_seed, child, self._prefix,
+                          os.getpid()),
                     name=f"{name}-{i}",
                     daemon=True,
                 )

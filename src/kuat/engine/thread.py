@@ -66,10 +66,6 @@ class ThreadEngine(ClosedOnExit):
                 t.join(max(0.0, deadline - time.monotonic()))
         stuck = [t.name for t in self._threads if t.is_alive()]
         if stuck:
-            log.warning(
-                "kuat worker threads %s are still inside the dataset after %.0f s; "
-                "they are daemons and end with the process",
-                stuck,
-                _JOIN_S,
-            )
+            log.warning("kuat worker threads %s are still inside the dataset after %.0f s; "
+                        "they are daemons and end with the process", stuck, _JOIN_S)
         self._untrack()

@@ -33,6 +33,7 @@ def as_source(dataset):
     return dataset
 
 
+
 # Imported after as_source (which they use). The function ``mix`` replaces the submodule of the
 # same name as this package's attribute.
 from kuat.sources.mix import mix  # noqa: E402
