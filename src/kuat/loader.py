@@ -30,6 +30,9 @@ Optional attributes the loader honours on the source:
   splits workers by whole batches (then batch ``k`` is the same whatever the worker count,
   which makes replay-based resume exact; with ``drop_last`` rank shares are truncated instead
   of padded). Map-style sources are sharded by the loader's sampler and need nothing.
+* ``kuat_set_epoch(epoch)`` on a user's sampler or batch sampler: called with the loader's epoch
+  before each epoch (so a resumed loader resumes the sampler's epoch too); torch's samplers,
+  which lack it, are left to the user's ``set_epoch`` as in torch.
 * ``state_dict()`` / ``load_state_dict(state)``: the source's own resumable state, stored
   under ``"source"`` in the loader's state. For iterable sources without it, resuming replays
   (fetches and drops) the batches already served in the epoch.
@@ -571,6 +574,8 @@ class DataLoader:
             epoch, skip = (0 if self._progress is None else self._progress[0] + 1), 0
         if isinstance(self.sampler, EpochSampler):
             self.sampler.set_epoch(epoch)
+        elif callable(getattr(self._index_sampler, "kuat_set_epoch", None)):
+            self._index_sampler.kuat_set_epoch(epoch)  # e.g. kuat.text.TokenBudgetBatchSampler
         if self.generator is not None:  # as torch: one base_seed draw per iterator
             base_seed = int(torch.empty((), dtype=torch.int64).random_(generator=self.generator).item())
         else:
