@@ -378,6 +378,7 @@ class DataLoader:
         self._stats = _Stats()
         self._warned: set[tuple[str, str]] = set()
         self._advised = False
+        self._warned_unsplit = False
         self._engine = None  # persistent workers only
         self._live_iter = None  # weakref to the iterator using the persistent workers
         self._progress: list | None = None  # [epoch, batches served, exhausted] of the last iter
@@ -653,6 +654,22 @@ class DataLoader:
                 s.rng_wait_s, s.fetch_s,
             )
 
+    def _warn_unsplit_iterable(self) -> None:
+        """Once per loader: an IterableDataset that never asked which worker it runs in."""
+        if self._warned_unsplit:
+            return
+        self._warned_unsplit = True
+        warnings.warn(
+            f"kuat DataLoader: the IterableDataset {type(self.dataset).__name__} never called "
+            f"torch.utils.data.get_worker_info() in its workers, so each of the "
+            f"{self.num_workers} workers yields the whole dataset and every item arrives "
+            f"{self.num_workers} times (as with torch's DataLoader). Split the items in __iter__ "
+            "by get_worker_info().id and .num_workers (or in worker_init_fn, the recipe in "
+            "torch's IterableDataset documentation), or use num_workers=1",
+            UserWarning,
+            stacklevel=4,
+        )
+
     def _warn_skipped(self, skipped) -> None:
         for index, type_name, message in skipped:
             key = (type_name, re.sub(r"\d+", "#", message))
@@ -900,6 +917,8 @@ class _LoaderIter:
             warn = self._warn()
             if warn is not None:
                 warn(st.skipped)
+        if st.worker_info_consulted is False:
+            self._loader._warn_unsplit_iterable()
 
     def _account_time(self, t0: float) -> None:
         # wall time from the first next() of the epoch to the end of the latest one
