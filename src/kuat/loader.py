@@ -95,7 +95,7 @@ class _Stats:
 
     def reset(self):
         self.fetch_s = self.fetch_cpu_s = self.collate_s = self.pin_s = self.rng_wait_s = 0.0
-        self.device_s = self.transform_s = self.wait_s = self.elapsed_s = 0.0
+        self.device_s = self.transform_s = self.wait_s = self.worker_wait_s = self.elapsed_s = 0.0
         self.batches = self.samples = self.skipped = 0
 
 
@@ -532,8 +532,11 @@ class DataLoader:
         (their CPU time: far below ``fetch`` in thread mode means GIL-bound or I/O-bound),
         ``collate``, ``pin``, ``rng_lock_wait`` (waiting for global-RNG isolation), ``device``
         (consumer: copy out of shared memory / to the device), ``batch_transform``;
-        ``consumer_wait_s`` (the training loop waiting for data), ``input_bound_fraction``
-        (``consumer_wait_s / elapsed_s``), ``batches_per_s``, ``samples_per_s``,
+        ``consumer_wait_s`` (the training loop waiting for data: every second spent inside
+        ``next()``, waiting for workers, copying out of shared memory or to the device, pinning
+        and batch transforms included), ``worker_wait_s`` (the part of it spent waiting for a
+        worker's result), ``input_bound_fraction`` (``consumer_wait_s / elapsed_s``: the
+        fraction of the loop's time it waited for its input), ``batches_per_s``, ``samples_per_s``,
         ``worker_busy_fraction`` (``(fetch + collate) / (elapsed_s * num_workers)``).
         """
         s = self._stats
@@ -554,6 +557,7 @@ class DataLoader:
                     "batch_transform": s.transform_s,
                 },
                 "consumer_wait_s": s.wait_s,
+                "worker_wait_s": s.worker_wait_s,
                 "input_bound_fraction": s.wait_s / el if el > 0 else 0.0,
                 "batches_per_s": s.batches / el if el > 0 else 0.0,
                 "samples_per_s": s.samples / el if el > 0 else 0.0,
@@ -766,6 +770,7 @@ class _LoaderIter:
         t0 = time.perf_counter()
         if self._t_mark is None:
             self._t_mark = t0
+        failed = None
         try:
             batch = self._next_device_batch() if self._copier else self._next_batch()
             if self._transform is not None:
@@ -776,15 +781,25 @@ class _LoaderIter:
             self._finish()
             raise
         except _BatchError as e:  # a dataset error: the iterator stays usable, as in torch
-            self._account_time(t0)
-            raise e.exc from e.cause
+            failed = e.exc, e.cause
         except BaseException:  # time-out, dead worker, KeyboardInterrupt: release the workers
             self.close(broken=True)
             raise
+        finally:  # every second inside next() is a second the training loop waited for input
+            self._account_time(t0)
+        if failed is not None:
+            # Raised outside the except clause and without a local naming it: the exception then
+            # holds no reference cycle (context -> _BatchError -> exception), so the iterator and
+            # its workers go as soon as the caller drops the exception, not at the next gc run.
+            exc, cause = failed
+            failed = None
+            try:
+                raise exc from cause
+            finally:
+                del exc, cause
         self._progress[1] += 1
         with self._stats.lock:
             self._stats.batches += 1
-        self._account_time(t0)
         return batch
 
     def _next_batch(self):
@@ -869,7 +884,7 @@ class _LoaderIter:
         finally:
             w = time.perf_counter() - t0
             with self._stats.lock:
-                self._stats.wait_s += w
+                self._stats.worker_wait_s += w
 
     def _next_device_batch(self):
         """Stage the next host batch's copy before returning the current one (one ahead)."""
@@ -921,10 +936,12 @@ class _LoaderIter:
             self._loader._warn_unsplit_iterable()
 
     def _account_time(self, t0: float) -> None:
-        # wall time from the first next() of the epoch to the end of the latest one
+        # wall time from the first next() of the epoch to the end of the latest one, and the
+        # part of it spent inside next() (from t0)
         now = time.perf_counter()
         with self._stats.lock:
             self._stats.elapsed_s += now - self._t_mark
+            self._stats.wait_s += now - t0
         self._t_mark = now
 
     def _finish(self) -> None:
