@@ -133,16 +133,23 @@ class DataLoader:
         persistent_workers: keep workers between epochs.
         pin_memory_device: deprecated in torch; ignored with torch's warning.
         in_order: yield batches in sampler order (``True``) or as they complete.
-        worker_type: ``"thread"`` (default) or ``"process"``. Thread workers share the
-            dataset object (no pickling, no start-up cost) and run truly in parallel wherever
-            the work releases the GIL (NumPy, torch ops, image decoding, Arrow gathers);
-            pure-Python per-sample work is GIL-bound (``stats()``: ``fetch_cpu`` far below
-            ``fetch`` and a high ``input_bound_fraction``). Process workers send each batch's
-            tensors through a reused ring of shared-memory slots (``/dev/shm``, at most
-            ``prefetch_factor * num_workers`` in flight, unlinked on every exit path); tensors
-            of 256 KiB and more reach the training loop as views of their slot (no copy; the
-            slot is reused once they are gone), smaller ones are copied, and with pinning the
-            batch is copied once into pinned memory.
+        worker_type: ``"thread"`` (default) or ``"process"``. Each thread worker reads its own
+            shallow copy of the dataset (``copy.copy``, a few microseconds per worker start),
+            so, as in torch's worker processes, what a worker sets on it (``worker_init_fn``
+            narrowing ``get_worker_info().dataset``, a handle opened lazily) stays in that
+            worker, while the data its attributes point to (tensors, arrays, memory-mapped
+            shards, caches created in ``__init__``) is shared, not copied; define ``__copy__``
+            to change that. Threads need no pickling and no start-up and run truly in parallel
+            wherever the work releases the GIL (NumPy, torch ops, image decoding, Arrow
+            gathers); pure-Python per-sample work is GIL-bound (``stats()``: ``fetch_cpu`` far
+            below ``fetch`` and a high ``input_bound_fraction``). Process workers send each
+            batch's tensors through a reused ring of nameless shared-memory slots (about
+            ``prefetch_factor`` per worker; nothing is left in ``/dev/shm`` even when a process
+            is killed); tensors of 256 KiB and more reach the training loop as views of their
+            slot (no copy; the slot is reused once they are gone), smaller ones are copied,
+            and with pinning the batch is copied once into pinned memory. On a time-out, an
+            error or Ctrl-C, control comes back at once: busy process workers are terminated,
+            busy thread workers are left to finish their current sample and end.
         seed: the run seed; shuffle order depends only on ``(seed, epoch, rank, world_size)``
             and each sample's randomness on ``(seed, epoch, index)``. ``None`` draws one at
             construction from torch's default generator (so ``torch.manual_seed`` makes runs
