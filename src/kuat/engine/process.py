@@ -13,10 +13,11 @@ pinning, the batch is copied once, straight into pinned memory. Slots have no na
 ``shm.py``), so nothing is left behind whichever process dies. Workers poll for their parent
 every second and exit when it is gone.
 
-Shutdown (``close()``, idempotent; also at interpreter exit) returns within about 0.1 s: each
-worker is asked to stop; one busy with a task is terminated at once (its work is abandoned:
-a time-out, an error or Ctrl-C must not wait for a sleeping ``__getitem__``); one that does not
-end within 0.1 s is killed.
+Shutdown (``close()``, idempotent; also at interpreter exit): each worker is asked to stop; one
+busy with a task is terminated at once (its work is abandoned: a time-out, an error or Ctrl-C
+must not wait for a sleeping ``__getitem__``) and killed if still there after 0.1 s; an idle one
+exits by itself (milliseconds; it is given 1 s before it is terminated, so that it can flush
+what it printed).
 """
 
 from __future__ import annotations
@@ -50,7 +51,8 @@ log = logging.getLogger("kuat.engine.process")
 
 __all__ = ["ProcessEngine"]
 
-_JOIN_S = 0.1  # close(): how long a worker may take to end before it is killed
+_JOIN_S = 1.0  # close(): how long an idle worker may take to exit before it is terminated
+_KILL_S = 0.1  # close(): how long a terminated worker may take to end before it is killed
 
 
 def _worker_main(payload, worker_id, num_workers, name, base_seed, conn, prefix, parent_pid):
@@ -258,11 +260,23 @@ class ProcessEngine(ClosedOnExit):
             indices=indices or None,
         )
 
-    def close(self) -> None:
-        """Stop the workers and unmap every slot, within about 0.1 s. Idempotent.
+    @staticmethod
+    def _end(procs, deadline: float) -> None:
+        """Wait for terminated ``procs`` until ``deadline``, then kill those still there (a
+        SIGTERM handler inherited from the parent can keep a worker in the dataset)."""
+        for p in procs:
+            p.join(max(0.0, deadline - time.monotonic()))
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join(1.0)
 
-        A worker busy with a task is terminated at once; one still alive after ``_JOIN_S`` is
-        killed. The memory of slots whose batches the caller still holds stays mapped until
+    def close(self) -> None:
+        """Stop the workers and unmap every slot. Idempotent.
+
+        A worker busy with a task is terminated at once (killed after ``_KILL_S``), so that an
+        error path never waits for the dataset; an idle worker exits by itself (``_JOIN_S`` at
+        most). The memory of slots whose batches the caller still holds stays mapped until
         those tensors are gone.
         """
         if self._closed:
@@ -273,16 +287,18 @@ class ProcessEngine(ClosedOnExit):
                 c.send(None)
             except (OSError, ValueError):
                 pass
-        for w, p in enumerate(self._procs):
-            if self._pending[w] and p.is_alive():
-                p.terminate()
+        busy = [p for w, p in enumerate(self._procs) if self._pending[w]]
+        idle = [p for w, p in enumerate(self._procs) if not self._pending[w]]
+        for p in busy:
+            p.terminate()
+        self._end(busy, time.monotonic() + _KILL_S)
         deadline = time.monotonic() + _JOIN_S
-        for p in self._procs:
+        for p in idle:
             p.join(max(0.0, deadline - time.monotonic()))
-        for p in self._procs:
-            if p.is_alive():  # a SIGTERM handler inherited from the parent, or a stuck exit
-                p.kill()
-                p.join(1.0)
+        for p in idle:
+            if p.is_alive():
+                p.terminate()
+        self._end(idle, time.monotonic() + _KILL_S)
         for c in self._conns:
             c.close()
         for p in self._procs:
