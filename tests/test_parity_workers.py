@@ -96,6 +96,33 @@ def test_lazily_opened_state_and_counters_stay_in_their_worker(mode):
     assert ds.conn is None and ds.calls == 0
 
 
+class CachePerWorker(Dataset):
+    """A cache built in ``__init__`` is shared by shallow copies; ``__copy__`` makes it per
+    worker (as a torch worker process's copy of it is)."""
+
+    def __init__(self):
+        self.cache = {}
+
+    def __copy__(self):
+        new = type(self).__new__(type(self))
+        new.__dict__.update(self.__dict__, cache={})
+        return new
+
+    def __len__(self):
+        return 12
+
+    def __getitem__(self, i):
+        self.cache[i] = i * i
+        return len(self.cache)  # entries this worker has cached so far
+
+
+def test_dunder_copy_makes_state_created_in_init_per_worker():
+    ds = CachePerWorker()
+    expected = _flat(TorchLoader(ds, batch_size=3, num_workers=2))
+    assert _flat(kuat.DataLoader(ds, batch_size=3, num_workers=2)) == expected
+    assert expected == [[1, 2, 3], [1, 2, 3], [4, 5, 6], [4, 5, 6]] and ds.cache == {}
+
+
 class SeesItsCopy(Dataset):
     def __len__(self):
         return 4
