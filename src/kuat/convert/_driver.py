@@ -216,9 +216,10 @@ class Progress:
         self.logging = False
 
 
-# Items handed to a worker thread at a time. One hand-off (a Future, a lock wake-up and a GIL
-# transfer each way) costs about 100 us on a busy 2-core machine: as much as reading and
-# probing one 60 KB JPEG, so per-item hand-offs made the pool slower than one thread.
+# Items handed to a worker thread at a time for per-image work. One hand-off (a Future, a lock
+# wake-up and a GIL transfer each way) costs about 100 us on a busy 2-core machine: as much as
+# reading and probing one 60 KB JPEG, so per-item hand-offs made the pool slower than one
+# thread. Coarse items (a batch of texts to tokenize) keep chunks of 1.
 CHUNK_ITEMS = 16
 
 
@@ -243,17 +244,21 @@ def parallel_map(
     desc: str = "convert",
     source_of: Callable = str,
     report: ConvertReport | None = None,
+    chunk_size: int = 1,
 ) -> Iterator:
     """Yield ``fn(item)`` for every item, in order, computed by ``opts.workers`` threads.
 
-    Items go to the threads in chunks of :data:`CHUNK_ITEMS`, at most ``2 * workers`` chunks
-    in flight (bounded memory). An item whose ``fn`` raises a :class:`kuat.KuatError` or
+    Items go to the threads in chunks of ``chunk_size`` (:data:`CHUNK_ITEMS` for items that
+    cost about as much as a hand-off, such as probing an image); at most ``4 * workers``
+    single items or ``2 * workers`` chunks are in flight (bounded memory). An item whose ``fn`` raises a :class:`kuat.KuatError` or
     ``OSError`` is skipped (``on_error="skip"``; recorded in ``report.skipped`` with
     ``source_of(item)``) or re-raised (``"raise"``). Other exceptions are bugs and always
     propagate. ``fn`` must be thread-safe.
     """
     progress = Progress(total, desc, opts.progress, opts.progress_interval_s)
-    window = 2 * opts.workers
+    if not isinstance(chunk_size, int) or chunk_size < 1:
+        raise ValueError(f"chunk_size={chunk_size!r} must be a positive int")
+    window = 4 * opts.workers if chunk_size == 1 else 2 * opts.workers
     pending: deque[tuple[list, Future]] = deque()
     it = iter(items)
     try:
@@ -261,7 +266,7 @@ def parallel_map(
             exhausted = False
             while True:
                 while not exhausted and len(pending) < window:
-                    chunk = list(islice(it, CHUNK_ITEMS))
+                    chunk = list(islice(it, chunk_size))
                     if not chunk:
                         exhausted = True
                         break

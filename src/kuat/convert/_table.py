@@ -30,6 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from kuat.convert._driver import (
+    CHUNK_ITEMS,
     ConvertOptions,
     ConvertReport,
     Progress,
@@ -557,6 +558,13 @@ def write_batches(
         return row
 
     for row in parallel_map(
-        prepare, rows(), opts, total=total, desc=desc, source_of=lambda it: it[0], report=report
+        prepare,
+        rows(),
+        opts,
+        total=total,
+        desc=desc,
+        source_of=lambda it: it[0],
+        report=report,
+        chunk_size=CHUNK_ITEMS,
     ):
         w.write(row)
