@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
+import pytest
 
 import kuat
 from kuat import format as kf
@@ -45,3 +46,30 @@ def test_deferred_shards_are_pyarrows_bytes_and_checksum(tmp_path):
     ds = kuat.open(tmp_path / "d")
     assert [ds[i]["blob"] for i in range(len(ds))] == blobs
     assert [ds[i]["text"] for i in range(len(ds))] == texts
+
+
+def test_a_failed_shard_write_is_raised_and_leaves_no_dataset(tmp_path, monkeypatch):
+    """Shards are written on the Writer's shard thread: its error (a full disk) reaches the
+    caller at the next shard or at close, the write is aborted, and nothing is left."""
+    import errno
+    import os
+
+    from kuat.format import shard_file
+
+    real = os.writev
+    files = set()
+
+    def full_disk(fd, buffers):
+        files.add(os.readlink(f"/proc/self/fd/{fd}"))
+        if len(files) > 1:  # the first shard goes through; the second fails
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(fd, buffers)
+
+    monkeypatch.setattr(shard_file.os, "writev", full_disk)
+    schema = {"blob": kf.binary()}
+    with pytest.raises(OSError, match="writing shard 1 of .* failed.*No space left") as e:
+        with kuat.Writer(tmp_path / "d", schema, shard_bytes=1000) as w:
+            for i in range(50):
+                w.write({"blob": bytes(600)})
+    assert e.value.errno == errno.ENOSPC
+    assert sorted(p.name for p in (tmp_path / "d").iterdir()) == []

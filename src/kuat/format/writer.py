@@ -14,6 +14,7 @@ import math
 import os
 import re
 from collections.abc import Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -460,6 +461,11 @@ class Writer:
     Image values are encoded bytes (width/height/codec probed from the header), an
     :class:`EncodedImage`, or a dict ``{"bytes": ..., "width": ..., "height": ..., "codec": ...}``.
 
+    Shard files are written by one background thread (``kuat-writer-0``) while rows keep
+    coming, so at most two shards are held in memory: the one being filled and the one being
+    written. An error writing a shard (a full disk) is raised by the next ``write`` that
+    fills a shard, or by ``close()``.
+
     Not thread-safe: one thread writes. Rows are stored in the order written. One Writer
     per directory at a time: it holds an advisory lock (``.kuat-writer.lock``, flock) until
     ``close()``/``abort()``, and a second Writer, in any process, is refused.
@@ -500,7 +506,11 @@ class Writer:
         )
         self._builders = [_Builder(f.name, f.type) for f in schema]
         self._fixed_row_bytes = sum(f.type.fixed_row_bytes for f in schema)
-        self._shards: list[ShardInfo] = []
+        self._shards: list[ShardInfo] = []  # written and renamed into place, in order
+        self._next_shard = 0
+        # the thread writing shard files (one shard in flight), started by the first flush
+        self._shard_thread: ThreadPoolExecutor | None = None
+        self._pending_shard: Future | None = None
         self._rows_in_shard = 0
         self._bytes_in_shard = 0
         self._rows = 0
@@ -665,27 +675,69 @@ class Writer:
                 self._flush_shard()
 
     def _flush_shard(self) -> None:
+        """Seal the current shard's columns and hand them to the shard thread, which writes
+        the file while this thread goes on taking rows (at most one shard in flight: this
+        first waits for the previous one, and raises its error)."""
         if not self._rows_in_shard:
             return
-        name = shard_name(len(self._shards))
-        final = self.path / name
+        name = shard_name(self._next_shard)
         tmp = self.path / f".{name}.tmp-{os.getpid()}"
-        # one pass over the bytes: values go from their objects to the file, hashed on the
-        # way (no joined copy, no re-read for the checksum), and one fsync per shard
-        with ShardFile(tmp) as shard:
+        shard = ShardFile(tmp)
+        try:
             arrays = [b.finish(shard) for b in self._builders]
+            self._wait_shard()
+        except BaseException:
+            shard.close()
+            raise
+        if self._shard_thread is None:
+            self._shard_thread = ThreadPoolExecutor(1, thread_name_prefix="kuat-writer")
+        self._pending_shard = self._shard_thread.submit(
+            self._write_shard, shard, arrays, name, self._rows_in_shard
+        )
+        self._next_shard += 1
+        self._rows_in_shard = 0
+        self._bytes_in_shard = 0
+
+    def _write_shard(self, shard: ShardFile, arrays: list, name: str, rows: int) -> ShardInfo:
+        """On the shard thread: write, checksum and fsync one shard, then rename it into place.
+
+        One pass over the bytes: values go from their objects to the file, hashed on the way
+        (no joined copy, no re-read for the checksum), and one fsync per shard.
+        """
+        with shard:
             batch = pa.RecordBatch.from_arrays(arrays, schema=self._arrow_schema)
             with pa.ipc.new_stream(pa.PythonFile(shard, mode="w"), self._arrow_schema) as w:
                 w.write_batch(batch)
             del arrays, batch  # the deferred placeholders
             checksum = shard.sync()
             size = shard.tell()
-        info = ShardInfo(name, self._rows_in_shard, size, checksum)
-        os.replace(tmp, final)
+        final = self.path / name
+        os.replace(shard.path, final)
+        log.debug("wrote %s: %d rows, %d bytes", final, rows, size)
+        return ShardInfo(name, rows, size, checksum)
+
+    def _wait_shard(self) -> None:
+        """Wait for the shard in flight, if any, and record it.
+
+        Raises:
+            OSError: writing it failed (a full disk, say), chained to the cause.
+        """
+        pending, self._pending_shard = self._pending_shard, None
+        if pending is None:
+            return
+        try:
+            info = pending.result()
+        except OSError as e:
+            raise OSError(
+                e.errno,
+                f"writing shard {len(self._shards)} of {self.path} failed: {e.strerror or e}",
+            ) from e
         self._shards.append(info)
-        log.debug("wrote %s: %d rows, %d bytes", final, info.rows, info.bytes)
-        self._rows_in_shard = 0
-        self._bytes_in_shard = 0
+
+    def _stop_shard_thread(self) -> None:
+        if self._shard_thread is not None:
+            self._shard_thread.shutdown(wait=True)
+            self._shard_thread = None
 
     # -- closing ---------------------------------------------------------------------------
     def close(self) -> Manifest:
@@ -699,6 +751,8 @@ class Writer:
             return self.manifest
         try:
             self._flush_shard()
+            self._wait_shard()
+            self._stop_shard_thread()
             manifest = Manifest(
                 schema=self.schema,
                 shards=tuple(self._shards),
@@ -724,6 +778,11 @@ class Writer:
         self._closed = True
         for b in self._builders:
             b.chunks, b.pending = [], []
+        try:  # let the shard in flight finish before deleting (its error is moot now)
+            self._wait_shard()
+        except Exception as e:
+            log.debug("the shard being written when %s was aborted failed: %s", self.path, e)
+        self._stop_shard_thread()
         for e in os.scandir(self.path):
             if _SHARD_RE.match(e.name) and e.name != MANIFEST_NAME:
                 try:
