@@ -69,7 +69,7 @@ def test_a_failed_shard_write_is_raised_and_leaves_no_dataset(tmp_path, monkeypa
     schema = {"blob": kf.binary()}
     with pytest.raises(OSError, match="writing shard 1 of .* failed.*No space left") as e:
         with kuat.Writer(tmp_path / "d", schema, shard_bytes=1000) as w:
-            for i in range(50):
+            for _ in range(50):
                 w.write({"blob": bytes(600)})
     assert e.value.errno == errno.ENOSPC
     assert sorted(p.name for p in (tmp_path / "d").iterdir()) == []

@@ -125,16 +125,15 @@ class ConvertReport:
 def prepare_image(data: bytes, source: object, opts: ConvertOptions) -> EncodedImage:
     """Encoded image bytes -> :class:`EncodedImage` as stored (original or re-encoded).
 
-    Every image is checked for completeness (:func:`kuat.vision.probe.check_complete`);
+    Every image is checked for completeness (:func:`kuat.vision.probe.probe_complete`);
     ``opts.decode_check`` adds a full decode.
 
     Raises:
         kuat.DecodeError: the bytes are not a readable image, or truncated (names ``source``).
     """
-    from kuat.vision.probe import check_complete, probe_image
+    from kuat.vision.probe import probe_complete
 
-    info = probe_image(data, source=source)
-    check_complete(data, info.codec, source=source)
+    info = probe_complete(data, source=source)
     resize = opts.resize_shorter is not None and min(info.width, info.height) > opts.resize_shorter
     if not resize:
         if opts.decode_check:
