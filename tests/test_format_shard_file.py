@@ -10,7 +10,7 @@ import pytest
 import kuat
 from kuat import format as kf
 from kuat.format.manifest import file_checksum
-from kuat.format.shard_file import DEFER_MIN_BYTES
+from kuat.format.shard_file import DEFER_MIN_BYTES, deferring_works
 
 
 def _pyarrow_stream(path) -> bytes:
@@ -31,6 +31,7 @@ def test_deferred_shards_are_pyarrows_bytes_and_checksum(tmp_path):
     blobs = [rng.bytes(int(n)) for n in rng.integers(1, 200_000, 40)]
     texts = ["é" * int(n) for n in rng.integers(0, 60_000, 40)]
     assert sum(map(len, blobs)) > 2 * DEFER_MIN_BYTES
+    assert deferring_works()  # the pinned pyarrow hands buffers through: the fast path runs
     schema = {"blob": kf.binary(), "text": kf.string(), "label": kf.int64()}
     with kuat.Writer(tmp_path / "d", schema, shard_bytes=3 * DEFER_MIN_BYTES) as w:
         for i, (b, t) in enumerate(zip(blobs, texts)):
@@ -73,3 +74,20 @@ def test_a_failed_shard_write_is_raised_and_leaves_no_dataset(tmp_path, monkeypa
                 w.write({"blob": bytes(600)})
     assert e.value.errno == errno.ENOSPC
     assert sorted(p.name for p in (tmp_path / "d").iterdir()) == []
+
+
+def test_shards_join_their_values_where_pyarrow_copies_buffers(tmp_path, monkeypatch):
+    """On a pyarrow that would not hand buffers through, nothing is deferred: same shards."""
+    from kuat.format import writer
+
+    monkeypatch.setattr(writer, "deferring_works", lambda: False)
+    blobs = [bytes([i]) * 300_000 for i in range(10)]
+    with kuat.Writer(tmp_path / "d", {"blob": kf.binary()}) as w:
+        for b in blobs:
+            w.write({"blob": b})
+    (shard,) = kf.read_manifest(tmp_path / "d").shards
+    path = tmp_path / "d" / shard.file
+    assert path.read_bytes() == _pyarrow_stream(path)
+    assert shard.checksum == file_checksum(path)
+    ds = kuat.open(tmp_path / "d")
+    assert [ds[i]["blob"] for i in range(len(ds))] == blobs

@@ -17,19 +17,54 @@ The file is byte-identical to what ``pa.ipc.new_stream`` writes from a joined bu
 
 from __future__ import annotations
 
+import functools
+import logging
 import os
+import struct
 
 import pyarrow as pa
 
 from kuat.errors import FormatError
 from kuat.format.manifest import Checksum
 
-__all__ = ["ShardFile", "DEFER_MIN_BYTES"]
+__all__ = ["ShardFile", "DEFER_MIN_BYTES", "deferring_works"]
+
+log = logging.getLogger("kuat.format.writer")
 
 # below this a join is cheaper than the bookkeeping (and small buffers may share addresses)
 DEFER_MIN_BYTES = 1 << 20
 # values per writev call: at most IOV_MAX (1024 on Linux and macOS)
 _IOV = 1024
+
+
+@functools.cache
+def deferring_works() -> bool:
+    """Whether this pyarrow hands a record batch's body buffers to a Python file as the
+    ``pa.Buffer`` objects themselves (what deferring relies on; pyarrow 26 does). Checked
+    once per process on a tiny batch; where it does not, shards join their values instead."""
+    seen = []
+
+    class _Probe:
+        closed = False
+
+        def write(self, data) -> int:
+            seen.append(data.address if isinstance(data, pa.Buffer) else None)
+            return len(memoryview(data))
+
+        def flush(self) -> None:
+            pass
+
+    placeholder = pa.allocate_buffer(64)
+    offsets = pa.py_buffer(struct.pack("<2i", 0, 64))
+    arr = pa.Array.from_buffers(pa.binary(), 1, [None, offsets, placeholder])
+    batch = pa.RecordBatch.from_arrays([arr], names=["x"])
+    try:
+        with pa.ipc.new_stream(pa.PythonFile(_Probe(), mode="w"), batch.schema) as w:
+            w.write_batch(batch)
+    except (pa.ArrowException, OSError, TypeError, ValueError) as e:
+        log.debug("pyarrow cannot write to a Python file object here (%s); not deferring", e)
+        return False
+    return seen.count(placeholder.address) == 1
 
 
 class ShardFile:

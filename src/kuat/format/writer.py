@@ -31,7 +31,7 @@ from kuat.format.manifest import (
     write_manifest,
 )
 from kuat.format.schema import EncodedImage, FieldType, Schema
-from kuat.format.shard_file import DEFER_MIN_BYTES, ShardFile
+from kuat.format.shard_file import DEFER_MIN_BYTES, ShardFile, deferring_works
 
 __all__ = ["Writer", "DEFAULT_SHARD_BYTES"]
 
@@ -130,7 +130,9 @@ def _deferrer(shard: ShardFile):
     """``array_from_bytes``'s ``defer``: large data buffers are written from their values."""
 
     def defer(values: list, size: int) -> pa.Buffer | None:
-        return shard.defer(values, size) if size >= DEFER_MIN_BYTES else None
+        if size >= DEFER_MIN_BYTES and deferring_works():
+            return shard.defer(values, size)
+        return None
 
     return defer
 
