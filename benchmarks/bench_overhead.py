@@ -117,7 +117,7 @@ def run(n: int = 1_000_000, rounds: int = 3, warmup: int = 20, batches: int = 20
         rows = _rows(data)
         times: dict[tuple[int, int], list[float]] = {}
         for rnd in range(rounds):
-            for r, (label, make, extra, loaders) in enumerate(rows):
+            for r, (_label, make, extra, loaders) in enumerate(rows):
                 for c, (_, which, workers, wtype) in enumerate(COLUMNS):
                     if which not in loaders:
                         continue

@@ -64,7 +64,7 @@ from kuat.collate import default_collate
 from kuat.device import DeviceCopier, accelerator_available
 from kuat.engine.base import END, FAIL, OK, Task
 from kuat.engine.inline import InlineEngine
-from kuat.engine.job import FetchJob
+from kuat.engine.job import FetchJob, per_sample_getitems
 from kuat.engine.process import ProcessEngine
 from kuat.engine.thread import ThreadEngine
 from kuat.errors import LoaderTimeoutError
@@ -157,15 +157,19 @@ class DataLoader:
             ``sampler``/``batch_sampler`` is used as given): every rank gets the same number of
             batches, padded by wrap-around (``DistributedSampler``) or, with ``drop_last``,
             truncated.
-        isolate_global_rng: when a map-style dataset is read one sample at a time, run each
-            ``dataset[i]`` with Python's ``random``, NumPy's global generator and torch's default
-            CPU generator reseeded from ``(seed, epoch, i)`` under a process-wide lock, restoring
-            the caller's generator states after. Draws are then reproducible whatever the worker
-            count, but in thread mode those ``__getitem__`` calls run one at a time
-            (``stats()["busy_s"]["rng_lock_wait"]`` shows the cost). ``None`` (default): on for
-            that path unless the dataset sets ``kuat_uses_sample_rng = True``; never used for
-            ``__getitems__`` or iterable datasets (process workers still seed the global RNGs per
-            worker, as torch does; thread workers share the process's).
+        isolate_global_rng: make a map-style dataset's draws from Python's ``random``, NumPy's
+            global generator and torch's default CPU generator reproducible whatever the worker
+            count and type: a dataset seen to draw (each worker's first batch is probed, later
+            batches are watched; see :mod:`kuat.engine.isolate`) runs each ``dataset[i]`` with
+            those generators reseeded from ``(seed, epoch, i)``, or each ``__getitems__`` call
+            from ``(seed, epoch, batch indices)``, under a process-wide lock, restoring the
+            caller's generator states after. Datasets that do not draw pay about 5 us per
+            batch. In thread mode the samples of a drawing dataset run one at a time
+            (``stats()["busy_s"]["rng_lock_wait"]`` shows the cost). torch's ``Subset`` (and
+            so ``random_split``) over a per-sample dataset is read per sample, so each sample
+            is isolated. ``None`` (default): on unless the dataset sets
+            ``kuat_uses_sample_rng = True``; never for iterable datasets (process workers still
+            seed the global RNGs per worker, as torch does; thread workers share the process's).
 
     Raises:
         ValueError / TypeError: invalid arguments (torch's messages for torch's arguments).
@@ -330,7 +334,7 @@ class DataLoader:
 
         # --- what workers run, decided once ---------------------------------------------------
         use_getitems = (auto_collation and not iterable and hasattr(source, "__getitems__")
-                        and bool(source.__getitems__))
+                        and bool(source.__getitems__) and not per_sample_getitems(source))
         if isolate_global_rng is None:
             isolate_global_rng = not getattr(source, "kuat_uses_sample_rng", False)
         if not isinstance(isolate_global_rng, bool):
@@ -367,7 +371,7 @@ class DataLoader:
             drop_last=drop_last,
             collate_fn=job_collate,
             seed=self.seed,
-            isolate_rng=isolate_global_rng and not iterable and not use_getitems,
+            isolate_rng=isolate_global_rng and not iterable,
             on_error=on_error,
             worker_init_fn=worker_init_fn,
             use_getitems=use_getitems,

@@ -22,10 +22,28 @@ from collections.abc import Iterator
 
 import numpy as np
 
-__all__ = ["SampleRNG", "sample_rng", "sample_seed", "epoch_context", "sample_context"]
+__all__ = [
+    "SampleRNG", "sample_rng", "sample_seed", "epoch_context", "sample_context", "map_samples",
+]
 
 _MASK64 = (1 << 64) - 1
-_local = threading.local()
+
+
+class _Current:
+    """The sample this thread is fetching (a plain slot: cheaper to set than a thread-local)."""
+
+    __slots__ = ("index",)
+
+    def __init__(self):
+        self.index = None
+
+
+class _Local(threading.local):
+    def __init__(self):
+        self.current = _Current()
+
+
+_local = _Local()
 
 
 def sample_seed(seed: int, epoch: int, index: int) -> int:
@@ -103,7 +121,7 @@ def sample_rng(index: int | None = None) -> SampleRNG:
         RuntimeError: ``index`` is ``None`` and no sample is being fetched in this thread.
     """
     if index is None:
-        index = getattr(_local, "index", None)
+        index = _local.current.index
         if index is None:
             raise RuntimeError(
                 "kuat.sample_rng() without an index must be called while a kuat loader "
@@ -129,12 +147,29 @@ def epoch_context(seed: int, epoch: int) -> Iterator[None]:
 @contextlib.contextmanager
 def sample_context(index: int | None) -> Iterator[None]:
     """Mark ``index`` as the sample being fetched in this thread (for ``sample_rng()``)."""
-    old = getattr(_local, "index", None)
-    _local.index = index
+    cur = _local.current
+    old, cur.index = cur.index, index
     try:
         yield
     finally:
-        _local.index = old
+        cur.index = old
+
+
+def map_samples(fn, indices) -> list:
+    """``[fn(i) for i in indices]``, each call made with ``i`` as this thread's current sample
+    (what ``sample_rng()`` without an index uses), as :func:`sample_context` per call would,
+    at a fraction of its cost (one attribute store per sample, not a context manager)."""
+    cur = _local.current
+    old = cur.index
+    out = []
+    append = out.append
+    try:
+        for i in indices:
+            cur.index = i
+            append(fn(i))
+    finally:
+        cur.index = old
+    return out
 
 
 def seed_global_rngs(seed: int) -> None:

@@ -4,21 +4,16 @@ A :class:`FetchJob` is built once by the loader, shared by every worker thread (
 pickled once for worker processes. Each worker calls :meth:`FetchJob.start` once, then
 :meth:`FetchJob.run` per task; per-worker state lives in the returned :class:`WorkerCtx`.
 
-Global RNG isolation (``isolate_rng``): Python's ``random``, NumPy's legacy global generator and
-torch's default CPU generator are process-wide. When a map-style dataset is read one sample at a
-time (no ``__getitems__``), each ``dataset[i]`` runs with those generators reseeded from
-``(seed, epoch, i)`` (SplitMix64), under one process-wide lock (so thread workers cannot interleave
-draws), and in thread/inline mode the caller's generator states are saved before and restored
-after, so the training loop's own random streams are not disturbed. This makes a dataset that
-calls ``np.random``/``random``/``torch.rand`` reproducible whatever the worker count, at the cost
-of running those ``__getitem__`` calls one at a time in thread mode.
+Global RNG isolation (``isolate_rng``): see :mod:`kuat.engine.isolate`. Map-style datasets that
+are seen to draw from Python's ``random``, NumPy's legacy global generator or torch's default CPU
+generator run with those reseeded from ``(seed, epoch, index)`` per sample (``__getitem__``
+path) or from ``(seed, epoch, batch indices)`` per batch (``__getitems__`` path); datasets that
+do not draw pay two fingerprints per batch (about 5 us).
 """
 
 from __future__ import annotations
 
 import operator
-import os
-import random
 import threading
 import time
 import zlib
@@ -28,23 +23,10 @@ import numpy as np
 import torch
 
 from kuat import rng as krng
+from kuat.engine import isolate
 from kuat.engine.base import EMPTY, END, OK, WorkStats
 
-__all__ = ["FetchJob", "WorkerCtx", "GLOBAL_RNG_LOCK", "set_worker_info"]
-
-# Held while a sample runs with reseeded global RNGs (they are process-wide).
-GLOBAL_RNG_LOCK = threading.Lock()
-_MASK32 = (1 << 32) - 1
-
-
-def _seed_globals_cpu(seed: int) -> None:
-    """Seed random, NumPy's global generator and torch's default *CPU* generator only.
-
-    Unlike ``torch.manual_seed`` this leaves CUDA generators alone (the training loop owns them).
-    """
-    random.seed(seed)
-    np.random.seed(seed & _MASK32 ^ (seed >> 32))
-    torch.default_generator.manual_seed(seed & ((1 << 63) - 1))
+__all__ = ["FetchJob", "WorkerCtx", "set_worker_info", "per_sample_getitems"]
 
 
 class _PerThreadWorkerInfo(threading.local):
@@ -54,14 +36,6 @@ class _PerThreadWorkerInfo(threading.local):
 _thread_info = _PerThreadWorkerInfo()
 
 
-def _reset_lock_in_child() -> None:
-    # A fork while another thread held the lock would leave it locked forever in the child.
-    global GLOBAL_RNG_LOCK
-    GLOBAL_RNG_LOCK = threading.Lock()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_reset_lock_in_child)
 _install_lock = threading.Lock()
 
 
@@ -146,6 +120,28 @@ def _index_key(index) -> int:
         return zlib.crc32(repr(index).encode())
 
 
+def _batch_key(key) -> int:
+    """An int for a batch of sample keys (a CRC of the indices and their count)."""
+    try:
+        a = np.asarray(key, dtype=np.int64)  # (B,)
+        return zlib.crc32(a.tobytes()) | (a.size << 32)
+    except (TypeError, ValueError, OverflowError):
+        return zlib.crc32(repr(key).encode())
+
+
+def per_sample_getitems(dataset) -> bool:
+    """Whether ``dataset.__getitems__`` is torch's ``Subset.__getitems__`` over datasets that
+    fetch one sample at a time (``random_split`` gives these): then the loader fetches
+    ``dataset[i]`` per sample, which is the same call chain, and can isolate each sample."""
+    from torch.utils.data import Subset
+
+    while isinstance(dataset, Subset) and type(dataset).__getitems__ is Subset.__getitems__:
+        dataset = dataset.dataset
+        if not callable(getattr(dataset, "__getitems__", None)):
+            return True
+    return False
+
+
 @dataclass
 class WorkerCtx:
     worker_id: int
@@ -156,6 +152,7 @@ class WorkerCtx:
     iterator: object = None
     ended: bool = False
     extra: dict = field(default_factory=dict)
+    probed: bool = False  # this worker's first batch ran isolated and probed (isolate.py)
 
 
 @dataclass
@@ -174,6 +171,7 @@ class FetchJob:
     worker_init_fn: object = None
     use_getitems: bool = False
     pin: bool = False  # pin batches in the worker (thread/inline; process workers pin on read)
+    rng_use: isolate.RngUse = field(default_factory=isolate.RngUse)
 
     # -- worker lifecycle -------------------------------------------------------------------
     def start(self, worker_id: int, num_workers: int, method: str, base_seed: int) -> WorkerCtx:
@@ -266,19 +264,16 @@ class FetchJob:
 
     def _fetch_indices(self, ctx: WorkerCtx, epoch: int, key, st: WorkStats):
         """The samples of ``key`` (list of indices, or one index); None when all were skipped."""
-        ds = self.dataset
         if not self.auto_collation:
             try:
-                return self._samples(ctx, epoch, [key], st)[0]
+                return self._fetch(ctx, epoch, [key], st)[0]
             except Exception as e:
                 if self.on_error != "skip":
                     raise
                 st.skipped.append((key, type(e).__qualname__, str(e)))
                 return None
         try:
-            if self.use_getitems:
-                return ds.__getitems__(key)
-            return self._samples(ctx, epoch, key, st)
+            return self._fetch(ctx, epoch, key, st)
         except Exception:
             if self.on_error != "skip":
                 raise
@@ -286,35 +281,68 @@ class FetchJob:
         kept = []
         for i in key:
             try:
-                kept += ds.__getitems__([i]) if self.use_getitems else self._samples(ctx, epoch, [i], st)
+                kept += self._fetch(ctx, epoch, [i], st)
             except Exception as e:
                 st.skipped.append((i, type(e).__qualname__, str(e)))
         return kept or None
 
-    def _samples(self, ctx: WorkerCtx, epoch: int, indices, st: WorkStats) -> list:
-        """``[dataset[i] for i in indices]``, each with its sample context (and isolated RNGs)."""
-        ds = self.dataset
+    def _get(self, key) -> list:
+        """The samples of ``key``: one ``__getitems__`` call, or ``dataset[i]`` per sample."""
+        if self.use_getitems:
+            return self.dataset.__getitems__(key)
+        return krng.map_samples(self.dataset.__getitem__, key)
+
+    def _fetch(self, ctx: WorkerCtx, epoch: int, key, st: WorkStats) -> list:
+        """The samples of ``key``, with global-RNG isolation where the dataset needs it."""
         if not self.isolate_rng:
-            out = []
-            for i in indices:
-                with krng.sample_context(i):
-                    out.append(ds[i])
-            return out
+            return self._get(key)
+        use = self.rng_use
+        if use.draws or not ctx.probed:
+            ctx.probed = True
+            return self._isolated(ctx, epoch, key, st)
+        if not use.watch:
+            return self._get(key)
+        lock = isolate.GLOBAL_RNG_LOCK
+        lock.acquire_shared()
+        try:
+            before = isolate.fingerprint()
+            data = self._get(key)
+            drew = isolate.fingerprint() != before
+        finally:
+            lock.release_shared()
+        if not drew:
+            return data
+        del data  # fetched with unseeded draws (or another thread drew): fetch it isolated
+        data = self._isolated(ctx, epoch, key, st)
+        if not use.draws:
+            use.false_alarm()
+        return data
+
+    def _isolated(self, ctx: WorkerCtx, epoch: int, key, st: WorkStats) -> list:
+        """The samples of ``key`` with the global RNGs reseeded per sample (``__getitem__``)
+        or per batch (``__getitems__``), under the exclusive lock; probes whether the dataset
+        draws until that is known."""
+        ds, use = self.dataset, self.rng_use
         t0 = time.perf_counter()
-        with GLOBAL_RNG_LOCK:
+        with isolate.GLOBAL_RNG_LOCK:
             st.rng_wait_s += time.perf_counter() - t0
-            restore = ctx.method != "process"
-            if restore:
-                saved = (random.getstate(), np.random.get_state(), torch.default_generator.get_state())
+            saved = isolate.save() if ctx.method != "process" else None
             try:
+                if self.use_getitems:
+                    isolate.seed_globals_cpu(global_rng_seed(self.seed, epoch, _batch_key(key)))
+                    probe = None if use.draws else isolate.fingerprint()
+                    out = ds.__getitems__(key)
+                    if probe is not None and isolate.fingerprint() != probe:
+                        use.draws = True
+                    return out
                 out = []
-                for i in indices:
-                    _seed_globals_cpu(global_rng_seed(self.seed, epoch, _index_key(i)))
-                    with krng.sample_context(i):
-                        out.append(ds[i])
+                for i in key:
+                    isolate.seed_globals_cpu(global_rng_seed(self.seed, epoch, _index_key(i)))
+                    probe = None if use.draws else isolate.fingerprint()
+                    out += krng.map_samples(ds.__getitem__, (i,))
+                    if probe is not None and isolate.fingerprint() != probe:
+                        use.draws = True
                 return out
             finally:
-                if restore:
-                    random.setstate(saved[0])
-                    np.random.set_state(saved[1])
-                    torch.default_generator.set_state(saved[2])
+                if saved is not None:
+                    isolate.restore(saved)
