@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from kuat import rng as krng
+from kuat.collate import batch_scope
 from kuat.engine import isolate
 from kuat.engine.base import EMPTY, END, OK, WorkStats
 
@@ -210,19 +211,22 @@ class FetchJob:
         if ctx.epoch != epoch:
             self._new_epoch(ctx, epoch, base_seed)
         st = WorkStats()
-        t0, c0 = time.perf_counter(), time.thread_time()
-        with krng.epoch_context(self.seed, epoch):
-            if self.iterable:
-                data = self._next_items(ctx, st)
-            else:
-                data = self._fetch_indices(ctx, epoch, key, st)
-        st.fetch_s, st.fetch_cpu_s = time.perf_counter() - t0, time.thread_time() - c0
-        if data is None:
-            return (END if self.iterable else EMPTY), None, st
-        st.samples = len(data) if self.auto_collation else 1
-        t1 = time.perf_counter()
-        batch = self.collate_fn(data)
-        st.collate_s = time.perf_counter() - t1
+        # buffers kuat allocates while fetching this batch are its own: the collate may return
+        # views of them; anything else it copies (collate.py)
+        with batch_scope():
+            t0, c0 = time.perf_counter(), time.thread_time()
+            with krng.epoch_context(self.seed, epoch):
+                if self.iterable:
+                    data = self._next_items(ctx, st)
+                else:
+                    data = self._fetch_indices(ctx, epoch, key, st)
+            st.fetch_s, st.fetch_cpu_s = time.perf_counter() - t0, time.thread_time() - c0
+            if data is None:
+                return (END if self.iterable else EMPTY), None, st
+            st.samples = len(data) if self.auto_collation else 1
+            t1 = time.perf_counter()
+            batch = self.collate_fn(data)
+            st.collate_s = time.perf_counter() - t1
         if self.pin and ctx.method != "process":
             from torch.utils.data._utils.pin_memory import pin_memory
 

@@ -658,7 +658,9 @@ class Dataset:
             values = []
             if size is not None and batch_buffer:
                 h, w = size
-                buf = torch.empty((len(index_list), 3, h, w), dtype=torch.uint8)  # (B, 3, H, W)
+                from kuat.collate import new_batch_buffer
+
+                buf = new_batch_buffer((len(index_list), 3, h, w), torch.uint8)  # (B, 3, H, W)
                 for j, (d, wd, ht, i, s) in enumerate(
                     zip(c.data, widths, heights, index_list, sources)
                 ):
