@@ -10,6 +10,7 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 import kuat
+from kuat.collate import new_batch_buffer
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -84,7 +85,8 @@ def test_thread_workers_see_their_own_worker_info_and_set_epoch_each_epoch():
 
 
 class Buffered:
-    """Like a kuat dataset: one (B, C, H, W) buffer per batch, samples are views of it."""
+    """Like a kuat dataset: one (B, C, H, W) buffer per batch from kuat.collate.new_batch_buffer
+    (so the collate may return it without a copy), samples are views of it."""
 
     kuat_uses_sample_rng = True
 
@@ -95,7 +97,7 @@ class Buffered:
         return 8
 
     def __getitems__(self, indices):
-        buf = torch.empty((len(indices), 3, 2, 2), dtype=torch.uint8)  # (B, C, H, W)
+        buf = new_batch_buffer((len(indices), 3, 2, 2), torch.uint8)  # (B, C, H, W)
         for j, i in enumerate(indices):
             buf[j].fill_(i)
         self.buffers.append(buf)

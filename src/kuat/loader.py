@@ -375,6 +375,8 @@ class DataLoader:
             on_error=on_error,
             worker_init_fn=worker_init_fn,
             use_getitems=use_getitems,
+            fetch_collated=(use_getitems and job_collate is default_collate and on_error == "raise"
+                            and callable(getattr(source, "kuat_fetch_collated", None))),
             pin=self._pin and worker_type == "thread" or (self._pin and num_workers == 0),
         )
         self._job_bytes: bytes | None = None

@@ -173,6 +173,9 @@ class FetchJob:
     use_getitems: bool = False
     pin: bool = False  # pin batches in the worker (thread/inline; process workers pin on read)
     rng_use: isolate.RngUse = field(default_factory=isolate.RngUse)
+    # the source collates its own batches (``kuat_fetch_collated(indices)``, same result as the
+    # default collate of its ``__getitems__``): set when the collate is the default one
+    fetch_collated: bool = False
 
     # -- worker lifecycle -------------------------------------------------------------------
     def start(self, worker_id: int, num_workers: int, method: str, base_seed: int) -> WorkerCtx:
@@ -223,10 +226,13 @@ class FetchJob:
             st.fetch_s, st.fetch_cpu_s = time.perf_counter() - t0, time.thread_time() - c0
             if data is None:
                 return (END if self.iterable else EMPTY), None, st
-            st.samples = len(data) if self.auto_collation else 1
-            t1 = time.perf_counter()
-            batch = self.collate_fn(data)
-            st.collate_s = time.perf_counter() - t1
+            if self.fetch_collated:  # the columnar gather went straight to batch tensors
+                st.samples, batch = len(key), data
+            else:
+                st.samples = len(data) if self.auto_collation else 1
+                t1 = time.perf_counter()
+                batch = self.collate_fn(data)
+                st.collate_s = time.perf_counter() - t1
         if self.pin and ctx.method != "process":
             from torch.utils.data._utils.pin_memory import pin_memory
 
@@ -291,7 +297,10 @@ class FetchJob:
         return kept or None
 
     def _get(self, key) -> list:
-        """The samples of ``key``: one ``__getitems__`` call, or ``dataset[i]`` per sample."""
+        """The samples of ``key``: one ``__getitems__`` call, or ``dataset[i]`` per sample (or
+        the collated batch, with ``fetch_collated``)."""
+        if self.fetch_collated:
+            return self.dataset.kuat_fetch_collated(key)
         if self.use_getitems:
             return self.dataset.__getitems__(key)
         return krng.map_samples(self.dataset.__getitem__, key)
@@ -335,7 +344,7 @@ class FetchJob:
                 if self.use_getitems:
                     isolate.seed_globals_cpu(global_rng_seed(self.seed, epoch, _batch_key(key)))
                     probe = None if use.draws else isolate.fingerprint()
-                    out = ds.__getitems__(key)
+                    out = self._get(key)
                     if probe is not None and isolate.fingerprint() != probe:
                         use.draws = True
                     return out
