@@ -3,6 +3,7 @@ torchvision ImageFolder, pinning and CUDA copies (the CUDA tests run on a GPU ma
 
 import os
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -134,6 +135,25 @@ def test_stats_count_batches_samples_and_stage_times():
     assert s["busy_s"]["fetch"] > 0 and s["busy_s"]["collate"] > 0
     assert set(s["busy_s"]) == {"fetch", "fetch_cpu", "collate", "pin", "rng_lock_wait", "device",
                                 "batch_transform"}
+    # kuat's own per-batch cost: part of the time inside next(), not the dataset's
+    assert 0 < s["loader_overhead_us_per_batch"] * s["batches"] / 1e6 <= s["elapsed_s"]
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_loader_overhead_excludes_the_datasets_own_time(num_workers):
+    class Slow:
+        def __len__(self):
+            return 8
+
+        def __getitem__(self, i):
+            time.sleep(0.03)  # the dataset's work, not the loader's
+            return i
+
+    dl = kuat.DataLoader(Slow(), batch_size=2, num_workers=num_workers, isolate_global_rng=False)
+    list(dl)
+    s = dl.stats()
+    overhead_s = s["loader_overhead_us_per_batch"] * s["batches"] / 1e6
+    assert s["busy_s"]["fetch"] >= 0.24 and overhead_s < s["busy_s"]["fetch"] / 2
 
 
 def test_worker_init_fn_runs_once_per_process_worker(tmp_path):

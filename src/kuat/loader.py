@@ -77,6 +77,12 @@ log = logging.getLogger("kuat.loader")
 _STATE_VERSION = 1
 _TASK_IDS = itertools.count()  # unique across iterators, so stale results are recognised
 _MASK63 = (1 << 63) - 1
+# Thread workers with the default prefetch_factor: batches whose fetch + collate take less than
+# this are "cheap", and up to _CHEAP_PREFETCH per worker are kept in flight (benchmarks/
+# bench_overhead.py: a no-op batch costs ~48 us inline, ~80 us with 2 threads at depth 2, ~55 us
+# at depth 8, on a loaded 2-core machine).
+_CHEAP_BATCH_S = 0.5e-3
+_CHEAP_PREFETCH = 8
 
 
 def _base_seed(seed: int, epoch: int) -> int:
@@ -95,7 +101,7 @@ class _Stats:
 
     def reset(self):
         self.fetch_s = self.fetch_cpu_s = self.collate_s = self.pin_s = self.rng_wait_s = 0.0
-        self.device_s = self.transform_s = self.wait_s = self.elapsed_s = 0.0
+        self.device_s = self.transform_s = self.wait_s = self.elapsed_s = self.next_s = 0.0
         self.batches = self.samples = self.skipped = 0
 
 
@@ -129,7 +135,10 @@ class DataLoader:
         generator: as torch: drives the shuffle (``RandomSampler`` draws, so orders equal
             torch's for the same generator) and each epoch's ``base_seed``. Orders then depend
             on the generator's state, so exact resume needs ``generator=None``.
-        prefetch_factor: batches in flight per worker (default 2 with workers, as torch).
+        prefetch_factor: batches in flight per worker (default 2 with workers, as torch). When
+            it is not given, thread workers keep up to 8 per worker in flight while batches take
+            under 0.5 ms of work, so that each worker wakes once per several cheap batches
+            instead of once per batch (the attribute still reads 2).
         persistent_workers: keep workers between epochs.
         pin_memory_device: deprecated in torch; ignored with torch's warning.
         in_order: yield batches in sampler order (``True``) or as they complete.
@@ -223,7 +232,8 @@ class DataLoader:
                 "prefetch_factor option could only be specified in multiprocessing."
                 "let num_workers > 0 to enable multiprocessing, otherwise set prefetch_factor to None."
             )
-        elif num_workers > 0 and prefetch_factor is None:
+        adaptive_prefetch = prefetch_factor is None and worker_type == "thread"
+        if num_workers > 0 and prefetch_factor is None:
             prefetch_factor = 2
         elif prefetch_factor is not None and prefetch_factor < 0:
             raise ValueError("prefetch_factor option should be non-negative")
@@ -251,6 +261,7 @@ class DataLoader:
         self.dataset = dataset
         self.num_workers = num_workers
         self.prefetch_factor = prefetch_factor
+        self._adaptive_prefetch = adaptive_prefetch  # thread workers, prefetch_factor not given
         self.pin_memory = pin_memory
         self.pin_memory_device = pin_memory_device
         self.timeout = timeout
@@ -539,7 +550,11 @@ class DataLoader:
         (consumer: copy out of shared memory / to the device), ``batch_transform``;
         ``consumer_wait_s`` (the training loop waiting for data), ``input_bound_fraction``
         (``consumer_wait_s / elapsed_s``), ``batches_per_s``, ``samples_per_s``,
-        ``worker_busy_fraction`` (``(fetch + collate) / (elapsed_s * num_workers)``).
+        ``worker_busy_fraction`` (``(fetch + collate) / (elapsed_s * num_workers)``);
+        ``loader_overhead_us_per_batch``: microseconds per batch that ``next()`` spent in kuat's
+        own machinery (dispatch, ordering, hand-off, bookkeeping): the time inside ``next()``
+        minus the dataset's fetch, collate and pinning (with ``num_workers=0``) or minus the wait
+        for workers (with workers), minus device copies and batch transforms.
         """
         s = self._stats
         with s.lock:
@@ -564,7 +579,13 @@ class DataLoader:
                 "samples_per_s": s.samples / el if el > 0 else 0.0,
                 "worker_busy_fraction": (s.fetch_s + s.collate_s) / (el * max(1, self.num_workers))
                 if el > 0 else 0.0,
+                "loader_overhead_us_per_batch": self._overhead_s(s) / s.batches * 1e6
+                if s.batches else 0.0,
             }
+
+    def _overhead_s(self, s: _Stats) -> float:
+        work = s.fetch_s + s.collate_s + s.pin_s if self.num_workers == 0 else s.wait_s
+        return max(0.0, s.next_s - work - s.device_s - s.transform_s)
 
     # --- iteration --------------------------------------------------------------------------
     def __iter__(self) -> _LoaderIter:
@@ -727,6 +748,8 @@ class _LoaderIter:
         self._nw = engine.num_workers
         self._inline = isinstance(engine, InlineEngine)
         self._max_inflight = 1 if self._inline else max(1, loader.prefetch_factor * self._nw)
+        self._base_inflight = self._max_inflight
+        self._adapt = loader._adaptive_prefetch and not self._inline
         self._active = [True] * self._nw
         self._rr = 0
         self._tasks: dict[int, int] = {}  # task id -> worker id, in flight
@@ -773,6 +796,7 @@ class _LoaderIter:
         self._progress[1] += 1
         with self._stats.lock:
             self._stats.batches += 1
+            self._stats.next_s += time.perf_counter() - t0
         self._account_time(t0)
         return batch
 
@@ -892,6 +916,11 @@ class _LoaderIter:
         st = r.stats
         if st is None:
             return
+        if self._adapt:
+            # Cheap batches (the work takes less than a worker hand-off and wake-up costs many
+            # times over): keep more in flight so each worker wakes once per several batches.
+            cheap = st.fetch_s + st.collate_s < _CHEAP_BATCH_S
+            self._max_inflight = self._nw * _CHEAP_PREFETCH if cheap else self._base_inflight
         s = self._stats
         with s.lock:
             s.fetch_s += st.fetch_s

@@ -15,10 +15,8 @@ and must not be shared between threads.
 
 from __future__ import annotations
 
-import contextlib
 import random
 import threading
-from collections.abc import Iterator
 
 import numpy as np
 
@@ -30,12 +28,13 @@ _MASK64 = (1 << 64) - 1
 
 
 class _Current:
-    """The sample this thread is fetching (a plain slot: cheaper to set than a thread-local)."""
+    """What this thread is fetching: the loader's ``(seed, epoch)`` and the sample ``index``
+    (plain slots: cheaper to set than thread-local attributes, and set once per sample)."""
 
-    __slots__ = ("index",)
+    __slots__ = ("seed", "epoch", "index")
 
     def __init__(self):
-        self.index = None
+        self.seed = self.epoch = self.index = None
 
 
 class _Local(threading.local):
@@ -102,7 +101,8 @@ class SampleRNG:
 
 
 def _context() -> tuple[int, int]:
-    return getattr(_local, "seed", 0), getattr(_local, "epoch", 0)
+    cur = _local.current
+    return (0, 0) if cur.seed is None else (cur.seed, cur.epoch)
 
 
 def current_epoch() -> tuple[int, int]:
@@ -131,28 +131,40 @@ def sample_rng(index: int | None = None) -> SampleRNG:
     return SampleRNG(sample_seed(seed, epoch, index))
 
 
-@contextlib.contextmanager
-def epoch_context(seed: int, epoch: int) -> Iterator[None]:
-    """Set ``(seed, epoch)`` for :func:`sample_rng` in this thread, restoring it after."""
-    old = (getattr(_local, "seed", None), getattr(_local, "epoch", None))
-    _local.seed, _local.epoch = seed, epoch
-    try:
-        yield
-    finally:
-        _local.seed, _local.epoch = old
-        if old[0] is None:
-            del _local.seed, _local.epoch
+class epoch_context:  # noqa: N801 (a context manager used like a function)
+    """Set ``(seed, epoch)`` for :func:`sample_rng` in this thread, restoring it after.
+
+    A class rather than a generator-based context manager: it runs once per batch."""
+
+    __slots__ = ("_seed", "_epoch", "_old")
+
+    def __init__(self, seed: int, epoch: int):
+        self._seed, self._epoch = seed, epoch
+
+    def __enter__(self) -> None:
+        cur = _local.current
+        self._old = (cur.seed, cur.epoch)
+        cur.seed, cur.epoch = self._seed, self._epoch
+
+    def __exit__(self, *exc) -> None:
+        cur = _local.current
+        cur.seed, cur.epoch = self._old
 
 
-@contextlib.contextmanager
-def sample_context(index: int | None) -> Iterator[None]:
+class sample_context:  # noqa: N801
     """Mark ``index`` as the sample being fetched in this thread (for ``sample_rng()``)."""
-    cur = _local.current
-    old, cur.index = cur.index, index
-    try:
-        yield
-    finally:
-        cur.index = old
+
+    __slots__ = ("_index", "_old")
+
+    def __init__(self, index: int | None):
+        self._index = index
+
+    def __enter__(self) -> None:
+        cur = _local.current
+        self._old, cur.index = cur.index, self._index
+
+    def __exit__(self, *exc) -> None:
+        _local.current.index = self._old
 
 
 def map_samples(fn, indices) -> list:
