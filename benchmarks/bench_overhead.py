@@ -139,6 +139,13 @@ def run(n: int = 1_000_000, rounds: int = 3, warmup: int = 20, batches: int = 20
             "batches": batches, "rows": out}
 
 
+def run_for_bench(quick: bool, rounds: int, progress: Callable[[str], None]) -> dict:
+    """What ``kuat bench`` runs: 1M rows (quick: 200k and 100 timed batches)."""
+    if quick:
+        return run(200_000, rounds, batches=100, progress=progress)
+    return run(1_000_000, rounds, progress=progress)
+
+
 def markdown(result: dict) -> str:
     """The table: median microseconds per batch (spread over rounds in parentheses)."""
     cols = [c[0] for c in COLUMNS]
