@@ -120,3 +120,64 @@ def test_fingerprint_changes_on_every_kind_of_draw_and_seed():
         draw()
         assert isolate.fingerprint() != before, draw
     assert isolate.fingerprint() == isolate.fingerprint()
+
+
+@pytest.fixture(scope="module")
+def image_folder(tmp_path_factory):
+    from PIL import Image
+
+    root = tmp_path_factory.mktemp("imgs")
+    rng = np.random.default_rng(0)
+    for c in ("cat", "dog"):
+        (root / c).mkdir()
+        for k in range(6):
+            a = rng.integers(0, 255, (20 + k, 24, 3), dtype=np.uint8)
+            Image.fromarray(a).save(root / c / f"{k}.png")
+    return root
+
+
+def _image_folder(root):
+    """An unchanged torchvision ImageFolder with transforms.v2 at default arguments."""
+    import torchvision
+    import torchvision.transforms.v2 as T
+
+    tf = T.Compose([
+        T.ToImage(), T.RandomResizedCrop(12), T.RandomHorizontalFlip(),
+        T.ToDtype(torch.float32, scale=True), T.Normalize([0.5] * 3, [0.25] * 3),
+    ])
+    return torchvision.datasets.ImageFolder(str(root), transform=tf)
+
+
+def _epoch(ds, seed=5, **kw):
+    dl = kuat.DataLoader(ds, batch_size=4, shuffle=True, seed=seed, **kw)
+    batches = [(x.clone(), y.clone()) for x, y in dl]
+    return torch.cat([x for x, _ in batches]), torch.cat([y for _, y in batches]), dl
+
+
+@pytest.mark.parametrize("wrap", ["plain", "random_split", "subset"])
+def test_torchvision_image_folder_is_reproducible_from_the_seed_in_every_mode(image_folder, wrap):
+    base = _image_folder(image_folder)
+    if wrap == "random_split":
+        ds, _ = random_split(base, [8, 4], generator=torch.Generator().manual_seed(1))
+    elif wrap == "subset":
+        ds = Subset(base, [11, 0, 5, 3, 7, 2, 9, 1])
+    else:
+        ds = base
+    x0, y0, _ = _epoch(ds, num_workers=0)
+    for kw in ({"num_workers": 0}, {"num_workers": 1}, {"num_workers": 4},
+               {"num_workers": 2, "worker_type": "thread"},
+               {"num_workers": 2, "worker_type": "process"}):
+        x, y, _ = _epoch(ds, **kw)
+        assert torch.equal(y, y0) and torch.equal(x, x0), kw
+    x1, _, _ = _epoch(ds, seed=6, num_workers=0)
+    assert not torch.equal(x1, x0)  # the augmentations do draw
+
+
+def test_default_worker_type_moves_a_drawing_dataset_to_processes(image_folder):
+    _, _, dl = _epoch(_image_folder(image_folder), num_workers=2)
+    assert dl.worker_type == "process"  # found drawing in the first batches, moved mid-epoch
+    _, _, dl = _epoch(_image_folder(image_folder), num_workers=2, worker_type="thread")
+    assert dl.worker_type == "thread"  # an explicit choice stays
+    dl = kuat.DataLoader(range(12), batch_size=4, num_workers=2)
+    assert sorted(int(v) for b in dl for v in b) == list(range(12))
+    assert dl.worker_type == "thread"  # a dataset that does not draw stays in threads

@@ -142,7 +142,13 @@ class DataLoader:
         persistent_workers: keep workers between epochs.
         pin_memory_device: deprecated in torch; ignored with torch's warning.
         in_order: yield batches in sampler order (``True``) or as they complete.
-        worker_type: ``"thread"`` (default) or ``"process"``. Thread workers share the
+        worker_type: ``None`` (default), ``"thread"`` or ``"process"``. ``None`` starts
+            thread workers and moves to process workers as soon as the dataset is seen to draw
+            from the global random generators (``isolate_global_rng``: those samples would run
+            one at a time in threads, and at the speed of torch's process workers in
+            processes); the in-flight batches finish first, the new workers run
+            ``worker_init_fn`` again, and ``loader.worker_type`` tells which is in use (logged
+            at INFO). Thread workers share the
             dataset object (no pickling, no start-up cost) and run truly in parallel wherever
             the work releases the GIL (NumPy, torch ops, image decoding, Arrow gathers);
             pure-Python per-sample work is GIL-bound (``stats()``: ``fetch_cpu`` far below
@@ -211,7 +217,7 @@ class DataLoader:
         persistent_workers: bool = False,
         pin_memory_device: str = "",
         in_order: bool = True,
-        worker_type: str = "thread",
+        worker_type: str | None = None,
         seed: int | None = None,
         device: str | torch.device | None = None,
         on_error: str = "raise",
@@ -232,7 +238,7 @@ class DataLoader:
                 "prefetch_factor option could only be specified in multiprocessing."
                 "let num_workers > 0 to enable multiprocessing, otherwise set prefetch_factor to None."
             )
-        adaptive_prefetch = prefetch_factor is None and worker_type == "thread"
+        adaptive_prefetch = prefetch_factor is None and worker_type != "process"
         if num_workers > 0 and prefetch_factor is None:
             prefetch_factor = 2
         elif prefetch_factor is not None and prefetch_factor < 0:
@@ -241,8 +247,12 @@ class DataLoader:
             raise ValueError("persistent_workers option needs num_workers > 0")
 
         # --- kuat's own arguments ------------------------------------------------------------
-        if worker_type not in ("thread", "process"):
-            raise ValueError(f"worker_type should be 'thread' or 'process', got {worker_type=}")
+        if worker_type not in (None, "thread", "process"):
+            raise ValueError(
+                f"worker_type should be None, 'thread' or 'process', got {worker_type=}")
+        auto_worker_type = worker_type is None
+        if worker_type is None:
+            worker_type = "thread"
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error should be 'raise' or 'skip', got {on_error=}")
         if timeout > 0 and num_workers == 0:
@@ -269,6 +279,7 @@ class DataLoader:
         self.multiprocessing_context = multiprocessing_context
         self.in_order = in_order
         self.worker_type = worker_type
+        self._auto_worker_type = auto_worker_type and num_workers > 0
         self.seed = int(seed)
         self.device = self._device
         self.on_error = on_error
@@ -632,6 +643,11 @@ class DataLoader:
     def _make_engine(self, base_seed: int):
         if self.num_workers == 0:
             return InlineEngine(self._job, base_seed)
+        if self.worker_type == "thread" and self._auto_worker_type and self._job.rng_use.draws:
+            self.worker_type = "process"
+            log.info("kuat.DataLoader: the dataset draws from the global random generators; "
+                     "moving to %d process workers (in threads its samples would run one at "
+                     "a time)", self.num_workers)
         if self.worker_type == "thread":
             return ThreadEngine(self._job, self.num_workers, base_seed)
         ctx = self.multiprocessing_context
@@ -666,7 +682,8 @@ class DataLoader:
 
     def _advise(self) -> None:
         """Once per loader: say so when global-RNG isolation serialises thread workers."""
-        if self._advised or self.worker_type != "thread" or self.num_workers < 2:
+        if (self._advised or self.worker_type != "thread" or self.num_workers < 2
+                or self._auto_worker_type):
             return
         s = self._stats
         if s.rng_wait_s > 0.25 * max(s.fetch_s, 1e-9) and s.rng_wait_s > 0.1:
@@ -749,7 +766,7 @@ class _LoaderIter:
         self._inline = isinstance(engine, InlineEngine)
         self._max_inflight = 1 if self._inline else max(1, loader.prefetch_factor * self._nw)
         self._base_inflight = self._max_inflight
-        self._adapt = loader._adaptive_prefetch and not self._inline
+        self._adapt = loader._adaptive_prefetch and isinstance(engine, ThreadEngine)
         self._active = [True] * self._nw
         self._rr = 0
         self._tasks: dict[int, int] = {}  # task id -> worker id, in flight
@@ -830,6 +847,8 @@ class _LoaderIter:
         A batch counts against the bound from submission until it is yielded (as in torch), so
         results waiting for their turn (``in_order``) hold no more memory than the bound.
         """
+        if self._to_processes():
+            return
         while len(self._tasks) + len(self._ready) < self._max_inflight and not self._keys_done:
             w = self._next_worker()
             if w is None:
@@ -844,6 +863,27 @@ class _LoaderIter:
             if self._in_order:
                 self._order.append(tid)
             self._engine.submit(w, Task(tid, self._epoch, key, self._base_seed))
+
+    def _to_processes(self) -> bool:
+        """``worker_type=None``: once the dataset is seen to draw from the global RNGs, let the
+        thread workers' batches in flight finish (True while they do), then continue the
+        epoch on process workers."""
+        lo = self._loader
+        if not (lo._auto_worker_type and lo._job.rng_use.draws
+                and isinstance(self._engine, ThreadEngine)):
+            return False
+        if self._tasks:
+            return True
+        old = self._engine
+        if self._owned or lo._engine is old:
+            old.close()
+        new = lo._make_engine(self._base_seed)
+        if not self._owned:
+            lo._engine = new
+        self._engine, self._nw = new, new.num_workers
+        self._active, self._rr, self._adapt = [True] * self._nw, 0, False
+        self._max_inflight = self._base_inflight = max(1, lo.prefetch_factor * self._nw)
+        return False
 
     def _next_worker(self) -> int | None:
         for _ in range(self._nw):
