@@ -115,7 +115,9 @@ def test_datasets_that_do_not_draw_are_not_isolated_and_the_callers_streams_are_
 def test_fingerprint_changes_on_every_kind_of_draw_and_seed():
     for draw in (random.random, np.random.rand, lambda: torch.rand(()), lambda: random.seed(1),
                  lambda: np.random.seed(1), lambda: torch.manual_seed(1),
-                 lambda: np.random.randint(0, 10, 700)):
+                 lambda: np.random.randint(0, 10, 700), lambda: torch.rand(1000),
+                 lambda: torch.randn(1), lambda: torch.randn(1),  # the second: a cached sample
+                 lambda: random.gauss(0, 1), lambda: random.gauss(0, 1)):
         before = isolate.fingerprint()
         draw()
         assert isolate.fingerprint() != before, draw

@@ -26,10 +26,10 @@ done only for datasets seen to draw:
 The result is the same whatever the number and type of workers; the caller's own generator
 states are saved and restored around isolated runs in thread and inline mode.
 
-Fingerprints read the generators' position counters without copying their 2.5-5 KB states:
-NumPy's through ``MT19937.ctypes`` (public), Python's ``random`` through its object's memory at
-an offset found once by calibration on CPython (falling back to ``random.getstate()``), torch's
-through ``get_state()``.
+Fingerprints read the generators' position counters, not their 2.5-5 KB states: NumPy's
+through ``MT19937.ctypes`` (public), Python's ``random`` through its object's memory at an
+offset found once by calibration on CPython (falling back to ``random.getstate()``), torch's
+from the counters and cached normal samples in ``get_state()``.
 """
 
 from __future__ import annotations
@@ -191,17 +191,21 @@ def _init() -> None:
 def fingerprint() -> tuple:
     """Something that changes whenever any of the three global generators draws or is seeded.
 
-    About 2 us (torch's 5 KB state is copied; the two others are read in place). Call it only
+    About 3 us (torch's state is copied by ``get_state``; the others are read in place). Call it only
     while holding :data:`GLOBAL_RNG_LOCK` (either side), so no reseeding runs meanwhile.
     """
     if not _ready:
         _init()
-    py = tuple(_py_words) if _py_words is not None else random.getstate()
+    # Python's gauss() caches its second sample in a Python attribute, not in the C state
+    py = (*_py_words, random._inst.gauss_next) if _py_words is not None else random.getstate()
     npw = _np_words
     if npw is None or np.random.mtrand._rand._bit_generator is not npw[0]:
         npw = _refresh_numpy()
     nps = (npw[1].value, npw[2].value) if npw is not None else np.random.get_state()[2]
-    return py, nps, torch.default_generator.get_state().numpy().tobytes()
+    st = torch.default_generator.get_state().numpy()  # (5056,) uint8, a fresh copy
+    # CPU generator state: seed, mt19937 left/next counters and state[0] (bytes 0-31, which
+    # change on every draw and refill), cached normal samples (the last 40 bytes)
+    return py, nps, st[:32].tobytes(), st[-40:].tobytes()
 
 
 def _refresh_numpy():
