@@ -6,7 +6,7 @@ import random
 import numpy as np
 import pytest
 import torch
-from torch.utils.data import Subset, random_split
+from torch.utils.data import Subset, TensorDataset, random_split
 
 import kuat
 from kuat.engine import isolate
@@ -102,14 +102,16 @@ def test_datasets_that_do_not_draw_are_not_isolated_and_the_callers_streams_are_
     torch.manual_seed(3)
     np.random.seed(3)
     random.seed(3)
-    dl = kuat.DataLoader(range(64), batch_size=8, shuffle=True, seed=1)
-    assert sorted(int(v) for b in dl for v in b) == list(range(64))
-    assert not dl._job.rng_use.draws
+    dl = kuat.DataLoader(PerSample(64, first_drawing=64), batch_size=8, shuffle=True, seed=1)
+    assert sorted(int(v) for b in dl for v in b[0]) == list(range(64))
+    assert dl._job.isolate_rng and not dl._job.rng_use.draws  # probed and watched: no draw
     assert _draws() == want  # neither the probe nor the watch drew or left a reseeded stream
 
     dl = kuat.DataLoader(PerSample(), batch_size=8, seed=1)
     list(dl)
     assert dl._job.rng_use.draws
+    for pure in (range(4), [1, 2], np.arange(4), torch.arange(4), TensorDataset(torch.arange(4))):
+        assert not kuat.DataLoader(pure, batch_size=2)._job.isolate_rng  # cannot draw
 
 
 def test_fingerprint_changes_on_every_kind_of_draw_and_seed():

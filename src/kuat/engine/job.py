@@ -130,6 +130,14 @@ def _batch_key(key) -> int:
         return zlib.crc32(repr(key).encode())
 
 
+def _never_draws(dataset) -> bool:
+    """Datasets whose indexing cannot draw random numbers: Python sequences, arrays, tensors
+    and torch's ``TensorDataset`` (exactly these types, not subclasses)."""
+    from torch.utils.data import TensorDataset
+
+    return type(dataset) in (range, list, tuple, np.ndarray, torch.Tensor, TensorDataset)
+
+
 def per_sample_getitems(dataset) -> bool:
     """Whether ``dataset.__getitems__`` is torch's ``Subset.__getitems__`` over datasets that
     fetch one sample at a time (``random_split`` gives these): then the loader fetches
@@ -176,6 +184,10 @@ class FetchJob:
     # the source collates its own batches (``kuat_fetch_collated(indices)``, same result as the
     # default collate of its ``__getitems__``): set when the collate is the default one
     fetch_collated: bool = False
+
+    def __post_init__(self):
+        if self.isolate_rng and _never_draws(self.dataset):
+            self.isolate_rng = False  # nothing to isolate: not even the watch's fingerprints
 
     # -- worker lifecycle -------------------------------------------------------------------
     def start(self, worker_id: int, num_workers: int, method: str, base_seed: int) -> WorkerCtx:
