@@ -296,3 +296,22 @@ def test_a_new_iterator_over_persistent_workers_ends_the_previous_one():
         assert [b.tolist() for b in second] == [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9], [10, 11]]
         with pytest.raises(StopIteration):
             next(first)
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_cheap_batches_give_the_same_epochs_whether_or_not_the_consumer_takes_them_over(persistent):
+    # range(n) with thread workers: batches of ~0.1 ms, the consumer waits for them, so the
+    # loader may move to fetching them itself mid-epoch; nothing observable may change
+    inline = kuat.DataLoader(range(6000), batch_size=64, shuffle=True, seed=4)
+    want = [b.tolist() for _ in range(2) for b in inline]
+    dl = kuat.DataLoader(range(6000), batch_size=64, shuffle=True, seed=4, num_workers=2,
+                         persistent_workers=persistent)
+    got = []
+    for _ in range(2):
+        it = iter(dl)
+        got += [b.tolist() for b in it]
+    assert got == want and want[0] != want[len(want) // 2]  # two different epochs, same as inline
+    assert dl.stats()["batches"] == len(want)
+    dl2 = kuat.DataLoader(range(6000), batch_size=64, shuffle=True, seed=4, num_workers=2,
+                          worker_init_fn=lambda w: None)
+    assert dl2._job.thread_agnostic is False  # per-worker set-up: never fetched elsewhere

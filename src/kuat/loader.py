@@ -83,6 +83,7 @@ _MASK63 = (1 << 63) - 1
 # at depth 8, on a loaded 2-core machine).
 _CHEAP_BATCH_S = 0.5e-3
 _CHEAP_PREFETCH = 8
+_INLINE_PROBE = 16  # batches observed before deciding to fetch cheap batches in the consumer
 
 
 def _base_seed(seed: int, epoch: int) -> int:
@@ -767,6 +768,10 @@ class _LoaderIter:
         self._max_inflight = 1 if self._inline else max(1, loader.prefetch_factor * self._nw)
         self._base_inflight = self._max_inflight
         self._adapt = loader._adaptive_prefetch and isinstance(engine, ThreadEngine)
+        # cheap batches of a thread-agnostic source, with the consumer waiting for them: fetch
+        # them in the consumer thread instead (the hand-off would cost more than the work)
+        self._may_go_inline = self._adapt and loader._job.thread_agnostic
+        self._seen = self._cheap = self._blocked = 0
         self._active = [True] * self._nw
         self._rr = 0
         self._tasks: dict[int, int] = {}  # task id -> worker id, in flight
@@ -847,7 +852,7 @@ class _LoaderIter:
         A batch counts against the bound from submission until it is yielded (as in torch), so
         results waiting for their turn (``in_order``) hold no more memory than the bound.
         """
-        if self._to_processes():
+        if self._to_processes() or self._to_inline():
             return
         while len(self._tasks) + len(self._ready) < self._max_inflight and not self._keys_done:
             w = self._next_worker()
@@ -885,6 +890,28 @@ class _LoaderIter:
         self._max_inflight = self._base_inflight = max(1, lo.prefetch_factor * self._nw)
         return False
 
+    def _to_inline(self) -> bool:
+        """After ``_INLINE_PROBE`` batches, most of them cheap and waited for by the consumer:
+        let the workers' batches in flight finish (True while they do), then fetch the rest
+        of the epoch in this thread (the thread workers are released, or kept when
+        persistent)."""
+        if not (self._may_go_inline and self._seen >= _INLINE_PROBE):
+            return False
+        if self._cheap < 0.75 * self._seen or self._blocked < 0.75 * self._seen:
+            self._may_go_inline = False
+            return False
+        if self._tasks:
+            return True
+        if self._owned:
+            self._engine.close()
+        log.debug("kuat.DataLoader: batches take under %.1f ms of work and the training loop "
+                  "waits for them: fetching them in its thread", _CHEAP_BATCH_S * 1e3)
+        self._engine = InlineEngine(self._loader._job, self._base_seed)
+        self._owned = True  # the inline engine; persistent thread workers stay with the loader
+        self._inline, self._nw, self._active, self._rr = True, 1, [True], 0
+        self._max_inflight, self._adapt, self._may_go_inline = 1, False, False
+        return False
+
     def _next_worker(self) -> int | None:
         for _ in range(self._nw):
             w, self._rr = self._rr, (self._rr + 1) % self._nw
@@ -905,6 +932,7 @@ class _LoaderIter:
                     return self._ready.pop(next(iter(self._ready)))
                 if not self._tasks:
                     return None
+            self._blocked += 1
             r = self._get()
             if self._tasks.pop(r.task_id, None) is None:
                 continue  # stale: from an abandoned epoch of persistent workers
@@ -961,6 +989,8 @@ class _LoaderIter:
             # times over): keep more in flight so each worker wakes once per several batches.
             cheap = st.fetch_s + st.collate_s < _CHEAP_BATCH_S
             self._max_inflight = self._nw * _CHEAP_PREFETCH if cheap else self._base_inflight
+            self._seen += 1
+            self._cheap += cheap
         s = self._stats
         with s.lock:
             s.fetch_s += st.fetch_s

@@ -185,6 +185,14 @@ class FetchJob:
     # default collate of its ``__getitems__``): set when the collate is the default one
     fetch_collated: bool = False
 
+    @property
+    def thread_agnostic(self) -> bool:
+        """Whether any thread may fetch a batch with the same result (no per-worker state, no
+        ``worker_init_fn``): pure sequences, or a source declaring ``kuat_thread_agnostic``."""
+        return (not self.iterable and self.worker_init_fn is None
+                and (_never_draws(self.dataset)
+                     or getattr(self.dataset, "kuat_thread_agnostic", False) is True))
+
     def __post_init__(self):
         if self.isolate_rng and _never_draws(self.dataset):
             self.isolate_rng = False  # nothing to isolate: not even the watch's fingerprints

@@ -363,6 +363,10 @@ class Dataset:
         kuat.DecodeError: an image cannot be decoded (names the sample index and shard).
     """
 
+    # A batch depends only on its indices (and the loader's seed/epoch), never on which thread
+    # fetches it: the loader may fetch cheap batches in the consumer thread (no hand-off).
+    kuat_thread_agnostic = True
+
     def __init__(self, path: str | os.PathLike, *, _store: _Store | None = None):
         if _store is None:
             p = Path(path)
