@@ -139,7 +139,11 @@ class DataLoader:
         prefetch_factor: batches in flight per worker (default 2 with workers, as torch). When
             it is not given, thread workers keep up to 8 per worker in flight while batches take
             under 0.5 ms of work, so that each worker wakes once per several cheap batches
-            instead of once per batch (the attribute still reads 2).
+            instead of once per batch (the attribute still reads 2); and when most of the
+            first 16 batches are that cheap and the training loop waited for them, a source
+            whose batches do not depend on the thread fetching them (kuat datasets, pure
+            sequences; no ``worker_init_fn``) is fetched in the training loop's thread for the
+            rest of the epoch, as with ``num_workers=0`` (a hand-off costs more than the work).
         persistent_workers: keep workers between epochs.
         pin_memory_device: deprecated in torch; ignored with torch's warning.
         in_order: yield batches in sampler order (``True``) or as they complete.
@@ -180,7 +184,7 @@ class DataLoader:
             those generators reseeded from ``(seed, epoch, i)``, or each ``__getitems__`` call
             from ``(seed, epoch, batch indices)``, under a process-wide lock, restoring the
             caller's generator states after. Datasets that do not draw pay about 5 us per
-            batch. In thread mode the samples of a drawing dataset run one at a time
+            batch (``range``, lists, tuples, arrays, tensors and ``TensorDataset``: nothing). In thread mode the samples of a drawing dataset run one at a time
             (``stats()["busy_s"]["rng_lock_wait"]`` shows the cost). torch's ``Subset`` (and
             so ``random_split``) over a per-sample dataset is read per sample, so each sample
             is isolated. ``None`` (default): on unless the dataset sets
