@@ -187,9 +187,10 @@ def map_samples(fn, indices) -> list:
 def seed_global_rngs(seed: int) -> None:
     """Seed Python's ``random``, NumPy's global generator and torch's default generator.
 
-    Used per worker (as torch's DataLoader does) and per sample where the loader isolates
-    global random state. NumPy's legacy seeding takes 32 bits, so it gets a mixed 32-bit
-    value of ``seed``.
+    Used once in each process worker with ``base_seed + worker_id``, as torch seeds its worker
+    processes (per-sample isolation uses ``kuat.engine.isolate.seed_globals_cpu``, which leaves
+    CUDA generators alone). NumPy's legacy seeding takes 32 bits, so it gets a mixed 32-bit
+    value of ``seed``; torch's all CUDA generators too (``torch.manual_seed``).
     """
     import torch
 

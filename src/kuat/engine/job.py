@@ -230,7 +230,16 @@ class FetchJob:
 
     # -- one task ---------------------------------------------------------------------------
     def run(self, ctx: WorkerCtx, epoch: int, key, base_seed: int):
-        """Fetch and collate one batch. Returns ``(kind, batch_or_None, WorkStats)``."""
+        """Fetch and collate the batch of ``key`` in epoch ``epoch``.
+
+        Returns ``(kind, batch, stats)``: ``(OK, batch, stats)``; ``(EMPTY, None, stats)`` when
+        ``on_error="skip"`` dropped every sample; ``(END, None, stats)`` when this worker's
+        iterator is exhausted (iterable datasets). ``stats`` holds the fetch/collate/pin times,
+        the global-RNG lock wait and the skipped samples. The batch is built inside a
+        :class:`kuat.collate.batch_scope`, so it shares memory only with buffers allocated for
+        it. Raises whatever the dataset, ``collate_fn`` or pinning raise (with
+        ``on_error="raise"``); the engine turns that into a ``FAIL`` result.
+        """
         if ctx.epoch != epoch:
             self._new_epoch(ctx, epoch, base_seed)
         st = WorkStats()
