@@ -2,6 +2,7 @@
 datasets that do not draw."""
 
 import random
+import threading
 
 import numpy as np
 import pytest
@@ -185,3 +186,29 @@ def test_default_worker_type_moves_a_drawing_dataset_to_processes(image_folder):
     dl = kuat.DataLoader(range(12), batch_size=4, num_workers=2)
     assert sorted(int(v) for b in dl for v in b) == list(range(12))
     assert dl.worker_type == "thread"  # a dataset that does not draw stays in threads
+
+
+def test_watching_stops_after_false_alarms_from_other_threads(caplog):
+    use = isolate.RngUse()
+    with caplog.at_level("INFO", logger="kuat.engine"):
+        for _ in range(isolate.MAX_FALSE_ALARMS):
+            assert use.watch
+            use.false_alarm()
+    assert not use.watch and not use.draws and "no longer watching" in caplog.text
+
+
+def test_a_draw_by_another_thread_during_a_batch_is_a_false_alarm_not_a_draw():
+    class DrawsElsewhere(PerSample):
+        fired = False
+
+        def __getitem__(self, i):
+            if i == 20 and not self.fired:  # as if the training loop drew during this batch
+                self.fired = True
+                t = threading.Thread(target=torch.rand, args=(3,))
+                t.start()
+                t.join()
+            return (i, 0.0, 0.0, 0.0)
+
+    dl = kuat.DataLoader(DrawsElsewhere(), batch_size=8, seed=1)
+    assert [int(v) for b in dl for v in b[0]] == list(range(48))
+    assert not dl._job.rng_use.draws and dl._job.rng_use.false_alarms == 1
