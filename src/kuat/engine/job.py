@@ -13,7 +13,10 @@ do not draw pay two fingerprints per batch (about 5 us).
 
 from __future__ import annotations
 
+import copy
+import logging
 import operator
+import os
 import threading
 import time
 import zlib
@@ -27,21 +30,34 @@ from kuat.collate import batch_scope
 from kuat.engine import isolate
 from kuat.engine.base import EMPTY, END, OK, WorkStats
 
-__all__ = ["FetchJob", "WorkerCtx", "set_worker_info", "per_sample_getitems"]
+__all__ = ["FetchJob", "WorkerCtx", "set_worker_info", "per_sample_getitems", "worker_dataset"]
+
+log = logging.getLogger("kuat.engine")
 
 
 class _PerThreadWorkerInfo(threading.local):
     info = None
+    consulted = False  # get_worker_info() was called in this worker since it started
 
 
 _thread_info = _PerThreadWorkerInfo()
 
 
+def _reset_lock_in_child() -> None:
+    # A fork while another thread held the lock would leave it locked forever in the child.
+    global _install_lock
+    _install_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_lock_in_child)
 _install_lock = threading.Lock()
 
 
 def _thread_aware_get_worker_info():  # code object swapped into torch's get_worker_info
-    info = _kuat_thread_worker_info.info  # noqa: F821 (a global of torch's worker module)
+    local = _kuat_thread_worker_info  # noqa: F821 (a global of torch's worker module)
+    local.consulted = True
+    info = local.info
     return _worker_info if info is None else info  # noqa: F821
 
 
@@ -51,7 +67,9 @@ def _install_thread_worker_info() -> None:
     torch's function returns one module global. Its code is replaced (once, idempotently) by a
     version that first looks at a ``threading.local`` and falls back to that global, so every
     reference to it (``from torch.utils.data import get_worker_info`` included) sees the info of
-    the kuat thread worker calling it, and ``None`` in the main thread, as under torch.
+    the kuat thread worker calling it, and ``None`` in the main thread, as under torch. Each
+    call also marks the calling thread as having consulted its worker info
+    (:func:`worker_info_consulted`). Installed in worker processes too, for that mark.
     """
     from torch.utils.data._utils import worker as wmod
 
@@ -76,11 +94,16 @@ def set_worker_info(method: str, worker_id: int, num_workers: int, seed: int, da
         )
     except TypeError:  # torch without the worker_method field
         info = wmod.WorkerInfo(id=worker_id, num_workers=num_workers, seed=seed, dataset=dataset)
+    _install_thread_worker_info()
     if method == "thread":
-        _install_thread_worker_info()
         _thread_info.info = info
     else:
         wmod._worker_info = info
+
+
+def worker_info_consulted() -> bool:
+    """Whether ``get_worker_info()`` was called in this worker since :meth:`FetchJob.start`."""
+    return _thread_info.consulted
 
 
 def _clear_worker_info(method: str) -> None:
@@ -151,12 +174,45 @@ def per_sample_getitems(dataset) -> bool:
     return False
 
 
+def worker_dataset(dataset, method: str):
+    """The dataset object one worker reads: its own shallow copy in a thread worker.
+
+    A torch worker process reads its own copy of the dataset (forked or unpickled), so what a
+    worker does to it (``worker_init_fn`` narrowing ``get_worker_info().dataset``, a file handle
+    or connection opened lazily in ``__getitem__``, a counter, a per-worker cache assigned on
+    first use) stays in that worker. Thread workers keep that: each gets ``copy.copy(dataset)``
+    when it starts (once per worker per engine: each epoch, or once with persistent workers),
+    taken after the main thread's last change. A shallow copy shares what the attributes point
+    to: tensors, arrays, memory-mapped shards, file lists (read-only data, shared at no cost)
+    and also mutable containers created in ``__init__`` (a dict used as a cache is then shared,
+    and must be safe to use from several threads, as CPython's dict is). Attributes *assigned*
+    in a worker are its own. A dataset that wants no copy (or a deeper one) defines
+    ``__copy__``; one that cannot be copied is shared, with a warning. Cost: one
+    ``copy.copy`` per worker start, about 3 us for a ``TensorDataset``, an ``ImageFolder`` or a
+    kuat dataset (measurements in ``tests/test_parity_workers.py``'s docstring); in process
+    mode (the worker has its own copy already) and inline mode (torch's ``num_workers=0`` reads
+    the dataset itself) nothing is copied.
+    """
+    if method != "thread":
+        return dataset
+    try:
+        return copy.copy(dataset)
+    except Exception as e:  # un-copyable (a C extension type, a __reduce__ that refuses)
+        log.warning(
+            "kuat thread workers share one %s object: copy.copy() failed (%s: %s), so state a "
+            "worker sets on it is seen by every worker. Define __copy__ on the dataset, or use "
+            "worker_type='process'", type(dataset).__name__, type(e).__name__, e,
+        )
+        return dataset
+
+
 @dataclass
 class WorkerCtx:
     worker_id: int
     num_workers: int
     method: str  # "inline" | "thread" | "process"
     base_seed: int
+    dataset: object = None  # this worker's dataset object (see worker_dataset)
     epoch: int | None = None
     iterator: object = None
     ended: bool = False
@@ -199,14 +255,16 @@ class FetchJob:
 
     # -- worker lifecycle -------------------------------------------------------------------
     def start(self, worker_id: int, num_workers: int, method: str, base_seed: int) -> WorkerCtx:
-        ctx = WorkerCtx(worker_id, num_workers, method, base_seed)
+        ctx = WorkerCtx(worker_id, num_workers, method, base_seed,
+                        dataset=worker_dataset(self.dataset, method))
         if method == "inline":
             return ctx
         seed = base_seed + worker_id
+        _thread_info.consulted = False
         if method == "process":
             torch.set_num_threads(1)
             krng.seed_global_rngs(seed)  # as torch seeds each worker process
-        set_worker_info(method, worker_id, num_workers, seed, self.dataset)
+        set_worker_info(method, worker_id, num_workers, seed, ctx.dataset)
         if self.worker_init_fn is not None:
             self.worker_init_fn(worker_id)
         return ctx
@@ -221,12 +279,12 @@ class FetchJob:
             seed = base_seed + ctx.worker_id
             if ctx.method == "process":
                 krng.seed_global_rngs(seed)
-            set_worker_info(ctx.method, ctx.worker_id, ctx.num_workers, seed, self.dataset)
+            set_worker_info(ctx.method, ctx.worker_id, ctx.num_workers, seed, ctx.dataset)
         if self.iterable:
-            set_epoch = getattr(self.dataset, "set_epoch", None)
+            set_epoch = getattr(ctx.dataset, "set_epoch", None)
             if callable(set_epoch):
                 set_epoch(epoch)
-            ctx.iterator = iter(self.dataset)
+            ctx.iterator = iter(ctx.dataset)
 
     # -- one task ---------------------------------------------------------------------------
     def run(self, ctx: WorkerCtx, epoch: int, key, base_seed: int):
@@ -253,6 +311,8 @@ class FetchJob:
                 else:
                     data = self._fetch_indices(ctx, epoch, key, st)
             st.fetch_s, st.fetch_cpu_s = time.perf_counter() - t0, time.thread_time() - c0
+            if self.iterable and ctx.num_workers > 1:  # all workers iterating all items? (#11.6)
+                st.worker_info_consulted = worker_info_consulted()
             if data is None:
                 return (END if self.iterable else EMPTY), None, st
             if self.fetch_collated:  # the columnar gather went straight to batch tensors
@@ -325,30 +385,30 @@ class FetchJob:
                 st.skipped.append((i, type(e).__qualname__, str(e)))
         return kept or None
 
-    def _get(self, key) -> list:
+    def _get(self, ctx: WorkerCtx, key) -> list:
         """The samples of ``key``: one ``__getitems__`` call, or ``dataset[i]`` per sample (or
         the collated batch, with ``fetch_collated``)."""
         if self.fetch_collated:
-            return self.dataset.kuat_fetch_collated(key)
+            return ctx.dataset.kuat_fetch_collated(key)
         if self.use_getitems:
-            return self.dataset.__getitems__(key)
-        return krng.map_samples(self.dataset.__getitem__, key)
+            return ctx.dataset.__getitems__(key)
+        return krng.map_samples(ctx.dataset.__getitem__, key)
 
     def _fetch(self, ctx: WorkerCtx, epoch: int, key, st: WorkStats) -> list:
         """The samples of ``key``, with global-RNG isolation where the dataset needs it."""
         if not self.isolate_rng:
-            return self._get(key)
+            return self._get(ctx, key)
         use = self.rng_use
         if use.draws or not ctx.probed:
             ctx.probed = True
             return self._isolated(ctx, epoch, key, st)
         if not use.watch:
-            return self._get(key)
+            return self._get(ctx, key)
         lock = isolate.GLOBAL_RNG_LOCK
         lock.acquire_shared()
         try:
             before = isolate.fingerprint()
-            data = self._get(key)
+            data = self._get(ctx, key)
             drew = isolate.fingerprint() != before
         finally:
             lock.release_shared()
@@ -364,7 +424,7 @@ class FetchJob:
         """The samples of ``key`` with the global RNGs reseeded per sample (``__getitem__``)
         or per batch (``__getitems__``), under the exclusive lock; probes whether the dataset
         draws until that is known."""
-        ds, use = self.dataset, self.rng_use
+        ds, use = ctx.dataset, self.rng_use
         t0 = time.perf_counter()
         with isolate.GLOBAL_RNG_LOCK:
             st.rng_wait_s += time.perf_counter() - t0
@@ -373,7 +433,7 @@ class FetchJob:
                 if self.use_getitems:
                     isolate.seed_globals_cpu(global_rng_seed(self.seed, epoch, _batch_key(key)))
                     probe = None if use.draws else isolate.fingerprint()
-                    out = self._get(key)
+                    out = self._get(ctx, key)
                     if probe is not None and isolate.fingerprint() != probe:
                         use.draws = True
                     return out
