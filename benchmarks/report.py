@@ -17,6 +17,7 @@ TITLES = {
     "hf-rows": "hf-rows: datasets.Dataset of variable-length int32 lists, padding collate, "
     "batch 64",
     "ingest": "ingest: converting the ImageFolder into each format",
+    "overhead": "overhead: the loop's own cost on cheap samples, batch 256, us per batch",
 }
 
 
@@ -111,6 +112,13 @@ def markdown(results: dict) -> str:
         for loader, errs in failed.items():
             lines.append(f"\n{labels.get(loader, loader)} failed in some runs: {'; '.join(errs)}")
         lines.append("")
+    for workload, table in (results.get("tables") or {}).items():  # e.g. bench_overhead
+        import importlib
+
+        from benchmarks.runner import TABLE_WORKLOADS
+
+        module = importlib.import_module(f"benchmarks.{TABLE_WORKLOADS[workload]}")
+        lines += [f"## {TITLES.get(workload, workload)}", "", module.markdown(table)]
     if results.get("unavailable"):
         lines += ["## Not measured", "", "| loader | why |", "|---|---|"]
         for k, v in results["unavailable"].items():

@@ -34,6 +34,10 @@ from pathlib import Path
 from benchmarks import envs, measure, workloads
 from benchmarks.adapters import LOADERS
 
+# Workloads measured in this process by their own module (a table of their own, not one run
+# per loader): name -> module under benchmarks/ with run(quick, progress) and markdown(result).
+TABLE_WORKLOADS = {"overhead": "bench_overhead"}
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 BASELINE = {
     "imagenet-jpeg": "torch",
@@ -65,7 +69,7 @@ class BenchConfig:
     out_dir: Path = Path("bench-results")
     quick: bool = False
     loaders: tuple[str, ...] = DEFAULT_LOADERS
-    workloads: tuple[str, ...] = workloads.ALL
+    workloads: tuple[str, ...] = workloads.ALL + tuple(TABLE_WORKLOADS)
     runs: int | None = None  # interleaved rounds; default 3 (quick: 2)
     num_images: int | None = None  # default 2000 (quick: 512)
     epochs: int | None = None  # per run: 1 warm-up + steady; default 3 (quick: 2)
@@ -84,9 +88,10 @@ class BenchConfig:
         unknown = [n for n in self.loaders if n not in LOADERS]
         if unknown:
             raise ValueError(f"unknown loaders={unknown}; known: {sorted(LOADERS)}")
-        bad = [w for w in self.workloads if w not in workloads.ALL]
+        known = list(workloads.ALL) + list(TABLE_WORKLOADS)
+        bad = [w for w in self.workloads if w not in known]
         if bad:
-            raise ValueError(f"unknown workloads={bad}; known: {list(workloads.ALL)}")
+            raise ValueError(f"unknown workloads={bad}; known: {known}")
         if self.runs is not None and self.runs < 1:
             raise ValueError(f"runs={self.runs} must be >= 1")
         if self.epochs is not None and self.epochs < 2:
@@ -299,7 +304,7 @@ def run_bench(cfg: BenchConfig, progress: Callable[[str], None] = lambda s: None
     # 2. Probe: import each loader in its interpreter, record versions or why it fails.
     import importlib
 
-    plan: dict[str, list[str]] = {w: [] for w in cfg.workloads}
+    plan: dict[str, list[str]] = {w: [] for w in cfg.workloads if w not in TABLE_WORKLOADS}
     for loader in cfg.loaders:
         if loader in unavailable:
             progress(f"skip {loader}: {unavailable[loader]}")
@@ -322,14 +327,14 @@ def run_bench(cfg: BenchConfig, progress: Callable[[str], None] = lambda s: None
         supported = importlib.import_module(
             f"benchmarks.adapters.{LOADERS[loader]['adapter']}"
         ).WORKLOADS
-        for w in cfg.workloads:
+        for w in plan:
             if w in supported and w not in LOADERS[loader].get("skip", ()):
                 plan[w].append(loader)
         progress(f"{loader}: {res['versions']}")
 
     # 3. Data.
     data: dict[str, dict] = {}
-    for w in cfg.workloads:
+    for w in plan:
         if not plan[w]:
             continue
         try:
@@ -375,6 +380,13 @@ def run_bench(cfg: BenchConfig, progress: Callable[[str], None] = lambda s: None
             prepare_s.setdefault(w, {})[loader] = res["prepare_s"]
             data.setdefault(f"{w}:{loader}", {}).update(res.get("data") or {})
 
+    # 5a. Workloads with their own table, measured in this process (before the peers' runs).
+    tables: dict[str, dict] = {}
+    for w in cfg.workloads:
+        if w in TABLE_WORKLOADS:
+            module = importlib.import_module(f"benchmarks.{TABLE_WORKLOADS[w]}")
+            tables[w] = module.run_for_bench(cfg.quick, cfg.runs, progress)
+
     # 5. Rounds, interleaved.
     runs: list[dict] = []
     total = cfg.runs * sum(len(v) for v in plan.values())
@@ -416,6 +428,7 @@ def run_bench(cfg: BenchConfig, progress: Callable[[str], None] = lambda s: None
         "unavailable": unavailable,
         "prepare_s": prepare_s,
         "summary": summarize(runs, plan),
+        "tables": tables,
         "runs": runs,
     }
     (cfg.out_dir / "results.json").write_text(json.dumps(results, indent=1, default=str))

@@ -169,3 +169,22 @@ def test_config_paths_are_absolute(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     cfg = runner.BenchConfig(out_dir=Path("rel-out"), cache_dir=Path("rel-cache"))
     root = tmp_path.resolve()
     assert cfg.out_dir == root / "rel-out" and cfg.cache_dir == root / "rel-cache"
+
+
+def test_overhead_table_measures_every_row_and_mode():
+    from benchmarks import bench_overhead, runner
+
+    assert "overhead" in runner.BenchConfig().workloads
+    res = bench_overhead.run(n=256 * 4, rounds=1, warmup=1, batches=2)
+    cols = [c[0] for c in bench_overhead.COLUMNS]
+    assert [r["row"] for r in res["rows"]][0] == "`range(n)`, shuffle" and len(res["rows"]) == 4
+    for row in res["rows"]:
+        torch_only_absent = row["row"].startswith("same, `isolate_global_rng=False`")
+        for col in cols:
+            cell = row["cells"][col]
+            if torch_only_absent and col.startswith("torch"):
+                assert cell is None
+            else:
+                assert cell["median_us"] > 0 and len(cell["runs_us"]) == 1
+    table = bench_overhead.markdown(res)
+    assert table.count("\n| ") == 5 and "kuat, 2 processes" in table

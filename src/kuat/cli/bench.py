@@ -10,6 +10,7 @@ Examples:
     kuat bench --quick                      # a few minutes, only peers already installed
     kuat bench --setup-envs                 # full run; creates the peer environments first
     kuat bench --workloads imagenet-jpeg --loaders torch kuat decode-only
+    kuat bench --workloads overhead --loaders torch   # the loop-cost table (issue 17)
     kuat bench --table bench-results/results.json   # print the README table again
 """
 
@@ -53,7 +54,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         nargs="+",
         default=None,
         metavar="NAME",
-        help="imagenet-jpeg imagenet-jpeg-256 tokens hf-rows ingest (default: all)",
+        help="imagenet-jpeg imagenet-jpeg-256 tokens hf-rows ingest overhead (default: all)",
     )
     p.add_argument(
         "--runs", type=int, default=None, help="interleaved rounds per loader (default 3; quick 2)"
@@ -156,7 +157,7 @@ def run(args: argparse.Namespace) -> int:
     if args.list:
         for name, info in LOADERS.items():
             print(f"{name:<16} env={info['env']:<10} {info['label']}")
-        print("workloads:", " ".join(runner.workloads.ALL))
+        print("workloads:", " ".join(runner.workloads.ALL + tuple(runner.TABLE_WORKLOADS)))
         return 0
     if args.table is not None:
         import json
