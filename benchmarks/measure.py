@@ -9,6 +9,10 @@ split by kind (Linux >= 5.7 reports the split; older kernels give the total only
 - ``file``: file-backed pages (shared libraries, a memory-mapped dataset shard): page cache
   the kernel can drop and re-read under memory pressure;
 - ``shmem``: shared memory (``/dev/shm`` batch pools of process workers, tmpfs files).
+
+As a script, it runs a command and prints the peak PSS of its process tree by kind::
+
+    python -m benchmarks.measure [--interval-s 0.05] -- python train.py ...
 """
 
 from __future__ import annotations
@@ -134,3 +138,34 @@ class PeakPssSampler:
 def now() -> float:
     """Monotonic wall clock in seconds."""
     return time.perf_counter()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run ``argv``'s command, sample its process tree's PSS, print each kind's peak (MiB)."""
+    import argparse
+    import subprocess
+
+    p = argparse.ArgumentParser(description="peak PSS of a command's process tree, by kind")
+    p.add_argument("--interval-s", type=float, default=0.05, help="sampling period (s)")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="the command (after --)")
+    args = p.parse_args(argv)
+    cmd = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not cmd:
+        p.error("give the command to measure after --")
+    proc = subprocess.Popen(cmd)
+    sampler = PeakPssSampler(proc.pid, args.interval_s).start()
+    try:
+        rc = proc.wait()
+    finally:
+        sampler.stop()
+    peak = {k: v / 2**20 for k, v in sampler.peak.items()}
+    print(
+        f"peak PSS {peak['pss']:.1f} MiB: anonymous {peak['anon']:.1f}, file-backed "
+        f"{peak['file']:.1f}, shared {peak['shmem']:.1f} ({sampler.samples} samples, "
+        f"every {args.interval_s:g} s; each kind's own peak)"
+    )
+    return rc
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -80,7 +80,7 @@ class BenchConfig:
     quick: bool = False
     loaders: tuple[str, ...] = DEFAULT_LOADERS
     workloads: tuple[str, ...] = workloads.ALL
-    runs: int | None = None  # interleaved rounds; default 3 (quick: 2)
+    runs: int | None = None  # interleaved timed rounds; default 3 (quick: 2); 0: memory only
     num_images: int | None = None  # default 2000 (quick: 512)
     epochs: int | None = None  # per run: 1 warm-up + steady; default 3 (quick: 2)
     memory_runs: int = 1  # separate memory-sampled runs per (loader, workload); 0: none
@@ -103,8 +103,8 @@ class BenchConfig:
         bad = [w for w in self.workloads if w not in workloads.ALL]
         if bad:
             raise ValueError(f"unknown workloads={bad}; known: {list(workloads.ALL)}")
-        if self.runs is not None and self.runs < 1:
-            raise ValueError(f"runs={self.runs} must be >= 1")
+        if self.runs is not None and self.runs < 0:
+            raise ValueError(f"runs={self.runs} must be >= 0 (0: memory runs only)")
         if self.epochs is not None and self.epochs < 2:
             raise ValueError(f"epochs={self.epochs} must be >= 2 (one warm-up, then steady)")
         if self.memory_runs < 0 or self.memory_epochs < 1:
@@ -112,10 +112,13 @@ class BenchConfig:
                 f"memory_runs={self.memory_runs} must be >= 0 and "
                 f"memory_epochs={self.memory_epochs} >= 1"
             )
+        if self.runs == 0 and self.memory_runs == 0:
+            raise ValueError("runs=0 and memory_runs=0: nothing to measure")
         if self.num_workers is not None and self.num_workers < 0:
             raise ValueError(f"num_workers={self.num_workers} must be >= 0")
         q = self.quick
-        self.runs = self.runs or (2 if q else 3)
+        if self.runs is None:
+            self.runs = 2 if q else 3
         self.num_images = self.num_images or (512 if q else 2000)
         self.epochs = self.epochs or (2 if q else 3)
         self.token_windows = self.token_windows or (16_384 if q else 65_536)

@@ -162,6 +162,21 @@ def test_pss_breakdown_splits_anonymous_and_file_backed(tmp_path: Path) -> None:
     del anon
 
 
+def test_measure_script_prints_a_commands_peak_by_kind() -> None:
+    import subprocess
+
+    code = "import numpy as np, time; a = np.ones(48 * 2**20, np.uint8); time.sleep(0.5)"
+    out = subprocess.run(
+        [sys.executable, "-m", "benchmarks.measure", "--", sys.executable, "-c", code],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    anon = float(out.split("anonymous ")[1].split(",")[0])
+    assert out.startswith("peak PSS ") and anon >= 48  # the 48 MiB array, touched
+
+
 def _run(loader: str, rnd: int, rate: float | None, mode: str = "run", added: int = 0) -> dict:
     ok = rate is not None or mode == "memory"
     r = {
@@ -292,6 +307,9 @@ def test_config_rejects_bad_values() -> None:
         runner.BenchConfig(epochs=1)
     with pytest.raises(ValueError, match="memory_runs=-1"):
         runner.BenchConfig(memory_runs=-1)
+    with pytest.raises(ValueError, match="nothing to measure"):
+        runner.BenchConfig(runs=0, memory_runs=0)
+    assert runner.BenchConfig(runs=0).runs == 0  # memory runs only
     assert runner.BenchConfig(num_workers=0).num_workers == 0  # kept: the main process
 
 

@@ -57,7 +57,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         help="imagenet-jpeg imagenet-jpeg-256 tokens hf-rows ingest (default: all)",
     )
     p.add_argument(
-        "--runs", type=int, default=None, help="interleaved rounds per loader (default 3; quick 2)"
+        "--runs",
+        type=int,
+        default=None,
+        help="interleaved timed rounds per loader (default 3; quick 2; 0 with --memory-runs: "
+        "memory only)",
     )
     p.add_argument(
         "--epochs",
@@ -159,7 +163,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.list:
         for name, info in LOADERS.items():
-            print(f"{name:<16} env={info['env']:<10} {info['label']}")
+            name_label = info["label"].replace("{workers}", "all")
+            print(f"{name:<18} env={info['env']:<10} {name_label}")
         print("workloads:", " ".join(runner.workloads.ALL))
         return 0
     if args.table is not None:
