@@ -139,7 +139,7 @@ def _header(results: dict) -> list[str]:
 def _headline(results: dict, workload: str, s: dict) -> list[str]:
     rows, strongest = s["rows"], s.get("strongest")
     out = []
-    if strongest:
+    if strongest and not strongest.startswith("kuat"):  # ingest's baseline is kuat itself
         base = label(results, strongest, workload)
         for loader, r in rows.items():
             v = r.get("vs", {}).get(strongest)
