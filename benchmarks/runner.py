@@ -223,11 +223,14 @@ def run_child(
     result["process_wall_s"] = wall
     result["log"] = str(log_path)
     if sampler is not None:
-        result["peak_pss"] = dict(sampler.peak)
+        # the child's own readings (after imports, after the last epoch) count as samples too
+        readings = [r for r in (result.get("baseline_pss"), result.get("end_pss")) if r]
+        peak = {k: max([sampler.peak[k], *(r[k] for r in readings)]) for k in measure.PSS_KINDS}
+        result["peak_pss"] = peak
         result["pss_samples"] = sampler.samples
         base = result.get("baseline_pss")
-        if base is not None and sampler.samples:
-            result["added_pss"] = {k: sampler.peak[k] - base[k] for k in measure.PSS_KINDS}
+        if base is not None:
+            result["added_pss"] = {k: peak[k] - base[k] for k in measure.PSS_KINDS}
     return result
 
 

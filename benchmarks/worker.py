@@ -19,6 +19,9 @@ What ``run`` measures (all wall times from ``time.perf_counter``):
 - ``baseline_pss``: PSS of this process by kind (``pss``, ``anon``, ``file``, ``shmem``,
   bytes) after importing the peer and before building the loader (in ``memory`` runs the
   parent samples the peak over the whole process tree and subtracts this);
+- ``end_pss``: in ``memory`` runs, the tree's PSS by kind after the last epoch with the loader
+  still open (the parent's peak includes it and the baseline, so a run shorter than one
+  sampling period still has a peak);
 - ``setup_s``: building the loader object (opening files, compiling pipelines where that
   happens at construction);
 - ``ttfb_s``: from asking the first epoch for an iterator to holding the first batch;
@@ -81,6 +84,9 @@ def _run(adapter, spec: dict) -> dict:
                     "cpu_s": measure.tree_cpu_seconds() - cpu0,
                 }
             )
+        # the tree's PSS with the loader still open: a run shorter than the parent's sampling
+        # period could otherwise end between two samples (memory runs only; after the clock)
+        end_pss = measure.tree_pss(os.getpid()) if spec["mode"] == "memory" else None
     finally:
         close = getattr(loader, "close", None)
         if close is not None:
@@ -92,6 +98,7 @@ def _run(adapter, spec: dict) -> dict:
     return {
         "versions": versions,
         "baseline_pss": baseline,
+        "end_pss": end_pss,
         "setup_s": setup_s,
         "ttfb_s": ttfb_s,
         "epochs": epochs,
