@@ -125,6 +125,15 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         metavar="CHAR",
         help="(csv) the field separator (default: tab for .tsv/.tab, else comma)",
     )
+    p.add_argument(
+        "--tokenizer",
+        default=None,
+        metavar="PATH",
+        help="(text) tokenize JSONL/Parquet/.txt records at ingest with this tokenizer.json "
+        "(or a local transformers tokenizer directory) into token sequences",
+    )
+    p.add_argument("--text-field", default="text", help="(text) the field holding the text")
+    p.add_argument("--eos-id", type=_int_in(0), default=None, help="(text) the eos token id")
     p.add_argument("--overwrite", action="store_true", help="replace an existing dataset at DST")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument(
@@ -155,15 +164,30 @@ def run(args) -> int:
     drop = _DropSkippedSummary()
     logging.getLogger("kuat.convert").addFilter(drop)
     try:
-        report = kuat.convert.convert(
-            args.src,
-            args.dst,
-            format=args.format,
-            image_fields=args.image_field,
-            split=args.split,
-            delimiter=args.delimiter,
-            **options,
-        )
+        if args.tokenizer is not None:
+            from kuat.text.tokenize import load_tokenizer
+
+            report = kuat.convert.from_text(
+                args.src,
+                args.dst,
+                load_tokenizer(args.tokenizer),
+                text_field=args.text_field,
+                eos_id=args.eos_id,
+                num_workers=args.workers,
+                progress=not args.no_progress,
+                overwrite=args.overwrite,
+                shard_bytes=args.shard_bytes,
+            )
+        else:
+            report = kuat.convert.convert(
+                args.src,
+                args.dst,
+                format=args.format,
+                image_fields=args.image_field,
+                split=args.split,
+                delimiter=args.delimiter,
+                **options,
+            )
     except (KuatError, OSError, ValueError, TypeError) as e:  # unreadable input, existing DST...
         print(f"kuat convert: error: {e}", file=sys.stderr)
         return 1
