@@ -30,6 +30,9 @@ Optional attributes the loader honours on the source:
   splits workers by whole batches (then batch ``k`` is the same whatever the worker count,
   which makes replay-based resume exact; with ``drop_last`` rank shares are truncated instead
   of padded). Map-style sources are sharded by the loader's sampler and need nothing.
+* ``kuat_prefetch(indices)`` (map-style sources): called at the start of each epoch, when the
+  loader owns the sampler, with this rank's sample indices in the order the epoch reads them
+  (after a resume, from the resume point), so remote storage can prefetch in that order.
 * ``state_dict()`` / ``load_state_dict(state)``: the source's own resumable state, stored
   under ``"source"`` in the loader's state. For iterable sources without it, resuming replays
   (fetches and drops) the batches already served in the epoch.
@@ -597,6 +600,10 @@ class DataLoader:
     def _keys(self, epoch: int, skip: int):
         if self._own_sampler:
             indices = self.sampler.indices(epoch)
+            prefetch = getattr(self._source, "kuat_prefetch", None)
+            if prefetch is not None:  # remote storage fetches shards in this order
+                start = skip * (self.batch_size or 1)
+                prefetch(indices[start:])
             if self.batch_size is None:
                 return iter(indices[skip:])
             return iter(batches_of(indices, self.batch_size, self.drop_last)[skip:])
