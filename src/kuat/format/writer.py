@@ -399,6 +399,53 @@ class _Builder:
         )
 
 
+def prepare_remote(remote: Remote, overwrite: bool) -> None:
+        """The remote twin of ``Writer._clear_directory``: refuse or clear what is at the URL
+        (the old manifest first, so no reader sees a mix). Run before anything is written, so
+        an unreachable destination fails here, naming the URL.
+
+        Raises:
+            FileExistsError: a dataset or other objects are there and ``overwrite`` is False.
+            kuat.format.fs.RemoteError: the destination cannot be reached after retries.
+        """
+        url = remote.url
+        fs = remote.fs
+
+        def listing() -> list[str]:
+            try:
+                return [p.rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(remote.path, detail=False)]
+            except FileNotFoundError:
+                return []
+
+        names = retry(listing, what="listing", url=url)
+        if MANIFEST_NAME in names:
+            if not overwrite:
+                raise FileExistsError(
+                    f"{url} is already a kuat dataset; pass overwrite=True (--overwrite) to "
+                    "replace it"
+                )
+            try:
+                old = [s.file for s in read_manifest(url, storage_options=remote.storage_options).shards]
+            except FormatError:
+                old = []
+            manifest = remote.path_of(MANIFEST_NAME)
+            retry(lambda: fs.rm_file(manifest), what="deleting the old manifest", url=url)
+            names = [n for n in names if n != MANIFEST_NAME] + old
+        others = [n for n in names if not _SHARD_RE.match(n)]
+        if others and not overwrite:
+            raise FileExistsError(
+                f"{url} is a non-empty prefix that is not a kuat dataset ({others[0]!r}, ...); "
+                "pass overwrite=True (--overwrite) to write into it anyway"
+            )
+        for name in set(n for n in names if _SHARD_RE.match(n)):
+            key = member_path(url, name)  # never delete outside the dataset's prefix
+            try:
+                retry(lambda k=key: fs.rm_file(remote.path_of(k[len(url) + 1 :])),
+                      what="deleting an old shard", url=key)  # fmt: skip
+            except FileNotFoundError:
+                pass
+
+
 class Writer:
     """Writes a kuat dataset directory: Arrow IPC shards plus ``manifest.json``.
 
@@ -549,44 +596,7 @@ class Writer:
                 os.unlink(e.path)
 
     def _prepare_remote(self, overwrite: bool) -> None:
-        """The remote twin of :meth:`_clear_directory`: refuse or clear what is at the URL.
-        Runs before anything is written, so an unreachable destination fails here."""
-        remote, url = self._remote, self._remote.url
-        fs = remote.fs
-
-        def listing() -> list[str]:
-            try:
-                return [p.rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(remote.path, detail=False)]
-            except FileNotFoundError:
-                return []
-
-        names = retry(listing, what="listing", url=url)
-        if MANIFEST_NAME in names:
-            if not overwrite:
-                raise FileExistsError(
-                    f"{url} is already a kuat dataset; pass overwrite=True (--overwrite) to "
-                    "replace it"
-                )
-            try:
-                old = [s.file for s in read_manifest(url, storage_options=remote.storage_options).shards]
-            except FormatError:
-                old = []
-            manifest = remote.path_of(MANIFEST_NAME)
-            retry(lambda: fs.rm_file(manifest), what="deleting the old manifest", url=url)
-            names = [n for n in names if n != MANIFEST_NAME] + old
-        others = [n for n in names if not _SHARD_RE.match(n)]
-        if others and not overwrite:
-            raise FileExistsError(
-                f"{url} is a non-empty prefix that is not a kuat dataset ({others[0]!r}, ...); "
-                "pass overwrite=True (--overwrite) to write into it anyway"
-            )
-        for name in set(n for n in names if _SHARD_RE.match(n)):
-            key = member_path(url, name)  # never delete outside the dataset's prefix
-            try:
-                retry(lambda k=key: fs.rm_file(remote.path_of(k[len(url) + 1 :])),
-                      what="deleting an old shard", url=key)  # fmt: skip
-            except FileNotFoundError:
-                pass
+        prepare_remote(self._remote, overwrite)
 
     def _upload(self, local: Path, name: str) -> None:
         remote = self._remote
