@@ -7,6 +7,8 @@ import argparse
 import logging
 import sys
 
+from kuat.cli._remote import add_storage_options, storage_options
+
 FORMATS = ("auto", "imagefolder", "hf", "parquet", "jsonl", "csv", "numpy", "webdataset")
 _MAX_SHARD_BYTES = 1 << 30  # kuat.format.writer's limit, repeated so --help imports nothing
 
@@ -113,6 +115,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--split", default=None, help="(hf) the split of a DatasetDict")
     p.add_argument("--overwrite", action="store_true", help="replace an existing dataset at DST")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_storage_options(p)
     return p
 
 
@@ -128,6 +131,7 @@ def run(args) -> int:
         quality=args.quality,
         decode_check=args.decode_check,
         shard_bytes=args.shard_bytes,
+        storage_options=storage_options(args),
     )
     drop = _DropSkippedSummary()
     logging.getLogger("kuat.convert").addFilter(drop)

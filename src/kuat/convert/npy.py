@@ -82,6 +82,7 @@ def from_numpy(
     overwrite: bool = False,
     shard_bytes: int | None = None,
     num_workers: int | None = None,
+    storage_options: dict | None = None,
 ) -> ConvertReport:
     """Convert NumPy arrays into a kuat dataset at ``dst``.
 
@@ -91,13 +92,18 @@ def from_numpy(
             ``"data"``).
         progress, overwrite, shard_bytes: see :class:`kuat.convert.ConvertOptions`.
         num_workers: accepted for a uniform signature; copying slices needs no threads.
+        storage_options: fsspec options for a URL ``dst``.
 
     Raises:
         ValueError: arrays of different lengths, 0-d arrays or unsupported dtypes.
         kuat.FormatError: a file that is not a .npy/.npz (names it).
     """
     opts = ConvertOptions(
-        num_workers=num_workers, progress=progress, shard_bytes=shard_bytes, overwrite=overwrite
+        num_workers=num_workers,
+        progress=progress,
+        shard_bytes=shard_bytes,
+        overwrite=overwrite,
+        storage_options=storage_options,
     )
     t0 = time.perf_counter()
     arrays = _arrays(src)

@@ -33,12 +33,17 @@ from kuat.errors import FormatError, SchemaError
 from kuat.format import Field, FieldType, Schema, Writer
 from kuat.format import schema as fs
 from kuat.format.arrow_views import values_view
+from kuat.format.fs import is_url, open_remote, retry
 
 __all__ = ["from_parquet", "from_jsonl", "from_csv", "arrow_field", "expand_paths"]
 
 
-def expand_paths(paths: str | os.PathLike | Sequence) -> list[str]:
+def expand_paths(
+    paths: str | os.PathLike | Sequence, storage_options: dict | None = None
+) -> list[str]:
     """Files named by ``paths`` (a path, a glob, or a list of either), sorted within a glob.
+    URLs (``s3://b/*.parquet``, ``http://host/x.csv``) are kept as URLs, globs expanded by
+    their fsspec file system.
 
     Raises:
         FileNotFoundError: a path does not exist or a glob matches nothing.
@@ -48,7 +53,17 @@ def expand_paths(paths: str | os.PathLike | Sequence) -> list[str]:
     out = []
     for p in paths:
         p = os.fspath(p)
-        if glob.has_magic(p):
+        if is_url(p):
+            if glob.has_magic(p) and not p.startswith(("http://", "https://")):
+                remote = open_remote(p, storage_options)
+                protocol = p.split("://", 1)[0]
+                matched = sorted(f"{protocol}://{m}" for m in remote.fs.glob(remote.path))
+                if not matched:
+                    raise FileNotFoundError(f"no file matches {p!r}")
+                out.extend(matched)
+            else:
+                out.append(p)
+        elif glob.has_magic(p):
             matched = sorted(glob.glob(p))
             if not matched:
                 raise FileNotFoundError(f"no file matches {p!r}")
@@ -112,21 +127,38 @@ def arrow_field(name: str, t: pa.DataType, image: bool = False) -> Field:
     raise ValueError(f"column {name!r} has Arrow type {t}, which has no kuat field type")
 
 
-def _batches(kind: str, path: str, batch_size: int) -> Iterator[pa.RecordBatch]:
-    """The record batches of one file; a file pyarrow cannot parse raises ``FormatError``."""
+def _batches(
+    kind: str, path: str, batch_size: int, storage_options: dict | None = None
+) -> Iterator[pa.RecordBatch]:
+    """The record batches of one file (a path, or a URL read through fsspec); a file pyarrow
+    cannot parse raises ``FormatError``, a URL that cannot be fetched ``FileNotFoundError`` or
+    ``kuat.format.fs.RemoteError`` naming it."""
+    if is_url(path):
+        remote = open_remote(path, storage_options)
+        try:
+            data = retry(lambda: remote.fs.cat_file(remote.path), what="reading", url=path)
+        except FileNotFoundError as e:
+            raise FileNotFoundError(f"no such file: {path}") from e
+        path_or_file = pa.BufferReader(data)
+    else:
+        path_or_file = path
+    yield from _parse(kind, path, path_or_file, batch_size)
+
+
+def _parse(kind: str, path: str, source, batch_size: int) -> Iterator[pa.RecordBatch]:
     try:
         if kind == "parquet":
             import pyarrow.parquet as pq
 
-            yield from pq.ParquetFile(path).iter_batches(batch_size=batch_size)
+            yield from pq.ParquetFile(source).iter_batches(batch_size=batch_size)
         elif kind == "jsonl":
             import pyarrow.json as pj
 
-            yield from pj.read_json(path).to_batches(max_chunksize=batch_size)
+            yield from pj.read_json(source).to_batches(max_chunksize=batch_size)
         elif kind == "csv":
             import pyarrow.csv as pc
 
-            yield from pc.open_csv(path)
+            yield from pc.open_csv(source)
         else:
             raise ValueError(f"unknown tabular kind {kind!r}")
     except (pa.ArrowException, OSError) as e:  # ArrowInvalid: a parse error
@@ -180,9 +212,10 @@ def _from_tables(
     opts: ConvertOptions,
 ) -> ConvertReport:
     t0 = time.perf_counter()
-    files = expand_paths(paths)
+    so = opts.storage_options
+    files = expand_paths(paths, so)
     report = ConvertReport(str(dst))
-    first = next(_batches(kind, files[0], batch_size), None)
+    first = next(_batches(kind, files[0], batch_size, so), None)
     if first is None:
         raise ValueError(f"{files[0]} holds no rows (cannot infer the columns)")
     arrow_schema = first.schema
@@ -201,9 +234,9 @@ def _from_tables(
 
     def file_batches() -> Iterator[tuple[str, int, dict]]:
         for path in files:
-            base = os.path.dirname(os.path.abspath(path))
+            base = path.rsplit("/", 1)[0] if is_url(path) else os.path.dirname(os.path.abspath(path))
             row = 0
-            for batch in _batches(kind, path, batch_size):
+            for batch in _batches(kind, path, batch_size, so):
                 if not batch.schema.equals(arrow_schema):
                     if batch.schema.names != arrow_schema.names:
                         raise SchemaError(
