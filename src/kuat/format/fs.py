@@ -161,8 +161,16 @@ def open_remote(url: str, storage_options: Mapping | None = None) -> Remote:
     fsspec = _import_fsspec()
     scheme = _URL.match(url).group(1).lower()
     url = url.rstrip("/")
+    options = dict(storage_options)
+    if scheme in ("s3", "s3a"):
+        # one retry layer, kuat's (bounded, logged): s3fs and botocore would each retry
+        # again inside every attempt (a closed port took ~35 s to report instead of ~3 s)
+        config = dict(options.get("config_kwargs") or {})
+        config.setdefault("retries", {"max_attempts": 1, "mode": "standard"})
+        config.setdefault("connect_timeout", 10)
+        options["config_kwargs"] = config
     try:
-        fs, path = fsspec.core.url_to_fs(url, **storage_options)
+        fs, path = fsspec.core.url_to_fs(url, **options)
     except ImportError as e:
         package = _BACKENDS.get(scheme, f"the fsspec backend for {scheme}://")
         raise ImportError(
@@ -173,6 +181,8 @@ def open_remote(url: str, storage_options: Mapping | None = None) -> Remote:
         if "Protocol not known" in str(e) or "not known" in str(e):
             raise ValueError(f"cannot open {url}: fsspec knows no {scheme}:// file system") from e
         raise
+    if scheme in ("s3", "s3a") and hasattr(fs, "retries"):
+        fs.retries = 1  # s3fs's own retry loop (a class attribute, no constructor option)
     return Remote(url, fs, path, dict(storage_options))
 
 
@@ -196,6 +206,9 @@ def is_transient(e: BaseException) -> bool:
     not a missing file, a refused permission or bad data."""
     if isinstance(e, _PERMANENT):
         return False
+    status = getattr(e, "status", None)  # an HTTP reply (aiohttp.ClientResponseError)
+    if isinstance(status, int):
+        return status in (408, 429) or status >= 500  # timeout, throttling, server errors
     if isinstance(e, (OSError, TimeoutError, ConnectionError)):
         return True
     name = type(e).__name__
