@@ -8,10 +8,10 @@ Layout of ``cache_dir`` (default ``~/.cache/kuat/shards``, ``KUAT_CACHE_DIR``)::
 
     <key>.arrow             a verified shard; key = xxh3(shard URL) + its checksum, so a
                             shard rewritten at the same URL is a new entry
-    .<key>.lock             flock held while one process downloads <key>; others wait on it
+    .<key>.lock             locked (lockf) while one process downloads <key>; others wait
     .<key>.tmp-<pid>-<tid>  a download in progress (never read; removed by whoever finds its
                             process gone)
-    .evict.lock             flock held while evicting
+    .evict.lock             locked while evicting
 
 Size: at most ``limit_bytes`` (default 50 GiB, ``KUAT_CACHE_LIMIT_BYTES``) of entries; when a new
 entry pushes the total over, least recently used entries (by modification time, refreshed on
@@ -20,7 +20,7 @@ process has mapped is safe on POSIX (the mapping keeps the data). The limit must
 the shards in use at once (workers x shards per batch + prefetch depth).
 
 Thread- and process-safety: every method may be called from many threads and processes at
-once; one download per entry happens at a time (flock), the others wait for it and reuse it.
+once; one download per entry happens at a time (a lock file), the others wait and reuse it.
 """
 
 from __future__ import annotations
@@ -73,14 +73,36 @@ def default_cache_limit() -> int:
     return value
 
 
+# Locks between processes are POSIX record locks (lockf): they belong to the process, so a
+# forked worker does not inherit a lock its parent's thread holds (flock's would be inherited
+# through the descriptor and never released in the child). They do not exclude threads of one
+# process, so each path also has a threading lock; both tables are reset in a forked child,
+# where threads that held them do not exist.
+_thread_locks: dict[str, threading.Lock] = {}
+_table_lock = threading.Lock()
+
+
+def _reset_locks_after_fork() -> None:
+    global _table_lock
+    _table_lock = threading.Lock()
+    _thread_locks.clear()
+
+
+os.register_at_fork(after_in_child=_reset_locks_after_fork)
+
+
 @contextlib.contextmanager
-def _flock(path: Path):
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)  # releases the lock
+def _lock_file(path: Path):
+    """Exclusive lock on ``path`` (created) against other threads and other processes."""
+    with _table_lock:
+        tlock = _thread_locks.setdefault(str(path), threading.Lock())
+    with tlock:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # releases the lock
 
 
 def _alive(pid: int) -> bool:
@@ -134,7 +156,7 @@ class ShardCache:
         if self._touch(final):
             return final
         self.dir.mkdir(parents=True, exist_ok=True)
-        with _flock(final.with_name(f".{final.stem}.lock")):
+        with _lock_file(final.with_name(f".{final.stem}.lock")):
             if self._touch(final):  # another thread or process fetched it meanwhile
                 return final
             tmp = final.with_name(f".{final.stem}.tmp-{os.getpid()}-{threading.get_ident()}")
@@ -210,7 +232,7 @@ class ShardCache:
     def _evict(self, keep: Path) -> None:
         """Delete least recently used entries until the cache fits ``limit_bytes``; remove
         temporary files of downloads whose process is gone."""
-        with _flock(self.dir / ".evict.lock"):
+        with _lock_file(self.dir / ".evict.lock"):
             entries = []
             for e in os.scandir(self.dir):
                 name = e.name

@@ -278,12 +278,13 @@ class _Store:
         self.lock = threading.Lock()
         self.opened: list[int] = []  # remote: ids of mapped shards, oldest first
         self.prefetcher: Prefetcher | None = None
+        self.pid = os.getpid()
 
     def __getstate__(self):
         state = self.__dict__.copy()
         # pickled Arrow schemas lose nested not-null flags: rebuild it from ours on load
         del state["shards"], state["lock"], state["arrow_schema"]
-        del state["opened"], state["prefetcher"]
+        del state["opened"], state["prefetcher"], state["pid"]
         return state
 
     def __setstate__(self, state):
@@ -311,7 +312,16 @@ class _Store:
                     self.shards[k] = s
         return s
 
+    def _after_fork(self) -> None:
+        """In a forked worker: the parent's fsspec event loop and prefetch thread did not
+        survive the fork; make a new file system (fsspec's instance cache is per process)."""
+        if self.pid != os.getpid():
+            self.pid = os.getpid()
+            self.prefetcher = None
+            self.remote = open_remote(self.remote.url, self.remote.storage_options)
+
     def _open_remote(self, k: int, info: ShardInfo, where: str) -> _Shard:
+        self._after_fork()
         member_path(self.remote.url, info.file, where=where)  # a key below the prefix
         for attempt in range(3):
             local = self.cache.get(self.remote, info.file, info)
@@ -344,6 +354,7 @@ class _Store:
         _, first = np.unique(sid, return_index=True)
         order = sid[np.sort(first)]  # shard ids by first use
         with self.lock:
+            self._after_fork()
             if self.prefetcher is None:
                 self.prefetcher = Prefetcher(self._prefetch_one, self.prefetch_shards)
             opened = [k for k, s in enumerate(self.shards) if s is not None]
