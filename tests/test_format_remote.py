@@ -390,3 +390,19 @@ def test_file_url_is_the_local_fast_path(tmp_path):
     _write(tmp_path / "d.kuat")
     ds = kuat.open(f"file://{tmp_path}/d.kuat")
     assert ds.path == tmp_path / "d.kuat" and ds[5]["y"] == 5
+
+
+def test_shard_shuffle_sampler_prefetches_its_order(http_root, tmp_path):
+    server, base = http_root
+    _write(Path(server.root) / "d.kuat", n=300, shard_bytes=600)
+    ds = kuat.open(f"{base}/d.kuat", cache_dir=tmp_path / "c", prefetch_shards=2)
+    sampler = kuat.ShardShuffleSampler(ds, block_size=40, seed=1)
+    server.gets.clear()
+    seen = [int(y) for b in kuat.DataLoader(ds, batch_size=10, sampler=sampler) for y in b["y"]]
+    assert seen == sampler.indices(0)
+    starts = np.cumsum([0] + [s.rows for s in ds.manifest.shards])[:-1]
+    sid = np.searchsorted(starts, np.asarray(seen), side="right") - 1
+    _, first = np.unique(sid, return_index=True)
+    assert [g for g in server.gets if g.endswith(".arrow")] == [
+        ds.manifest.shards[k].file for k in sid[np.sort(first)]
+    ]

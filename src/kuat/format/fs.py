@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from kuat.errors import FormatError, KuatError
+from kuat.errors import FormatError, RemoteError
 
 __all__ = [
     "Remote",
@@ -66,18 +66,6 @@ _BACKENDS = {
 RETRY_ATTEMPTS = 5
 _BASE_DELAY_S = 0.2
 _MAX_DELAY_S = 5.0
-
-
-class RemoteError(KuatError, OSError):
-    """A remote read or write failed persistently (after retries) or cannot be attempted.
-
-    Attributes:
-        url: the URL concerned.
-    """
-
-    def __init__(self, message: str, *, url: str | None = None):
-        super().__init__(message)
-        self.url = url
 
 
 def is_url(path: object) -> bool:
