@@ -36,6 +36,7 @@ __all__ = [
     "is_url",
     "local_path",
     "open_remote",
+    "download",
     "retry",
     "RETRY_ATTEMPTS",
 ]
@@ -242,3 +243,26 @@ def retry(
             )  # fmt: skip
             time.sleep(delay)  # backoff, not synchronisation
     raise AssertionError("unreachable")
+
+
+def download(url: str, directory: str | os.PathLike, storage_options: Mapping | None = None) -> str:
+    """Download the file at ``url`` into ``directory`` (with :func:`retry`), keeping its base
+    name; returns the local path (a source file to parse, not a shard: shards go through
+    :class:`kuat.format.cache.ShardCache`).
+
+    Raises:
+        FileNotFoundError: nothing at ``url`` (names it).
+        RemoteError: the download failed after retries.
+    """
+    remote = open_remote(url, storage_options)
+    name = url.rstrip("/").rsplit("/", 1)[-1] or "file"
+    local = os.path.join(os.fspath(directory), name)
+    n = 1
+    while os.path.exists(local):  # two sources with one base name
+        local = os.path.join(os.fspath(directory), f"{n}-{name}")
+        n += 1
+    try:
+        retry(lambda: remote.fs.get_file(remote.path, local), what="downloading", url=url)
+    except FileNotFoundError as e:
+        raise FileNotFoundError(f"no such file: {url}") from e
+    return local
