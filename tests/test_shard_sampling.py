@@ -62,3 +62,20 @@ def test_validation(ds):
         kuat.ShardShuffleSampler(ds, rank=2, world_size=2)
     with pytest.raises(TypeError, match="needs a kuat dataset"):
         kuat.ShardShuffleSampler(range(10))
+
+
+def test_the_loader_sets_the_epoch_and_resumes_it(ds):
+    def make():
+        return kuat.DataLoader(ds, batch_size=32, sampler=kuat.ShardShuffleSampler(ds, seed=2,
+                               block_size=100), num_workers=2)  # fmt: skip
+
+    loader = make()
+    list(loader)
+    it = iter(loader)  # epoch 1
+    head = [next(it)["y"].tolist() for _ in range(4)]
+    state = loader.state_dict()
+    rest = [b["y"].tolist() for b in it]
+    assert sum(head + rest, []) == loader.sampler.indices(1)
+    resumed = make()
+    resumed.load_state_dict(state)
+    assert [b["y"].tolist() for b in resumed] == rest

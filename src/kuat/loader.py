@@ -591,6 +591,8 @@ class DataLoader:
             self.sampler.set_epoch(epoch)
         elif callable(getattr(self._index_sampler, "kuat_set_epoch", None)):
             self._index_sampler.kuat_set_epoch(epoch)  # e.g. kuat.text.TokenBudgetBatchSampler
+        elif callable(getattr(self.sampler, "kuat_set_epoch", None)):  # inside a BatchSampler
+            self.sampler.kuat_set_epoch(epoch)  # e.g. kuat.ShardShuffleSampler
         if self.generator is not None:  # as torch: one base_seed draw per iterator
             base_seed = int(torch.empty((), dtype=torch.int64).random_(generator=self.generator).item())
         else:

@@ -41,7 +41,8 @@ class ShardShuffleSampler(Sampler[int]):
         seed: run seed; epoch ``e`` is seeded with ``kuat.sampling.shuffle_seed(seed, e)``.
         rank, world_size: this rank and the number of data-parallel ranks.
 
-    Use as torch's ``DistributedSampler``: ``DataLoader(ds, sampler=s, batch_size=...)`` and
+    Use as torch's ``DistributedSampler``: ``DataLoader(ds, sampler=s, batch_size=...)``;
+    ``kuat.DataLoader`` sets the epoch itself (``kuat_set_epoch``), torch's needs
     ``s.set_epoch(e)`` before each epoch. Each ``iter()`` hands the epoch's order to the
     dataset (``kuat_prefetch``), which prefetches remote shards in that order. ``len(s)`` is
     ``ceil(N / world_size)``. Deterministic given ``(seed, epoch, rank, world_size)``.
@@ -77,6 +78,8 @@ class ShardShuffleSampler(Sampler[int]):
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch whose order ``iter(sampler)`` gives."""
         self.epoch = epoch
+
+    kuat_set_epoch = set_epoch  # kuat.DataLoader sets its epoch (so resume restores it)
 
     def __len__(self) -> int:
         return math.ceil(int(self.rows.sum()) / self.world_size)
