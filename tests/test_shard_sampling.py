@@ -3,6 +3,7 @@ many shards a rank reads at a time (the point of the algorithm)."""
 
 import numpy as np
 import pytest
+import torch
 
 import kuat
 from kuat.format import Schema, Writer, int64
@@ -50,9 +51,11 @@ def test_a_block_touches_few_shards_and_is_shuffled(ds):
 
 def test_loader_reads_the_sampler_order(ds):
     s = kuat.ShardShuffleSampler(ds, block_size=64, seed=5)
-    s.set_epoch(1)
+    s.set_epoch(1)  # as torch users do; kuat's loader sets its own epoch (0 first)
+    torch_loader = torch.utils.data.DataLoader(ds, batch_size=16, sampler=s)
+    assert [int(y) for b in torch_loader for y in b["y"]] == s.indices(1)
     loader = kuat.DataLoader(ds, batch_size=16, sampler=s, num_workers=2)
-    assert [int(y) for b in loader for y in b["y"]] == s.indices(1)
+    assert [int(y) for b in loader for y in b["y"]] == s.indices(0)
 
 
 def test_validation(ds):
