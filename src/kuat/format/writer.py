@@ -750,11 +750,10 @@ class Writer:
                 metadata=self.metadata,
                 created_by=f"kuat {_version()}",
             )
-            write_manifest(
-                self.path,
-                manifest,
-                storage_options=self._remote.storage_options if self._remote else None,
-            )
+            if self._remote is None:
+                write_manifest(self.path, manifest)
+            else:
+                write_manifest(self.path, manifest, storage_options=self._remote.storage_options)
         except BaseException:
             self.abort()  # no dataset; delete the shards rather than leave them unlisted
             raise
