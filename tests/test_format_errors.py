@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 import numpy as np
 import pytest
@@ -329,3 +330,27 @@ def test_merge_waits_for_no_writer_busy_in_its_output(tmp_path):
     kf.merge([tmp_path / "a"], tmp_path / "o", overwrite=True)
     assert len(kuat.open(tmp_path / "o")) == 3
     assert not (tmp_path / "o" / ".kuat-writer.lock").exists()
+
+
+def test_open_wrong_path_says_what_to_do(tmp_path):
+    # a newcomer's first mistakes: kuat.open on the raw ImageFolder, or on a file
+    raw = tmp_path / "imagefolder" / "cat"
+    raw.mkdir(parents=True)
+    (raw / "0.jpg").write_bytes(b"")
+    with pytest.raises(FormatError, match="kuat convert"):
+        kuat.open(tmp_path / "imagefolder")
+    (tmp_path / "f.arrow").write_bytes(b"x")
+    with pytest.raises(FormatError, match="is a file"):
+        kuat.open(tmp_path / "f.arrow")
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="exception notes are 3.11+")
+def test_permanent_remote_error_names_the_url():
+    from kuat.format.fs import retry
+
+    def fail():
+        raise PermissionError("Unable to locate credentials")
+
+    with pytest.raises(PermissionError) as info:
+        retry(fail, what="reading manifest", url="s3://bucket/x.kuat/manifest.json")
+    assert "s3://bucket/x.kuat/manifest.json" in "".join(getattr(info.value, "__notes__", []))

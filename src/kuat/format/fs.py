@@ -229,6 +229,9 @@ def retry(
             return fn()
         except Exception as e:
             if not is_transient(e):
+                if hasattr(e, "add_note") and url not in str(e):  # 3.11+: name the URL without changing the type
+                    # (a backend's NoCredentialsError says nothing of which URL it was for)
+                    e.add_note(f"kuat: {what} {url}")
                 raise
             if attempt == attempts:
                 raise RemoteError(

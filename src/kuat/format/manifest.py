@@ -426,10 +426,22 @@ def read_manifest(
         with open(path, "rb") as f:
             raw = f.read(MAX_MANIFEST_BYTES + 1)
     except FileNotFoundError as e:
-        where = "directory does not exist" if not os.path.isdir(directory) else "no manifest"
+        if not os.path.isdir(directory):
+            where = "directory does not exist"
+        else:  # a folder of raw data (an ImageFolder, Parquet files ...) is the usual mistake
+            where = (
+                "no manifest: kuat.open reads a dataset written by kuat; convert raw data first "
+                "with `kuat convert SRC DST.kuat` or kuat.convert.from_*"
+            )
         raise FormatError(
             f"not a kuat dataset: {path} not found ({where}; an interrupted write leaves no "
             "manifest)",
+            path=path,
+        ) from e
+    except NotADirectoryError as e:
+        raise FormatError(
+            f"not a kuat dataset: {directory} is a file; a kuat dataset is a directory holding "
+            "manifest.json and its shards (convert raw data with `kuat convert SRC DST.kuat`)",
             path=path,
         ) from e
     except OSError as e:
