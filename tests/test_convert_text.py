@@ -214,3 +214,13 @@ def test_on_the_fly_tokenize_splits_before_encoding(corpus, tok, world_size):
     assert sorted(map(tuple, (s.tolist() for s in served))) == sorted(
         map(tuple, (np.asarray(w).tolist() for w in whole))
     )
+
+
+def test_progress_counts_records_not_batches(corpus, tok, tmp_path, caplog):
+    # the log said "tokenize: done, 4 samples" for 1,993 records: it counted batches
+    import logging
+
+    with caplog.at_level(logging.INFO, logger="kuat"):
+        kuat.convert.from_text(corpus[:50], tmp_path / "t.kuat", tok, eos_id=0, progress=True)
+    done = [r.getMessage() for r in caplog.records if "tokenize: done" in r.getMessage()]
+    assert done and "done, 50 samples" in done[-1], done

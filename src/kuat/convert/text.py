@@ -119,7 +119,9 @@ def from_text(
     meta = {"source": "text", "tokenizer": repr(tok), "vocab_size": tok.vocab_size}
     meta["eos_id"] = tok.eos_id
     with Writer(dst, Schema(fields), metadata=meta, **opts.writer_kwargs()) as w:
-        for columns in parallel_map(encode, batches(), opts, desc="tokenize", source_of=_where):
+        for columns in parallel_map(
+            encode, batches(), opts, desc="tokenize", source_of=_where, samples_of=len
+        ):
             tokens += sum(len(x) for x in columns["input_ids"])
             w.write_batch(columns)
         report.rows = w.num_rows
