@@ -154,3 +154,23 @@ def test_cli_messages_say_the_flag_and_print_each_thing_once(tree, tmp_path, cap
     assert main(["verify", out]) == 1
     bad = [line for line in capsys.readouterr().out.splitlines() if line.startswith("BAD")]
     assert len(bad) == 1 and bad[0].count(shard) == 1 and "checksum mismatch" in bad[0]
+
+
+def test_output_into_a_closed_pipe_is_quiet(tree, tmp_path):
+    # `kuat inspect ds | head -3` printed a BrokenPipeError traceback
+    import subprocess
+    import sys
+
+    out = tmp_path / "out.kuat"
+    kuat.convert.from_imagefolder(tree, out, progress=False)
+    r, w = os.pipe()
+    os.close(r)  # the reader has gone before kuat writes anything
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "kuat.cli", "inspect", str(out)],
+            stdout=w, stderr=subprocess.PIPE, text=True, timeout=120,
+        )  # fmt: skip
+    finally:
+        os.close(w)
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert proc.returncode == 1

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
 
 _COMMANDS = ["demo", "convert", "inspect", "verify", "merge", "bench"]
@@ -49,7 +50,14 @@ def main(argv: list[str] | None = None) -> int:
     from kuat.errors import KuatError
 
     try:
-        return int(args._run(args) or 0)
+        status = int(args._run(args) or 0)
+        sys.stdout.flush()  # a closed pipe shows here, inside the handler below
+        return status
+    except BrokenPipeError:
+        # `kuat inspect x | head`: the reader left early. Exit quietly as cat or ls do, and point
+        # stdout at /dev/null so that the interpreter's own flush at exit cannot raise again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     except KuatError as e:
         print(f"kuat {args.command}: error: {e}", file=sys.stderr)
         return 1
