@@ -21,6 +21,14 @@ Rows:
                              without the DataLoader around it)
 
 Each row runs for ``--seconds`` with 1 and with 2 threads (the work releases the GIL).
+
+``--breakdown-passes N`` (default 5, 0 skips) then splits the fused row's per-image CPU time on
+one core into its stages, each timed alone over the same boxes ``apply_encoded`` draws
+(torchvision's ``get_params`` algorithm, same generator seeds): region decode, the same region
+at DCT scale 1/8 (entropy decoding plus a DC-only IDCT: an upper bound on the entropy
+decoding's share), the antialiased resize of the decoded regions, the copy into the planar
+``(3, H, W)`` slot with the flip, planning (header parse, box draw), and the remainder (Python
+glue, allocation, tensor wrapping) as the whole minus the stages.
 """
 
 from __future__ import annotations
@@ -111,6 +119,12 @@ def main(argv=None) -> int:
     p.add_argument(
         "--passes", type=int, default=5, help="passes of the per-image CPU-time table (0: skip)"
     )
+    p.add_argument(
+        "--breakdown-passes",
+        type=int,
+        default=5,
+        help="passes of the fused row's per-stage breakdown (0: skip)",
+    )
     args = p.parse_args(argv)
 
     import simplejpeg
@@ -198,7 +212,107 @@ def main(argv=None) -> int:
         print(line)
     if args.passes > 0:
         _per_image_table(rows, args.passes)
+    if args.breakdown_passes > 0 and kdecode._roi is not None:
+        _breakdown(corpus, fused, args.breakdown_passes)
     return 0
+
+
+def _best_us(fns, n: int, passes: int) -> dict[str, float]:
+    """Mean over ``n`` images of the minimum thread CPU time (us) of ``fn(k)`` over ``passes``
+    interleaved passes (order alternating), per name in ``fns``."""
+    best = {name: np.full(n, np.inf) for name in fns}
+    items = list(fns.items())
+    for p in range(passes):
+        for name, fn in items if p % 2 == 0 else items[::-1]:
+            b = best[name]
+            for k in range(n):
+                c0 = time.thread_time_ns()
+                fn(k)
+                b[k] = min(b[k], time.thread_time_ns() - c0)
+    return {name: float(b.mean()) / 1e3 for name, b in best.items()}
+
+
+def _breakdown(corpus, fused, passes: int) -> None:
+    """Where the fused RandomResizedCrop(224)+flip spends its per-image CPU time (1 thread)."""
+    import simplejpeg
+    import torch
+
+    from kuat.vision import _exif
+    from kuat.vision import decode as kdecode
+    from kuat.vision.transforms import _resize_aa, _snap
+
+    torch.set_num_threads(1)
+    n = len(corpus)
+    boxes, crops, plans = [], [], []
+    for k, (data, w, h) in enumerate(corpus):
+        plan = fused.plan(w, h, np.random.default_rng(k))  # the boxes kuat_fused draws
+        hdr = kdecode.roi_header(data)
+        scale_num = kdecode._pick_scale(plan.min_scale())
+        ph, pw = -(-hdr.height * scale_num // 8), -(-hdr.width * scale_num // 8)
+        top, left, bh, bw = fused._stored_box(plan, hdr, w, h)
+        y0, y1 = _snap(top, bh, scale_num / 8, ph)
+        x0, x1 = _snap(left, bw, scale_num / 8, pw)
+        boxes.append((scale_num, y0, y1, x0, x1))
+        crops.append(kdecode.decode_jpeg_roi(data, *boxes[-1]).copy())  # (h, w, 3)
+        plans.append(plan)
+    out = np.empty((3, 224, 224), np.uint8)
+    grids = [
+        (p.res_w, p.res_h) if hdr.orientation in _exif.TRANSPOSED else (p.res_h, p.res_w)
+        for p, hdr in zip(plans, (kdecode.roi_header(d) for d, _, _ in corpus))
+    ]
+    resized = [
+        _resize_aa(torch.from_numpy(c).permute(2, 0, 1).unsqueeze(0), g).numpy()[0]
+        for c, g in zip(crops, grids)
+    ]  # (3, 224, 224) channels_last strides, as in apply_encoded
+
+    def eighth(k):
+        s, y0, y1, x0, x1 = boxes[k]
+        f = s  # scale s/8 -> 1/8: divide coordinates by s
+        y0, x0 = y0 // f, x0 // f
+        kdecode.decode_jpeg_roi(corpus[k][0], 1, y0, max(y0 + 1, y1 // f), x0, max(x0 + 1, x1 // f))
+
+    def resize(k):
+        src = torch.from_numpy(crops[k]).permute(2, 0, 1).unsqueeze(0)  # (1, 3, h, w) CL
+        _resize_aa(src, grids[k])
+
+    def copy_flip(k):
+        res = resized[k].transpose(1, 2, 0)  # (224, 224, 3) view
+        np.copyto(out.transpose(1, 2, 0)[:, ::-1], res)
+
+    def plan_header(k):
+        data, w, h = corpus[k]
+        plan = fused.plan(w, h, np.random.default_rng(k))
+        fused._stored_box(plan, kdecode.roi_header(data), w, h)
+
+    def whole(k):
+        data, w, h = corpus[k]
+        fused.apply_encoded(data, w, h, np.random.default_rng(k), out)
+
+    stages = {
+        "full-size decode (reference)": lambda k: simplejpeg.decode_jpeg(corpus[k][0]),
+        "region decode": lambda k: kdecode.decode_jpeg_roi(corpus[k][0], *boxes[k]),
+        "  same region at 1/8 scale": eighth,
+        "antialiased resize": resize,
+        "copy to (3,H,W) + flip": copy_flip,
+        "plan + header + rng": plan_header,
+        "whole apply_encoded": whole,
+    }
+    us = _best_us(stages, n, passes)
+    scales = np.bincount([b[0] for b in boxes], minlength=9)
+    side = np.sqrt([c.shape[0] * c.shape[1] for c in crops])
+    print(
+        f"\nfused RRC224+flip per-stage CPU time, 1 thread, min of {passes} passes over {n} "
+        f"images; DCT scales used (k/8: count) "
+        + ", ".join(f"{k}/8: {c}" for k, c in enumerate(scales) if c)
+        + f"; decoded region side median {np.median(side):.0f} px "
+        f"(range {side.min():.0f}-{side.max():.0f})"
+    )
+    whole_us = us["whole apply_encoded"]
+    parts = ("region decode", "antialiased resize", "copy to (3,H,W) + flip", "plan + header + rng")
+    rest = whole_us - sum(us[p] for p in parts)
+    print(f"{'stage':30s} | us/img | % of whole")
+    for name, v in [*us.items(), ("rest: Python glue, allocation", rest)]:
+        print(f"{name:30s} | {v:6.0f} | {100 * v / whole_us:9.0f}%")
 
 
 def _per_image_table(rows, passes: int) -> None:
