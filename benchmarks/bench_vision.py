@@ -13,6 +13,9 @@ Rows:
   kuat decode_image          the same through kuat (header, EXIF orientation, checks)
   kuat fused RRC224+flip     Compose([RandomResizedCrop(224), RandomHorizontalFlip()])
                              .apply_encoded into a (B, 3, 224, 224) uint8 batch buffer slot
+                             (default: the fused C resize writing the slot directly)
+    same, exact_resize=True  the same with torch's resize kernel and a strided copy into
+                             the slot (kuat's pixels before the fused kernel; equal in tests)
     same, ROI decoder off    the same with the optional ROI decoder disabled (simplejpeg:
                              full-size or DCT-scaled decode of the whole image)
   kuat fused, +resize-256    the same on the images pre-resized to shorter side 256
@@ -141,6 +144,7 @@ def main(argv=None) -> int:
     corpus = make_corpus(args.images)
     small = resize_shorter(corpus)
     fused = Compose([RandomResizedCrop(224), RandomHorizontalFlip()])
+    fused_exact = Compose([RandomResizedCrop(224), RandomHorizontalFlip()], exact_resize=True)
     tv = T2.Compose([T2.RandomResizedCrop(224), T2.RandomHorizontalFlip(), T2.PILToTensor()])
     buffers = {}
 
@@ -162,6 +166,11 @@ def main(argv=None) -> int:
         buf = slot(t)
         fused.apply_encoded(data, w, h, np.random.default_rng(k), buf[k % 64].numpy())
 
+    def kuat_fused_exact(k, t):
+        data, w, h = corpus[k]
+        buf = slot(t)
+        fused_exact.apply_encoded(data, w, h, np.random.default_rng(k), buf[k % 64].numpy())
+
     def kuat_fused_small(k, t):
         kuat_fused(k, t, small)
 
@@ -181,6 +190,7 @@ def main(argv=None) -> int:
         ("decode-only (simplejpeg)", decode_only, corpus),
         ("kuat decode_image", kuat_decode, corpus),
         ("kuat fused RRC224+flip", kuat_fused, corpus),
+        ("  same, exact_resize=True", kuat_fused_exact, corpus),
         ("  same, ROI decoder off", kuat_fused_no_roi, corpus),
         ("kuat fused, resize-256 data", kuat_fused_small, small),
         ("torchvision PIL RRC224+flip", torchvision_pil, corpus),
@@ -237,13 +247,13 @@ def _breakdown(corpus, fused, passes: int) -> None:
     import simplejpeg
     import torch
 
-    from kuat.vision import _exif
+    from kuat.vision import Compose, _exif
     from kuat.vision import decode as kdecode
-    from kuat.vision.transforms import _resize_aa, _snap
+    from kuat.vision.transforms import _resize_aa, _snap, _taps
 
     torch.set_num_threads(1)
     n = len(corpus)
-    boxes, crops, plans = [], [], []
+    boxes, crops, crops4, plans = [], [], [], []
     for k, (data, w, h) in enumerate(corpus):
         plan = fused.plan(w, h, np.random.default_rng(k))  # the boxes kuat_fused draws
         hdr = kdecode.roi_header(data)
@@ -254,6 +264,7 @@ def _breakdown(corpus, fused, passes: int) -> None:
         x0, x1 = _snap(left, bw, scale_num / 8, pw)
         boxes.append((scale_num, y0, y1, x0, x1))
         crops.append(kdecode.decode_jpeg_roi(data, *boxes[-1]).copy())  # (h, w, 3)
+        crops4.append(kdecode.decode_jpeg_roi(data, *boxes[-1], 4).copy())  # (h, w, 4) RGBX
         plans.append(plan)
     out = np.empty((3, 224, 224), np.uint8)
     grids = [
@@ -275,6 +286,12 @@ def _breakdown(corpus, fused, passes: int) -> None:
         src = torch.from_numpy(crops[k]).permute(2, 0, 1).unsqueeze(0)  # (1, 3, h, w) CL
         _resize_aa(src, grids[k])
 
+    def fused_resize(k):  # the default path: RGBX crop -> planar, flipped, into the slot
+        c4 = crops4[k]
+        kdecode.resize_rgbx_planar(
+            c4, out, True, _taps(c4.shape[1], grids[k][1]), _taps(c4.shape[0], grids[k][0])
+        )
+
     def copy_flip(k):
         res = resized[k].transpose(1, 2, 0)  # (224, 224, 3) view
         np.copyto(out.transpose(1, 2, 0)[:, ::-1], res)
@@ -288,14 +305,23 @@ def _breakdown(corpus, fused, passes: int) -> None:
         data, w, h = corpus[k]
         fused.apply_encoded(data, w, h, np.random.default_rng(k), out)
 
+    exact = Compose(fused.transforms, exact_resize=True)
+
+    def whole_exact(k):
+        data, w, h = corpus[k]
+        exact.apply_encoded(data, w, h, np.random.default_rng(k), out)
+
     stages = {
         "full-size decode (reference)": lambda k: simplejpeg.decode_jpeg(corpus[k][0]),
         "region decode": lambda k: kdecode.decode_jpeg_roi(corpus[k][0], *boxes[k]),
         "  same region at 1/8 scale": eighth,
-        "antialiased resize": resize,
-        "copy to (3,H,W) + flip": copy_flip,
+        "region decode, RGBX": lambda k: kdecode.decode_jpeg_roi(corpus[k][0], *boxes[k], 4),
+        "exact: torch resize": resize,
+        "exact: copy to (3,H,W) + flip": copy_flip,
+        "fused resize into (3,H,W)": fused_resize,
         "plan + header + rng": plan_header,
-        "whole apply_encoded": whole,
+        "whole, exact_resize=True": whole_exact,
+        "whole, fused (default)": whole,
     }
     us = _best_us(stages, n, passes)
     scales = np.bincount([b[0] for b in boxes], minlength=9)
@@ -307,12 +333,25 @@ def _breakdown(corpus, fused, passes: int) -> None:
         + f"; decoded region side median {np.median(side):.0f} px "
         f"(range {side.min():.0f}-{side.max():.0f})"
     )
-    whole_us = us["whole apply_encoded"]
-    parts = ("region decode", "antialiased resize", "copy to (3,H,W) + flip", "plan + header + rng")
-    rest = whole_us - sum(us[p] for p in parts)
-    print(f"{'stage':30s} | us/img | % of whole")
-    for name, v in [*us.items(), ("rest: Python glue, allocation", rest)]:
-        print(f"{name:30s} | {v:6.0f} | {100 * v / whole_us:9.0f}%")
+    whole_us = us["whole, exact_resize=True"]
+    parts = ("region decode", "exact: torch resize", "exact: copy to (3,H,W) + flip")
+    rest = whole_us - sum(us[p] for p in (*parts, "plan + header + rng"))
+    fused_us = us["whole, fused (default)"]
+    parts = ("region decode, RGBX", "fused resize into (3,H,W)", "plan + header + rng")
+    rest_fused = fused_us - sum(us[p] for p in parts)
+    print(f"{'stage':32s} | us/img | % of exact whole")
+    rows = [
+        *us.items(),
+        ("rest (exact): Python, allocation", rest),
+        ("rest (fused): Python, allocation", rest_fused),
+    ]
+    for name, v in rows:
+        print(f"{name:32s} | {v:6.0f} | {100 * v / whole_us:15.0f}%")
+    full = us["full-size decode (reference)"]
+    print(
+        f"fused / exact: {fused_us / whole_us:.3f}; per image vs full-size decode: "
+        f"exact {whole_us / full:.2f}x, fused {fused_us / full:.2f}x its CPU time"
+    )
 
 
 def _per_image_table(rows, passes: int) -> None:
