@@ -239,6 +239,74 @@ static inline void rgbx_column4(const unsigned char *const rows[4], size_t off,
 #undef KUAT_PUT
 }
 #undef KUAT_PAIR
+#include <tmmintrin.h>
+__attribute__((target("ssse3"))) static inline void rgbx_column4_ssse3(const unsigned char *const rows[4], size_t off,
+                                const int16_t *k, int taps, int precision, unsigned char *t0,
+                                unsigned char *t1, unsigned char *t2, size_t d, int out_w) {
+    const __m128i zero = _mm_setzero_si128();
+    const unsigned char *p0 = rows[0] + off, *p1 = rows[1] + off, *p2 = rows[2] + off,
+                        *p3 = rows[3] + off;
+    __m128i a0 = _mm_set1_epi32((int32_t)1 << (precision - 1)), a1 = a0, a2 = a0, a3 = a0;
+    int t = 0;
+    for (; t + 2 <= taps; t += 2) {
+        uint32_t kk = (uint16_t)k[t] | ((uint32_t)(uint16_t)k[t + 1] << 16);
+        __m128i kv = _mm_set1_epi32((int32_t)kk);
+        size_t o = 4 * (size_t)t;
+        /* one pshufb: bytes c0 c0' c1 c1' ... widened to int16 pairs */
+        const __m128i m = _mm_setr_epi8(0, -1, 4, -1, 1, -1, 5, -1, 2, -1, 6, -1, 3, -1, 7, -1);
+        __m128i x0 = _mm_shuffle_epi8(_mm_loadl_epi64((const __m128i *)(p0 + o)), m);
+        __m128i x1 = _mm_shuffle_epi8(_mm_loadl_epi64((const __m128i *)(p1 + o)), m);
+        __m128i x2 = _mm_shuffle_epi8(_mm_loadl_epi64((const __m128i *)(p2 + o)), m);
+        __m128i x3 = _mm_shuffle_epi8(_mm_loadl_epi64((const __m128i *)(p3 + o)), m);
+        a0 = _mm_add_epi32(a0, _mm_madd_epi16(x0, kv));
+        a1 = _mm_add_epi32(a1, _mm_madd_epi16(x1, kv));
+        a2 = _mm_add_epi32(a2, _mm_madd_epi16(x2, kv));
+        a3 = _mm_add_epi32(a3, _mm_madd_epi16(x3, kv));
+    }
+    if (t < taps) { /* odd tap: one pixel, weight pair (k, 0) */
+        __m128i kv = _mm_set1_epi32((uint16_t)k[t]);
+        size_t o = 4 * (size_t)t;
+        int32_t v0, v1, v2, v3;
+        memcpy(&v0, p0 + o, 4);
+        memcpy(&v1, p1 + o, 4);
+        memcpy(&v2, p2 + o, 4);
+        memcpy(&v3, p3 + o, 4);
+#define KUAT_ONE(v) _mm_unpacklo_epi16(_mm_unpacklo_epi8(_mm_cvtsi32_si128(v), zero), zero)
+        a0 = _mm_add_epi32(a0, _mm_madd_epi16(KUAT_ONE(v0), kv));
+        a1 = _mm_add_epi32(a1, _mm_madd_epi16(KUAT_ONE(v1), kv));
+        a2 = _mm_add_epi32(a2, _mm_madd_epi16(KUAT_ONE(v2), kv));
+        a3 = _mm_add_epi32(a3, _mm_madd_epi16(KUAT_ONE(v3), kv));
+#undef KUAT_ONE
+    }
+    __m128i p01 = _mm_packs_epi32(_mm_srai_epi32(a0, precision), _mm_srai_epi32(a1, precision));
+    __m128i p23 = _mm_packs_epi32(_mm_srai_epi32(a2, precision), _mm_srai_epi32(a3, precision));
+    __m128i px = _mm_packus_epi16(p01, p23); /* 4 RGBX pixels, rows 0..3 */
+    /* registers, not a stack round trip (a 16-byte store read back bytewise stalls) */
+    uint64_t lo = (uint64_t)_mm_cvtsi128_si64(px);
+    uint64_t hi = (uint64_t)_mm_cvtsi128_si64(_mm_srli_si128(px, 8));
+#define KUAT_PUT(r, q)                                        \
+    do {                                                      \
+        size_t at = d + (size_t)(r) * out_w;                  \
+        t0[at] = (unsigned char)(q);                          \
+        t1[at] = (unsigned char)((q) >> 8);                   \
+        t2[at] = (unsigned char)((q) >> 16);                  \
+    } while (0)
+    KUAT_PUT(0, (uint32_t)lo);
+    KUAT_PUT(1, (uint32_t)(lo >> 32));
+    KUAT_PUT(2, (uint32_t)hi);
+    KUAT_PUT(3, (uint32_t)(hi >> 32));
+#undef KUAT_PUT
+}
+
+
+__attribute__((target("ssse3"))) static void rows4_ssse3(
+    const unsigned char *const rows[4], int out_w, int flip, const int32_t *start,
+    const int16_t *weights, int taps, int precision, unsigned char *t0, unsigned char *t1,
+    unsigned char *t2) {
+    for (int x = 0; x < out_w; x++)
+        rgbx_column4_ssse3(rows, (size_t)start[x] * 4, weights + (size_t)x * taps, taps,
+                           precision, t0, t1, t2, (size_t)(flip ? out_w - 1 - x : x), out_w);
+}
 #endif
 
 /* (h, w, C) interleaved -> (3, h, out_w) planar: each output column from x_taps source
@@ -249,6 +317,9 @@ static void horizontal_pass(const unsigned char *src, int h, int w, int channels
                                      int precision) {
     const int32_t half = (int32_t)1 << (precision - 1);
     const size_t plane = (size_t)h * out_w;
+#if defined(__SSE2__)
+    const int have_ssse3 = __builtin_cpu_supports("ssse3");
+#endif
     for (int y = 0; y < h; y++) {
         const unsigned char *row = src + (size_t)y * w * channels;
         unsigned char *t0 = tmp + (size_t)y * out_w, *t1 = t0 + plane, *t2 = t1 + plane;
@@ -257,9 +328,12 @@ static void horizontal_pass(const unsigned char *src, int h, int w, int channels
             const unsigned char *rows[4];
             for (int r = 0; r < 4; r++)
                 rows[r] = row + (size_t)r * w * 4;
-            for (int x = 0; x < out_w; x++)
-                rgbx_column4(rows, (size_t)start[x] * 4, weights + (size_t)x * taps, taps,
-                             precision, t0, t1, t2, (size_t)(flip ? out_w - 1 - x : x), out_w);
+            if (have_ssse3)
+                rows4_ssse3(rows, out_w, flip, start, weights, taps, precision, t0, t1, t2);
+            else
+                for (int x = 0; x < out_w; x++)
+                    rgbx_column4(rows, (size_t)start[x] * 4, weights + (size_t)x * taps, taps,
+                                 precision, t0, t1, t2, (size_t)(flip ? out_w - 1 - x : x), out_w);
             y += 3;
             continue;
         }
