@@ -13,7 +13,10 @@ import logging
 import math
 import os
 import re
+import shutil
+import tempfile
 from collections.abc import Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -21,16 +24,17 @@ import pyarrow as pa
 
 from kuat.errors import DecodeError, FormatError, SchemaError
 from kuat.format.arrow_views import array_from_bytes, array_from_numpy
+from kuat.format.fs import Remote, is_url, local_path, open_remote, retry
 from kuat.format.manifest import (
     MANIFEST_NAME,
     Manifest,
     ShardInfo,
-    file_checksum,
     member_path,
     read_manifest,
     write_manifest,
 )
 from kuat.format.schema import EncodedImage, FieldType, Schema
+from kuat.format.shard_file import DEFER_MIN_BYTES, ShardFile, deferring_works
 
 __all__ = ["Writer", "DEFAULT_SHARD_BYTES"]
 
@@ -123,6 +127,17 @@ def _given(value: object) -> str:
     if hasattr(value, "dtype") and hasattr(value, "shape"):
         return f"{type(value).__name__} {value.dtype} {tuple(value.shape)}"
     return f"{type(value).__name__} {_short(value)}"
+
+
+def _deferrer(shard: ShardFile):
+    """``array_from_bytes``'s ``defer``: large data buffers are written from their values."""
+
+    def defer(values: list, size: int) -> pa.Buffer | None:
+        if size >= DEFER_MIN_BYTES and deferring_works():
+            return shard.defer(values, size)
+        return None
+
+    return defer
 
 
 class _Builder:
@@ -222,17 +237,11 @@ class _Builder:
         if kind == "string":
             if not isinstance(value, str):
                 raise self.error(row, value)
-            if value.isascii():
-                n = len(value)
-            else:  # the UTF-8 size (shards are sized by it); refuses lone surrogates
-                try:
-                    n = len(value.encode("utf-8"))
-                except UnicodeEncodeError as e:
-                    raise self.error(
-                        row, value, f"not encodable as UTF-8: {e.reason} at {e.start}"
-                    ) from e
+            n = self._utf8_size(value, row, value)
             self._check_size(value, row, n)
             return value, n
+        if kind == "strings":
+            return self._check_strings(value, row)
         if kind == "bytes":
             if not isinstance(value, (bytes, bytearray, memoryview)):
                 raise self.error(row, value)
@@ -249,6 +258,32 @@ class _Builder:
             self._check_size(value, row, len(arr), "elements")
             return arr, arr.nbytes
         return self._check_image(value, row)
+
+    def _utf8_size(self, s: str, row: int, value: object) -> int:
+        """The UTF-8 size of ``s`` (shards are sized by it); refuses lone surrogates."""
+        if s.isascii():
+            return len(s)
+        try:
+            return len(s.encode("utf-8"))
+        except UnicodeEncodeError as e:
+            raise self.error(row, value, f"not encodable as UTF-8: {e.reason} at {e.start}") from e
+
+    def _check_strings(self, value: object, row: int) -> tuple[list[str], int]:
+        """A list/tuple (or 1-D str/object array) of ``str`` -> a new ``list[str]`` and its
+        size: UTF-8 bytes plus 4 offset bytes per string."""
+        if isinstance(value, np.ndarray) and value.ndim == 1 and value.dtype.kind in "UO":
+            value = value.tolist()
+        if not isinstance(value, (list, tuple)):  # a str is not a list of its characters
+            raise self.error(row, value, "give a list of str")
+        out = list(value)
+        n = 4 * len(out)
+        for k, s in enumerate(out):
+            if not isinstance(s, str):
+                raise self.error(row, value, f"item {k} is {_given(s)}")
+            n += self._utf8_size(s, row, value)
+        self._check_size(value, row, len(out), "strings")
+        self._check_size(value, row, n)
+        return out, n
 
     def _check_image(self, value: object, row: int) -> tuple[EncodedImage, int]:
         from kuat.vision.probe import probe_image
@@ -359,8 +394,10 @@ class _Builder:
         self.chunks.append(chunk)
         self.pending = []
 
-    def finish(self) -> pa.Array:
-        """The field's Arrow array for the current shard; resets the builder."""
+    def finish(self, shard: ShardFile) -> pa.Array:
+        """The field's Arrow array for the current shard, to be written to ``shard`` (large
+        binary/string data buffers are deferred to it, see :mod:`kuat.format.shard_file`);
+        resets the builder."""
         self._seal_pending()
         chunks, self.chunks = self.chunks, []
         t = self.t
@@ -373,7 +410,16 @@ class _Builder:
             return array_from_numpy(col.astype(dt, copy=False))
         values = [v for c in chunks for v in c]
         if t.kind in ("string", "bytes"):
-            return array_from_bytes(values, t.arrow_type)
+            return array_from_bytes(values, t.arrow_type, defer=_deferrer(shard))
+        if t.kind == "strings":
+            offsets = np.zeros(len(values) + 1, np.int32)
+            np.cumsum(np.fromiter(map(len, values), np.int64, len(values)), out=offsets[1:])
+            flat = [s for v in values for s in v]
+            return pa.ListArray.from_arrays(
+                array_from_numpy(offsets),
+                array_from_bytes(flat, pa.string(), defer=_deferrer(shard)),
+                type=t.arrow_type,
+            )
         if t.kind == "sequence":
             lengths = np.fromiter((len(v) for v in values), np.int64, len(values))
             offsets = np.zeros(len(values) + 1, np.int32)
@@ -387,13 +433,60 @@ class _Builder:
         # image
         return pa.StructArray.from_arrays(
             [
-                array_from_bytes([v.data for v in values], pa.binary()),
+                array_from_bytes([v.data for v in values], pa.binary(), defer=_deferrer(shard)),
                 array_from_numpy(np.fromiter((v.width for v in values), np.int32, len(values))),
                 array_from_numpy(np.fromiter((v.height for v in values), np.int32, len(values))),
                 array_from_bytes([v.codec for v in values], pa.string()),
             ],
             fields=list(t.arrow_type),
         )
+
+
+def prepare_remote(remote: Remote, overwrite: bool) -> None:
+        """The remote twin of ``Writer._clear_directory``: refuse or clear what is at the URL
+        (the old manifest first, so no reader sees a mix). Run before anything is written, so
+        an unreachable destination fails here, naming the URL.
+
+        Raises:
+            FileExistsError: a dataset or other objects are there and ``overwrite`` is False.
+            kuat.format.fs.RemoteError: the destination cannot be reached after retries.
+        """
+        url = remote.url
+        fs = remote.fs
+
+        def listing() -> list[str]:
+            try:
+                return [p.rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(remote.path, detail=False)]
+            except FileNotFoundError:
+                return []
+
+        names = retry(listing, what="listing", url=url)
+        if MANIFEST_NAME in names:
+            if not overwrite:
+                raise FileExistsError(
+                    f"{url} is already a kuat dataset; pass overwrite=True (--overwrite) to "
+                    "replace it"
+                )
+            try:
+                old = [s.file for s in read_manifest(url, storage_options=remote.storage_options).shards]
+            except FormatError:
+                old = []
+            manifest = remote.path_of(MANIFEST_NAME)
+            retry(lambda: fs.rm_file(manifest), what="deleting the old manifest", url=url)
+            names = [n for n in names if n != MANIFEST_NAME] + old
+        others = [n for n in names if not _SHARD_RE.match(n)]
+        if others and not overwrite:
+            raise FileExistsError(
+                f"{url} is a non-empty prefix that is not a kuat dataset ({others[0]!r}, ...); "
+                "pass overwrite=True (--overwrite) to write into it anyway"
+            )
+        for name in set(n for n in names if _SHARD_RE.match(n)):
+            key = member_path(url, name)  # never delete outside the dataset's prefix
+            try:
+                retry(lambda k=key: fs.rm_file(remote.path_of(k[len(url) + 1 :])),
+                      what="deleting an old shard", url=key)  # fmt: skip
+            except FileNotFoundError:
+                pass
 
 
 class Writer:
@@ -407,7 +500,10 @@ class Writer:
             w.write_batch({"image": [b1, b2], "label": [0, 1]})
 
     Args:
-        path: the dataset directory (created if missing).
+        path: the dataset directory (created if missing), or a URL (``s3://bucket/x.kuat``,
+            any fsspec URL): each shard is written to a local temporary directory, uploaded
+            (with retries) as soon as it is complete and deleted locally; the manifest is
+            uploaded last, so a reader never sees a partial dataset.
         schema: a :class:`Schema` or a mapping ``{name: FieldType}``.
         shard_bytes: target shard size in bytes; a shard is closed before a row would take it
             past this (a single larger row gets a shard of its own). 128 MiB by default: large
@@ -416,17 +512,27 @@ class Writer:
         overwrite: replace an existing dataset at ``path``. Without it an existing dataset,
             or a non-empty directory that is not a kuat dataset, is refused.
         metadata: JSON-serialisable dict kept in the manifest (class names, source, ...).
+        storage_options: fsspec options for a URL ``path`` (credentials, ``endpoint_url``).
 
     Image values are encoded bytes (width/height/codec probed from the header), an
     :class:`EncodedImage`, or a dict ``{"bytes": ..., "width": ..., "height": ..., "codec": ...}``.
 
+    Shard files are written by one background thread (``kuat-writer-0``) while rows keep
+    coming, so at most two shards are held in memory: the one being filled and the one being
+    written. An error writing a shard (a full disk) is raised by the next ``write`` that
+    fills a shard, or by ``close()``.
+
     Not thread-safe: one thread writes. Rows are stored in the order written. One Writer
     per directory at a time: it holds an advisory lock (``.kuat-writer.lock``, flock) until
-    ``close()``/``abort()``, and a second Writer, in any process, is refused.
+    ``close()``/``abort()``, and a second Writer, in any process, is refused. (Object stores
+    have no such lock: two Writers to one URL at once leave whichever manifest came last.)
 
     Raises:
         FileExistsError: ``path`` holds a dataset (or other files) and ``overwrite`` is False,
             or another Writer is writing into it.
+        kuat.format.fs.RemoteError: a URL destination cannot be reached (after retries);
+            nothing is written anywhere.
+        ImportError: the URL scheme's fsspec backend is not installed (names the package).
         kuat.SchemaError: a row or column does not match the schema (names field, row,
             expected and given type); nothing of that row/batch is written.
     """
@@ -439,6 +545,7 @@ class Writer:
         shard_bytes: int = DEFAULT_SHARD_BYTES,
         overwrite: bool = False,
         metadata: dict | None = None,
+        storage_options: Mapping | None = None,
     ):
         if not isinstance(schema, Schema):
             schema = Schema(schema)
@@ -451,7 +558,15 @@ class Writer:
             json.dumps(metadata)
         except (TypeError, ValueError) as e:
             raise TypeError(f"metadata must be JSON-serialisable: {e}") from e
-        self.path = Path(path)
+        self._remote: Remote | None = None
+        if is_url(path):
+            self._remote = open_remote(path, storage_options)
+            self.path: Path | str = self._remote.url
+        else:
+            if storage_options:
+                raise ValueError(f"storage_options are for URLs; {path!r} is a local path")
+            self.path = Path(local_path(path))
+        self._dir = self.path  # where shards are written (a local staging folder for a URL)
         self.schema = schema
         self.shard_bytes = shard_bytes
         self.metadata = metadata
@@ -460,7 +575,11 @@ class Writer:
         )
         self._builders = [_Builder(f.name, f.type) for f in schema]
         self._fixed_row_bytes = sum(f.type.fixed_row_bytes for f in schema)
-        self._shards: list[ShardInfo] = []
+        self._shards: list[ShardInfo] = []  # written and renamed into place, in order
+        self._next_shard = 0
+        # the thread writing shard files (one shard in flight), started by the first flush
+        self._shard_thread: ThreadPoolExecutor | None = None
+        self._pending_shard: Future | None = None
         self._rows_in_shard = 0
         self._bytes_in_shard = 0
         self._rows = 0
@@ -474,10 +593,17 @@ class Writer:
         self._lock_fd = lock_directory(self.path)
 
     def _unlock(self) -> None:
+        if self._remote is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+            return
         fd, self._lock_fd = self._lock_fd, None
         unlock_directory(self.path, fd)
 
     def _prepare_directory(self, overwrite: bool) -> None:
+        if self._remote is not None:
+            self._prepare_remote(overwrite)
+            self._dir = Path(tempfile.mkdtemp(prefix="kuat-upload-"))
+            return
         p = self.path
         if p.exists() and not p.is_dir():
             raise FileExistsError(f"{p} exists and is not a directory")
@@ -520,6 +646,18 @@ class Writer:
         for e in os.scandir(p):  # leftovers of an interrupted write
             if _SHARD_RE.match(e.name) and e.is_file():
                 os.unlink(e.path)
+
+    def _prepare_remote(self, overwrite: bool) -> None:
+        prepare_remote(self._remote, overwrite)
+
+    def _upload(self, local: Path, name: str) -> None:
+        remote = self._remote
+        retry(
+            lambda: remote.fs.put_file(str(local), remote.path_of(name)),
+            what=f"uploading shard {name} to",
+            url=remote.url_of(name),
+        )
+        local.unlink()
 
     # -- writing ---------------------------------------------------------------------------
     @property
@@ -625,24 +763,71 @@ class Writer:
                 self._flush_shard()
 
     def _flush_shard(self) -> None:
+        """Seal the current shard's columns and hand them to the shard thread, which writes
+        the file while this thread goes on taking rows (at most one shard in flight: this
+        first waits for the previous one, and raises its error)."""
         if not self._rows_in_shard:
             return
-        arrays = [b.finish() for b in self._builders]
-        batch = pa.RecordBatch.from_arrays(arrays, schema=self._arrow_schema)
-        name = shard_name(len(self._shards))
-        final = self.path / name
-        tmp = self.path / f".{name}.tmp-{os.getpid()}"
-        with pa.OSFile(str(tmp), "wb") as sink:
-            with pa.ipc.new_stream(sink, self._arrow_schema) as w:
-                w.write_batch(batch)
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        info = ShardInfo(name, batch.num_rows, os.path.getsize(tmp), file_checksum(tmp))
-        os.replace(tmp, final)
-        self._shards.append(info)
-        log.debug("wrote %s: %d rows, %d bytes", final, info.rows, info.bytes)
+        name = shard_name(self._next_shard)
+        tmp = self._dir / f".{name}.tmp-{os.getpid()}"
+        shard = ShardFile(tmp)
+        try:
+            arrays = [b.finish(shard) for b in self._builders]
+            self._wait_shard()
+        except BaseException:
+            shard.close()
+            raise
+        if self._shard_thread is None:
+            self._shard_thread = ThreadPoolExecutor(1, thread_name_prefix="kuat-writer")
+        self._pending_shard = self._shard_thread.submit(
+            self._write_shard, shard, arrays, name, self._rows_in_shard
+        )
+        self._next_shard += 1
         self._rows_in_shard = 0
         self._bytes_in_shard = 0
+
+    def _write_shard(self, shard: ShardFile, arrays: list, name: str, rows: int) -> ShardInfo:
+        """On the shard thread: write, checksum and fsync one shard, then rename it into place.
+
+        One pass over the bytes: values go from their objects to the file, hashed on the way
+        (no joined copy, no re-read for the checksum), and one fsync per shard.
+        """
+        with shard:
+            batch = pa.RecordBatch.from_arrays(arrays, schema=self._arrow_schema)
+            with pa.ipc.new_stream(pa.PythonFile(shard, mode="w"), self._arrow_schema) as w:
+                w.write_batch(batch)
+            del arrays, batch  # the deferred placeholders
+            checksum = shard.sync()
+            size = shard.tell()
+        final = self._dir / name
+        os.replace(shard.path, final)
+        if self._remote is not None:  # uploaded on this thread too, while rows keep coming
+            self._upload(final, name)
+        log.debug("wrote %s: %d rows, %d bytes", final, rows, size)
+        return ShardInfo(name, rows, size, checksum)
+
+    def _wait_shard(self) -> None:
+        """Wait for the shard in flight, if any, and record it.
+
+        Raises:
+            OSError: writing it failed (a full disk, say), chained to the cause.
+        """
+        pending, self._pending_shard = self._pending_shard, None
+        if pending is None:
+            return
+        try:
+            info = pending.result()
+        except OSError as e:
+            raise OSError(
+                e.errno,
+                f"writing shard {len(self._shards)} of {self.path} failed: {e.strerror or e}",
+            ) from e
+        self._shards.append(info)
+
+    def _stop_shard_thread(self) -> None:
+        if self._shard_thread is not None:
+            self._shard_thread.shutdown(wait=True)
+            self._shard_thread = None
 
     # -- closing ---------------------------------------------------------------------------
     def close(self) -> Manifest:
@@ -656,13 +841,18 @@ class Writer:
             return self.manifest
         try:
             self._flush_shard()
+            self._wait_shard()
+            self._stop_shard_thread()
             manifest = Manifest(
                 schema=self.schema,
                 shards=tuple(self._shards),
                 metadata=self.metadata,
                 created_by=f"kuat {_version()}",
             )
-            write_manifest(self.path, manifest)
+            if self._remote is None:
+                write_manifest(self.path, manifest)
+            else:
+                write_manifest(self.path, manifest, storage_options=self._remote.storage_options)
         except BaseException:
             self.abort()  # no dataset; delete the shards rather than leave them unlisted
             raise
@@ -681,7 +871,18 @@ class Writer:
         self._closed = True
         for b in self._builders:
             b.chunks, b.pending = [], []
-        for e in os.scandir(self.path):
+        try:  # let the shard in flight finish before deleting (its error is moot now)
+            self._wait_shard()
+        except Exception as e:
+            log.debug("the shard being written when %s was aborted failed: %s", self.path, e)
+        self._stop_shard_thread()
+        if self._remote is not None:
+            for info in self._shards:  # best effort: without a manifest it is no dataset
+                try:
+                    self._remote.fs.rm_file(self._remote.path_of(info.file))
+                except Exception as e:
+                    log.debug("cannot delete %s: %s", self._remote.url_of(info.file), e)
+        for e in os.scandir(self._dir):
             if _SHARD_RE.match(e.name) and e.name != MANIFEST_NAME:
                 try:
                     os.unlink(e.path)
