@@ -180,3 +180,14 @@ def test_argument_errors():
         TokenBudgetBatchSampler([1, 2], 10, rank=2, world_size=2)
     with pytest.raises(ValueError, match="epoch"):
         TokenBudgetBatchSampler([1, 2], 10).set_epoch(-1)
+
+
+def test_rank_without_world_size_is_refused_not_ignored():
+    """rank=1 alone used to be dropped silently (rank 0's share of a world of 1: every batch on
+    every rank). As kuat.DataLoader(rank=, world_size=): both or neither."""
+    with pytest.raises(ValueError, match="both rank and world_size or neither.*rank=1"):
+        TokenBudgetBatchSampler([1, 2, 3], 10, rank=1)
+    with pytest.raises(ValueError, match="both rank and world_size or neither.*world_size=2"):
+        TokenBudgetBatchSampler([1, 2, 3], 10, world_size=2)
+    with pytest.raises(ValueError, match="both rank and world_size or neither"):
+        kuat.DataLoader(range(3), rank=1)  # the loader's rule, which the sampler now shares
