@@ -396,3 +396,14 @@ def test_pad_value_that_does_not_fit_the_dtype_is_refused_as_torch_does(kind, va
     else:
         out = collate(samples)["labels"]
         assert out.dtype == want.dtype and torch.equal(out, want)
+
+
+def test_views_of_one_buffer_in_another_dtype_are_not_read_as_the_buffers():
+    """Rows that view one NumPy buffer through different dtypes (a byte buffer and an int16
+    view of it) are not rows of that buffer: the one-op path must not read the int16 row's
+    bytes as uint8 values. As on the per-row path, mixed dtypes are refused, naming each."""
+    buf = np.arange(16, dtype=np.uint8)
+    rows = [buf[0:4], buf.view(np.int16)[3:4]]  # both have .base buf; the second is int16
+    assert all(r.base is buf for r in rows)
+    with pytest.raises(ValueError, match=r"0: \(4,\) torch.uint8, 1: \(1,\) torch.int16"):
+        pad_collate()([{"x": r} for r in rows])

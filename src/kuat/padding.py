@@ -489,12 +489,15 @@ def _pad_loop(rows: list[torch.Tensor], spec: _PadSpec, name: str):
 
 
 def _views_of_one_tensor(rows: list[torch.Tensor]):
-    """``(values, starts, lengths)`` when every row is a stride-1 1-d view of one CPU tensor."""
+    """``(values, starts, lengths)`` when every row is a stride-1 1-d view of one CPU tensor,
+    in that tensor's dtype."""
     base = rows[0]._base
     if base is None or base.device.type != "cpu" or not base.is_contiguous():
         return None
     for r in rows:
-        if r._base is not base or r.dim() != 1 or (r.stride(0) != 1 and r.shape[0] > 1):
+        if r._base is not base or r.dim() != 1 or r.dtype != base.dtype:
+            return None
+        if r.stride(0) != 1 and r.shape[0] > 1:
             return None
     try:
         values = base.reshape(-1).numpy()  # the whole buffer, zero-copy
@@ -507,7 +510,8 @@ def _views_of_one_tensor(rows: list[torch.Tensor]):
 
 
 def _views_of_one_array(rows: list[np.ndarray]):
-    """``(values, starts, lengths)`` when every row is a contiguous 1-d view of one array."""
+    """``(values, starts, lengths)`` when every row is a contiguous 1-d view of one array, in
+    that array's dtype."""
     base = rows[0].base
     if not isinstance(base, np.ndarray) or base.dtype.kind not in _NUMPY_KINDS:
         return None
@@ -517,7 +521,9 @@ def _views_of_one_array(rows: list[np.ndarray]):
     origin = base.ctypes.data
     starts = np.empty(len(rows), dtype=np.int64)
     for i, r in enumerate(rows):
-        if r.base is not base or r.ndim != 1 or (r.strides[0] != item and r.shape[0] > 1):
+        if r.base is not base or r.ndim != 1 or r.dtype != base.dtype:
+            return None  # another dtype's view of the buffer: its offsets are not in our units
+        if r.strides[0] != item and r.shape[0] > 1:
             return None
         starts[i] = (r.ctypes.data - origin) // item
     lengths = np.fromiter((r.shape[0] for r in rows), np.int64, len(rows))
