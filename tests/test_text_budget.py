@@ -191,3 +191,16 @@ def test_rank_without_world_size_is_refused_not_ignored():
         TokenBudgetBatchSampler([1, 2, 3], 10, world_size=2)
     with pytest.raises(ValueError, match="both rank and world_size or neither"):
         kuat.DataLoader(range(3), rank=1)  # the loader's rule, which the sampler now shares
+
+
+def test_lengths_of_refuses_a_null_row_naming_it():
+    """A null token list in a datasets.Dataset has no length: lengths_of returned
+    -9223372036854775808 for it (Arrow's null length through NaN). It is an error naming the
+    row, as indexing that row and taking len() is (TypeError) in the per-sample path."""
+    datasets = pytest.importorskip("datasets")
+    ds = datasets.Dataset.from_dict({"input_ids": [[1, 2, 3], None, [], [4]]})
+    with pytest.raises(TypeError):
+        len(ds[1]["input_ids"])  # the reference: the row has no length
+    with pytest.raises(ValueError, match="row 1.*'input_ids'.*null"):
+        lengths_of(ds)
+    assert lengths_of(ds.select([0, 2, 3])).tolist() == [3, 0, 1]

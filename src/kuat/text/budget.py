@@ -195,6 +195,7 @@ def lengths_of(dataset, field: str = "input_ids") -> np.ndarray:
 
     Raises:
         KeyError: ``field`` is not a column / key of the samples.
+        ValueError: a ``datasets.Dataset`` row whose ``field`` is null (names the row).
     """
     from kuat.sources.hf import is_hf_map_dataset
 
@@ -205,6 +206,12 @@ def lengths_of(dataset, field: str = "input_ids") -> np.ndarray:
             raise KeyError(f"{field!r} is not a column of the dataset ({dataset.column_names})")
         table = dataset.with_format("arrow")[:]  # after select/shuffle: the rows in order
         col = table.column(field)
+        if col.null_count:  # a null list has no length (NaN -> int64 min if let through)
+            row = int(np.flatnonzero(col.is_null().to_numpy(zero_copy_only=False))[0])
+            raise ValueError(
+                f"lengths_of: row {row} of {field!r} is null (no token list); drop or fill such "
+                f"rows first (e.g. dataset.filter(lambda r: r[{field!r}] is not None))"
+            )
         return pc.list_value_length(col).to_numpy(zero_copy_only=False).astype(np.int64)
     from kuat.format import Dataset
 
