@@ -83,7 +83,7 @@ from kuat.engine.job import FetchJob
 from kuat.engine.process import ProcessEngine
 from kuat.engine.thread import ThreadEngine
 from kuat.errors import LoaderTimeoutError
-from kuat.sampling import EpochSampler, next_request, order_state, restore_order
+from kuat.sampling import EpochSampler, describe_sampler, next_request, order_state, restore_order
 
 __all__ = ["DataLoader"]
 
@@ -602,7 +602,7 @@ class DataLoader(_TorchDataLoader):
             elif served:
                 warnings.warn(
                     f"kuat DataLoader: cannot tell what the order of the user "
-                    f"{type(self._index_sampler).__name__} depends on (no state_dict(), no "
+                    f"{describe_sampler(self._index_sampler)} depends on (no state_dict(), no "
                     "generator, not a torch sampler): resuming replays iter(sampler) and skips "
                     f"the {served} batches served, exact only if its order repeats",
                     stacklevel=2,

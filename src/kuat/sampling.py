@@ -39,7 +39,7 @@ from torch.utils.data import (
     WeightedRandomSampler,
 )
 
-__all__ = ["EpochSampler", "shuffle_seed", "batches_of", "order_state", "restore_order"]
+__all__ = ["EpochSampler", "shuffle_seed", "batches_of", "describe_sampler", "order_state", "restore_order"]
 
 _MASK64 = (1 << 64) - 1
 _SHUFFLE_SALT = 0x5348554646  # "SHUFF": keeps shuffle seeds apart from per-sample seeds
@@ -213,6 +213,14 @@ def _inner(sampler):
     if isinstance(sampler, BatchSampler) and not hasattr(sampler, "state_dict"):
         return sampler.sampler
     return sampler
+
+
+def describe_sampler(sampler) -> str:
+    """``"BatchSampler(MySampler)"``: a sampler's type, with the one inside a batch sampler."""
+    inner = _inner(sampler)
+    if inner is sampler:
+        return type(sampler).__name__
+    return f"{type(sampler).__name__}({type(inner).__name__})"
 
 
 def order_state(sampler) -> dict[str, Any] | None:
