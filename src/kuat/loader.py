@@ -51,6 +51,7 @@ frameworks that do not rebuild ``type(loader)`` live in :mod:`kuat.integrations`
 from __future__ import annotations
 
 import collections
+import copy
 import itertools
 import logging
 import math
@@ -59,6 +60,7 @@ import os
 import pickle
 import queue
 import re
+import sys
 import threading
 import time
 import warnings
@@ -216,6 +218,9 @@ class DataLoader(_TorchDataLoader):
     """
 
     __initialized = False  # the same mangled name as torch's, so torch's __setattr__ guard holds
+    # Accelerate's save_state/load_state store state_dict() of loaders that declare this
+    # (torchdata's StatefulDataLoader call pattern); kuat's state is exact at every batch.
+    use_stateful_dataloader = True
 
     def __init__(
         self,
@@ -430,8 +435,15 @@ class DataLoader(_TorchDataLoader):
         self._closed = False
         self._IterableDataset_len_called = None
         self._iterator = None  # torch's attribute; kuat keeps persistent workers in _engine
+        self._gradient_state = None  # Accelerate's GradientState, once prepared by Accelerate
+        self._skip_first = 0  # batches the next epoch skips (skip_first_batches)
+        self._progress_owner = None  # weakref: the loader a skip_first_batches copy reports to
         self.__initialized = True
         self.check_worker_number_rationality()
+        if "accelerate" in sys.modules:  # route Accelerate's prepare/skip for kuat loaders here
+            from kuat.integrations.accelerate import install
+
+            install()
 
     def check_worker_number_rationality(self) -> None:
         """Warn, as torch does, when more worker *processes* than usable CPUs are asked for.
@@ -487,6 +499,11 @@ class DataLoader(_TorchDataLoader):
 
     def __len__(self) -> int:
         self._apply_distributed()
+        if self._skip_first:
+            return max(0, self._len() - self._skip_first)
+        return self._len()
+
+    def _len(self) -> int:
         if self._iterable:
             length = self._IterableDataset_len_called = len(self._source)
             if self.batch_size is not None:
@@ -686,6 +703,8 @@ class DataLoader(_TorchDataLoader):
             raise RuntimeError("this kuat DataLoader was closed")
         self._apply_distributed()
         epoch, skip, restore = self._next_epoch()
+        if self._skip_first:  # a skip_first_batches copy: its first epoch skips that many
+            skip, self._skip_first = self._skip_first, 0
         if "generator" in restore:
             self.generator.set_state(restore["generator"])
         at_start = dict(restore) if restore else self._order_at_start()
@@ -709,6 +728,9 @@ class DataLoader(_TorchDataLoader):
         else:
             engine, owned = self._make_engine(base_seed), True
         self._progress = [epoch, skip, False, at_start]
+        owner = self._progress_owner() if self._progress_owner is not None else None
+        if owner is not None:  # the loader this copy skips for follows on from its position
+            owner._progress, owner._pending = self._progress, None
         if self.persistent_workers:
             self._live_iter = weakref.ref(it)
         it._setup(engine, owned, epoch, base_seed, keys, discard, self._progress)
@@ -755,7 +777,33 @@ class DataLoader(_TorchDataLoader):
         state["_engine"] = None
         state["_live_iter"] = None
         state["_job_bytes"] = None
+        state["_progress_owner"] = None
         return state
+
+    # --- framework hooks (kuat.integrations) --------------------------------------------------
+    def _prepare_for_accelerate(self, device) -> None:
+        """Called by Accelerate's ``prepare`` (see :mod:`kuat.integrations.accelerate`)."""
+        from accelerate.state import GradientState
+
+        if device is not None and torch.device(device).type == "cuda" and self._device is None:
+            self._device = self.device = torch.device(device)
+        self._gradient_state = GradientState()
+        self.end_of_dataloader = False
+        self.remainder = -1
+
+    def _skip_first_batches(self, num_batches: int) -> DataLoader:
+        """A copy whose next epoch skips its first ``num_batches`` (Accelerate's skip_first_batches).
+
+        The copy shares the options, the dataset, statistics and position: when it starts an
+        epoch, this loader's ``state_dict()`` and next epoch follow from it.
+        """
+        if isinstance(num_batches, bool) or not isinstance(num_batches, (int, np.integer)) or num_batches < 0:
+            raise ValueError(f"num_batches should be a non-negative int, got {num_batches=!r}")
+        skipping = copy.copy(self)  # through __getstate__: no live workers
+        skipping._skip_first = int(num_batches)
+        skipping._progress_owner = weakref.ref(self)
+        self._pending = None  # the copy starts the pending epoch, if any
+        return skipping
 
     def __enter__(self) -> DataLoader:
         return self
@@ -909,6 +957,18 @@ class _LoaderIter:
         self._staged = None
         self._deferred: BaseException | None = None
         self._transform = loader._batch_transform
+        self._gradient_state = loader._gradient_state
+        self._epoch_batches = None
+        if self._gradient_state is not None:  # Accelerate: say when the last batch is returned
+            self._epoch_batches = loader._batches_per_epoch()
+            loader.end_of_dataloader = False
+            loader.remainder = -1
+            if not loader.drop_last and loader.batch_size is not None:
+                try:  # as Accelerate's DataLoaderStateMixin.begin
+                    loader.remainder = len(loader.dataset) % (loader.batch_size * loader.world_size)
+                except TypeError:
+                    pass
+            self._gradient_state._add_dataloader(loader)
         self._t_mark: float | None = None
         self._warn = weakref.WeakMethod(loader._warn_skipped)
 
@@ -943,6 +1003,8 @@ class _LoaderIter:
             self.close(broken=True)
             raise
         self._progress[1] += 1
+        if self._epoch_batches is not None and self._progress[1] >= self._epoch_batches:
+            self._loader.end_of_dataloader = True
         with self._stats.lock:
             self._stats.batches += 1
         self._account_time(t0)
@@ -1090,6 +1152,8 @@ class _LoaderIter:
         if not self._finished:
             self._finished = True
             self._progress[2] = True
+            if self._gradient_state is not None:
+                self._loader.end_of_dataloader = True
             self.close()
             self._loader._advise()
 
@@ -1101,6 +1165,8 @@ class _LoaderIter:
         self._order.clear()
         self._staged = self._deferred = None
         self._closed = True
+        if self._gradient_state is not None:
+            self._gradient_state._remove_dataloader(self._loader)
 
     def close(self, broken: bool = False) -> None:
         """Release the workers (this epoch's, or persistent ones when they broke). Idempotent."""
@@ -1110,6 +1176,8 @@ class _LoaderIter:
         if not self._started:
             return
         self._keys_done = True
+        if self._gradient_state is not None:
+            self._gradient_state._remove_dataloader(self._loader)
         if self._owned:
             self._engine.close()
         elif broken and self._loader._engine is self._engine:
