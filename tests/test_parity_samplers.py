@@ -217,3 +217,14 @@ def test_torch_validation_errors_are_mirrored(name):
     expected = _error(lambda: TorchLoader(dataset, **kwargs))
     assert expected is not None, "the case should be invalid for torch"
     assert _error(lambda: kuat.DataLoader(dataset, **kwargs)) == expected
+
+
+def test_jumping_to_an_epoch_with_a_generator_warns():
+    """What the HF Trainer does on resume (set_epoch(k) on a fresh loader) cannot be exact."""
+    loader = kuat.DataLoader(list(range(6)), batch_size=2, shuffle=True, generator=torch.Generator().manual_seed(0))
+    loader.set_epoch(1)
+    with pytest.warns(UserWarning, match="generator"):
+        next(iter(loader))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        list(loader)  # epoch 2 follows epoch 1: nothing to say

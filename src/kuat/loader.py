@@ -695,7 +695,10 @@ class DataLoader(_TorchDataLoader):
                 return request[1], 0, {}
         if pending is not None:
             return pending[1], pending[2], pending[3]
-        return (0 if self._progress is None else self._progress[0] + 1), 0, {}
+        return self._following_epoch(), 0, {}
+
+    def _following_epoch(self) -> int:
+        return 0 if self._progress is None else self._progress[0] + 1
 
     def _begin_epoch(self, it: _LoaderIter) -> None:
         """Start the epoch of ``it`` (its first ``next()``): resolve, snapshot, start workers."""
@@ -707,6 +710,15 @@ class DataLoader(_TorchDataLoader):
             skip, self._skip_first = self._skip_first, 0
         if "generator" in restore:
             self.generator.set_state(restore["generator"])
+        elif self.generator is not None and epoch != self._following_epoch():
+            warnings.warn(
+                f"kuat DataLoader: starting epoch {epoch} after "
+                f"{'no epoch' if self._progress is None else f'epoch {self._progress[0]}'} with "
+                "generator=: the order comes from the generator's current state, not from epoch "
+                f"{epoch}'s, so it is not the order an uninterrupted run had. Resume with "
+                "load_state_dict() (which restores the generator), or pass seed= instead",
+                stacklevel=3,
+            )
         at_start = dict(restore) if restore else self._order_at_start()
         if isinstance(self.sampler, EpochSampler):
             self.sampler.epoch = epoch
