@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import sys
 
-import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader as TorchLoader
 from torch.utils.data import DistributedSampler

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch.utils.data import DistributedSampler, RandomSampler
 from torch.utils.data import DataLoader as TorchLoader
+from torch.utils.data import DistributedSampler, RandomSampler
 
 import kuat
 
