@@ -4,8 +4,8 @@ Pipeline (DESIGN.md, "Data flow"): the sampler gives each epoch's batches of ind
 ``(seed, epoch, rank, world_size)``; an engine (``kuat.engine``: inline, threads or processes)
 fetches and collates each batch in a worker; the consumer restores order, pins or copies to a
 device one batch ahead, applies the dataset's ``kuat_batch_transform`` and yields. Every choice
-(engine, sampler, RNG isolation, pinning) is made once, at construction or at ``iter()``; the
-per-batch loop (``_LoaderIter._next_batch``) only dispatches tasks and takes results.
+(engine, sampler, RNG isolation, pinning) is made once, at construction or when an epoch starts
+(the first ``next()`` of an iterator: ``iter()`` alone starts nothing); the per-batch loop (``_LoaderIter._next_batch``) only dispatches tasks and takes results.
 
 Seams with sources (``kuat.sources``)
 --------------------------------------
