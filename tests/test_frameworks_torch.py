@@ -5,6 +5,7 @@ torchdata StatefulDataLoader's arguments and state-dict call pattern."""
 import logging
 import multiprocessing
 import threading
+import warnings
 
 import pytest
 import torch
@@ -88,3 +89,35 @@ def test_statefuldataloader_arguments_and_call_pattern():
     again.load_state_dict(state)
     assert [b.tolist() for b in again] == rest
     assert sorted(x for b in head + rest for x in b) == ds
+
+
+def test_a_stream_built_before_the_rank_is_known_reads_its_share(monkeypatch):
+    datasets = pytest.importorskip("datasets")
+    stream = datasets.Dataset.from_dict({"id": list(range(12))}).to_iterable_dataset(num_shards=2)
+
+    def ids(loader):
+        return [int(x) for b in loader for x in b["id"]]
+
+    loader = kuat.DataLoader(stream, batch_size=2, num_workers=2)  # rank unknown yet
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    explicit = [ids(kuat.DataLoader(stream, batch_size=2, rank=r, world_size=2)) for r in (0, 1)]
+    assert ids(loader) == explicit[1]
+    assert sorted(explicit[0] + explicit[1]) == list(range(12))
+
+
+def test_loading_another_ranks_state_is_exact_and_quiet():
+    """Accelerate's register_for_checkpointing saves rank 0's state and loads it on every rank."""
+    def make(rank):
+        return kuat.DataLoader(list(range(20)), batch_size=2, shuffle=True, seed=1, rank=rank, world_size=2)
+
+    rank0, rank1 = make(0), make(1)
+    for loader in (rank0, rank1):
+        it = iter(loader)
+        next(it), next(it)
+    rest1 = [b.tolist() for b in it]
+    resumed = make(1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        resumed.load_state_dict(rank0.state_dict())
+    assert [b.tolist() for b in resumed] == rest1
