@@ -228,3 +228,31 @@ def test_jumping_to_an_epoch_with_a_generator_warns():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         list(loader)  # epoch 2 follows epoch 1: nothing to say
+
+
+@pytest.mark.parametrize("how", ["sampler", "batch_sampler"])
+def test_resume_when_the_sampler_shares_the_loaders_generator(how):
+    """torch draws base_seed, then the sampler, from the one generator: resume keeps both."""
+    ds = list(range(12))
+
+    def args(g):
+        if how == "sampler":
+            return dict(batch_size=3, sampler=RandomSampler(ds, generator=g), generator=g)
+        return dict(batch_sampler=BatchSampler(RandomSampler(ds, generator=g), 3, False), generator=g)
+
+    g = torch.Generator().manual_seed(2)
+    torch_loader = TorchLoader(ds, **args(g))
+    expected = [ids(torch_loader) for _ in range(3)]
+    g = torch.Generator().manual_seed(2)
+    loader = kuat.DataLoader(ds, **args(g))
+    assert ids(loader) == expected[0]
+    state_between = loader.state_dict()  # at the start of epoch 1
+    it = iter(loader)
+    head = [next(it).tolist() for _ in range(2)]
+    state = loader.state_dict()
+    for saved, skip in ((state, 2), (state_between, 0)):
+        g = torch.Generator().manual_seed(50)
+        resumed = kuat.DataLoader(ds, **args(g))
+        resumed.load_state_dict(saved)
+        assert head[:skip] + ids(resumed) == expected[1]
+        assert ids(resumed) == expected[2]

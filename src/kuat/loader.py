@@ -85,7 +85,14 @@ from kuat.engine.job import FetchJob
 from kuat.engine.process import ProcessEngine
 from kuat.engine.thread import ThreadEngine
 from kuat.errors import LoaderTimeoutError
-from kuat.sampling import EpochSampler, describe_sampler, next_request, order_state, restore_order
+from kuat.sampling import (
+    EpochSampler,
+    describe_sampler,
+    next_request,
+    order_state,
+    restore_order,
+    sampler_generator,
+)
 
 __all__ = ["DataLoader"]
 
@@ -532,12 +539,23 @@ class DataLoader(_TorchDataLoader):
             return None
 
     def _order_at_start(self) -> dict[str, Any]:
-        """What the order of the epoch about to start depends on, beyond ``(seed, epoch)``."""
+        """The states an epoch started now would begin from (``state_dict()`` between epochs).
+
+        A user sampler's state is left out when it follows from others: when it draws from
+        torch's global RNG (a fresh epoch draws from it as it will be then) or from the loader's
+        own ``generator`` (restored, then drawn from as in the uninterrupted run).
+        """
         rng: dict[str, Any] = {}
         if self.generator is not None:
             rng["generator"] = self.generator.get_state()
         if not self._own_sampler and not self._iterable:
-            rng["sampler"] = order_state(self._index_sampler)
+            state = order_state(self._index_sampler)
+            follows = state is not None and (
+                "global_rng" in state
+                or (self.generator is not None and sampler_generator(self._index_sampler) is self.generator)
+            )
+            if not follows:
+                rng["sampler"] = state
         return rng
 
     def state_dict(self) -> dict[str, Any]:
@@ -565,8 +583,6 @@ class DataLoader(_TorchDataLoader):
                 epoch, served, rng = epoch + 1, 0, None
         if rng is None or not rng:  # the next epoch starts from the states as they are now
             rng = self._order_at_start()
-            if "global_rng" in (rng.get("sampler") or {}):
-                del rng["sampler"]  # a fresh epoch draws from the global RNG as it will be then
         rank, world_size = self._resolve_distributed(warn=False)
         state = {
             "version": _STATE_VERSION,
@@ -719,13 +735,17 @@ class DataLoader(_TorchDataLoader):
                 "load_state_dict() (which restores the generator), or pass seed= instead",
                 stacklevel=3,
             )
-        at_start = dict(restore) if restore else self._order_at_start()
         if isinstance(self.sampler, EpochSampler):
             self.sampler.epoch = epoch
-        if self.generator is not None:  # as torch: one base_seed draw per epoch
+        at_start: dict[str, Any] = dict(restore)
+        if self.generator is not None:  # as torch: one base_seed draw per epoch, then the sampler's
+            if not restore:
+                at_start["generator"] = self.generator.get_state()
             base_seed = int(torch.empty((), dtype=torch.int64).random_(generator=self.generator).item())
         else:
             base_seed = _base_seed(self.seed, epoch)
+        if not restore and not self._own_sampler and not self._iterable:
+            at_start["sampler"] = order_state(self._index_sampler)  # as it starts: after base_seed
         if self._iterable:
             keys, discard = itertools.repeat(None), skip
         else:

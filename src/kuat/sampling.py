@@ -39,7 +39,10 @@ from torch.utils.data import (
     WeightedRandomSampler,
 )
 
-__all__ = ["EpochSampler", "shuffle_seed", "batches_of", "describe_sampler", "order_state", "restore_order"]
+__all__ = [
+    "EpochSampler", "shuffle_seed", "batches_of", "describe_sampler", "order_state", "restore_order",
+    "sampler_generator",
+]
 
 _MASK64 = (1 << 64) - 1
 _SHUFFLE_SALT = 0x5348554646  # "SHUFF": keeps shuffle seeds apart from per-sample seeds
@@ -221,6 +224,12 @@ def describe_sampler(sampler) -> str:
     if inner is sampler:
         return type(sampler).__name__
     return f"{type(sampler).__name__}({type(inner).__name__})"
+
+
+def sampler_generator(sampler) -> torch.Generator | None:
+    """The ``torch.Generator`` a sampler (or the sampler inside a batch sampler) draws from."""
+    gen = getattr(_inner(sampler), "generator", None)
+    return gen if isinstance(gen, torch.Generator) else None
 
 
 def order_state(sampler) -> dict[str, Any] | None:
