@@ -5,7 +5,8 @@ Pipeline (DESIGN.md, "Data flow"): the sampler gives each epoch's batches of ind
 fetches and collates each batch in a worker; the consumer restores order, pins or copies to a
 device one batch ahead, applies the dataset's ``kuat_batch_transform`` and yields. Every choice
 (engine, sampler, RNG isolation, pinning) is made once, at construction or when an epoch starts
-(the first ``next()`` of an iterator: ``iter()`` alone starts nothing); the per-batch loop (``_LoaderIter._next_batch``) only dispatches tasks and takes results.
+(the first ``next()`` of an iterator: ``iter()`` alone starts nothing); the per-batch loop
+(``_LoaderIter._next_batch``) only dispatches tasks and takes results.
 
 Seams with sources (``kuat.sources``)
 --------------------------------------
@@ -450,7 +451,10 @@ class DataLoader(_TorchDataLoader):
         if "accelerate" in sys.modules:  # route Accelerate's prepare/skip for kuat loaders here
             from kuat.integrations.accelerate import install
 
-            install()
+            try:
+                install()
+            except ImportError as e:  # a broken Accelerate install: the loader works without it
+                log.debug("kuat.DataLoader: Accelerate integration not installed: %s", e)
 
     def check_worker_number_rationality(self) -> None:
         """Warn, as torch does, when more worker *processes* than usable CPUs are asked for.
