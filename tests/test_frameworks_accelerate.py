@@ -123,3 +123,21 @@ def test_split_batches_is_refused_naming_it():
     accelerator = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(split_batches=True))
     with pytest.raises(ValueError, match="split_batches"):
         accelerator.prepare(kuat.DataLoader(list(range(8)), batch_size=4))
+
+
+class Stream(torch.utils.data.IterableDataset):
+    """40 ints, no length: the end of data is known only by reading one batch ahead."""
+
+    def __iter__(self):
+        return iter(range(40))
+
+
+def test_gradient_accumulation_steps_on_the_last_window_of_a_stream():
+    expected = _sync_steps(Accelerator(cpu=True, gradient_accumulation_steps=4), TorchLoader(Stream(), batch_size=4))
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+    loader = kuat.DataLoader(Stream(), batch_size=4)
+    got = _sync_steps(Accelerator(cpu=True, gradient_accumulation_steps=4), loader)
+    assert expected == [3, 7, 9]
+    assert got == expected
+    assert loader.state_dict()["epoch"] == 1 and loader.stats()["batches"] == 10

@@ -995,8 +995,11 @@ class _LoaderIter:
         self._transform = loader._batch_transform
         self._gradient_state = loader._gradient_state
         self._epoch_batches = None
+        self._look_ahead = False
+        self._ahead: Any = _NOTHING
         if self._gradient_state is not None:  # Accelerate: say when the last batch is returned
             self._epoch_batches = loader._batches_per_epoch()
+            self._look_ahead = self._epoch_batches is None
             loader.end_of_dataloader = False
             loader.remainder = -1
             if not loader.drop_last and loader.batch_size is not None:
@@ -1023,6 +1026,17 @@ class _LoaderIter:
         t0 = time.perf_counter()
         if self._t_mark is None:
             self._t_mark = t0
+        batch = self._next_looking_ahead(t0) if self._look_ahead else self._produce(t0)
+        self._progress[1] += 1
+        if self._epoch_batches is not None and self._progress[1] >= self._epoch_batches:
+            self._loader.end_of_dataloader = True
+        with self._stats.lock:
+            self._stats.batches += 1
+        self._account_time(t0)
+        return batch
+
+    def _produce(self, t0: float):
+        """The next batch, transformed; raises StopIteration at the end of the epoch."""
         try:
             batch = self._next_device_batch() if self._copier else self._next_batch()
             if self._transform is not None:
@@ -1038,12 +1052,28 @@ class _LoaderIter:
         except BaseException:  # time-out, dead worker, KeyboardInterrupt: release the workers
             self.close(broken=True)
             raise
-        self._progress[1] += 1
-        if self._epoch_batches is not None and self._progress[1] >= self._epoch_batches:
+        return batch
+
+    def _next_looking_ahead(self, t0: float):
+        """One batch ahead, as Accelerate's DataLoaderShard: ``end_of_dataloader`` is set before
+        the last batch of an epoch of unknown length is returned. An error while fetching the
+        batch after the current one is raised at the next call."""
+        if self._ahead is _NOTHING:
+            self._ahead = self._produce(t0)
+        elif self._ahead is _DONE:
+            self._release_gradient_state()
+            raise StopIteration
+        elif isinstance(self._ahead, _Raise):
+            error, self._ahead = self._ahead.error, _NOTHING
+            raise error
+        batch = self._ahead
+        try:
+            self._ahead = self._produce(t0)
+        except StopIteration:
+            self._ahead = _DONE
             self._loader.end_of_dataloader = True
-        with self._stats.lock:
-            self._stats.batches += 1
-        self._account_time(t0)
+        except Exception as e:
+            self._ahead = _Raise(e)
         return batch
 
     def _next_batch(self):
@@ -1190,7 +1220,8 @@ class _LoaderIter:
             self._progress[2] = True
             if self._gradient_state is not None:
                 self._loader.end_of_dataloader = True
-            self.close()
+            # looking ahead, the user has yet to receive the last batch: stay registered
+            self.close(release_gradient_state=not self._look_ahead)
             self._loader._advise()
 
     def _abandon(self) -> None:
@@ -1201,19 +1232,25 @@ class _LoaderIter:
         self._order.clear()
         self._staged = self._deferred = None
         self._closed = True
-        if self._gradient_state is not None:
-            self._gradient_state._remove_dataloader(self._loader)
+        self._release_gradient_state()
 
-    def close(self, broken: bool = False) -> None:
+    def _release_gradient_state(self) -> None:
+        """Leave Accelerate's GradientState (as DataLoaderShard.end()). Idempotent."""
+        gradient_state = self.__dict__.get("_gradient_state")  # absent before the epoch starts
+        if gradient_state is not None:
+            self._gradient_state = None
+            gradient_state._remove_dataloader(self._loader)
+
+    def close(self, broken: bool = False, release_gradient_state: bool = True) -> None:
         """Release the workers (this epoch's, or persistent ones when they broke). Idempotent."""
+        if release_gradient_state:
+            self._release_gradient_state()
         if self._closed:
             return
         self._closed = True
         if not self._started:
             return
         self._keys_done = True
-        if self._gradient_state is not None:
-            self._gradient_state._remove_dataloader(self._loader)
         if self._owned:
             self._engine.close()
         elif broken and self._loader._engine is self._engine:
@@ -1225,6 +1262,16 @@ class _LoaderIter:
             self.close()
         except Exception:
             pass
+
+
+_NOTHING, _DONE = object(), object()  # look-ahead states: nothing fetched yet / epoch over
+
+
+class _Raise:
+    """Look-ahead state: fetching the next batch raised ``error``."""
+
+    def __init__(self, error: BaseException):
+        self.error = error
 
 
 class _BatchError(Exception):
