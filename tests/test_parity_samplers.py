@@ -256,3 +256,26 @@ def test_resume_when_the_sampler_shares_the_loaders_generator(how):
         resumed.load_state_dict(saved)
         assert head[:skip] + ids(resumed) == expected[1]
         assert ids(resumed) == expected[2]
+
+
+def test_resume_with_a_global_rng_sampler_and_a_loader_generator_from_an_epoch_boundary():
+    ds = list(range(12))
+
+    def make():
+        return kuat.DataLoader(ds, batch_size=3, sampler=RandomSampler(ds), generator=torch.Generator().manual_seed(1))
+
+    loader = make()
+    ids(loader)
+    between = loader.state_dict()  # start of epoch 1: the generator's state, nothing else
+    resumed = make()
+    resumed.load_state_dict(between)
+    it = iter(resumed)
+    head = [next(it).tolist() for _ in range(2)]
+    state = resumed.state_dict()  # mid-epoch: now also the global RNG state the sampler drew from
+    rest = ids(it)
+    torch.manual_seed(777)
+    again = make()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        again.load_state_dict(state)
+    assert ids(again) == rest and len({i for b in head + rest for i in b}) == 12

@@ -743,12 +743,11 @@ class DataLoader(_TorchDataLoader):
             self.sampler.epoch = epoch
         at_start: dict[str, Any] = dict(restore)
         if self.generator is not None:  # as torch: one base_seed draw per epoch, then the sampler's
-            if not restore:
-                at_start["generator"] = self.generator.get_state()
+            at_start.setdefault("generator", self.generator.get_state())
             base_seed = int(torch.empty((), dtype=torch.int64).random_(generator=self.generator).item())
         else:
             base_seed = _base_seed(self.seed, epoch)
-        if not restore and not self._own_sampler and not self._iterable:
+        if "sampler" not in at_start and not self._own_sampler and not self._iterable:
             at_start["sampler"] = order_state(self._index_sampler)  # as it starts: after base_seed
         if self._iterable:
             keys, discard = itertools.repeat(None), skip
