@@ -279,3 +279,23 @@ def test_resume_with_a_global_rng_sampler_and_a_loader_generator_from_an_epoch_b
         warnings.simplefilter("error")
         again.load_state_dict(state)
     assert ids(again) == rest and len({i for b in head + rest for i in b}) == 12
+
+
+def test_resume_with_a_kuat_batch_sampler_is_exact_and_quiet():
+    lengths = [(i * 7) % 13 + 1 for i in range(40)]
+
+    def make():
+        sampler = kuat.TokenBudgetBatchSampler(lengths, max_tokens=24, seed=3)
+        return kuat.DataLoader(list(range(40)), batch_sampler=sampler)
+
+    loader = make()
+    ids(loader)
+    it = iter(loader)  # epoch 1
+    [next(it) for _ in range(2)]
+    state = loader.state_dict()
+    rest = ids(it)
+    resumed = make()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        resumed.load_state_dict(state)
+    assert ids(resumed) == rest

@@ -242,13 +242,17 @@ def order_state(sampler) -> dict[str, Any] | None:
     * ``{"global_rng": ByteTensor}``: torch's default CPU generator, which torch's RandomSampler,
       SubsetRandomSampler and WeightedRandomSampler draw their seed from without a generator;
     * ``{"epoch": int}``: a ``DistributedSampler``'s epoch (its order is ``(seed, epoch)``);
-    * ``{}``: a ``SequentialSampler`` (or a batch sampler over one): nothing to save.
+    * ``{}``: a ``SequentialSampler`` (or a batch sampler over one), or a sampler whose order the
+      loader sets through ``kuat_set_epoch(epoch)`` (``kuat.TokenBudgetBatchSampler``): nothing
+      to save.
 
     The generator states are copies (``torch.Generator.get_state``), a few KiB.
     """
     s = _inner(sampler)
     if callable(getattr(s, "state_dict", None)) and callable(getattr(s, "load_state_dict", None)):
         return {"state_dict": s.state_dict()}
+    if callable(getattr(sampler, "kuat_set_epoch", None)):
+        return {}  # its order is (seed, epoch), and the loader sets the epoch
     gen = getattr(s, "generator", None)
     if isinstance(gen, torch.Generator):
         return {"generator": gen.get_state()}

@@ -10,9 +10,11 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from kuat.errors import DecodeError, KuatError
@@ -21,6 +23,7 @@ from kuat.format.schema import EncodedImage
 __all__ = [
     "ConvertOptions",
     "ConvertReport",
+    "converting",
     "parallel_map",
     "prepare_image",
     "ON_ERROR",
@@ -38,21 +41,27 @@ class ConvertOptions:
 
     Attributes:
         num_workers: threads preparing samples (``None``: one per CPU core).
-        progress: show a tqdm progress bar (only when stderr is a terminal).
+        progress: show a tqdm progress bar when stderr is a terminal; otherwise (a log file,
+            a batch job) log a progress line on the ``kuat.convert`` logger (INFO) every
+            ``progress_interval_s`` seconds.
+        progress_interval_s: seconds between progress lines when stderr is not a terminal
+            (default 30: a readable log for hour-long jobs).
         on_error: ``"raise"`` stops at the first unreadable image, naming its path;
             ``"skip"`` leaves it out, logs every skipped path and the count at the end.
         resize_shorter: re-encode images whose shorter side exceeds this many pixels,
             resized (Pillow, antialiased) so the shorter side is exactly this; ``None`` keeps
             the original bytes (default). Images already small enough keep their bytes.
         quality: JPEG quality (1-100) of re-encoded images.
-        decode_check: fully decode every kept image to catch truncated files (slower); by
-            default only the header is read.
+        decode_check: fully decode every kept image to catch any corruption (slower). Without
+            it every image is still checked for completeness (a JPEG's end-of-image marker after
+            its scan, a PNG's IEND chunk), which catches truncated files.
         shard_bytes: target shard size in bytes (see ``kuat.Writer``).
         overwrite: replace an existing dataset at the destination.
     """
 
     num_workers: int | None = None
     progress: bool = True
+    progress_interval_s: float = 30.0
     on_error: str = "raise"
     resize_shorter: int | None = None
     quality: int = 90
@@ -73,6 +82,10 @@ class ConvertOptions:
             raise ValueError(f"resize_shorter={self.resize_shorter!r} must be a positive int")
         if not isinstance(self.quality, int) or not 1 <= self.quality <= 100:
             raise ValueError(f"quality={self.quality!r} must be an int in [1, 100]")
+        if not isinstance(self.progress_interval_s, (int, float)) or self.progress_interval_s < 0:
+            raise ValueError(
+                f"progress_interval_s={self.progress_interval_s!r} must be a number >= 0"
+            )
 
     @property
     def workers(self) -> int:
@@ -111,12 +124,16 @@ class ConvertReport:
 def prepare_image(data: bytes, source: object, opts: ConvertOptions) -> EncodedImage:
     """Encoded image bytes -> :class:`EncodedImage` as stored (original or re-encoded).
 
+    Every image is checked for completeness (:func:`kuat.vision.probe.check_complete`);
+    ``opts.decode_check`` adds a full decode.
+
     Raises:
-        kuat.DecodeError: the bytes are not a readable image (names ``source``).
+        kuat.DecodeError: the bytes are not a readable image, or truncated (names ``source``).
     """
-    from kuat.vision.probe import probe_image
+    from kuat.vision.probe import check_complete, probe_image
 
     info = probe_image(data, source=source)
+    check_complete(data, info.codec, source=source)
     resize = opts.resize_shorter is not None and min(info.width, info.height) > opts.resize_shorter
     if not resize:
         if opts.decode_check:
@@ -150,20 +167,52 @@ def _resize_encode(data: bytes, source: object, shorter: int, quality: int) -> E
 
 
 class Progress:
-    def __init__(self, total: int | None, desc: str, enabled: bool):
+    """Progress of one conversion: a tqdm bar when stderr is a terminal, else a line on the
+    ``kuat.convert`` logger (INFO) every ``interval_s`` seconds and one at the end, so that a
+    job whose stderr goes to a file shows it is alive, how far it is and how fast it goes.
+    Not thread-safe (the driver's consumer thread updates it)."""
+
+    def __init__(self, total: int | None, desc: str, enabled: bool, interval_s: float = 30.0):
         self.bar = None
-        if enabled and sys.stderr.isatty():
+        self.total, self.desc, self.interval_s = total, desc, interval_s
+        self.count = 0
+        self.logging = enabled and not sys.stderr.isatty()
+        self.t0 = self.last = time.monotonic()
+        if enabled and not self.logging:
             from tqdm import tqdm
 
             self.bar = tqdm(total=total, desc=desc, unit="sample", dynamic_ncols=True)
 
+    def _line(self, now: float, what: str) -> None:
+        elapsed = now - self.t0
+        rate = self.count / elapsed if elapsed > 0 else 0.0
+        of = f"/{self.total} ({100 * self.count / self.total:.0f}%)" if self.total else ""
+        log.info(
+            "%s: %s %d%s samples in %.0f s, %.0f samples/s",
+            self.desc,
+            what,
+            self.count,
+            of,
+            elapsed,
+            rate,
+        )
+
     def update(self, n: int = 1) -> None:
+        self.count += n
         if self.bar is not None:
             self.bar.update(n)
+        elif self.logging:
+            now = time.monotonic()
+            if now - self.last >= self.interval_s:
+                self.last = now
+                self._line(now, "at")
 
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
+        elif self.logging and self.count:
+            self._line(time.monotonic(), "done,")
+        self.logging = False
 
 
 def parallel_map(
@@ -183,7 +232,7 @@ def parallel_map(
     in ``report.skipped`` with ``source_of(item)``) or re-raised (``"raise"``). Other
     exceptions are bugs and always propagate.
     """
-    progress = Progress(total, desc, opts.progress)
+    progress = Progress(total, desc, opts.progress, opts.progress_interval_s)
     window = 4 * opts.workers
     pending: deque[tuple[object, Future]] = deque()
     it = iter(items)
@@ -222,6 +271,23 @@ def parallel_map(
                 yield result
     finally:
         progress.close()
+
+
+@contextmanager
+def converting(dst, schema, opts: ConvertOptions, metadata: dict | None = None):
+    """The ending every converter shares: ``with converting(dst, schema, opts, metadata) as
+    (writer, report): ...`` opens the :class:`kuat.Writer` (``opts.overwrite``,
+    ``opts.shard_bytes``), and on success fills ``report.rows`` and ``report.seconds`` and logs
+    the skipped samples. The dataset is committed only if the block raises nothing."""
+    from kuat.format import Writer
+
+    t0 = time.perf_counter()
+    report = ConvertReport(str(dst))
+    with Writer(dst, schema, metadata=metadata, **opts.writer_kwargs()) as w:
+        yield w, report
+        report.rows = w.num_rows
+    report.seconds = time.perf_counter() - t0
+    log_skipped(report)
 
 
 def log_skipped(report: ConvertReport) -> None:

@@ -9,17 +9,16 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 from pathlib import Path
 
 from kuat.convert._driver import (
     ConvertOptions,
     ConvertReport,
-    log_skipped,
+    converting,
     parallel_map,
     prepare_image,
 )
-from kuat.format import Field, Schema, Writer, image, int64, string
+from kuat.format import Field, Schema, image, int64, string
 
 __all__ = ["IMG_EXTENSIONS", "find_classes", "list_imagefolder", "from_imagefolder"]
 
@@ -59,15 +58,8 @@ def from_imagefolder(
     src: str | os.PathLike,
     dst: str | os.PathLike,
     *,
-    num_workers: int | None = None,
-    progress: bool = True,
-    overwrite: bool = False,
-    on_error: str = "raise",
-    resize_shorter: int | None = None,
-    quality: int = 90,
-    decode_check: bool = False,
-    shard_bytes: int | None = None,
     include_path: bool = False,
+    **options,
 ) -> ConvertReport:
     """Convert an ImageFolder tree into a kuat dataset at ``dst``.
 
@@ -77,10 +69,10 @@ def from_imagefolder(
     metadata holds ``names``.
 
     Args:
-        num_workers: threads reading and probing images (default: one per core).
-        progress: show a progress bar when stderr is a terminal.
-        on_error: ``"raise"`` (default; the error names the file) or ``"skip"``.
-        resize_shorter, quality, decode_check, shard_bytes, overwrite: see
+        options: ``num_workers`` (threads reading and probing images; default one per core),
+            ``progress``, ``progress_interval_s``, ``on_error`` (``"raise"``, default: the
+            error names the file; or ``"skip"``), ``resize_shorter``, ``quality``,
+            ``decode_check``, ``shard_bytes``, ``overwrite``: see
             :class:`kuat.convert.ConvertOptions`.
 
     Returns:
@@ -92,17 +84,7 @@ def from_imagefolder(
         FileExistsError: ``dst`` is a dataset and ``overwrite`` is False.
         kuat.DecodeError: an image is unreadable and ``on_error="raise"``.
     """
-    opts = ConvertOptions(
-        num_workers=num_workers,
-        progress=progress,
-        on_error=on_error,
-        resize_shorter=resize_shorter,
-        quality=quality,
-        decode_check=decode_check,
-        shard_bytes=shard_bytes,
-        overwrite=overwrite,
-    )
-    t0 = time.perf_counter()
+    opts = ConvertOptions(**options)
     src = Path(src)
     if Path(dst).resolve().is_relative_to(src.resolve()):
         raise ValueError(f"dst={str(dst)!r} is inside the ImageFolder src={str(src)!r}")
@@ -129,7 +111,6 @@ def from_imagefolder(
         "classes": classes,
         "class_to_idx": {c: i for i, c in enumerate(classes)},
     }
-    report = ConvertReport(str(dst))
 
     def load(item: tuple[str, int]) -> dict:
         path, label = item
@@ -140,7 +121,7 @@ def from_imagefolder(
             row["path"] = os.path.relpath(path, src)
         return row
 
-    with Writer(dst, Schema(fields), metadata=metadata, **opts.writer_kwargs()) as w:
+    with converting(dst, Schema(fields), opts, metadata) as (w, report):
         for row in parallel_map(
             load,
             samples,
@@ -151,7 +132,4 @@ def from_imagefolder(
             report=report,
         ):
             w.write(row)
-        report.rows = w.num_rows
-    report.seconds = time.perf_counter() - t0
-    log_skipped(report)
     return report
