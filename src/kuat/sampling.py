@@ -251,7 +251,7 @@ def order_state(sampler) -> dict[str, Any] | None:
     s = _inner(sampler)
     if callable(getattr(s, "state_dict", None)) and callable(getattr(s, "load_state_dict", None)):
         return {"state_dict": s.state_dict()}
-    if callable(getattr(sampler, "kuat_set_epoch", None)):
+    if callable(getattr(sampler, "kuat_set_epoch", None)) or callable(getattr(s, "kuat_set_epoch", None)):
         return {}  # its order is (seed, epoch), and the loader sets the epoch
     gen = getattr(s, "generator", None)
     if isinstance(gen, torch.Generator):
