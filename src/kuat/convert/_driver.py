@@ -16,12 +16,15 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from kuat.errors import DecodeError, KuatError
+from kuat.format import Schema, Writer
 from kuat.format.schema import EncodedImage
 
 __all__ = [
+    "ENGINES",
     "ConvertOptions",
     "ConvertReport",
     "parallel_map",
+    "write_dataset",
     "prepare_image",
     "ON_ERROR",
     "Progress",
@@ -30,6 +33,7 @@ __all__ = [
 log = logging.getLogger("kuat.convert")
 
 ON_ERROR = ("raise", "skip")
+ENGINES = ("local", "ray")
 
 
 @dataclass(frozen=True)
@@ -49,6 +53,10 @@ class ConvertOptions:
             default only the header is read.
         shard_bytes: target shard size in bytes (see ``kuat.Writer``).
         overwrite: replace an existing dataset at the destination.
+        engine: ``"local"`` (default): this machine's threads; ``"ray"``: Ray Data tasks on
+            the Ray cluster ``ray.init()`` finds (see ``kuat.convert._ray``; ``kuat[ray]``).
+        rows_per_task: (``engine="ray"``) items one task converts and writes; 1000 ImageNet
+            JPEGs (~110 KB each) make about one 128 MiB shard per task.
     """
 
     num_workers: int | None = None
@@ -59,10 +67,16 @@ class ConvertOptions:
     decode_check: bool = False
     shard_bytes: int | None = None
     overwrite: bool = False
+    engine: str = "local"
+    rows_per_task: int = 1000
 
     def __post_init__(self):
         if self.on_error not in ON_ERROR:
             raise ValueError(f"on_error={self.on_error!r} must be one of {ON_ERROR}")
+        if self.engine not in ENGINES:
+            raise ValueError(f"engine={self.engine!r} must be one of {ENGINES}")
+        if not isinstance(self.rows_per_task, int) or self.rows_per_task < 1:
+            raise ValueError(f"rows_per_task={self.rows_per_task!r} must be a positive int")
         if self.num_workers is not None and (
             not isinstance(self.num_workers, int) or self.num_workers < 1
         ):
@@ -231,3 +245,40 @@ def log_skipped(report: ConvertReport) -> None:
             len(report.skipped),
             ", ".join(str(s) for s, _ in report.skipped),
         )
+
+
+def write_dataset(
+    dst,
+    schema: Schema,
+    metadata: dict,
+    fn: Callable,
+    items: Iterable,
+    opts: ConvertOptions,
+    *,
+    report: ConvertReport,
+    total: int | None = None,
+    desc: str = "convert",
+    source_of: Callable = str,
+) -> None:
+    """Write ``fn(item)`` for every item, in item order, as the kuat dataset ``dst``.
+
+    The one place the engine is chosen: ``opts.engine="local"`` runs :func:`parallel_map`
+    into one :class:`kuat.Writer`; ``"ray"`` runs the same ``fn`` in Ray Data tasks that
+    write whole shards, which the driver then moves into ``dst`` (``kuat.convert._ray``).
+    Either way ``report.rows`` and ``report.skipped`` are filled in, the manifest is
+    written last, and an error leaves no dataset at ``dst``.
+
+    Raises:
+        whatever :func:`parallel_map` and :class:`kuat.Writer` raise.
+    """
+    if opts.engine == "ray":
+        from kuat.convert._ray import write_on_ray
+
+        write_on_ray(dst, schema, metadata, fn, items, opts, report=report, source_of=source_of)
+        return
+    with Writer(dst, schema, metadata=metadata, **opts.writer_kwargs()) as w:
+        for row in parallel_map(
+            fn, items, opts, total=total, desc=desc, source_of=source_of, report=report
+        ):
+            w.write(row)
+        report.rows = w.num_rows

@@ -16,10 +16,10 @@ from kuat.convert._driver import (
     ConvertOptions,
     ConvertReport,
     log_skipped,
-    parallel_map,
     prepare_image,
+    write_dataset,
 )
-from kuat.format import Field, Schema, Writer, image, int64, string
+from kuat.format import Field, Schema, image, int64, string
 
 __all__ = ["IMG_EXTENSIONS", "find_classes", "list_imagefolder", "from_imagefolder"]
 
@@ -68,6 +68,8 @@ def from_imagefolder(
     decode_check: bool = False,
     shard_bytes: int | None = None,
     include_path: bool = False,
+    engine: str = "local",
+    rows_per_task: int = 1000,
 ) -> ConvertReport:
     """Convert an ImageFolder tree into a kuat dataset at ``dst``.
 
@@ -80,8 +82,9 @@ def from_imagefolder(
         num_workers: threads reading and probing images (default: one per core).
         progress: show a progress bar when stderr is a terminal.
         on_error: ``"raise"`` (default; the error names the file) or ``"skip"``.
-        resize_shorter, quality, decode_check, shard_bytes, overwrite: see
-            :class:`kuat.convert.ConvertOptions`.
+        resize_shorter, quality, decode_check, shard_bytes, overwrite, engine,
+            rows_per_task: see :class:`kuat.convert.ConvertOptions` (``engine="ray"``
+            converts on a Ray cluster, same rows in the same order).
 
     Returns:
         a :class:`kuat.convert.ConvertReport` (rows written, skipped files, seconds).
@@ -101,6 +104,8 @@ def from_imagefolder(
         decode_check=decode_check,
         shard_bytes=shard_bytes,
         overwrite=overwrite,
+        engine=engine,
+        rows_per_task=rows_per_task,
     )
     t0 = time.perf_counter()
     src = Path(src)
@@ -140,18 +145,18 @@ def from_imagefolder(
             row["path"] = os.path.relpath(path, src)
         return row
 
-    with Writer(dst, Schema(fields), metadata=metadata, **opts.writer_kwargs()) as w:
-        for row in parallel_map(
-            load,
-            samples,
-            opts,
-            total=len(samples),
-            desc=f"convert {src.name}",
-            source_of=lambda item: item[0],
-            report=report,
-        ):
-            w.write(row)
-        report.rows = w.num_rows
+    write_dataset(
+        dst,
+        Schema(fields),
+        metadata,
+        load,
+        samples,
+        opts,
+        report=report,
+        total=len(samples),
+        desc=f"convert {src.name}",
+        source_of=lambda item: item[0],
+    )
     report.seconds = time.perf_counter() - t0
     log_skipped(report)
     return report

@@ -26,8 +26,8 @@ from kuat.convert._driver import (
     ConvertOptions,
     ConvertReport,
     log_skipped,
-    parallel_map,
     prepare_image,
+    write_dataset,
 )
 from kuat.errors import FormatError, SchemaError
 from kuat.format import Field, FieldType, Schema, Writer
@@ -223,48 +223,49 @@ def _from_tables(
                 yield path, row, cols
                 row += batch.num_rows
 
-    with Writer(dst, schema, metadata=metadata, **opts.writer_kwargs()) as w:
-        if not image_names:
+    def rows():
+        for path, row, cols in file_batches():
+            n = len(cols[fields[0].name])
+            for j in range(n):
+                yield (
+                    f"{path} row {row + j}",
+                    {name: cols[name][j] for name in schema.names},
+                )
+
+    def prepare(item):
+        where, row = item
+        for name in image_names:
+            how, value = row[name]
+            if how == "path":
+                with open(value, "rb") as f:
+                    data = f.read()
+                src = value
+            else:
+                data, src = value, f"{where} field {name!r}"
+            if not isinstance(data, (bytes, bytearray, memoryview)):
+                raise SchemaError(
+                    f"{src}: expected image bytes, got {type(data).__name__}", field=name
+                )
+            row[name] = prepare_image(bytes(data), src, opts)
+        return row
+
+    if not image_names and opts.engine == "local":  # whole columns, no per-row work
+        with Writer(dst, schema, metadata=metadata, **opts.writer_kwargs()) as w:
             for _, _, cols in file_batches():
                 w.write_batch(cols)
-        else:
-
-            def rows():
-                for path, row, cols in file_batches():
-                    n = len(cols[fields[0].name])
-                    for j in range(n):
-                        yield (
-                            f"{path} row {row + j}",
-                            {name: cols[name][j] for name in schema.names},
-                        )
-
-            def prepare(item):
-                where, row = item
-                for name in image_names:
-                    how, value = row[name]
-                    if how == "path":
-                        with open(value, "rb") as f:
-                            data = f.read()
-                        src = value
-                    else:
-                        data, src = value, f"{where} field {name!r}"
-                    if not isinstance(data, (bytes, bytearray, memoryview)):
-                        raise SchemaError(
-                            f"{src}: expected image bytes, got {type(data).__name__}", field=name
-                        )
-                    row[name] = prepare_image(bytes(data), src, opts)
-                return row
-
-            for row in parallel_map(
-                prepare,
-                rows(),
-                opts,
-                desc=f"convert {kind}",
-                source_of=lambda item: item[0],
-                report=report,
-            ):
-                w.write(row)
-        report.rows = w.num_rows
+            report.rows = w.num_rows
+    else:
+        write_dataset(
+            dst,
+            schema,
+            metadata,
+            prepare,
+            rows(),
+            opts,
+            report=report,
+            desc=f"convert {kind}",
+            source_of=lambda item: item[0],
+        )
     report.seconds = time.perf_counter() - t0
     log_skipped(report)
     return report
@@ -282,7 +283,8 @@ _DOC_ARGS = """
             directory); ``struct<bytes, path>`` columns are images without being named.
         batch_size: rows per Arrow record batch read.
         num_workers, progress, overwrite, on_error, resize_shorter, quality, decode_check,
-            shard_bytes: see :class:`kuat.convert.ConvertOptions`.
+            shard_bytes, engine, rows_per_task: see :class:`kuat.convert.ConvertOptions`
+            (``engine="ray"`` converts on a Ray cluster, same rows in the same order).
 
     Returns:
         a :class:`kuat.convert.ConvertReport`.

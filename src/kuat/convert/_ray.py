@@ -1,0 +1,239 @@
+"""The Ray engine of the converters (``engine="ray"``, ``kuat convert --engine ray``).
+
+The only kuat module that imports Ray (``pip install kuat[ray]``). The converter's listing
+(files, rows, labels) runs on the driver as in the local engine; from there:
+
+1. the items are cut into *parts* of ``rows_per_task`` consecutive items;
+2. one Ray Data task per part runs the converter's own per-item function (read, probe,
+   re-encode) and writes the part's rows with a :class:`kuat.Writer` into its own directory
+   under a staging folder next to the destination (``.<dst name>.kuat-ray/part-NNNNN``):
+   whole shards, the same ``--on-error`` policy, a part manifest listing them;
+3. the driver, once every part exists, moves each part's shards into the destination by
+   rename (:meth:`kuat.Writer.add_shard`, in item order: the rows come out in the local
+   engine's order) and writes the manifest last: O(number of shards), no shard byte is read
+   or rewritten.
+
+Failures: a task whose worker or node dies is retried by Ray (Ray Data's default), and so is
+a task that raises ``OSError`` (a storage hiccup while writing), at most ``TASK_RETRIES``
+times; a retried task rewrites its part from scratch (the Writer clears the part directory).
+A sample that fails follows ``on_error`` inside its task, as locally. The destination holds
+the driver's writer lock throughout and gets its manifest only at the end, so a killed
+driver leaves no dataset (a reader never sees a partial one); rerunning starts over cleanly
+(the Writer deletes leftover shards, the driver the old staging folder).
+
+The destination must be a path every node can reach (one machine, or a shared file system
+such as NFS or Lustre mounted at the same path): tasks write there directly.
+
+Progress is Ray Data's own (rows and rows/s per operator, across the cluster); the driver
+logs the total rows/s and MB/s at the end.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import shutil
+import time
+import warnings
+from collections.abc import Callable, Iterable
+from dataclasses import replace
+from pathlib import Path
+
+from kuat.convert._driver import ConvertOptions, ConvertReport, parallel_map
+from kuat.errors import FormatError, KuatError
+from kuat.format import Schema, Writer
+from kuat.format.manifest import read_manifest
+
+__all__ = ["write_on_ray", "staging_dir", "TASK_RETRIES"]
+
+log = logging.getLogger("kuat.convert.ray")
+
+# How often Ray re-runs a failed part task (worker/node death, or OSError). Bounded, unlike
+# Ray Data's default of infinite retries: a full disk would otherwise retry forever.
+TASK_RETRIES = 3
+
+
+def staging_dir(dst: str | os.PathLike) -> Path:
+    """Where the tasks of a conversion into ``dst`` write their parts: a hidden sibling of
+    ``dst`` (the same file system, so moving a shard into ``dst`` is a rename)."""
+    dst = Path(dst).absolute()
+    return dst.parent / f".{dst.name}.kuat-ray"
+
+
+def _part_name(k: int) -> str:
+    return f"part-{k:05d}"
+
+
+def _write_part(
+    batch: dict,
+    *,
+    fn: Callable,
+    source_of: Callable,
+    schema: Schema,
+    opts: ConvertOptions,
+    staging: str,
+) -> dict:
+    """Ray Data task body: one part (a batch of one row ``{"part", "items"}``) -> its
+    directory of shards plus a part manifest. Returns ``{"part", "dir", "skipped", "error"}``
+    (``error``: the pickled ``KuatError`` of an unreadable sample with ``on_error="raise"``)."""
+    (k,) = batch["part"]
+    (payload,) = batch["items"]
+    items = pickle.loads(payload)
+    part_dir = Path(staging) / _part_name(int(k))
+    report = ConvertReport(str(part_dir))
+    kw = opts.writer_kwargs()
+    kw["overwrite"] = True  # a retried task finds its previous attempt's files here
+    try:
+        with Writer(part_dir, schema, **kw) as w:
+            for row in parallel_map(fn, items, opts, source_of=source_of, report=report):
+                w.write(row)
+    except KuatError as e:
+        # a sample error (on_error="raise"): deterministic, so not for Ray to retry; returned
+        # as data because Ray Data hands the driver only the message of what a task raises
+        return {"part": [int(k)], "dir": [""], "skipped": [b""], "error": [_pickle_error(e)]}
+    return {
+        "part": [int(k)],
+        "dir": [str(part_dir)],
+        "skipped": [pickle.dumps(report.skipped)],
+        "error": [b""],
+    }
+
+
+def _pickle_error(e: KuatError) -> bytes:
+    try:
+        return pickle.dumps(e)
+    except Exception:  # an unpicklable attribute: keep the type's message at least
+        return pickle.dumps(KuatError(f"{type(e).__name__}: {e}"))
+
+
+def write_on_ray(
+    dst: str | os.PathLike,
+    schema: Schema,
+    metadata: dict,
+    fn: Callable,
+    items: Iterable,
+    opts: ConvertOptions,
+    *,
+    report: ConvertReport,
+    source_of: Callable = str,
+) -> None:
+    """Write ``fn(item)`` for every item as the dataset ``dst``, the work done by Ray tasks.
+
+    The Ray counterpart of the local engine's ``Writer`` + :func:`parallel_map` loop (see the
+    module docstring). Connects to the running Ray instance, or to the cluster ``ray.init()``
+    finds (``RAY_ADDRESS``), or starts a local one (shut down again at the end).
+
+    Args:
+        fn: item -> row dict; runs in the tasks, so it must pickle (closures do, with
+            cloudpickle). Raises ``KuatError``/``OSError`` for an unreadable sample.
+        items: picklable work items (paths, labels, small rows), listed on the driver.
+        opts: the conversion options; ``rows_per_task`` items per task, one CPU per task
+            (``num_workers`` is the local engine's and is not used here).
+        report: filled in: ``rows`` and ``skipped`` (in item order).
+
+    Raises:
+        kuat.DecodeError: an unreadable sample with ``on_error="raise"`` (as locally).
+        FileExistsError: ``dst`` is a dataset and ``overwrite`` is False, or is being written.
+        ray.exceptions.RayError: a task failed for another reason after its retries.
+    """
+    try:
+        import ray
+        import ray.data
+    except ImportError as e:
+        raise ImportError("engine='ray' needs Ray Data: pip install 'kuat[ray]'") from e
+
+    items = list(items)
+    parts = [
+        {"part": k, "items": pickle.dumps(items[i : i + opts.rows_per_task])}
+        for k, i in enumerate(range(0, len(items), opts.rows_per_task))
+    ]
+    task_opts = replace(opts, num_workers=1, progress=False)
+    t0 = time.perf_counter()
+    # The Writer takes dst's lock, refuses or clears what is there, and writes the manifest
+    # only on a clean exit; on an error it deletes the shards moved in so far.
+    with Writer(dst, schema, metadata=metadata, **opts.writer_kwargs()) as w:
+        staging = staging_dir(dst)
+        shutil.rmtree(staging, ignore_errors=True)  # an earlier, killed run's parts
+        staging.mkdir(parents=True)
+        started = not ray.is_initialized()
+        if started:
+            ray.init(log_to_driver=False)
+        try:
+            results = _run_parts(ray, parts, fn, source_of, schema, task_opts, staging, opts)
+            for r in results:
+                part_dir = Path(r["dir"])
+                try:
+                    part = read_manifest(part_dir)
+                except FormatError as e:
+                    raise FormatError(
+                        f"part {r['part']} of {dst} has no valid manifest in {part_dir}: {e}",
+                        path=part_dir,
+                    ) from e
+                diff = schema.difference(part.schema)
+                if diff is not None:
+                    raise FormatError(f"part {part_dir} has another schema: {diff}", path=part_dir)
+                for info in part.shards:
+                    w.add_shard(part_dir / info.file, info)
+                report.skipped.extend(pickle.loads(r["skipped"]))
+            report.rows = w.num_rows
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+            if started:
+                ray.shutdown()
+    seconds = time.perf_counter() - t0
+    mb = (w.manifest.num_bytes if w.manifest else 0) / 1e6
+    log.info(
+        "ray: %d rows, %.1f MB in %d parts, %.1f s (%.0f rows/s, %.1f MB/s)",
+        report.rows,
+        mb,
+        len(parts),
+        seconds,
+        report.rows / seconds if seconds else 0.0,
+        mb / seconds if seconds else 0.0,
+    )
+
+
+def _run_parts(ray, parts, fn, source_of, schema, task_opts, staging, opts) -> list[dict]:
+    """Run one Ray Data task per part; their results in part order."""
+    ctx = ray.data.DataContext.get_current()
+    saved = (ctx.enable_progress_bars, ctx.execution_options.preserve_order)
+    ctx.enable_progress_bars = opts.progress
+    ctx.execution_options.preserve_order = True
+    try:
+        ds = ray.data.from_items(parts, override_num_blocks=max(1, len(parts)))
+        with warnings.catch_warnings():
+            # retry_exceptions has no named parameter in Ray 2.60 (it goes through the
+            # deprecated **ray_remote_args); without it an OSError would fail the conversion
+            warnings.filterwarnings("ignore", message=".*ray_remote_args.*")
+            ds = ds.map_batches(
+                _write_part,
+                batch_size=1,
+                batch_format="numpy",
+                num_cpus=1,
+                fn_kwargs={
+                    "fn": fn,
+                    "source_of": source_of,
+                    "schema": schema,
+                    "opts": task_opts,
+                    "staging": str(staging),
+                },
+                max_retries=TASK_RETRIES,
+                retry_exceptions=[OSError],
+            )
+        rows = []
+        # in part order (preserve_order): the first error met is the first in item order,
+        # the one the local engine raises; leaving the loop stops the remaining tasks
+        for row in ds.iter_rows():
+            if row["error"]:
+                raise pickle.loads(row["error"])
+            rows.append(row)
+        log.debug("ray data stats:\n%s", ds.stats())
+    finally:
+        ctx.enable_progress_bars, ctx.execution_options.preserve_order = saved
+    rows.sort(key=lambda r: int(r["part"]))
+    if [int(r["part"]) for r in rows] != list(range(len(parts))):
+        raise RuntimeError(
+            f"Ray returned parts {[int(r['part']) for r in rows]}, expected 0..{len(parts) - 1}"
+        )
+    return rows
