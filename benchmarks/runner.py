@@ -46,6 +46,8 @@ DEFAULT_LOADERS = (
     "torch",
     "kuat",
     "kuat-proc",
+    "kuat-ray",
+    "kuat-ray-2",
     "torchdata-nodes",
     "spdl",
     "dali",
