@@ -52,11 +52,16 @@ def test_truncated_shard_with_matching_manifest_size(tmp_path):
     ds = _write(tmp_path / "d", shard_bytes=10_000)
     victim, _ = ds.locate(0)
     data = open(victim, "rb").read()
-    for cut in (8, 100, len(data) - 9):
+    for cut in (8, 100, len(data) // 2, len(data) - 9):
         open(victim, "wb").write(data[:cut])
         m = _manifest(tmp_path / "d")
         m["shards"][0]["bytes"] = cut
         (tmp_path / "d" / "manifest.json").write_text(json.dumps(m))
+        if cut < 30 * 16:  # 30 rows of int64 + 4 uint8 + a string offset: 16 bytes each
+            with pytest.raises(FormatError, match="cannot hold more than") as e:
+                kuat.open(tmp_path / "d")
+            assert e.value.path == str(tmp_path / "d" / "manifest.json")
+            continue
         with pytest.raises(FormatError) as e:
             kuat.open(tmp_path / "d").read_batch([0, 29])
         assert e.value.path == victim
@@ -108,9 +113,10 @@ def test_shard_with_another_schema(tmp_path):
         shard_bytes=10_000,
         schema={"x": kf.int32(), "v": kf.tensor((4,), "uint8"), "s": kf.string()},
     )
+    os.link(tmp_path / "b" / "shard-00000.arrow", tmp_path / "a" / "other.arrow")
     m = _manifest(tmp_path / "a")
-    m["shards"][0]["file"] = "../b/shard-00000.arrow"
-    m["shards"][0]["bytes"] = os.path.getsize(tmp_path / "b" / "shard-00000.arrow")
+    m["shards"][0]["file"] = "other.arrow"
+    m["shards"][0]["bytes"] = os.path.getsize(tmp_path / "a" / "other.arrow")
     (tmp_path / "a" / "manifest.json").write_text(json.dumps(m))
     with pytest.raises(
         FormatError, match="does not match the manifest's schema.*x: int64 vs int32"
@@ -194,18 +200,22 @@ def test_merge_hard_links_without_rewriting(tmp_path):
         kf.merge([tmp_path / "a"], tmp_path / "ab")
 
 
-def test_merge_by_reference(tmp_path):
+def test_merge_by_copy(tmp_path):
     _write(tmp_path / "a", n=5)
     _write(tmp_path / "b", n=5, start=5)
-    kf.merge([tmp_path / "a", tmp_path / "b"], tmp_path / "r", link="reference")
-    m = _manifest(tmp_path / "r")
-    assert all(s["file"].startswith("../") for s in m["shards"])
-    assert [p.name for p in (tmp_path / "r").iterdir()] == ["manifest.json"]
-    ds = kuat.open(tmp_path / "r")
+    kf.merge([tmp_path / "a", tmp_path / "b"], tmp_path / "c", link="copy")
+    m = _manifest(tmp_path / "c")
+    assert [s["file"] for s in m["shards"]] == [
+        f"shard-{k:05d}.arrow" for k in range(len(m["shards"]))
+    ]
+    for s in m["shards"]:  # copies, not links: the sources may now be deleted
+        assert os.stat(tmp_path / "c" / s["file"]).st_nlink == 1
+    ds = kuat.open(tmp_path / "c")
     assert ds.read_batch(range(10))["x"].tolist() == list(range(10))
-    # merging a merged dataset follows its references
-    kf.merge([tmp_path / "r", tmp_path / "a"], tmp_path / "rr")
-    assert kuat.open(tmp_path / "rr").read_batch(range(15))["x"].tolist() == list(range(10)) + list(
+    assert kf.verify(tmp_path / "c").ok
+    # merging a merged dataset
+    kf.merge([tmp_path / "c", tmp_path / "a"], tmp_path / "cc")
+    assert kuat.open(tmp_path / "cc").read_batch(range(15))["x"].tolist() == list(range(10)) + list(
         range(5)
     )
 
@@ -236,7 +246,7 @@ def test_all_format_errors_are_kuat_errors():
     assert issubclass(FormatError, KuatError) and issubclass(SchemaError, KuatError)
 
 
-def test_merge_falls_back_to_references_when_links_fail(tmp_path, monkeypatch):
+def test_merge_falls_back_to_copies_when_links_fail(tmp_path, monkeypatch):
     _write(tmp_path / "a", n=4)
     _write(tmp_path / "b", n=4, start=4)
 
@@ -245,8 +255,10 @@ def test_merge_falls_back_to_references_when_links_fail(tmp_path, monkeypatch):
 
     monkeypatch.setattr(os, "link", no_links)
     kf.merge([tmp_path / "a", tmp_path / "b"], tmp_path / "m")
-    assert all(s["file"].startswith("../") for s in _manifest(tmp_path / "m")["shards"])
+    for s in _manifest(tmp_path / "m")["shards"]:
+        assert "/" not in s["file"] and os.stat(tmp_path / "m" / s["file"]).st_nlink == 1
     assert kuat.open(tmp_path / "m").read_batch(range(8))["x"].tolist() == list(range(8))
+    assert kf.verify(tmp_path / "m").ok
     with pytest.raises(OSError, match="cross-device"):
         kf.merge([tmp_path / "a"], tmp_path / "h", link="hardlink")
 
@@ -256,10 +268,11 @@ def test_merge_into_one_of_its_sources_is_refused_and_loses_nothing(tmp_path):
     _write(tmp_path / "b", n=5, start=10)
     with pytest.raises(ValueError, match="holds shards of"):
         kf.merge([tmp_path / "a", tmp_path / "b"], tmp_path / "a", overwrite=True)
-    # a merge by reference whose shards are then merged into its own directory
-    kf.merge([tmp_path / "b"], tmp_path / "r", link="reference")
     with pytest.raises(ValueError, match="holds shards of"):
-        kf.merge([tmp_path / "a", tmp_path / "r"], tmp_path / "b", overwrite=True)
+        kf.merge([tmp_path / "b"], tmp_path / "b" / ".." / "b", overwrite=True)
+    # hard links of b's shards merged back into b: b's names go, the inodes stay
+    kf.merge([tmp_path / "b"], tmp_path / "r", link="hardlink")
+    kf.merge([tmp_path / "r"], tmp_path / "b", overwrite=True)
     assert kuat.open(tmp_path / "a").read_batch(range(10))["x"].tolist() == list(range(10))
     assert kf.verify(tmp_path / "a").ok and kf.verify(tmp_path / "b").ok
 
@@ -281,14 +294,15 @@ def test_special_files_are_refused_without_blocking(tmp_path):
     """A manifest naming a FIFO (or a FIFO as manifest.json) must not block open or verify."""
     _write(tmp_path / "d", n=3, shard_bytes=10_000)
     m = _manifest(tmp_path / "d")
-    m["shards"][0].update(file="fifo", bytes=0)
+    m["shards"][0].update(file="fifo")
     (tmp_path / "d" / "manifest.json").write_text(json.dumps(m))
     os.mkfifo(tmp_path / "d" / "fifo")
     with pytest.raises(FormatError, match="not a regular file"):
         kuat.open(tmp_path / "d")[0]
     report = kf.verify(tmp_path / "d")
     assert not report.ok and "not a regular file" in str(report.errors[0])
-    m["shards"][0].update(file=".", bytes=4096)  # the dataset directory itself
+    os.mkdir(tmp_path / "d" / "sub")  # a directory
+    m["shards"][0].update(file="sub")
     (tmp_path / "d" / "manifest.json").write_text(json.dumps(m))
     with pytest.raises(FormatError, match="not a regular file"):
         kuat.open(tmp_path / "d")[0]

@@ -1,6 +1,8 @@
 """kuat inspect PATH: a kuat dataset's schema, rows, shards, bytes and a few sample rows.
 
-Reads the manifest and only the shards holding the rows shown; images are not decoded.
+Reads the manifest and only the shards holding the rows shown; images are not decoded. Text
+from the dataset (field names, metadata, codecs) is printed with control characters escaped:
+an untrusted dataset must not drive the terminal.
 """
 
 from __future__ import annotations
@@ -22,6 +24,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     return p
 
 
+def _safe(text: object) -> str:
+    """``str(text)`` with every non-printable character (ESC, CR, ...) as a Python escape."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(text))
+
+
 def _bytes(n: int) -> str:
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if n < 1024 or unit == "TiB":
@@ -36,7 +43,7 @@ def _value(v) -> str:
     from kuat.format import EncodedImage
 
     if isinstance(v, EncodedImage):
-        return f"<{v.codec} {v.width}x{v.height}, {len(v.data):,} B>"
+        return f"<{_safe(v.codec)} {v.width}x{v.height}, {len(v.data):,} B>"
     if isinstance(v, np.ndarray):
         flat = v.reshape(-1)
         head = ", ".join(str(x) for x in flat[:6].tolist()) + (", ..." if flat.size > 6 else "")
@@ -52,7 +59,7 @@ def _names(meta: dict) -> str:
     names = meta.get("names")
     if not isinstance(names, list):
         return ""
-    head = ", ".join(map(str, names[:5])) + (", ..." if len(names) > 5 else "")
+    head = ", ".join(map(_safe, names[:5])) + (", ..." if len(names) > 5 else "")
     return f"  ({len(names)} names: {head})"
 
 
@@ -77,25 +84,25 @@ def run(args) -> int:
     n_shards = len(m.shards)
     mean = m.num_bytes // n_shards if n_shards else 0
     print(f"kuat dataset  {ds.path}")
-    print(f"format        kuat v{m.version} (written by {m.created_by or 'unknown'})")
+    print(f"format        kuat v{m.version} (written by {_safe(m.created_by) or 'unknown'})")
     print(f"rows          {len(ds):,}")
     print(f"shards        {n_shards:,} ({_bytes(m.num_bytes)}; mean {_bytes(mean)} per shard)")
     print("schema")
-    width = max(len(f.name) for f in m.schema)
+    width = max(len(_safe(f.name)) for f in m.schema)
     for f in m.schema:
-        print(f"  {f.name:<{width}}  {f.type.describe()}{_names(f.metadata)}")
+        print(f"  {_safe(f.name):<{width}}  {f.type.describe()}{_names(f.metadata)}")
     if m.metadata:
         parts = []
         for k, v in m.metadata.items():
             if isinstance(v, (list, dict)):
-                parts.append(f"{k}=[{len(v)}]")
+                parts.append(f"{_safe(k)}=[{len(v)}]")
             else:
-                parts.append(f"{k}={v}")
+                parts.append(f"{_safe(k)}={_safe(v)}")
         print(f"metadata      {', '.join(parts)}")
     shown = min(max(args.rows, 0), len(ds))
     if shown:
         print(f"sample rows (first {shown})")
         for i in range(shown):
             row = ds.raw(i)
-            print(f"  [{i}] " + "  ".join(f"{k}={_value(v)}" for k, v in row.items()))
+            print(f"  [{i}] " + "  ".join(f"{_safe(k)}={_value(v)}" for k, v in row.items()))
     return 0

@@ -1,8 +1,9 @@
 """kuat merge A B ... -o OUT: one dataset holding the rows of A, then B, ...
 
-Shard bytes are never rewritten: OUT's manifest lists hard links to the source shards, or
-references to them (paths relative to OUT) where hard links are impossible. The schemas
-must match; otherwise the differing field is named.
+OUT's shards are hard links to the source shards (no bytes rewritten), or copies where a hard
+link is impossible (another file system). OUT's manifest names only files inside OUT, and a
+source whose manifest names a file outside itself is refused. The schemas must match;
+otherwise the differing field is named.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import sys
 def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "merge",
-        help="merge kuat datasets without copying shards",
+        help="merge kuat datasets (hard-linking shards where possible)",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -22,9 +23,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("-o", "--out", required=True, help="the merged dataset directory")
     p.add_argument(
         "--link",
-        choices=("auto", "hardlink", "reference"),
+        choices=("auto", "hardlink", "copy"),
         default="auto",
-        help="hard-link shards (falling back to references: auto), or only one of them",
+        help="hard-link shards (falling back to copies: auto), or only one of them",
     )
     p.add_argument("--overwrite", action="store_true", help="replace an existing dataset at OUT")
     return p
@@ -33,14 +34,20 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 def run(args) -> int:
     from kuat.format import merge
 
+    copied = []
     try:
-        m = merge(args.sources, args.out, link=args.link, overwrite=args.overwrite)
+        m = merge(
+            args.sources,
+            args.out,
+            link=args.link,
+            overwrite=args.overwrite,
+            on_shard=lambda k, path, how: copied.append(how == "copy"),
+        )
     except (FileExistsError, ValueError, OSError) as e:
         print(f"kuat merge: error: {e}", file=sys.stderr)
         return 1
-    refs = sum(1 for s in m.shards if "/" in s.file)
     print(
         f"merged {len(args.sources)} datasets into {args.out}: {m.num_rows} rows, "
-        f"{len(m.shards)} shards ({len(m.shards) - refs} hard-linked, {refs} referenced)"
+        f"{len(m.shards)} shards ({len(m.shards) - sum(copied)} hard-linked, {sum(copied)} copied)"
     )
     return 0

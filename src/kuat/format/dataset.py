@@ -29,7 +29,14 @@ import pyarrow as pa
 
 from kuat.errors import FormatError
 from kuat.format.arrow_views import values_view
-from kuat.format.manifest import Manifest, ShardInfo, check_regular_file, read_manifest
+from kuat.format.ipc import check_messages
+from kuat.format.manifest import (
+    Manifest,
+    ShardInfo,
+    check_regular_file,
+    member_path,
+    read_manifest,
+)
 from kuat.format.schema import EncodedImage, FieldType, Schema
 from kuat.rng import sample_context, sample_rng
 
@@ -164,23 +171,24 @@ def _read_batch(path: str, info: ShardInfo, arrow_schema: pa.Schema) -> pa.Recor
     try:
         mm = pa.memory_map(path, "r")
         try:
-            if mm.read(6) == b"ARROW1":  # IPC file format (also accepted)
-                reader = pa.ipc.open_file(mm)
-                batches = [reader.get_batch(i) for i in range(reader.num_record_batches)]
-            else:  # IPC stream format (what kuat writes; what datasets.Dataset.from_file reads)
-                mm.seek(0)
-                reader = pa.ipc.open_stream(mm)
-                batches = list(reader)
-            schema = reader.schema
+            data = mm.read_buffer()  # zero-copy view of the whole file
         finally:
-            mm.close()  # the mapping stays alive as long as the batches reference it
+            mm.close()  # the mapping stays alive as long as buffers reference it
+        # IPC file format (also accepted): "ARROW1" + 2 padding bytes, then the same stream;
+        # reading that stream, not the footer, means the checked messages are the ones read
+        stream = data.slice(8) if data.size >= 8 and data[:6].to_pybytes() == b"ARROW1" else data
+        check_messages(stream, path)  # nothing compressed: no stated size allocates
+        reader = pa.ipc.open_stream(stream)
+        schema = reader.schema
+        if not schema.remove_metadata().equals(arrow_schema):
+            raise FormatError(
+                f"shard {path} does not match the manifest's schema "
+                f"({_schema_diff(schema, arrow_schema)})",
+                path=path,
+            )
+        batches = list(reader)
     except (pa.ArrowException, OSError, ValueError) as e:
         raise FormatError(f"shard {path} is not a readable Arrow IPC file: {e}", path=path) from e
-    if not schema.remove_metadata().equals(arrow_schema):
-        raise FormatError(
-            f"shard {path} does not match the manifest's schema ({_schema_diff(schema, arrow_schema)})",
-            path=path,
-        )
     try:
         if len(batches) == 1:
             batch = batches[0]
@@ -240,7 +248,8 @@ class _Store:
         self.starts = np.zeros(len(rows), np.int64)  # first global row of each shard
         np.cumsum(rows[:-1], out=self.starts[1:])
         self.num_rows = int(rows.sum())
-        self.shard_paths = [str(path / s.file) for s in manifest.shards]
+        # names were checked by parse_manifest; symbolic links are checked at first access
+        self.shard_paths = [os.path.join(path, s.file) for s in manifest.shards]
         self._init_runtime()
 
     def _init_runtime(self) -> None:
@@ -264,9 +273,9 @@ class _Store:
             with self.lock:
                 s = self.shards[k]
                 if s is None:
-                    s = _open_shard(
-                        self.shard_paths[k], self.manifest.shards[k], self.schema, self.arrow_schema
-                    )
+                    info = self.manifest.shards[k]
+                    path = member_path(self.path, info.file, where=f"shard {k}: 'file'")
+                    s = _open_shard(path, info, self.schema, self.arrow_schema)
                     self.shards[k] = s
         return s
 

@@ -1,14 +1,21 @@
 """The manifest: ``manifest.json`` at the root of a kuat dataset (see ``docs/format.md``).
 
 It is written last and renamed into place, so a directory without one is not a dataset.
-Parsing validates every value and raises :class:`kuat.errors.FormatError` naming the path on
-anything unexpected (not JSON, wrong types, unknown version, row counts that do not add up).
+Parsing validates every value and raises :class:`kuat.errors.FormatError` naming the manifest
+and the field on anything unexpected (not JSON, wrong types, unknown version, row counts that do
+not add up, a shard name that points outside the dataset).
+
+Datasets are untrusted input (they are downloaded from shared buckets and hubs): every path a
+manifest names is turned into something to open by :func:`member_path` and nothing else, so no
+manifest can make kuat read, link or write a file outside its own dataset (``docs/format.md``,
+"Trust").
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -26,6 +33,8 @@ __all__ = [
     "ShardInfo",
     "Manifest",
     "file_checksum",
+    "check_member_name",
+    "member_path",
     "read_manifest",
     "write_manifest",
 ]
@@ -35,6 +44,9 @@ FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
 CHECKSUM_ALGO = "xxh3_64"
 _CHUNK = 8 << 20
+# A manifest larger than this is refused before it is read into memory: 1 GiB is a million
+# shards at about 1 KiB each, far beyond any real dataset (ImageNet: ~1.2 MB).
+MAX_MANIFEST_BYTES = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -42,8 +54,8 @@ class ShardInfo:
     """One shard of a dataset.
 
     Attributes:
-        file: path of the shard relative to the dataset directory (``shard-00000.arrow``), or
-            a relative/absolute path to another directory's shard after ``merge`` by reference.
+        file: name of the shard relative to the dataset root (``shard-00000.arrow``), as
+            :func:`check_member_name` allows: never absolute, never ``..``, never a URL.
         rows: number of rows.
         bytes: file size in bytes.
         checksum: ``"xxh3_64:<16 hex digits>"`` of the whole file.
@@ -93,6 +105,104 @@ class Manifest:
         }
 
 
+# -- what a manifest may name ---------------------------------------------------------------
+# POSIX's portable file name characters: no separators other than "/", no "%" (URL-decoded into
+# "../" by some servers), no ":" (schemes, Windows drives), no "\\" (Windows separators), no
+# NUL or control characters, no look-alike Unicode (a name shown to a user is the name opened).
+_NAME_PART = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]*")
+_MAX_NAME_CHARS = 1024  # S3's key limit; local file systems allow 4096 per path
+_MAX_PART_CHARS = 255  # NAME_MAX of every common local file system
+_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
+
+
+def check_member_name(name: object, *, where: str = "manifest") -> str:
+    """The rule for what a manifest may name: a relative path below the dataset root.
+
+    Allowed: ``/``-separated parts of POSIX portable characters (``A-Z a-z 0-9 . _ -``), each
+    part 1-255 characters and not starting with ``.`` (so never ``.`` or ``..``, nor the
+    writer's hidden temporary files), at most 1024 characters in all. Hence never absolute
+    (``/x``, ``C:\\x``), never a URL or scheme (``http://127.0.0.1/x``, ``file:x``), never
+    ``..``, ``%2e%2e`` or ``\\``, never NUL, control or non-ASCII characters. The same rule holds
+    for a local directory and for a URL prefix: a name that passes is a key below the prefix.
+
+    Args:
+        name: the value read from the manifest (any JSON value).
+        where: the manifest and field, for the error (``"manifest /d/manifest.json: shard 3
+            'file'"``).
+
+    Returns:
+        ``name``, unchanged.
+
+    Raises:
+        kuat.FormatError: ``name`` breaks the rule; the message names ``where`` and the value.
+    """
+    if not isinstance(name, str):
+        raise FormatError(f"{where} must be a string, got {type(name).__name__} {name!r:.80}")
+    ok = (
+        0 < len(name) <= _MAX_NAME_CHARS
+        and name.isascii()
+        and all(
+            len(part) <= _MAX_PART_CHARS and _NAME_PART.fullmatch(part) for part in name.split("/")
+        )
+    )
+    if not ok:
+        raise FormatError(
+            f"{where} is {name!r:.200}: a shard must be named by a relative path below the "
+            "dataset root made of A-Z a-z 0-9 . _ - and '/' (no absolute path, URL, '..', "
+            "leading '.', or other characters); refusing to read outside the dataset"
+        )
+    return name
+
+
+def member_path(root: str | os.PathLike, name: object, *, where: str | None = None) -> str:
+    """The path or URL of the file ``name`` of the dataset at ``root``; the only way kuat turns
+    a name read from a manifest into something to open, link, copy or delete.
+
+    ``name`` must pass :func:`check_member_name`. For a local ``root`` (a path or a
+    ``file://`` URL) the file is also resolved through symbolic links, which must stay inside
+    the resolved root (a link to a file inside the dataset is fine). For any other URL
+    (``s3://bucket/train.kuat``) the result is ``root`` + ``/`` + ``name``: a key below the
+    dataset's prefix on the same host and bucket.
+
+    Args:
+        root: the dataset directory or URL prefix.
+        name: the shard (or other member) name read from the manifest.
+        where: what to name in the error; by default ``"<root>/manifest.json: 'file'"``.
+
+    Returns:
+        ``os.path.join(root, name)`` (the unresolved path, as a string) locally, the joined URL
+        remotely.
+
+    Raises:
+        kuat.FormatError: ``name`` breaks the rule, or resolves outside ``root`` through a
+            symbolic link (names the link, its target and the root).
+
+    Thread-safety: safe; it reads only the file system's links.
+    """
+    root = os.fspath(root)
+    remote = _URL.match(root) is not None and not root.startswith("file://")
+    if where is None:
+        where = f"manifest {_join(root, MANIFEST_NAME, remote)}: 'file'"
+    check_member_name(name, where=where)
+    if remote:
+        return _join(root, name, remote)
+    local_root = root[len("file://") :] if root.startswith("file://") else root
+    path = os.path.join(local_root, name)
+    real_root = os.path.realpath(local_root)
+    real = os.path.realpath(path)
+    if os.path.commonpath([real_root, real]) != real_root or real == real_root:
+        raise FormatError(
+            f"{where} is {name!r}, a symbolic link that resolves to {real}, outside the dataset "
+            f"root {real_root}; refusing to read outside the dataset",
+            path=path,
+        )
+    return path
+
+
+def _join(root: str, name: str, remote: bool) -> str:
+    return f"{root.rstrip('/')}/{name}" if remote else os.path.join(root, name)
+
+
 def check_regular_file(path: str, what: str) -> os.stat_result:
     """``os.stat(path)``, refusing anything but a regular file: opening a FIFO named by a
     (corrupt or crafted) manifest would block forever, a directory or device is no shard.
@@ -118,14 +228,83 @@ def file_checksum(path: str | os.PathLike) -> str:
 
 
 _MAX_COUNT = 2**62  # rows and bytes are summed in int64
+_CHECKSUM = re.compile(rf"{CHECKSUM_ALGO}:[0-9a-f]{{16}}")
+_SHARD_KEYS = ("file", "rows", "bytes", "checksum")
+
+# Known metadata keys (written by kuat's converters and merge) and the JSON type each must have;
+# other keys are the user's and may hold any JSON value.
+_METADATA_TYPES = {
+    "source": "a string",
+    "classes": "a list of strings",
+    "class_to_idx": "an object of integers",
+    "merged_from": "a list of strings",
+    "hf_features": "an object",
+}
+_FIELD_METADATA_TYPES = {"names": "a list of strings"}
 
 
 def _is_int(v: object) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
+def _has_type(value: object, kind: str) -> bool:
+    if kind == "a string":
+        return isinstance(value, str)
+    if kind == "an object":
+        return isinstance(value, dict)
+    if kind == "a list of strings":
+        return isinstance(value, list) and all(isinstance(v, str) for v in value)
+    if kind == "an object of integers":
+        return isinstance(value, dict) and all(_is_int(v) for v in value.values())
+    raise AssertionError(kind)  # a typo in the tables above, not bad input
+
+
+def _check_metadata(metadata: object, types: dict[str, str], where: str) -> dict:
+    if not isinstance(metadata, dict):
+        raise FormatError(f"{where} must be an object, got {type(metadata).__name__}")
+    for key, kind in types.items():
+        if key in metadata and not _has_type(metadata[key], kind):
+            value = metadata[key]
+            raise FormatError(
+                f"{where}[{key!r}] must be {kind}, got {type(value).__name__} {value!r:.80}"
+            )
+    return metadata
+
+
+def min_row_bits(schema: Schema) -> int:
+    """The fewest bits a row of ``schema`` can take in a shard: Arrow stores fixed-size values
+    back to back, booleans as bits, and an int32 offset per variable-length value (an image is
+    a struct of two such columns and two int32s). Shards hold no validity bitmaps (no nulls).
+
+    A manifest whose ``rows * min_row_bits > 8 * bytes`` for a shard states more rows than the
+    file can hold: refused before anything (a sampler's ``randperm(len(dataset))``) allocates
+    per stated row.
+    """
+    bits = 0
+    for f in schema:
+        t = f.type
+        if t.kind in ("scalar", "tensor"):
+            bits += 8 * t.np_dtype.itemsize * t.numel
+        elif t.kind == "bool":
+            bits += 1
+        elif t.kind == "image":
+            bits += 4 * 32  # bytes offsets, width, height, codec offsets
+        else:
+            bits += 32  # string / bytes / sequence offsets
+    return bits
+
+
 def parse_manifest(obj: object, path: str) -> Manifest:
-    """Validate a decoded manifest JSON object. Raises ``FormatError`` naming ``path``."""
+    """Validate a decoded manifest JSON object.
+
+    Every field is checked (``docs/format.md`` sections 1-2 and "Trust"): types and ranges,
+    the known metadata keys' types (``"names"`` of a field is a list of strings), each shard
+    ``file`` by :func:`check_member_name` (a file may be listed twice), and each shard's ``rows`` no
+    more than its ``bytes`` can hold for this schema (:func:`min_row_bits`).
+
+    Raises:
+        kuat.FormatError: naming ``path`` and the field (``shards[3].file``) on anything wrong.
+    """
 
     def bad(msg: str) -> FormatError:
         return FormatError(f"bad manifest {path}: {msg}", path=path)
@@ -133,49 +312,73 @@ def parse_manifest(obj: object, path: str) -> Manifest:
     if not isinstance(obj, Mapping):
         raise bad(f"expected a JSON object, got {type(obj).__name__}")
     if obj.get("format") != FORMAT_NAME:
-        raise bad(f"'format' is {obj.get('format')!r}, expected {FORMAT_NAME!r}")
+        raise bad(f"'format' is {obj.get('format')!r:.80}, expected {FORMAT_NAME!r}")
     version = obj.get("version")
     if not _is_int(version):
-        raise bad(f"'version' must be an integer, got {version!r}")
+        raise bad(f"'version' must be an integer, got {version!r:.80}")
     if version != FORMAT_VERSION:
         raise FormatError(
             f"unknown kuat format version {version} in {path} (this kuat reads version "
             f"{FORMAT_VERSION}); upgrade kuat to read it",
             path=path,
         )
+    created_by = obj.get("created_by", "")
+    if not isinstance(created_by, str):
+        raise bad(f"'created_by' must be a string, got {type(created_by).__name__}")
     try:
         schema = Schema.from_json(obj.get("schema"))
-    except (TypeError, ValueError, KeyError, AttributeError, OverflowError) as e:
+        for f in schema:
+            _check_metadata(f.metadata, _FIELD_METADATA_TYPES, f"field {f.name!r}: 'metadata'")
+    except (TypeError, ValueError, KeyError, AttributeError, OverflowError, FormatError) as e:
         raise bad(f"invalid schema: {e}") from e
+    try:
+        metadata = _check_metadata(obj.get("metadata", {}), _METADATA_TYPES, "'metadata'")
+    except FormatError as e:
+        raise bad(str(e)) from None
     shards_obj = obj.get("shards")
     if not isinstance(shards_obj, list):
         raise bad("'shards' must be a list")
+    row_bits = min_row_bits(schema)
     shards = []
     for i, s in enumerate(shards_obj):
         if not isinstance(s, Mapping):
             raise bad(f"shard {i} must be an object")
-        file, rows, size, checksum = (s.get(k) for k in ("file", "rows", "bytes", "checksum"))
-        if not isinstance(file, str) or not file or "\x00" in file:
-            raise bad(f"shard {i}: 'file' must be a non-empty path string, got {file!r}")
-        if not (
-            _is_int(rows) and _is_int(size) and 0 <= rows < _MAX_COUNT and 0 <= size < _MAX_COUNT
-        ):
-            raise bad(f"shard {i} ({file}): 'rows' and 'bytes' must be integers in [0, 2**62)")
-        if not isinstance(checksum, str) or not checksum.startswith(f"{CHECKSUM_ALGO}:"):
-            raise bad(f"shard {i} ({file}): 'checksum' must be '{CHECKSUM_ALGO}:<hex>'")
+        file, rows, size, checksum = (s.get(k) for k in _SHARD_KEYS)
+        try:
+            check_member_name(file, where=f"shard {i}: 'file'")
+        except FormatError as e:
+            raise bad(str(e)) from None
+        for key, value in (("rows", rows), ("bytes", size)):
+            if not (_is_int(value) and 0 <= value < _MAX_COUNT):
+                raise bad(
+                    f"shard {i} ({file}): {key!r} must be an integer in [0, 2**62), "
+                    f"got {value!r:.80}"
+                )
+        if rows * row_bits > 8 * size:
+            raise bad(
+                f"shard {i} ({file}): 'rows' is {rows} but {size} bytes cannot hold more than "
+                f"{8 * size // row_bits} rows of this schema (at least {row_bits} bits each)"
+            )
+        if not isinstance(checksum, str) or not _CHECKSUM.fullmatch(checksum):
+            raise bad(
+                f"shard {i} ({file}): 'checksum' must be '{CHECKSUM_ALGO}:' and 16 lower-case "
+                f"hex digits, got {checksum!r:.80}"
+            )
         shards.append(ShardInfo(file, rows, size, checksum))
     manifest = Manifest(
         schema=schema,
         shards=tuple(shards),
-        metadata=obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {},
-        created_by=str(obj.get("created_by", "")),
+        metadata=metadata,
+        created_by=created_by,
         version=version,
     )
     num_rows = obj.get("num_rows", manifest.num_rows)
     if manifest.num_rows >= _MAX_COUNT:
         raise bad(f"the shards hold {manifest.num_rows} rows, more than 2**62")
-    if num_rows != manifest.num_rows:
-        raise bad(f"'num_rows' is {num_rows!r} but the shards hold {manifest.num_rows} rows")
+    if manifest.num_bytes >= _MAX_COUNT:
+        raise bad(f"the shards hold {manifest.num_bytes} bytes, more than 2**62")
+    if not _is_int(num_rows) or num_rows != manifest.num_rows:
+        raise bad(f"'num_rows' is {num_rows!r:.80} but the shards hold {manifest.num_rows} rows")
     return manifest
 
 
@@ -183,13 +386,20 @@ def read_manifest(directory: str | os.PathLike) -> Manifest:
     """Read and validate ``<directory>/manifest.json``.
 
     Raises:
-        FormatError: the directory or manifest is missing, is not JSON, or is invalid.
+        FormatError: the directory or manifest is missing, larger than ``MAX_MANIFEST_BYTES``,
+            not JSON, or invalid (see :func:`parse_manifest`).
     """
     path = os.path.join(os.fspath(directory), MANIFEST_NAME)
     try:
-        check_regular_file(path, "manifest")
+        size = check_regular_file(path, "manifest").st_size
+        if size > MAX_MANIFEST_BYTES:
+            raise FormatError(
+                f"manifest {path} is {size} bytes, more than the {MAX_MANIFEST_BYTES} a kuat "
+                "manifest may have; refusing to read it into memory",
+                path=path,
+            )
         with open(path, "rb") as f:
-            raw = f.read()
+            raw = f.read(MAX_MANIFEST_BYTES + 1)
     except FileNotFoundError as e:
         where = "directory does not exist" if not os.path.isdir(directory) else "no manifest"
         raise FormatError(

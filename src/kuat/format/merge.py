@@ -1,16 +1,30 @@
-"""Merge kuat datasets into one without rewriting shard bytes: a new manifest whose shards
-are hard links to the sources' shards, or references to them where a hard link is not
-possible (another file system, no permission)."""
+"""Merge kuat datasets into one: a new manifest whose shards are hard links to the sources'
+shards (no bytes rewritten), or copies where a hard link is impossible (another file system, no
+permission).
+
+The sources are untrusted (``docs/format.md``, "Trust"): each shard is located by
+:func:`kuat.format.manifest.member_path`, so a source's manifest can never make merge link or
+copy a file from outside that source into ``out`` (which its owner may then upload).
+"""
 
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Sequence
+import shutil
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from kuat.errors import SchemaError
-from kuat.format.manifest import MANIFEST_NAME, Manifest, ShardInfo, read_manifest, write_manifest
+from kuat.errors import FormatError, SchemaError
+from kuat.format.manifest import (
+    MANIFEST_NAME,
+    Manifest,
+    ShardInfo,
+    check_regular_file,
+    member_path,
+    read_manifest,
+    write_manifest,
+)
 from kuat.format.writer import (
     _SHARD_RE,
     LOCK_NAME,
@@ -24,7 +38,7 @@ __all__ = ["merge", "LINK_MODES"]
 
 log = logging.getLogger("kuat.format.merge")
 
-LINK_MODES = ("auto", "hardlink", "reference")
+LINK_MODES = ("auto", "hardlink", "copy")
 
 
 def merge(
@@ -33,6 +47,7 @@ def merge(
     *,
     link: str = "auto",
     overwrite: bool = False,
+    on_shard: Callable[[int, str, str], None] | None = None,
 ) -> Manifest:
     """Write a dataset at ``out`` holding the rows of ``sources`` in order.
 
@@ -41,24 +56,29 @@ def merge(
             such as class names) must be equal.
         out: the new dataset directory.
         link: ``"hardlink"`` links every shard into ``out`` (fails if impossible);
-            ``"reference"`` records each shard's path relative to ``out`` in the manifest;
-            ``"auto"`` (default) hard-links and falls back to a reference per shard.
+            ``"copy"`` copies every shard's bytes; ``"auto"`` (default) hard-links and falls
+            back to a copy per shard. A merged manifest only ever names files inside ``out``.
         overwrite: replace a dataset at ``out``.
+        on_shard: called as ``on_shard(k, shard_path, how)`` after shard ``k`` of the output
+            is in place, ``how`` being ``"hardlink"`` or ``"copy"`` (progress, counts).
 
-    The manifest keeps each shard's rows, bytes and checksum from its source (nothing is
-    re-read) and the first source's metadata, plus ``merged_from``.
+    The manifest keeps each shard's rows, bytes and checksum from its source (a shard is not
+    re-read, but its size must equal the recorded ``bytes``) and the first source's metadata,
+    plus ``merged_from``.
 
     Returns:
         the new :class:`Manifest`.
 
     Raises:
         kuat.SchemaError: the schemas differ; names the field and the dataset.
-        kuat.FormatError: a source is not a valid dataset.
+        kuat.FormatError: a source is not a valid dataset, or a shard of it is missing, not a
+            regular file, of another size than recorded, or a symbolic link out of its
+            dataset (names the source and the shard).
         FileExistsError: ``out`` is a dataset, or a non-empty directory, and ``overwrite``
             is False.
-        ValueError: ``out`` holds shards of a source (it is one of them, or a source
-            references shards in it): writing there would delete them.
-        OSError: ``link="hardlink"`` and a shard cannot be linked.
+        ValueError: ``out`` holds shards of a source (it is one of them): writing there would
+            delete them.
+        OSError: ``link="hardlink"`` and a shard cannot be linked, or a copy fails.
     """
     if link not in LINK_MODES:
         raise ValueError(f"link={link!r} must be one of {LINK_MODES}")
@@ -78,12 +98,17 @@ def merge(
                     f"metadata ({a.metadata} vs {b.metadata}), e.g. other class names",
                     field=a.name,
                 )
+    # every source shard is located and checked before anything in `out` changes
+    sources = [
+        [(_source_shard(root, k, info), info) for k, info in enumerate(m.shards)]
+        for root, m in zip(roots, manifests)
+    ]
     out = Path(out)
     out_abs = out.resolve()
     sources_in_out = [
         root
-        for root, m in zip(roots, manifests)
-        if any((root / info.file).resolve().parent == out_abs for info in m.shards)
+        for root, shards in zip(roots, sources)
+        if any(Path(src).parent == out_abs for src, _ in shards)
     ]
     if sources_in_out:
         # replacing out's shards would delete the very files the new manifest links to
@@ -107,38 +132,77 @@ def merge(
     out.mkdir(parents=True, exist_ok=True)
     lock = lock_directory(out)  # a Writer busy in `out` would lose its shards to us
     try:
-        return _merge_into(out, roots, manifests, link)
+        return _merge_into(out, roots, manifests, sources, link, on_shard)
     finally:
         unlock_directory(out, lock)
 
 
-def _merge_into(out: Path, roots: list[Path], manifests: list, link: str) -> Manifest:
-    out_abs = out.resolve()
+def _source_shard(root: Path, k: int, info: ShardInfo) -> str:
+    """The resolved path of shard ``k`` of the source at ``root``, checked to be a regular file
+    inside ``root`` of the recorded size."""
+    where = f"source {root}: shard {k} 'file'"
+    path = os.path.realpath(member_path(root, info.file, where=where))
+    try:
+        size = check_regular_file(path, f"source {root}: shard")
+    except FileNotFoundError as e:
+        raise FormatError(f"source {root}: shard {path} is missing", path=path) from e
+    if size.st_size != info.bytes:
+        raise FormatError(
+            f"source {root}: shard {path} is {size.st_size} bytes but its manifest records "
+            f"{info.bytes} (run `kuat verify {root}`)",
+            path=path,
+        )
+    return path
+
+
+def _copy(src: str, dst: Path) -> None:
+    """Copy ``src`` to ``dst`` under a temporary name, fsynced, then renamed into place."""
+    tmp = dst.with_name(f".{dst.name}.tmp-{os.getpid()}")
+    try:
+        shutil.copyfile(src, tmp)  # copy_file_range / sendfile where the kernel has them
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, dst)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _merge_into(
+    out: Path,
+    roots: list[Path],
+    manifests: list[Manifest],
+    sources: list[list[tuple[str, ShardInfo]]],
+    link: str,
+    on_shard: Callable[[int, str, str], None] | None,
+) -> Manifest:
     if (out / MANIFEST_NAME).exists():
         (out / MANIFEST_NAME).unlink()
     for e in os.scandir(out):
         if _SHARD_RE.match(e.name) and e.is_file():
             os.unlink(e.path)
     shards = []
-    linked = referenced = 0
-    for root, m in zip(roots, manifests):
-        for info in m.shards:
-            src = (root / info.file).resolve()
+    linked = copied = 0
+    for src_shards in sources:
+        for src, info in src_shards:
             name = shard_name(len(shards))
-            entry = None
-            if link != "reference":
+            how = "copy"
+            if link != "copy":
                 try:
-                    os.link(src, out / name)
-                    entry = name
-                    linked += 1
+                    os.link(src, out / name)  # src is resolved
+                    how = "hardlink"
                 except OSError as e:
                     if link == "hardlink":
                         raise
-                    log.debug("cannot hard-link %s (%s); referencing it", src, e)
-            if entry is None:
-                entry = os.path.relpath(src, out_abs)
-                referenced += 1
-            shards.append(ShardInfo(entry, info.rows, info.bytes, info.checksum))
+                    log.debug("cannot hard-link %s (%s); copying it", src, e)
+            if how == "copy":
+                _copy(src, out / name)
+                copied += 1
+            else:
+                linked += 1
+            shards.append(ShardInfo(name, info.rows, info.bytes, info.checksum))
+            if on_shard is not None:
+                on_shard(len(shards) - 1, str(out / name), how)
     first = manifests[0]
     metadata = dict(first.metadata)
     metadata["merged_from"] = [str(r) for r in roots]
@@ -150,12 +214,12 @@ def _merge_into(out: Path, roots: list[Path], manifests: list, link: str) -> Man
     )
     write_manifest(out, manifest)
     log.debug(  # the CLI prints this summary
-        "merged %d datasets into %s: %d rows, %d shards (%d hard-linked, %d referenced)",
+        "merged %d datasets into %s: %d rows, %d shards (%d hard-linked, %d copied)",
         len(roots),
         out,
         manifest.num_rows,
         len(shards),
         linked,
-        referenced,
+        copied,
     )
     return manifest

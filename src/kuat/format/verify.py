@@ -11,7 +11,7 @@ from pathlib import Path
 
 from kuat.errors import DecodeError, FormatError
 from kuat.format.dataset import _open_shard
-from kuat.format.manifest import check_regular_file, file_checksum, read_manifest
+from kuat.format.manifest import check_regular_file, file_checksum, member_path, read_manifest
 
 __all__ = ["VerifyReport", "verify"]
 
@@ -101,8 +101,9 @@ def verify(
     schema, arrow_schema = manifest.schema, manifest.schema.to_arrow()
     report = VerifyReport(str(root), rows=manifest.num_rows)
     for k, info in enumerate(manifest.shards):
-        shard_path = str(root / info.file)
+        shard_path = os.path.join(root, info.file)  # a name parse_manifest checked
         try:
+            member_path(root, info.file, where=f"shard {k}: 'file'")  # no link out of root
             try:
                 size = check_regular_file(shard_path, "shard").st_size
             except FileNotFoundError as e:

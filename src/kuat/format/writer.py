@@ -26,6 +26,7 @@ from kuat.format.manifest import (
     Manifest,
     ShardInfo,
     file_checksum,
+    member_path,
     read_manifest,
     write_manifest,
 )
@@ -502,8 +503,12 @@ class Writer:
                 old = []
             manifest.unlink()  # from here on the directory is no longer a dataset
             for name in old:
-                if os.path.basename(name) == name and (p / name).is_file():
-                    (p / name).unlink()
+                try:  # never delete outside the dataset, whatever the old manifest says
+                    path = member_path(p, name)
+                except FormatError:
+                    continue
+                if os.path.isfile(path) or os.path.islink(path):
+                    os.unlink(path)
         others = [
             e.name for e in os.scandir(p) if not _SHARD_RE.match(e.name) and e.name != LOCK_NAME
         ]
