@@ -10,6 +10,8 @@ task writes (``.<dst name>.kuat-ray/part-NNNNN``):
 - a destination whose name contains ``gated``: every part after part 0 waits (at most
   60 s) for a file ``<dst>.gate`` before closing, so a test can kill the driver while part 0
   is written and the others are not.
+- a destination whose name contains ``spread``: each part records the Ray node it was
+  written on in ``<dst>.nodes/<part>``.
 """
 
 from __future__ import annotations
@@ -50,6 +52,12 @@ def install() -> None:
                 deadline = time.monotonic() + 60
                 while not gate.exists() and time.monotonic() < deadline:
                     time.sleep(0.05)  # a test fixture's gate, not library synchronisation
+            if "spread" in dst.name:
+                import ray
+
+                nodes = dst.parent / f"{dst.name}.nodes"
+                nodes.mkdir(exist_ok=True)
+                (nodes / part).write_text(ray.get_runtime_context().get_node_id())
         return original(self)
 
     writer.Writer.close = close

@@ -61,6 +61,11 @@ def staging_dir(dst: str | os.PathLike) -> Path:
     return dst.parent / f".{dst.name}.kuat-ray"
 
 
+# written into the staging folder once a task reports an unreadable sample (on_error="raise"):
+# tasks not yet started return at once, so the driver's wait for the running ones is short
+_ABORTED = "ABORTED"
+
+
 def _part_name(k: int) -> str:
     return f"part-{k:05d}"
 
@@ -78,6 +83,8 @@ def _write_part(
     directory of shards plus a part manifest. Returns ``{"part", "dir", "skipped", "error"}``
     (``error``: the pickled ``KuatError`` of an unreadable sample with ``on_error="raise"``)."""
     (k,) = batch["part"]
+    if (Path(staging) / _ABORTED).exists():
+        return {"part": [int(k)], "dir": [""], "skipped": [b""], "error": [b""]}
     (payload,) = batch["items"]
     items = pickle.loads(payload)
     part_dir = Path(staging) / _part_name(int(k))
@@ -221,13 +228,20 @@ def _run_parts(ray, parts, fn, source_of, schema, task_opts, staging, opts) -> l
                 max_retries=TASK_RETRIES,
                 retry_exceptions=[OSError],
             )
-        rows = []
+        rows, error = [], None
         # in part order (preserve_order): the first error met is the first in item order,
-        # the one the local engine raises; leaving the loop stops the remaining tasks
+        # the one the local engine raises. The loop still drains the rest (tasks that have
+        # not started see _ABORTED and return at once): Ray Data does not wait for running
+        # tasks when the driver stops reading, and they would write into a deleted staging
+        # folder after the driver has cleaned up.
         for row in ds.iter_rows():
-            if row["error"]:
-                raise pickle.loads(row["error"])
-            rows.append(row)
+            if error is None and row["error"]:
+                error = pickle.loads(row["error"])
+                (staging / _ABORTED).touch()
+            elif error is None:
+                rows.append(row)
+        if error is not None:
+            raise error
         log.debug("ray data stats:\n%s", ds.stats())
     finally:
         ctx.enable_progress_bars, ctx.execution_options.preserve_order = saved
