@@ -16,6 +16,7 @@ import os
 import signal
 import subprocess
 import sys
+import tarfile
 import time
 from pathlib import Path
 
@@ -157,13 +158,15 @@ def test_jsonl_with_image_paths_same_rows_as_local(ray_local, images, tmp_path):
         {"id": i, "caption": f"picture {i}", "pic": str(p.relative_to(images)), "v": [i, i * 2]}
         for i, p in enumerate(files)
     ]
-    src = images / "captions.jsonl"
-    src.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    src = []  # three files: one Ray task each
+    for k in range(3):
+        src.append(images / f"captions-{k}.jsonl")
+        src[-1].write_text("".join(json.dumps(r) + "\n" for r in lines[k::3]))
     opts = dict(image_fields=["pic"], resize_shorter=32, progress=False)
     kuat.convert.from_jsonl(src, tmp_path / "local", **opts)
-    kuat.convert.from_jsonl(src, tmp_path / "ray", engine="ray", rows_per_task=64, **opts)
+    kuat.convert.from_jsonl(src, tmp_path / "ray", engine="ray", **opts)
     check_same_dataset(tmp_path / "ray", tmp_path / "local")
-    # a table without images takes the local engine's whole-column path; Ray the row path
+    # without images both engines write whole Arrow batches (Writer.write_batch)
     plain = images / "plain.jsonl"
     plain.write_text("".join(json.dumps({"id": r["id"], "v": r["v"]}) + "\n" for r in lines))
     kuat.convert.from_jsonl(plain, tmp_path / "plain-local", progress=False)
@@ -248,3 +251,8 @@ def test_engine_is_validated_and_refused_where_unsupported(tmp_path):
     np.save(tmp_path / "a.npy", np.arange(4))
     with pytest.raises(ValueError, match="'numpy' converts locally only"):
         kuat.convert.convert(str(tmp_path / "a.npy"), tmp_path / "o", engine="ray")
+    with tarfile.open(tmp_path / "a.tar", "w") as tar:
+        tar.add(tmp_path / "a.npy", arcname="000.npy")
+    with pytest.raises(ValueError, match="engine='ray': this converter runs locally only"):
+        kuat.convert.from_webdataset(str(tmp_path / "a.tar"), tmp_path / "o", engine="ray")
+    assert not (tmp_path / "o").exists()

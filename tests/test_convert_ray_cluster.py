@@ -70,10 +70,10 @@ def test_two_nodes_same_rows_as_local(two_nodes, tmp_path):
     assert written_on == {n["NodeID"] for n in nodes}
 
     lines = [{"id": i, "text": f"line {i}", "score": i / 7} for i in range(300)]
-    src = tmp_path / "lines.jsonl"
-    src.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    src = []  # four files: one Ray task each
+    for k in range(4):
+        src.append(tmp_path / f"lines-{k}.jsonl")
+        src[-1].write_text("".join(json.dumps(r) + "\n" for r in lines[k * 75 : (k + 1) * 75]))
     kuat.convert.from_jsonl(src, tmp_path / "jl-local", progress=False)
-    kuat.convert.from_jsonl(
-        src, tmp_path / "jl-ray", engine="ray", rows_per_task=100, progress=False
-    )
+    kuat.convert.from_jsonl(src, tmp_path / "jl-ray", engine="ray", progress=False)
     check_same_dataset(tmp_path / "jl-ray", tmp_path / "jl-local")

@@ -208,3 +208,38 @@ def test_shuffle_buffer_keeps_the_batch_transform():
     assert kuat.shuffle_buffer(WithStep([1, 2]), 2).kuat_batch_transform is abs
     m = kuat.mix([WithStep([-1]), [2]], stopping="all_exhausted", shuffle_buffer=4)
     assert m.kuat_batch_transform is abs
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_map_mix_reaches_all_of_a_cut_source_over_epochs(num_workers):
+    """#11.11: with first_exhausted, A (100 items) gets about 10 positions per epoch; which of
+    its items fill them moves on each epoch, so all of A is read within ceil(100 / m) epochs."""
+    a, b = range(100), range(1000, 1010)
+    m = kuat.mix([a, b], weights=[0.5, 0.5], stopping="first_exhausted", seed=1)
+    share = int(m.counts[0])  # A's positions per epoch
+    assert 0 < share < 100 and int(m.counts[1]) == 10
+    epochs = -(-100 // share)
+    loader = kuat.DataLoader(m, batch_size=4, shuffle=True, seed=3, num_workers=num_workers)
+    per_epoch = [sorted(x for batch in loader for x in batch.tolist()) for _ in range(epochs)]
+    for e, items in enumerate(per_epoch):
+        from_a = [x for x in items if x < 1000]
+        # the stated right value: epoch e reads A's window e*m, e*m + 1, ... (mod 100)
+        assert from_a == sorted((e * share + j) % 100 for j in range(share)), e
+        assert [x for x in items if x >= 1000] == list(b)  # B is read whole every epoch
+    assert {x for items in per_epoch for x in items if x < 1000} == set(a)
+    # torch's DataLoader over the same mix, told the epoch as with DistributedSampler
+    for e in range(2):
+        m.set_epoch(e)
+        got = sorted(x for batch in torch.utils.data.DataLoader(m, batch_size=4, shuffle=True)
+                     for x in batch.tolist())
+        assert got == per_epoch[e]
+
+
+def test_map_mix_all_exhausted_reads_every_item_every_epoch_and_set_epoch_is_validated():
+    m = kuat.mix([range(30), range(100, 105)], stopping="all_exhausted", seed=2)
+    for e in (0, 1, 7):
+        m.set_epoch(e)
+        assert sorted(_all(m)) == [*range(30), *range(100, 105)]
+    for bad in (-1, 1.5, True, "2"):
+        with pytest.raises(ValueError, match="epoch should be a non-negative int"):
+            m.set_epoch(bad)

@@ -203,3 +203,142 @@ def test_hf_source_returns_samples_with_columns():
     assert isinstance(got, Samples) and set(got.kuat_columns) == {"ids", "y"}
     out = pad_collate()(got)
     assert out["ids"].tolist() == [[4, 5, 6], [1, 2, 0]] and out["y"].tolist() == [2, 0]
+
+
+# --- per-field values, attention mask, truncation, multiples, sides, 2-d and empty rows ------
+
+
+def _reference_rows(rows, value, max_length=None, multiple=None, side="right", cut="right"):
+    """torch's answer: cut each row, pad_sequence on that side, widen to the multiple."""
+    rows = [torch.as_tensor(r) for r in rows]
+    if max_length is not None:
+        rows = [
+            r[:max_length] if cut == "right" else r[max(0, len(r) - max_length) :] for r in rows
+        ]
+    padded = pad_sequence(rows, batch_first=True, padding_value=value, padding_side=side)
+    width = padded.shape[1]
+    if multiple and width % multiple:
+        extra = multiple - width % multiple
+        fill = torch.full((len(rows), extra, *padded.shape[2:]), value, dtype=padded.dtype)
+        padded = torch.cat([padded, fill] if side == "right" else [fill, padded], dim=1)
+    return padded, torch.tensor([len(r) for r in rows], dtype=torch.int64)
+
+
+@pytest.mark.parametrize("kind", ["views", "views_shuffled", "numpy_views", "tensors", "lists"])
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"max_length": 5},
+        {"max_length": 5, "truncation_side": "left"},
+        {"pad_to_multiple_of": 8},
+        {"padding_side": "left"},
+        {"padding_side": "left", "max_length": 4, "pad_to_multiple_of": 3},
+        {"max_length": 64, "pad_to_multiple_of": 4},  # longer than every row: nothing cut
+    ],
+)
+def test_truncation_multiples_and_sides_match_torch(kind, options):
+    samples = _samples(kind)
+    for s in samples:  # labels: same lengths as ids, padded with another value
+        s["labels"] = torch.as_tensor(s["ids"]).to(torch.int64) + 1000
+    collate = pad_collate(
+        pad_value={"ids": 7, "labels": -100}, return_attention_mask=True, **options
+    )
+    out = collate(samples)
+    side = options.get("padding_side", "right")
+    cut = options.get("truncation_side", "right")
+    args = (options.get("max_length"), options.get("pad_to_multiple_of"), side, cut)
+    want_ids, want_len = _reference_rows([s["ids"] for s in samples], 7, *args)
+    want_labels, _ = _reference_rows([s["labels"] for s in samples], -100, *args)
+    assert torch.equal(out["ids"], want_ids.to(out["ids"].dtype))
+    assert torch.equal(out["ids_lengths"], want_len)
+    assert torch.equal(out["labels"], want_labels) and out["labels"].dtype == torch.int64
+    if options.get("pad_to_multiple_of"):
+        assert out["ids"].shape[1] % options["pad_to_multiple_of"] == 0
+    # attention_mask: 1 exactly where ids hold data (from "ids", the first padded field)
+    ones = [torch.ones(int(n), dtype=torch.int64) for n in want_len]
+    want_mask, _ = _reference_rows(ones, 0, None, options.get("pad_to_multiple_of"), side)
+    assert out["attention_mask"].dtype == torch.int64
+    assert torch.equal(out["attention_mask"], want_mask)
+
+
+def test_per_field_pad_values_from_the_issue():
+    samples = [
+        {"input_ids": [5, 6, 7], "labels": [-100, 6, 7]},
+        {"input_ids": [8], "labels": [8]},
+    ]
+    out = kuat.pad_collate(pad_value={"input_ids": 0, "labels": -100}, return_attention_mask=True)(
+        samples
+    )
+    assert out["input_ids"].tolist() == [[5, 6, 7], [8, 0, 0]]
+    assert out["labels"].tolist() == [[-100, 6, 7], [8, -100, -100]]
+    assert out["attention_mask"].tolist() == [[1, 1, 1], [1, 0, 0]]
+    assert out["input_ids_lengths"].tolist() == [3, 1]
+    # a field the mapping does not name pads with 0; an existing attention_mask is padded
+    samples = [{"x": [1, 2], "attention_mask": [1, 1]}, {"x": [3], "attention_mask": [1]}]
+    out = pad_collate(pad_value={"y": 9}, return_attention_mask=True)(samples)
+    assert out["x"].tolist() == [[1, 2], [3, 0]]
+    assert out["attention_mask"].tolist() == [[1, 1], [1, 0]]
+
+
+@pytest.mark.parametrize("kind", ["lists", "tensors", "arrays"])
+def test_empty_and_2d_rows(kind):
+    """The issue's case: boxes (2, 4), (0, 4), (1, 4) -> (3, 2, 4), lengths [2, 0, 1]."""
+    boxes = [
+        np.arange(8, dtype=np.float32).reshape(2, 4),
+        np.zeros((0, 4), np.float32),
+        np.full((1, 4), 5, np.float32),
+    ]
+    if kind == "lists":  # JSON: an empty row is just []
+        rows = [b.tolist() for b in boxes]
+    elif kind == "tensors":
+        rows = [torch.from_numpy(b) for b in boxes]
+    else:
+        rows = boxes
+    samples = [{"boxes": r, "label": i} for i, r in enumerate(rows)]
+    out = pad_collate(pad_value=-1)(samples)
+    want = pad_sequence([torch.from_numpy(b) for b in boxes], batch_first=True, padding_value=-1)
+    assert out["boxes"].shape == (3, 2, 4) and out["boxes"].dtype == torch.float32
+    assert torch.equal(out["boxes"], want)
+    assert out["boxes_lengths"].tolist() == [2, 0, 1]
+    left = pad_collate(pad_value=-1, padding_side="left")(samples)
+    want = pad_sequence([torch.from_numpy(b) for b in boxes], True, -1, padding_side="left")
+    assert torch.equal(left["boxes"], want)
+    # all rows empty: (B, 0)
+    out = pad_collate()([{"ids": []}, {"ids": []}])
+    assert out["ids"].shape == (2, 0) and out["ids_lengths"].tolist() == [0, 0]
+
+
+def test_arrow_tables_take_the_options():
+    table = pa.table({"ids": pa.array([[1, 2, 3, 4], [], [5]], pa.list_(pa.int32()))})
+    out = pad_collate(
+        pad_value={"ids": 9},
+        max_length=3,
+        pad_to_multiple_of=2,
+        padding_side="left",
+        truncation_side="left",
+        return_attention_mask=True,
+    )(table)
+    assert out["ids"].tolist() == [[9, 2, 3, 4], [9, 9, 9, 9], [9, 9, 9, 5]]
+    assert out["ids_lengths"].tolist() == [3, 0, 1]
+    assert out["attention_mask"].tolist() == [[0, 1, 1, 1], [0, 0, 0, 0], [0, 0, 0, 1]]
+
+
+def test_option_errors_name_the_value():
+    with pytest.raises(TypeError, match="'labels': 'x'"):
+        pad_collate(pad_value={"labels": "x"})
+    with pytest.raises(ValueError, match="max_length.*0"):
+        pad_collate(max_length=0)
+    with pytest.raises(ValueError, match="pad_to_multiple_of.*2.5"):
+        pad_collate(pad_to_multiple_of=2.5)
+    with pytest.raises(ValueError, match="padding_side.*'middle'"):
+        pad_collate(padding_side="middle")
+    with pytest.raises(ValueError, match="truncation_side"):
+        pad_collate(truncation_side="both")
+    with pytest.raises(ValueError, match=r"2: \(1, 3\) torch.float32"):
+        pad_collate()(
+            [
+                {"b": np.zeros((2, 4), np.float32)},
+                {"b": np.zeros((0, 4), np.float32)},
+                {"b": np.zeros((1, 3), np.float32)},
+            ]
+        )

@@ -41,15 +41,19 @@ _EXPORTS = {
     "mix": "kuat.sources",
     "shuffle_buffer": "kuat.sources",
     "check_resume": "kuat.testing",
+    # text: packing and token-budget batching
+    "pack": "kuat.text",
+    "pack_collate": "kuat.text",
+    "TokenBudgetBatchSampler": "kuat.text",
     # vision helpers most users need at top level
     "probe_image": "kuat.vision.probe",
 }
 
-__all__ = sorted(_EXPORTS) + ["__version__", "vision", "convert"]
+__all__ = sorted(_EXPORTS) + ["__version__", "vision", "convert", "text"]
 
 
 def __getattr__(name: str):
-    if name in ("vision", "convert"):
+    if name in ("vision", "convert", "text"):
         return importlib.import_module(f"kuat.{name}")
     try:
         module = _EXPORTS[name]

@@ -30,6 +30,9 @@ Optional attributes the loader honours on the source:
   splits workers by whole batches (then batch ``k`` is the same whatever the worker count,
   which makes replay-based resume exact; with ``drop_last`` rank shares are truncated instead
   of padded). Map-style sources are sharded by the loader's sampler and need nothing.
+* ``kuat_set_epoch(epoch)`` on a user's sampler or batch sampler: called with the loader's epoch
+  before each epoch (so a resumed loader resumes the sampler's epoch too); torch's samplers,
+  which lack it, are left to the user's ``set_epoch`` as in torch.
 * ``state_dict()`` / ``load_state_dict(state)``: the source's own resumable state, stored
   under ``"source"`` in the loader's state. For iterable sources without it, resuming replays
   (fetches and drops) the batches already served in the epoch.
@@ -95,7 +98,7 @@ class _Stats:
 
     def reset(self):
         self.fetch_s = self.fetch_cpu_s = self.collate_s = self.pin_s = self.rng_wait_s = 0.0
-        self.device_s = self.transform_s = self.wait_s = self.elapsed_s = 0.0
+        self.device_s = self.transform_s = self.wait_s = self.worker_wait_s = self.elapsed_s = 0.0
         self.batches = self.samples = self.skipped = 0
 
 
@@ -133,16 +136,23 @@ class DataLoader:
         persistent_workers: keep workers between epochs.
         pin_memory_device: deprecated in torch; ignored with torch's warning.
         in_order: yield batches in sampler order (``True``) or as they complete.
-        worker_type: ``"thread"`` (default) or ``"process"``. Thread workers share the
-            dataset object (no pickling, no start-up cost) and run truly in parallel wherever
-            the work releases the GIL (NumPy, torch ops, image decoding, Arrow gathers);
-            pure-Python per-sample work is GIL-bound (``stats()``: ``fetch_cpu`` far below
-            ``fetch`` and a high ``input_bound_fraction``). Process workers send each batch's
-            tensors through a reused ring of shared-memory slots (``/dev/shm``, at most
-            ``prefetch_factor * num_workers`` in flight, unlinked on every exit path); tensors
-            of 256 KiB and more reach the training loop as views of their slot (no copy; the
-            slot is reused once they are gone), smaller ones are copied, and with pinning the
-            batch is copied once into pinned memory.
+        worker_type: ``"thread"`` (default) or ``"process"``. Each thread worker reads its own
+            shallow copy of the dataset (``copy.copy``, a few microseconds per worker start),
+            so, as in torch's worker processes, what a worker sets on it (``worker_init_fn``
+            narrowing ``get_worker_info().dataset``, a handle opened lazily) stays in that
+            worker, while the data its attributes point to (tensors, arrays, memory-mapped
+            shards, caches created in ``__init__``) is shared, not copied; define ``__copy__``
+            to change that. Threads need no pickling and no start-up and run truly in parallel
+            wherever the work releases the GIL (NumPy, torch ops, image decoding, Arrow
+            gathers); pure-Python per-sample work is GIL-bound (``stats()``: ``fetch_cpu`` far
+            below ``fetch`` and a high ``input_bound_fraction``). Process workers send each
+            batch's tensors through a reused ring of nameless shared-memory slots (about
+            ``prefetch_factor`` per worker; nothing is left in ``/dev/shm`` even when a process
+            is killed); tensors of 256 KiB and more reach the training loop as views of their
+            slot (no copy; the slot is reused once they are gone), smaller ones are copied,
+            and with pinning the batch is copied once into pinned memory. On a time-out, an
+            error or Ctrl-C, control comes back at once: busy process workers are terminated,
+            busy thread workers are left to finish their current sample and end.
         seed: the run seed; shuffle order depends only on ``(seed, epoch, rank, world_size)``
             and each sample's randomness on ``(seed, epoch, index)``. ``None`` draws one at
             construction from torch's default generator (so ``torch.manual_seed`` makes runs
@@ -378,6 +388,7 @@ class DataLoader:
         self._stats = _Stats()
         self._warned: set[tuple[str, str]] = set()
         self._advised = False
+        self._warned_unsplit = False
         self._engine = None  # persistent workers only
         self._live_iter = None  # weakref to the iterator using the persistent workers
         self._progress: list | None = None  # [epoch, batches served, exhausted] of the last iter
@@ -531,8 +542,11 @@ class DataLoader:
         (their CPU time: far below ``fetch`` in thread mode means GIL-bound or I/O-bound),
         ``collate``, ``pin``, ``rng_lock_wait`` (waiting for global-RNG isolation), ``device``
         (consumer: copy out of shared memory / to the device), ``batch_transform``;
-        ``consumer_wait_s`` (the training loop waiting for data), ``input_bound_fraction``
-        (``consumer_wait_s / elapsed_s``), ``batches_per_s``, ``samples_per_s``,
+        ``consumer_wait_s`` (the training loop waiting for data: every second spent inside
+        ``next()``, waiting for workers, copying out of shared memory or to the device, pinning
+        and batch transforms included), ``worker_wait_s`` (the part of it spent waiting for a
+        worker's result), ``input_bound_fraction`` (``consumer_wait_s / elapsed_s``: the
+        fraction of the loop's time it waited for its input), ``batches_per_s``, ``samples_per_s``,
         ``worker_busy_fraction`` (``(fetch + collate) / (elapsed_s * num_workers)``).
         """
         s = self._stats
@@ -553,6 +567,7 @@ class DataLoader:
                     "batch_transform": s.transform_s,
                 },
                 "consumer_wait_s": s.wait_s,
+                "worker_wait_s": s.worker_wait_s,
                 "input_bound_fraction": s.wait_s / el if el > 0 else 0.0,
                 "batches_per_s": s.batches / el if el > 0 else 0.0,
                 "samples_per_s": s.samples / el if el > 0 else 0.0,
@@ -571,6 +586,8 @@ class DataLoader:
             epoch, skip = (0 if self._progress is None else self._progress[0] + 1), 0
         if isinstance(self.sampler, EpochSampler):
             self.sampler.set_epoch(epoch)
+        elif callable(getattr(self._index_sampler, "kuat_set_epoch", None)):
+            self._index_sampler.kuat_set_epoch(epoch)  # e.g. kuat.text.TokenBudgetBatchSampler
         if self.generator is not None:  # as torch: one base_seed draw per iterator
             base_seed = int(torch.empty((), dtype=torch.int64).random_(generator=self.generator).item())
         else:
@@ -652,6 +669,22 @@ class DataLoader:
                 "kuat_uses_sample_rng = True on the dataset, or use worker_type='process'.",
                 s.rng_wait_s, s.fetch_s,
             )
+
+    def _warn_unsplit_iterable(self) -> None:
+        """Once per loader: an IterableDataset that never asked which worker it runs in."""
+        if self._warned_unsplit:
+            return
+        self._warned_unsplit = True
+        warnings.warn(
+            f"kuat DataLoader: the IterableDataset {type(self.dataset).__name__} never called "
+            f"torch.utils.data.get_worker_info() in its workers, so each of the "
+            f"{self.num_workers} workers yields the whole dataset and every item arrives "
+            f"{self.num_workers} times (as with torch's DataLoader). Split the items in __iter__ "
+            "by get_worker_info().id and .num_workers (or in worker_init_fn, the recipe in "
+            "torch's IterableDataset documentation), or use num_workers=1",
+            UserWarning,
+            stacklevel=4,
+        )
 
     def _warn_skipped(self, skipped) -> None:
         for index, type_name, message in skipped:
@@ -749,6 +782,7 @@ class _LoaderIter:
         t0 = time.perf_counter()
         if self._t_mark is None:
             self._t_mark = t0
+        failed = None
         try:
             batch = self._next_device_batch() if self._copier else self._next_batch()
             if self._transform is not None:
@@ -759,15 +793,25 @@ class _LoaderIter:
             self._finish()
             raise
         except _BatchError as e:  # a dataset error: the iterator stays usable, as in torch
-            self._account_time(t0)
-            raise e.exc from e.cause
+            failed = e.exc, e.cause
         except BaseException:  # time-out, dead worker, KeyboardInterrupt: release the workers
             self.close(broken=True)
             raise
+        finally:  # every second inside next() is a second the training loop waited for input
+            self._account_time(t0)
+        if failed is not None:
+            # Raised outside the except clause and without a local naming it: the exception then
+            # holds no reference cycle (context -> _BatchError -> exception), so the iterator and
+            # its workers go as soon as the caller drops the exception, not at the next gc run.
+            exc, cause = failed
+            failed = None
+            try:
+                raise exc from cause
+            finally:
+                del exc, cause
         self._progress[1] += 1
         with self._stats.lock:
             self._stats.batches += 1
-        self._account_time(t0)
         return batch
 
     def _next_batch(self):
@@ -852,7 +896,7 @@ class _LoaderIter:
         finally:
             w = time.perf_counter() - t0
             with self._stats.lock:
-                self._stats.wait_s += w
+                self._stats.worker_wait_s += w
 
     def _next_device_batch(self):
         """Stage the next host batch's copy before returning the current one (one ahead)."""
@@ -900,12 +944,16 @@ class _LoaderIter:
             warn = self._warn()
             if warn is not None:
                 warn(st.skipped)
+        if st.worker_info_consulted is False:
+            self._loader._warn_unsplit_iterable()
 
     def _account_time(self, t0: float) -> None:
-        # wall time from the first next() of the epoch to the end of the latest one
+        # wall time from the first next() of the epoch to the end of the latest one, and the
+        # part of it spent inside next() (from t0)
         now = time.perf_counter()
         with self._stats.lock:
             self._stats.elapsed_s += now - self._t_mark
+            self._stats.wait_s += now - t0
         self._t_mark = now
 
     def _finish(self) -> None:

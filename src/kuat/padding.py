@@ -60,71 +60,176 @@ class Samples(list):
 
 
 _NUMPY_KINDS = "biuf"
+_SIDES = ("right", "left")
+
+
+class _PadSpec:
+    """How rows are cut and padded: one value per field, the width, the side."""
+
+    __slots__ = ("value", "max_length", "multiple", "side", "truncation_side")
+
+    def __init__(
+        self, value, max_length=None, multiple=None, side="right", truncation_side="right"
+    ):
+        self.value, self.max_length, self.multiple = value, max_length, multiple
+        self.side, self.truncation_side = side, truncation_side
+
+    def width(self, longest: int) -> int:
+        """The padded length ``L`` for a batch whose longest (truncated) row has ``longest``."""
+        if self.multiple is not None and longest % self.multiple:
+            longest += self.multiple - longest % self.multiple
+        return longest
 
 
 def pad_collate(
-    pad_value: float = 0,
+    pad_value: float | Mapping[str, float] = 0,
     *,
     fields: Sequence[str] | None = None,
     lengths_suffix: str = "_lengths",
     collate_fn: Callable | None = None,
+    max_length: int | None = None,
+    pad_to_multiple_of: int | None = None,
+    padding_side: str = "right",
+    truncation_side: str = "right",
+    return_attention_mask: bool = False,
 ) -> PadCollate:
     """A collate function that pads variable-length sequence fields to the batch's longest.
 
-    For a batch of B samples that are mappings (dicts), every sequence field ``f`` becomes:
+    For a batch of B samples that are mappings (dicts), every sequence field ``f`` (rows of
+    shape ``(L_i, *F)``) becomes:
 
-    * ``out[f]``: a ``(B, L, *F)`` tensor, ``L`` the longest row of the batch, rows padded at
-      the end with ``pad_value``; dtype that of the rows (Python ints -> int64, floats ->
-      float32, as ``torch.tensor``);
-    * ``out[f + lengths_suffix]``: ``(B,) int64``, each row's length before padding.
+    * ``out[f]``: a ``(B, L, *F)`` tensor, ``L`` the longest row of the batch (after truncation
+      to ``max_length``, rounded up to a multiple of ``pad_to_multiple_of``), each row padded
+      after its end (``padding_side="right"``) or before its start (``"left"``, for generation)
+      with that field's pad value; dtype that of the rows (Python ints -> int64, floats ->
+      float32, as ``torch.tensor``). Empty rows (``L_i == 0``) take the trailing shape ``F``
+      and dtype of the others: rows ``(2, 4), (0, 4), (1, 4)`` give ``(3, 2, 4)``.
+    * ``out[f + lengths_suffix]``: ``(B,) int64``, each row's length after truncation, before
+      padding.
+    * with ``return_attention_mask``, ``out["attention_mask"]``: ``(B, L) int64``, 1 on real
+      tokens and 0 on padding (Hugging Face's convention), from the lengths of
+      ``"input_ids"`` (or of the first padded field). A field already called
+      ``attention_mask`` is padded like the others instead (give it pad value 0).
 
     Other fields are collated by ``collate_fn`` (default :func:`kuat.default_collate`, torch's
-    structures).
-    Samples that are themselves sequences give ``(padded (B, L, *F), lengths (B,))``.
+    structures). Samples that are themselves sequences give ``(padded (B, L, *F), lengths
+    (B,))``. Right-padded results equal ``torch.nn.utils.rnn.pad_sequence(rows,
+    batch_first=True, padding_value=v)``; left-padded ones equal its
+    ``padding_side="left"``.
 
     Args:
-        pad_value: the value written after each row's end.
+        pad_value: the value written in the padding: one number for every field, or a mapping
+            ``{field: value}`` such as ``{"input_ids": 0, "labels": -100}`` (fields it does not
+            name are padded with 0).
         fields: the field names to pad. ``None`` pads every field whose value in the first
-            sample is a tensor or NumPy array with at least one dimension, or a list/tuple of
-            numbers.
+            sample is a tensor or NumPy array with at least one dimension, or a (nested)
+            list/tuple of numbers.
         lengths_suffix: appended to a field's name to name its lengths.
         collate_fn: collates the fields that are not padded.
+        max_length: rows longer than this many elements (along their first dimension) are cut
+            to it; ``None`` keeps every row whole.
+        pad_to_multiple_of: ``L`` is rounded up to a multiple of this (tensor-core friendly
+            shapes; fewer distinct shapes for compiled models).
+        padding_side: ``"right"`` (pad after the row) or ``"left"`` (pad before it).
+        truncation_side: which end ``max_length`` cuts: ``"right"`` keeps a row's first
+            ``max_length`` elements, ``"left"`` its last ones.
+        return_attention_mask: also return ``attention_mask`` (see above).
 
     Returns:
         A picklable callable ``collate(batch) -> dict`` (safe to call from several threads).
 
-    Raises (when called):
-        ValueError: an empty batch; rows of one field with different trailing shapes or
-            dtypes (the message lists each row's shape and dtype); a lengths key that clashes
-            with a field.
-        KeyError: a name in ``fields`` missing from a sample.
+    Raises:
+        TypeError: (now) ``pad_value`` is not a number or a mapping of field names to numbers;
+            ``fields`` is not a sequence of names.
+        ValueError: (now) ``max_length`` or ``pad_to_multiple_of`` is not an int >= 1; a side
+            other than ``"right"``/``"left"``. When called: an empty batch; non-empty rows of
+            one field with different trailing shapes or dtypes (the message lists each row's
+            shape and dtype); a lengths key that clashes with a field.
+        KeyError: (when called) a name in ``fields`` missing from a sample.
     """
-    if not isinstance(pad_value, numbers.Number):
-        raise TypeError(f"pad_value must be a number, got {pad_value!r}")
+    if isinstance(pad_value, Mapping):
+        bad = {k: v for k, v in pad_value.items() if not isinstance(k, str) or not _is_number(v)}
+        if bad:
+            raise TypeError(f"pad_value should map field names to numbers, got {bad!r}")
+        pad_value = dict(pad_value)
+    elif not _is_number(pad_value):
+        raise TypeError(
+            f"pad_value must be a number or a mapping {{field: number}}, got {pad_value!r}"
+        )
     if fields is not None and (
         isinstance(fields, str) or not all(isinstance(f, str) for f in fields)
     ):
         raise TypeError(f"fields must be a sequence of field names, got {fields!r}")
     if not isinstance(lengths_suffix, str) or not lengths_suffix:
         raise ValueError(f"lengths_suffix must be a non-empty string, got {lengths_suffix!r}")
+    for name, v in (("max_length", max_length), ("pad_to_multiple_of", pad_to_multiple_of)):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1):
+            raise ValueError(f"{name} should be None or an int >= 1, got {v!r}")
+    for name, v in (("padding_side", padding_side), ("truncation_side", truncation_side)):
+        if v not in _SIDES:
+            raise ValueError(f"{name} should be 'right' or 'left', got {v!r}")
     return PadCollate(
-        pad_value, None if fields is None else tuple(fields), lengths_suffix, collate_fn
+        pad_value,
+        None if fields is None else tuple(fields),
+        lengths_suffix,
+        collate_fn,
+        max_length=None if max_length is None else int(max_length),
+        pad_to_multiple_of=None if pad_to_multiple_of is None else int(pad_to_multiple_of),
+        padding_side=padding_side,
+        truncation_side=truncation_side,
+        return_attention_mask=bool(return_attention_mask),
     )
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (numbers.Number, np.generic)) and not isinstance(v, (str, bytes))
 
 
 class PadCollate:
     """The callable :func:`pad_collate` returns (see there)."""
 
-    def __init__(self, pad_value, fields, lengths_suffix, collate_fn):
+    def __init__(
+        self,
+        pad_value,
+        fields,
+        lengths_suffix,
+        collate_fn,
+        *,
+        max_length=None,
+        pad_to_multiple_of=None,
+        padding_side="right",
+        truncation_side="right",
+        return_attention_mask=False,
+    ):
         self.pad_value = pad_value
         self.fields = fields
         self.lengths_suffix = lengths_suffix
         self.collate_fn = collate_fn
+        self.max_length = max_length
+        self.pad_to_multiple_of = pad_to_multiple_of
+        self.padding_side = padding_side
+        self.truncation_side = truncation_side
+        self.return_attention_mask = return_attention_mask
 
     def __repr__(self) -> str:
         return (
             f"pad_collate(pad_value={self.pad_value!r}, fields={self.fields!r}, "
-            f"lengths_suffix={self.lengths_suffix!r})"
+            f"lengths_suffix={self.lengths_suffix!r}, max_length={self.max_length!r}, "
+            f"pad_to_multiple_of={self.pad_to_multiple_of!r}, "
+            f"padding_side={self.padding_side!r}, truncation_side={self.truncation_side!r}, "
+            f"return_attention_mask={self.return_attention_mask!r})"
+        )
+
+    def _spec(self, key: str | None) -> _PadSpec:
+        value = self.pad_value
+        if isinstance(value, dict):
+            value = value.get(key, 0)
+        return _PadSpec(
+            value,
+            self.max_length,
+            self.pad_to_multiple_of,
+            self.padding_side,
+            self.truncation_side,
         )
 
     def _collate_rest(self, values: list):
@@ -149,7 +254,7 @@ class PadCollate:
                     "pad_collate expects samples that are mappings (dicts) or sequences, "
                     f"got {type(first).__name__}"
                 )
-            return pad_rows(list(batch), self.pad_value, "sample")
+            return _pad(list(batch), self._spec(None), "sample")
         names = (
             self.fields if self.fields is not None else [k for k in first if _is_sequence(first[k])]
         )
@@ -170,9 +275,9 @@ class PadCollate:
                     flat = col.values
                     flat = flat.numpy() if isinstance(flat, torch.Tensor) else flat  # (N,)
                     starts, lengths = col.offsets[:-1], np.diff(col.offsets)  # (B,), (B,)
-                    padded, lengths = _pad_offsets(flat, starts, lengths, self.pad_value)
+                    padded, lengths = _pad_offsets(flat, starts, lengths, self._spec(key))
                 else:
-                    padded, lengths = pad_rows(values, self.pad_value, key)
+                    padded, lengths = _pad(values, self._spec(key), key)
                 out[key] = padded
                 self._put_lengths(out, first, key, lengths)
             elif (
@@ -184,6 +289,7 @@ class PadCollate:
                 out[key] = col.values  # (B,): what stacking the samples' 0-d views gives
             else:
                 out[key] = self._collate_rest(values)
+        self._put_attention_mask(out, names)
         return out
 
     def _put_lengths(self, out: dict, keys, key: str, lengths: torch.Tensor) -> None:
@@ -195,11 +301,20 @@ class PadCollate:
             )
         out[name] = lengths
 
+    def _put_attention_mask(self, out: dict, padded: Sequence[str]) -> None:
+        if not self.return_attention_mask or "attention_mask" in out or not padded:
+            return
+        key = "input_ids" if "input_ids" in padded else padded[0]
+        lengths = out[key + self.lengths_suffix]  # (B,)
+        width = out[key].shape[1]
+        out["attention_mask"] = _valid_mask(lengths.numpy(), width, self.padding_side)
+
     def _collate_table(self, table) -> dict:
         """Columns of an Arrow table: list columns padded, others as tensors or lists."""
         import pyarrow.types as pat
 
         out = {}
+        padded = []
         for name in table.column_names:
             col = table.column(name).combine_chunks()  # one array for the batch
             t = col.type
@@ -215,15 +330,16 @@ class PadCollate:
                 offsets = col.offsets.to_numpy().astype(np.int64)  # (B + 1,)
                 values = col.values.to_numpy(zero_copy_only=False)  # (n,) at least offsets[-1]
                 out[name], lengths = _pad_offsets(
-                    values, offsets[:-1], np.diff(offsets), self.pad_value
+                    values, offsets[:-1], np.diff(offsets), self._spec(name)
                 )
                 self._put_lengths(out, table.column_names, name, lengths)
+                padded.append(name)
             elif _numeric_arrow(t) and not col.null_count:
                 out[name] = torch.from_numpy(col.to_numpy(zero_copy_only=False).copy())  # (B,)
             elif is_list and wanted:
-                padded, lengths = pad_rows(col.to_pylist(), self.pad_value, name)
-                out[name] = padded
+                out[name], lengths = _pad(col.to_pylist(), self._spec(name), name)
                 self._put_lengths(out, table.column_names, name, lengths)
+                padded.append(name)
             else:
                 out[name] = self._collate_rest(col.to_pylist())
         if self.fields is not None:
@@ -232,6 +348,7 @@ class PadCollate:
                     raise KeyError(
                         f"pad_collate: field {key!r} is not a column ({table.column_names})"
                     )
+        self._put_attention_mask(out, padded)
         return out
 
 
@@ -250,30 +367,47 @@ def _is_sequence(value) -> bool:
         return value.dim() >= 1
     if isinstance(value, np.ndarray):
         return value.ndim >= 1 and value.dtype.kind in _NUMPY_KINDS
-    if isinstance(value, (list, tuple)):
-        return all(isinstance(v, (numbers.Number, np.generic)) for v in value[:8])
+    if isinstance(value, (list, tuple)):  # numbers, or rows of numbers ((L, F) boxes)
+        return all(
+            isinstance(v, (numbers.Number, np.generic)) or _is_sequence(v) for v in value[:8]
+        )
     return False
 
 
-def pad_rows(rows: list, pad_value, name: str = "field") -> tuple[torch.Tensor, torch.Tensor]:
+def pad_rows(
+    rows: list,
+    pad_value=0,
+    name: str = "field",
+    *,
+    max_length: int | None = None,
+    pad_to_multiple_of: int | None = None,
+    padding_side: str = "right",
+    truncation_side: str = "right",
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Pad ``rows`` (B tensors, arrays or lists of shape ``(L_i, *F)``) to ``(B, L, *F)``.
 
-    Returns ``(padded, lengths)``: the ``(B, L, *F)`` tensor and ``(B,) int64`` lengths. Takes
-    the one-op path when the rows are 1-d views of one buffer or Python lists of numbers.
+    Returns ``(padded, lengths)``: the ``(B, L, *F)`` tensor and ``(B,) int64`` lengths (after
+    truncation). The keywords are :func:`pad_collate`'s. Takes the one-op path when the rows
+    are 1-d views of one buffer or Python lists of numbers.
 
     Raises:
-        ValueError: rows with different trailing shapes or dtypes (each row's shape and
-            dtype is listed).
+        ValueError: non-empty rows with different trailing shapes or dtypes (each row's shape
+            and dtype is listed).
     """
+    spec = _PadSpec(pad_value, max_length, pad_to_multiple_of, padding_side, truncation_side)
+    return _pad(rows, spec, name)
+
+
+def _pad(rows: list, spec: _PadSpec, name: str) -> tuple[torch.Tensor, torch.Tensor]:
     first = rows[0]
     if isinstance(first, torch.Tensor):
         fast = _views_of_one_tensor(rows)
         if fast is not None:
-            return _pad_offsets(*fast, pad_value)
+            return _pad_offsets(*fast, spec)
     elif isinstance(first, np.ndarray):
         fast = _views_of_one_array(rows)
         if fast is not None:
-            return _pad_offsets(*fast, pad_value)
+            return _pad_offsets(*fast, spec)
         rows = [torch.from_numpy(np.ascontiguousarray(r)) for r in rows]
     elif isinstance(first, (list, tuple)):
         if all(isinstance(r, (list, tuple)) for r in rows):
@@ -282,29 +416,44 @@ def pad_rows(rows: list, pad_value, name: str = "field") -> tuple[torch.Tensor, 
             if flat.dim() == 1 and len(flat):
                 offsets = np.zeros(len(rows), dtype=np.int64)
                 np.cumsum(lengths[:-1], out=offsets[1:])
-                return _pad_offsets(flat.numpy(), offsets, lengths, pad_value)
+                return _pad_offsets(flat.numpy(), offsets, lengths, spec)
         rows = [torch.as_tensor(r) for r in rows]
     else:
         rows = [torch.as_tensor(r) for r in rows]
-    return _pad_loop(rows, pad_value, name)
+    return _pad_loop(rows, spec, name)
 
 
-def _pad_loop(rows: list[torch.Tensor], pad_value, name: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """Row by row, for what the one-op paths do not cover."""
+def _pad_loop(rows: list[torch.Tensor], spec: _PadSpec, name: str):
+    """Row by row, for what the one-op paths do not cover (rows ``(L_i, *F)``, empty ones)."""
     rows = [torch.as_tensor(r) for r in rows]
-    trailing = rows[0].shape[1:]
-    dtype = rows[0].dtype
-    if any(r.dim() == 0 or r.shape[1:] != trailing or r.dtype != dtype for r in rows):
+    # An empty row ([] from JSON, a (0,) tensor) says nothing of F or the dtype: take the others'.
+    shaped = [r for r in rows if r.dim() >= 1 and r.shape[0] > 0] or rows
+    trailing, dtype = shaped[0].shape[1:], shaped[0].dtype
+    if any(
+        r.dim() == 0 or (r.shape[0] > 0 and (r.shape[1:] != trailing or r.dtype != dtype))
+        for r in rows
+    ):
         listing = ", ".join(f"{i}: {tuple(r.shape)} {r.dtype}" for i, r in enumerate(rows))
         raise ValueError(
             f"pad_collate: the rows of {name!r} must share their trailing shape and dtype "
             f"to be padded along their first dimension; got {listing}"
         )
+    if spec.max_length is not None:
+        keep = spec.max_length
+        rows = [
+            r[:keep] if spec.truncation_side == "right" else r[max(0, len(r) - keep) :]
+            for r in rows
+        ]
     lengths = torch.tensor([r.shape[0] for r in rows], dtype=torch.int64)  # (B,)
-    longest = int(lengths.max()) if len(rows) else 0
-    out = torch.full((len(rows), longest, *trailing), pad_value, dtype=dtype)  # (B, L, *F)
+    width = spec.width(int(lengths.max()) if len(rows) else 0)
+    out = torch.full((len(rows), width, *trailing), spec.value, dtype=dtype)  # (B, L, *F)
     for i, r in enumerate(rows):
-        out[i, : r.shape[0]] = r
+        n = r.shape[0]
+        if n:
+            if spec.side == "right":
+                out[i, :n] = r
+            else:
+                out[i, width - n :] = r
     return out, lengths
 
 
@@ -344,16 +493,32 @@ def _views_of_one_array(rows: list[np.ndarray]):
     return base.reshape(-1), starts, lengths
 
 
-def _pad_offsets(values: np.ndarray, starts: np.ndarray, lengths: np.ndarray, pad_value):
+def _valid_mask(lengths: np.ndarray, width: int, side: str) -> torch.Tensor:
+    """``(B, L) int64``: 1 where row ``i`` holds data, 0 on its padding."""
+    cols = np.arange(width)[None, :]  # (1, L)
+    lengths = lengths[:, None]  # (B, 1)
+    mask = cols < lengths if side == "right" else cols >= width - lengths  # (B, L) bool
+    return torch.from_numpy(mask.astype(np.int64))
+
+
+def _pad_offsets(values: np.ndarray, starts: np.ndarray, lengths: np.ndarray, spec: _PadSpec):
     """Rows ``values[starts[i] : starts[i] + lengths[i]]`` padded into ``(B, L)``, one copy."""
+    starts, lengths = np.asarray(starts, np.int64), np.asarray(lengths, np.int64)
+    if spec.max_length is not None and len(lengths) and lengths.max() > spec.max_length:
+        cut = np.minimum(lengths, spec.max_length)  # (B,)
+        if spec.truncation_side == "left":
+            starts = starts + (lengths - cut)  # keep each row's last max_length values
+        lengths = cut
     batch = len(lengths)
-    longest = int(lengths.max()) if batch else 0
-    out = np.full((batch, longest), pad_value, dtype=values.dtype)  # (B, L)
-    mask = np.arange(longest)[None, :] < lengths[:, None]  # (B, L) bool
+    width = spec.width(int(lengths.max()) if batch else 0)
+    out = np.full((batch, width), spec.value, dtype=values.dtype)  # (B, L)
+    cols = np.arange(width)[None, :]  # (1, L)
+    shift = np.zeros(batch, np.int64) if spec.side == "right" else width - lengths  # (B,)
+    mask = (cols >= shift[:, None]) & (cols < (shift + lengths)[:, None])  # (B, L) bool
     total = int(lengths.sum())
     if batch and np.array_equal(starts[1:], starts[:-1] + lengths[:-1]):
         out[mask] = values[starts[0] : starts[0] + total]  # rows are back to back: one slice
     else:
-        positions = starts[:, None] + np.arange(longest)[None, :]  # (B, L)
+        positions = starts[:, None] + cols - shift[:, None]  # (B, L)
         out[mask] = values[positions[mask]]
     return torch.from_numpy(out), torch.from_numpy(lengths.copy())

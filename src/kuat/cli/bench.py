@@ -114,6 +114,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         help="print the Markdown report of an earlier run and exit",
     )
     p.add_argument("--list", action="store_true", help="list loaders and workloads and exit")
+    p.add_argument(
+        "--text",
+        action="store_true",
+        help="the text workloads instead (packing rate, padding waste, memory, resume): "
+        "benchmarks/bench_text.py, with torchtune and TRL where they import",
+    )
     return p
 
 
@@ -136,6 +142,14 @@ def _import_harness():
 
 def run(args: argparse.Namespace) -> int:
     runner = _import_harness()
+    if args.text:
+        from benchmarks import bench_text
+
+        text_args = ["--json", str(Path(args.out) / "text.json")] if args.out else []
+        if args.cache_dir is not None:
+            text_args += ["--cache-dir", str(args.cache_dir)]
+        quick = ["--docs", "2000", "--repeats", "1"] if args.quick else []
+        return bench_text.main(text_args + quick)
     from benchmarks import report
     from benchmarks.adapters import LOADERS
 

@@ -14,14 +14,17 @@ DESCRIPTION = """\
 Convert a dataset into a kuat dataset directory (Arrow shards + manifest.json).
 
 The source type is detected (--format forces it): a directory of class folders
-(ImageFolder), a Hugging Face save_to_disk directory, .parquet / .jsonl / .csv files,
-.npy / .npz arrays, or WebDataset .tar shards (files or globs).
+(ImageFolder), a Hugging Face save_to_disk directory, .parquet / .jsonl / .json /
+.csv / .tsv files, .npy / .npz arrays, or WebDataset .tar shards (files or globs).
+When stderr is not a terminal (a log file, a batch job), a progress line is logged
+every --progress-interval seconds instead of a progress bar.
 
 examples:
   kuat convert imagenet/train train.kuat --workers 16
   kuat convert imagenet/train train256.kuat --resize-shorter 256 --quality 90
   kuat convert 'shards/*.tar' wds.kuat --on-error skip
   kuat convert data.parquet table.kuat --image-field picture
+  kuat convert data.txt table.kuat --format csv --delimiter '|'
   kuat convert imagenet21k/train in21k.kuat --engine ray    (on the cluster RAY_ADDRESS names)
 """
 
@@ -96,7 +99,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         default="raise",
         help="unreadable images: stop naming the file (raise), or skip and list them at the end",
     )
-    p.add_argument("--decode-check", action="store_true", help="fully decode each image (slower)")
+    p.add_argument(
+        "--decode-check",
+        action="store_true",
+        help="fully decode each image (slower); truncated JPEG/PNG/WebP/BMP files are "
+        "always caught by their end markers",
+    )
     p.add_argument(
         "--shard-bytes",
         type=_size,
@@ -124,21 +132,45 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         type=_int_in(1),
         default=1000,
         metavar="N",
-        help="(--engine ray) samples one Ray task converts (default 1000, about one 128M "
-        "shard of ImageNet JPEGs)",
+        help="(--engine ray, ImageFolder) images one Ray task converts (default 1000, about "
+        "one 128M shard of ImageNet JPEGs); tables take one task per input file",
     )
     p.add_argument("--split", default=None, help="(hf) the split of a DatasetDict")
+    p.add_argument(
+        "--delimiter",
+        default=None,
+        metavar="CHAR",
+        help="(csv) the field separator (default: tab for .tsv/.tab, else comma)",
+    )
+    p.add_argument(
+        "--tokenizer",
+        default=None,
+        metavar="PATH",
+        help="(text) tokenize JSONL/Parquet/.txt records at ingest with this tokenizer.json "
+        "(or a local transformers tokenizer directory) into token sequences",
+    )
+    p.add_argument("--text-field", default="text", help="(text) the field holding the text")
+    p.add_argument("--eos-id", type=_int_in(0), default=None, help="(text) the eos token id")
     p.add_argument("--overwrite", action="store_true", help="replace an existing dataset at DST")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument(
+        "--progress-interval",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="seconds between progress lines when stderr is not a terminal (default 30)",
+    )
     return p
 
 
 def run(args) -> int:
     import kuat.convert
+    from kuat.errors import KuatError
 
     options = dict(
         num_workers=args.workers,
         progress=not args.no_progress,
+        progress_interval_s=args.progress_interval,
         overwrite=args.overwrite,
         on_error=args.on_error,
         resize_shorter=args.resize_shorter,
@@ -151,15 +183,31 @@ def run(args) -> int:
     drop = _DropSkippedSummary()
     logging.getLogger("kuat.convert").addFilter(drop)
     try:
-        report = kuat.convert.convert(
-            args.src,
-            args.dst,
-            format=args.format,
-            image_fields=args.image_field,
-            split=args.split,
-            **options,
-        )
-    except (OSError, ValueError, TypeError) as e:  # OSError: missing source, existing DST...
+        if args.tokenizer is not None:
+            from kuat.text.tokenize import load_tokenizer
+
+            report = kuat.convert.from_text(
+                args.src,
+                args.dst,
+                load_tokenizer(args.tokenizer),
+                text_field=args.text_field,
+                eos_id=args.eos_id,
+                num_workers=args.workers,
+                progress=not args.no_progress,
+                overwrite=args.overwrite,
+                shard_bytes=args.shard_bytes,
+            )
+        else:
+            report = kuat.convert.convert(
+                args.src,
+                args.dst,
+                format=args.format,
+                image_fields=args.image_field,
+                split=args.split,
+                delimiter=args.delimiter,
+                **options,
+            )
+    except (KuatError, OSError, ValueError, TypeError) as e:  # unreadable input, existing DST...
         print(f"kuat convert: error: {e}", file=sys.stderr)
         return 1
     finally:

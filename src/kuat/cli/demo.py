@@ -50,6 +50,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the data and the loaders")
     p.add_argument("--json", type=Path, default=None, help="also write the results to this file")
+    p.add_argument(
+        "--text",
+        action="store_true",
+        help="the language-model demo instead: tokenize, pack, train a small transformer",
+    )
+    p.add_argument("--seq-len", type=int, default=512, help="(--text) packed row length")
     return p
 
 
@@ -260,6 +266,10 @@ def _table(rows: list[list[str]]) -> str:
 
 
 def run(args) -> int:
+    if args.text:
+        from kuat.cli.demo_text import run_text
+
+        return run_text(args)
     import kuat.convert
     from kuat.cli.demo_data import SOURCES, build_demo_imagefolder, default_cache_dir
 

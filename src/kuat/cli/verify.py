@@ -1,4 +1,6 @@
-"""kuat verify PATH: re-check every shard's checksum, size, schema and row count.
+"""kuat verify PATH: re-check every shard's checksum, size, schema and row count; with
+--images also every image header (and completeness), with --decode a full decode of every
+image (finds truncated or corrupt images stored by an older convert).
 
 Exit status 0 when all shards are intact, 1 otherwise (each bad shard is named).
 """
@@ -22,6 +24,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         action="store_true",
         help="also probe every image header against its stored width/height/codec",
     )
+    p.add_argument(
+        "--decode",
+        action="store_true",
+        help="also fully decode every image (slow; finds truncated or corrupt images)",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
 
@@ -36,7 +43,12 @@ def run(args) -> int:
 
         bar = tqdm(total=total, desc="verify", unit="shard")
     try:
-        report = verify(args.path, images=args.images, on_shard=lambda k, p: bar and bar.update())
+        report = verify(
+            args.path,
+            images=args.images,
+            decode=args.decode,
+            on_shard=lambda k, p: bar and bar.update(),
+        )
     finally:
         if bar is not None:
             bar.close()

@@ -14,6 +14,7 @@ from kuat.convert.hf import from_hf
 from kuat.convert.imagefolder import from_imagefolder
 from kuat.convert.npy import from_numpy
 from kuat.convert.tabular import from_csv, from_jsonl, from_parquet
+from kuat.convert.text import from_text
 from kuat.convert.webdataset import from_webdataset
 
 __all__ = [
@@ -28,5 +29,6 @@ __all__ = [
     "from_jsonl",
     "from_numpy",
     "from_parquet",
+    "from_text",
     "from_webdataset",
 ]

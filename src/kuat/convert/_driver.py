@@ -10,21 +10,22 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from kuat.errors import DecodeError, KuatError
-from kuat.format import Schema, Writer
 from kuat.format.schema import EncodedImage
 
 __all__ = [
     "ENGINES",
     "ConvertOptions",
     "ConvertReport",
+    "converting",
     "parallel_map",
-    "write_dataset",
     "prepare_image",
     "ON_ERROR",
     "Progress",
@@ -42,25 +43,32 @@ class ConvertOptions:
 
     Attributes:
         num_workers: threads preparing samples (``None``: one per CPU core).
-        progress: show a tqdm progress bar (only when stderr is a terminal).
+        progress: show a tqdm progress bar when stderr is a terminal; otherwise (a log file,
+            a batch job) log a progress line on the ``kuat.convert`` logger (INFO) every
+            ``progress_interval_s`` seconds.
+        progress_interval_s: seconds between progress lines when stderr is not a terminal
+            (default 30: a readable log for hour-long jobs).
         on_error: ``"raise"`` stops at the first unreadable image, naming its path;
             ``"skip"`` leaves it out, logs every skipped path and the count at the end.
         resize_shorter: re-encode images whose shorter side exceeds this many pixels,
             resized (Pillow, antialiased) so the shorter side is exactly this; ``None`` keeps
             the original bytes (default). Images already small enough keep their bytes.
         quality: JPEG quality (1-100) of re-encoded images.
-        decode_check: fully decode every kept image to catch truncated files (slower); by
-            default only the header is read.
+        decode_check: fully decode every kept image to catch any corruption (slower). Without
+            it every image is still checked for completeness (a JPEG's end-of-image marker after
+            its scan, a PNG's IEND chunk), which catches truncated files.
         shard_bytes: target shard size in bytes (see ``kuat.Writer``).
         overwrite: replace an existing dataset at the destination.
         engine: ``"local"`` (default): this machine's threads; ``"ray"``: Ray Data tasks on
             the Ray cluster ``ray.init()`` finds (see ``kuat.convert._ray``; ``kuat[ray]``).
-        rows_per_task: (``engine="ray"``) items one task converts and writes; 1000 ImageNet
-            JPEGs (~110 KB each) make about one 128 MiB shard per task.
+        rows_per_task: (``engine="ray"``, ImageFolder) images one task converts and writes;
+            1000 ImageNet JPEGs (~110 KB each) make about one 128 MiB shard per task. Tables
+            take one task per input file.
     """
 
     num_workers: int | None = None
     progress: bool = True
+    progress_interval_s: float = 30.0
     on_error: str = "raise"
     resize_shorter: int | None = None
     quality: int = 90
@@ -87,6 +95,10 @@ class ConvertOptions:
             raise ValueError(f"resize_shorter={self.resize_shorter!r} must be a positive int")
         if not isinstance(self.quality, int) or not 1 <= self.quality <= 100:
             raise ValueError(f"quality={self.quality!r} must be an int in [1, 100]")
+        if not isinstance(self.progress_interval_s, (int, float)) or self.progress_interval_s < 0:
+            raise ValueError(
+                f"progress_interval_s={self.progress_interval_s!r} must be a number >= 0"
+            )
 
     @property
     def workers(self) -> int:
@@ -125,12 +137,16 @@ class ConvertReport:
 def prepare_image(data: bytes, source: object, opts: ConvertOptions) -> EncodedImage:
     """Encoded image bytes -> :class:`EncodedImage` as stored (original or re-encoded).
 
+    Every image is checked for completeness (:func:`kuat.vision.probe.check_complete`);
+    ``opts.decode_check`` adds a full decode.
+
     Raises:
-        kuat.DecodeError: the bytes are not a readable image (names ``source``).
+        kuat.DecodeError: the bytes are not a readable image, or truncated (names ``source``).
     """
-    from kuat.vision.probe import probe_image
+    from kuat.vision.probe import check_complete, probe_image
 
     info = probe_image(data, source=source)
+    check_complete(data, info.codec, source=source)
     resize = opts.resize_shorter is not None and min(info.width, info.height) > opts.resize_shorter
     if not resize:
         if opts.decode_check:
@@ -164,20 +180,52 @@ def _resize_encode(data: bytes, source: object, shorter: int, quality: int) -> E
 
 
 class Progress:
-    def __init__(self, total: int | None, desc: str, enabled: bool):
+    """Progress of one conversion: a tqdm bar when stderr is a terminal, else a line on the
+    ``kuat.convert`` logger (INFO) every ``interval_s`` seconds and one at the end, so that a
+    job whose stderr goes to a file shows it is alive, how far it is and how fast it goes.
+    Not thread-safe (the driver's consumer thread updates it)."""
+
+    def __init__(self, total: int | None, desc: str, enabled: bool, interval_s: float = 30.0):
         self.bar = None
-        if enabled and sys.stderr.isatty():
+        self.total, self.desc, self.interval_s = total, desc, interval_s
+        self.count = 0
+        self.logging = enabled and not sys.stderr.isatty()
+        self.t0 = self.last = time.monotonic()
+        if enabled and not self.logging:
             from tqdm import tqdm
 
             self.bar = tqdm(total=total, desc=desc, unit="sample", dynamic_ncols=True)
 
+    def _line(self, now: float, what: str) -> None:
+        elapsed = now - self.t0
+        rate = self.count / elapsed if elapsed > 0 else 0.0
+        of = f"/{self.total} ({100 * self.count / self.total:.0f}%)" if self.total else ""
+        log.info(
+            "%s: %s %d%s samples in %.0f s, %.0f samples/s",
+            self.desc,
+            what,
+            self.count,
+            of,
+            elapsed,
+            rate,
+        )
+
     def update(self, n: int = 1) -> None:
+        self.count += n
         if self.bar is not None:
             self.bar.update(n)
+        elif self.logging:
+            now = time.monotonic()
+            if now - self.last >= self.interval_s:
+                self.last = now
+                self._line(now, "at")
 
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
+        elif self.logging and self.count:
+            self._line(time.monotonic(), "done,")
+        self.logging = False
 
 
 def parallel_map(
@@ -197,7 +245,7 @@ def parallel_map(
     in ``report.skipped`` with ``source_of(item)``) or re-raised (``"raise"``). Other
     exceptions are bugs and always propagate.
     """
-    progress = Progress(total, desc, opts.progress)
+    progress = Progress(total, desc, opts.progress, opts.progress_interval_s)
     window = 4 * opts.workers
     pending: deque[tuple[object, Future]] = deque()
     it = iter(items)
@@ -238,6 +286,33 @@ def parallel_map(
         progress.close()
 
 
+@contextmanager
+def converting(dst, schema, opts: ConvertOptions, metadata: dict | None = None):
+    """The ending every converter shares: ``with converting(dst, schema, opts, metadata) as
+    (writer, report): ...`` opens the :class:`kuat.Writer` (``opts.overwrite``,
+    ``opts.shard_bytes``), and on success fills ``report.rows`` and ``report.seconds`` and logs
+    the skipped samples. The dataset is committed only if the block raises nothing.
+
+    Raises:
+        ValueError: ``opts.engine`` is not ``"local"``: a converter that reaches this block
+            has no other engine (those that do call ``kuat.convert._ray`` instead).
+    """
+    from kuat.format import Writer
+
+    if opts.engine != "local":
+        raise ValueError(
+            f"engine={opts.engine!r}: this converter runs locally only (engine='ray' "
+            "converts ImageFolder, Parquet, JSON Lines and CSV)"
+        )
+    t0 = time.perf_counter()
+    report = ConvertReport(str(dst))
+    with Writer(dst, schema, metadata=metadata, **opts.writer_kwargs()) as w:
+        yield w, report
+        report.rows = w.num_rows
+    report.seconds = time.perf_counter() - t0
+    log_skipped(report)
+
+
 def log_skipped(report: ConvertReport) -> None:
     if report.skipped:
         log.warning(
@@ -245,40 +320,3 @@ def log_skipped(report: ConvertReport) -> None:
             len(report.skipped),
             ", ".join(str(s) for s, _ in report.skipped),
         )
-
-
-def write_dataset(
-    dst,
-    schema: Schema,
-    metadata: dict,
-    fn: Callable,
-    items: Iterable,
-    opts: ConvertOptions,
-    *,
-    report: ConvertReport,
-    total: int | None = None,
-    desc: str = "convert",
-    source_of: Callable = str,
-) -> None:
-    """Write ``fn(item)`` for every item, in item order, as the kuat dataset ``dst``.
-
-    The one place the engine is chosen: ``opts.engine="local"`` runs :func:`parallel_map`
-    into one :class:`kuat.Writer`; ``"ray"`` runs the same ``fn`` in Ray Data tasks that
-    write whole shards, which the driver then moves into ``dst`` (``kuat.convert._ray``).
-    Either way ``report.rows`` and ``report.skipped`` are filled in, the manifest is
-    written last, and an error leaves no dataset at ``dst``.
-
-    Raises:
-        whatever :func:`parallel_map` and :class:`kuat.Writer` raise.
-    """
-    if opts.engine == "ray":
-        from kuat.convert._ray import write_on_ray
-
-        write_on_ray(dst, schema, metadata, fn, items, opts, report=report, source_of=source_of)
-        return
-    with Writer(dst, schema, metadata=metadata, **opts.writer_kwargs()) as w:
-        for row in parallel_map(
-            fn, items, opts, total=total, desc=desc, source_of=source_of, report=report
-        ):
-            w.write(row)
-        report.rows = w.num_rows

@@ -1,15 +1,16 @@
 """The Ray engine of the converters (``engine="ray"``, ``kuat convert --engine ray``).
 
-The only kuat module that imports Ray (``pip install kuat[ray]``). The converter's listing
-(files, rows, labels) runs on the driver as in the local engine; from there:
+The only kuat module that imports Ray (``pip install kuat[ray]``). The converter plans on
+the driver as in the local engine (lists the files, infers the schema) and cuts the input
+into *parts* (ImageFolder: ``rows_per_task`` consecutive images; tables: one input file);
+then:
 
-1. the items are cut into *parts* of ``rows_per_task`` consecutive items;
-2. one Ray Data task per part runs the converter's own per-item function (read, probe,
-   re-encode) and writes the part's rows with a :class:`kuat.Writer` into its own directory
-   under a staging folder next to the destination (``.<dst name>.kuat-ray/part-NNNNN``):
-   whole shards, the same ``--on-error`` policy, a part manifest listing them;
-3. the driver, once every part exists, moves each part's shards into the destination by
-   rename (:meth:`kuat.Writer.add_shard`, in item order: the rows come out in the local
+1. one Ray Data task per part runs the converter's own code for that part (``write_part``:
+   read, probe, re-encode, the same ``--on-error`` policy) into a :class:`kuat.Writer` of its
+   own directory under a staging folder next to the destination
+   (``.<dst name>.kuat-ray/part-NNNNN``): whole shards and a part manifest listing them;
+2. the driver, once every part exists, moves each part's shards into the destination by
+   rename (:meth:`kuat.Writer.add_shard`, in part order: the rows come out in the local
    engine's order) and writes the manifest last: O(number of shards), no shard byte is read
    or rewritten.
 
@@ -36,16 +37,16 @@ import pickle
 import shutil
 import time
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from kuat.convert._driver import ConvertOptions, ConvertReport, parallel_map
+from kuat.convert._driver import ConvertOptions, ConvertReport, log_skipped
 from kuat.errors import FormatError, KuatError
 from kuat.format import Schema, Writer
 from kuat.format.manifest import read_manifest
 
-__all__ = ["write_on_ray", "staging_dir", "TASK_RETRIES"]
+__all__ = ["convert_on_ray", "staging_dir", "TASK_RETRIES"]
 
 log = logging.getLogger("kuat.convert.ray")
 
@@ -73,28 +74,26 @@ def _part_name(k: int) -> str:
 def _write_part(
     batch: dict,
     *,
-    fn: Callable,
-    source_of: Callable,
+    write_part: Callable,
     schema: Schema,
     opts: ConvertOptions,
     staging: str,
 ) -> dict:
-    """Ray Data task body: one part (a batch of one row ``{"part", "items"}``) -> its
+    """Ray Data task body: one part (a batch of one row ``{"part", "payload"}``) -> its
     directory of shards plus a part manifest. Returns ``{"part", "dir", "skipped", "error"}``
     (``error``: the pickled ``KuatError`` of an unreadable sample with ``on_error="raise"``)."""
     (k,) = batch["part"]
     if (Path(staging) / _ABORTED).exists():
         return {"part": [int(k)], "dir": [""], "skipped": [b""], "error": [b""]}
-    (payload,) = batch["items"]
-    items = pickle.loads(payload)
+    (payload,) = batch["payload"]
+    part = pickle.loads(payload)
     part_dir = Path(staging) / _part_name(int(k))
     report = ConvertReport(str(part_dir))
     kw = opts.writer_kwargs()
     kw["overwrite"] = True  # a retried task finds its previous attempt's files here
     try:
         with Writer(part_dir, schema, **kw) as w:
-            for row in parallel_map(fn, items, opts, source_of=source_of, report=report):
-                w.write(row)
+            write_part(w, part, opts, report)
     except KuatError as e:
         # a sample error (on_error="raise"): deterministic, so not for Ray to retry; returned
         # as data because Ray Data hands the driver only the message of what a task raises
@@ -114,34 +113,39 @@ def _pickle_error(e: KuatError) -> bytes:
         return pickle.dumps(KuatError(f"{type(e).__name__}: {e}"))
 
 
-def write_on_ray(
+def convert_on_ray(
     dst: str | os.PathLike,
     schema: Schema,
     metadata: dict,
-    fn: Callable,
-    items: Iterable,
     opts: ConvertOptions,
-    *,
-    report: ConvertReport,
-    source_of: Callable = str,
-) -> None:
-    """Write ``fn(item)`` for every item as the dataset ``dst``, the work done by Ray tasks.
+    parts: Sequence,
+    write_part: Callable[[Writer, object, ConvertOptions, ConvertReport], None],
+) -> ConvertReport:
+    """Convert ``parts`` into the dataset ``dst``, one Ray Data task per part.
 
-    The Ray counterpart of the local engine's ``Writer`` + :func:`parallel_map` loop (see the
-    module docstring). Connects to the running Ray instance, or to the cluster ``ray.init()``
-    finds (``RAY_ADDRESS``), or starts a local one (shut down again at the end).
+    The Ray counterpart of a converter's ``with converting(...) as (w, report)`` block (see
+    the module docstring). Connects to the running Ray instance, or to the cluster
+    ``ray.init()`` finds (``RAY_ADDRESS``), or starts a local one (shut down at the end).
 
     Args:
-        fn: item -> row dict; runs in the tasks, so it must pickle (closures do, with
-            cloudpickle). Raises ``KuatError``/``OSError`` for an unreadable sample.
-        items: picklable work items (paths, labels, small rows), listed on the driver.
-        opts: the conversion options; ``rows_per_task`` items per task, one CPU per task
-            (``num_workers`` is the local engine's and is not used here).
-        report: filled in: ``rows`` and ``skipped`` (in item order).
+        schema, metadata: the dataset's, as the local engine would write them.
+        opts: the conversion options; each task gets them with ``num_workers=1`` (Ray
+            gives each task one CPU) and no progress bar (Ray Data shows its own).
+        parts: picklable descriptions of the work (lists of files, a file path), in the
+            order their rows go into the dataset.
+        write_part: ``write_part(writer, part, task_opts, report)`` writes every row of one
+            part with the task's options and records skipped samples in ``report.skipped``;
+            runs in the tasks, so it must pickle (closures do, with cloudpickle).
+
+    Returns:
+        the :class:`kuat.convert.ConvertReport`: rows, skipped samples (in input order),
+        seconds.
 
     Raises:
-        kuat.DecodeError: an unreadable sample with ``on_error="raise"`` (as locally).
+        kuat.DecodeError, kuat.SchemaError: an unreadable sample with ``on_error="raise"``,
+            the first in input order (as locally).
         FileExistsError: ``dst`` is a dataset and ``overwrite`` is False, or is being written.
+        ImportError: Ray Data is not installed.
         ray.exceptions.RayError: a task failed for another reason after its retries.
     """
     try:
@@ -150,11 +154,8 @@ def write_on_ray(
     except ImportError as e:
         raise ImportError("engine='ray' needs Ray Data: pip install 'kuat[ray]'") from e
 
-    items = list(items)
-    parts = [
-        {"part": k, "items": pickle.dumps(items[i : i + opts.rows_per_task])}
-        for k, i in enumerate(range(0, len(items), opts.rows_per_task))
-    ]
+    payloads = [{"part": k, "payload": pickle.dumps(p)} for k, p in enumerate(parts)]
+    report = ConvertReport(str(dst))
     task_opts = replace(opts, num_workers=1, progress=False)
     t0 = time.perf_counter()
     # The Writer takes dst's lock, refuses or clears what is there, and writes the manifest
@@ -167,7 +168,7 @@ def write_on_ray(
         if started:
             ray.init(log_to_driver=False)
         try:
-            results = _run_parts(ray, parts, fn, source_of, schema, task_opts, staging, opts)
+            results = _run_parts(ray, payloads, write_part, schema, task_opts, staging, opts)
             for r in results:
                 part_dir = Path(r["dir"])
                 try:
@@ -188,7 +189,8 @@ def write_on_ray(
             shutil.rmtree(staging, ignore_errors=True)
             if started:
                 ray.shutdown()
-    seconds = time.perf_counter() - t0
+    seconds = report.seconds = time.perf_counter() - t0
+    log_skipped(report)
     mb = (w.manifest.num_bytes if w.manifest else 0) / 1e6
     log.info(
         "ray: %d rows, %.1f MB in %d parts, %.1f s (%.0f rows/s, %.1f MB/s)",
@@ -199,9 +201,10 @@ def write_on_ray(
         report.rows / seconds if seconds else 0.0,
         mb / seconds if seconds else 0.0,
     )
+    return report
 
 
-def _run_parts(ray, parts, fn, source_of, schema, task_opts, staging, opts) -> list[dict]:
+def _run_parts(ray, parts, write_part, schema, task_opts, staging, opts) -> list[dict]:
     """Run one Ray Data task per part; their results in part order."""
     ctx = ray.data.DataContext.get_current()
     saved = (ctx.enable_progress_bars, ctx.execution_options.preserve_order)
@@ -219,8 +222,7 @@ def _run_parts(ray, parts, fn, source_of, schema, task_opts, staging, opts) -> l
                 batch_format="numpy",
                 num_cpus=1,
                 fn_kwargs={
-                    "fn": fn,
-                    "source_of": source_of,
+                    "write_part": write_part,
                     "schema": schema,
                     "opts": task_opts,
                     "staging": str(staging),

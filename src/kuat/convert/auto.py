@@ -12,7 +12,7 @@ from kuat.convert.imagefolder import IMG_EXTENSIONS
 __all__ = ["FORMATS", "RAY_FORMATS", "detect_format", "convert"]
 
 FORMATS = ("imagefolder", "hf", "parquet", "jsonl", "csv", "numpy", "webdataset")
-# the converters that take engine="ray" (through convert._driver.write_dataset)
+# the converters that take engine="ray" (through kuat.convert._ray.convert_on_ray)
 RAY_FORMATS = ("imagefolder", "parquet", "jsonl", "csv")
 
 _BY_EXT = {
@@ -22,6 +22,8 @@ _BY_EXT = {
     ".ndjson": "jsonl",
     ".json": "jsonl",
     ".csv": "csv",
+    ".tsv": "csv",
+    ".tab": "csv",
     ".npy": "numpy",
     ".npz": "numpy",
     ".tar": "webdataset",
@@ -124,11 +126,13 @@ def convert(
     format: str = "auto",
     image_fields: Sequence[str] = (),
     split: str | None = None,
+    delimiter: str | None = None,
     **options,
 ):
     """Convert ``sources`` into a kuat dataset at ``dst`` with the converter for ``format``
     (``"auto"``: :func:`detect_format`). ``options`` are those of
-    :class:`kuat.convert.ConvertOptions`. Returns the converter's ``ConvertReport``.
+    :class:`kuat.convert.ConvertOptions`; ``delimiter`` is CSV's (see
+    :func:`kuat.convert.from_csv`). Returns the converter's ``ConvertReport``.
 
     Raises:
         ValueError: unknown ``format``, or options the chosen converter does not take
@@ -162,10 +166,14 @@ def convert(
         keep = {
             k: v
             for k, v in options.items()
-            if k in ("progress", "overwrite", "shard_bytes", "num_workers")
+            if k in ("progress", "overwrite", "shard_bytes", "num_workers", "progress_interval_s")
         }
         return c.from_numpy(inputs, dst, **keep)
     if format == "webdataset":
         return c.from_webdataset(inputs, dst, **options)
-    fn = {"parquet": c.from_parquet, "jsonl": c.from_jsonl, "csv": c.from_csv}[format]
+    if format == "csv":
+        return c.from_csv(inputs, dst, image_fields=image_fields, delimiter=delimiter, **options)
+    if delimiter is not None:
+        raise ValueError(f"delimiter={delimiter!r} applies to CSV input, not {format}")
+    fn = {"parquet": c.from_parquet, "jsonl": c.from_jsonl}[format]
     return fn(inputs, dst, image_fields=image_fields, **options)

@@ -10,29 +10,34 @@ Feature mapping (anything else raises ``ValueError`` naming the column):
 ``Value`` int*/uint*/float*/bool           the same scalar type
 ``Value`` string / binary                  ``string`` / ``bytes``
 ``List``/``Sequence`` of numbers, length -1 ``sequence[dtype]``
+``Sequence(ClassLabel(names))`` (NER tags)  ``sequence[int64]`` with ``metadata={"names": names}``
 ``List`` of numbers with fixed lengths     ``tensor[(lengths...), dtype]``
 ``Array2D``...``Array5D``                  ``tensor[shape, dtype]``
+anything else                              as its Arrow type maps
+                                           (:func:`kuat.convert.tabular.arrow_field`), or a
+                                           ``ValueError`` naming the column and what to do
 =========================================  ====================================================
 
-The manifest keeps the full ``datasets`` features (``metadata["hf_features"]``).
+The rows are read as the dataset's underlying Arrow data through its indices mapping (after
+``select``/``shuffle``/``filter``), whatever ``with_format``/``set_format`` presents, and go
+through the same table path as Parquet (:mod:`kuat.convert._table`: the null rule at every
+nesting level, images prepared on the thread pool). The manifest keeps the full ``datasets``
+features (``metadata["hf_features"]``).
 """
 
 from __future__ import annotations
 
 import os
-import time
 
-import numpy as np
-
-from kuat.convert._driver import (
-    ConvertOptions,
-    ConvertReport,
-    log_skipped,
-    parallel_map,
-    prepare_image,
+from kuat.convert._driver import ConvertOptions, ConvertReport, converting
+from kuat.convert._table import (
+    TableBatch,
+    arrow_field,
+    hf_metadata,
+    logical_type,
+    write_batches,
 )
-from kuat.errors import DecodeError
-from kuat.format import Field, FieldType, Schema, Writer
+from kuat.format import Field, FieldType, Schema
 from kuat.format import schema as fs
 
 __all__ = ["from_hf", "hf_field"]
@@ -44,9 +49,10 @@ def hf_field(name: str, feature) -> Field:
     """The kuat :class:`Field` for a ``datasets`` feature (see the module table).
 
     Raises:
-        ValueError: the feature has no kuat equivalent.
+        ValueError: the feature has no kuat equivalent (names the column, says what to do).
     """
     import datasets
+    from datasets.features.features import get_nested_type
 
     kind = type(feature).__name__
     if isinstance(feature, datasets.Image):
@@ -63,7 +69,7 @@ def hf_field(name: str, feature) -> Field:
             return Field(name, fs.string())
         if dtype in ("binary", "large_binary"):
             return Field(name, fs.binary())
-        raise ValueError(f"column {name!r}: Value({dtype!r}) has no kuat field type")
+        # string_view, null, timestamps...: as their Arrow type maps (or a clear refusal)
     if kind.startswith("Array") and kind[5:6].isdigit():
         return Field(name, fs.tensor(tuple(feature.shape), feature.dtype))
     lists = (datasets.List, datasets.LargeList) if hasattr(datasets, "List") else ()
@@ -78,7 +84,11 @@ def hf_field(name: str, feature) -> Field:
                 return Field(name, fs.sequence(inner.dtype))
             if all(n > 0 for n in lengths):
                 return Field(name, fs.tensor(tuple(lengths), inner.dtype))
-    raise ValueError(f"column {name!r}: feature {feature!r} has no kuat field type")
+    md, _ = hf_metadata(datasets.Features({name: feature}).to_dict()[name])
+    try:
+        return arrow_field(name, get_nested_type(feature), metadata=md)
+    except ValueError as e:
+        raise ValueError(f"{e} (datasets feature {feature!r})") from e
 
 
 def _load(src, split: str | None):
@@ -108,15 +118,8 @@ def from_hf(
     dst: str | os.PathLike,
     *,
     split: str | None = None,
-    num_workers: int | None = None,
-    progress: bool = True,
-    overwrite: bool = False,
-    on_error: str = "raise",
-    resize_shorter: int | None = None,
-    quality: int = 90,
-    decode_check: bool = False,
-    shard_bytes: int | None = None,
     batch_size: int = 256,
+    **options,
 ) -> ConvertReport:
     """Convert a Hugging Face ``datasets.Dataset`` into a kuat dataset at ``dst``.
 
@@ -125,8 +128,9 @@ def from_hf(
             written by ``save_to_disk``.
         split: the split of a ``DatasetDict`` (needed when it has several).
         batch_size: rows read from the source per Arrow slice.
-        num_workers, progress, overwrite, on_error, resize_shorter, quality, decode_check,
-            shard_bytes: see :class:`kuat.convert.ConvertOptions`.
+        options: ``num_workers``, ``progress``, ``progress_interval_s``, ``overwrite``,
+            ``on_error``, ``resize_shorter``, ``quality``, ``decode_check``,
+            ``shard_bytes``: see :class:`kuat.convert.ConvertOptions`.
 
     Rows keep their order (after any ``select``/``shuffle`` on the source).
 
@@ -134,86 +138,31 @@ def from_hf(
         ValueError: a feature has no kuat equivalent (names the column).
         kuat.DecodeError: an image is unreadable and ``on_error="raise"`` (names the row).
     """
-    import datasets
-
-    opts = ConvertOptions(
-        num_workers=num_workers,
-        progress=progress,
-        on_error=on_error,
-        resize_shorter=resize_shorter,
-        quality=quality,
-        decode_check=decode_check,
-        shard_bytes=shard_bytes,
-        overwrite=overwrite,
-    )
-    t0 = time.perf_counter()
+    opts = ConvertOptions(**options)
     ds = _load(src, split)
     features = ds.features
-    fields = [hf_field(name, feat) for name, feat in features.items()]
-    schema = Schema(fields)
-    image_names = [f.name for f in fields if f.type.kind == "image"]
-    for name in image_names:
-        ds = ds.cast_column(name, datasets.Image(decode=False))
-    tensor_names = [f.name for f in fields if f.type.kind == "tensor"]
-    seq_names = [f.name for f in fields if f.type.kind == "sequence"]
+    arrow_schema = features.arrow_schema
+    fields = [
+        (hf_field(name, feat), logical_type(arrow_schema.field(name).type))
+        for name, feat in features.items()
+    ]
     metadata = {
         "source": "huggingface",
         "hf_features": features.to_dict(),
         "hf_fingerprint": getattr(ds, "_fingerprint", None),
     }
-    report = ConvertReport(str(dst))
     base = os.fspath(src) if isinstance(src, (str, os.PathLike)) else None
+    where = base or "the dataset"
+    # the Arrow data itself, through the indices mapping: no torch/numpy presentation
+    table_view = ds.with_format("arrow")
 
-    def rows():
-        i = 0
-        for batch in ds.iter(batch_size=batch_size):
-            n = len(next(iter(batch.values())))
-            for j in range(n):
-                yield i, {name: batch[name][j] for name in schema.names}
-                i += 1
+    def batches():
+        row = 0
+        for table in table_view.iter(batch_size=batch_size):
+            for batch in table.to_batches():
+                yield TableBatch(batch, where, row, base)
+                row += batch.num_rows
 
-    def prepare(item):
-        i, row = item
-        for name in image_names:
-            value = row[name]
-            where = f"row {i} field {name!r}"
-            if not isinstance(value, dict):
-                raise DecodeError(
-                    f"{where}: expected an image, got {type(value).__name__}", index=i
-                )
-            data = value.get("bytes")
-            if data is None and value.get("path"):
-                path = value["path"]
-                if base is not None and not os.path.isabs(path):
-                    path = (
-                        os.path.join(base, path)
-                        if os.path.exists(os.path.join(base, path))
-                        else path
-                    )
-                with open(path, "rb") as f:
-                    data = f.read()
-                where = path
-            if data is None:
-                raise DecodeError(f"{where}: the image has neither bytes nor a path", index=i)
-            row[name] = prepare_image(data, where, opts)
-        for name in tensor_names:
-            row[name] = np.asarray(row[name], dtype=schema[name].type.np_dtype)
-        for name in seq_names:
-            row[name] = np.asarray(row[name], dtype=schema[name].type.np_dtype)
-        return row
-
-    with Writer(dst, schema, metadata=metadata, **opts.writer_kwargs()) as w:
-        for row in parallel_map(
-            prepare,
-            rows(),
-            opts,
-            total=len(ds),
-            desc="convert hf",
-            source_of=lambda item: f"row {item[0]}",
-            report=report,
-        ):
-            w.write(row)
-        report.rows = w.num_rows
-    report.seconds = time.perf_counter() - t0
-    log_skipped(report)
+    with converting(dst, Schema([f for f, _ in fields]), opts, metadata) as (w, report):
+        write_batches(w, fields, batches(), opts, report, total=len(ds), desc="convert hf")
     return report

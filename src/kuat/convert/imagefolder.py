@@ -9,15 +9,14 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 from pathlib import Path
 
 from kuat.convert._driver import (
     ConvertOptions,
     ConvertReport,
-    log_skipped,
+    converting,
+    parallel_map,
     prepare_image,
-    write_dataset,
 )
 from kuat.format import Field, Schema, image, int64, string
 
@@ -59,17 +58,8 @@ def from_imagefolder(
     src: str | os.PathLike,
     dst: str | os.PathLike,
     *,
-    num_workers: int | None = None,
-    progress: bool = True,
-    overwrite: bool = False,
-    on_error: str = "raise",
-    resize_shorter: int | None = None,
-    quality: int = 90,
-    decode_check: bool = False,
-    shard_bytes: int | None = None,
     include_path: bool = False,
-    engine: str = "local",
-    rows_per_task: int = 1000,
+    **options,
 ) -> ConvertReport:
     """Convert an ImageFolder tree into a kuat dataset at ``dst``.
 
@@ -79,12 +69,12 @@ def from_imagefolder(
     metadata holds ``names``.
 
     Args:
-        num_workers: threads reading and probing images (default: one per core).
-        progress: show a progress bar when stderr is a terminal.
-        on_error: ``"raise"`` (default; the error names the file) or ``"skip"``.
-        resize_shorter, quality, decode_check, shard_bytes, overwrite, engine,
-            rows_per_task: see :class:`kuat.convert.ConvertOptions` (``engine="ray"``
-            converts on a Ray cluster, same rows in the same order).
+        options: ``num_workers`` (threads reading and probing images; default one per core),
+            ``progress``, ``progress_interval_s``, ``on_error`` (``"raise"``, default: the
+            error names the file; or ``"skip"``), ``resize_shorter``, ``quality``,
+            ``decode_check``, ``shard_bytes``, ``overwrite``, ``engine`` (``"ray"``: on a
+            Ray cluster, the same rows in the same order), ``rows_per_task``: see
+            :class:`kuat.convert.ConvertOptions`.
 
     Returns:
         a :class:`kuat.convert.ConvertReport` (rows written, skipped files, seconds).
@@ -95,19 +85,7 @@ def from_imagefolder(
         FileExistsError: ``dst`` is a dataset and ``overwrite`` is False.
         kuat.DecodeError: an image is unreadable and ``on_error="raise"``.
     """
-    opts = ConvertOptions(
-        num_workers=num_workers,
-        progress=progress,
-        on_error=on_error,
-        resize_shorter=resize_shorter,
-        quality=quality,
-        decode_check=decode_check,
-        shard_bytes=shard_bytes,
-        overwrite=overwrite,
-        engine=engine,
-        rows_per_task=rows_per_task,
-    )
-    t0 = time.perf_counter()
+    opts = ConvertOptions(**options)
     src = Path(src)
     if Path(dst).resolve().is_relative_to(src.resolve()):
         raise ValueError(f"dst={str(dst)!r} is inside the ImageFolder src={str(src)!r}")
@@ -134,7 +112,6 @@ def from_imagefolder(
         "classes": classes,
         "class_to_idx": {c: i for i, c in enumerate(classes)},
     }
-    report = ConvertReport(str(dst))
 
     def load(item: tuple[str, int]) -> dict:
         path, label = item
@@ -145,18 +122,28 @@ def from_imagefolder(
             row["path"] = os.path.relpath(path, src)
         return row
 
-    write_dataset(
-        dst,
-        Schema(fields),
-        metadata,
-        load,
-        samples,
-        opts,
-        report=report,
-        total=len(samples),
-        desc=f"convert {src.name}",
-        source_of=lambda item: item[0],
-    )
-    report.seconds = time.perf_counter() - t0
-    log_skipped(report)
+    if opts.engine == "ray":
+        from kuat.convert._ray import convert_on_ray
+
+        def write_part(w, part: list, part_opts: ConvertOptions, report: ConvertReport) -> None:
+            for row in parallel_map(
+                load, part, part_opts, source_of=lambda item: item[0], report=report
+            ):
+                w.write(row)
+
+        n = opts.rows_per_task
+        parts = [samples[i : i + n] for i in range(0, len(samples), n)]
+        return convert_on_ray(dst, Schema(fields), metadata, opts, parts, write_part)
+
+    with converting(dst, Schema(fields), opts, metadata) as (w, report):
+        for row in parallel_map(
+            load,
+            samples,
+            opts,
+            total=len(samples),
+            desc=f"convert {src.name}",
+            source_of=lambda item: item[0],
+            report=report,
+        ):
+            w.write(row)
     return report

@@ -9,15 +9,14 @@ arrays larger than memory convert.
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from kuat.convert._driver import ConvertOptions, ConvertReport, Progress
+from kuat.convert._driver import ConvertOptions, ConvertReport, Progress, converting
 from kuat.convert.tabular import expand_paths
 from kuat.errors import FormatError
-from kuat.format import DEFAULT_SHARD_BYTES, Field, Schema, Writer
+from kuat.format import DEFAULT_SHARD_BYTES, Field, Schema
 from kuat.format import schema as fs
 
 __all__ = ["from_numpy"]
@@ -82,6 +81,7 @@ def from_numpy(
     overwrite: bool = False,
     shard_bytes: int | None = None,
     num_workers: int | None = None,
+    progress_interval_s: float = 30.0,
 ) -> ConvertReport:
     """Convert NumPy arrays into a kuat dataset at ``dst``.
 
@@ -89,7 +89,8 @@ def from_numpy(
         src: ``.npy``/``.npz`` path(s) or glob (field name: the file stem, or the ``.npz``
             member name), a mapping ``{field: array or .npy path}``, or one array (field
             ``"data"``).
-        progress, overwrite, shard_bytes: see :class:`kuat.convert.ConvertOptions`.
+        progress, progress_interval_s, overwrite, shard_bytes: see
+            :class:`kuat.convert.ConvertOptions`.
         num_workers: accepted for a uniform signature; copying slices needs no threads.
 
     Raises:
@@ -97,9 +98,12 @@ def from_numpy(
         kuat.FormatError: a file that is not a .npy/.npz (names it).
     """
     opts = ConvertOptions(
-        num_workers=num_workers, progress=progress, shard_bytes=shard_bytes, overwrite=overwrite
+        num_workers=num_workers,
+        progress=progress,
+        progress_interval_s=progress_interval_s,
+        shard_bytes=shard_bytes,
+        overwrite=overwrite,
     )
-    t0 = time.perf_counter()
     arrays = _arrays(src)
     fields = [_field(name, arr) for name, arr in arrays.items()]
     lengths = {name: len(arr) for name, arr in arrays.items()}
@@ -108,17 +112,14 @@ def from_numpy(
         raise ValueError(f"arrays have different lengths (first axis): {lengths}")
     row_bytes = sum(a.dtype.itemsize * int(np.prod(a.shape[1:])) for a in arrays.values()) or 1
     step = max(1, (opts.shard_bytes or DEFAULT_SHARD_BYTES) // row_bytes // 4)
-    report = ConvertReport(str(dst))
-    bar = Progress(n, "convert numpy", opts.progress)
+    bar = Progress(n, "convert numpy", opts.progress, opts.progress_interval_s)
     try:
-        with Writer(dst, Schema(fields), metadata={"source": "numpy"}, **opts.writer_kwargs()) as w:
+        with converting(dst, Schema(fields), opts, {"source": "numpy"}) as (w, report):
             for start in range(0, n, step):
                 w.write_batch(
                     {name: np.asarray(a[start : start + step]) for name, a in arrays.items()}
                 )
                 bar.update(min(step, n - start))
-            report.rows = w.num_rows
     finally:
         bar.close()
-    report.seconds = time.perf_counter() - t0
     return report

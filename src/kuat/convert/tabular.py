@@ -1,38 +1,58 @@
-"""Parquet, JSON Lines and CSV files -> kuat dataset, read with pyarrow in record batches.
+"""Parquet, JSON (Lines or arrays) and CSV/TSV files -> kuat dataset, read with pyarrow.
 
-Column types map from Arrow (anything else raises ``ValueError`` naming the column):
-integers/floats -> the same scalar type, bool -> bool, (large) string -> string, (large)
-binary -> bytes, list of numbers -> sequence, fixed-size list(s) of numbers -> tensor, and
-``struct<bytes, path>`` (how Hugging Face exports ``Image``) -> image. Columns named in
-``image_fields`` become images: binary columns hold encoded bytes, string columns hold file
-paths (relative paths resolve against the directory of the file that names them).
+Column types are inferred over the **whole input** (every block of every file; see
+:mod:`kuat.convert._table`): an integer column that holds ``2.5`` at row 150,000 becomes
+float64, a column that is null in one file takes its type from the others, and a real
+conflict (a string in a number column) is a ``SchemaError`` naming the column, file and row.
+Types then map to kuat fields (:func:`arrow_field`): integers/floats -> the same scalar type,
+bool -> bool, strings (also ``large_string``, ``string_view`` and dictionary-encoded columns
+such as pandas ``Categorical``, whose categories go to the field's ``metadata["categories"]``)
+-> string, binary -> bytes, lists of numbers -> sequence, fixed-size lists -> tensor,
+``struct<bytes, path>`` (Hugging Face ``Image``) -> image. Columns named in ``image_fields``
+become images: binary columns hold encoded bytes, string columns file paths (relative paths
+resolve against the directory of the file that names them).
+
+A Parquet file written by ``datasets`` keeps its features in the schema's ``huggingface``
+metadata: ``ClassLabel`` names (also inside ``Sequence``) go to the field's
+``metadata["names"]``, ``Image`` columns become images, and the manifest keeps the features
+(``metadata["hf_features"]``), as ``datasets.load_dataset("parquet")`` restores them.
+
+Reading: any valid file reads, whatever its record sizes. JSON Lines is parsed in blocks of
+whole lines (a record longer than a block extends its block); a ``.json`` file whose first
+character is ``[`` is a JSON array of records (what ``datasets.load_dataset("json")`` reads);
+CSV blocks grow until the longest record fits, quoted values may hold newlines, and a CSV
+file whose types change after its first block is read whole once to infer them. Types come
+first (a Parquet file's from its schema; JSON and CSV files are parsed, and the parsed
+batches are kept for the conversion up to 256 MiB, beyond which they are parsed again).
 
 Several files (a list, or a glob such as ``"data/*.parquet"``) are read in sorted order and
-must share the first file's columns; their types are cast to the first file's.
-Nulls are refused with a ``SchemaError`` naming the column, file and row.
+must have the same columns (JSON records may omit keys: a missing key is a null).
+Nulls, top-level or inside lists, follow kuat's null rule: a ``SchemaError`` naming the
+column, file and row, or the row is skipped with ``on_error="skip"``.
 """
 
 from __future__ import annotations
 
+import copy
 import glob
+import io
+import json
 import os
-import time
 from collections.abc import Iterator, Sequence
 
-import numpy as np
 import pyarrow as pa
 
-from kuat.convert._driver import (
-    ConvertOptions,
-    ConvertReport,
-    log_skipped,
-    prepare_image,
-    write_dataset,
+from kuat.convert._driver import ConvertOptions, ConvertReport, converting
+from kuat.convert._table import (
+    TableBatch,
+    TypeUnifier,
+    arrow_field,
+    hf_features_of,
+    hf_metadata,
+    write_batches,
 )
 from kuat.errors import FormatError, SchemaError
-from kuat.format import Field, FieldType, Schema, Writer
-from kuat.format import schema as fs
-from kuat.format.arrow_views import values_view
+from kuat.format import Schema
 
 __all__ = ["from_parquet", "from_jsonl", "from_csv", "arrow_field", "expand_paths"]
 
@@ -62,112 +82,289 @@ def expand_paths(paths: str | os.PathLike | Sequence) -> list[str]:
     return out
 
 
-def _numeric_name(t: pa.DataType) -> str | None:
-    if pa.types.is_integer(t) or pa.types.is_floating(t):
-        return np.dtype(t.to_pandas_dtype()).name
-    return None
+_JSON_BLOCK = 1 << 20  # bytes of whole lines per JSON Lines parse; a longer line extends it
+_CSV_BLOCK = 1 << 20  # pyarrow's CSV block; doubled until the longest record fits
+# JSON/CSV batches parsed by the first pass are kept for the second up to this many bytes of
+# Arrow data (parsing is most of the cost); larger inputs are parsed again
+_KEEP_BYTES = 256 << 20
 
 
-def _is_image_struct(t: pa.DataType) -> bool:
-    return pa.types.is_struct(t) and t.get_field_index("bytes") >= 0
-
-
-def arrow_field(name: str, t: pa.DataType, image: bool = False) -> Field:
-    """The kuat :class:`Field` for an Arrow column type (see the module docstring).
+def _json_kind(path: str) -> str:
+    """``"array"`` when the first non-blank character is ``[``, ``"lines"`` when it is ``{``.
 
     Raises:
-        ValueError: the type has no kuat equivalent.
+        kuat.FormatError: neither (names the file and what it starts with).
     """
-    if image or _is_image_struct(t):
-        if (
-            pa.types.is_binary(t)
-            or pa.types.is_large_binary(t)
-            or pa.types.is_string(t)
-            or pa.types.is_large_string(t)
-            or _is_image_struct(t)
-        ):
-            return Field(name, fs.image())
-        raise ValueError(f"column {name!r} of type {t} cannot hold images (bytes or paths)")
-    num = _numeric_name(t)
-    if num is not None:
-        return Field(name, FieldType("scalar", num))
-    if pa.types.is_boolean(t):
-        return Field(name, fs.bool_())
-    if pa.types.is_string(t) or pa.types.is_large_string(t):
-        return Field(name, fs.string())
-    if pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t):
-        return Field(name, fs.binary())
-    if pa.types.is_list(t) or pa.types.is_large_list(t):
-        inner = _numeric_name(t.value_type)
-        if inner is not None:
-            return Field(name, fs.sequence(inner))
-    if pa.types.is_fixed_size_list(t):
-        shape, inner = [], t
-        while pa.types.is_fixed_size_list(inner):
-            shape.append(inner.list_size)
-            inner = inner.value_type
-        num = _numeric_name(inner)
-        if num is not None and all(n > 0 for n in shape):
-            return Field(name, fs.tensor(tuple(shape), num))
-    raise ValueError(f"column {name!r} has Arrow type {t}, which has no kuat field type")
+    with open(path, "rb") as f:
+        head = f.read(4096).lstrip(b"\xef\xbb\xbf \t\r\n")
+        while not head:
+            more = f.read(1 << 16)
+            if not more:
+                break
+            head = more.lstrip(b" \t\r\n")
+    if head[:1] == b"[":
+        return "array"
+    if head[:1] == b"{" or not head:
+        return "lines"
+    raise FormatError(
+        f"{path} is neither JSON Lines (one object per line) nor a JSON array of objects: it "
+        f"starts with {head[:20]!r}",
+        path=path,
+    )
 
 
-def _batches(kind: str, path: str, batch_size: int) -> Iterator[pa.RecordBatch]:
-    """The record batches of one file; a file pyarrow cannot parse raises ``FormatError``."""
-    try:
-        if kind == "parquet":
-            import pyarrow.parquet as pq
-
-            yield from pq.ParquetFile(path).iter_batches(batch_size=batch_size)
-        elif kind == "jsonl":
-            import pyarrow.json as pj
-
-            yield from pj.read_json(path).to_batches(max_chunksize=batch_size)
-        elif kind == "csv":
-            import pyarrow.csv as pc
-
-            yield from pc.open_csv(path)
-        else:
-            raise ValueError(f"unknown tabular kind {kind!r}")
-    except (pa.ArrowException, OSError) as e:  # ArrowInvalid: a parse error
-        raise FormatError(f"{path} is not a readable {kind} file: {e}", path=path) from e
-
-
-def _column(field: Field, arr: pa.Array, path: str, first_row: int, base: str) -> object:
-    """An Arrow column -> the form ``Writer.write_batch`` takes (images: raw values)."""
-    if arr.null_count:
-        row = first_row + int(np.argmax(values_view(arr.is_null())))
-        raise SchemaError(
-            f"column {field.name!r} of {path} has a null at row {row} "
-            f"(kuat fields are not nullable)",
-            field=field.name,
-        )
-    kind = field.type.kind
-    if kind in ("scalar", "bool", "tensor"):
+def _json_array(path: str, batch_size: int) -> Iterator[pa.RecordBatch]:
+    """A file holding one JSON array of objects, as ``datasets.load_dataset("json")`` reads
+    it: types inferred over every record of the array."""
+    with open(path, "rb") as f:
         try:
-            return values_view(arr)  # (N,) or (N, *shape)
-        except ValueError as e:  # nulls inside the lists of a tensor column
-            raise SchemaError(
-                f"column {field.name!r} of {path} (rows {first_row}..): {e} "
-                "(kuat fields are not nullable)",
-                field=field.name,
-            ) from e
-    if kind == "sequence":
-        dt = field.type.np_dtype
-        return [np.asarray(v, dtype=dt) for v in arr.to_pylist()]
-    if kind == "image":
-        values = arr.to_pylist()
-        if pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type):
-            return [("path", os.path.join(base, v)) for v in values]
-        if _is_image_struct(arr.type):
-            return [
-                ("bytes", v["bytes"])
-                if v.get("bytes") is not None
-                else ("path", os.path.join(base, v.get("path") or ""))
-                for v in values
-            ]
-        return [("bytes", v) for v in values]
-    return arr.to_pylist()
+            records = json.load(f)
+        except (ValueError, RecursionError) as e:
+            raise FormatError(f"{path} is not a readable JSON array: {e}", path=path) from e
+    if not isinstance(records, list) or not all(isinstance(r, dict) for r in records):
+        bad = next((i for i, r in enumerate(records) if not isinstance(r, dict)), 0)
+        raise FormatError(
+            f"{path} holds a JSON array, but item {bad} is not an object (a record): kuat reads "
+            "an array of objects, one per row",
+            path=path,
+        )
+    names: dict[str, None] = {}
+    for r in records:
+        names.update(dict.fromkeys(r))
+    for start in range(0, max(len(records), 1), batch_size):
+        part = records[start : start + batch_size]
+        cols = {}
+        for name in names:
+            values = [r.get(name) for r in part]
+            try:
+                cols[name] = pa.array(values)
+            except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
+                kinds = [type(v) for v in values if v is not None]
+                row = next((i for i, v in enumerate(values) if type(v) is not kinds[0]), 0)
+                raise SchemaError(
+                    f"column {name!r} of {path} holds {type(values[row]).__name__} values at "
+                    f"row {start + row}, but {kinds[0].__name__} before: {e}",
+                    field=name,
+                ) from e
+        if part:
+            yield pa.RecordBatch.from_pydict(cols)
+
+
+def _json_lines(path: str, batch_size: int) -> Iterator[pa.RecordBatch]:
+    """JSON Lines in blocks of whole lines, so that no record straddles a pyarrow block."""
+    import pyarrow.json as pj
+
+    row = 0
+    with open(path, "rb") as f:
+        pending = bytearray()  # the start of a line that the last read cut
+        while True:
+            chunk = f.read(_JSON_BLOCK)
+            if chunk:
+                cut = chunk.rfind(b"\n") + 1
+                if cut == 0:  # a record longer than the block: read on to its end
+                    pending += chunk
+                    continue
+                block = bytes(pending) + chunk[:cut]
+                pending = bytearray(chunk[cut:])
+            else:
+                block = bytes(pending)
+            if block.strip():
+                try:
+                    table = pj.read_json(
+                        io.BytesIO(block),
+                        read_options=pj.ReadOptions(block_size=len(block) + 1, use_threads=False),
+                    )
+                except pa.ArrowInvalid as e:
+                    raise FormatError(
+                        f"{path} is not a readable jsonl file (in the block of rows from {row}; "
+                        "expected JSON Lines, one object per line, or one JSON array of "
+                        f"objects): {e}",
+                        path=path,
+                    ) from e
+                for batch in table.to_batches(max_chunksize=batch_size):
+                    row += batch.num_rows
+                    yield batch
+            if not chunk:
+                return
+
+
+def _csv(path: str, batch_size: int, delimiter: str, block: int, types) -> Iterator:
+    import pyarrow.csv as pc
+
+    reader = pc.open_csv(
+        path,
+        read_options=pc.ReadOptions(block_size=block),
+        parse_options=pc.ParseOptions(delimiter=delimiter, newlines_in_values=True),
+        convert_options=pc.ConvertOptions(column_types=types or None),
+    )
+    for batch in reader:
+        yield from pa.Table.from_batches([batch]).to_batches(max_chunksize=batch_size)
+
+
+class _Kept:
+    """First-pass batches of one file, until the whole input's budget is spent."""
+
+    def __init__(self, total: int):
+        self.batches: list | None = []
+        self.total = total  # bytes kept so far, this file included
+
+    def append(self, batch: pa.RecordBatch) -> None:
+        if self.batches is None:
+            return
+        self.total += batch.nbytes
+        if self.total > _KEEP_BYTES:
+            self.batches = None  # too much: the second pass parses this file again
+        else:
+            self.batches.append(batch)
+
+
+class _Files:
+    """The input files of one tabular format, read as Arrow record batches (see the module
+    docstring for how each format is read)."""
+
+    def __init__(self, kind: str, files: list[str], batch_size: int, delimiter: str | None):
+        self.kind, self.files, self.batch_size = kind, files, batch_size
+        self.delimiter = delimiter
+        self.csv_block: dict[str, int] = {}  # per CSV file: a block size its records fit in
+        self.types: dict | None = None  # unified column types (after infer)
+        self.kept: dict[str, list[pa.RecordBatch]] = {}  # first-pass batches, per file
+        self.kept_bytes = 0
+
+    def _delimiter(self, path: str) -> str:
+        if self.delimiter is not None:
+            return self.delimiter
+        return "\t" if path.lower().endswith((".tsv", ".tab")) else ","
+
+    def batches(self, path: str) -> Iterator[pa.RecordBatch]:
+        """The record batches of one file; a file that does not parse raises ``FormatError``."""
+        try:
+            if self.kind == "parquet":
+                import pyarrow.parquet as pq
+
+                yield from pq.ParquetFile(path).iter_batches(batch_size=self.batch_size)
+            elif self.kind == "jsonl":
+                if _json_kind(path) == "array":
+                    yield from _json_array(path, self.batch_size)
+                else:
+                    yield from _json_lines(path, self.batch_size)
+            elif self.kind == "csv":
+                yield from self._csv_batches(path)
+            else:
+                raise ValueError(f"unknown tabular kind {self.kind!r}")
+        except (pa.ArrowException, OSError) as e:  # ArrowInvalid: a parse error
+            if isinstance(e, FileNotFoundError):
+                raise
+            raise FormatError(f"{path} is not a readable {self.kind} file: {e}", path=path) from e
+
+    def _csv_batches(self, path: str) -> Iterator[pa.RecordBatch]:
+        """Second pass: the block size and the column types are known from the first."""
+        types = {n: t for n, t in (self.types or {}).items() if not pa.types.is_null(t)}
+        block = self.csv_block.get(path, _CSV_BLOCK)
+        yield from _csv(path, self.batch_size, self._delimiter(path), block, types)
+
+    def _keep(self, path: str, kept: _Kept | None) -> None:
+        if kept is not None and kept.batches is not None:
+            self.kept[path] = kept.batches
+            self.kept_bytes = kept.total
+
+    def _parquet_types(self, path: str, u: TypeUnifier) -> list[str]:
+        """First pass over a Parquet file: the types from its schema; the data is read only
+        for dictionary-encoded columns (their categories)."""
+        import pyarrow.parquet as pq
+
+        schema = pq.read_schema(path)
+        dict_cols = [f.name for f in schema if pa.types.is_dictionary(f.type)]
+        for f in schema:
+            if f.name not in dict_cols:
+                u.add_type(f.name, f.type, f"{path} (its schema)")
+        if dict_cols:
+            u.add(pq.read_table(path, columns=dict_cols), path, 0)
+        return schema.names
+
+    def _csv_types(self, path: str, u: TypeUnifier) -> list[str]:
+        """First pass over a CSV file: a block size every record fits in (doubled from 1 MiB
+        until pyarrow stops reporting a record that straddles blocks), and the types; when
+        they change after the first block (pyarrow's streaming reader fixes them there), the
+        file is read whole once to infer them over all of it."""
+        import pyarrow.csv as pc
+
+        d, size, block = self._delimiter(path), os.path.getsize(path), _CSV_BLOCK
+        while True:
+            local, names, row, kept = TypeUnifier(), [], 0, _Kept(self.kept_bytes)
+            try:
+                for batch in _csv(path, self.batch_size, d, block, None):
+                    names = batch.schema.names
+                    local.add(batch, path, row)
+                    row += batch.num_rows
+                    kept.append(batch)
+            except pa.ArrowInvalid as e:
+                if "straddl" in str(e) and block <= size:
+                    block *= 2
+                    continue
+                if "conversion error" not in str(e):
+                    raise
+                table = pc.read_csv(
+                    path,
+                    read_options=pc.ReadOptions(block_size=max(block, size + 1)),
+                    parse_options=pc.ParseOptions(delimiter=d, newlines_in_values=True),
+                )
+                local, names, kept = TypeUnifier(), table.schema.names, None
+                local.add(table, path, 0)
+            self.csv_block[path] = block
+            u.update(local)
+            self._keep(path, kept)
+            return names
+
+    def schema_metadata(self, path: str) -> dict:
+        if self.kind != "parquet":
+            return {}
+        import pyarrow.parquet as pq
+
+        return pq.read_schema(path).metadata or {}
+
+    def infer(self) -> TypeUnifier:
+        """Pass 1: every file's columns and their types unified over the whole input."""
+        u = TypeUnifier()
+        first_names = None
+        for path in self.files:
+            names: dict[str, None] = {}
+            try:
+                if self.kind == "csv":
+                    names.update(dict.fromkeys(self._csv_types(path, u)))
+                elif self.kind == "parquet":
+                    names.update(dict.fromkeys(self._parquet_types(path, u)))
+                else:
+                    row, kept = 0, _Kept(self.kept_bytes)
+                    for batch in self.batches(path):
+                        names.update(dict.fromkeys(batch.schema.names))
+                        u.add(batch, path, row)
+                        row += batch.num_rows
+                        kept.append(batch)
+                    self._keep(path, kept)
+            except (pa.ArrowException, OSError) as e:
+                if isinstance(e, FileNotFoundError):
+                    raise
+                raise FormatError(
+                    f"{path} is not a readable {self.kind} file: {e}", path=path
+                ) from e
+            if first_names is None:
+                first_names = list(names)
+            elif self.kind != "jsonl" and set(names) != set(first_names):
+                raise SchemaError(
+                    f"{path} has columns {list(names)}, but {self.files[0]} has {first_names}"
+                )
+        self.types = dict(u.types)
+        return u
+
+    def table_batches(self) -> Iterator[TableBatch]:
+        """Pass 2: the batches of every file, with where they come from."""
+        for path in self.files:
+            base = os.path.dirname(os.path.abspath(path))
+            row = 0
+            kept = self.kept.pop(path, None)
+            for batch in kept if kept is not None else self.batches(path):
+                yield TableBatch(batch, path, row, base)
+                row += batch.num_rows
 
 
 def _from_tables(
@@ -178,96 +375,47 @@ def _from_tables(
     image_fields: Sequence[str],
     batch_size: int,
     opts: ConvertOptions,
+    delimiter: str | None = None,
 ) -> ConvertReport:
-    t0 = time.perf_counter()
     files = expand_paths(paths)
-    report = ConvertReport(str(dst))
-    first = next(_batches(kind, files[0], batch_size), None)
-    if first is None:
+    src = _Files(kind, files, batch_size, delimiter)
+    unifier = src.infer()
+    if not unifier.types:
         raise ValueError(f"{files[0]} holds no rows (cannot infer the columns)")
-    arrow_schema = first.schema
-    unknown = [n for n in image_fields if n not in arrow_schema.names]
+    unknown = [n for n in image_fields if n not in unifier.types]
     if unknown:
         raise ValueError(
-            f"image field {unknown[0]!r} is not a column of {files[0]} ({arrow_schema.names})"
+            f"image field {unknown[0]!r} is not a column of {files[0]} ({list(unifier.types)})"
         )
-    try:
-        fields = [arrow_field(f.name, f.type, f.name in image_fields) for f in arrow_schema]
-    except ValueError as e:
-        raise ValueError(f"{e} (in {files[0]})") from e
-    schema = Schema(fields)
-    image_names = [f.name for f in fields if f.type.kind == "image"]
+    hf_features = hf_features_of(src.schema_metadata(files[0]))
+    fields = []
+    for name, t in unifier.types.items():
+        md, is_image = hf_metadata((hf_features or {}).get(name))
+        if name in unifier.categories:
+            md["categories"] = unifier.categories[name]
+        try:
+            f = arrow_field(name, t, is_image or name in image_fields, md)
+        except ValueError as e:
+            raise ValueError(f"{e} (in {', '.join(files)})") from e
+        fields.append((f, t))
     metadata = {"source": kind, "files": [os.path.basename(f) for f in files]}
+    if hf_features is not None:
+        metadata["hf_features"] = hf_features
+    if opts.engine == "ray":  # one task per file; the tasks re-read what pass 1 kept
+        from kuat.convert._ray import convert_on_ray
 
-    def file_batches() -> Iterator[tuple[str, int, dict]]:
-        for path in files:
-            base = os.path.dirname(os.path.abspath(path))
-            row = 0
-            for batch in _batches(kind, path, batch_size):
-                if not batch.schema.equals(arrow_schema):
-                    if batch.schema.names != arrow_schema.names:
-                        raise SchemaError(
-                            f"{path} has columns {batch.schema.names}, but {files[0]} has "
-                            f"{arrow_schema.names}"
-                        )
-                    try:
-                        batch = pa.Table.from_batches([batch]).cast(arrow_schema).to_batches()[0]
-                    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
-                        raise SchemaError(
-                            f"{path}: columns do not cast to {files[0]}'s types: {e}"
-                        ) from e
-                cols = {
-                    f.name: _column(f, batch.column(i), path, row, base)
-                    for i, f in enumerate(fields)
-                }
-                yield path, row, cols
-                row += batch.num_rows
+        plan = copy.copy(src)
+        plan.kept, plan.kept_bytes = {}, 0
 
-    def rows():
-        for path, row, cols in file_batches():
-            n = len(cols[fields[0].name])
-            for j in range(n):
-                yield (
-                    f"{path} row {row + j}",
-                    {name: cols[name][j] for name in schema.names},
-                )
+        def write_part(w, path: str, part_opts: ConvertOptions, report: ConvertReport) -> None:
+            one = copy.copy(plan)
+            one.files = [path]
+            write_batches(w, fields, one.table_batches(), part_opts, report, desc=f"convert {kind}")
 
-    def prepare(item):
-        where, row = item
-        for name in image_names:
-            how, value = row[name]
-            if how == "path":
-                with open(value, "rb") as f:
-                    data = f.read()
-                src = value
-            else:
-                data, src = value, f"{where} field {name!r}"
-            if not isinstance(data, (bytes, bytearray, memoryview)):
-                raise SchemaError(
-                    f"{src}: expected image bytes, got {type(data).__name__}", field=name
-                )
-            row[name] = prepare_image(bytes(data), src, opts)
-        return row
-
-    if not image_names and opts.engine == "local":  # whole columns, no per-row work
-        with Writer(dst, schema, metadata=metadata, **opts.writer_kwargs()) as w:
-            for _, _, cols in file_batches():
-                w.write_batch(cols)
-            report.rows = w.num_rows
-    else:
-        write_dataset(
-            dst,
-            schema,
-            metadata,
-            prepare,
-            rows(),
-            opts,
-            report=report,
-            desc=f"convert {kind}",
-            source_of=lambda item: item[0],
-        )
-    report.seconds = time.perf_counter() - t0
-    log_skipped(report)
+        schema = Schema([f for f, _ in fields])
+        return convert_on_ray(dst, schema, metadata, opts, files, write_part)
+    with converting(dst, Schema([f for f, _ in fields]), opts, metadata) as (w, report):
+        write_batches(w, fields, src.table_batches(), opts, report, desc=f"convert {kind}")
     return report
 
 
@@ -282,9 +430,10 @@ _DOC_ARGS = """
         image_fields: columns holding images (bytes, or file paths relative to the file's
             directory); ``struct<bytes, path>`` columns are images without being named.
         batch_size: rows per Arrow record batch read.
-        num_workers, progress, overwrite, on_error, resize_shorter, quality, decode_check,
-            shard_bytes, engine, rows_per_task: see :class:`kuat.convert.ConvertOptions`
-            (``engine="ray"`` converts on a Ray cluster, same rows in the same order).
+        options: ``num_workers``, ``progress``, ``progress_interval_s``, ``overwrite``,
+            ``on_error``, ``resize_shorter``, ``quality``, ``decode_check``,
+            ``shard_bytes``, ``engine`` (``"ray"``: one Ray task per input file, the same
+            rows in the same order): see :class:`kuat.convert.ConvertOptions`.
 
     Returns:
         a :class:`kuat.convert.ConvertReport`.
@@ -293,7 +442,8 @@ _DOC_ARGS = """
         FileNotFoundError: no input file.
         ValueError: a column type has no kuat equivalent (names the column).
         kuat.FormatError: a file that does not parse as its format (names the file).
-        kuat.SchemaError: a null value, or files whose columns differ.
+        kuat.SchemaError: a null value (names column, file and row; skipped with
+            ``on_error="skip"``), a column whose types conflict, or files whose columns differ.
         kuat.DecodeError: an unreadable image with ``on_error="raise"``.
 """
 
@@ -330,17 +480,29 @@ def from_csv(
     *,
     image_fields: Sequence[str] = (),
     batch_size: int = 1024,
+    delimiter: str | None = None,
     **options,
 ) -> ConvertReport:
+    if delimiter is not None and (not isinstance(delimiter, str) or len(delimiter) != 1):
+        raise ValueError(f"delimiter={delimiter!r} must be one character, e.g. ',' or '\\t'")
     return _from_tables(
-        "csv", paths, dst, image_fields=image_fields, batch_size=batch_size, opts=_opts(options)
+        "csv",
+        paths,
+        dst,
+        image_fields=image_fields,
+        batch_size=batch_size,
+        opts=_opts(options),
+        delimiter=delimiter,
     )
 
 
 from_parquet.__doc__ = "Convert Parquet file(s) into a kuat dataset." + _DOC_ARGS
 from_jsonl.__doc__ = (
-    "Convert JSON Lines file(s) (one object per line) into a kuat dataset." + _DOC_ARGS
+    "Convert JSON file(s) into a kuat dataset: JSON Lines (one object per line), or a JSON "
+    "array of objects (detected by content)." + _DOC_ARGS
 )
 from_csv.__doc__ = (
-    "Convert CSV file(s) (header row, types inferred by pyarrow) into a kuat dataset." + _DOC_ARGS
+    "Convert CSV file(s) (header row, types inferred over the whole input) into a kuat "
+    "dataset.\n\n    ``delimiter``: the field separator (one character); ``None`` (default): "
+    "a tab for ``.tsv``/``.tab`` files, else a comma." + _DOC_ARGS
 )

@@ -16,7 +16,8 @@ anything else                               ``bytes``
 ==========================================  ==============================================
 
 plus ``__key__`` (string). The first sample fixes the fields; a later sample with other
-extensions is an error (or skipped with ``on_error="skip"``). Tar files may be compressed
+extensions, or with a member that appears twice (``s001.cls`` twice: which one is the label?),
+is an error naming ``tar:key.ext`` (or the sample is skipped with ``on_error="skip"``). Tar files may be compressed
 (``.tar.gz``); they are read as streams, so remote-style sequential reading is enough.
 """
 
@@ -26,7 +27,6 @@ import io
 import json
 import os
 import tarfile
-import time
 from collections.abc import Iterator
 
 import numpy as np
@@ -34,13 +34,13 @@ import numpy as np
 from kuat.convert._driver import (
     ConvertOptions,
     ConvertReport,
-    log_skipped,
+    converting,
     parallel_map,
     prepare_image,
 )
 from kuat.convert.tabular import expand_paths
 from kuat.errors import FormatError, SchemaError
-from kuat.format import Field, Schema, Writer
+from kuat.format import Field, Schema
 from kuat.format import schema as fs
 
 __all__ = ["from_webdataset", "IMAGE_EXTS", "INT_EXTS", "TEXT_EXTS"]
@@ -58,8 +58,12 @@ def _split(name: str) -> tuple[str, str]:
     return os.path.join(d, stem), ext.lower()
 
 
+_DUPLICATES = "__duplicates__"  # sample key: extensions whose member appears twice
+
+
 def _samples(paths: list[str]) -> Iterator[tuple[str, dict[str, bytes]]]:
-    """``(where, {"__key__": key, ext: bytes})`` for each sample of the tar files."""
+    """``(where, {"__key__": key, ext: bytes})`` for each sample of the tar files; a sample
+    with a repeated member also holds ``_DUPLICATES: [ext, ...]`` (the caller refuses it)."""
     for path in paths:
         try:
             with tarfile.open(path, "r|*") as tar:
@@ -75,7 +79,11 @@ def _samples(paths: list[str]) -> Iterator[tuple[str, dict[str, bytes]]]:
                         sample = {}
                     key = k
                     f = tar.extractfile(member)
-                    sample[ext] = f.read() if f is not None else b""
+                    data = f.read() if f is not None else b""
+                    if ext in sample:
+                        sample.setdefault(_DUPLICATES, []).append(ext)
+                        continue
+                    sample[ext] = data
                 if sample:
                     yield f"{path}:{key}", {"__key__": key, **sample}
         except (tarfile.TarError, EOFError) as e:
@@ -134,41 +142,25 @@ def _convert(field: Field, value: bytes, where: str) -> object:
 def from_webdataset(
     paths,
     dst: str | os.PathLike,
-    *,
-    num_workers: int | None = None,
-    progress: bool = True,
-    overwrite: bool = False,
-    on_error: str = "raise",
-    resize_shorter: int | None = None,
-    quality: int = 90,
-    decode_check: bool = False,
-    shard_bytes: int | None = None,
+    **options,
 ) -> ConvertReport:
     """Convert WebDataset tar shard(s) into a kuat dataset at ``dst``.
 
     Args:
         paths: a ``.tar`` file, a glob (``"shards/*.tar"``) or a list; read in sorted order.
-        num_workers, progress, overwrite, on_error, resize_shorter, quality, decode_check,
-            shard_bytes: see :class:`kuat.convert.ConvertOptions`.
+        options: ``num_workers``, ``progress``, ``progress_interval_s``, ``overwrite``,
+            ``on_error``, ``resize_shorter``, ``quality``, ``decode_check``,
+            ``shard_bytes``: see :class:`kuat.convert.ConvertOptions`.
 
     Raises:
         FileNotFoundError: no tar file.
         kuat.FormatError: a tar file is corrupt (names it).
-        kuat.SchemaError: a sample's extensions differ from the first sample's, or a value
-            does not parse (names tar file and key); skipped instead with ``on_error="skip"``.
+        kuat.SchemaError: a sample's extensions differ from the first sample's, a member
+            appears twice in a sample, or a value does not parse (names ``tar:key.ext``);
+            skipped instead with ``on_error="skip"``.
         kuat.DecodeError: an unreadable image with ``on_error="raise"``.
     """
-    opts = ConvertOptions(
-        num_workers=num_workers,
-        progress=progress,
-        on_error=on_error,
-        resize_shorter=resize_shorter,
-        quality=quality,
-        decode_check=decode_check,
-        shard_bytes=shard_bytes,
-        overwrite=overwrite,
-    )
-    t0 = time.perf_counter()
+    opts = ConvertOptions(**options)
     files = expand_paths(paths)
     it = _samples(files)
     first = next(it, None)
@@ -176,11 +168,12 @@ def from_webdataset(
         raise ValueError(f"no samples in {files}")
     where0, sample0 = first
     fields = [Field("__key__", fs.string())] + [
-        _ext_field(ext, value, where0) for ext, value in sample0.items() if ext != "__key__"
+        _ext_field(ext, value, where0)
+        for ext, value in sample0.items()
+        if ext not in ("__key__", _DUPLICATES)
     ]
     schema = Schema(fields)
     exts = set(schema.names)
-    report = ConvertReport(str(dst))
 
     def all_samples():
         yield first
@@ -188,6 +181,12 @@ def from_webdataset(
 
     def prepare(item):
         where, sample = item
+        if _DUPLICATES in sample:
+            dups = ", ".join(f"{where}.{ext}" for ext in sample[_DUPLICATES])
+            raise SchemaError(
+                f"{dups}: the member appears more than once in the sample; kuat keeps no "
+                "silent winner: give every member of a sample its own extension"
+            )
         if set(sample) != exts:
             raise SchemaError(
                 f"{where}: extensions {sorted(set(sample) - {'__key__'})} differ from the first "
@@ -203,7 +202,7 @@ def from_webdataset(
         return row
 
     metadata = {"source": "webdataset", "files": [os.path.basename(f) for f in files]}
-    with Writer(dst, schema, metadata=metadata, **opts.writer_kwargs()) as w:
+    with converting(dst, schema, opts, metadata) as (w, report):
         for row in parallel_map(
             prepare,
             all_samples(),
@@ -213,7 +212,4 @@ def from_webdataset(
             report=report,
         ):
             w.write(row)
-        report.rows = w.num_rows
-    report.seconds = time.perf_counter() - t0
-    log_skipped(report)
     return report

@@ -4,16 +4,18 @@ The engine runs *any* work; it knows nothing of images or storage. Files, in lif
 
 * ``job.py``     what a worker does with one task: fetch a batch (map-style indices or the next
   items of an iterable), collate it, isolate global RNGs, skip failing samples. Picklable.
+  Each thread worker reads its own shallow copy of the dataset (``worker_dataset``).
 * ``base.py``    the task/result records, the worker loop shared by every engine, and error
   transport (capture in the worker, rebuild with the original type in the consumer).
 * ``inline.py``  ``num_workers=0``: runs each task in the calling thread when its result is asked.
 * ``thread.py``  N daemon threads, one task queue each, one result queue; per-thread
   ``torch.utils.data.get_worker_info()``.
 * ``process.py`` N processes, one pipe each; batches come back through ``shm.py``.
-* ``shm.py``     a ring of reused shared-memory slots (``/dev/shm`` files owned by the consumer,
-  unlinked on every exit path), and the encode/decode of a batch's tensors into a slot.
+* ``shm.py``     reused shared-memory slots without a name (``memfd``, passed over the pipe), so
+  no death leaves anything in ``/dev/shm``; the encode/decode of a batch's tensors into a slot.
 
 Every engine has the same consumer-side interface: ``submit(worker_id, task)``,
-``get(timeout_s) -> Result`` (raises ``queue.Empty`` on time-out), ``close()`` (idempotent).
+``get(timeout_s) -> Result`` (raises ``queue.Empty`` on time-out), ``close()`` (idempotent, and
+prompt: it never waits for a worker busy in the dataset).
 The loader (``kuat/loader.py``) owns ordering, prefetch bounds, epochs and state.
 """

@@ -13,7 +13,6 @@ from __future__ import annotations
 import atexit
 import pickle
 import sys
-import time
 import traceback
 import weakref
 from collections.abc import Callable
@@ -27,7 +26,10 @@ _LIVE: weakref.WeakSet = weakref.WeakSet()
 class ClosedOnExit:
     """Engine mix-in: ``close()`` also runs when the engine is garbage-collected and, for every
     engine still open, before interpreter finalisation (workers must stop before, not during,
-    it). An engine calls ``_track()`` when it starts workers and ``_untrack()`` in ``close()``.
+    it). An engine calls ``_track()`` when it starts workers and ``_untrack()`` once they are
+    all gone. ``close()`` never waits for a worker that is busy in the dataset (error paths must
+    hand control back at once); at exit, :meth:`_wait_stopped` then gives such workers a bounded
+    time to leave the dataset before finalisation.
     """
 
     def _track(self) -> None:
@@ -36,6 +38,9 @@ class ClosedOnExit:
     def _untrack(self) -> None:
         _LIVE.discard(self)
 
+    def _wait_stopped(self, deadline: float) -> None:
+        """Wait until ``deadline`` (``time.monotonic()``) for closed workers to end."""
+
     def __del__(self):
         try:
             self.close()
@@ -43,10 +48,19 @@ class ClosedOnExit:
             pass
 
 
+_EXIT_WAIT_S = 2.0  # at interpreter exit, how long closed workers may take to leave the dataset
+
+
 @atexit.register
 def _close_live_engines() -> None:
-    for engine in list(_LIVE):
+    import time
+
+    engines = list(_LIVE)
+    for engine in engines:
         engine.close()
+    deadline = time.monotonic() + _EXIT_WAIT_S
+    for engine in engines:
+        engine._wait_stopped(deadline)
 
 __all__ = ["OK", "END", "FAIL", "EMPTY", "Task", "Result", "WorkStats", "Failure", "serve"]
 
@@ -61,14 +75,21 @@ class Task(NamedTuple):
 
 
 class WorkStats:
-    """Seconds a worker spent on one task, and the samples it produced or skipped."""
+    """Seconds a worker spent on one task, and the samples it produced or skipped.
 
-    __slots__ = ("fetch_s", "fetch_cpu_s", "collate_s", "pin_s", "rng_wait_s", "samples", "skipped")
+    ``worker_info_consulted``: for an IterableDataset read by several workers, whether this
+    worker's dataset had called ``torch.utils.data.get_worker_info()`` by the end of the task
+    (``False`` means every worker yields every item); ``None`` when not applicable.
+    """
+
+    __slots__ = ("fetch_s", "fetch_cpu_s", "collate_s", "pin_s", "rng_wait_s", "samples",
+                 "skipped", "worker_info_consulted")
 
     def __init__(self):
         self.fetch_s = self.fetch_cpu_s = self.collate_s = self.pin_s = self.rng_wait_s = 0.0
         self.samples = 0
         self.skipped: list[tuple[object, str, str]] = []  # (index, type name, message)
+        self.worker_info_consulted: bool | None = None
 
     def __getstate__(self):
         return tuple(getattr(self, k) for k in self.__slots__)
@@ -198,7 +219,3 @@ def serve(
     finally:
         if ctx is not None:
             job.stop(ctx)
-
-
-def now() -> float:
-    return time.perf_counter()

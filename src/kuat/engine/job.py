@@ -16,6 +16,8 @@ of running those ``__getitem__`` calls one at a time in thread mode.
 
 from __future__ import annotations
 
+import copy
+import logging
 import operator
 import os
 import random
@@ -30,7 +32,9 @@ import torch
 from kuat import rng as krng
 from kuat.engine.base import EMPTY, END, OK, WorkStats
 
-__all__ = ["FetchJob", "WorkerCtx", "GLOBAL_RNG_LOCK", "set_worker_info"]
+__all__ = ["FetchJob", "WorkerCtx", "GLOBAL_RNG_LOCK", "set_worker_info", "worker_dataset"]
+
+log = logging.getLogger("kuat.engine")
 
 # Held while a sample runs with reseeded global RNGs (they are process-wide).
 GLOBAL_RNG_LOCK = threading.Lock()
@@ -49,15 +53,17 @@ def _seed_globals_cpu(seed: int) -> None:
 
 class _PerThreadWorkerInfo(threading.local):
     info = None
+    consulted = False  # get_worker_info() was called in this worker since it started
 
 
 _thread_info = _PerThreadWorkerInfo()
 
 
 def _reset_lock_in_child() -> None:
-    # A fork while another thread held the lock would leave it locked forever in the child.
-    global GLOBAL_RNG_LOCK
+    # A fork while another thread held a lock would leave it locked forever in the child.
+    global GLOBAL_RNG_LOCK, _install_lock
     GLOBAL_RNG_LOCK = threading.Lock()
+    _install_lock = threading.Lock()
 
 
 if hasattr(os, "register_at_fork"):
@@ -66,7 +72,9 @@ _install_lock = threading.Lock()
 
 
 def _thread_aware_get_worker_info():  # code object swapped into torch's get_worker_info
-    info = _kuat_thread_worker_info.info  # noqa: F821 (a global of torch's worker module)
+    local = _kuat_thread_worker_info  # noqa: F821 (a global of torch's worker module)
+    local.consulted = True
+    info = local.info
     return _worker_info if info is None else info  # noqa: F821
 
 
@@ -76,7 +84,9 @@ def _install_thread_worker_info() -> None:
     torch's function returns one module global. Its code is replaced (once, idempotently) by a
     version that first looks at a ``threading.local`` and falls back to that global, so every
     reference to it (``from torch.utils.data import get_worker_info`` included) sees the info of
-    the kuat thread worker calling it, and ``None`` in the main thread, as under torch.
+    the kuat thread worker calling it, and ``None`` in the main thread, as under torch. Each
+    call also marks the calling thread as having consulted its worker info
+    (:func:`worker_info_consulted`). Installed in worker processes too, for that mark.
     """
     from torch.utils.data._utils import worker as wmod
 
@@ -101,11 +111,16 @@ def set_worker_info(method: str, worker_id: int, num_workers: int, seed: int, da
         )
     except TypeError:  # torch without the worker_method field
         info = wmod.WorkerInfo(id=worker_id, num_workers=num_workers, seed=seed, dataset=dataset)
+    _install_thread_worker_info()
     if method == "thread":
-        _install_thread_worker_info()
         _thread_info.info = info
     else:
         wmod._worker_info = info
+
+
+def worker_info_consulted() -> bool:
+    """Whether ``get_worker_info()`` was called in this worker since :meth:`FetchJob.start`."""
+    return _thread_info.consulted
 
 
 def _clear_worker_info(method: str) -> None:
@@ -146,12 +161,45 @@ def _index_key(index) -> int:
         return zlib.crc32(repr(index).encode())
 
 
+def worker_dataset(dataset, method: str):
+    """The dataset object one worker reads: its own shallow copy in a thread worker.
+
+    A torch worker process reads its own copy of the dataset (forked or unpickled), so what a
+    worker does to it (``worker_init_fn`` narrowing ``get_worker_info().dataset``, a file handle
+    or connection opened lazily in ``__getitem__``, a counter, a per-worker cache assigned on
+    first use) stays in that worker. Thread workers keep that: each gets ``copy.copy(dataset)``
+    when it starts (once per worker per engine: each epoch, or once with persistent workers),
+    taken after the main thread's last change. A shallow copy shares what the attributes point
+    to: tensors, arrays, memory-mapped shards, file lists (read-only data, shared at no cost)
+    and also mutable containers created in ``__init__`` (a dict used as a cache is then shared,
+    and must be safe to use from several threads, as CPython's dict is). Attributes *assigned*
+    in a worker are its own. A dataset that wants no copy (or a deeper one) defines
+    ``__copy__``; one that cannot be copied is shared, with a warning. Cost: one
+    ``copy.copy`` per worker start, about 3 us for a ``TensorDataset``, an ``ImageFolder`` or a
+    kuat dataset (measurements in ``tests/test_parity_workers.py``'s docstring); in process
+    mode (the worker has its own copy already) and inline mode (torch's ``num_workers=0`` reads
+    the dataset itself) nothing is copied.
+    """
+    if method != "thread":
+        return dataset
+    try:
+        return copy.copy(dataset)
+    except Exception as e:  # un-copyable (a C extension type, a __reduce__ that refuses)
+        log.warning(
+            "kuat thread workers share one %s object: copy.copy() failed (%s: %s), so state a "
+            "worker sets on it is seen by every worker. Define __copy__ on the dataset, or use "
+            "worker_type='process'", type(dataset).__name__, type(e).__name__, e,
+        )
+        return dataset
+
+
 @dataclass
 class WorkerCtx:
     worker_id: int
     num_workers: int
     method: str  # "inline" | "thread" | "process"
     base_seed: int
+    dataset: object = None  # this worker's dataset object (see worker_dataset)
     epoch: int | None = None
     iterator: object = None
     ended: bool = False
@@ -177,14 +225,16 @@ class FetchJob:
 
     # -- worker lifecycle -------------------------------------------------------------------
     def start(self, worker_id: int, num_workers: int, method: str, base_seed: int) -> WorkerCtx:
-        ctx = WorkerCtx(worker_id, num_workers, method, base_seed)
+        ctx = WorkerCtx(worker_id, num_workers, method, base_seed,
+                        dataset=worker_dataset(self.dataset, method))
         if method == "inline":
             return ctx
         seed = base_seed + worker_id
+        _thread_info.consulted = False
         if method == "process":
             torch.set_num_threads(1)
             krng.seed_global_rngs(seed)  # as torch seeds each worker process
-        set_worker_info(method, worker_id, num_workers, seed, self.dataset)
+        set_worker_info(method, worker_id, num_workers, seed, ctx.dataset)
         if self.worker_init_fn is not None:
             self.worker_init_fn(worker_id)
         return ctx
@@ -199,12 +249,12 @@ class FetchJob:
             seed = base_seed + ctx.worker_id
             if ctx.method == "process":
                 krng.seed_global_rngs(seed)
-            set_worker_info(ctx.method, ctx.worker_id, ctx.num_workers, seed, self.dataset)
+            set_worker_info(ctx.method, ctx.worker_id, ctx.num_workers, seed, ctx.dataset)
         if self.iterable:
-            set_epoch = getattr(self.dataset, "set_epoch", None)
+            set_epoch = getattr(ctx.dataset, "set_epoch", None)
             if callable(set_epoch):
                 set_epoch(epoch)
-            ctx.iterator = iter(self.dataset)
+            ctx.iterator = iter(ctx.dataset)
 
     # -- one task ---------------------------------------------------------------------------
     def run(self, ctx: WorkerCtx, epoch: int, key, base_seed: int):
@@ -219,6 +269,8 @@ class FetchJob:
             else:
                 data = self._fetch_indices(ctx, epoch, key, st)
         st.fetch_s, st.fetch_cpu_s = time.perf_counter() - t0, time.thread_time() - c0
+        if self.iterable and ctx.num_workers > 1:  # all workers iterating all items? (#11.6)
+            st.worker_info_consulted = worker_info_consulted()
         if data is None:
             return (END if self.iterable else EMPTY), None, st
         st.samples = len(data) if self.auto_collation else 1
@@ -266,7 +318,7 @@ class FetchJob:
 
     def _fetch_indices(self, ctx: WorkerCtx, epoch: int, key, st: WorkStats):
         """The samples of ``key`` (list of indices, or one index); None when all were skipped."""
-        ds = self.dataset
+        ds = ctx.dataset
         if not self.auto_collation:
             try:
                 return self._samples(ctx, epoch, [key], st)[0]
@@ -293,7 +345,7 @@ class FetchJob:
 
     def _samples(self, ctx: WorkerCtx, epoch: int, indices, st: WorkStats) -> list:
         """``[dataset[i] for i in indices]``, each with its sample context (and isolated RNGs)."""
-        ds = self.dataset
+        ds = ctx.dataset
         if not self.isolate_rng:
             out = []
             for i in indices:

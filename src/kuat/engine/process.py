@@ -6,14 +6,18 @@ The job (dataset, collate_fn, worker_init_fn) reaches the workers once: inherite
 ``multiprocessing.Pipe`` per worker; the consumer waits on all pipes and on the processes'
 sentinels at once (``multiprocessing.connection.wait``, in the consumer's own ``get()``: no
 receiver thread, so each batch costs one wake-up), so a worker that dies is noticed at once and
-reported with its exit code and the sample indices it was fetching. Large tensors are handed to the consumer as views
-of their slot (no copy; the slot is reused once they are all gone), small ones (< 256 KiB) are
-copied so that keeping, say, the labels never pins a slot; with pinning, the batch is copied
-once, straight into pinned memory. Workers poll for their parent every
-second and exit when it is gone.
+reported with its exit code and the sample indices it was fetching. Large tensors are handed to
+the consumer as views of their slot (no copy; the slot goes back to its worker once they are all
+gone), small ones (< 256 KiB) are copied so that keeping, say, the labels never pins a slot; with
+pinning, the batch is copied once, straight into pinned memory. Slots have no name (see
+``shm.py``), so nothing is left behind whichever process dies. Workers poll for their parent
+every second and exit when it is gone.
 
-Shutdown (``close()``, idempotent; also at interpreter exit): each worker is asked to stop,
-given 1 s, then terminated, then killed; every shared-memory slot is unlinked.
+Shutdown (``close()``, idempotent; also at interpreter exit): each worker is asked to stop; one
+busy with a task is terminated at once (its work is abandoned: a time-out, an error or Ctrl-C
+must not wait for a sleeping ``__getitem__``) and killed if still there after 0.1 s; an idle one
+exits by itself (milliseconds; it is given 1 s before it is terminated, so that it can flush
+what it printed).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import secrets
 import sys
 import time
 from multiprocessing.connection import wait
+from multiprocessing.reduction import recv_handle, send_handle
 
 from kuat.engine import shm
 from kuat.engine.base import (
@@ -46,7 +51,8 @@ log = logging.getLogger("kuat.engine.process")
 
 __all__ = ["ProcessEngine"]
 
-_JOIN_S = 1.0
+_JOIN_S = 1.0  # close(): how long an idle worker may take to exit before it is terminated
+_KILL_S = 0.1  # close(): how long a terminated worker may take to end before it is killed
 
 
 def _worker_main(payload, worker_id, num_workers, name, base_seed, conn, prefix, parent_pid):
@@ -74,18 +80,24 @@ def _worker_main(payload, worker_id, num_workers, name, base_seed, conn, prefix,
     def send(result: Result):
         # Synchronous: a result is on the wire before the next batch starts, so a worker that
         # crashes later loses nothing it finished.
+        fd = None
         try:
             if result.kind == OK:
-                result.value = writer.write(result.value, current["slot"])
+                result.value, fd = writer.write(result.value, current["slot"])
             conn.send(result)
-        except (BrokenPipeError, EOFError):
+            if fd is not None:  # a new slot: its descriptor follows the result that names it
+                send_handle(conn, fd, parent_pid)
+        except (BrokenPipeError, EOFError, ConnectionError):
             raise
         except Exception as e:
             conn.send(Result(result.task_id, worker_id, FAIL, Failure(e, name, current["task"].key), None))
+        finally:
+            if fd is not None:
+                os.close(fd)
 
     try:
         serve(job, worker_id, num_workers, "process", name, base_seed, recv, send)
-    except (KeyboardInterrupt, BrokenPipeError, EOFError):
+    except (KeyboardInterrupt, BrokenPipeError, EOFError, ConnectionError):
         pass  # the consumer raises its own KeyboardInterrupt, or is gone
     finally:
         writer.close()
@@ -123,9 +135,9 @@ class ProcessEngine(ClosedOnExit):
                 len(reaped),
                 shm.SHM_DIR,
             )
-        self._free: list[tuple[str, int]] = []  # slots ready for the next task
-        self._owned: set[str] = set()
-        self._maps: dict[str, object] = {}
+        # per worker, its slots ready for its next task: ((worker, n), size)
+        self._free: list[list[tuple[tuple[int, int], int]]] = [[] for _ in range(num_workers)]
+        self._maps: dict[tuple[int, int], object] = {}  # slot -> the consumer's mapping
         self._pending: list[collections.deque] = [collections.deque() for _ in range(num_workers)]
         self._conns, self._procs = [], []
         self._results: collections.deque[Result] = collections.deque()  # received, not yet taken
@@ -156,7 +168,8 @@ class ProcessEngine(ClosedOnExit):
         return self._procs[worker_id].name
 
     def submit(self, worker_id: int, task: Task) -> None:
-        slot = self._free.pop() if self._free else None
+        free = self._free[worker_id]
+        slot = free.pop() if free else None
         self._pending[worker_id].append((task, slot))
         self._conns[worker_id].send((task, slot))
 
@@ -205,32 +218,32 @@ class ProcessEngine(ClosedOnExit):
         task, slot = self._pending[w].popleft()
         value = r.value
         if isinstance(value, shm.ShmBatch):
-            if value.name != (slot and slot[0]):  # the worker made a new (larger) slot
-                self._owned.add(value.name)
+            if value.new:  # the worker made a new slot (none given, or too small)
+                fd = recv_handle(self._conns[w])
+                try:
+                    self._maps[value.slot] = shm.map_fd(fd, value.size)
+                finally:
+                    os.close(fd)
                 if slot is not None:
                     self._retire(slot[0])
-                slot = (value.name, value.size)
-            mm = self._maps.get(value.name)
-            if mm is None:
-                mm = self._maps[value.name] = shm.attach(value.name)
+                slot = (value.slot, value.size)
+            mm = self._maps[value.slot]
             if self.pin:  # one copy, straight into pinned memory
                 r.value = shm.read_batch(value, mm, pin=True)
             else:  # zero-copy: the slot comes back when the batch's large tensors are gone
-                r.value = shm.view_batch(value, mm, functools.partial(self._free.append, slot))
+                r.value = shm.view_batch(value, mm, functools.partial(self._free[w].append, slot))
                 return r
         if slot is not None:
-            self._free.append(slot)
+            self._free[w].append(slot)
         return r
 
-    def _retire(self, name: str) -> None:
-        mm = self._maps.pop(name, None)
+    def _retire(self, sid: tuple[int, int]) -> None:
+        mm = self._maps.pop(sid, None)
         if mm is not None:
             try:
                 mm.close()
             except BufferError:  # views of it are still alive; unmapped when they go
                 pass
-        shm.unlink(name)
-        self._owned.discard(name)
 
     def _raise_dead(self, w: int):
         p = self._procs[w]
@@ -247,8 +260,25 @@ class ProcessEngine(ClosedOnExit):
             indices=indices or None,
         )
 
+    @staticmethod
+    def _end(procs, deadline: float) -> None:
+        """Wait for terminated ``procs`` until ``deadline``, then kill those still there (a
+        SIGTERM handler inherited from the parent can keep a worker in the dataset)."""
+        for p in procs:
+            p.join(max(0.0, deadline - time.monotonic()))
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join(1.0)
+
     def close(self) -> None:
-        """Stop the workers (1 s grace, then terminate/kill) and unlink every slot. Idempotent."""
+        """Stop the workers and unmap every slot. Idempotent.
+
+        A worker busy with a task is terminated at once (killed after ``_KILL_S``), so that an
+        error path never waits for the dataset; an idle worker exits by itself (``_JOIN_S`` at
+        most). The memory of slots whose batches the caller still holds stays mapped until
+        those tensors are gone.
+        """
         if self._closed:
             return
         self._closed = True
@@ -257,16 +287,18 @@ class ProcessEngine(ClosedOnExit):
                 c.send(None)
             except (OSError, ValueError):
                 pass
+        busy = [p for w, p in enumerate(self._procs) if self._pending[w]]
+        idle = [p for w, p in enumerate(self._procs) if not self._pending[w]]
+        for p in busy:
+            p.terminate()
+        self._end(busy, time.monotonic() + _KILL_S)
         deadline = time.monotonic() + _JOIN_S
-        for p in self._procs:
+        for p in idle:
             p.join(max(0.0, deadline - time.monotonic()))
-        for p in self._procs:
+        for p in idle:
             if p.is_alive():
                 p.terminate()
-                p.join(0.5)
-            if p.is_alive():
-                p.kill()
-                p.join(0.5)
+        self._end(idle, time.monotonic() + _KILL_S)
         for c in self._conns:
             c.close()
         for p in self._procs:
@@ -274,15 +306,10 @@ class ProcessEngine(ClosedOnExit):
                 p.close()
             except ValueError:
                 pass
-        for mm in self._maps.values():
-            try:
-                mm.close()
-            except BufferError:
-                pass
-        self._maps.clear()
-        for name in self._owned:
-            shm.unlink(name)
+        for sid in list(self._maps):
+            self._retire(sid)
         shm.unlink_prefix(self._prefix)
-        self._free.clear()
+        for free in self._free:
+            free.clear()
         self._results.clear()
         self._untrack()

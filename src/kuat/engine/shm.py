@@ -1,15 +1,19 @@
 """Shared-memory slots that carry batches from worker processes, and the batch encoding.
 
-A *slot* is one file in ``/dev/shm`` (a tmpfs), named ``<prefix>-<worker>-<n>`` where the
-prefix is unique to one engine (``kuat-<pid>-<random>``). The consumer owns every slot: it hands
-a free slot to each task it submits, copies the batch's tensors out when the result arrives and
-puts the slot back in the free list, so the pool is a fixed ring of at most ``prefetch_factor *
-num_workers`` slots. The first batches arrive with no slot (sizes are unknown): the worker
-creates one sized for the batch plus 25%; a batch that outgrows its slot gets a new, larger
-slot and the consumer unlinks the old one. Space is reserved with ``posix_fallocate`` so a
-too-small ``/dev/shm`` fails at once with :class:`kuat.errors.SharedMemoryError` naming the
-bytes needed (instead of a SIGBUS later). At close, the consumer unlinks every slot it knows and
-any file with its prefix (a worker may have died between creating a slot and reporting it).
+A *slot* is an anonymous shared-memory file: ``memfd_create`` on Linux (no name anywhere), else
+a file in ``/dev/shm`` that the worker unlinks the moment it has it open. A slot belongs to the
+worker that created it and is identified by ``(worker, n)``. The worker creates a slot when a
+task comes with none (or one too small: sized for the batch plus 25%), writes the batch into it
+and sends the result, then the slot's file descriptor (``SCM_RIGHTS`` over the worker's pipe,
+as torch's ``file_descriptor`` sharing strategy does); the consumer maps it and closes the
+descriptor. From then on both sides hold a mapping and no name exists, so no death of any
+process (SIGKILL of the training process by the out-of-memory killer or a scheduler included)
+leaves anything behind: the kernel frees the memory with the last mapping. The consumer hands
+each slot back to its worker with a later task once the batch's views are gone, so the pool is
+a ring of about ``prefetch_factor`` slots per worker. Space is reserved with
+``posix_fallocate`` so that running out of shared memory fails at once with
+:class:`kuat.errors.SharedMemoryError` naming the bytes needed (instead of a SIGBUS later).
+Memory-file slots are not limited by the size of ``/dev/shm`` (a container's ``--shm-size``).
 
 Encoding: tensors (plain CPU ``torch.Tensor``) and NumPy arrays of numeric dtypes anywhere in
 the batch's nested dicts/lists/tuples are written into the slot at 64-byte aligned offsets and
@@ -19,7 +23,6 @@ payloads are never pickled.
 
 from __future__ import annotations
 
-import collections
 import errno
 import glob
 import mmap
@@ -36,19 +39,16 @@ import torch
 from kuat.collate import map_structure
 from kuat.errors import SharedMemoryError
 
-__all__ = ["SHM_DIR", "ShmBatch", "SlotWriter", "read_batch", "view_batch", "unlink", "unlink_prefix"]
+__all__ = ["SHM_DIR", "ShmBatch", "SlotWriter", "create", "map_fd", "read_batch", "view_batch",
+           "reap_orphans", "unlink_prefix"]
 
 SHM_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
 _ALIGN = 64
-_CACHE = 32  # mappings a worker keeps open
+_MEMFD = hasattr(os, "memfd_create")
 # Arrays smaller than this are copied out of a slot; larger ones are handed out as views of it
 # (then the slot is reused only once they are all gone). Copying small fields (labels, lengths)
 # means that keeping them, e.g. for metrics, never pins a whole slot.
 VIEW_MIN_BYTES = 256 * 1024
-
-
-def _path(name: str) -> str:
-    return os.path.join(SHM_DIR, name)
 
 
 def _free_bytes() -> int:
@@ -59,52 +59,57 @@ def _free_bytes() -> int:
         return -1
 
 
-def create(name: str, size: int) -> mmap.mmap:
-    """Create slot ``name`` of ``size`` bytes, reserved up front, and map it.
+def _open_anonymous(name: str) -> int:
+    """A descriptor of a new, nameless shared-memory file (``name`` is a label only)."""
+    if _MEMFD:
+        return os.memfd_create(name, os.MFD_CLOEXEC)
+    path = os.path.join(SHM_DIR, name)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    os.unlink(path)  # nameless from here on (reap_orphans covers a death in between)
+    return fd
+
+
+def create(name: str, size: int) -> int:
+    """A descriptor of a new nameless shared-memory file of ``size`` bytes, reserved up front.
+
+    ``name`` labels it (``/proc/<pid>/fd``); without ``memfd_create`` it is the name the file
+    has in :data:`SHM_DIR` for the few microseconds before it is unlinked. The caller closes
+    the descriptor.
 
     Raises:
-        SharedMemoryError: the shared-memory file system has less than ``size`` bytes free.
+        SharedMemoryError: less than ``size`` bytes of shared memory are available.
+        OSError: the file cannot be created (for example :data:`SHM_DIR` is missing).
     """
-    path = _path(name)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    fd = _open_anonymous(name)
     try:
         try:
             os.posix_fallocate(fd, 0, size)
         except OSError as e:
             if e.errno in (errno.ENOSPC, errno.EFBIG, errno.ENOMEM):
+                where = "memory" if _MEMFD else f"{SHM_DIR}, {_free_bytes()} bytes free"
                 raise SharedMemoryError(
-                    f"shared memory ({SHM_DIR}) is too small: a batch needs {size} bytes "
-                    f"({size / 2**20:.1f} MiB) but {_free_bytes()} bytes are free. Enlarge it "
-                    f"(docker: --shm-size), lower prefetch_factor or num_workers, or use "
-                    f"worker_type='thread'"
+                    f"shared memory is too small: a batch needs {size} bytes "
+                    f"({size / 2**20:.1f} MiB) ({where}). Lower batch_size, prefetch_factor or "
+                    f"num_workers, enlarge the memory limit (docker: --memory, --shm-size), or "
+                    f"use worker_type='thread'"
                 ) from e
             if e.errno not in (errno.EINVAL, errno.EOPNOTSUPP):
                 raise
             os.ftruncate(fd, size)  # a file system without fallocate
-        return mmap.mmap(fd, size)
+        return fd
     except BaseException:
-        unlink(name)
+        os.close(fd)
         raise
-    finally:
-        os.close(fd)
 
 
-def attach(name: str) -> mmap.mmap:
-    fd = os.open(_path(name), os.O_RDWR)
-    try:
-        return mmap.mmap(fd, os.fstat(fd).st_size)
-    finally:
-        os.close(fd)
-
-
-def unlink(name: str) -> None:
-    try:
-        os.unlink(_path(name))
-    except FileNotFoundError:
-        pass
+def map_fd(fd: int, size: int) -> mmap.mmap:
+    """Map ``size`` bytes of shared-memory file ``fd`` (the mapping keeps its own reference)."""
+    return mmap.mmap(fd, size)
 
 
 def unlink_prefix(prefix: str) -> None:
+    """Unlink files of :data:`SHM_DIR` named ``<prefix>-*`` (a worker that died between
+    creating a slot file and unlinking it, on systems without ``memfd_create``)."""
     for path in glob.glob(os.path.join(SHM_DIR, glob.escape(prefix) + "-*")):
         try:
             os.unlink(path)
@@ -116,12 +121,13 @@ _ORPHAN = re.compile(r"kuat-(\d+)-[0-9a-f]+-")
 
 
 def reap_orphans() -> list[str]:
-    """Unlink slots left by loaders whose process no longer exists; return their names.
+    """Unlink slot files left by loaders whose process no longer exists; return their names.
 
-    A consumer killed by a signal it does not handle (SIGTERM from ``kill``, a scheduler's
-    preemption, SIGKILL) runs no clean-up, so its slots would stay in ``/dev/shm`` for good.
-    Every new process engine calls this first. A slot is only removed when no process has the
-    PID in its name (a live process is never robbed, even if it reused the PID).
+    Slots have no name once created, so only a file left by an older kuat (which named its
+    slots), or by a worker killed in the microseconds between creating a slot file and
+    unlinking it (without ``memfd_create``), can be found. Every new process engine calls this
+    first. A file is only removed when no process has the PID in its name (a live process is
+    never robbed, even if it reused the PID).
     """
     reaped = []
     try:
@@ -143,7 +149,10 @@ def reap_orphans() -> list[str]:
             except PermissionError:  # exists, owned by someone else
                 alive[pid] = True
         if not alive[pid]:
-            unlink(name)
+            try:
+                os.unlink(os.path.join(SHM_DIR, name))
+            except FileNotFoundError:
+                continue
             reaped.append(name)
     return reaped
 
@@ -159,15 +168,17 @@ class _Ref:
 
 
 class ShmBatch:
-    """A batch whose arrays are in slot ``name``; ``specs[i] = (kind, offset, dtype, shape, nbytes)``."""
+    """A batch whose arrays are in slot ``slot`` (``(worker, n)``) of ``size`` bytes;
+    ``specs[i] = (kind, offset, dtype, shape, nbytes)``. ``new``: the slot was created for this
+    batch, and its descriptor follows the result on the pipe."""
 
-    __slots__ = ("name", "size", "skeleton", "specs")
+    __slots__ = ("slot", "size", "new", "skeleton", "specs")
 
-    def __init__(self, name, size, skeleton, specs):
-        self.name, self.size, self.skeleton, self.specs = name, size, skeleton, specs
+    def __init__(self, slot, size, new, skeleton, specs):
+        self.slot, self.size, self.new, self.skeleton, self.specs = slot, size, new, skeleton, specs
 
     def __reduce__(self):
-        return (ShmBatch, (self.name, self.size, self.skeleton, self.specs))
+        return (ShmBatch, (self.slot, self.size, self.new, self.skeleton, self.specs))
 
 
 def _is_shm_array(x) -> bool:
@@ -177,24 +188,24 @@ def _is_shm_array(x) -> bool:
 
 
 class SlotWriter:
-    """Worker side: writes batches into the slots the consumer hands out (one per worker)."""
+    """Worker side: writes batches into this worker's slots, creating them as needed.
+
+    Keeps a mapping of every slot it created until the slot is replaced by a larger one (the
+    consumer never hands a worker a slot of another worker).
+    """
 
     def __init__(self, prefix: str, worker_id: int):
         self._prefix = f"{prefix}-{worker_id}"
+        self._worker_id = worker_id
         self._count = 0
-        self._maps: collections.OrderedDict[str, mmap.mmap] = collections.OrderedDict()
+        self._maps: dict[tuple[int, int], mmap.mmap] = {}
 
-    def _map(self, name: str) -> mmap.mmap:
-        mm = self._maps.get(name)
-        if mm is None:
-            mm = self._maps[name] = attach(name)
-            while len(self._maps) > _CACHE:
-                self._maps.popitem(last=False)[1].close()
-        else:
-            self._maps.move_to_end(name)
-        return mm
+    def write(self, batch, slot: tuple[tuple[int, int], int] | None) -> tuple[ShmBatch, int | None]:
+        """Write ``batch`` into ``slot`` (``(id, size)``, or a new slot when None or too small).
 
-    def write(self, batch, slot: tuple[str, int] | None) -> ShmBatch:
+        Returns ``(message, fd)``: ``fd`` is the new slot's descriptor, which the caller sends
+        to the consumer after the message and then closes; None when ``slot`` was used.
+        """
         arrays = []
 
         def strip(x):
@@ -212,16 +223,24 @@ class SlotWriter:
             specs.append((kind, off, a.dtype, tuple(a.shape), nbytes))
             off += nbytes
         need = max(off, 1)
+        fd = None
         if slot is not None and slot[1] >= need:
-            name, size = slot
-            mm = self._map(name)
+            sid, size = slot
+            mm = self._maps[sid]
         else:
-            if slot is not None and slot[0] in self._maps:
-                self._maps.pop(slot[0]).close()
+            if slot is not None:  # too small: replaced (the consumer drops it too)
+                old = self._maps.pop(slot[0], None)
+                if old is not None:
+                    old.close()
             self._count += 1
-            name = f"{self._prefix}-{self._count}"
+            sid = (self._worker_id, self._count)
             size = -(-(need + need // 4) // 4096) * 4096
-            mm = self._maps[name] = create(name, size)
+            fd = create(f"{self._prefix}-{self._count}", size)
+            try:
+                mm = self._maps[sid] = map_fd(fd, size)
+            except BaseException:
+                os.close(fd)
+                raise
         for a, (kind, o, _dtype, _shape, nbytes) in zip(arrays, specs):
             if nbytes == 0:
                 continue
@@ -232,7 +251,7 @@ class SlotWriter:
                 dst = torch.frombuffer(mm, dtype=torch.uint8, count=nbytes, offset=o)
                 dst.view(a.dtype).view(a.shape).copy_(a)  # (nbytes,) u8 -> a.shape a.dtype
             del dst
-        return ShmBatch(name, size, skeleton, specs)
+        return ShmBatch(sid, size, fd is not None, skeleton, specs), fd
 
     def close(self) -> None:
         for mm in self._maps.values():
@@ -244,10 +263,12 @@ class SlotWriter:
 
 
 def read_batch(msg: ShmBatch, mm: mmap.mmap, pin: bool = False):
-    """Consumer side: copy the batch's arrays out of the slot (into pinned memory if ``pin``)."""
+    """Consumer side: copy the batch's arrays out of slot mapping ``mm`` (into pinned memory
+    if ``pin``)."""
     arrays = [_copy_out(kind, off, dtype, shape, nbytes, mm, pin)
               for kind, off, dtype, shape, nbytes in msg.specs]
     return map_structure(lambda x: arrays[x.i] if isinstance(x, _Ref) else x, msg.skeleton)
+
 
 def view_batch(msg: ShmBatch, mm: mmap.mmap, on_release: Callable[[], None]):
     """Consumer side, zero-copy: large arrays are views of the slot, small ones are copied.

@@ -17,7 +17,7 @@ from kuat.engine.base import ClosedOnExit, Result, Task, serve
 __all__ = ["ThreadEngine"]
 
 log = logging.getLogger("kuat.engine")
-_JOIN_S = 2.0
+_JOIN_S = 0.05  # close(): how long to wait for idle workers to end (busy ones are not waited for)
 
 
 class ThreadEngine(ClosedOnExit):
@@ -31,17 +31,29 @@ class ThreadEngine(ClosedOnExit):
         ]
         self._threads = []
         self._closed = False
+        self._stop = threading.Event()
         self._track()
         for i in range(num_workers):
             t = threading.Thread(
                 target=serve,
                 args=(job, i, num_workers, "thread", f"{name}-{i}", base_seed),
-                kwargs={"recv": self._tasks[i].get, "send": self._results.put},
+                kwargs={"recv": self._recv_for(i), "send": self._results.put},
                 name=f"{name}-{i}",
                 daemon=True,
             )
             t.start()
             self._threads.append(t)
+
+    def _recv_for(self, worker_id: int):
+        # The closure holds the queue and the event, not the engine (which must stay collectable).
+        tasks, stop = self._tasks[worker_id], self._stop
+
+        def recv() -> Task | None:
+            task = tasks.get()
+            # once closed, tasks still queued are dropped: a worker ends after its current one
+            return None if stop.is_set() else task
+
+        return recv
 
     def worker_name(self, worker_id: int) -> str:
         return self._threads[worker_id].name
@@ -54,18 +66,32 @@ class ThreadEngine(ClosedOnExit):
         return self._results.get(timeout=timeout_s)
 
     def close(self) -> None:
-        """Ask every worker to stop and wait up to 2 s for them (idempotent)."""
+        """Ask every worker to stop; return at once (idempotent).
+
+        Idle workers end within ``_JOIN_S``; a worker busy in the dataset is not waited for
+        (a time-out, an error or Ctrl-C must hand control back at once): it drops its result
+        and every queued task, and ends when its current ``__getitem__``/``next()`` returns.
+        Threads are daemons; at interpreter exit they get up to 2 s to leave the dataset.
+        """
         if self._closed:
             return
         self._closed = True
+        self._stop.set()
         for q in self._tasks:
             q.put(None)
         deadline = time.monotonic() + _JOIN_S
         for t in self._threads:
             if t is not threading.current_thread():
                 t.join(max(0.0, deadline - time.monotonic()))
+        if not any(t.is_alive() for t in self._threads):
+            self._untrack()
+
+    def _wait_stopped(self, deadline: float) -> None:
+        for t in self._threads:
+            if t is not threading.current_thread():
+                t.join(max(0.0, deadline - time.monotonic()))
         stuck = [t.name for t in self._threads if t.is_alive()]
         if stuck:
-            log.warning("kuat worker threads %s are still inside the dataset after %.0f s; "
-                        "they are daemons and end with the process", stuck, _JOIN_S)
+            log.warning("kuat worker threads %s are still inside the dataset at interpreter "
+                        "exit; they are daemons and end with the process", stuck)
         self._untrack()

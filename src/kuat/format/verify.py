@@ -1,5 +1,6 @@
 """Check a kuat dataset's shards against its manifest: presence, size, checksum, schema, rows
-and (optionally) every image's header against its stored width/height/codec."""
+and (optionally) every image's header against its stored width/height/codec, and that every
+image is complete or fully decodes."""
 
 from __future__ import annotations
 
@@ -47,8 +48,9 @@ class VerifyReport:
             raise self.errors[0]
 
 
-def _check_images(shard, manifest_schema) -> None:
-    from kuat.vision.probe import probe_image
+def _check_images(shard, manifest_schema, decode: bool = False) -> None:
+    from kuat.vision.decode import decode_image
+    from kuat.vision.probe import check_complete, probe_image
 
     for f in manifest_schema:
         if f.type.kind != "image":
@@ -57,8 +59,12 @@ def _check_images(shard, manifest_schema) -> None:
         offs, data = col.bytes.offsets, col.bytes.mv
         coffs, cdata = col.codec.offsets, col.codec.data
         for row in range(shard.rows):
+            image = data[offs[row] : offs[row + 1]]
             try:
-                info = probe_image(data[offs[row] : offs[row + 1]], source=shard.path)
+                info = probe_image(image, source=shard.path)
+                check_complete(image, info.codec, source=shard.path)
+                if decode:
+                    decode_image(image, index=row, source=shard.path)
             except DecodeError as e:
                 raise FormatError(
                     f"shard {shard.path} row {row}: field {f.name!r}: {e}",
@@ -80,14 +86,18 @@ def verify(
     path: str | os.PathLike,
     *,
     images: bool = False,
+    decode: bool = False,
     on_shard: Callable[[int, str], None] | None = None,
 ) -> VerifyReport:
     """Re-check every shard of the dataset at ``path``.
 
     For each shard: it exists, its size and xxh3-64 checksum equal the manifest's, it opens
     as Arrow IPC with the manifest's schema and row count, without nulls. With ``images``,
-    every image header is also probed and compared with the stored width/height/codec.
-    All shards are checked even after a failure.
+    every image header is also probed and compared with the stored width/height/codec, and
+    checked for completeness (``kuat.vision.probe.check_complete``: truncated files); with
+    ``decode`` (implies ``images``), every image is also fully decoded, which finds any
+    corruption a training run would hit. All shards are checked even after a failure; a bad
+    image is reported with its shard and row.
 
     Args:
         on_shard: called as ``on_shard(k, shard_path)`` after each shard (progress).
@@ -121,8 +131,8 @@ def verify(
                     path=shard_path,
                 )
             shard = _open_shard(shard_path, info, schema, arrow_schema)
-            if images:
-                _check_images(shard, schema)
+            if images or decode:
+                _check_images(shard, schema, decode=decode)
         except FormatError as e:
             log.debug("%s", e)
             report.errors.append(e)

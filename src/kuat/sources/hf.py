@@ -26,8 +26,8 @@ across ranks and workers by position (:mod:`kuat.sources.stream`).
 
 from __future__ import annotations
 
+import copy
 import logging
-import pickle
 import threading
 from collections.abc import Mapping
 
@@ -244,6 +244,19 @@ def _split_rows(batch, n: int, dataset, indices) -> list:
     return [dataset[int(i)] for i in np.asarray(indices).reshape(-1)]
 
 
+def _shared_memo() -> dict:
+    """``copy.deepcopy`` memo entries for what every copy of a dataset must share, not copy:
+    ``huggingface_hub``'s process-wide filesystem cache, which a ``datasets.IterableDataset``
+    references (deep-copying it re-creates cached filesystems, which re-enter that cache while
+    it is being iterated)."""
+    try:
+        from huggingface_hub import HfFileSystem
+    except ImportError:
+        return {}
+    cache = getattr(HfFileSystem, "_cache", None)
+    return {} if cache is None else {id(cache): cache}
+
+
 class HFIterableSource(Stream):
     """A streaming ``datasets.IterableDataset`` as a kuat stream.
 
@@ -271,9 +284,13 @@ class HFIterableSource(Stream):
         TypeError: ``dataset`` is not a ``datasets.IterableDataset``.
         ValueError: an unknown ``split``.
 
-    Thread-safety: several workers may iterate at once: each iteration unpickles its own copy of
-    the dataset object (pickled once; files are reopened by path, but an in-memory Arrow table
-    is copied, so stream large data from files).
+    Thread-safety: several workers may iterate at once: each iteration works on its own
+    ``copy.deepcopy`` of the dataset object (``datasets`` keeps iteration state on it). A deep
+    copy never pickles: ``map``/``filter`` lambdas and ``from_generator`` over a local function
+    work at ``num_workers=0`` and with thread workers, as with torch's DataLoader, and Arrow
+    tables are shared, not copied (``datasets`` tables are immutable and say so to deepcopy).
+    Only process workers started by ``spawn``/``forkserver`` pickle the dataset, and an
+    unpicklable one then fails with pickle's own error, as in torch.
     """
 
     def __init__(self, dataset, split: str = "position"):
@@ -286,7 +303,9 @@ class HFIterableSource(Stream):
             raise ValueError(f"split should be 'position' or 'shards', got {split=!r}")
         self.dataset = dataset
         self.split = split
-        self._pickled: bytes | None = None
+        # what workers copy: a private snapshot that nothing else reads or writes (the user's
+        # object may be touched while a worker copies; datasets sets attributes lazily)
+        self._prototype = copy.deepcopy(dataset, _shared_memo())
         if getattr(dataset, "_distributed", None) is not None:
             _log.info("the datasets.IterableDataset is already split by node; kuat keeps its split")
 
@@ -300,19 +319,13 @@ class HFIterableSource(Stream):
             return 0, 1
         return super()._rank_and_world()
 
-    def __getstate__(self):
-        state = dict(self.__dict__)
-        state["_pickled"] = None
-        return state
-
     def _copy(self, epoch: int):
-        """A private copy of the dataset at ``epoch``, unpickled from bytes taken once:
-        datasets keeps iteration progress on the examples iterable, so two workers iterating
-        one object (or copying it while another iterates) would disturb each other."""
+        """A private deep copy of the dataset at ``epoch``: datasets keeps iteration progress
+        on the dataset and its examples iterables, so two workers iterating one object would
+        disturb each other. The snapshot taken at construction is only ever copied, one
+        copy at a time."""
         with _COPY_LOCK:
-            if self._pickled is None:
-                self._pickled = pickle.dumps(self.dataset, protocol=pickle.HIGHEST_PROTOCOL)
-        ds = pickle.loads(self._pickled)
+            ds = copy.deepcopy(self._prototype, _shared_memo())
         ds.set_epoch(epoch)
         return ds
 

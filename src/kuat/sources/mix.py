@@ -20,10 +20,14 @@ Per-sample randomness (``kuat.sample_rng``) inside source ``k > 0`` is seeded fr
 seed mixed with ``k``, so that the samples of equal index of two sources draw differently.
 
 When every source is map-style (kuat datasets, ``datasets.Dataset``, torch map-style datasets)
-the mix is map-style too (:class:`MapMix`): its schedule is drawn once from the seed, so the
-loader shuffles, shards across ranks and resumes it like any map-style dataset. Otherwise it is
-a :class:`MixStream`, a :class:`kuat.sources.stream.Stream` whose draws depend on
-``(seed, epoch)``.
+the mix is map-style too (:class:`MapMix`): its schedule (which source fills each position) is
+drawn once from the seed, so the loader shuffles, shards across ranks and resumes it like any
+map-style dataset. Which samples fill a source's share depends on the epoch: with
+``"first_exhausted"`` a source may get fewer positions (``m``) than it has samples (``n``);
+epoch ``e`` then reads its samples ``e*m, e*m + 1, ...`` (mod ``n``), a window that moves on each
+epoch, so every sample is read once in ``ceil(n / m)`` epochs (as the iterable mix reads each
+source's stream on from epoch to epoch). Otherwise it is a :class:`MixStream`, a
+:class:`kuat.sources.stream.Stream` whose draws depend on ``(seed, epoch)``.
 """
 
 from __future__ import annotations
@@ -181,16 +185,23 @@ def _schedule(lengths: list[int], weights: list[float], stopping: str, seed: int
 class MapMix(torch.utils.data.Dataset):
     """A weighted interleave of map-style sources, itself map-style (built by :func:`mix`).
 
-    Position ``i`` of the mix is sample ``positions[i]`` of source ``source_ids[i]``; the
-    schedule is drawn once, from the seed, at construction (5 bytes per sample of memory).
+    Position ``i`` of the mix in epoch ``e`` is sample ``(positions[i] + e * counts[k]) %
+    lengths[k]`` of source ``k = source_ids[i]``: the schedule is drawn once, from the seed, at
+    construction (5 bytes per sample of memory), and a source with more samples than positions
+    (``"first_exhausted"``) reads the next window of them each epoch. The epoch is the kuat
+    DataLoader's (``kuat.rng.current_epoch()``, set in its workers); elsewhere (torch's
+    DataLoader) call :meth:`set_epoch` before each epoch, as with ``DistributedSampler``.
     ``__getitems__`` fetches each source's share of a batch in one call.
 
     Attributes:
         sources: the sources (after ``kuat.sources.as_source``).
         source_ids: ``(L,) int32``, the source of each position.
-        positions: ``(L,) int64``, the index within that source.
+        positions: ``(L,) int64``, the rank of each position among its source's positions.
+        counts: ``(K,) int64``, positions per source (``m``).
+        lengths: ``(K,) int64``, samples per source (``n``).
 
-    Thread-safety: read-only after construction; safe from several threads when the sources are.
+    Thread-safety: read-only after construction (``set_epoch`` aside); safe from several threads
+    when the sources are.
     """
 
     def __init__(self, sources: list, weights: list[float], stopping: str, seed: int):
@@ -198,12 +209,39 @@ class MapMix(torch.utils.data.Dataset):
         self.weights = weights
         self.stopping = stopping
         self.seed = seed
-        lengths = [len(s) for s in sources]
-        self.source_ids = _schedule(lengths, weights, stopping, seed)  # (L,)
+        self._epoch: int | None = None  # set_epoch(); None: the loader's epoch
+        self.lengths = np.array([len(s) for s in sources], dtype=np.int64)  # (K,)
+        self.source_ids = _schedule(self.lengths.tolist(), weights, stopping, seed)  # (L,)
+        self.counts = np.bincount(self.source_ids, minlength=len(sources)).astype(np.int64)  # (K,)
         self.positions = np.empty(len(self.source_ids), dtype=np.int64)  # (L,)
         for k in range(len(sources)):
             at = self.source_ids == k
             self.positions[at] = np.arange(int(at.sum()))
+        short = [k for k in range(len(sources)) if 0 < self.counts[k] < self.lengths[k]]
+        if short:
+            _log.info(
+                "mix: each epoch reads %s of the %s samples of sources %s; the window moves on "
+                "every epoch, so all of them are read within %s epochs",
+                [int(self.counts[k]) for k in short], [int(self.lengths[k]) for k in short],
+                short, max(-(-int(self.lengths[k]) // int(self.counts[k])) for k in short),
+            )
+
+    def set_epoch(self, epoch: int) -> None:
+        """Read epoch ``epoch``'s window of each source (needed outside kuat's DataLoader only).
+
+        Raises:
+            ValueError: ``epoch`` is not a non-negative int.
+        """
+        if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or epoch < 0:
+            raise ValueError(f"epoch should be a non-negative int, got {epoch!r}")
+        self._epoch = int(epoch)
+
+    def _window_epoch(self) -> int:
+        if self._epoch is not None:
+            return self._epoch
+        from kuat.rng import current_epoch
+
+        return current_epoch()[1]
 
     def __len__(self) -> int:
         return len(self.source_ids)
@@ -224,7 +262,9 @@ class MapMix(torch.utils.data.Dataset):
             raise IndexError(f"index {bad} is out of range for a mix of {n} samples")
         idx = idx % n if n else idx
         ks = self.source_ids[idx]  # (B,)
-        js = self.positions[idx]  # (B,)
+        n = self.lengths[ks]  # (B,)
+        # (B,) index within each source: this epoch's window of it
+        js = (self.positions[idx] + self._window_epoch() * self.counts[ks]) % np.maximum(n, 1)
         out = [None] * len(idx)
         for k in np.unique(ks).tolist():
             at = np.flatnonzero(ks == k)

@@ -94,7 +94,14 @@ def jpeg_orientation(buf) -> int:
 
 
 def pil_orientation(im, data=None) -> int:
-    """EXIF orientation of a Pillow image (EXIF only, never XMP). Malformed EXIF reads as 1.
+    """EXIF orientation still to apply to the pixels Pillow gives for ``im`` (EXIF only,
+    never XMP). Malformed EXIF reads as 1.
+
+    Pillow's TIFF plugin (since Pillow 12) applies the Orientation tag itself: on open it
+    reports the oriented size, on load it rotates the pixels and deletes the tag. So for a
+    TIFF, call this **after** ``im.load()``: it reads the tag as Pillow left it (1 once Pillow
+    has applied it, the tag on Pillow versions that do not). :func:`pil_stored_size` gives the
+    size as stored, whichever Pillow opened it.
 
     ``data`` (the encoded bytes) lets a PNG without an ``eXIf`` chunk skip loading pixels.
     """
@@ -117,6 +124,20 @@ def pil_orientation(im, data=None) -> int:
         return tiff_orientation(raw)
     except Exception:  # malformed metadata must never make an image unreadable
         return 1
+
+
+def pil_stored_size(im) -> tuple[int, int]:
+    """``(width, height)`` of the pixels as stored in the file, before any orientation,
+    for an opened (not loaded) Pillow image: a TIFF's ImageWidth/ImageLength tags (Pillow
+    12+ reports a TIFF's oriented size as ``im.size``), else ``im.size``."""
+    if im.format == "TIFF":
+        try:
+            w, h = im.tag_v2[256], im.tag_v2[257]
+            if isinstance(w, int) and isinstance(h, int):
+                return w, h
+        except (KeyError, AttributeError):
+            pass
+    return im.size
 
 
 def orient(a: np.ndarray, orientation: int) -> np.ndarray:

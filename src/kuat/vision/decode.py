@@ -212,7 +212,6 @@ def _decode_pil(data, min_scale, max_pixels, index, source) -> Decoded:
         with Image.open(io.BytesIO(data)) as im:
             width, height = im.size
             _check_pixels(width, height, max_pixels, index, source)
-            orientation = _exif.pil_orientation(im, data)
             scale = 1.0
             if im.format == "JPEG" and min_scale < 1.0:
                 k = _pick_scale(min_scale)
@@ -223,6 +222,11 @@ def _decode_pil(data, min_scale, max_pixels, index, source) -> Decoded:
                         if im.size == (-(-width // r), -(-height // r)):
                             scale = 1.0 / r
                             break
+            im.load()
+            # after load(): what Pillow has not applied itself (it orients TIFFs on load)
+            orientation = _exif.pil_orientation(im, data)
+            if scale == 1.0:
+                width, height = im.size  # the pixels' own frame (a TIFF's is oriented)
             pixels = _to_rgb(im)
     except DecodeError:
         raise

@@ -1,0 +1,239 @@
+"""text: tokenize, pack and batch, against torchtune's and TRL's packing (issue 13).
+
+Data: the Python documentation corpus that every Python ships (``kuat.text.corpus``), its
+paragraphs repeated to ``--docs`` documents, tokenized with a byte-level BPE (vocabulary
+8,192) trained on it; nothing is downloaded. Workloads, each timed ``--repeats`` times with the
+loaders interleaved (A B C A B C ...), medians and min-max spread reported:
+
+* **pack**: documents/s and tokens/s of a full pass, and time to the first packed row, from
+  pre-tokenized data (a kuat dataset) and from raw text (``kuat.text.tokenize`` on the fly),
+  for kuat's ``concat``, ``first_fit`` and ``best_fit``; torchtune's ``PackedDataset`` (eager:
+  its first row comes after its whole pass) and TRL's ``pack_dataset`` (``bfd`` and
+  ``wrapped``) on the same token lists, when they import in this interpreter. They are kept
+  out of kuat's environment in a directory of their own (torchtune 0.6.1 imports with torch
+  2.14 only beside ``torchao==0.10.0``)::
+
+      pip install --target PEERS --no-deps trl==1.16.0 torchtune==0.6.1 torchao==0.10.0 \
+          omegaconf antlr4-python3-runtime==4.9.3 sentencepiece tiktoken
+      PYTHONPATH=src:PEERS .venv/bin/python -m benchmarks.bench_text
+
+* **waste**: % of row tokens that are padding: naive per-sample padding (batches of 8 in order)
+  and each packing strategy, at ``--seq-len``;
+* **memory**: bytes per stored token on disk; peak traced bytes per token (``tracemalloc``,
+  which NumPy reports to) held while packing a pass, against a list of all rows (what an eager
+  packer keeps);
+* **resume**: ms from a packer state at 10%, 50% and 90% of the epoch to the next row.
+
+Not a test; prints a table::
+
+    .venv/bin/python -m benchmarks.bench_text --docs 20000 --seq-len 2048 --repeats 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+import tracemalloc
+from pathlib import Path
+
+import numpy as np
+
+SEQ_LEN = 2048
+NAIVE_BATCH = 8
+
+
+def prepare(cache_dir: Path, num_docs: int) -> dict:
+    """Tokenize (once) the corpus repeated to ``num_docs`` documents into a kuat dataset.
+
+    Returns ``{"path", "texts", "tokenizer", "eos_id"}``."""
+    import kuat
+    from kuat.text.corpus import EOS, python_docs_corpus, train_bpe
+
+    base = python_docs_corpus()
+    texts = [base[i % len(base)] for i in range(num_docs)]
+    tok = train_bpe(base, vocab_size=8192)
+    eos = tok.token_to_id(EOS)
+    path = Path(cache_dir) / f"text-{num_docs}.kuat"
+    if not (path / "manifest.json").exists():
+        kuat.convert.from_text(texts, path, tok, eos_id=eos, progress=False)
+    return {"path": path, "texts": texts, "tokenizer": tok, "eos_id": eos}
+
+
+def _timed(fn) -> tuple[float, float, int, int]:
+    """``(seconds, seconds to the first item, items, tokens)`` of iterating ``fn()``."""
+    t0 = time.perf_counter()
+    first = None
+    rows = tokens = 0
+    for row in fn():
+        if first is None:
+            first = time.perf_counter() - t0
+        rows += 1
+        tokens += len(row["input_ids"] if "input_ids" in row else row["tokens"])  # torchtune
+    return time.perf_counter() - t0, first or 0.0, rows, tokens
+
+
+def pack_runs(data: dict, seq_len: int) -> dict:
+    """name -> a callable returning an iterator of packed rows (one full pass)."""
+    import kuat
+    from kuat.text import pack, tokenize
+
+    ds = kuat.open(data["path"])
+    runs = {}
+    for strategy in ("concat", "first_fit", "best_fit"):
+        runs[f"kuat {strategy} (tokenized)"] = lambda s=strategy: iter(
+            pack(ds, seq_len, s, buffer_size=1024)
+        )
+    texts = [{"text": t} for t in data["texts"]]
+    runs["kuat best_fit (raw text)"] = lambda: iter(
+        pack(tokenize(texts, data["tokenizer"], eos_id=data["eos_id"]), seq_len, "best_fit")
+    )
+    ids = [np.asarray(ds[i]["input_ids"]).astype(np.int64).tolist() for i in range(len(ds))]
+    try:
+        from torchtune.datasets import PackedDataset
+
+        class _Tokens:
+            def __len__(self):
+                return len(ids)
+
+            def __getitem__(self, i):
+                return {"tokens": ids[i], "labels": ids[i]}
+
+        runs["torchtune PackedDataset"] = lambda: iter(
+            PackedDataset(_Tokens(), max_seq_len=seq_len, split_across_pack=False)
+        )
+    except ImportError:
+        pass
+    try:
+        import datasets
+        from trl import pack_dataset
+
+        table = datasets.Dataset.from_dict({"input_ids": ids})
+        for strategy in ("bfd", "wrapped"):
+            runs[f"trl pack_dataset {strategy}"] = lambda s=strategy: iter(
+                pack_dataset(table, seq_len, strategy=s)
+            )
+    except ImportError:
+        pass
+    return runs
+
+
+def naive_waste(lengths: np.ndarray, seq_len: int, batch: int = NAIVE_BATCH) -> float:
+    cut = np.minimum(lengths, seq_len)
+    padded = sum(len(c) * int(c.max()) for c in np.array_split(cut, -(-len(cut) // batch)))
+    return 1 - cut.sum() / padded
+
+
+def memory(data: dict, seq_len: int) -> dict:
+    """Disk bytes per token, and peak traced bytes per token: streaming vs holding every row."""
+    import kuat
+    from kuat.text import pack
+
+    ds = kuat.open(data["path"])
+    stored = sum(f.stat().st_size for f in Path(data["path"]).iterdir() if f.suffix == ".arrow")
+    tokens = int(kuat.text.lengths_of(ds).sum())
+    out = {"disk_bytes_per_token": stored / tokens}
+    for name, keep in (("streaming", False), ("all rows held", True)):
+        tracemalloc.start()
+        held = []
+        for row in pack(ds, seq_len, "best_fit", buffer_size=1024):
+            if keep:
+                held.append(row)
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        out[f"resident_bytes_per_token ({name})"] = peak / tokens
+        out[f"peak_mb ({name})"] = peak / 2**20
+        del held
+    return out
+
+
+def resume_ms(data: dict, seq_len: int, repeats: int) -> dict:
+    import kuat
+    from kuat.text import pack
+
+    ds = kuat.open(data["path"])
+    packed = pack(ds, seq_len, "best_fit", buffer_size=1024)
+    it = packed.iter_rows()
+    states = [it.state_dict()]
+    for _ in it:
+        states.append(it.state_dict())
+    out = {}
+    for frac in (0.1, 0.5, 0.9):
+        state = states[int(frac * (len(states) - 1))]
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            next(pack(ds, seq_len, "best_fit", buffer_size=1024).iter_rows(state=state))
+            times.append(1000 * (time.perf_counter() - t0))
+        out[f"{int(frac * 100)}%"] = statistics.median(times)
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--docs", type=int, default=20_000)
+    ap.add_argument("--seq-len", type=int, default=SEQ_LEN)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--cache-dir", type=Path, default=Path.home() / ".cache" / "kuat" / "bench")
+    ap.add_argument("--json", type=Path, default=None)
+    args = ap.parse_args(argv)
+    os.environ.setdefault("TQDM_DISABLE", "1")  # the peers' progress bars would garble the table
+    os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
+    args.cache_dir.mkdir(parents=True, exist_ok=True)
+    data = prepare(args.cache_dir, args.docs)
+    runs = pack_runs(data, args.seq_len)
+    samples: dict[str, list] = {name: [] for name in runs}
+    for _ in range(args.repeats):  # interleaved: A B C A B C ...
+        for name, fn in runs.items():
+            samples[name].append(_timed(fn))
+    import kuat
+
+    lengths = kuat.text.lengths_of(kuat.open(data["path"]))
+    docs, tokens = len(lengths), int(lengths.sum())
+    result = {"docs": docs, "tokens": tokens, "seq_len": args.seq_len, "pack": {}}
+    print(f"text: {docs} documents, {tokens} tokens, rows of {args.seq_len}, "
+          f"median of {args.repeats} (min-max)\n")  # fmt: skip
+    print(f"{'packer':34s} {'docs/s':>18s} {'tokens/s':>12s} {'first row s':>12s} {'rows':>6s}")
+    for name, runs_ in samples.items():
+        secs = [r[0] for r in runs_]
+        med = statistics.median(secs)
+        rate = docs / med
+        spread = f"({docs / max(secs):.0f}-{docs / min(secs):.0f})"
+        first = statistics.median(r[1] for r in runs_)
+        print(f"{name:34s} {rate:8.0f} {spread:>9s} {tokens / med:12.0f} {first:12.4f} "
+              f"{runs_[0][2]:6d}")  # fmt: skip
+        result["pack"][name] = {"docs_per_s": rate, "tokens_per_s": tokens / med,
+                                "first_row_s": first, "rows": runs_[0][2]}  # fmt: skip
+    print("\npadding waste, % of row tokens:")
+    from kuat.text import pack
+
+    waste = {"naive per-sample (batch 8)": naive_waste(lengths, args.seq_len)}
+    ds = kuat.open(data["path"])
+    for strategy in ("concat", "first_fit", "best_fit"):
+        p = pack(ds, args.seq_len, strategy, buffer_size=1024)
+        for _ in p:
+            pass
+        waste[strategy] = p.stats()["padding_fraction"]
+    for name, w in waste.items():
+        print(f"  {name:28s} {100 * w:6.2f}%")
+    result["waste"] = waste
+    mem = memory(data, args.seq_len)
+    print("\nmemory:")
+    for name, v in mem.items():
+        print(f"  {name:44s} {v:8.2f}")
+    print(f"  {'peak traced MB while streaming a pass':44s} {mem['peak_mb (streaming)']:8.1f}")
+    result["memory"] = mem
+    res = resume_ms(data, args.seq_len, args.repeats)
+    print("\nresume (best_fit, buffer 1024): ms to the next row from a state at "
+          + ", ".join(f"{k} {v:.1f}" for k, v in res.items()))  # fmt: skip
+    result["resume_ms"] = res
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=2, default=float))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

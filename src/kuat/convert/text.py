@@ -1,0 +1,202 @@
+"""Text (JSON Lines, Parquet, plain text, Hugging Face datasets) -> token sequences, at ingest.
+
+Each record becomes one row: ``input_ids`` as a ``sequence`` of the smallest unsigned integer
+type that holds the vocabulary (uint16 below 65,536 tokens: 2 bytes per stored token), and for
+chat records (a ``messages`` list) a ``loss_mask`` sequence of uint8 (1 where the token is
+trained on, see :func:`kuat.text.tokenize.encode_chat`). Records are tokenized in batches on
+``num_workers`` threads (the ``tokenizers`` library releases the GIL), written in order.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Iterable, Iterator, Mapping
+
+import numpy as np
+
+from kuat.convert._driver import ConvertOptions, ConvertReport, parallel_map
+from kuat.format import Field, Schema, Writer
+from kuat.format import schema as fs
+
+__all__ = ["from_text", "TEXT_EXTENSIONS"]
+
+_log = logging.getLogger("kuat.convert.text")
+
+TEXT_EXTENSIONS = (".jsonl", ".ndjson", ".json", ".parquet", ".pq", ".txt")
+
+
+def from_text(
+    src,
+    dst: str | os.PathLike,
+    tokenizer,
+    *,
+    text_field: str = "text",
+    messages_field: str = "messages",
+    add_eos: bool = True,
+    eos_id: int | None = None,
+    batch_size: int = 512,
+    num_workers: int | None = None,
+    progress: bool = True,
+    overwrite: bool = False,
+    shard_bytes: int | None = None,
+) -> ConvertReport:
+    """Tokenize text records into a kuat dataset at ``dst`` (one row per record).
+
+    Args:
+        src: ``.jsonl``/``.json`` (one JSON object per line), ``.parquet`` or ``.txt`` (one
+            record per non-empty line) path(s) or glob(s); a ``datasets.Dataset`` or
+            ``IterableDataset``; or an iterable of records. A record is a mapping with
+            ``text_field`` (a string) or ``messages_field`` (a list of ``{"role", "content"}``),
+            or a bare string. The first record decides text or chat for the whole source.
+        dst: the dataset directory to write.
+        tokenizer: a ``tokenizers.Tokenizer``, a ``transformers`` tokenizer or a ``tiktoken``
+            encoding (see :func:`kuat.text.tokenize.as_tokenizer`).
+        text_field, messages_field: the record fields to read.
+        add_eos: end each text record with the tokenizer's eos token (so packed documents are
+            separated); chat records always end each message with it.
+        eos_id: the eos token id, when the tokenizer does not say (``tokenizers`` objects).
+        batch_size: records per tokenizer call.
+        num_workers, progress, overwrite, shard_bytes: see :class:`kuat.convert.ConvertOptions`.
+
+    Returns:
+        A :class:`kuat.convert.ConvertReport`; the manifest's metadata records the tokenizer's
+        vocabulary size, eos id and the total number of tokens.
+
+    Raises:
+        FileNotFoundError: a path or glob that matches nothing.
+        ValueError: a record without the field, a malformed JSON line (names the file and line),
+            an unsupported file extension.
+        TypeError: an unsupported tokenizer.
+    """
+    from kuat.text.tokenize import as_tokenizer, encode_chat, token_dtype
+
+    tok = as_tokenizer(tokenizer, eos_id)
+    opts = ConvertOptions(
+        num_workers=num_workers, progress=progress, shard_bytes=shard_bytes, overwrite=overwrite
+    )
+    t0 = time.perf_counter()
+    dtype = token_dtype(tok.vocab_size)
+    records = _records(src)
+    first = next(records, None)
+    chat = isinstance(first, tuple) and isinstance(first[1], Mapping) and messages_field in first[1]
+    fields = [Field("input_ids", fs.sequence(dtype.name))]
+    if chat:
+        fields.append(Field("loss_mask", fs.sequence("uint8")))
+    eos = [tok.eos_id] if add_eos and tok.eos_id is not None else []
+
+    def encode(batch: list[tuple[str, object]]) -> dict:
+        if chat:
+            ids, masks = [], []
+            for where, rec in batch:
+                try:
+                    i, m = encode_chat(tok, _get(rec, messages_field, where))
+                except ValueError as e:
+                    raise ValueError(f"{where}: {e}") from e
+                ids.append(np.asarray(i, dtype))  # (n,) list[int] -> uint
+                masks.append(np.asarray(m, np.uint8))
+            return {"input_ids": ids, "loss_mask": masks}
+        texts = [rec if isinstance(rec, str) else _get(rec, text_field, w) for w, rec in batch]
+        for (where, _), t in zip(batch, texts, strict=True):
+            if not isinstance(t, str):
+                raise ValueError(f"{where}: {text_field!r} should be a string, got {t!r:.80}")
+        return {"input_ids": [np.asarray(i + eos, dtype) for i in tok.encode_batch(texts)]}
+
+    def batches() -> Iterator[list]:
+        batch = [] if first is None else [first]
+        for rec in records:
+            batch.append(rec)
+            if len(batch) == batch_size:
+                yield batch
+                batch = []
+        if batch:
+            yield batch
+
+    report = ConvertReport(str(dst))
+    tokens = 0
+    meta = {"source": "text", "tokenizer": repr(tok), "vocab_size": tok.vocab_size}
+    meta["eos_id"] = tok.eos_id
+    with Writer(dst, Schema(fields), metadata=meta, **opts.writer_kwargs()) as w:
+        for columns in parallel_map(encode, batches(), opts, desc="tokenize", source_of=_where):
+            tokens += sum(len(x) for x in columns["input_ids"])
+            w.write_batch(columns)
+        report.rows = w.num_rows
+    report.seconds = time.perf_counter() - t0
+    _log.info(
+        "tokenized %d records, %d tokens (%s, %d bytes per token) into %s",
+        report.rows,
+        tokens,
+        dtype.name,
+        dtype.itemsize,
+        dst,
+    )
+    return report
+
+
+def _where(batch) -> str:
+    return f"{batch[0][0]} .. {batch[-1][0]}" if batch else "empty batch"
+
+
+def _get(rec, name: str, where: str):
+    if not isinstance(rec, Mapping) or name not in rec:
+        keys = list(rec) if isinstance(rec, Mapping) else type(rec).__name__
+        raise ValueError(f"{where}: no field {name!r} (record has {keys})")
+    return rec[name]
+
+
+def _records(src) -> Iterator[tuple[str, object]]:
+    """``(where, record)`` pairs; ``where`` names the file and line or the row."""
+    from kuat.sources.hf import is_hf_iterable_dataset, is_hf_map_dataset
+
+    if is_hf_map_dataset(src) or is_hf_iterable_dataset(src):
+        return ((f"row {i}", r) for i, r in enumerate(src))
+    if _looks_like_paths(src):
+        from kuat.convert.tabular import expand_paths
+
+        return _files(expand_paths(src))
+    if isinstance(src, Iterable):
+        return ((f"record {i}", r) for i, r in enumerate(src))
+    raise TypeError(f"src should be paths, a datasets.Dataset or an iterable, got {type(src)}")
+
+
+def _looks_like_paths(src) -> bool:
+    """A path, or a list of paths/globs with text extensions (a list of other strings is a list
+    of records)."""
+    if isinstance(src, (str, os.PathLike)):
+        return True
+    if not isinstance(src, (list, tuple)) or not src:
+        return False
+    names = [os.fspath(s).lower() for s in src if isinstance(s, (str, os.PathLike))]
+    return len(names) == len(src) and all(n.endswith(TEXT_EXTENSIONS) for n in names)
+
+
+def _files(paths: list[str]) -> Iterator[tuple[str, object]]:
+    for path in paths:
+        ext = os.path.splitext(path.lower())[1]
+        if ext in (".jsonl", ".ndjson", ".json"):
+            with open(path, encoding="utf-8") as f:
+                for n, line in enumerate(f, 1):
+                    if not line.strip():
+                        continue
+                    try:
+                        yield f"{path}:{n}", json.loads(line)
+                    except json.JSONDecodeError as e:
+                        raise ValueError(f"{path}:{n}: not a JSON object: {e}") from e
+        elif ext in (".parquet", ".pq"):
+            import pyarrow.parquet as pq
+
+            row = 0
+            for batch in pq.ParquetFile(path).iter_batches(batch_size=4096):
+                for rec in batch.to_pylist():
+                    yield f"{path} row {row}", rec
+                    row += 1
+        elif ext == ".txt":
+            with open(path, encoding="utf-8") as f:
+                for n, line in enumerate(f, 1):
+                    line = line.rstrip("\n")
+                    if line.strip():
+                        yield f"{path}:{n}", line
+        else:
+            raise ValueError(f"{path}: not a text source (extensions {TEXT_EXTENSIONS})")

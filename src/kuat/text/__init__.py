@@ -1,0 +1,35 @@
+"""The language-model input path: pack documents into rows, batch by tokens, tokenize.
+
+| module | what it is | when it runs |
+|---|---|---|
+| `_docs.py` | documents of an epoch by ordinal (token ids, labels / loss mask), fetched again by ordinal | inside the packer |
+| `pack.py` | `pack()`: concat / first-fit / best-fit packing over a bounded buffer, a `Stream` with a small resumable state | each `iter()`, in the loader's workers |
+| `collate.py` | `pack_collate()`: rows -> batch with `cu_seqlens`, `max_seqlen`, `document_ids`; `document_mask`, `flex_block_mask` | every batch (masks: on the device) |
+| `tokenize.py` | one interface over `tokenizers` / `transformers` / `tiktoken`; chat samples with a loss mask; `tokenize()`: a stream tokenized on the fly | ingest (`kuat.convert.from_text`) or each `iter()` |
+| `budget.py` | `TokenBudgetBatchSampler`: batches bounded by padded tokens, length-bucketed, equal counts per rank | each epoch, in the loader's main thread |
+
+``kuat.pad_collate`` (``kuat/padding.py``) pads unpacked samples.
+"""
+
+from kuat.text.budget import TokenBudgetBatchSampler, lengths_of
+from kuat.text.collate import PackCollate, document_mask, flex_block_mask, pack_collate
+from kuat.text.pack import STRATEGIES, Packed, PackIterator, pack
+from kuat.text.tokenize import Tokenizer, as_tokenizer, encode_chat, load_tokenizer, tokenize
+
+__all__ = [
+    "STRATEGIES",
+    "TokenBudgetBatchSampler",
+    "Tokenizer",
+    "as_tokenizer",
+    "encode_chat",
+    "load_tokenizer",
+    "tokenize",
+    "PackCollate",
+    "PackIterator",
+    "Packed",
+    "document_mask",
+    "flex_block_mask",
+    "lengths_of",
+    "pack",
+    "pack_collate",
+]

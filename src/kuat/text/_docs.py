@@ -1,0 +1,143 @@
+"""Documents of one epoch, by ordinal: what the packer and the token-budget sampler read.
+
+A *document* is one sample of the source: a mapping with a token field (``input_ids`` by
+default: a list, NumPy array or tensor of ints) and optionally ``labels`` (same length, -100
+where the loss is masked) or ``loss_mask`` (same length, 1 where a token is trained on), or a
+bare sequence of token ids. Its *ordinal* is its position in the epoch's document order:
+
+* map-style sources: the indices ``0 .. N - 1``, or their permutation seeded by
+  ``kuat.sampling.shuffle_seed(seed, epoch)`` (the loader's own shuffle seed); any document is
+  fetched again by ordinal in one ``__getitems__`` call, so rebuilding a packer's buffer reads
+  only the buffer;
+* iterable sources: the order of :func:`kuat.sources.stream.stream_of` for the epoch; fetching
+  an ordinal again replays the stream up to it (reading, not packing).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator, Mapping, Sequence
+
+import numpy as np
+import torch
+
+IGNORE_INDEX = -100  # torch.nn.CrossEntropyLoss's default ignore_index, Hugging Face's label pad
+_CHUNK = 256  # documents fetched per __getitems__ call when reading in order
+
+
+class Doc:
+    """One document: ``ids (n,) int64`` and ``labels (n,) int64`` (-100 where masked)."""
+
+    __slots__ = ("ordinal", "index", "ids", "labels", "n")
+
+    def __init__(self, ordinal: int, index: int | None, ids: np.ndarray, labels: np.ndarray):
+        self.ordinal, self.index, self.ids, self.labels = ordinal, index, ids, labels
+        self.n = len(ids)
+
+    def __len__(self) -> int:
+        return self.n
+
+
+def to_doc(sample, ordinal: int, index: int | None, field: str) -> Doc:
+    """``sample`` as a :class:`Doc` (see the module docstring for what a document holds).
+
+    Raises:
+        ValueError: no token field, a token field that is not 1-d integers, or ``labels`` /
+            ``loss_mask`` of another length (the message names the document's ordinal and
+            source index).
+    """
+    where = f"document {ordinal}" + ("" if index is None else f" (source index {index})")
+    if isinstance(sample, Mapping):
+        if field not in sample:
+            raise ValueError(f"{where}: no field {field!r} (keys {list(sample)})")
+        ids = _ints(sample[field], where, field)
+        if "labels" in sample and sample["labels"] is not None:
+            labels = _ints(sample["labels"], where, "labels")
+        elif "loss_mask" in sample and sample["loss_mask"] is not None:
+            mask = _ints(sample["loss_mask"], where, "loss_mask")
+            if len(mask) != len(ids):
+                raise ValueError(f"{where}: loss_mask has {len(mask)} values, {field} {len(ids)}")
+            labels = np.where(mask != 0, ids, IGNORE_INDEX)
+        else:
+            labels = ids
+        if len(labels) != len(ids):
+            raise ValueError(f"{where}: labels has {len(labels)} values, {field} {len(ids)}")
+    else:
+        ids = _ints(sample, where, field)
+        labels = ids
+    return Doc(ordinal, index, ids, labels)
+
+
+def _ints(value, where: str, name: str) -> np.ndarray:
+    if isinstance(value, torch.Tensor):
+        value = value.numpy()
+    arr = np.asarray(value)
+    if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iub"):
+        raise ValueError(
+            f"{where}: {name} should be a 1-d sequence of integers, got "
+            f"{type(value).__name__} of shape {arr.shape} and dtype {arr.dtype}"
+        )
+    return arr.astype(np.int64, copy=False)  # (n,) int64: what embeddings and the loss take
+
+
+class Documents:
+    """The documents of one epoch of ``source`` by ordinal (see the module docstring)."""
+
+    def __init__(self, source, field: str, epoch: int, shuffle: bool, seed: int):
+        from kuat.sources import as_source
+
+        self.source = as_source(source)
+        self.field = field
+        self.epoch = epoch
+        self.iterable = isinstance(self.source, torch.utils.data.IterableDataset)
+        self.order: np.ndarray | None = None
+        if not self.iterable:
+            n = len(self.source)
+            if shuffle:
+                from kuat.sampling import shuffle_seed
+
+                rng = np.random.default_rng(shuffle_seed(seed, epoch))
+                self.order = rng.permutation(n)  # (N,) int64: ordinal -> source index
+            else:
+                self.order = np.arange(n)
+
+    def read(self, start: int = 0) -> Iterator[Doc]:
+        """Documents ``start, start + 1, ...`` to the end of the epoch."""
+        if self.iterable:
+            from kuat.sources.stream import stream_of
+
+            items = itertools.islice(stream_of(self.source, self.epoch), start, None)
+            for ordinal, sample in enumerate(items, start):
+                yield to_doc(sample, ordinal, None, self.field)
+            return
+        for lo in range(start, len(self.order), _CHUNK):
+            yield from self.fetch(range(lo, min(len(self.order), lo + _CHUNK)))
+
+    def fetch(self, ordinals: Sequence[int]) -> list[Doc]:
+        """The documents at ``ordinals`` (any order), in that order."""
+        ordinals = list(ordinals)
+        if not ordinals:
+            return []
+        if self.iterable:
+            wanted = set(ordinals)
+            found = {}
+            for doc in self.read(0):
+                if doc.ordinal in wanted:
+                    found[doc.ordinal] = doc
+                if doc.ordinal >= max(wanted):
+                    break
+            return [found[o] for o in ordinals]
+        indices = [int(self.order[o]) for o in ordinals]
+        getitems = getattr(self.source, "__getitems__", None)
+        if getitems is not None:
+            samples = getitems(indices)
+        else:
+            from kuat.rng import sample_context
+
+            samples = []
+            for i in indices:
+                with sample_context(i):
+                    samples.append(self.source[i])
+        return [
+            to_doc(s, o, i, self.field) for s, o, i in zip(samples, ordinals, indices, strict=True)
+        ]

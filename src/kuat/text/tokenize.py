@@ -1,0 +1,259 @@
+"""Tokenizers behind one small interface, chat samples with a loss mask, tokenizing streams.
+
+:func:`as_tokenizer` adapts, by what the object offers (nothing is imported for it):
+
+* a ``tokenizers.Tokenizer`` (``encode_batch``; its Rust thread pool parallelises a batch and
+  releases the GIL);
+* a ``transformers`` tokenizer (callable, with ``eos_token_id``);
+* a ``tiktoken.Encoding`` (``encode_ordinary_batch``, ``eot_token``).
+
+Chat samples (``messages``: a list of ``{"role", "content"}``) are rendered with a plain,
+explicit template and tokenized message by message, as torchtune's ``tokenize_messages`` does,
+so each token's loss-mask value is known without re-aligning strings::
+
+    <|role|>\\n content <eos>\\n
+
+The header (``<|role|>\\n``) and the separator are template tokens (never trained); a message's
+content and its ``eos`` are trained exactly when its role is ``assistant`` (``train_on``).
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Iterator, Mapping, Sequence
+
+import numpy as np
+
+from kuat.sources.stream import Stream, stream_of
+
+__all__ = [
+    "Tokenize",
+    "Tokenizer",
+    "as_tokenizer",
+    "encode_chat",
+    "load_tokenizer",
+    "token_dtype",
+    "tokenize",
+]
+
+
+class Tokenizer:
+    """``encode_batch(texts) -> list[list[int]]``, ``vocab_size`` and ``eos_id`` of any
+    supported tokenizer (see the module docstring). Thread-safe as the wrapped tokenizer is
+    (all three supported ones are)."""
+
+    def __init__(self, tok, eos_id: int | None = None):
+        self.tok = tok
+        if hasattr(tok, "encode_batch") and hasattr(tok, "get_vocab_size"):  # tokenizers
+            self.kind = "tokenizers"
+            self.vocab_size = int(tok.get_vocab_size(with_added_tokens=True))
+        elif hasattr(tok, "encode_ordinary_batch"):  # tiktoken
+            self.kind = "tiktoken"
+            self.vocab_size = int(tok.n_vocab)
+            eos_id = tok.eot_token if eos_id is None else eos_id
+        elif callable(tok) and hasattr(tok, "eos_token_id"):  # transformers
+            self.kind = "transformers"
+            self.vocab_size = len(tok)
+            eos_id = tok.eos_token_id if eos_id is None else eos_id
+        else:
+            raise TypeError(
+                "tokenizer should be a tokenizers.Tokenizer, a transformers tokenizer or a "
+                f"tiktoken Encoding, got {type(tok).__name__}"
+            )
+        if eos_id is not None and not 0 <= int(eos_id) < self.vocab_size:
+            raise ValueError(f"eos_id={eos_id} is outside the vocabulary [0, {self.vocab_size})")
+        self.eos_id = None if eos_id is None else int(eos_id)
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        """Token ids of each text, without special tokens (kuat adds ``eos_id`` itself)."""
+        texts = list(texts)
+        if self.kind == "tokenizers":
+            return [e.ids for e in self.tok.encode_batch(texts, add_special_tokens=False)]
+        if self.kind == "tiktoken":
+            return self.tok.encode_ordinary_batch(texts)
+        return self.tok(texts, add_special_tokens=False)["input_ids"]
+
+    def __repr__(self) -> str:
+        return f"Tokenizer({self.kind}, vocab_size={self.vocab_size}, eos_id={self.eos_id})"
+
+
+def as_tokenizer(tok, eos_id: int | None = None) -> Tokenizer:
+    """``tok`` as a :class:`Tokenizer` (unchanged if it is one)."""
+    return tok if isinstance(tok, Tokenizer) else Tokenizer(tok, eos_id)
+
+
+def load_tokenizer(path: str) -> object:
+    """A tokenizer from a local file or directory (never downloads): a ``tokenizer.json``
+    (``tokenizers.Tokenizer.from_file``) or a ``transformers`` tokenizer directory
+    (``AutoTokenizer.from_pretrained(path, local_files_only=True)``).
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+    """
+    import os
+
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"no tokenizer at {path}")
+    if os.path.isdir(path):
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(path, local_files_only=True)
+    from tokenizers import Tokenizer as HFTokenizer
+
+    return HFTokenizer.from_file(path)
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    """The smallest unsigned integer type that holds ids ``0 .. vocab_size - 1``: uint8 up to
+    256 tokens, uint16 up to 65,536 (2 bytes per stored token, as nanoGPT's and Megatron's
+    token files), else uint32."""
+    for dtype in (np.uint8, np.uint16, np.uint32):
+        if vocab_size - 1 <= np.iinfo(dtype).max:
+            return np.dtype(dtype)
+    raise ValueError(f"vocab_size={vocab_size} does not fit in 32 bits")
+
+
+def encode_chat(
+    tok: Tokenizer, messages: Sequence[Mapping], *, train_on: Sequence[str] = ("assistant",)
+) -> tuple[list[int], list[int]]:
+    """``(input_ids, loss_mask)`` of one conversation (see the module docstring).
+
+    Raises:
+        ValueError: a message without a string ``role`` and ``content`` (names its position).
+    """
+    texts: list[str] = []
+    trained: list[bool] = []
+    for i, m in enumerate(messages):
+        if (
+            not isinstance(m, Mapping)
+            or not isinstance(m.get("role"), str)
+            or not isinstance(m.get("content"), str)
+        ):
+            raise ValueError(
+                f"message {i} should be {{'role': str, 'content': str}}, got {m!r:.100}"
+            )
+        texts += [f"<|{m['role']}|>\n", m["content"], "\n"]
+        trained.append(m["role"] in train_on)
+    encoded = tok.encode_batch(texts) if texts else []
+    ids: list[int] = []
+    mask: list[int] = []
+    for i, on in enumerate(trained):
+        header, content, sep = encoded[3 * i : 3 * i + 3]
+        body = content + ([] if tok.eos_id is None else [tok.eos_id])
+        ids += header + body + sep
+        mask += [0] * len(header) + [int(on)] * len(body) + [0] * len(sep)
+    return ids, mask
+
+
+class Tokenize(Stream):
+    """See :func:`tokenize`."""
+
+    def __init__(self, source, tok: Tokenizer, text_field, messages_field, batch_size, add_eos):
+        super().__init__()
+        from kuat.sources import as_source
+
+        self.source = as_source(source)
+        self.tok = tok
+        self.text_field = text_field
+        self.messages_field = messages_field
+        self.batch_size = batch_size
+        self.add_eos = add_eos
+
+    def samples(self, epoch: int) -> Iterator[dict]:
+        """Every sample of ``epoch`` tokenized, in order (what a packer reads)."""
+        return self._encoded(stream_of(self.source, epoch))
+
+    def __iter__(self) -> Iterator[dict]:
+        # Tokenizing maps samples 1:1, so split the raw samples by rank and worker first (the
+        # same positions Stream.__iter__ would keep) and tokenize only this share: the loader's
+        # workers tokenize in parallel instead of each tokenizing the whole stream.
+        raw = _RawShare(self.source)
+        raw._epoch, raw._rank, raw._world_size = self._epoch, self._rank, self._world_size
+        raw._batch_size, raw._drop_last = self._batch_size, self._drop_last
+        return self._encoded(Stream.__iter__(raw))
+
+    def _encoded(self, samples: Iterator) -> Iterator[dict]:
+        batch: list = []
+        for sample in samples:
+            batch.append(sample)
+            if len(batch) == self.batch_size:
+                yield from self._encode(batch)
+                batch = []
+        if batch:
+            yield from self._encode(batch)
+
+    def _encode(self, samples: list) -> list[dict]:
+        first = samples[0]
+        if isinstance(first, Mapping) and self.messages_field in first:
+            out = []
+            for s in samples:
+                ids, mask = encode_chat(self.tok, s[self.messages_field])
+                out.append(
+                    {
+                        "input_ids": np.asarray(ids, np.int64),
+                        "loss_mask": np.asarray(mask, np.uint8),
+                    }
+                )
+            return out
+        texts = [s[self.text_field] if isinstance(s, Mapping) else s for s in samples]
+        eos = [self.tok.eos_id] if self.add_eos and self.tok.eos_id is not None else []
+        return [
+            {"input_ids": np.asarray(ids + eos, np.int64)} for ids in self.tok.encode_batch(texts)
+        ]
+
+    def __repr__(self) -> str:
+        return f"Tokenize({self.source!r:.60}, {self.tok!r})"
+
+
+class _RawShare(Stream):
+    """The untokenized samples of a source, split like any :class:`Stream`."""
+
+    def __init__(self, source):
+        super().__init__()
+        self.source = source
+
+    def samples(self, epoch: int) -> Iterator:
+        return stream_of(self.source, epoch)
+
+
+def tokenize(
+    source,
+    tokenizer,
+    *,
+    text_field: str = "text",
+    messages_field: str = "messages",
+    batch_size: int = 256,
+    add_eos: bool = True,
+    eos_id: int | None = None,
+) -> Tokenize:
+    """Tokenize a source on the fly, ``batch_size`` samples per tokenizer call.
+
+    Each sample (a mapping with ``text_field`` (str), or ``messages_field`` (a chat), or a bare
+    string) becomes ``{"input_ids": (n,) int64}`` (text, followed by the tokenizer's eos when
+    ``add_eos``) or ``{"input_ids": (n,) int64, "loss_mask": (n,) uint8}`` (chat, see
+    :func:`encode_chat`) -- the documents :func:`kuat.pack` takes. Use it for streaming sources
+    (``datasets.IterableDataset``, :func:`kuat.mix` of streams); for data read many times,
+    tokenize once with :func:`kuat.convert.from_text`.
+
+    Returns:
+        A :class:`Tokenize` stream (split across ranks and workers like every kuat stream).
+        Wrapped by :func:`kuat.pack`, it is read whole by each packer (which splits rows).
+
+    Raises:
+        TypeError: an unsupported tokenizer.
+        ValueError: ``batch_size`` not an int >= 1.
+    """
+    if (
+        isinstance(batch_size, bool)
+        or not isinstance(batch_size, numbers.Integral)
+        or batch_size < 1
+    ):
+        raise ValueError(f"batch_size should be an int >= 1, got {batch_size!r}")
+    return Tokenize(
+        source,
+        as_tokenizer(tokenizer, eos_id),
+        text_field,
+        messages_field,
+        int(batch_size),
+        bool(add_eos),
+    )

@@ -1,0 +1,28 @@
+"""kuat demo --text: real text, tokenized, packed, a few training steps; numbers in the JSON."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kuat.cli import main
+
+pytest.importorskip("tokenizers")
+
+
+def test_demo_text_runs_and_reports(tmp_path, capsys):
+    out = tmp_path / "text.json"
+    status = main(
+        ["demo", "--text", "--cache-dir", str(tmp_path), "--train-seconds", "2", "--seq-len", "128",
+         "--batch-size", "4", "--workers", "1", "--json", str(out)]
+    )  # fmt: skip
+    assert status == 0
+    printed = capsys.readouterr().out
+    assert "padding waste" in printed and "trained tokens/s" in printed
+    result = json.loads(out.read_text())
+    assert result["documents"] > 1000 and result["tokens"] > 50_000
+    assert result["stored_bytes_per_token"] < 2.5  # uint16 ids + 4-byte row offsets
+    waste = result["padding_waste"]["2048"]
+    assert waste["best_fit"] <= waste["first_fit"] + 1e-9 < waste["naive"]
+    assert result["steps"] >= 1 and result["time_to_first_batch_s"] > 0

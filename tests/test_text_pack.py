@@ -1,0 +1,359 @@
+"""kuat.pack: rows never mix documents, every token once per epoch, exact resume per strategy."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import kuat
+from kuat.testing import check_resume
+from kuat.text import STRATEGIES, document_mask, flex_block_mask, pack, pack_collate
+
+STRIDE = 10_000  # token t of document d is d * STRIDE + t: every token says where it came from
+
+
+def make_docs(n=60, seed=0, longest=30):
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(0, longest + 1, n)
+    lengths[5] = 0  # an empty document
+    lengths[7] = 80  # longer than the rows below
+    return [{"input_ids": (d * STRIDE + np.arange(k)).tolist()} for d, k in enumerate(lengths)]
+
+
+class MapDocs(torch.utils.data.Dataset):
+    """A map-style source that counts the documents it is asked for."""
+
+    def __init__(self, docs):
+        self.docs = docs
+        self.reads = 0
+
+    def __len__(self):
+        return len(self.docs)
+
+    def __getitems__(self, indices):
+        self.reads += len(indices)
+        return [self.docs[i] for i in indices]
+
+    def __getitem__(self, i):
+        return self.__getitems__([i])[0]
+
+
+class IterDocs(torch.utils.data.IterableDataset):
+    def __init__(self, docs):
+        self.docs = docs
+
+    def __iter__(self):
+        return iter(self.docs)
+
+
+def real_tokens(row) -> list[int]:
+    n = int(row["document_lengths"].sum())
+    return row["input_ids"][:n].tolist()
+
+
+def check_row(row, seq_len, pad_id=0):
+    """A row's documents are whole pieces, positions restart, labels -100 at each boundary."""
+    ids, labels, pos = row["input_ids"], row["labels"], row["position_ids"]
+    assert ids.shape == labels.shape == pos.shape == (seq_len,)
+    assert ids.dtype == labels.dtype == pos.dtype == torch.int64
+    assert row["document_lengths"].dtype == torch.int32
+    at = 0
+    for n in row["document_lengths"].tolist():
+        piece = ids[at : at + n]
+        assert n > 0 and len(set((piece // STRIDE).tolist())) == 1  # one document per piece
+        assert torch.equal(piece[1:] - piece[:-1], torch.ones(n - 1, dtype=torch.int64))
+        assert torch.equal(pos[at : at + n], torch.arange(n))  # positions restart at 0
+        assert labels[at] == -100  # nothing predicts across the boundary
+        assert torch.equal(labels[at + 1 : at + n], ids[at + 1 : at + n])
+        at += n
+    assert (ids[at:] == pad_id).all() and (labels[at:] == -100).all()
+    assert torch.equal(pos[at:], torch.arange(seq_len - at))
+
+
+def pieces_by_document(rows) -> dict[int, list[int]]:
+    out: dict[int, list[int]] = {}
+    for row in rows:
+        for t in real_tokens(row):
+            out.setdefault(t // STRIDE, []).append(t % STRIDE)
+    return out
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("kind", ["map", "iterable"])
+def test_rows_hold_every_token_once(strategy, kind):
+    docs = make_docs()
+    source = MapDocs(docs) if kind == "map" else IterDocs(docs)
+    packed = pack(source, 32, strategy, buffer_size=8)
+    rows = list(packed)
+    for row in rows:
+        check_row(row, 32)
+    got = pieces_by_document(rows)
+    for d, doc in enumerate(docs):  # every token of every document, exactly once
+        assert sorted(got.get(d, [])) == [t % STRIDE for t in doc["input_ids"]], d
+    stats = packed.stats()
+    total = sum(len(d["input_ids"]) for d in docs)
+    assert stats["documents"] == len(docs) and stats["tokens"] == total
+    assert stats["rows"] == len(rows)
+    assert stats["pad_tokens"] == 32 * len(rows) - total
+    if strategy == "concat":  # documents continue across rows, in order; one padded row at most
+        assert [t for r in rows for t in real_tokens(r)] == [
+            t for d in docs for t in d["input_ids"]
+        ]
+        assert stats["pad_tokens"] < 32
+    else:
+        assert stats["split_documents"] == 1  # document 7 (80 tokens) -> 32 + 32 + 16
+
+
+@pytest.mark.parametrize("strategy", ["first_fit", "best_fit"])
+def test_too_long_documents_dropped_and_counted(strategy):
+    docs = make_docs()
+    packed = pack(MapDocs(docs), 32, strategy, buffer_size=8, too_long="drop")
+    got = pieces_by_document(list(packed))
+    assert 7 not in got
+    assert packed.stats()["dropped_documents"] == 1
+    assert packed.stats()["dropped_tokens"] == len(docs[7]["input_ids"])
+    assert set(got) == {d for d, doc in enumerate(docs) if 0 < len(doc["input_ids"]) <= 32}
+
+
+def test_first_fit_and_best_fit_by_hand():
+    # one buffer (the whole input): sizes 5, 4, 3, 3, 2, 2, 1 into rows of 8
+    docs = [
+        {"input_ids": [d * STRIDE + t for t in range(k)]}
+        for d, k in enumerate([5, 4, 3, 3, 2, 2, 1])
+    ]
+    rows = list(pack(docs, 8, "first_fit", buffer_size=100))
+    assert [[t // STRIDE for t in real_tokens(r)][::1] for r in rows] == [
+        [0] * 5 + [2] * 3, [1] * 4 + [3] * 3 + [6], [4] * 2 + [5] * 2
+    ]  # fmt: skip
+    rows = list(pack(docs, 8, "best_fit", buffer_size=100))
+    # decreasing: 5 -> row0, 4 -> row1, 3 -> row0 (full), 3 -> row1, 2 -> row2, 2 -> row2, 1 -> row1
+    assert [sorted({t // STRIDE for t in real_tokens(r)}) for r in rows] == [
+        [0, 2],
+        [1, 3, 6],
+        [4, 5],
+    ]
+
+
+def test_sft_labels_from_a_loss_mask():
+    """A chat sample: prompt and template tokens masked, the answer trained on."""
+    prompt, answer = [11, 12, 13, 14], [21, 22, 23]
+    sample = {"input_ids": prompt + answer, "loss_mask": [0] * 4 + [1] * 3}
+    other = {"input_ids": [31, 32], "labels": [-100, 32]}
+    rows = list(pack([sample, other], 12, "first_fit"))
+    assert len(rows) == 1
+    row = rows[0]
+    assert row["input_ids"].tolist() == [11, 12, 13, 14, 21, 22, 23, 31, 32, 0, 0, 0]
+    # hand-computed: -100 on the prompt, the boundary (first token of each document) and padding
+    assert row["labels"].tolist() == [-100] * 4 + [21, 22, 23] + [-100, 32] + [-100] * 3
+    assert row["position_ids"].tolist() == [0, 1, 2, 3, 4, 5, 6, 0, 1, 0, 1, 2]
+    # the loss over the packed row equals the sum of the per-document losses
+    logits = torch.randn(1, 12, 40, generator=torch.Generator().manual_seed(0))
+    packed_loss = F.cross_entropy(
+        logits[0, :-1], row["labels"][1:], ignore_index=-100, reduction="sum"
+    )
+    a = F.cross_entropy(logits[0, 3:6], torch.tensor([21, 22, 23]), reduction="sum")
+    b = F.cross_entropy(logits[0, 7:8], torch.tensor([32]), reduction="sum")
+    torch.testing.assert_close(packed_loss, a + b)
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_collate_masks_block_documents(strategy):
+    rows = list(pack(make_docs(20, seed=1), 24, strategy, buffer_size=6))[:3]
+    batch = pack_collate(document_mask=True)(rows)
+    ids = batch["input_ids"]  # (B, L)
+    B, L = ids.shape
+    assert batch["cu_seqlens"].dtype == torch.int32 and int(batch["cu_seqlens"][-1]) == B * L
+    # cu_seqlens: exactly where position_ids restart (transformers' flash-attention convention)
+    starts = torch.nonzero(batch["position_ids"].reshape(-1) == 0).flatten()
+    assert batch["cu_seqlens"][:-1].tolist() == starts.tolist()
+    assert batch["max_seqlen"] == int(torch.diff(batch["cu_seqlens"]).max())
+    mask = batch["attention_mask"]  # (B, 1, L, L)
+    doc = torch.where(batch["labels"] == -100, -1, ids // STRIDE)  # for the brute force below
+    for b in range(B):
+        for q in range(L):
+            for k in range(L):
+                want = k <= q and batch["document_ids"][b, q] == batch["document_ids"][b, k]
+                assert bool(mask[b, 0, q, k]) == bool(want)
+                if want and doc[b, q] >= 0 and doc[b, k] >= 0:
+                    assert doc[b, q] == doc[b, k]  # never across two documents
+    # flex attention's BlockMask gives the same attention as the dense mask
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(B, 2, L, 16) for _ in range(3))
+    dense = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    from torch.nn.attention.flex_attention import flex_attention
+
+    flex = flex_attention(q, k, v, block_mask=flex_block_mask(batch["document_ids"], block_size=8))
+    torch.testing.assert_close(flex, dense, atol=1e-5, rtol=1e-5)
+    assert torch.equal(document_mask(batch["document_ids"]), mask)
+
+
+def test_padding_free_collate():
+    rows = list(pack(make_docs(20, seed=2), 24, "best_fit", buffer_size=6))[:4]
+    batch = pack_collate(padding_free=True)(rows)
+    want = torch.cat([torch.tensor(real_tokens(r)) for r in rows])
+    assert torch.equal(batch["input_ids"], want[None])  # (1, T), no pad tokens
+    lengths = torch.cat([r["document_lengths"] for r in rows])
+    assert torch.equal(torch.diff(batch["cu_seqlens"]), lengths)
+    assert batch["position_ids"].shape == (1, len(want))
+    for s, e in zip(
+        batch["cu_seqlens"][:-1].tolist(), batch["cu_seqlens"][1:].tolist(), strict=True
+    ):
+        assert batch["position_ids"][0, s:e].tolist() == list(range(e - s))
+        assert batch["labels"][0, s] == -100
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_resume_from_a_small_state(strategy, shuffle):
+    """The packer's own state: exact at every row, and a resume reads at most one buffer."""
+    docs = make_docs(80, seed=3)
+    packed = pack(MapDocs(docs), 32, strategy, buffer_size=8, shuffle=shuffle, seed=5)
+    reference = list(packed.iter_rows(epoch=1))
+    it = packed.iter_rows(epoch=1)
+    states = [it.state_dict()]
+    for _ in it:
+        states.append(it.state_dict())
+    assert len(states) == len(reference) + 1
+    for k in [0, 1, len(reference) // 3, len(reference) // 2, len(reference) - 1, len(reference)]:
+        source = MapDocs(docs)
+        resumed = pack(source, 32, strategy, buffer_size=8, shuffle=shuffle, seed=5)
+        rest = resumed.iter_rows(state=states[k])
+        first = next(rest, None)
+        if k < len(reference):
+            # rebuilding costs the carried row and one buffer, whatever k is
+            assert source.reads <= 8 + 32 + (8 if strategy != "concat" else 0) + 256
+            kuat.testing.assert_same_batch(first, reference[k], f"row {k}")
+        else:
+            assert first is None
+        for j, row in enumerate(rest, k + 1):
+            kuat.testing.assert_same_batch(row, reference[j], f"row {j}")
+    assert len(str(states[len(states) // 2])) < 400  # a handful of ints, not the buffer
+
+
+def test_resume_reads_only_a_buffer_from_a_large_source():
+    docs = [{"input_ids": list(range(d % 50 + 1))} for d in range(5000)]
+    packed = pack(MapDocs(docs), 64, "best_fit", buffer_size=16)
+    it = packed.iter_rows()
+    for _ in range(1000):
+        next(it)
+    state = it.state_dict()
+    source = MapDocs(docs)
+    row = next(pack(source, 64, "best_fit", buffer_size=16).iter_rows(state=state))
+    kuat.testing.assert_same_batch(row, next(it))
+    assert source.reads <= 16 + 64 + 256  # carried row + one buffer (read in chunks of 256)
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_first_row_reads_one_buffer_whatever_the_dataset_size(strategy):
+    """No eager pass: the first row costs one buffer (read in chunks of 256), not the epoch."""
+    for n in (2_000, 20_000):
+        source = MapDocs([{"input_ids": list(range(d % 50 + 1))} for d in range(n)])
+        next(iter(pack(source, 64, strategy, buffer_size=100)))
+        assert source.reads <= 256
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_loader_resume_is_exact(strategy, num_workers):
+    docs = make_docs(50, seed=4)
+
+    def make():
+        return kuat.DataLoader(
+            pack(MapDocs(docs), 16, strategy, buffer_size=6),
+            batch_size=3,
+            num_workers=num_workers,
+            collate_fn=pack_collate(),
+        )
+
+    ref = check_resume(make, midpoints=[0, 1, 4, 9], epochs=2)
+    assert len(ref) > 9
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("world_size", [2, 3])
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_every_token_once_across_ranks_and_workers(strategy, world_size, drop_last):
+    docs = make_docs(70, seed=6)
+    packed = pack(MapDocs(docs), 32, strategy, buffer_size=8)
+    unsplit = list(packed)
+    per_rank = []
+    for rank in range(world_size):
+        loader = kuat.DataLoader(
+            pack(MapDocs(docs), 32, strategy, buffer_size=8),
+            batch_size=2,
+            num_workers=2,
+            collate_fn=pack_collate(),
+            rank=rank,
+            world_size=world_size,
+            seed=0,
+            drop_last=drop_last,
+        )
+        rows = []
+        for batch in loader:
+            rows.extend(batch["input_ids"])
+        per_rank.append(rows)
+    counts = {len(rows) for rows in per_rank}
+    assert len(counts) == 1  # equal shares: the same number of rows (and batches) per rank
+    # rank r holds rows r, r + W, ... of the unsplit epoch (DistributedSampler's split)
+    n = len(unsplit)
+    served = n // world_size * world_size if drop_last else -(-n // world_size) * world_size
+    for rank, rows in enumerate(per_rank):
+        want = [unsplit[p % n]["input_ids"] for p in range(rank, served, world_size)]
+        if drop_last:  # the loader also drops each rank's incomplete last batch (torch's rule)
+            want = want[: len(want) // 2 * 2]
+        assert len(rows) == len(want)
+        for got, w in zip(rows, want, strict=True):
+            assert torch.equal(got, w)
+    if drop_last:
+        return
+    # so every token appears exactly once across ranks and workers (plus the wrap-around rows
+    # that even out the ranks, as DistributedSampler pads)
+    tokens = sorted(t for rows in per_rank for r in rows for t in r[r != 0].tolist())
+    real = [t for d in docs for t in d["input_ids"] if t != 0]
+    wrapped = [t for r in unsplit[: served - n] for t in real_tokens(r) if t != 0]
+    assert tokens == sorted(real + wrapped)
+
+
+def test_hf_datasets_sources():
+    datasets = pytest.importorskip("datasets")
+    docs = make_docs(30, seed=7)
+    ds = datasets.Dataset.from_list(docs)
+    for fmt in (None, "numpy", "torch", "arrow"):
+        if fmt == "arrow":
+            continue  # one-row tables are not documents
+        rows = list(pack(ds.with_format(fmt), 32, "best_fit", buffer_size=8))
+        ref = list(pack(docs, 32, "best_fit", buffer_size=8))
+        assert len(rows) == len(ref)
+        for a, b in zip(rows, ref, strict=True):
+            kuat.testing.assert_same_batch(a, b)
+    stream = ds.to_iterable_dataset(num_shards=3)
+    rows = list(pack(stream, 32, "concat"))
+    assert sorted(t for r in rows for t in real_tokens(r)) == sorted(
+        t for d in docs for t in d["input_ids"]
+    )
+
+
+def test_argument_and_document_errors():
+    with pytest.raises(ValueError, match="seq_len.*0"):
+        pack([], 0)
+    with pytest.raises(ValueError, match="strategy.*'bfd'"):
+        pack([], 8, "bfd")
+    with pytest.raises(ValueError, match="too_long.*'cut'"):
+        pack([], 8, too_long="cut")
+    with pytest.raises(ValueError, match="buffer_size"):
+        pack([], 8, buffer_size=0)
+    with pytest.raises(TypeError, match="pad_id"):
+        pack([], 8, pad_id=1.5)
+    with pytest.raises(ValueError, match=r"document 1 \(source index 1\).*labels has 2 values"):
+        list(pack([{"input_ids": [1]}, {"input_ids": [1, 2, 3], "labels": [1, 2]}], 8))
+    with pytest.raises(ValueError, match=r"document 0 .*no field 'input_ids'"):
+        list(pack([{"text": "hi"}], 8))
+    with pytest.raises(ValueError, match="1-d sequence of integers"):
+        list(pack([{"input_ids": [0.5, 1.5]}], 8))
+    with pytest.raises(ValueError, match="not a 'concat' packer state"):
+        pack([], 8, "concat").iter_rows(state={"version": 1, "strategy": "best_fit"})
+    with pytest.raises(ValueError, match="rows of different lengths"):
+        pack_collate()([next(iter(pack([[1, 2]], 4))), next(iter(pack([[1, 2]], 5)))])
