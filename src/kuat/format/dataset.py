@@ -96,6 +96,28 @@ class _Var:
         return self.offsets[rows].tolist(), self.offsets[rows + 1].tolist()
 
 
+class _Strings:
+    """strings (``list<string>``): row ``r`` holds strings ``offsets[r]:offsets[r + 1]`` of
+    ``items``."""
+
+    __slots__ = ("offsets", "items")
+
+    def __init__(self, offsets: np.ndarray, items: _Var):
+        self.offsets, self.items = offsets, items
+
+    def rows(self, rows: list[int]) -> list[list[str]]:
+        """A new ``list[str]`` per row of ``rows``."""
+        o, io, data = self.offsets, self.items.offsets, self.items.data
+        out = []
+        for r in rows:
+            a, b = int(o[r]), int(o[r + 1])
+            base = int(io[a])
+            raw = data[base : int(io[b])].tobytes()  # the row's strings, decoded one by one
+            ends = (io[a + 1 : b + 1] - base).tolist()
+            out.append([raw[s:e].decode() for s, e in zip([0, *ends[:-1]], ends)])
+        return out
+
+
 class _Image:
     __slots__ = ("bytes", "width", "height", "codec")
 
@@ -225,6 +247,8 @@ def _open_shard(path: str, info: ShardInfo, schema: Schema, arrow_schema: pa.Sch
                 columns[f.name] = _var_column(arr)
             elif kind == "sequence":
                 columns[f.name] = _var_column(arr, f.type.np_dtype)
+            elif kind == "strings":
+                columns[f.name] = _Strings(_var_column(arr).offsets, _var_column(arr.values))
             else:
                 columns[f.name] = _Image(
                     _var_column(arr.field(0)),
@@ -535,6 +559,13 @@ class Dataset:
                         width[pos] = np.take(col.width, rows, mode="clip")
                         height[pos] = np.take(col.height, rows, mode="clip")
                 out[name] = ImageBatch(data, width, height, codec)
+            elif kind == "strings":
+                res = [None] * b
+                for shard, pos, rows in groups:
+                    p = range(b) if pos is None else pos
+                    for j, v in zip(p, shard.columns[name].rows(rows)):
+                        res[j] = v
+                out[name] = res
             else:
                 res = [None] * b
                 for shard, pos, rows in groups:
@@ -565,7 +596,8 @@ class Dataset:
         - tensor: ``(B, *shape)`` array (one copy of the selected rows);
         - image: :class:`ImageBatch` (zero-copy ``memoryview`` s, ``(B,)`` width/height);
         - bytes: B zero-copy ``memoryview`` s; string: B ``str``;
-        - sequence: B read-only 1-D array views.
+        - sequence: B read-only 1-D array views;
+        - strings: B new ``list[str]``.
 
         No transform is applied and nothing is decoded. Memoryviews and views keep the shard
         mapped while referenced.
