@@ -248,6 +248,9 @@ def test_engine_is_validated_and_refused_where_unsupported(tmp_path):
         kuat.convert.ConvertOptions(engine="spark")
     with pytest.raises(ValueError, match="rows_per_task=0"):
         kuat.convert.ConvertOptions(rows_per_task=0)
+    (tmp_path / "a.jsonl").write_text('{"a": 1}\n')
+    with pytest.raises(ValueError, match="s3://bucket/x.kuat.*not to a URL"):
+        kuat.convert.from_jsonl(tmp_path / "a.jsonl", "s3://bucket/x.kuat", engine="ray")
     np.save(tmp_path / "a.npy", np.arange(4))
     with pytest.raises(ValueError, match="'numpy' converts locally only"):
         kuat.convert.convert(str(tmp_path / "a.npy"), tmp_path / "o", engine="ray")

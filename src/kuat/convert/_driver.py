@@ -65,6 +65,8 @@ class ConvertOptions:
         rows_per_task: (``engine="ray"``, ImageFolder) images one task converts and writes;
             1000 ImageNet JPEGs (~110 KB each) make about one 128 MiB shard per task. Tables
             take one task per input file.
+        storage_options: fsspec options (credentials, ``endpoint_url``) for URL sources and
+            destinations (``s3://...``; see :mod:`kuat.format.fs`).
     """
 
     num_workers: int | None = None
@@ -78,6 +80,7 @@ class ConvertOptions:
     overwrite: bool = False
     engine: str = "local"
     rows_per_task: int = 1000
+    storage_options: dict | None = None
 
     def __post_init__(self):
         if self.on_error not in ON_ERROR:
@@ -109,6 +112,8 @@ class ConvertOptions:
         kw = {"overwrite": self.overwrite}
         if self.shard_bytes is not None:
             kw["shard_bytes"] = self.shard_bytes
+        if self.storage_options:
+            kw["storage_options"] = self.storage_options
         return kw
 
 

@@ -145,6 +145,7 @@ def convert_on_ray(
         kuat.DecodeError, kuat.SchemaError: an unreadable sample with ``on_error="raise"``,
             the first in input order (as locally).
         FileExistsError: ``dst`` is a dataset and ``overwrite`` is False, or is being written.
+        ValueError: ``dst`` is a URL (tasks write to a shared file system path).
         ImportError: Ray Data is not installed.
         ray.exceptions.RayError: a task failed for another reason after its retries.
     """
@@ -154,6 +155,11 @@ def convert_on_ray(
     except ImportError as e:
         raise ImportError("engine='ray' needs Ray Data: pip install 'kuat[ray]'") from e
 
+    if "://" in os.fspath(dst):
+        raise ValueError(
+            f"dst={os.fspath(dst)!r}: the Ray engine writes to a path every node mounts, not "
+            "to a URL (convert to a shared file system, or use engine='local' for URLs)"
+        )
     payloads = [{"part": k, "payload": pickle.dumps(p)} for k, p in enumerate(parts)]
     report = ConvertReport(str(dst))
     task_opts = replace(opts, num_workers=1, progress=False)
