@@ -149,35 +149,3 @@ def test_iterable_resume_replays_the_served_batches():
     b = kuat.DataLoader(Counter(), batch_size=3)
     b.load_state_dict(state)
     assert [x.tolist() for x in b] == [[3, 4, 5], [6, 7, 8], [9]]
-
-
-@pytest.mark.parametrize("kind", ["generator", "RandomSampler"])
-def test_state_dict_warns_when_the_order_cannot_be_rebuilt(kind):
-    # a drop-in user seeds torch's way (generator=, or their own RandomSampler): the resumed
-    # loader got another order and silently repeated and skipped samples
-    import warnings
-
-    import torch
-
-    def make():
-        g = torch.Generator().manual_seed(5)
-        if kind == "generator":
-            return kuat.DataLoader(range(20), batch_size=4, shuffle=True, generator=g)
-        return kuat.DataLoader(range(20), batch_size=4,
-                               sampler=torch.utils.data.RandomSampler(range(20), generator=g))
-
-    loader = make()
-    it = iter(loader)
-    next(it)
-    with pytest.warns(UserWarning, match="cannot rebuild"):
-        loader.state_dict()
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        loader.state_dict()  # once per loader: checkpointing every N steps is not a flood
-        seeded = kuat.DataLoader(range(20), batch_size=4, shuffle=True, seed=0)
-        next(iter(seeded))
-        seeded.state_dict()
-        plain = kuat.DataLoader(range(20), batch_size=4,
-                                sampler=torch.utils.data.SequentialSampler(range(20)))
-        next(iter(plain))
-        plain.state_dict()

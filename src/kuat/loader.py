@@ -483,7 +483,6 @@ class DataLoader(_TorchDataLoader):
         self._warned: set[tuple[str, str]] = set()
         self._advised = False
         self._warned_unsplit = False
-        self._warned_resume = False
         self._engine = None  # persistent workers only
         self._live_iter = None  # weakref to the iterator using the persistent workers
         self._progress: list | None = None  # [epoch, batches served, exhausted] of the last iter
@@ -648,30 +647,7 @@ class DataLoader(_TorchDataLoader):
         source_state = getattr(self._source, "state_dict", None)
         if callable(source_state):
             state["source"] = source_state()
-        why = None if self._warned_resume else self._order_not_resumable()
-        if why is not None:
-            self._warned_resume = True
-            warnings.warn(
-                f"kuat DataLoader.state_dict(): {why}, so a loader resumed from this state "
-                "cannot rebuild it and may repeat or skip samples (seed= instead gives orders "
-                "that depend only on (seed, epoch), which resume exactly)",
-                stacklevel=2,
-            )
         return state
-
-    def _order_not_resumable(self) -> str | None:
-        """Why the order of an epoch cannot be rebuilt from :meth:`state_dict`, or ``None``."""
-        if self.generator is not None:
-            return "the order and each epoch's base seed come from the state of generator="
-        sampler = getattr(self.batch_sampler, "sampler", None) or self.sampler
-        own_rng = (
-            torch.utils.data.RandomSampler,
-            torch.utils.data.SubsetRandomSampler,
-            torch.utils.data.WeightedRandomSampler,
-        )
-        if isinstance(sampler, own_rng):
-            return f"the order comes from the random state of the {type(sampler).__name__} passed"
-        return None
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from :meth:`state_dict`: the next epoch started continues that position.
