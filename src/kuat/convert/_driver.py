@@ -224,8 +224,12 @@ def parallel_map(
     desc: str = "convert",
     source_of: Callable = str,
     report: ConvertReport | None = None,
+    size_of: Callable | None = None,
 ) -> Iterator:
     """Yield ``fn(item)`` for every item, in order, computed by ``opts.workers`` threads.
+
+    Progress counts samples: 1 per item, or ``size_of(item)`` for items that hold several
+    (batches of records).
 
     At most ``4 * workers`` items are in flight (bounded memory). An item whose ``fn``
     raises a :class:`kuat.KuatError` or ``OSError`` is skipped (``on_error="skip"``; recorded
@@ -265,9 +269,9 @@ def parallel_map(
                     log.debug("skipping %s: %s", where, e)
                     if report is not None:
                         report.skipped.append((where, str(e)))
-                    progress.update()
+                    progress.update(1 if size_of is None else size_of(item))
                     continue
-                progress.update()
+                progress.update(1 if size_of is None else size_of(item))
                 yield result
     finally:
         progress.close()
