@@ -2,13 +2,14 @@
 
 Not a test: prints a table. Run with ``.venv/bin/python benchmarks/bench_vision.py``.
 
-Workload: ImageNet-like JPEGs (long side 300 to 900 px, quality 75 to 95, varied aspect ratios)
-cut from the photographs shipped inside scikit-image, scikit-learn and matplotlib (no
-download), held in memory. Megapixels are *source* pixels (stored width x height), so every
+Workload: the same ImageNet-like JPEGs as ``kuat bench`` (:func:`kuat.cli.demo_data.make_jpeg`:
+ImageNet's size and bytes per pixel, cut from the photographs shipped inside scikit-image,
+scikit-learn and matplotlib, no download), held in memory. Megapixels are *source* pixels (stored width x height), so every
 row is comparable: a row that decodes less (reduced DCT scale) shows as more Mpx/s.
 
 Rows:
-  decode-only (simplejpeg)   full-size decode, nothing else: the decode-only limit
+  decode-only (simplejpeg)   full-size decode, nothing else: a reference, not a limit (the
+                             fused rows decode only the crop, at a reduced DCT scale)
   kuat decode_image          the same through kuat (header, EXIF orientation, checks)
   kuat fused RRC224+flip     Compose([RandomResizedCrop(224), RandomHorizontalFlip()])
                              .apply_encoded into a (B, 3, 224, 224) uint8 batch buffer slot
@@ -33,58 +34,21 @@ import time
 import numpy as np
 
 
-def _sources() -> list[np.ndarray]:
-    import matplotlib.cbook
-    import skimage.data
-    from PIL import Image
-    from sklearn.datasets import load_sample_images
-
-    out = []
-    for name in (
-        "astronaut",
-        "coffee",
-        "chelsea",
-        "rocket",
-        "motorcycle_left",
-        "hubble_deep_field",
-    ):
-        try:
-            a = getattr(skimage.data, name)()
-        except Exception:  # some need pooch downloads; skip them
-            continue
-        if a.ndim == 3 and a.shape[2] == 3:
-            out.append(a)
-    out.extend(load_sample_images().images)
-    with matplotlib.cbook.get_sample_data("grace_hopper.jpg") as f:
-        out.append(np.asarray(Image.open(f).convert("RGB")))
-    return out
-
-
 def make_corpus(n: int, seed: int = 0) -> list[tuple[bytes, int, int]]:
-    """``n`` JPEGs as ``(bytes, width, height)``: random crops of real photos, long side
-    300-900 px, quality 75-95."""
+    """``n`` JPEGs as ``(bytes, width, height)``, the corpus ``kuat bench`` generates (same
+    generator, so the same size and bytes-per-pixel distribution)."""
     from PIL import Image
 
-    rng = np.random.default_rng(seed)
-    srcs = _sources()
+    from kuat.cli.demo_data import load_source_photos, make_jpeg
+
+    photos = load_source_photos()
+    names = sorted(photos)
+    seeds = np.random.SeedSequence(seed).generate_state(n, np.uint64)
     corpus = []
     for k in range(n):
-        src = srcs[k % len(srcs)]
-        h, w = src.shape[:2]
-        ch = int(rng.integers(h // 2, h + 1))
-        cw = int(rng.integers(w // 2, w + 1))
-        y, x = int(rng.integers(0, h - ch + 1)), int(rng.integers(0, w - cw + 1))
-        im = Image.fromarray(src[y : y + ch, x : x + cw])
-        long_side = int(rng.integers(300, 901))
-        scale = long_side / max(im.size)
-        im = im.resize(
-            (max(1, round(im.width * scale)), max(1, round(im.height * scale))), Image.BICUBIC
-        )
-        if rng.random() < 0.5:
-            im = im.transpose(Image.FLIP_LEFT_RIGHT)
-        b = io.BytesIO()
-        im.save(b, "JPEG", quality=int(rng.integers(75, 96)))
-        corpus.append((b.getvalue(), im.width, im.height))
+        data, _ = make_jpeg(photos[names[k % len(names)]], int(seeds[k]))
+        with Image.open(io.BytesIO(data)) as im:
+            corpus.append((data, im.width, im.height))
     return corpus
 
 

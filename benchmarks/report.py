@@ -1,7 +1,10 @@
 """Turn a ``results.json`` of ``kuat bench`` into a Markdown report and a PNG bar chart.
 
-:func:`markdown` is also what ``kuat bench --table RESULTS.json`` prints for the README:
-machine (cores, CPU model), date, the version of every peer, then one table per workload.
+:func:`markdown` is what ``kuat bench --table RESULTS.json`` prints and what
+``python -m benchmarks.readme`` puts into the README: machine (cores, CPU model, load), date,
+settings, the images measured and their statistics, the version of every peer, then one table
+per workload, each ratio naming its baseline, and a headline against the strongest torch
+configuration.
 """
 
 from __future__ import annotations
@@ -9,14 +12,15 @@ from __future__ import annotations
 from pathlib import Path
 
 TITLES = {
-    "imagenet-jpeg": "imagenet-jpeg: demo JPEGs, RandomResizedCrop(224) + flip, uint8 "
-    "(64, 3, 224, 224) out",
+    "imagenet-jpeg": "imagenet-jpeg: RandomResizedCrop(224) + flip, uint8 (64, 3, 224, 224) out",
     "imagenet-jpeg-256": "imagenet-jpeg-256: kuat on the dataset converted with "
-    "--resize-shorter 256 (torch reads the original files)",
-    "tokens": "tokens: random windows of 1,025 uint16 tokens from one memmap, batch 32, int64 out",
+    "--resize-shorter 256 (the torch baselines read the original files)",
+    "tokens": "tokens: random windows of 1,025 uint16 tokens from one memmap, batch 32, int64 "
+    "out, the same dataset for every loader",
     "hf-rows": "hf-rows: datasets.Dataset of variable-length int32 lists, padding collate, "
     "batch 64",
     "ingest": "ingest: converting the ImageFolder into each format",
+    "overhead": "overhead: the loop's own cost on cheap samples, batch 256, us per batch",
 }
 
 
@@ -41,78 +45,201 @@ def _f(v, fmt: str = "{:.0f}") -> str:
     return "–" if v is None else fmt.format(v)
 
 
+def _spread(median, lo, hi, fmt: str) -> str:
+    """``median (min-max)``, or ``median`` alone when min == max (one round); a suffix after
+    the last ``}`` of ``fmt`` (a unit) goes after the median only."""
+    if median is None:
+        return "–"
+    head, unit = fmt.rsplit("}", 1)
+    num = head + "}"
+    if lo is None or hi is None or num.format(lo) == num.format(hi):
+        return fmt.format(median)
+    return f"{fmt.format(median)} ({num.format(lo)}-{num.format(hi)})"
+
+
+def _ratio(r: dict, base: str, unit: str = "") -> str:
+    """``median (min-max)`` of the per-round ratios to ``base``; ``unit`` follows the median."""
+    v = r.get("vs", {}).get(base)
+    return "–" if v is None else _spread(v["median"], v["min"], v["max"], "{:.2f}" + unit)
+
+
+def label(results: dict, loader: str, workload: str) -> str:
+    """The name a loader's row has in ``workload``'s table (``{workers}`` in a label is the
+    run's worker count)."""
+    per_workload = results.get("workload_labels", {}).get(loader, {})
+    name = per_workload.get(workload) or results.get("labels", {}).get(loader, loader)
+    return name.replace("{workers}", str(results.get("config", {}).get("num_workers", "?")))
+
+
 def _versions_line(results: dict) -> str:
     seen: dict[str, str] = {}
     for vs in results.get("versions", {}).values():
         for k, v in vs.items():
-            seen.setdefault(k, str(v))
+            if k != "kuat ROI decoder":  # a build flag, reported on its own line
+                seen.setdefault(k, str(v))
     return ", ".join(f"{k} {v}" for k, v in sorted(seen.items()))
 
 
-def markdown(results: dict) -> str:
-    """The whole report: header (machine, date, versions, run settings) and tables."""
+def describe_images(stats: dict | None) -> str:
+    """What the image workloads read, with size and bytes-per-pixel statistics."""
+    if not stats:
+        return "no image workload ran"
+    mp, bpp = stats["megapixels"], stats["bytes_per_pixel"]
+    if stats["source"] == "generated":
+        what = (
+            "the generated ImageNet-like corpus (`kuat.cli.demo_data`: crops of photographs "
+            "that installed packages ship, with grain, at ImageNet's size and bytes per pixel)"
+        )
+    else:
+        what = f"the user's ImageFolder `{stats['root']}`"
+    return (
+        f"{what}: {stats['images']:,} images in {stats['classes']} classes, "
+        f"{stats['total_mib']:.0f} MiB; megapixels median {mp['median']:.3f} "
+        f"(p10-p90 {mp['p10']:.3f}-{mp['p90']:.3f}); bytes per pixel median "
+        f"{bpp['median']:.2f} (p10-p90 {bpp['p10']:.2f}-{bpp['p90']:.2f}); "
+        f"{100 * stats['grayscale_fraction']:.1f}% grayscale. ImageNet-1k train: about "
+        "0.11-0.18 megapixels at 0.6-0.8 bytes per pixel"
+    )
+
+
+def _header(results: dict) -> list[str]:
     m, c = results["machine"], results["config"]
-    labels = results.get("labels", {})
+    roi = {v.get("kuat ROI decoder") for v in results.get("versions", {}).values()} - {None}
+    load = m.get("load_avg_1min")
+    load_end = results.get("load_avg_1min_end")
     lines = [
-        "# kuat bench results",
-        "",
         f"- Machine: {m['cpu_count']} cores, {m['cpu_model']}, {m['memory_gib']} GiB RAM, "
         f"{m['platform']}, Python {m['python']}",
+    ]
+    if load is not None:
+        lines.append(
+            f"- Load: 1-minute load average {load:.1f} at the start"
+            + (f", {load_end:.1f} at the end" if load_end is not None else "")
+            + f" on {m['cpu_count']} cores"
+            + (
+                " (a busy machine: compare the ratios, not the absolute rates)"
+                if max(load, load_end or 0) > 0.5 * m["cpu_count"]
+                else ""
+            )
+        )
+    lines += [
         f"- Date: {results['started_utc']} to {results['finished_utc']} (UTC)",
         f"- Settings: {'quick' if c['quick'] else 'full'} run, {c['runs']} interleaved rounds, "
-        f"{c['epochs']} epochs per run (first = warm-up, excluded from the rate), "
-        f"{c['num_workers']} workers for every loader, {c['num_images']} images",
-        f"- Versions: {_versions_line(results)}",
+        f"{c['epochs']} epochs per run (the first a warm-up, excluded from the rate), "
+        f"{c['num_workers']} workers for every loader unless its name says otherwise; memory "
+        f"from {c.get('memory_runs', 0)} separate run(s) of {c.get('memory_epochs', '?')} "
+        "epochs per loader",
+        f"- Images: {describe_images(results.get('images'))}",
+    ]
+    if roi:
+        lines.append(f"- kuat's region (ROI) JPEG decoder: {', '.join(sorted(roi))}")
+    lines += [f"- Versions: {_versions_line(results)}", ""]
+    return lines
+
+
+def _headline(results: dict, workload: str, s: dict) -> list[str]:
+    rows, strongest = s["rows"], s.get("strongest")
+    out = []
+    if strongest and not strongest.startswith("kuat"):  # ingest's baseline is kuat itself
+        base = label(results, strongest, workload)
+        for loader, r in rows.items():
+            v = r.get("vs", {}).get(strongest)
+            if loader.startswith("kuat") and v:
+                out.append(
+                    f"**{label(results, loader, workload)}: {_ratio(r, strongest, 'x')} the "
+                    f"strongest torch configuration here, {base}.**"
+                )
+    ref = s.get("reference")
+    if ref:
+        for loader, r in rows.items():
+            if loader.startswith("kuat") and r.get("vs", {}).get(ref):
+                out.append(
+                    f"{label(results, loader, workload)}: {_ratio(r, ref, 'x')} the "
+                    f"{label(results, ref, workload)}. That row is a reference, not a limit: it "
+                    "decodes every full image and does nothing else, while kuat decodes only "
+                    "the crop, at a reduced DCT scale, and can exceed it."
+                )
+    return [*out, ""] if out else []
+
+
+def _table(results: dict, workload: str, s: dict) -> list[str]:
+    rows, baselines = s["rows"], s.get("baselines", [])
+    ref = s.get("reference")
+    if workload == "ingest":
+        lines = [
+            "| writer | images/s (min-max) | kuat is N x faster | CPU s / 1k images | output MiB |",
+            "|---|---:|---:|---:|---:|",
+        ]
+        for loader, r in rows.items():
+            v = r.get("vs", {}).get("kuat")
+            inv = _spread(1 / v["median"], 1 / v["max"], 1 / v["min"], "{:.2f}") if v else "–"
+            lines.append(
+                f"| {INGEST_LABELS.get(loader, loader)} | "
+                f"{_spread(r['rate'], r.get('rate_min'), r.get('rate_max'), '{:.0f}')} | {inv} | "
+                f"{_f(r['cpu_s_per_1k'], '{:.1f}')} | {_f(r.get('output_mib'))} |"
+            )
+        return lines
+    unit = "samples/s" if workload in ("tokens", "hf-rows") else "images/s"
+    vs_cols = [*baselines, *([ref] if ref else [])]
+    lines = [
+        f"| loader | {unit} (min-max) | "
+        + "".join(f"vs {label(results, b, workload)} | " for b in vs_cols)
+        + "CPU s / 1k | first batch s | set-up s | added anonymous MiB | added file-backed "
+        "MiB | added shared MiB | peak PSS MiB |",
+        "|---|---:|" + "---:|" * len(vs_cols) + "---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for loader, r in rows.items():
+        added = r.get("added_mib") or {}
+        lines.append(
+            f"| {label(results, loader, workload)} | "
+            f"{_spread(r['rate'], r.get('rate_min'), r.get('rate_max'), '{:.0f}')} | "
+            + "".join(f"{_ratio(r, b)} | " for b in vs_cols)
+            + f"{_f(r['cpu_s_per_1k'], '{:.2f}')} | {_f(r.get('ttfb_s'), '{:.2f}')} | "
+            f"{_f(r.get('setup_s'), '{:.2f}')} | {_f(added.get('anon'))} | "
+            f"{_f(added.get('file'))} | {_f(added.get('shmem'))} | "
+            f"{_f(r.get('peak_pss_mib'))} |"
+        )
+    return lines
+
+
+def markdown(results: dict, title: str = "# kuat bench results") -> str:
+    """The whole report: header (machine, load, date, settings, images, versions) and one
+    table per workload; ``title`` is its first line (the README uses a lower heading)."""
+    level = title.split(" ", 1)[0] + "#"  # workload headings one level below the title
+    lines = [
+        title,
         "",
-        'Rates are medians over rounds of the steady-state epochs; "vs torch" is the median '
-        "of per-round ratios to torch's DataLoader in the same round. Memory is PSS summed over "
-        "the loader's processes; \"added\" subtracts the process's PSS after imports.",
+        *_header(results),
+        "Rates are medians over rounds of the steady-state epochs, with the lowest and highest "
+        'round in brackets; "vs X" is the median (min-max) of the per-round ratios to X in the '
+        "same round. Memory comes from separate runs (the sampler never runs while a loader is "
+        "timed): PSS summed over the loader's processes, each kind's peak minus that kind "
+        "after imports; file-backed pages (a memory-mapped shard) are page cache the kernel can "
+        "reclaim, anonymous memory is what the loader really holds.",
         "",
     ]
-    for workload, rows in results["summary"].items():
-        if not rows:
+    for workload, s in results["summary"].items():
+        if not s["rows"]:
             continue
-        lines += [f"## {TITLES.get(workload, workload)}", ""]
-        if workload == "ingest":
-            lines += [
-                "| writer | images/s | kuat is N x faster | CPU s / 1k images | output MiB |",
-                "|---|---:|---:|---:|---:|",
-            ]
-            for loader, r in rows.items():
-                inv = (1.0 / r["ratio_to_baseline"]) if r.get("ratio_to_baseline") else None
+        lines += [f"{level} {TITLES.get(workload, workload)}", ""]
+        lines += _headline(results, workload, s)
+        lines += _table(results, workload, s)
+        for loader, r in s["rows"].items():
+            errs = [*r.get("errors", []), *r.get("memory_errors", [])]
+            if errs:
                 lines.append(
-                    f"| {INGEST_LABELS.get(loader, loader)} | {_f(r['rate'])} | "
-                    f"{_f(inv, '{:.2f}')} | "
-                    f"{_f(r['cpu_s_per_1k'], '{:.1f}')} | {_f(r.get('output_mib'))} |"
+                    f"\n{label(results, loader, workload)} failed in some runs: {'; '.join(errs)}"
                 )
-        else:
-            unit = "samples/s" if workload in ("tokens", "hf-rows") else "images/s"
-            lines += [
-                f"| loader | {unit} | vs torch | CPU s / 1k | time to first batch s | "
-                "set-up s | peak PSS MiB | added MiB |",
-                "|---|---:|---:|---:|---:|---:|---:|---:|",
-            ]
-            for loader, r in rows.items():
-                lines.append(
-                    f"| {labels.get(loader, loader)} | {_f(r['rate'])} | "
-                    f"{_f(r['ratio_to_baseline'], '{:.2f}')} | "
-                    f"{_f(r['cpu_s_per_1k'], '{:.2f}')} | {_f(r.get('ttfb_s'), '{:.2f}')} | "
-                    f"{_f(r.get('setup_s'), '{:.2f}')} | {_f(r.get('peak_pss_mib'))} | "
-                    f"{_f(r.get('added_pss_mib'))} |"
-                )
-            if workload == "imagenet-jpeg" and "decode-only" in rows and "kuat" in rows:
-                lim, k = rows["decode-only"]["rate"], rows["kuat"]["rate"]
-                if lim and k:
-                    lines += [
-                        "",
-                        f"kuat (threads) reaches {100 * k / lim:.0f}% of the decode-only limit.",
-                    ]
-        failed = {ld: r["errors"] for ld, r in rows.items() if r.get("errors")}
-        for loader, errs in failed.items():
-            lines.append(f"\n{labels.get(loader, loader)} failed in some runs: {'; '.join(errs)}")
         lines.append("")
+    for workload, table in (results.get("tables") or {}).items():  # e.g. bench_overhead
+        import importlib
+
+        from benchmarks.runner import TABLE_WORKLOADS
+
+        module = importlib.import_module(f"benchmarks.{TABLE_WORKLOADS[workload]}")
+        lines += [f"## {TITLES.get(workload, workload)}", "", module.markdown(table)]
     if results.get("unavailable"):
-        lines += ["## Not measured", "", "| loader | why |", "|---|---|"]
+        lines += [f"{level} Not measured", "", "| loader | why |", "|---|---|"]
         for k, v in results["unavailable"].items():
             lines.append(f"| {k} | {str(v).splitlines()[0][:300].replace('|', '/')} |")
         lines.append("")
@@ -120,30 +247,36 @@ def markdown(results: dict) -> str:
 
 
 def chart(results: dict, path: Path) -> None:
-    """A bar chart of each workload's rate relative to its baseline, saved as PNG."""
+    """A bar chart of each workload's median rates, saved as PNG."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     panels = [
-        (w, rows)
-        for w, rows in results["summary"].items()
-        if rows and any(r.get("rate") for r in rows.values())
+        (w, s["rows"])
+        for w, s in results["summary"].items()
+        if s["rows"] and any(r.get("rate") for r in s["rows"].values())
     ]
     if not panels:
         return
-    labels = results.get("labels", {})
     fig, axes = plt.subplots(
         len(panels), 1, figsize=(9, 2.2 + 0.45 * sum(len(r) for _, r in panels)), squeeze=False
     )
     for ax, (workload, rows) in zip(axes[:, 0], panels):
-        names_of = INGEST_LABELS if workload == "ingest" else labels
-        names = [names_of.get(k, k) for k, r in rows.items() if r.get("rate")]
-        rates = [r["rate"] for r in rows.values() if r.get("rate")]
+        kept = [(k, r) for k, r in rows.items() if r.get("rate")]
+        names = [
+            INGEST_LABELS.get(k, k) if workload == "ingest" else label(results, k, workload)
+            for k, _ in kept
+        ]
+        rates = [r["rate"] for _, r in kept]
         colors = [
-            "tab:orange" if n.startswith("kuat") else "tab:gray" if "decode" in n else "tab:blue"
-            for n in names
+            "tab:orange"
+            if k.startswith("kuat")
+            else "tab:gray"
+            if k == "decode-only"
+            else "tab:blue"
+            for k, _ in kept
         ]
         ax.barh(names[::-1], rates[::-1], color=colors[::-1])
         unit = "images/s" if workload != "tokens" and workload != "hf-rows" else "samples/s"

@@ -7,12 +7,20 @@ Method (see docs/benchmarks.md):
 - each measurement is a fresh child process running the loader's own interpreter
   (:mod:`benchmarks.worker`), so memory starts clean and one peer's imports or start-method
   changes cannot affect another;
-- the parent samples the PSS summed over the child and all its descendants every 50 ms
-  (:class:`benchmarks.measure.PeakPssSampler`); "added" memory is that peak minus the
-  child's own PSS after imports, before the loader is built;
+- rates come from runs that nothing else measures: no memory sampler runs while a loader
+  is timed (sampling PSS over a process tree costs a quarter to half of a core);
+- memory comes from runs of its own (``memory_runs`` per loader and workload, after the rate
+  rounds, ``memory_epochs`` epochs each): the parent samples the PSS summed over the child
+  and all its descendants every 50 ms (:class:`benchmarks.measure.PeakPssSampler`), by kind
+  (anonymous, file-backed, shared memory); "added" memory is each kind's peak minus the
+  child's own PSS of that kind after imports, before the loader is built;
 - rounds are interleaved (round 1: A B C ..., round 2: A B C ...) so machine drift hits
-  every loader alike; per-loader results are medians over rounds, and the ratio to torch is
-  the median of the per-round ratios (each against torch in the same round).
+  every loader alike; per-loader results are medians over rounds with the min-max next to
+  them, and a ratio to a baseline is the median of the per-round ratios (each against that
+  baseline in the same round);
+- every workload has one or more baselines (:data:`BASELINES`: torch + PIL and torch +
+  ``decode_jpeg`` for images, torch with all workers and with none for tokens); each ratio
+  names its baseline and the headline ratio is against the strongest (highest median rate).
 """
 
 from __future__ import annotations
@@ -34,16 +42,26 @@ from pathlib import Path
 from benchmarks import envs, measure, workloads
 from benchmarks.adapters import LOADERS
 
+# Workloads measured in this process by their own module (a table of their own, not one run
+# per loader): name -> module under benchmarks/ with run(quick, progress) and markdown(result).
+TABLE_WORKLOADS = {"overhead": "bench_overhead"}
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
-BASELINE = {
-    "imagenet-jpeg": "torch",
-    "imagenet-jpeg-256": "torch",
-    "tokens": "torch",
-    "hf-rows": "torch",
-    "ingest": "kuat",
+# workload -> the configurations every other loader is compared with; the first is the stock
+# one, and the headline ratio is against whichever has the highest median rate in the run
+BASELINES = {
+    "imagenet-jpeg": ("torch", "torch-decode-jpeg"),
+    "imagenet-jpeg-256": ("torch", "torch-decode-jpeg"),
+    "tokens": ("torch", "torch-w0"),
+    "hf-rows": ("torch", "torch-w0"),
+    "ingest": ("kuat",),
 }
+# workload -> a row reported as a reference point, not a loader and not a limit
+REFERENCE = {"imagenet-jpeg": "decode-only"}
 DEFAULT_LOADERS = (
     "torch",
+    "torch-decode-jpeg",
+    "torch-w0",
     "kuat",
     "kuat-proc",
     "torchdata-nodes",
@@ -65,10 +83,12 @@ class BenchConfig:
     out_dir: Path = Path("bench-results")
     quick: bool = False
     loaders: tuple[str, ...] = DEFAULT_LOADERS
-    workloads: tuple[str, ...] = workloads.ALL
-    runs: int | None = None  # interleaved rounds; default 3 (quick: 2)
+    workloads: tuple[str, ...] = workloads.ALL + tuple(TABLE_WORKLOADS)
+    runs: int | None = None  # interleaved timed rounds; default 3 (quick: 2); 0: memory only
     num_images: int | None = None  # default 2000 (quick: 512)
     epochs: int | None = None  # per run: 1 warm-up + steady; default 3 (quick: 2)
+    memory_runs: int = 1  # separate memory-sampled runs per (loader, workload); 0: none
+    memory_epochs: int = 2  # epochs per memory run
     num_tokens: int = 50_000_000
     token_windows: int | None = None  # samples per tokens epoch; default 65,536 (quick 16,384)
     hf_rows: int | None = None  # default 200,000 (quick 50,000)
@@ -84,20 +104,32 @@ class BenchConfig:
         unknown = [n for n in self.loaders if n not in LOADERS]
         if unknown:
             raise ValueError(f"unknown loaders={unknown}; known: {sorted(LOADERS)}")
-        bad = [w for w in self.workloads if w not in workloads.ALL]
+        known = list(workloads.ALL) + list(TABLE_WORKLOADS)
+        bad = [w for w in self.workloads if w not in known]
         if bad:
-            raise ValueError(f"unknown workloads={bad}; known: {list(workloads.ALL)}")
-        if self.runs is not None and self.runs < 1:
-            raise ValueError(f"runs={self.runs} must be >= 1")
+            raise ValueError(f"unknown workloads={bad}; known: {known}")
+        if self.runs is not None and self.runs < 0:
+            raise ValueError(f"runs={self.runs} must be >= 0 (0: memory runs only)")
         if self.epochs is not None and self.epochs < 2:
             raise ValueError(f"epochs={self.epochs} must be >= 2 (one warm-up, then steady)")
+        if self.memory_runs < 0 or self.memory_epochs < 1:
+            raise ValueError(
+                f"memory_runs={self.memory_runs} must be >= 0 and "
+                f"memory_epochs={self.memory_epochs} >= 1"
+            )
+        if self.runs == 0 and self.memory_runs == 0:
+            raise ValueError("runs=0 and memory_runs=0: nothing to measure")
+        if self.num_workers is not None and self.num_workers < 0:
+            raise ValueError(f"num_workers={self.num_workers} must be >= 0")
         q = self.quick
-        self.runs = self.runs or (2 if q else 3)
+        if self.runs is None:
+            self.runs = 2 if q else 3
         self.num_images = self.num_images or (512 if q else 2000)
         self.epochs = self.epochs or (2 if q else 3)
         self.token_windows = self.token_windows or (16_384 if q else 65_536)
         self.hf_rows = self.hf_rows or (50_000 if q else 200_000)
-        self.num_workers = self.num_workers or os.cpu_count() or 1
+        if self.num_workers is None:
+            self.num_workers = os.cpu_count() or 1
         self.setup_envs = (not q) if self.setup_envs is None else self.setup_envs
         self.cache_dir = Path(self.cache_dir or Path.home() / ".cache" / "kuat" / "bench").resolve()
         self.out_dir = Path(self.out_dir).resolve()  # children run in another directory
@@ -109,7 +141,7 @@ class BenchConfig:
 
 
 def machine_info() -> dict:
-    """Cores, CPU model, memory, OS and Python of this machine."""
+    """Cores, CPU model, memory, OS, Python and the 1-minute load average of this machine."""
     model = platform.processor() or ""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -126,6 +158,7 @@ def machine_info() -> dict:
         "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
         "platform": platform.platform(),
         "python": platform.python_version(),
+        "load_avg_1min": os.getloadavg()[0],
     }
 
 
@@ -143,7 +176,9 @@ def run_child(
 
     The child gets its own session (so a timeout kills its whole tree), the repository root
     on ``PYTHONPATH`` and ``work_dir`` as working directory; its output goes to
-    ``work_dir/<name>.log``. With ``sample_pss`` the result gains ``peak_pss_bytes``.
+    ``work_dir/<name>.log``. With ``sample_pss`` the parent samples the PSS of the child's
+    process tree meanwhile, and the result gains ``peak_pss`` and ``added_pss`` (bytes by kind:
+    ``pss``, ``anon``, ``file``, ``shmem``) and ``pss_samples``; never use it in a timed run.
     """
     work_dir.mkdir(parents=True, exist_ok=True)
     name = f"{spec['mode']}-{spec['loader']}-{spec['workload']}-{spec.get('round', 0)}"
@@ -193,11 +228,14 @@ def run_child(
     result["process_wall_s"] = wall
     result["log"] = str(log_path)
     if sampler is not None:
-        result["peak_pss_bytes"] = sampler.peak_bytes
+        # the child's own readings (after imports, after the last epoch) count as samples too
+        readings = [r for r in (result.get("baseline_pss"), result.get("end_pss")) if r]
+        peak = {k: max([sampler.peak[k], *(r[k] for r in readings)]) for k in measure.PSS_KINDS}
+        result["peak_pss"] = peak
         result["pss_samples"] = sampler.samples
-        base = result.get("baseline_pss_bytes")
-        if base is not None and sampler.peak_bytes:
-            result["added_pss_bytes"] = sampler.peak_bytes - base
+        base = result.get("baseline_pss")
+        if base is not None:
+            result["added_pss"] = {k: peak[k] - base[k] for k in measure.PSS_KINDS}
     return result
 
 
@@ -212,42 +250,87 @@ def _metric(run: dict, workload: str) -> float | None:
     return (run.get("steady") or {}).get("samples_per_s")
 
 
+def _spread(values: list) -> dict | None:
+    """``{"median", "min", "max"}`` of the values that are not None; None if there are none."""
+    values = [v for v in values if v is not None]
+    if not values:
+        return None
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def _memory(mem_runs: list[dict]) -> dict:
+    """Median peak and added PSS (MiB, by kind) over the memory runs that succeeded."""
+    ok = [r for r in mem_runs if r.get("ok") and r.get("added_pss")]
+    out: dict = {"memory_runs": len(mem_runs), "memory_ok_runs": len(ok)}
+    if ok:
+        out["peak_pss_mib"] = _median([r["peak_pss"]["pss"] / 2**20 for r in ok])
+        out["baseline_pss_mib"] = _median([r["baseline_pss"]["pss"] / 2**20 for r in ok])
+        out["added_mib"] = {
+            k: _median([r["added_pss"][k] / 2**20 for r in ok]) for k in measure.PSS_KINDS
+        }
+    errors = sorted({r.get("error", "") for r in mem_runs if not r.get("ok")})
+    if errors:
+        out["memory_errors"] = errors
+    return out
+
+
 def summarize(runs: list[dict], plan: dict[str, list[str]]) -> dict:
-    """Medians per (workload, loader) and the median per-round ratio to the baseline."""
+    """Per workload: the baselines measured, the strongest of them, and per loader the median
+    rate with its min-max over rounds, the per-round ratio to each baseline (median, min, max)
+    and the memory of its separate memory runs.
+
+    Returns ``{workload: {"baselines": [...], "strongest": name | None, "reference": name |
+    None, "rows": {loader: row}}}``. Runs carry ``mode``: ``run``/``ingest`` runs give rates,
+    ``memory`` runs give memory only.
+    """
     out: dict[str, dict] = {}
     for workload, loaders in plan.items():
-        rows: dict[str, dict] = {}
-        base = BASELINE[workload]
+        timed = [r for r in runs if r["workload"] == workload and r.get("mode", "run") != "memory"]
         by_round: dict[int, dict[str, dict]] = {}
-        for r in runs:
-            if r["workload"] == workload:
-                by_round.setdefault(r["round"], {})[r["loader"]] = r
+        for r in timed:
+            by_round.setdefault(r["round"], {})[r["loader"]] = r
+        rows: dict[str, dict] = {}
         for loader in loaders:
-            mine = [r for r in runs if r["workload"] == workload and r["loader"] == loader]
+            mine = [r for r in timed if r["loader"] == loader]
             ok = [r for r in mine if r.get("ok")]
-            ratios = []
-            for rnd in by_round.values():
-                a, b = rnd.get(loader), rnd.get(base)
-                if a and b and a.get("ok") and b.get("ok"):
-                    ma, mb = _metric(a, workload), _metric(b, workload)
-                    if ma and mb:
-                        ratios.append(ma / mb)
+            rate = _spread([_metric(r, workload) for r in ok])
             row = {
                 "runs": len(mine),
                 "ok_runs": len(ok),
-                "rate": _median([_metric(r, workload) for r in ok]),
-                "ratio_to_baseline": _median(ratios),
-                "baseline": base,
+                "rate": rate and rate["median"],
+                "rate_min": rate and rate["min"],
+                "rate_max": rate and rate["max"],
                 "cpu_s_per_1k": _median([(r.get("steady") or r).get("cpu_s_per_1k") for r in ok]),
+                "vs": {},
             }
+            ref = REFERENCE.get(workload)
+            for base in (*BASELINES[workload], *([ref] if ref else [])):
+                ratios = []
+                for rnd in by_round.values():
+                    a, b = rnd.get(loader), rnd.get(base)
+                    if a and b and a.get("ok") and b.get("ok"):
+                        ma, mb = _metric(a, workload), _metric(b, workload)
+                        if ma and mb:
+                            ratios.append(ma / mb)
+                spread = _spread(ratios)
+                if spread is not None:
+                    row["vs"][base] = spread
             if workload != "ingest":
                 row.update(
                     setup_s=_median([r.get("setup_s") for r in ok]),
                     ttfb_s=_median([r.get("ttfb_s") for r in ok]),
                     first_epoch_s=_median([(r.get("epochs") or [{}])[0].get("wall_s") for r in ok]),
-                    peak_pss_mib=_median([r.get("peak_pss_bytes", 0) / 2**20 for r in ok]),
-                    added_pss_mib=_median([r.get("added_pss_bytes", 0) / 2**20 for r in ok]),
-                    baseline_pss_mib=_median([r.get("baseline_pss_bytes", 0) / 2**20 for r in ok]),
+                )
+                row.update(
+                    _memory(
+                        [
+                            r
+                            for r in runs
+                            if r["workload"] == workload
+                            and r["loader"] == loader
+                            and r.get("mode") == "memory"
+                        ]
+                    )
                 )
             else:
                 row["output_mib"] = _median([r.get("output_bytes", 0) / 2**20 for r in ok])
@@ -255,7 +338,17 @@ def summarize(runs: list[dict], plan: dict[str, list[str]]) -> dict:
             if errors:
                 row["errors"] = errors
             rows[loader] = row
-        out[workload] = rows
+        measured = [b for b in BASELINES[workload] if rows.get(b, {}).get("rate")]
+        strongest = max(measured, key=lambda b: rows[b]["rate"]) if measured else None
+        for row in rows.values():
+            row["ratio_to_strongest"] = (row["vs"].get(strongest) or {}).get("median")
+        ref = REFERENCE.get(workload)
+        out[workload] = {
+            "baselines": measured,
+            "strongest": strongest,
+            "reference": ref if ref in rows else None,
+            "rows": rows,
+        }
     return out
 
 
@@ -269,6 +362,7 @@ def run_bench(cfg: BenchConfig, progress: Callable[[str], None] = lambda s: None
     from benchmarks import report
 
     started = datetime.now(timezone.utc)
+    machine = machine_info()  # load average before the first measurement
     cfg.out_dir.mkdir(parents=True, exist_ok=True)
     cfg.cache_dir.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="kuat-bench-"))
@@ -299,7 +393,7 @@ def run_bench(cfg: BenchConfig, progress: Callable[[str], None] = lambda s: None
     # 2. Probe: import each loader in its interpreter, record versions or why it fails.
     import importlib
 
-    plan: dict[str, list[str]] = {w: [] for w in cfg.workloads}
+    plan: dict[str, list[str]] = {w: [] for w in cfg.workloads if w not in TABLE_WORKLOADS}
     for loader in cfg.loaders:
         if loader in unavailable:
             progress(f"skip {loader}: {unavailable[loader]}")
@@ -322,14 +416,15 @@ def run_bench(cfg: BenchConfig, progress: Callable[[str], None] = lambda s: None
         supported = importlib.import_module(
             f"benchmarks.adapters.{LOADERS[loader]['adapter']}"
         ).WORKLOADS
-        for w in cfg.workloads:
+        for w in plan:
             if w in supported and w not in LOADERS[loader].get("skip", ()):
                 plan[w].append(loader)
         progress(f"{loader}: {res['versions']}")
 
     # 3. Data.
     data: dict[str, dict] = {}
-    for w in cfg.workloads:
+    image_data: dict | None = None
+    for w in plan:
         if not plan[w]:
             continue
         try:
@@ -337,8 +432,13 @@ def run_bench(cfg: BenchConfig, progress: Callable[[str], None] = lambda s: None
                 if cfg.image_root is not None:
                     data[w] = {"root": str(cfg.image_root)}
                 else:
-                    progress(f"data for {w}: demo ImageFolder of {cfg.num_images} JPEGs")
+                    progress(f"data for {w}: ImageNet-like ImageFolder of {cfg.num_images} JPEGs")
                     data[w] = workloads.imagenet_jpeg(cfg.num_images, progress=False)
+                if image_data is None:
+                    image_data = workloads.image_stats(
+                        data[w]["root"], generated=cfg.image_root is None
+                    )
+                    progress("images: " + report.describe_images(image_data))
             elif w == "tokens":
                 progress(f"data for tokens: {cfg.num_tokens:,} uint16 tokens")
                 data[w] = workloads.tokens(
@@ -375,31 +475,43 @@ def run_bench(cfg: BenchConfig, progress: Callable[[str], None] = lambda s: None
             prepare_s.setdefault(w, {})[loader] = res["prepare_s"]
             data.setdefault(f"{w}:{loader}", {}).update(res.get("data") or {})
 
-    # 5. Rounds, interleaved.
+    # 5a. Workloads with their own table, measured in this process (before the peers' runs).
+    tables: dict[str, dict] = {}
+    for w in cfg.workloads:
+        if w in TABLE_WORKLOADS and cfg.runs:
+            module = importlib.import_module(f"benchmarks.{TABLE_WORKLOADS[w]}")
+            tables[w] = module.run_for_bench(cfg.quick, cfg.runs, progress)
+
+
+    # 5. Rate rounds, interleaved, nothing sampling memory; then the memory runs.
+    schedule = [
+        (mode, rnd, w, loader)
+        for mode, rounds in (("run", cfg.runs), ("memory", cfg.memory_runs))
+        for rnd in range(rounds)
+        for w, loaders in plan.items()
+        for loader in loaders
+        if not (mode == "memory" and w == "ingest")
+    ]
     runs: list[dict] = []
-    total = cfg.runs * sum(len(v) for v in plan.values())
-    done = 0
-    for rnd in range(cfg.runs):
-        for w, loaders in plan.items():
-            for loader in loaders:
-                done += 1
-                wdata = {**data[w], **data.get(f"{w}:{loader}", {})}
-                if w == "ingest":
-                    out_dir = work / f"ingest-{loader}-{rnd}"
-                    spec = _spec(cfg, loader, w, "ingest", wdata, rnd, out_dir=str(out_dir))
-                    res = run_child(pythons[loader], spec, logs, cfg.timeout_s)
-                    shutil.rmtree(out_dir, ignore_errors=True)
-                else:
-                    spec = _spec(cfg, loader, w, "run", wdata, rnd)
-                    res = run_child(pythons[loader], spec, logs, cfg.timeout_s, sample_pss=True)
-                res.update(loader=loader, workload=w, round=rnd)
-                runs.append(res)
-                with open(cfg.out_dir / "runs.jsonl", "a") as f:  # survives an interrupted run
-                    f.write(json.dumps(res, default=str) + "\n")
-                progress(
-                    f"[{done}/{total}] round {rnd + 1}/{cfg.runs} {w:<17} {loader:<16} "
-                    + _one_line(res, w)
-                )
+    for done, (mode, rnd, w, loader) in enumerate(schedule, 1):
+        wdata = {**data[w], **data.get(f"{w}:{loader}", {})}
+        if w == "ingest":
+            out_dir = work / f"ingest-{loader}-{rnd}"
+            spec = _spec(cfg, loader, w, "ingest", wdata, rnd, out_dir=str(out_dir))
+            res = run_child(pythons[loader], spec, logs, cfg.timeout_s)
+            shutil.rmtree(out_dir, ignore_errors=True)
+        elif mode == "run":
+            spec = _spec(cfg, loader, w, "run", wdata, rnd)
+            res = run_child(pythons[loader], spec, logs, cfg.timeout_s)
+        else:
+            spec = _spec(cfg, loader, w, "memory", wdata, rnd, epochs=cfg.memory_epochs)
+            res = run_child(pythons[loader], spec, logs, cfg.timeout_s, sample_pss=True)
+        res.update(loader=loader, workload=w, round=rnd, mode="ingest" if w == "ingest" else mode)
+        runs.append(res)
+        with open(cfg.out_dir / "runs.jsonl", "a") as f:  # survives an interrupted run
+            f.write(json.dumps(res, default=str) + "\n")
+        what = f"round {rnd + 1}/{cfg.runs}" if mode == "run" else "memory"
+        progress(f"[{done}/{len(schedule)}] {what} {w:<17} {loader:<18} " + _one_line(res, w))
     shutil.rmtree(work, ignore_errors=True)
 
     results = {
@@ -407,15 +519,21 @@ def run_bench(cfg: BenchConfig, progress: Callable[[str], None] = lambda s: None
         "version": 1,
         "started_utc": started.isoformat(timespec="seconds"),
         "finished_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "machine": machine_info(),
+        "machine": machine,
+        "load_avg_1min_end": os.getloadavg()[0],
         "config": {
             k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(cfg).items()
         },
+        "images": image_data,
         "labels": {k: v["label"] for k, v in LOADERS.items()},
+        "workload_labels": {
+            k: v["workload_labels"] for k, v in LOADERS.items() if v.get("workload_labels")
+        },
         "versions": versions,
         "unavailable": unavailable,
         "prepare_s": prepare_s,
         "summary": summarize(runs, plan),
+        "tables": tables,
         "runs": runs,
     }
     (cfg.out_dir / "results.json").write_text(json.dumps(results, indent=1, default=str))
@@ -491,9 +609,11 @@ def _one_line(res: dict, workload: str) -> str:
         return f"FAILED: {res.get('error')}"
     if workload == "ingest":
         return f"{res['images_per_s']:.0f} img/s"
+    if res.get("mode") == "memory":
+        added = {k: v / 2**20 for k, v in (res.get("added_pss") or {}).items()}
+        return (
+            f"added PSS {added.get('pss', 0):.0f} MiB: anonymous {added.get('anon', 0):.0f}, "
+            f"file-backed {added.get('file', 0):.0f}, shared {added.get('shmem', 0):.0f}"
+        )
     s = res["steady"]
-    return (
-        f"{s['samples_per_s']:.0f} samples/s, ttfb {res['ttfb_s']:.2f} s, "
-        f"peak {res.get('peak_pss_bytes', 0) / 2**20:.0f} MiB "
-        f"(+{res.get('added_pss_bytes', 0) / 2**20:.0f})"
-    )
+    return f"{s['samples_per_s']:.0f} samples/s, first batch {res['ttfb_s']:.2f} s"

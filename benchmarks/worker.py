@@ -4,8 +4,10 @@ Run as ``python -m benchmarks.worker SPEC.json OUT.json`` with the repository ro
 ``PYTHONPATH`` and the peer's own interpreter. ``SPEC.json`` holds:
 
 ``adapter`` (module name under ``benchmarks.adapters``), ``options`` (adapter keywords,
-e.g. kuat's ``worker_type``), ``mode``: ``probe`` (import the peer, report versions), ``prepare`` (convert the workload's
-data into the peer's format, cached), ``run`` (time the loader), ``ingest`` (time a fresh
+e.g. kuat's ``worker_type``), ``mode``: ``probe`` (import the peer, report versions),
+``prepare`` (convert the workload's data into the peer's format, cached), ``run`` (time the
+loader; nothing samples memory meanwhile), ``memory`` (the same loop while the parent samples
+the PSS of this process tree; its times are not reported as rates), ``ingest`` (time a fresh
 conversion), plus ``loader``, ``workload``, ``data`` (paths from the parent), ``batch_size``,
 ``num_workers``, ``epochs``, ``seed`` and ``cache_dir``.
 
@@ -14,8 +16,12 @@ conversion), plus ``loader``, ``workload``, ``data`` (paths from the parent), ``
 
 What ``run`` measures (all wall times from ``time.perf_counter``):
 
-- ``baseline_pss_bytes``: PSS of this process after importing the peer and before building
-  the loader (the parent samples the peak over the whole process tree and subtracts this);
+- ``baseline_pss``: PSS of this process by kind (``pss``, ``anon``, ``file``, ``shmem``,
+  bytes) after importing the peer and before building the loader (in ``memory`` runs the
+  parent samples the peak over the whole process tree and subtracts this);
+- ``end_pss``: in ``memory`` runs, the tree's PSS by kind after the last epoch with the loader
+  still open (the parent's peak includes it and the baseline, so a run shorter than one
+  sampling period still has a peak);
 - ``setup_s``: building the loader object (opening files, compiling pipelines where that
   happens at construction);
 - ``ttfb_s``: from asking the first epoch for an iterator to holding the first batch;
@@ -54,9 +60,7 @@ def _run(adapter, spec: dict) -> dict:
     from benchmarks import checks, measure
 
     versions = adapter.versions()  # imports the peer: counted in the baseline
-    import psutil
-
-    baseline = psutil.Process().memory_full_info().pss
+    baseline = measure.pss_breakdown(os.getpid())
     workload, data = spec["workload"], spec["data"]
     t0 = measure.now()
     loader = adapter.build(workload, data, spec)
@@ -80,6 +84,9 @@ def _run(adapter, spec: dict) -> dict:
                     "cpu_s": measure.tree_cpu_seconds() - cpu0,
                 }
             )
+        # the tree's PSS with the loader still open: a run shorter than the parent's sampling
+        # period could otherwise end between two samples (memory runs only; after the clock)
+        end_pss = measure.tree_pss(os.getpid()) if spec["mode"] == "memory" else None
     finally:
         close = getattr(loader, "close", None)
         if close is not None:
@@ -90,7 +97,8 @@ def _run(adapter, spec: dict) -> dict:
     cpu = sum(e["cpu_s"] for e in steady)
     return {
         "versions": versions,
-        "baseline_pss_bytes": baseline,
+        "baseline_pss": baseline,
+        "end_pss": end_pss,
         "setup_s": setup_s,
         "ttfb_s": ttfb_s,
         "epochs": epochs,
@@ -137,7 +145,7 @@ def main(argv: list[str]) -> int:
             t0 = time.perf_counter()
             extra = adapter.prepare(spec["workload"], spec["data"], Path(spec["cache_dir"]))
             result.update(data=extra or {}, prepare_s=time.perf_counter() - t0)
-        elif mode == "run":
+        elif mode in ("run", "memory"):
             result.update(_run(adapter, spec))
         elif mode == "ingest":
             result.update(_ingest(adapter, spec))

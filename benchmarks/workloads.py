@@ -3,11 +3,14 @@
 All of it lives under the bench cache directory (default ``~/.cache/kuat/bench``) and is
 reused across runs; nothing is downloaded.
 
-- ``imagenet-jpeg``: the demo ImageFolder (:func:`kuat.cli.demo_data.build_demo_imagefolder`,
-  ImageNet-like JPEGs cut from the photos that scikit-image, scikit-learn and matplotlib ship).
+- ``imagenet-jpeg``: the generated ImageNet-like ImageFolder
+  (:func:`kuat.cli.demo_data.build_demo_imagefolder`: JPEGs cut from the photos that
+  scikit-image, scikit-learn and matplotlib ship, at ImageNet's size and bytes per pixel), or
+  the user's ``--imagefolder``; :func:`image_stats` describes whichever was measured.
 - ``imagenet-jpeg-256``: the same tree; kuat converts it with ``resize_shorter=256``.
 - ``tokens``: one flat ``uint16`` memmap of ``num_tokens`` ids (GPT-2 vocabulary size 50,257,
-  so uint16 holds every id, as in nanoGPT), plus the random window start offsets of one epoch.
+  so uint16 holds every id, as in nanoGPT), plus the random window start offsets of one epoch,
+  read by every loader through the same :class:`TokenWindows` dataset.
 - ``hf-rows``: from ``benchmarks/bench_hf.py`` (the HF sources area) when present.
 - ``ingest``: the imagenet-jpeg tree, converted afresh by each writer.
 """
@@ -32,11 +35,66 @@ BATCH_SIZE = {
 
 
 def imagenet_jpeg(num_images: int, progress: bool) -> dict:
-    """The demo ImageFolder with ``num_images`` JPEGs: ``{"root", "num_images"}``."""
+    """The generated ImageNet-like ImageFolder with ``num_images`` JPEGs (built once, then
+    reused from the kuat cache): ``{"root", "num_images"}``."""
     from kuat.cli.demo_data import build_demo_imagefolder
 
     root = build_demo_imagefolder(num_images=num_images, seed=0, progress=progress)
     return {"root": str(root), "num_images": num_images}
+
+
+def image_stats(root: str | Path, generated: bool) -> dict:
+    """What the image workloads measured: ``{"source", "root", **corpus_stats(root)}`` where
+    ``source`` is ``"generated"`` (the ImageNet-like corpus) or ``"imagefolder"`` (the
+    user's ``--imagefolder``); see :func:`kuat.cli.demo_data.corpus_stats`."""
+    from kuat.cli.demo_data import corpus_stats
+
+    return {
+        "source": "generated" if generated else "imagefolder",
+        "root": str(root),
+        **corpus_stats(root),
+    }
+
+
+class TokenWindows:
+    """Map-style dataset every loader reads in the tokens workload: sample ``i`` is
+    ``{"tokens": tokens[offsets[i] : offsets[i] + window]}`` as a ``(T,)`` int64 tensor.
+
+    ``__getitems__`` gathers a whole batch of windows in one NumPy fancy-indexing call; torch's
+    DataLoader (>= 2.2) and kuat's both call it when it exists, and per-sample loaders
+    (torchdata.nodes) call ``__getitem__``; so the loaders differ only in what they do around
+    the dataset. Thread-safe (reads only); the memmap is opened lazily in each process and is
+    not pickled.
+    """
+
+    def __init__(self, path: str, offsets_path: str, window: int) -> None:
+        self.path = path
+        self.offsets = np.load(offsets_path)  # (N,) int64
+        self.window = window
+        self._arange = np.arange(window, dtype=np.int64)  # (T,)
+        self._mm = None
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    def _tokens(self) -> np.ndarray:
+        if self._mm is None:
+            self._mm = np.memmap(self.path, dtype=np.uint16, mode="r")
+        return self._mm
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_mm": None}
+
+    def __getitem__(self, i: int) -> dict:
+        return self.__getitems__([i])[0]
+
+    def __getitems__(self, indices) -> list[dict]:
+        import torch
+
+        starts = self.offsets[np.asarray(indices, dtype=np.int64)]  # (B,)
+        rows = starts[:, None] + self._arange  # (B, T) token positions
+        batch = torch.from_numpy(self._tokens()[rows].astype(np.int64))  # (B, T) u16 -> i64
+        return [{"tokens": t} for t in batch]  # (T,) views of one (B, T) buffer
 
 
 def tokens(cache_dir: Path, num_tokens: int, num_windows: int, seed: int = 0) -> dict:

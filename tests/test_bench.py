@@ -1,13 +1,17 @@
-"""Smoke test of the ``kuat bench`` plumbing: torch and kuat only, tiny data, real processes.
+"""Smoke test of the ``kuat bench`` plumbing: the torch baselines and kuat only, tiny data,
+real processes; plus the summary's arithmetic, the shared tokens dataset, the memory split and
+the README generator.
 
 No peer is needed and nothing is timed: the assertions are on counts, shapes, the files
-written and the arithmetic of the summary.
+written, which runs sampled memory, and the arithmetic of the summary.
 """
 
 from __future__ import annotations
 
 import io
 import json
+import mmap
+import os
 import sys
 from pathlib import Path
 
@@ -19,7 +23,7 @@ from PIL import Image
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from benchmarks import report, runner  # noqa: E402
+from benchmarks import measure, readme, report, runner, workloads  # noqa: E402
 
 
 def _imagefolder(root: Path, classes: int = 2, per_class: int = 8) -> Path:
@@ -29,138 +33,284 @@ def _imagefolder(root: Path, classes: int = 2, per_class: int = 8) -> Path:
         for i in range(per_class):
             h, w = int(rng.integers(40, 90)), int(rng.integers(40, 90))
             buf = io.BytesIO()
-            Image.fromarray(rng.integers(0, 255, (h, w, 3), dtype=np.uint8)).save(buf, "JPEG")
+            pixels = rng.integers(0, 255, (h, w, 3), dtype=np.uint8)
+            image = Image.fromarray(pixels)
+            (image.convert("L") if i == 0 else image).save(buf, "JPEG")  # one grayscale
             (root / f"class{c}" / f"{i}.jpg").write_bytes(buf.getvalue())
     return root
 
 
-def test_quick_bench_torch_and_kuat(tmp_path: Path) -> None:
+def test_bench_rates_without_sampler_memory_apart_and_every_baseline(tmp_path: Path) -> None:
     images = _imagefolder(tmp_path / "images")
     cfg = runner.BenchConfig(
         out_dir=tmp_path / "out",
         quick=True,
-        loaders=("torch", "kuat"),
-        workloads=("imagenet-jpeg",),
+        loaders=("torch-decode-jpeg", "torch-w0", "kuat"),
+        workloads=("imagenet-jpeg", "tokens"),
         runs=1,
         epochs=2,
+        memory_runs=1,
+        memory_epochs=1,
         num_workers=1,
+        num_tokens=20_000,
+        token_windows=64,
         image_root=images,
         cache_dir=tmp_path / "cache",
-        batch_sizes={"imagenet-jpeg": 4},
+        batch_sizes={"imagenet-jpeg": 4, "tokens": 8},
         timeout_s=240,
     )
     lines: list[str] = []
     results = runner.run_bench(cfg, lines.append)
 
-    runs = {(r["workload"], r["loader"]): r for r in results["runs"]}
-    assert set(runs) == {(w, ld) for w in cfg.workloads for ld in cfg.loaders}, lines
-    for (workload, loader), r in runs.items():
-        assert r["ok"], (workload, loader, r.get("error"), r.get("traceback"))
-        assert [e["samples"] for e in r["epochs"]] == [16, 16]  # 4 full batches of 4 per epoch
-        assert r["steady"]["samples"] == 16  # the first epoch is the warm-up, not counted
-        assert r["peak_pss_bytes"] >= r["baseline_pss_bytes"] > 0
-        assert r["ttfb_s"] is not None and r["ttfb_s"] >= 0
-    img = runs[("imagenet-jpeg", "kuat")]["batch_check"]
+    runs = {(r["mode"], r["workload"], r["loader"]): r for r in results["runs"]}
+    plan = {"imagenet-jpeg": ("torch-decode-jpeg", "kuat"), "tokens": ("torch-w0", "kuat")}
+    want = {(m, w, ld) for m in ("run", "memory") for w, lds in plan.items() for ld in lds}
+    assert set(runs) == want, lines
+    for (mode, workload, loader), r in runs.items():
+        assert r["ok"], (mode, workload, loader, r.get("error"), r.get("traceback"))
+        samples = 16 if workload == "imagenet-jpeg" else 64  # full batches per epoch
+        if mode == "run":  # timed: nothing sampled memory meanwhile
+            assert "peak_pss" not in r and "pss_samples" not in r
+            assert [e["samples"] for e in r["epochs"]] == [samples, samples]
+            assert r["steady"]["samples"] == samples  # the warm-up epoch is not counted
+        else:
+            assert [e["samples"] for e in r["epochs"]] == [samples]
+            assert r["pss_samples"] >= 1
+            assert set(r["added_pss"]) == set(measure.PSS_KINDS)
+            assert r["peak_pss"]["pss"] >= r["baseline_pss"]["pss"] > 0
+    img = runs[("run", "imagenet-jpeg", "torch-decode-jpeg")]["batch_check"]
     assert img["image"] == "Tensor(4, 3, 224, 224):torch.uint8"
-    assert img["label"] == "Tensor(4,):torch.int64"
+    # the same dataset for every tokens loader: the same fields, shapes and dtypes
+    assert (
+        runs[("run", "tokens", "torch-w0")]["batch_check"]
+        == runs[("run", "tokens", "kuat")]["batch_check"]
+        == {"tokens": "Tensor(8, 1025):torch.int64"}
+    )
+    assert results["versions"]["kuat"]["kuat ROI decoder"] in ("built", "not built")
 
-    summary = results["summary"]["imagenet-jpeg"]
-    assert summary["torch"]["ratio_to_baseline"] == 1.0
-    k, t = summary["kuat"], summary["torch"]
-    assert k["ratio_to_baseline"] == pytest.approx(k["rate"] / t["rate"])
-    assert set(results["versions"]) == {"torch", "kuat"}
+    s = results["summary"]
+    assert s["imagenet-jpeg"]["baselines"] == ["torch-decode-jpeg"]
+    assert s["tokens"]["strongest"] == "torch-w0"
+    for workload, base in (("imagenet-jpeg", "torch-decode-jpeg"), ("tokens", "torch-w0")):
+        k, t = s[workload]["rows"]["kuat"], s[workload]["rows"][base]
+        assert k["ratio_to_strongest"] == pytest.approx(k["rate"] / t["rate"])
+        assert k["added_mib"]["pss"] == pytest.approx(
+            runs[("memory", workload, "kuat")]["added_pss"]["pss"] / 2**20
+        )
 
+    assert results["images"]["source"] == "imagefolder"
+    assert results["images"]["images"] == 16 and results["images"]["classes"] == 2
     out = tmp_path / "out"
     assert json.loads((out / "results.json").read_text())["kind"] == "kuat-bench"
     md = (out / "results.md").read_text()
-    assert "| torch DataLoader |" in md and "| kuat (threads) |" in md
+    assert f"the user's ImageFolder `{images.resolve()}`: 16 images" in md
+    assert "| torch + decode_jpeg + v2 on tensors |" in md and "| kuat (threads) |" in md
+    assert "strongest torch configuration here, torch DataLoader, 0 workers." in md
     assert (out / "results.png").read_bytes()[:4] == b"\x89PNG"
 
 
-def test_token_windows_kuat_gather_equals_torch_slices(tmp_path: Path) -> None:
-    from benchmarks import workloads
-    from benchmarks.adapters import kuat as kuat_adapter
-    from benchmarks.adapters import torch as torch_adapter
+def test_tokens_dataset_gives_torch_and_kuat_the_same_batches(tmp_path: Path) -> None:
+    import kuat
 
     data = workloads.tokens(tmp_path, num_tokens=5_000, num_windows=12, seed=3)
-    args = (data["tokens_path"], data["offsets_path"], data["window"])
-    per_sample, gathered = torch_adapter.TokenWindows(*args), kuat_adapter.TokenWindows(*args)
+    ds = workloads.TokenWindows(data["tokens_path"], data["offsets_path"], data["window"])
     tokens = np.memmap(data["tokens_path"], dtype=np.uint16, mode="r")
-    assert len(per_sample) == len(gathered) == 12
-    rows = gathered.__getitems__([11, 0, 5])
-    for i, row in zip([11, 0, 5], rows):
-        o = int(per_sample.offsets[i])
-        assert row["tokens"].dtype == per_sample[i].dtype == torch.int64
-        assert row["tokens"].tolist() == per_sample[i].tolist() == tokens[o : o + 1025].tolist()
+    want = torch.stack(
+        [torch.from_numpy(tokens[o : o + 1025].astype(np.int64)) for o in ds.offsets]
+    )  # (12, 1025) int64, sliced per sample as nanoGPT reads it
+    rows = ds.__getitems__([11, 0, 5])
     assert rows[0]["tokens"].untyped_storage().data_ptr() == (
         rows[2]["tokens"].untyped_storage().data_ptr()
-    )  # one buffer for the whole batch
+    )  # one (B, T) buffer for the whole batch
+    assert torch.equal(ds[4]["tokens"], want[4])
+    torch_batches = list(torch.utils.data.DataLoader(ds, batch_size=4))
+    kuat_batches = list(kuat.DataLoader(ds, batch_size=4, num_workers=0))
+    assert len(torch_batches) == len(kuat_batches) == 3
+    for i, (a, b) in enumerate(zip(torch_batches, kuat_batches)):
+        assert a["tokens"].dtype == b["tokens"].dtype == torch.int64
+        assert torch.equal(a["tokens"], want[4 * i : 4 * i + 4])
+        assert torch.equal(b["tokens"], want[4 * i : 4 * i + 4])
 
 
-def _run(loader: str, rnd: int, rate: float | None) -> dict:
-    ok = rate is not None
-    return {
+def test_torchvision_decode_baseline_matches_pil(tmp_path: Path) -> None:
+    from benchmarks.adapters import torch as torch_adapter
+
+    root = _imagefolder(tmp_path / "images", classes=1, per_class=2)
+    for path in sorted((root / "class0").iterdir()):  # 0.jpg is grayscale
+        got = torch_adapter._tv_decode(str(path))  # (3, H, W) uint8
+        with Image.open(path) as im:
+            want = torch.from_numpy(np.array(im.convert("RGB"))).permute(2, 0, 1)  # (3, H, W)
+        assert got.dtype == torch.uint8 and got.shape == want.shape
+        # both are libjpeg-turbo; IDCT/upsampling choices may differ by a grey level or two
+        assert (got.int() - want.int()).abs().float().mean() < 2.0
+
+
+def test_pss_breakdown_splits_anonymous_and_file_backed(tmp_path: Path) -> None:
+    pid = os.getpid()
+    before = measure.pss_breakdown(pid)
+    assert before is not None and before["pss"] > 0
+    assert abs(before["anon"] + before["file"] + before["shmem"] - before["pss"]) <= 8 * 1024
+    anon = np.ones(64 * 2**20, dtype=np.uint8)  # 64 MiB, every page touched
+    path = tmp_path / "blob"
+    path.write_bytes(b"\1" * (32 * 2**20))
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+        checksum = sum(m[i] for i in range(0, len(m), 4096))  # touch every page
+        after = measure.pss_breakdown(pid)
+    assert checksum == 32 * 2**20 // 4096
+    assert after["anon"] - before["anon"] >= 60 * 2**20
+    assert after["file"] - before["file"] >= 28 * 2**20
+    del anon
+
+
+def test_measure_script_prints_a_commands_peak_by_kind() -> None:
+    import subprocess
+
+    code = "import numpy as np, time; a = np.ones(48 * 2**20, np.uint8); time.sleep(0.5)"
+    out = subprocess.run(
+        [sys.executable, "-m", "benchmarks.measure", "--", sys.executable, "-c", code],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    anon = float(out.split("anonymous ")[1].split(",")[0])
+    assert out.startswith("peak PSS ") and anon >= 48  # the 48 MiB array, touched
+
+
+def _run(loader: str, rnd: int, rate: float | None, mode: str = "run", added: int = 0) -> dict:
+    ok = rate is not None or mode == "memory"
+    r = {
         "loader": loader,
         "workload": "imagenet-jpeg",
         "round": rnd,
+        "mode": mode,
         "ok": ok,
         "steady": {"samples_per_s": rate, "cpu_s_per_1k": 2.0},
         "setup_s": 0.1,
         "ttfb_s": 0.2,
         "epochs": [{"wall_s": 1.0}],
-        "peak_pss_bytes": 3 * 2**20,
-        "baseline_pss_bytes": 2**20,
-        "added_pss_bytes": 2 * 2**20,
         **({} if ok else {"error": "ImportError: no peer"}),
     }
+    if mode == "memory":
+        mib = 2**20
+        r.update(
+            baseline_pss={"pss": 100 * mib, "anon": 60 * mib, "file": 40 * mib, "shmem": 0},
+            peak_pss={"pss": (100 + added) * mib, "anon": 70 * mib, "file": 90 * mib, "shmem": 0},
+            added_pss={"pss": added * mib, "anon": 10 * mib, "file": 50 * mib, "shmem": 0},
+        )
+    return r
 
 
-def test_summary_uses_per_round_ratios_and_records_failures() -> None:
-    runs = [
-        _run("torch", 0, 100.0),
-        _run("kuat", 0, 300.0),
-        _run("ffcv", 0, None),
-        _run("torch", 1, 50.0),
-        _run("kuat", 1, 200.0),
-        _run("ffcv", 1, None),
-        _run("torch", 2, 100.0),
-        _run("kuat", 2, 250.0),
-        _run("ffcv", 2, None),
-    ]
-    s = runner.summarize(runs, {"imagenet-jpeg": ["torch", "kuat", "ffcv"]})["imagenet-jpeg"]
-    assert s["kuat"]["rate"] == 250.0  # median of 300, 200, 250
-    assert s["kuat"]["ratio_to_baseline"] == 3.0  # median of 3.0, 4.0, 2.5 (same-round ratios)
-    assert s["kuat"]["added_pss_mib"] == 2.0
-    assert s["ffcv"]["rate"] is None and s["ffcv"]["errors"] == ["ImportError: no peer"]
-    results = {
+def _results(summary: dict) -> dict:
+    return {
         "machine": {
             "cpu_count": 2,
             "cpu_model": "Test CPU",
             "memory_gib": 1.0,
             "platform": "linux",
             "python": "3.11",
+            "load_avg_1min": 0.2,
         },
-        "config": {"quick": True, "runs": 3, "epochs": 2, "num_workers": 2, "num_images": 16},
+        "load_avg_1min_end": 3.5,
+        "config": {
+            "quick": False,
+            "runs": 3,
+            "epochs": 3,
+            "num_workers": 2,
+            "num_images": 2000,
+            "memory_runs": 1,
+            "memory_epochs": 2,
+            "image_root": None,
+        },
+        "images": {
+            "source": "generated",
+            "root": "/cache/imagefolder-v2-n2000-s0",
+            "images": 2000,
+            "classes": 12,
+            "total_mib": 190.0,
+            "megapixels": {"mean": 0.15, "p10": 0.11, "median": 0.15, "p90": 0.2},
+            "bytes_per_pixel": {"mean": 0.66, "p10": 0.53, "median": 0.64, "p90": 0.82},
+            "long_side_px": {"mean": 450, "p10": 409, "median": 450, "p90": 492},
+            "grayscale_fraction": 0.01,
+        },
         "started_utc": "2026-01-01T00:00:00+00:00",
         "finished_utc": "2026-01-01T00:01:00+00:00",
-        "labels": {"torch": "torch DataLoader"},
-        "versions": {"torch": {"torch": "2.14.1"}},
+        "labels": {
+            "torch": "torch DataLoader, {workers} workers",
+            "torch-decode-jpeg": "torch + decode_jpeg",
+            "kuat": "kuat (threads)",
+            "decode-only": "full-size decode reference",
+        },
+        "workload_labels": {"torch": {"imagenet-jpeg": "torch + PIL"}},
+        "versions": {"torch": {"torch": "2.14.1"}, "kuat": {"kuat ROI decoder": "built"}},
         "unavailable": {"dali": "ModuleNotFoundError: No module named 'nvidia'"},
-        "summary": {"imagenet-jpeg": s},
+        "summary": summary,
     }
-    md = report.markdown(results)
+
+
+def test_summary_ratios_to_every_baseline_with_spread_and_memory_apart() -> None:
+    rates = {
+        "torch": (100.0, 50.0, 100.0),
+        "torch-decode-jpeg": (200.0, 100.0, 250.0),
+        "kuat": (300.0, 200.0, 250.0),
+        "decode-only": (600.0, 400.0, 500.0),
+        "ffcv": (None, None, None),
+    }
+    runs = [_run(ld, rnd, rs[rnd]) for rnd in range(3) for ld, rs in rates.items()]
+    runs += [_run(ld, 0, None, mode="memory", added=5 * (i + 1)) for i, ld in enumerate(rates)]
+    plan = {"imagenet-jpeg": list(rates)}
+    s = runner.summarize(runs, plan)["imagenet-jpeg"]
+    assert s["baselines"] == ["torch", "torch-decode-jpeg"]
+    assert s["strongest"] == "torch-decode-jpeg"  # median 200 > 100
+    assert s["reference"] == "decode-only"
+    k = s["rows"]["kuat"]
+    assert (k["rate"], k["rate_min"], k["rate_max"]) == (250.0, 200.0, 300.0)
+    # per-round ratios: vs torch 3.0, 4.0, 2.5; vs decode_jpeg 1.5, 2.0, 1.0
+    assert k["vs"]["torch"] == {"median": 3.0, "min": 2.5, "max": 4.0}
+    assert k["vs"]["torch-decode-jpeg"] == {"median": 1.5, "min": 1.0, "max": 2.0}
+    assert k["ratio_to_strongest"] == 1.5
+    assert k["vs"]["decode-only"]["median"] == pytest.approx(0.5)
+    # memory comes from the memory run only, by kind
+    assert k["added_mib"] == {"pss": 15.0, "anon": 10.0, "file": 50.0, "shmem": 0.0}
+    assert k["memory_runs"] == 1 and k["runs"] == 3
+    assert s["rows"]["ffcv"]["rate"] is None
+    assert s["rows"]["ffcv"]["errors"] == ["ImportError: no peer"]
+
+    md = report.markdown(_results({"imagenet-jpeg": s}))
     assert "2 cores, Test CPU" in md and "torch 2.14.1" in md
-    assert "| kuat | 250 | 3.00 |" in md
+    assert "load average 0.2 at the start, 3.5 at the end on 2 cores (a busy machine" in md
+    assert "region (ROI) JPEG decoder: built" in md
+    assert "bytes per pixel median 0.64 (p10-p90 0.53-0.82)" in md
+    assert "| vs torch + PIL | vs torch + decode_jpeg | vs full-size decode reference |" in md
+    assert "| kuat (threads) | 250 (200-300) | 3.00 (2.50-4.00) | 1.50 (1.00-2.00) |" in md
+    assert "**kuat (threads): 1.50x (1.00-2.00) the strongest torch configuration here, " in md
+    assert "reference, not a limit" in md
     assert "| dali | ModuleNotFoundError: No module named 'nvidia' |" in md
 
 
-def test_config_rejects_unknown_names() -> None:
+def test_readme_section_is_generated_from_the_committed_results() -> None:
+    results = json.loads(readme.RESULTS.read_text())
+    text = readme.README.read_text()
+    assert readme.update(text, results) == text, "run: python -m benchmarks.readme"
+    busy = readme.section(_results({}))  # load average 3.5 on 2 cores
+    assert "**Provisional numbers:** the machine was busy (1-minute load average up to 3.5" in busy
+    with pytest.raises(ValueError, match="must hold"):
+        readme.update("no markers here", results)
+
+
+def test_config_rejects_bad_values() -> None:
     with pytest.raises(ValueError, match="unknown loaders"):
         runner.BenchConfig(loaders=("nope",))
     with pytest.raises(ValueError, match="unknown workloads"):
         runner.BenchConfig(workloads=("nope",))
     with pytest.raises(ValueError, match="epochs=1"):
         runner.BenchConfig(epochs=1)
+    with pytest.raises(ValueError, match="memory_runs=-1"):
+        runner.BenchConfig(memory_runs=-1)
+    with pytest.raises(ValueError, match="nothing to measure"):
+        runner.BenchConfig(runs=0, memory_runs=0)
+    assert runner.BenchConfig(runs=0).runs == 0  # memory runs only
+    assert runner.BenchConfig(num_workers=0).num_workers == 0  # kept: the main process
 
 
 def test_config_paths_are_absolute(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -169,3 +319,22 @@ def test_config_paths_are_absolute(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     cfg = runner.BenchConfig(out_dir=Path("rel-out"), cache_dir=Path("rel-cache"))
     root = tmp_path.resolve()
     assert cfg.out_dir == root / "rel-out" and cfg.cache_dir == root / "rel-cache"
+
+
+def test_overhead_table_measures_every_row_and_mode():
+    from benchmarks import bench_overhead, runner
+
+    assert "overhead" in runner.BenchConfig().workloads
+    res = bench_overhead.run(n=256 * 4, rounds=1, warmup=1, batches=2)
+    cols = [c[0] for c in bench_overhead.COLUMNS]
+    assert [r["row"] for r in res["rows"]][0] == "`range(n)`, shuffle" and len(res["rows"]) == 4
+    for row in res["rows"]:
+        torch_only_absent = row["row"].startswith("same, `isolate_global_rng=False`")
+        for col in cols:
+            cell = row["cells"][col]
+            if torch_only_absent and col.startswith("torch"):
+                assert cell is None
+            else:
+                assert cell["median_us"] > 0 and len(cell["runs_us"]) == 1
+    table = bench_overhead.markdown(res)
+    assert table.count("\n| ") == 5 and "kuat, 2 processes" in table

@@ -5,7 +5,7 @@ import pytest
 import torch
 from torch.utils.data import default_collate as torch_collate
 
-from kuat.collate import default_collate, map_structure
+from kuat.collate import batch_scope, default_collate, map_structure, new_batch_buffer
 
 Point = collections.namedtuple("Point", "x y")
 
@@ -42,13 +42,23 @@ def test_structures_match_torch_default_collate():
     _same(default_collate(samples), torch_collate(samples))
 
 
-def test_consecutive_views_of_one_buffer_are_returned_without_copy():
-    buf = torch.arange(4 * 3 * 2 * 2, dtype=torch.uint8).reshape(4, 3, 2, 2)  # (B, C, H, W)
-    batch = default_collate([{"image": buf[i], "label": i} for i in range(4)])
-    assert batch["image"].data_ptr() == buf.data_ptr()
-    assert torch.equal(batch["image"], buf)
-    part = default_collate([buf[1], buf[2]])  # a run in the middle of the buffer
-    assert part.data_ptr() == buf[1].data_ptr() and torch.equal(part, buf[1:3])
+def test_consecutive_views_of_the_batchs_own_buffer_are_returned_without_copy():
+    with batch_scope():
+        buf = new_batch_buffer((4, 3, 2, 2), torch.uint8)  # (B, C, H, W)
+        buf.copy_(torch.arange(buf.numel(), dtype=torch.uint8).reshape(buf.shape))
+        batch = default_collate([{"image": buf[i], "label": i} for i in range(4)])
+        assert batch["image"].data_ptr() == buf.data_ptr()
+        assert torch.equal(batch["image"], buf)
+        part = default_collate([buf[1], buf[2]])  # a run in the middle of the buffer
+        assert part.data_ptr() == buf[1].data_ptr() and torch.equal(part, buf[1:3])
+    # the same views outside the batch's scope (or of memory kuat did not allocate) are copied
+    out = default_collate([buf[i] for i in range(4)])
+    assert out.data_ptr() != buf.data_ptr() and torch.equal(out, buf)
+    user = torch.arange(24).reshape(8, 3)
+    with batch_scope():
+        new_batch_buffer((4, 3), torch.int64)
+        out = default_collate([user[i] for i in range(4)])
+    assert out.data_ptr() != user.data_ptr() and torch.equal(out, user[:4])
 
 
 def test_non_consecutive_views_are_copied():

@@ -199,13 +199,35 @@ def test_dictionary_and_view_columns_become_strings_with_categories(tmp_path):
     ]
 
 
-def test_lists_of_strings_and_nested_lists_are_refused_naming_the_column(tmp_path):
-    pq.write_table(pa.table({"tokens": [["a", "b"], ["c"]]}), tmp_path / "t.parquet")
-    with pytest.raises(ValueError, match="column 'tokens' is a list of strings.*tokenize"):
-        kuat.convert.from_parquet(tmp_path / "t.parquet", tmp_path / "o", progress=False)
+def test_lists_of_strings_become_strings_fields_in_every_arrow_variant(tmp_path):
+    values = [["a", "bé"], [], ["c", "", "d—"]]
+    table = pa.table(
+        {
+            "plain": pa.array(values, pa.list_(pa.string())),
+            "large": pa.array(values, pa.large_list(pa.large_string())),
+            "dict": pa.array(values, pa.list_(pa.string())).cast(
+                pa.list_(pa.dictionary(pa.int32(), pa.string()))
+            ),
+            "fixed": pa.array([["x", "y"], ["z", "w"], ["", "v"]], pa.list_(pa.string(), 2)),
+        }
+    )
+    pq.write_table(table, tmp_path / "t.parquet")
+    kuat.convert.from_parquet(tmp_path / "t.parquet", tmp_path / "o", progress=False)
+    ds = kuat.open(tmp_path / "o")
+    assert all(f.type == kf.strings() for f in ds.schema)
+    assert _rows(tmp_path / "o") == pq.read_table(tmp_path / "t.parquet").to_pylist()
+
+
+def test_nested_lists_are_refused_naming_the_column(tmp_path):
     pq.write_table(pa.table({"nest": [[[1], [2, 3]], [[4]]]}), tmp_path / "n.parquet")
     with pytest.raises(ValueError, match="column 'nest' holds nested lists.*flatten"):
         kuat.convert.from_parquet(tmp_path / "n.parquet", tmp_path / "o", progress=False)
+    pq.write_table(pa.table({"nest": [[["a"], ["b", "c"]]]}), tmp_path / "s.parquet")
+    with pytest.raises(ValueError, match="column 'nest' holds nested lists"):
+        kuat.convert.from_parquet(tmp_path / "s.parquet", tmp_path / "o", progress=False)
+    pq.write_table(pa.table({"raw": [[b"a", b"b"]]}), tmp_path / "b.parquet")
+    with pytest.raises(ValueError, match="column 'raw' is a list of byte strings"):
+        kuat.convert.from_parquet(tmp_path / "b.parquet", tmp_path / "o", progress=False)
 
 
 def test_class_label_names_travel_through_parquet_and_hf(tmp_path):
@@ -391,11 +413,46 @@ def test_cli_logs_progress_lines_when_stderr_is_not_a_terminal(tmp_path):
     assert lines and "50 samples" in lines[-1] and "samples/s" in lines[-1]
 
 
-def test_hf_token_columns_refused_and_empty_lists_kept(tmp_path):
+def test_hf_token_columns_round_trip_and_collate_as_torch(tmp_path):
+    """A ``Sequence(Value("string"))`` token column (CoNLL-style) converts from the dataset
+    and from its Parquet export; samples equal ``datasets``' rows and batches equal torch's
+    ``default_collate`` of them, ragged batches failing alike."""
     datasets = pytest.importorskip("datasets")
-    tokens = datasets.Dataset.from_dict({"tokens": [["a", "b"], ["c"]]})
-    with pytest.raises(ValueError, match="column 'tokens' is a list of strings"):
-        kuat.convert.from_hf(tokens, tmp_path / "o", progress=False)
+    import torch.utils.data
+
+    from kuat.collate import default_collate as kuat_collate
+
+    features = datasets.Features(
+        {
+            "tokens": datasets.Sequence(datasets.Value("string")),
+            "ner_tags": datasets.Sequence(datasets.ClassLabel(names=["O", "B-PER", "I-PER"])),
+        }
+    )
+    hf = datasets.Dataset.from_dict(
+        {
+            "tokens": [["Peter", "Blackburn"], ["EU", "rejects"], [], ["Zoë", "—"]],
+            "ner_tags": [[1, 2], [0, 0], [], [1, 0]],
+        },
+        features=features,
+    )
+    hf.to_parquet(str(tmp_path / "t.parquet"))
+    kuat.convert.from_hf(hf, tmp_path / "hf", progress=False)
+    kuat.convert.from_parquet(tmp_path / "t.parquet", tmp_path / "pq", progress=False)
+    for out in ("hf", "pq"):
+        ds = kuat.open(tmp_path / out)
+        assert ds.schema["tokens"].type == kf.strings()
+        assert ds.schema["ner_tags"].metadata == {"names": ["O", "B-PER", "I-PER"]}
+        assert _rows(tmp_path / out) == [dict(r) for r in hf]
+        assert [ds[i]["tokens"] for i in range(len(ds))] == hf["tokens"]
+        assert ds.read_batch([3, 0])["tokens"] == [hf[3]["tokens"], hf[0]["tokens"]]
+        even = [0, 1, 3]  # equal lengths: transposed into tuples of strings
+        batch = kuat_collate([ds[i] for i in even])
+        want = torch.utils.data.default_collate([hf[i] for i in even])
+        assert batch["tokens"] == want["tokens"]
+        with pytest.raises(RuntimeError) as theirs:
+            torch.utils.data.default_collate([hf[i] for i in (0, 2)])
+        with pytest.raises(RuntimeError, match=str(theirs.value)):
+            kuat_collate([ds[i] for i in (0, 2)])
     empty = datasets.Dataset.from_dict(
         {"ids": [[], []], "x": [1, 2]},
         features=datasets.Features(

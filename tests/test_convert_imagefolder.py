@@ -169,3 +169,32 @@ def test_imagefolder_without_images_is_refused(tmp_path, caplog):
     kuat.convert.from_imagefolder(tmp_path / "src", tmp_path / "o", progress=False)
     assert len(kuat.open(tmp_path / "o")) == 1
     assert any("hold no images: a" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("chunk", [1, 16])
+def test_parallel_map_keeps_order_and_error_policy_across_chunks(chunk):
+    """Items travel to the threads in chunks: order, skip records and the first error
+    raised are still those of a plain loop over the items."""
+    from kuat.convert._driver import ConvertOptions, ConvertReport, parallel_map
+    from kuat.errors import DecodeError
+
+    n = 5 * chunk + 10
+    bad = {3, chunk + 4, 2 * chunk + 7}
+
+    def fn(i):
+        if i in bad:
+            raise OSError(f"unreadable {i}")
+        return i * i
+
+    report = ConvertReport("x")
+    opts = ConvertOptions(num_workers=3, progress=False, on_error="skip")
+    got = parallel_map(
+        fn, range(n), opts, source_of=lambda i: f"item{i}", report=report, chunk_size=chunk
+    )
+    assert list(got) == [i * i for i in range(n) if i not in bad]
+    assert [s for s, _ in report.skipped] == [f"item{i}" for i in sorted(bad)]
+    opts = ConvertOptions(num_workers=3, progress=False)
+    with pytest.raises(DecodeError, match="cannot read 3: unreadable 3"):
+        list(parallel_map(fn, range(n), opts, chunk_size=chunk))
+    with pytest.raises(ValueError, match="chunk_size=0"):
+        list(parallel_map(fn, range(n), opts, chunk_size=0))

@@ -96,9 +96,35 @@ def test_kuat_demo_command_end_to_end(tmp_path, capsys):
     assert "torch DataLoader + ImageFolder" in printed and "kuat.DataLoader" in printed
     result = json.loads(out.read_text())
     for name in ("torch", "kuat"):
-        r = result["loaders"][name]
-        assert r["images"] == 24
-        assert r["images_per_s"] > 0 and r["first_batch_s"] > 0 and r["peak_pss_mb"] > 0
+        r, m = result["loaders"][name], result["memory"][name]
+        assert r["images"] == m["images"] == 24
+        assert r["images_per_s"] > 0 and r["first_batch_s"] > 0
+        assert "added_mib" not in r  # the timed run samples no memory
+        assert set(m["added_mib"]) == {"pss", "anon", "file", "shmem"} and m["peak_mib"] > 0
+        assert "images_per_s" not in m  # the memory run's times are not reported
         assert sum(r["label_counts"]) == 24
     assert result["train"]["steps"] >= 1
     assert 0.0 <= result["train"]["data_wait_fraction"] <= 1.0
+
+
+def test_demo_measures_after_importing_both_sides(demo_tree, monkeypatch):
+    """The memory baseline (and the clock) start only once torchvision and kuat are imported,
+    so neither side's imports count against it."""
+    import sys
+
+    from kuat.cli import _memory, demo
+
+    seen = {}
+    enter = _memory.PeakMemory.__enter__
+
+    def spy(self):
+        seen.update({m: m in sys.modules for m in ("torchvision.datasets", "kuat.vision")})
+        return enter(self)
+
+    monkeypatch.setattr(_memory.PeakMemory, "__enter__", spy)
+    src, dst = demo_tree
+    out = demo._measure("kuat", str(dst), workers=0, batch_size=8, seed=0, memory=True)
+    assert seen == {"torchvision.datasets": True, "kuat.vision": True}
+    assert out["images"] == 40 and out["added_mib"]["pss"] == pytest.approx(
+        sum(out["added_mib"][k] for k in ("anon", "file", "shmem")), abs=1.0
+    )

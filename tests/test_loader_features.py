@@ -3,6 +3,7 @@ torchvision ImageFolder, pinning and CUDA copies (the CUDA tests run on a GPU ma
 
 import os
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -10,6 +11,7 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 import kuat
+from kuat.collate import new_batch_buffer
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -84,7 +86,8 @@ def test_thread_workers_see_their_own_worker_info_and_set_epoch_each_epoch():
 
 
 class Buffered:
-    """Like a kuat dataset: one (B, C, H, W) buffer per batch, samples are views of it."""
+    """Like a kuat dataset: one (B, C, H, W) buffer per batch from kuat.collate.new_batch_buffer
+    (so the collate may return it without a copy), samples are views of it."""
 
     kuat_uses_sample_rng = True
 
@@ -95,7 +98,7 @@ class Buffered:
         return 8
 
     def __getitems__(self, indices):
-        buf = torch.empty((len(indices), 3, 2, 2), dtype=torch.uint8)  # (B, C, H, W)
+        buf = new_batch_buffer((len(indices), 3, 2, 2), torch.uint8)  # (B, C, H, W)
         for j, i in enumerate(indices):
             buf[j].fill_(i)
         self.buffers.append(buf)
@@ -132,6 +135,25 @@ def test_stats_count_batches_samples_and_stage_times():
     assert s["busy_s"]["fetch"] > 0 and s["busy_s"]["collate"] > 0
     assert set(s["busy_s"]) == {"fetch", "fetch_cpu", "collate", "pin", "rng_lock_wait", "device",
                                 "batch_transform"}
+    # kuat's own per-batch cost: part of the time inside next(), not the dataset's
+    assert 0 < s["loader_overhead_us_per_batch"] * s["batches"] / 1e6 <= s["elapsed_s"]
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_loader_overhead_excludes_the_datasets_own_time(num_workers):
+    class Slow:
+        def __len__(self):
+            return 8
+
+        def __getitem__(self, i):
+            time.sleep(0.03)  # the dataset's work, not the loader's
+            return i
+
+    dl = kuat.DataLoader(Slow(), batch_size=2, num_workers=num_workers, isolate_global_rng=False)
+    list(dl)
+    s = dl.stats()
+    overhead_s = s["loader_overhead_us_per_batch"] * s["batches"] / 1e6
+    assert s["busy_s"]["fetch"] >= 0.24 and overhead_s < s["busy_s"]["fetch"] / 2
 
 
 def test_worker_init_fn_runs_once_per_process_worker(tmp_path):
@@ -274,3 +296,22 @@ def test_a_new_iterator_over_persistent_workers_ends_the_previous_one():
         assert [b.tolist() for b in second] == [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9], [10, 11]]
         with pytest.raises(StopIteration):
             next(first)
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_cheap_batches_give_the_same_epochs_whether_or_not_the_consumer_takes_them_over(persistent):
+    # range(n) with thread workers: batches of ~0.1 ms, the consumer waits for them, so the
+    # loader may move to fetching them itself mid-epoch; nothing observable may change
+    inline = kuat.DataLoader(range(6000), batch_size=64, shuffle=True, seed=4)
+    want = [b.tolist() for _ in range(2) for b in inline]
+    dl = kuat.DataLoader(range(6000), batch_size=64, shuffle=True, seed=4, num_workers=2,
+                         persistent_workers=persistent)
+    got = []
+    for _ in range(2):
+        it = iter(dl)
+        got += [b.tolist() for b in it]
+    assert got == want and want[0] != want[len(want) // 2]  # two different epochs, same as inline
+    assert dl.stats()["batches"] == len(want)
+    dl2 = kuat.DataLoader(range(6000), batch_size=64, shuffle=True, seed=4, num_workers=2,
+                          worker_init_fn=lambda w: None)
+    assert dl2._job.thread_agnostic is False  # per-worker set-up: never fetched elsewhere

@@ -17,7 +17,9 @@ labels), with ``drop_last`` so every batch is full.
 
 ``LOADERS`` maps the names ``kuat bench --loaders`` accepts to their adapter module, the
 environment they run in (``main`` = the interpreter running ``kuat bench``; others are
-created by :mod:`benchmarks.envs`), adapter options and workloads to ``skip``.
+created by :mod:`benchmarks.envs`), adapter ``options`` (``num_workers`` there overrides the
+run's worker count: ``torch-w0``), workloads to ``skip``, the report's ``label`` and
+per-workload ``workload_labels`` (``{workers}`` there is replaced by the run's worker count).
 """
 
 from __future__ import annotations
@@ -26,7 +28,32 @@ import os
 from pathlib import Path
 
 LOADERS: dict[str, dict] = {
-    "torch": {"adapter": "torch", "env": "main", "label": "torch DataLoader"},
+    "torch": {
+        "adapter": "torch",
+        "env": "main",
+        "label": "torch DataLoader, {workers} workers",
+        "workload_labels": {
+            "imagenet-jpeg": "torch + PIL",
+            "imagenet-jpeg-256": "torch + PIL (original files)",
+        },
+    },
+    "torch-decode-jpeg": {
+        "adapter": "torch",
+        "env": "main",
+        "options": {"decoder": "torchvision"},
+        "skip": ("tokens", "hf-rows"),
+        "label": "torch + decode_jpeg + v2 on tensors",
+        "workload_labels": {
+            "imagenet-jpeg-256": "torch + decode_jpeg + v2 on tensors (original files)",
+        },
+    },
+    "torch-w0": {
+        "adapter": "torch",
+        "env": "main",
+        "options": {"num_workers": 0},
+        "skip": ("imagenet-jpeg", "imagenet-jpeg-256"),
+        "label": "torch DataLoader, 0 workers",
+    },
     "kuat": {
         "adapter": "kuat",
         "env": "main",
@@ -55,7 +82,7 @@ LOADERS: dict[str, dict] = {
     "decode-only": {
         "adapter": "decode_only",
         "env": "main",
-        "label": "decode-only limit (simplejpeg, all cores)",
+        "label": "full-size decode reference (simplejpeg, nothing else)",
     },
 }
 
@@ -65,7 +92,12 @@ RATIO = (3.0 / 4.0, 4.0 / 3.0)
 
 
 def num_workers(spec: dict) -> int:
-    return int(spec.get("num_workers") or os.cpu_count() or 1)
+    """Worker threads/processes for this run: the loader entry's ``num_workers`` option when it
+    has one, else the run's ``num_workers``, else ``os.cpu_count()``; 0 is kept (main process)."""
+    n = spec.get("options", {}).get("num_workers")
+    if n is None:
+        n = spec.get("num_workers")
+    return int(os.cpu_count() or 1) if n is None else int(n)
 
 
 def list_imagefolder(root: str | os.PathLike) -> tuple[list[str], list[int], list[str]]:

@@ -1,9 +1,10 @@
-"""The decode-only limit: full-size decode of every file, on all cores, and nothing else.
+"""The full-size decode reference: every file decoded at full size, on all cores, nothing else.
 
 Each epoch reads and decodes every JPEG of the ImageFolder to ``(H, W, 3)`` uint8 RGB with
 simplejpeg (libjpeg-turbo, GIL released) in a thread pool of ``os.cpu_count()`` threads: no
 crop, resize, flip, collate or loader. A loader that decodes full-size images cannot beat this
-rate on the same cores; one that decodes at a reduced DCT scale or only the crop can.
+rate on the same cores; one that decodes at a reduced DCT scale or only the crop can, so it
+is a reference point, not a limit.
 """
 
 from __future__ import annotations

@@ -6,8 +6,8 @@
   stored size, the JPEG decoded at the smallest DCT scale covering it, resized (antialiased
   bilinear) and flipped straight into the batch buffer.
 - imagenet-jpeg-256: the same, converted with ``resize_shorter=256``.
-- tokens: a map-style dataset (written here, as a user would) whose ``__getitems__`` gathers a
-  whole batch of windows from the memmap in one vectorised NumPy indexing operation.
+- tokens: :class:`benchmarks.workloads.TokenWindows`, the dataset every loader reads (its
+  ``__getitems__`` gathers a batch of windows in one NumPy indexing operation).
 - hf-rows: ``benchmarks.bench_hf.kuat_loader`` (the HF area's configuration): the
   ``datasets.Dataset`` ``with_format("torch")`` read a batch at a time through its Arrow table,
   ``collate_fn=kuat.pad_collate()``; the torch baseline is ``bench_hf.torch_loader`` (per-row
@@ -37,8 +37,14 @@ def versions() -> dict[str, str]:
     import kuat.convert.imagefolder  # noqa: F401  (imported before ingest is timed)
     import kuat.loader  # noqa: F401
     import kuat.vision  # noqa: F401
+    from kuat.vision import decode
 
-    return {"kuat": kuat.__version__, "torch": torch.__version__}
+    return {
+        "kuat": kuat.__version__,
+        "torch": torch.__version__,
+        # the optional region (ROI) JPEG decoder; without it kuat decodes whole images
+        "kuat ROI decoder": "built" if decode._roi is not None else "not built",
+    }
 
 
 def _convert(root: str, dst: Path, workers: int, resize_shorter: int | None) -> int:
@@ -74,48 +80,6 @@ def ingest(data: dict, out_dir: Path, workers: int) -> int:
     return len(kuat.open(dst))
 
 
-class TokenWindows:
-    """Sample ``i`` = ``tokens[offsets[i] : offsets[i] + window]`` as int64; a batch of
-    windows is gathered in one NumPy fancy-indexing call (``__getitems__``).
-
-    Thread-safe (reads only); the memmap is opened lazily in each process.
-    """
-
-    def __init__(self, path: str, offsets_path: str, window: int) -> None:
-        import numpy as np
-
-        self.path = path
-        self.offsets = np.load(offsets_path)  # (N,) int64
-        self.window = window
-        self._arange = np.arange(window, dtype=np.int64)  # (T,)
-        self._mm = None
-
-    def __len__(self) -> int:
-        return len(self.offsets)
-
-    def _tokens(self):
-        import numpy as np
-
-        if self._mm is None:
-            self._mm = np.memmap(self.path, dtype=np.uint16, mode="r")
-        return self._mm
-
-    def __getstate__(self):
-        return {**self.__dict__, "_mm": None}
-
-    def __getitem__(self, i: int):
-        return self.__getitems__([i])[0]
-
-    def __getitems__(self, indices):
-        import numpy as np
-        import torch
-
-        starts = self.offsets[np.asarray(indices, dtype=np.int64)]  # (B,)
-        rows = starts[:, None] + self._arange  # (B, T) token positions
-        batch = torch.from_numpy(self._tokens()[rows].astype(np.int64))  # (B, T) u16 -> i64
-        return [{"tokens": t} for t in batch]  # views of one buffer: collated without a copy
-
-
 def build(workload: str, data: dict, spec: dict) -> Loader:
     import kuat
     from kuat import vision as kv
@@ -133,6 +97,8 @@ def build(workload: str, data: dict, spec: dict) -> Loader:
             {"image": kv.Compose([kv.RandomResizedCrop(IMAGE_SIZE), kv.RandomHorizontalFlip()])}
         )
     elif workload == "tokens":
+        from benchmarks.workloads import TokenWindows
+
         ds = TokenWindows(data["tokens_path"], data["offsets_path"], data["window"])
     else:
         raise ValueError(f"kuat adapter: unknown workload={workload!r}")

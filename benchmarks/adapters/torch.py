@@ -1,11 +1,20 @@
-"""The baseline: ``torch.utils.data.DataLoader`` as most training scripts use it.
+"""The baselines: ``torch.utils.data.DataLoader`` as training scripts use it.
 
-- imagenet-jpeg(-256): ``torchvision.datasets.ImageFolder`` (PIL decode) with torchvision v2
+- imagenet-jpeg(-256), ``decoder="pil"`` (loader ``torch``, the default most scripts run):
+  ``torchvision.datasets.ImageFolder`` (PIL decode) with torchvision v2
   ``RandomResizedCrop(224)`` (bilinear, antialiased), ``RandomHorizontalFlip()``,
-  ``PILToTensor()``; ``default_collate``. For ``imagenet-jpeg-256`` it still reads the original
-  files: it is the reference kuat's resized dataset is compared with.
-- tokens: a map-style dataset that slices a ``np.memmap`` per sample (nanoGPT's read, one
-  window per ``__getitem__``) and ``default_collate`` stacking.
+  ``PILToTensor()``; ``default_collate``.
+- imagenet-jpeg(-256), ``decoder="torchvision"`` (loader ``torch-decode-jpeg``): torchvision's
+  documented fast path, the same ``ImageFolder`` with ``loader=`` reading the file with
+  ``torchvision.io.read_file`` and decoding it with ``torchvision.io.decode_image(...,
+  mode=RGB)`` (``decode_jpeg`` for JPEGs, libjpeg-turbo), then the same v2 transforms on
+  ``(3, H, W)`` uint8 tensors (about twice the PIL path per image).
+  For ``imagenet-jpeg-256`` both still read the original files: they are the reference kuat's
+  resized dataset is compared with.
+- tokens: :class:`benchmarks.workloads.TokenWindows`, the same dataset kuat reads (torch calls
+  its ``__getitems__``), and ``default_collate`` stacking. Loader ``torch-w0`` runs it with
+  ``num_workers=0`` (in the main process, no inter-process copy), often the fastest torch
+  configuration for a memcpy-bound workload; the report names whichever is faster.
 - hf-rows: ``benchmarks.bench_hf.torch_loader``: the ``datasets.Dataset``
   ``with_format("torch")`` and the usual per-row Python padding collate.
 
@@ -35,31 +44,11 @@ def versions() -> dict[str, str]:
     }
 
 
-class TokenWindows:
-    """Map-style: sample ``i`` is ``tokens[offsets[i] : offsets[i] + window]`` as int64.
+def _tv_decode(path: str):
+    """``(3, H, W)`` uint8 RGB tensor of the image file at ``path`` (torchvision.io)."""
+    from torchvision.io import ImageReadMode, decode_image, read_file
 
-    The memmap is opened lazily in each worker process (a memmap is not shared by pickling).
-    """
-
-    def __init__(self, path: str, offsets_path: str, window: int) -> None:
-        import numpy as np
-
-        self.path = path
-        self.offsets = np.load(offsets_path)  # (N,) int64
-        self.window = window
-        self._mm = None
-
-    def __len__(self) -> int:
-        return len(self.offsets)
-
-    def __getitem__(self, i: int):
-        import numpy as np
-        import torch
-
-        if self._mm is None:
-            self._mm = np.memmap(self.path, dtype=np.uint16, mode="r")
-        o = int(self.offsets[i])
-        return torch.from_numpy(self._mm[o : o + self.window].astype(np.int64))  # (T,) int64
+    return decode_image(read_file(path), mode=ImageReadMode.RGB)
 
 
 def build(workload: str, data: dict, spec: dict) -> Loader:
@@ -69,6 +58,7 @@ def build(workload: str, data: dict, spec: dict) -> Loader:
     g = torch.Generator()
     g.manual_seed(spec.get("seed", 0))
     workers = num_workers(spec)
+    decoder = spec.get("options", {}).get("decoder", "pil")
     common = dict(
         batch_size=spec["batch_size"],
         shuffle=True,
@@ -81,14 +71,14 @@ def build(workload: str, data: dict, spec: dict) -> Loader:
         from torchvision.datasets import ImageFolder
         from torchvision.transforms import v2
 
-        tf = v2.Compose(
-            [
-                v2.RandomResizedCrop(IMAGE_SIZE, antialias=True),
-                v2.RandomHorizontalFlip(),
-                v2.PILToTensor(),
-            ]
-        )
-        loader = DataLoader(ImageFolder(data["root"], transform=tf), **common)
+        augment = [v2.RandomResizedCrop(IMAGE_SIZE, antialias=True), v2.RandomHorizontalFlip()]
+        if decoder == "pil":
+            folder = ImageFolder(data["root"], transform=v2.Compose([*augment, v2.PILToTensor()]))
+        elif decoder == "torchvision":
+            folder = ImageFolder(data["root"], transform=v2.Compose(augment), loader=_tv_decode)
+        else:
+            raise ValueError(f"torch adapter: decoder={decoder!r} must be 'pil' or 'torchvision'")
+        loader = DataLoader(folder, **common)
 
         def epoch(e):
             for images, labels in loader:  # (B, 3, 224, 224) uint8, (B,) int64
@@ -104,12 +94,13 @@ def build(workload: str, data: dict, spec: dict) -> Loader:
             return iter(loader)
 
     elif workload == "tokens":
+        from benchmarks.workloads import TokenWindows
+
         ds = TokenWindows(data["tokens_path"], data["offsets_path"], data["window"])
         loader = DataLoader(ds, **common)
 
         def epoch(e):
-            for tokens in loader:  # (B, T) int64
-                yield {"tokens": tokens}
+            return iter(loader)  # {"tokens": (B, T) int64}
 
     else:
         raise ValueError(f"torch adapter: unknown workload={workload!r}")

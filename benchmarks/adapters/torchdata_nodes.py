@@ -49,12 +49,12 @@ def build(workload: str, data: dict, spec: dict) -> Loader:
         def to_batch(b):
             return {"image": b[0], "label": b[1]}  # (B, 3, 224, 224) uint8, (B,) int64
     else:
-        from benchmarks.adapters.torch import TokenWindows
+        from benchmarks.workloads import TokenWindows
 
         ds = TokenWindows(data["tokens_path"], data["offsets_path"], data["window"])
 
         def to_batch(b):
-            return {"tokens": b}  # (B, T) int64
+            return b  # {"tokens": (B, T) int64}
 
     g = torch.Generator()
     g.manual_seed(spec.get("seed", 0))

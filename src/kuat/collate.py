@@ -4,9 +4,14 @@
 (nested dicts, namedtuples, lists, NumPy arrays and Python numbers become tensors, strings stay
 lists), with two differences in how tensors are stacked:
 
-* **Zero-copy**: when the B tensors of a field are consecutive, equal-shape, contiguous views of
-  one storage (``buf[0], buf[1], ...`` as kuat datasets produce when they decode straight into a
-  ``(B, C, H, W)`` batch buffer), the batch is that buffer's view, with no copy.
+* **Zero-copy, only for kuat's own batch buffers**: when the B tensors of a field are
+  consecutive, equal-shape, contiguous views of one storage that kuat allocated for this very
+  batch (``buf[0], buf[1], ...`` as kuat datasets produce when they decode straight into a
+  ``(B, C, H, W)`` buffer from :func:`new_batch_buffer`), the batch is that buffer's view, with
+  no copy. Any other memory (a ``TensorDataset``'s tensors, NumPy views, read-only memory maps)
+  is copied, as torch's collate copies it, so in-place edits of a batch never reach the data.
+  A buffer counts as the batch's own only while a :func:`batch_scope` (the loader opens one
+  around each batch's fetch and collate) is open in the thread that allocated it.
 * **Errors name every element**: when tensors cannot be stacked, the ``RuntimeError`` lists each
   element's shape and dtype (torch's message names only the first mismatch).
 
@@ -19,15 +24,66 @@ Thread-safety: pure functions; safe to call from any number of threads.
 from __future__ import annotations
 
 import copy
+import threading
 from collections.abc import Mapping, MutableMapping, Sequence
 
 import torch
 from torch.utils.data._utils.collate import collate as _torch_collate
 from torch.utils.data._utils.collate import default_collate_fn_map as _torch_collate_map
 
-__all__ = ["default_collate", "describe_elements", "map_structure"]
+__all__ = [
+    "default_collate", "describe_elements", "map_structure", "batch_scope", "new_batch_buffer",
+    "own_batch_buffer",
+]
 
 _MAX_LISTED = 64
+
+
+class _Owned(threading.local):
+    # Tensors allocated for the batch being built in this thread (strong references, so their
+    # memory cannot be freed and reused while the batch is built), or None outside a scope.
+    buffers: list | None = None
+
+
+_owned = _Owned()
+
+
+class batch_scope:  # noqa: N801 (used like a function: ``with batch_scope():``)
+    """Context in which :func:`new_batch_buffer` allocations count as the batch's own.
+
+    Nestable; thread-local. Opened by the loader's workers around one batch's fetch and
+    collate; buffers allocated outside any scope are never returned without a copy.
+    """
+
+    __slots__ = ("_prev",)
+
+    def __enter__(self):
+        self._prev = _owned.buffers
+        _owned.buffers = []
+        return self
+
+    def __exit__(self, *exc) -> None:
+        _owned.buffers = self._prev
+
+
+def own_batch_buffer(t: torch.Tensor) -> torch.Tensor:
+    """Declare ``t`` (freshly allocated for this batch, referenced by nothing the user holds)
+    the batch's own, so that collating consecutive views of it returns a view; returns ``t``."""
+    owned = _owned.buffers
+    if owned is not None:
+        owned.append(t)
+    return t
+
+
+def new_batch_buffer(shape, dtype: torch.dtype, device=None) -> torch.Tensor:
+    """``torch.empty(shape, dtype=dtype, device=device)``, owned by the current batch (see
+    :func:`batch_scope`): the collate returns views of it without copying."""
+    return own_batch_buffer(torch.empty(shape, dtype=dtype, device=device))
+
+
+def _is_owned(ptr: int) -> bool:
+    owned = _owned.buffers
+    return bool(owned) and any(t.untyped_storage().data_ptr() == ptr for t in owned)
 
 
 def describe_elements(batch: Sequence[object]) -> str:
@@ -46,12 +102,17 @@ def describe_elements(batch: Sequence[object]) -> str:
 
 
 def _consecutive_view(batch: Sequence[torch.Tensor]) -> torch.Tensor | None:
-    """``(B, *S)`` view of the storage the B tensors of shape ``S`` come from, or None."""
+    """``(B, *S)`` view of the batch buffer the B tensors of shape ``S`` come from, or None
+    (also when the storage is not a buffer kuat allocated for this batch)."""
+    if not _owned.buffers:
+        return None
     first = batch[0]
     if not first.is_contiguous() or first.layout != torch.strided or first.numel() == 0:
         return None
     numel, shape, dtype = first.numel(), first.shape, first.dtype
     ptr = first.untyped_storage().data_ptr()
+    if not _is_owned(ptr):
+        return None
     off = first.storage_offset()
     for i, t in enumerate(batch):
         if (
@@ -114,8 +175,9 @@ def default_collate(batch: Sequence[object]):
 
     Returns:
         The same structure with a leading batch dimension ``B`` on every tensor: tensors of
-        shape ``S`` become ``(B, *S)`` (a view without copy when the samples are consecutive
-        views of one buffer), NumPy arrays become tensors, Python floats become ``float64``
+        shape ``S`` become ``(B, *S)`` (a view without copy only when the samples are
+        consecutive views of one buffer kuat allocated for this batch; otherwise a copy, as
+        torch's), NumPy arrays become tensors, Python floats become ``float64``
         tensors of shape ``(B,)``, ints ``int64``, strings stay a list of B strings.
 
     Raises:

@@ -67,7 +67,7 @@ from kuat.collate import default_collate
 from kuat.device import DeviceCopier, accelerator_available
 from kuat.engine.base import END, FAIL, OK, Task
 from kuat.engine.inline import InlineEngine
-from kuat.engine.job import FetchJob
+from kuat.engine.job import FetchJob, per_sample_getitems
 from kuat.engine.process import ProcessEngine
 from kuat.engine.thread import ThreadEngine
 from kuat.errors import LoaderTimeoutError
@@ -80,6 +80,13 @@ log = logging.getLogger("kuat.loader")
 _STATE_VERSION = 1
 _TASK_IDS = itertools.count()  # unique across iterators, so stale results are recognised
 _MASK63 = (1 << 63) - 1
+# Thread workers with the default prefetch_factor: batches whose fetch + collate take less than
+# this are "cheap", and up to _CHEAP_PREFETCH per worker are kept in flight (benchmarks/
+# bench_overhead.py: a no-op batch costs ~48 us inline, ~80 us with 2 threads at depth 2, ~55 us
+# at depth 8, on a loaded 2-core machine).
+_CHEAP_BATCH_S = 0.5e-3
+_CHEAP_PREFETCH = 8
+_INLINE_PROBE = 16  # batches observed before deciding to fetch cheap batches in the consumer
 
 
 def _base_seed(seed: int, epoch: int) -> int:
@@ -132,11 +139,24 @@ class DataLoader:
         generator: as torch: drives the shuffle (``RandomSampler`` draws, so orders equal
             torch's for the same generator) and each epoch's ``base_seed``. Orders then depend
             on the generator's state, so exact resume needs ``generator=None``.
-        prefetch_factor: batches in flight per worker (default 2 with workers, as torch).
+        prefetch_factor: batches in flight per worker (default 2 with workers, as torch). When
+            it is not given, thread workers keep up to 8 per worker in flight while batches take
+            under 0.5 ms of work, so that each worker wakes once per several cheap batches
+            instead of once per batch (the attribute still reads 2); and when most of the
+            first 16 batches are that cheap and the training loop waited for them, a source
+            whose batches do not depend on the thread fetching them (kuat datasets, pure
+            sequences; no ``worker_init_fn``) is fetched in the training loop's thread for the
+            rest of the epoch, as with ``num_workers=0`` (a hand-off costs more than the work).
         persistent_workers: keep workers between epochs.
         pin_memory_device: deprecated in torch; ignored with torch's warning.
         in_order: yield batches in sampler order (``True``) or as they complete.
-        worker_type: ``"thread"`` (default) or ``"process"``. Each thread worker reads its own
+        worker_type: ``None`` (default), ``"thread"`` or ``"process"``. ``None`` starts
+            thread workers and moves to process workers as soon as the dataset is seen to draw
+            from the global random generators (``isolate_global_rng``: those samples would run
+            one at a time in threads, and at the speed of torch's process workers in
+            processes); the in-flight batches finish first, the new workers run
+            ``worker_init_fn`` again, and ``loader.worker_type`` tells which is in use (logged
+            at INFO). Each thread worker reads its own
             shallow copy of the dataset (``copy.copy``, a few microseconds per worker start),
             so, as in torch's worker processes, what a worker sets on it (``worker_init_fn``
             narrowing ``get_worker_info().dataset``, a handle opened lazily) stays in that
@@ -167,15 +187,19 @@ class DataLoader:
             ``sampler``/``batch_sampler`` is used as given): every rank gets the same number of
             batches, padded by wrap-around (``DistributedSampler``) or, with ``drop_last``,
             truncated.
-        isolate_global_rng: when a map-style dataset is read one sample at a time, run each
-            ``dataset[i]`` with Python's ``random``, NumPy's global generator and torch's default
-            CPU generator reseeded from ``(seed, epoch, i)`` under a process-wide lock, restoring
-            the caller's generator states after. Draws are then reproducible whatever the worker
-            count, but in thread mode those ``__getitem__`` calls run one at a time
-            (``stats()["busy_s"]["rng_lock_wait"]`` shows the cost). ``None`` (default): on for
-            that path unless the dataset sets ``kuat_uses_sample_rng = True``; never used for
-            ``__getitems__`` or iterable datasets (process workers still seed the global RNGs per
-            worker, as torch does; thread workers share the process's).
+        isolate_global_rng: make a map-style dataset's draws from Python's ``random``, NumPy's
+            global generator and torch's default CPU generator reproducible whatever the worker
+            count and type: a dataset seen to draw (each worker's first batch is probed, later
+            batches are watched; see :mod:`kuat.engine.isolate`) runs each ``dataset[i]`` with
+            those generators reseeded from ``(seed, epoch, i)``, or each ``__getitems__`` call
+            from ``(seed, epoch, batch indices)``, under a process-wide lock, restoring the
+            caller's generator states after. Datasets that do not draw pay about 5 us per
+            batch (``range``, lists, tuples, arrays, tensors and ``TensorDataset``: nothing). In thread mode the samples of a drawing dataset run one at a time
+            (``stats()["busy_s"]["rng_lock_wait"]`` shows the cost). torch's ``Subset`` (and
+            so ``random_split``) over a per-sample dataset is read per sample, so each sample
+            is isolated. ``None`` (default): on unless the dataset sets
+            ``kuat_uses_sample_rng = True``; never for iterable datasets (process workers still
+            seed the global RNGs per worker, as torch does; thread workers share the process's).
 
     Raises:
         ValueError / TypeError: invalid arguments (torch's messages for torch's arguments).
@@ -208,7 +232,7 @@ class DataLoader:
         persistent_workers: bool = False,
         pin_memory_device: str = "",
         in_order: bool = True,
-        worker_type: str = "thread",
+        worker_type: str | None = None,
         seed: int | None = None,
         device: str | torch.device | None = None,
         on_error: str = "raise",
@@ -229,7 +253,8 @@ class DataLoader:
                 "prefetch_factor option could only be specified in multiprocessing."
                 "let num_workers > 0 to enable multiprocessing, otherwise set prefetch_factor to None."
             )
-        elif num_workers > 0 and prefetch_factor is None:
+        adaptive_prefetch = prefetch_factor is None and worker_type != "process"
+        if num_workers > 0 and prefetch_factor is None:
             prefetch_factor = 2
         elif prefetch_factor is not None and prefetch_factor < 0:
             raise ValueError("prefetch_factor option should be non-negative")
@@ -237,8 +262,12 @@ class DataLoader:
             raise ValueError("persistent_workers option needs num_workers > 0")
 
         # --- kuat's own arguments ------------------------------------------------------------
-        if worker_type not in ("thread", "process"):
-            raise ValueError(f"worker_type should be 'thread' or 'process', got {worker_type=}")
+        if worker_type not in (None, "thread", "process"):
+            raise ValueError(
+                f"worker_type should be None, 'thread' or 'process', got {worker_type=}")
+        auto_worker_type = worker_type is None
+        if worker_type is None:
+            worker_type = "thread"
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error should be 'raise' or 'skip', got {on_error=}")
         if timeout > 0 and num_workers == 0:
@@ -257,6 +286,7 @@ class DataLoader:
         self.dataset = dataset
         self.num_workers = num_workers
         self.prefetch_factor = prefetch_factor
+        self._adaptive_prefetch = adaptive_prefetch  # thread workers, prefetch_factor not given
         self.pin_memory = pin_memory
         self.pin_memory_device = pin_memory_device
         self.timeout = timeout
@@ -264,6 +294,7 @@ class DataLoader:
         self.multiprocessing_context = multiprocessing_context
         self.in_order = in_order
         self.worker_type = worker_type
+        self._auto_worker_type = auto_worker_type and num_workers > 0
         self.seed = int(seed)
         self.device = self._device
         self.on_error = on_error
@@ -340,7 +371,7 @@ class DataLoader:
 
         # --- what workers run, decided once ---------------------------------------------------
         use_getitems = (auto_collation and not iterable and hasattr(source, "__getitems__")
-                        and bool(source.__getitems__))
+                        and bool(source.__getitems__) and not per_sample_getitems(source))
         if isolate_global_rng is None:
             isolate_global_rng = not getattr(source, "kuat_uses_sample_rng", False)
         if not isinstance(isolate_global_rng, bool):
@@ -377,10 +408,12 @@ class DataLoader:
             drop_last=drop_last,
             collate_fn=job_collate,
             seed=self.seed,
-            isolate_rng=isolate_global_rng and not iterable and not use_getitems,
+            isolate_rng=isolate_global_rng and not iterable,
             on_error=on_error,
             worker_init_fn=worker_init_fn,
             use_getitems=use_getitems,
+            fetch_collated=(use_getitems and job_collate is default_collate and on_error == "raise"
+                            and callable(getattr(source, "kuat_fetch_collated", None))),
             pin=self._pin and worker_type == "thread" or (self._pin and num_workers == 0),
         )
         self._job_bytes: bytes | None = None
@@ -547,7 +580,11 @@ class DataLoader:
         and batch transforms included), ``worker_wait_s`` (the part of it spent waiting for a
         worker's result), ``input_bound_fraction`` (``consumer_wait_s / elapsed_s``: the
         fraction of the loop's time it waited for its input), ``batches_per_s``, ``samples_per_s``,
-        ``worker_busy_fraction`` (``(fetch + collate) / (elapsed_s * num_workers)``).
+        ``worker_busy_fraction`` (``(fetch + collate) / (elapsed_s * num_workers)``);
+        ``loader_overhead_us_per_batch``: microseconds per batch that ``next()`` spent in kuat's
+        own machinery (dispatch, ordering, hand-off, bookkeeping): ``consumer_wait_s`` minus the
+        dataset's fetch, collate and pinning (with ``num_workers=0``) or minus ``worker_wait_s``
+        (with workers), minus device copies and batch transforms, per batch.
         """
         s = self._stats
         with s.lock:
@@ -573,7 +610,13 @@ class DataLoader:
                 "samples_per_s": s.samples / el if el > 0 else 0.0,
                 "worker_busy_fraction": (s.fetch_s + s.collate_s) / (el * max(1, self.num_workers))
                 if el > 0 else 0.0,
+                "loader_overhead_us_per_batch": self._overhead_s(s) / s.batches * 1e6
+                if s.batches else 0.0,
             }
+
+    def _overhead_s(self, s: _Stats) -> float:
+        work = s.fetch_s + s.collate_s + s.pin_s if self.num_workers == 0 else s.worker_wait_s
+        return max(0.0, s.wait_s - work - s.device_s - s.transform_s)
 
     # --- iteration --------------------------------------------------------------------------
     def __iter__(self) -> _LoaderIter:
@@ -622,6 +665,11 @@ class DataLoader:
     def _make_engine(self, base_seed: int):
         if self.num_workers == 0:
             return InlineEngine(self._job, base_seed)
+        if self.worker_type == "thread" and self._auto_worker_type and self._job.rng_use.draws:
+            self.worker_type = "process"
+            log.info("kuat.DataLoader: the dataset draws from the global random generators; "
+                     "moving to %d process workers (in threads its samples would run one at "
+                     "a time)", self.num_workers)
         if self.worker_type == "thread":
             return ThreadEngine(self._job, self.num_workers, base_seed)
         ctx = self.multiprocessing_context
@@ -656,7 +704,8 @@ class DataLoader:
 
     def _advise(self) -> None:
         """Once per loader: say so when global-RNG isolation serialises thread workers."""
-        if self._advised or self.worker_type != "thread" or self.num_workers < 2:
+        if (self._advised or self.worker_type != "thread" or self.num_workers < 2
+                or self._auto_worker_type):
             return
         s = self._stats
         if s.rng_wait_s > 0.25 * max(s.fetch_s, 1e-9) and s.rng_wait_s > 0.1:
@@ -754,6 +803,12 @@ class _LoaderIter:
         self._nw = engine.num_workers
         self._inline = isinstance(engine, InlineEngine)
         self._max_inflight = 1 if self._inline else max(1, loader.prefetch_factor * self._nw)
+        self._base_inflight = self._max_inflight
+        self._adapt = loader._adaptive_prefetch and isinstance(engine, ThreadEngine)
+        # cheap batches of a thread-agnostic source, with the consumer waiting for them: fetch
+        # them in the consumer thread instead (the hand-off would cost more than the work)
+        self._may_go_inline = self._adapt and loader._job.thread_agnostic
+        self._seen = self._cheap = self._blocked = 0
         self._active = [True] * self._nw
         self._rr = 0
         self._tasks: dict[int, int] = {}  # task id -> worker id, in flight
@@ -844,6 +899,8 @@ class _LoaderIter:
         A batch counts against the bound from submission until it is yielded (as in torch), so
         results waiting for their turn (``in_order``) hold no more memory than the bound.
         """
+        if self._to_processes() or self._to_inline():
+            return
         while len(self._tasks) + len(self._ready) < self._max_inflight and not self._keys_done:
             w = self._next_worker()
             if w is None:
@@ -858,6 +915,49 @@ class _LoaderIter:
             if self._in_order:
                 self._order.append(tid)
             self._engine.submit(w, Task(tid, self._epoch, key, self._base_seed))
+
+    def _to_processes(self) -> bool:
+        """``worker_type=None``: once the dataset is seen to draw from the global RNGs, let the
+        thread workers' batches in flight finish (True while they do), then continue the
+        epoch on process workers."""
+        lo = self._loader
+        if not (lo._auto_worker_type and lo._job.rng_use.draws
+                and isinstance(self._engine, ThreadEngine)):
+            return False
+        if self._tasks:
+            return True
+        old = self._engine
+        if self._owned or lo._engine is old:
+            old.close()
+        new = lo._make_engine(self._base_seed)
+        if not self._owned:
+            lo._engine = new
+        self._engine, self._nw = new, new.num_workers
+        self._active, self._rr, self._adapt = [True] * self._nw, 0, False
+        self._max_inflight = self._base_inflight = max(1, lo.prefetch_factor * self._nw)
+        return False
+
+    def _to_inline(self) -> bool:
+        """After ``_INLINE_PROBE`` batches, most of them cheap and waited for by the consumer:
+        let the workers' batches in flight finish (True while they do), then fetch the rest
+        of the epoch in this thread (the thread workers are released, or kept when
+        persistent)."""
+        if not (self._may_go_inline and self._seen >= _INLINE_PROBE):
+            return False
+        if self._cheap < 0.75 * self._seen or self._blocked < 0.75 * self._seen:
+            self._may_go_inline = False
+            return False
+        if self._tasks:
+            return True
+        if self._owned:
+            self._engine.close()
+        log.debug("kuat.DataLoader: batches take under %.1f ms of work and the training loop "
+                  "waits for them: fetching them in its thread", _CHEAP_BATCH_S * 1e3)
+        self._engine = InlineEngine(self._loader._job, self._base_seed)
+        self._owned = True  # the inline engine; persistent thread workers stay with the loader
+        self._inline, self._nw, self._active, self._rr = True, 1, [True], 0
+        self._max_inflight, self._adapt, self._may_go_inline = 1, False, False
+        return False
 
     def _next_worker(self) -> int | None:
         for _ in range(self._nw):
@@ -879,6 +979,7 @@ class _LoaderIter:
                     return self._ready.pop(next(iter(self._ready)))
                 if not self._tasks:
                     return None
+            self._blocked += 1
             r = self._get()
             if self._tasks.pop(r.task_id, None) is None:
                 continue  # stale: from an abandoned epoch of persistent workers
@@ -930,6 +1031,13 @@ class _LoaderIter:
         st = r.stats
         if st is None:
             return
+        if self._adapt:
+            # Cheap batches (the work takes less than a worker hand-off and wake-up costs many
+            # times over): keep more in flight so each worker wakes once per several batches.
+            cheap = st.fetch_s + st.collate_s < _CHEAP_BATCH_S
+            self._max_inflight = self._nw * _CHEAP_PREFETCH if cheap else self._base_inflight
+            self._seen += 1
+            self._cheap += cheap
         s = self._stats
         with s.lock:
             s.fetch_s += st.fetch_s

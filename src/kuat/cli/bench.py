@@ -9,7 +9,9 @@ Examples:
 
     kuat bench --quick                      # a few minutes, only peers already installed
     kuat bench --setup-envs                 # full run; creates the peer environments first
+    kuat bench --setup-envs --update-readme # the same, then commit-ready results.json + README
     kuat bench --workloads imagenet-jpeg --loaders torch kuat decode-only
+    kuat bench --workloads overhead --loaders torch   # the loop-cost table (issue 17)
     kuat bench --table bench-results/results.json   # print the README table again
 """
 
@@ -53,10 +55,14 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         nargs="+",
         default=None,
         metavar="NAME",
-        help="imagenet-jpeg imagenet-jpeg-256 tokens hf-rows ingest (default: all)",
+        help="imagenet-jpeg imagenet-jpeg-256 tokens hf-rows ingest overhead (default: all)",
     )
     p.add_argument(
-        "--runs", type=int, default=None, help="interleaved rounds per loader (default 3; quick 2)"
+        "--runs",
+        type=int,
+        default=None,
+        help="interleaved timed rounds per loader (default 3; quick 2; 0 with --memory-runs: "
+        "memory only)",
     )
     p.add_argument(
         "--epochs",
@@ -65,7 +71,17 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         help="epochs per run, the first one a warm-up (default 3; quick 2)",
     )
     p.add_argument(
-        "--num-images", type=int, default=None, help="demo images (default 2000; quick 512)"
+        "--memory-runs",
+        type=int,
+        default=None,
+        help="separate memory-sampled runs per loader and workload, 2 epochs each; rates are "
+        "never timed while memory is sampled (default 1; 0 skips memory)",
+    )
+    p.add_argument(
+        "--num-images",
+        type=int,
+        default=None,
+        help="images of the generated ImageNet-like corpus (default 2000; quick 512)",
     )
     p.add_argument(
         "--workers",
@@ -92,7 +108,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         type=Path,
         default=None,
         metavar="DIR",
-        help="benchmark on this ImageFolder tree instead of the demo images",
+        help="benchmark on this ImageFolder tree instead of the generated corpus (the report "
+        "names it and gives its size and bytes-per-pixel statistics)",
     )
     p.add_argument(
         "--cache-dir",
@@ -112,6 +129,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         default=None,
         metavar="RESULTS_JSON",
         help="print the Markdown report of an earlier run and exit",
+    )
+    p.add_argument(
+        "--update-readme",
+        action="store_true",
+        help="after the run, copy results.json to benchmarks/results.json and regenerate the "
+        "README's results section from it (python -m benchmarks.readme)",
     )
     p.add_argument("--list", action="store_true", help="list loaders and workloads and exit")
     p.add_argument(
@@ -157,8 +180,9 @@ def run(args: argparse.Namespace) -> int:
 
     if args.list:
         for name, info in LOADERS.items():
-            print(f"{name:<16} env={info['env']:<10} {info['label']}")
-        print("workloads:", " ".join(runner.workloads.ALL))
+            name_label = info["label"].replace("{workers}", "all")
+            print(f"{name:<18} env={info['env']:<10} {name_label}")
+        print("workloads:", " ".join(runner.workloads.ALL + tuple(runner.TABLE_WORKLOADS)))
         return 0
     if args.table is not None:
         import json
@@ -173,6 +197,7 @@ def run(args: argparse.Namespace) -> int:
             runs=args.runs,
             epochs=args.epochs,
             num_images=args.num_images,
+            memory_runs=args.memory_runs,
             num_workers=args.workers,
             setup_envs=args.setup_envs,
             image_root=args.imagefolder,
@@ -195,4 +220,8 @@ def run(args: argparse.Namespace) -> int:
     print(report.markdown(results))
     print(f"wrote {cfg.out_dir / 'results.json'}, results.md, results.png")
     ok = any(r.get("ok") for r in results["runs"])
+    if args.update_readme and ok:
+        from benchmarks import readme
+
+        readme.main([str(cfg.out_dir / "results.json")])
     return 0 if ok else 1

@@ -30,6 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from kuat.convert._driver import (
+    CHUNK_ITEMS,
     ConvertOptions,
     ConvertReport,
     Progress,
@@ -227,7 +228,8 @@ def arrow_field(
     :func:`logical_type`; physical variants are folded first).
 
     integers/floats -> the same scalar type, bool -> bool, string -> string, binary -> bytes,
-    list of numbers -> ``sequence``, all-empty lists -> ``sequence[int64]``, fixed-size
+    list of numbers -> ``sequence``, list of strings (also dictionary-encoded) -> ``strings``,
+    all-empty lists -> ``sequence[int64]``, fixed-size
     list(s) of numbers -> ``tensor``, ``struct<bytes, path>`` or a column named in
     ``image_fields`` -> image.
 
@@ -262,6 +264,8 @@ def arrow_field(
         if (pa.types.is_integer(inner) or pa.types.is_floating(inner)) and all(shape):
             dtype = np.dtype(inner.to_pandas_dtype()).name
             return Field(name, fs.tensor(tuple(shape), dtype), md)
+        if pa.types.is_string(inner) and len(shape) == 1:  # fixed-length lists of strings
+            return Field(name, fs.strings(), md)
     if _is_list(t):
         inner = t.value_type
         if pa.types.is_null(inner):  # every list in the input is empty
@@ -270,17 +274,19 @@ def arrow_field(
             return Field(name, fs.sequence(np.dtype(inner.to_pandas_dtype()).name), md)
         if pa.types.is_boolean(inner):
             return Field(name, fs.sequence("uint8"), md)
-        if pa.types.is_string(inner) or pa.types.is_binary(inner):
+        if pa.types.is_string(inner):
+            return Field(name, fs.strings(), md)
+        if pa.types.is_binary(inner):
             raise ValueError(
-                f"column {name!r} is a list of strings ({t}); kuat sequences hold numbers: "
-                "store token ids (tokenize the column, or map each string to its index) or "
-                "join the strings into one string column before converting"
+                f"column {name!r} is a list of byte strings ({t}); kuat lists hold numbers or "
+                "UTF-8 strings: decode the items to str, or store one bytes value per row"
             )
         if _is_list(inner) or pa.types.is_fixed_size_list(inner):
             raise ValueError(
                 f"column {name!r} holds nested lists of varying length ({t}); kuat stores a "
-                "variable-length 1-D sequence or a fixed-shape tensor: flatten each row into "
-                "one list, or pad the rows to one shape, before converting"
+                "variable-length 1-D sequence (of numbers or strings) or a fixed-shape "
+                "tensor: flatten each row into one list (with a second column of the inner "
+                "lengths to split it again), or pad the rows to one shape, before converting"
             )
     raise ValueError(
         f"column {name!r} has Arrow type {t}, which has no kuat field type; cast it to a "
@@ -552,6 +558,13 @@ def write_batches(
         return row
 
     for row in parallel_map(
-        prepare, rows(), opts, total=total, desc=desc, source_of=lambda it: it[0], report=report
+        prepare,
+        rows(),
+        opts,
+        total=total,
+        desc=desc,
+        source_of=lambda it: it[0],
+        report=report,
+        chunk_size=CHUNK_ITEMS,
     ):
         w.write(row)

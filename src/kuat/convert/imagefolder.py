@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 
 from kuat.convert._driver import (
+    CHUNK_ITEMS,
     ConvertOptions,
     ConvertReport,
     converting,
@@ -130,6 +131,7 @@ def from_imagefolder(
             desc=f"convert {src.name}",
             source_of=lambda item: item[0],
             report=report,
+            chunk_size=CHUNK_ITEMS,
         ):
             w.write(row)
     return report

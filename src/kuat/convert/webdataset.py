@@ -32,6 +32,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from kuat.convert._driver import (
+    CHUNK_ITEMS,
     ConvertOptions,
     ConvertReport,
     converting,
@@ -210,6 +211,7 @@ def from_webdataset(
             desc="convert webdataset",
             source_of=lambda item: item[0],
             report=report,
+            chunk_size=CHUNK_ITEMS,
         ):
             w.write(row)
     return report

@@ -5,6 +5,8 @@ The engine runs *any* work; it knows nothing of images or storage. Files, in lif
 * ``job.py``     what a worker does with one task: fetch a batch (map-style indices or the next
   items of an iterable), collate it, isolate global RNGs, skip failing samples. Picklable.
   Each thread worker reads its own shallow copy of the dataset (``worker_dataset``).
+* ``isolate.py`` global-RNG isolation for datasets seen to draw from ``random``/``np.random``/
+  ``torch``: probe, watch (generator fingerprints), reseed per sample or batch, one lock.
 * ``base.py``    the task/result records, the worker loop shared by every engine, and error
   transport (capture in the worker, rebuild with the original type in the consumer).
 * ``inline.py``  ``num_workers=0``: runs each task in the calling thread when its result is asked.

@@ -4,14 +4,11 @@ A :class:`FetchJob` is built once by the loader, shared by every worker thread (
 pickled once for worker processes. Each worker calls :meth:`FetchJob.start` once, then
 :meth:`FetchJob.run` per task; per-worker state lives in the returned :class:`WorkerCtx`.
 
-Global RNG isolation (``isolate_rng``): Python's ``random``, NumPy's legacy global generator and
-torch's default CPU generator are process-wide. When a map-style dataset is read one sample at a
-time (no ``__getitems__``), each ``dataset[i]`` runs with those generators reseeded from
-``(seed, epoch, i)`` (SplitMix64), under one process-wide lock (so thread workers cannot interleave
-draws), and in thread/inline mode the caller's generator states are saved before and restored
-after, so the training loop's own random streams are not disturbed. This makes a dataset that
-calls ``np.random``/``random``/``torch.rand`` reproducible whatever the worker count, at the cost
-of running those ``__getitem__`` calls one at a time in thread mode.
+Global RNG isolation (``isolate_rng``): see :mod:`kuat.engine.isolate`. Map-style datasets that
+are seen to draw from Python's ``random``, NumPy's legacy global generator or torch's default CPU
+generator run with those reseeded from ``(seed, epoch, index)`` per sample (``__getitem__``
+path) or from ``(seed, epoch, batch indices)`` per batch (``__getitems__`` path); datasets that
+do not draw pay two fingerprints per batch (about 5 us).
 """
 
 from __future__ import annotations
@@ -20,7 +17,6 @@ import copy
 import logging
 import operator
 import os
-import random
 import threading
 import time
 import zlib
@@ -30,25 +26,13 @@ import numpy as np
 import torch
 
 from kuat import rng as krng
+from kuat.collate import batch_scope
+from kuat.engine import isolate
 from kuat.engine.base import EMPTY, END, OK, WorkStats
 
-__all__ = ["FetchJob", "WorkerCtx", "GLOBAL_RNG_LOCK", "set_worker_info", "worker_dataset"]
+__all__ = ["FetchJob", "WorkerCtx", "set_worker_info", "per_sample_getitems", "worker_dataset"]
 
 log = logging.getLogger("kuat.engine")
-
-# Held while a sample runs with reseeded global RNGs (they are process-wide).
-GLOBAL_RNG_LOCK = threading.Lock()
-_MASK32 = (1 << 32) - 1
-
-
-def _seed_globals_cpu(seed: int) -> None:
-    """Seed random, NumPy's global generator and torch's default *CPU* generator only.
-
-    Unlike ``torch.manual_seed`` this leaves CUDA generators alone (the training loop owns them).
-    """
-    random.seed(seed)
-    np.random.seed(seed & _MASK32 ^ (seed >> 32))
-    torch.default_generator.manual_seed(seed & ((1 << 63) - 1))
 
 
 class _PerThreadWorkerInfo(threading.local):
@@ -60,9 +44,8 @@ _thread_info = _PerThreadWorkerInfo()
 
 
 def _reset_lock_in_child() -> None:
-    # A fork while another thread held a lock would leave it locked forever in the child.
-    global GLOBAL_RNG_LOCK, _install_lock
-    GLOBAL_RNG_LOCK = threading.Lock()
+    # A fork while another thread held the lock would leave it locked forever in the child.
+    global _install_lock
     _install_lock = threading.Lock()
 
 
@@ -161,6 +144,36 @@ def _index_key(index) -> int:
         return zlib.crc32(repr(index).encode())
 
 
+def _batch_key(key) -> int:
+    """An int for a batch of sample keys (a CRC of the indices and their count)."""
+    try:
+        a = np.asarray(key, dtype=np.int64)  # (B,)
+        return zlib.crc32(a.tobytes()) | (a.size << 32)
+    except (TypeError, ValueError, OverflowError):
+        return zlib.crc32(repr(key).encode())
+
+
+def _never_draws(dataset) -> bool:
+    """Datasets whose indexing cannot draw random numbers: Python sequences, arrays, tensors
+    and torch's ``TensorDataset`` (exactly these types, not subclasses)."""
+    from torch.utils.data import TensorDataset
+
+    return type(dataset) in (range, list, tuple, np.ndarray, torch.Tensor, TensorDataset)
+
+
+def per_sample_getitems(dataset) -> bool:
+    """Whether ``dataset.__getitems__`` is torch's ``Subset.__getitems__`` over datasets that
+    fetch one sample at a time (``random_split`` gives these): then the loader fetches
+    ``dataset[i]`` per sample, which is the same call chain, and can isolate each sample."""
+    from torch.utils.data import Subset
+
+    while isinstance(dataset, Subset) and type(dataset).__getitems__ is Subset.__getitems__:
+        dataset = dataset.dataset
+        if not callable(getattr(dataset, "__getitems__", None)):
+            return True
+    return False
+
+
 def worker_dataset(dataset, method: str):
     """The dataset object one worker reads: its own shallow copy in a thread worker.
 
@@ -204,6 +217,7 @@ class WorkerCtx:
     iterator: object = None
     ended: bool = False
     extra: dict = field(default_factory=dict)
+    probed: bool = False  # this worker's first batch ran isolated and probed (isolate.py)
 
 
 @dataclass
@@ -222,6 +236,22 @@ class FetchJob:
     worker_init_fn: object = None
     use_getitems: bool = False
     pin: bool = False  # pin batches in the worker (thread/inline; process workers pin on read)
+    rng_use: isolate.RngUse = field(default_factory=isolate.RngUse)
+    # the source collates its own batches (``kuat_fetch_collated(indices)``, same result as the
+    # default collate of its ``__getitems__``): set when the collate is the default one
+    fetch_collated: bool = False
+
+    @property
+    def thread_agnostic(self) -> bool:
+        """Whether any thread may fetch a batch with the same result (no per-worker state, no
+        ``worker_init_fn``): pure sequences, or a source declaring ``kuat_thread_agnostic``."""
+        return (not self.iterable and self.worker_init_fn is None
+                and (_never_draws(self.dataset)
+                     or getattr(self.dataset, "kuat_thread_agnostic", False) is True))
+
+    def __post_init__(self):
+        if self.isolate_rng and _never_draws(self.dataset):
+            self.isolate_rng = False  # nothing to isolate: not even the watch's fingerprints
 
     # -- worker lifecycle -------------------------------------------------------------------
     def start(self, worker_id: int, num_workers: int, method: str, base_seed: int) -> WorkerCtx:
@@ -258,25 +288,40 @@ class FetchJob:
 
     # -- one task ---------------------------------------------------------------------------
     def run(self, ctx: WorkerCtx, epoch: int, key, base_seed: int):
-        """Fetch and collate one batch. Returns ``(kind, batch_or_None, WorkStats)``."""
+        """Fetch and collate the batch of ``key`` in epoch ``epoch``.
+
+        Returns ``(kind, batch, stats)``: ``(OK, batch, stats)``; ``(EMPTY, None, stats)`` when
+        ``on_error="skip"`` dropped every sample; ``(END, None, stats)`` when this worker's
+        iterator is exhausted (iterable datasets). ``stats`` holds the fetch/collate/pin times,
+        the global-RNG lock wait and the skipped samples. The batch is built inside a
+        :class:`kuat.collate.batch_scope`, so it shares memory only with buffers allocated for
+        it. Raises whatever the dataset, ``collate_fn`` or pinning raise (with
+        ``on_error="raise"``); the engine turns that into a ``FAIL`` result.
+        """
         if ctx.epoch != epoch:
             self._new_epoch(ctx, epoch, base_seed)
         st = WorkStats()
-        t0, c0 = time.perf_counter(), time.thread_time()
-        with krng.epoch_context(self.seed, epoch):
-            if self.iterable:
-                data = self._next_items(ctx, st)
+        # buffers kuat allocates while fetching this batch are its own: the collate may return
+        # views of them; anything else it copies (collate.py)
+        with batch_scope():
+            t0, c0 = time.perf_counter(), time.thread_time()
+            with krng.epoch_context(self.seed, epoch):
+                if self.iterable:
+                    data = self._next_items(ctx, st)
+                else:
+                    data = self._fetch_indices(ctx, epoch, key, st)
+            st.fetch_s, st.fetch_cpu_s = time.perf_counter() - t0, time.thread_time() - c0
+            if self.iterable and ctx.num_workers > 1:  # all workers iterating all items? (#11.6)
+                st.worker_info_consulted = worker_info_consulted()
+            if data is None:
+                return (END if self.iterable else EMPTY), None, st
+            if self.fetch_collated:  # the columnar gather went straight to batch tensors
+                st.samples, batch = len(key), data
             else:
-                data = self._fetch_indices(ctx, epoch, key, st)
-        st.fetch_s, st.fetch_cpu_s = time.perf_counter() - t0, time.thread_time() - c0
-        if self.iterable and ctx.num_workers > 1:  # all workers iterating all items? (#11.6)
-            st.worker_info_consulted = worker_info_consulted()
-        if data is None:
-            return (END if self.iterable else EMPTY), None, st
-        st.samples = len(data) if self.auto_collation else 1
-        t1 = time.perf_counter()
-        batch = self.collate_fn(data)
-        st.collate_s = time.perf_counter() - t1
+                st.samples = len(data) if self.auto_collation else 1
+                t1 = time.perf_counter()
+                batch = self.collate_fn(data)
+                st.collate_s = time.perf_counter() - t1
         if self.pin and ctx.method != "process":
             from torch.utils.data._utils.pin_memory import pin_memory
 
@@ -318,19 +363,16 @@ class FetchJob:
 
     def _fetch_indices(self, ctx: WorkerCtx, epoch: int, key, st: WorkStats):
         """The samples of ``key`` (list of indices, or one index); None when all were skipped."""
-        ds = ctx.dataset
         if not self.auto_collation:
             try:
-                return self._samples(ctx, epoch, [key], st)[0]
+                return self._fetch(ctx, epoch, [key], st)[0]
             except Exception as e:
                 if self.on_error != "skip":
                     raise
                 st.skipped.append((key, type(e).__qualname__, str(e)))
                 return None
         try:
-            if self.use_getitems:
-                return ds.__getitems__(key)
-            return self._samples(ctx, epoch, key, st)
+            return self._fetch(ctx, epoch, key, st)
         except Exception:
             if self.on_error != "skip":
                 raise
@@ -338,35 +380,71 @@ class FetchJob:
         kept = []
         for i in key:
             try:
-                kept += ds.__getitems__([i]) if self.use_getitems else self._samples(ctx, epoch, [i], st)
+                kept += self._fetch(ctx, epoch, [i], st)
             except Exception as e:
                 st.skipped.append((i, type(e).__qualname__, str(e)))
         return kept or None
 
-    def _samples(self, ctx: WorkerCtx, epoch: int, indices, st: WorkStats) -> list:
-        """``[dataset[i] for i in indices]``, each with its sample context (and isolated RNGs)."""
-        ds = ctx.dataset
+    def _get(self, ctx: WorkerCtx, key) -> list:
+        """The samples of ``key``: one ``__getitems__`` call, or ``dataset[i]`` per sample (or
+        the collated batch, with ``fetch_collated``)."""
+        if self.fetch_collated:
+            return ctx.dataset.kuat_fetch_collated(key)
+        if self.use_getitems:
+            return ctx.dataset.__getitems__(key)
+        return krng.map_samples(ctx.dataset.__getitem__, key)
+
+    def _fetch(self, ctx: WorkerCtx, epoch: int, key, st: WorkStats) -> list:
+        """The samples of ``key``, with global-RNG isolation where the dataset needs it."""
         if not self.isolate_rng:
-            out = []
-            for i in indices:
-                with krng.sample_context(i):
-                    out.append(ds[i])
-            return out
+            return self._get(ctx, key)
+        use = self.rng_use
+        if use.draws or not ctx.probed:
+            ctx.probed = True
+            return self._isolated(ctx, epoch, key, st)
+        if not use.watch:
+            return self._get(ctx, key)
+        lock = isolate.GLOBAL_RNG_LOCK
+        lock.acquire_shared()
+        try:
+            before = isolate.fingerprint()
+            data = self._get(ctx, key)
+            drew = isolate.fingerprint() != before
+        finally:
+            lock.release_shared()
+        if not drew:
+            return data
+        del data  # fetched with unseeded draws (or another thread drew): fetch it isolated
+        data = self._isolated(ctx, epoch, key, st)
+        if not use.draws:
+            use.false_alarm()
+        return data
+
+    def _isolated(self, ctx: WorkerCtx, epoch: int, key, st: WorkStats) -> list:
+        """The samples of ``key`` with the global RNGs reseeded per sample (``__getitem__``)
+        or per batch (``__getitems__``), under the exclusive lock; probes whether the dataset
+        draws until that is known."""
+        ds, use = ctx.dataset, self.rng_use
         t0 = time.perf_counter()
-        with GLOBAL_RNG_LOCK:
+        with isolate.GLOBAL_RNG_LOCK:
             st.rng_wait_s += time.perf_counter() - t0
-            restore = ctx.method != "process"
-            if restore:
-                saved = (random.getstate(), np.random.get_state(), torch.default_generator.get_state())
+            saved = isolate.save() if ctx.method != "process" else None
             try:
+                if self.use_getitems:
+                    isolate.seed_globals_cpu(global_rng_seed(self.seed, epoch, _batch_key(key)))
+                    probe = None if use.draws else isolate.fingerprint()
+                    out = self._get(ctx, key)
+                    if probe is not None and isolate.fingerprint() != probe:
+                        use.draws = True
+                    return out
                 out = []
-                for i in indices:
-                    _seed_globals_cpu(global_rng_seed(self.seed, epoch, _index_key(i)))
-                    with krng.sample_context(i):
-                        out.append(ds[i])
+                for i in key:
+                    isolate.seed_globals_cpu(global_rng_seed(self.seed, epoch, _index_key(i)))
+                    probe = None if use.draws else isolate.fingerprint()
+                    out += krng.map_samples(ds.__getitem__, (i,))
+                    if probe is not None and isolate.fingerprint() != probe:
+                        use.draws = True
                 return out
             finally:
-                if restore:
-                    random.setstate(saved[0])
-                    np.random.set_state(saved[1])
-                    torch.default_generator.set_state(saved[2])
+                if saved is not None:
+                    isolate.restore(saved)

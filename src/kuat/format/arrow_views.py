@@ -77,10 +77,13 @@ def array_from_numpy(values: np.ndarray) -> pa.Array:
     return pa.Array.from_buffers(pa.from_numpy_dtype(values.dtype), n, [None, pa.py_buffer(values)])
 
 
-def array_from_bytes(values: list, type: pa.DataType) -> pa.Array:
+def array_from_bytes(values: list, type: pa.DataType, *, defer=None) -> pa.Array:
     """``bytes`` values (``pa.binary()``), or ``str`` values (``pa.string()``, encoded as
     UTF-8, which must succeed: lone surrogates raise ``UnicodeEncodeError``), as an Arrow
     array without nulls (one copy of the data).
+
+    ``defer(values, size)``, if given, may return a buffer to stand for the joined data
+    instead of the copy (``None``: join them); see :mod:`kuat.format.shard_file`.
 
     Raises:
         ValueError: the values hold 2 GiB or more together (int32 offsets).
@@ -97,6 +100,7 @@ def array_from_bytes(values: list, type: pa.DataType) -> pa.Array:
         raise ValueError(f"{n} values hold {total} bytes, more than int32 offsets address")
     offsets = np.zeros(n + 1, np.int32)
     offsets[1:] = ends
-    return pa.Array.from_buffers(
-        type, n, [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(values))]
-    )
+    data = defer(values, total) if defer is not None and total else None
+    if data is None:
+        data = pa.py_buffer(b"".join(values))
+    return pa.Array.from_buffers(type, n, [None, pa.py_buffer(offsets), data])

@@ -16,6 +16,7 @@ Hot path of ``__getitems__(indices)`` (torch's batched fetch):
 
 from __future__ import annotations
 
+import array
 import logging
 import operator
 import os
@@ -38,7 +39,7 @@ from kuat.format.manifest import (
     read_manifest,
 )
 from kuat.format.schema import EncodedImage, FieldType, Schema
-from kuat.rng import sample_context, sample_rng
+from kuat.rng import map_samples, sample_context, sample_rng
 
 __all__ = ["Dataset", "ImageBatch", "open_dataset"]
 
@@ -93,6 +94,28 @@ class _Var:
             o = self.offsets
             return [int(o[r]) for r in rows], [int(o[r + 1]) for r in rows]
         return self.offsets[rows].tolist(), self.offsets[rows + 1].tolist()
+
+
+class _Strings:
+    """strings (``list<string>``): row ``r`` holds strings ``offsets[r]:offsets[r + 1]`` of
+    ``items``."""
+
+    __slots__ = ("offsets", "items")
+
+    def __init__(self, offsets: np.ndarray, items: _Var):
+        self.offsets, self.items = offsets, items
+
+    def rows(self, rows: list[int]) -> list[list[str]]:
+        """A new ``list[str]`` per row of ``rows``."""
+        o, io, data = self.offsets, self.items.offsets, self.items.data
+        out = []
+        for r in rows:
+            a, b = int(o[r]), int(o[r + 1])
+            base = int(io[a])
+            raw = data[base : int(io[b])].tobytes()  # the row's strings, decoded one by one
+            ends = (io[a + 1 : b + 1] - base).tolist()
+            out.append([raw[s:e].decode() for s, e in zip([0, *ends[:-1]], ends)])
+        return out
 
 
 class _Image:
@@ -224,6 +247,8 @@ def _open_shard(path: str, info: ShardInfo, schema: Schema, arrow_schema: pa.Sch
                 columns[f.name] = _var_column(arr)
             elif kind == "sequence":
                 columns[f.name] = _var_column(arr, f.type.np_dtype)
+            elif kind == "strings":
+                columns[f.name] = _Strings(_var_column(arr).offsets, _var_column(arr.values))
             else:
                 columns[f.name] = _Image(
                     _var_column(arr.field(0)),
@@ -362,6 +387,10 @@ class Dataset:
         kuat.DecodeError: an image cannot be decoded (names the sample index and shard).
     """
 
+    # A batch depends only on its indices (and the loader's seed/epoch), never on which thread
+    # fetches it: the loader may fetch cheap batches in the consumer thread (no hand-off).
+    kuat_thread_agnostic = True
+
     def __init__(self, path: str | os.PathLike, *, _store: _Store | None = None):
         if _store is None:
             p = Path(path)
@@ -428,9 +457,16 @@ class Dataset:
 
     def _indices(self, indices: object) -> np.ndarray:
         """Non-negative ``(B,)`` int64 indices; raises IndexError/TypeError like a sequence."""
-        if hasattr(indices, "detach"):  # torch.Tensor
-            indices = indices.detach().cpu().numpy()
-        arr = np.asarray(indices)
+        arr = None
+        if type(indices) is list:  # what batch samplers give: Python ints (floats refused)
+            try:
+                arr = np.frombuffer(array.array("q", indices), np.int64)  # (B,) read-only
+            except (TypeError, OverflowError):
+                arr = None
+        if arr is None:
+            if hasattr(indices, "detach"):  # torch.Tensor
+                indices = indices.detach().cpu().numpy()
+            arr = np.asarray(indices)
         if arr.ndim != 1:  # a nested list or a bare int: refused, as a list would
             raise TypeError(
                 f"indices must be a 1-D sequence of ints, got {type(indices).__name__} of "
@@ -443,7 +479,10 @@ class Dataset:
         if arr.dtype.kind not in "iu":
             raise TypeError(f"indices must be integers, got dtype {arr.dtype}")
         n = self._store.num_rows
-        idx = arr.astype(np.int64, copy=True)
+        idx = arr if arr.dtype == np.int64 else arr.astype(np.int64)
+        if idx.min() >= 0 and idx.max() < n:  # the usual case: two reductions, no copy
+            return idx
+        idx = idx.copy()
         idx[idx < 0] += n
         bad = (idx < 0) | (idx >= n)
         if bad.any():
@@ -460,6 +499,8 @@ class Dataset:
         list of ints.
         """
         store = self._store
+        if len(store.starts) == 1:  # one shard: no search
+            return np.zeros(len(idx), np.int64), [(store.shard(0), None, idx)]
         sid = np.searchsorted(store.starts, idx, side="right") - 1  # (B,)
         local = idx - store.starts[sid]  # (B,) row within its shard
         if len(idx) and (sid == sid[0]).all():
@@ -518,6 +559,13 @@ class Dataset:
                         width[pos] = np.take(col.width, rows, mode="clip")
                         height[pos] = np.take(col.height, rows, mode="clip")
                 out[name] = ImageBatch(data, width, height, codec)
+            elif kind == "strings":
+                res = [None] * b
+                for shard, pos, rows in groups:
+                    p = range(b) if pos is None else pos
+                    for j, v in zip(p, shard.columns[name].rows(rows)):
+                        res[j] = v
+                out[name] = res
             else:
                 res = [None] * b
                 for shard, pos, rows in groups:
@@ -548,7 +596,8 @@ class Dataset:
         - tensor: ``(B, *shape)`` array (one copy of the selected rows);
         - image: :class:`ImageBatch` (zero-copy ``memoryview`` s, ``(B,)`` width/height);
         - bytes: B zero-copy ``memoryview`` s; string: B ``str``;
-        - sequence: B read-only 1-D array views.
+        - sequence: B read-only 1-D array views;
+        - strings: B new ``list[str]``.
 
         No transform is applied and nothing is decoded. Memoryviews and views keep the shard
         mapped while referenced.
@@ -600,6 +649,46 @@ class Dataset:
         """
         return self._samples(self._indices(indices), batch_buffer=True)
 
+    def kuat_fetch_collated(self, indices: Sequence[int]):
+        """``kuat.default_collate(self.__getitems__(indices))``, without per-sample objects.
+
+        What the loader calls when its collate is the default one (``kuat.default_collate``
+        or torch's): the columnar gather goes straight to batch tensors. Same structures,
+        dtypes and values as collating the samples: ``{field: batch}`` with int scalars as
+        ``(B,)`` int64, float scalars ``(B,)`` float64, bools ``(B,)`` bool (as torch collates
+        Python numbers), tensors ``(B, *shape)`` of their dtype (the gather's own copy, no
+        second one), strings a list of B ``str``; images, bytes, sequences and fields with a
+        transform are built per sample and collated per field. With a whole-sample transform
+        the samples are built and collated as they would be. Thread-safe (as ``__getitems__``).
+        """
+        from kuat.collate import default_collate
+
+        idx = self._indices(indices)
+        if self._sample_transform is not None or len(idx) == 0:
+            return default_collate(self._samples(idx, batch_buffer=True))
+        sid, cols = self._gather(idx, self.schema.names)
+        import torch
+
+        ft = self._field_transforms
+        out = {}
+        index_list = None
+        for f in self.schema:
+            c, kind, t = cols[f.name], f.type.kind, ft.get(f.name)
+            if t is None and kind == "tensor":
+                out[f.name] = torch.from_numpy(c)  # (B, *shape): the gather's fresh copy
+            elif t is None and kind in ("scalar", "bool") and c.dtype != np.uint64:
+                # as torch.tensor(list of Python numbers): int64, float64 or bool, (B,)
+                want = np.bool_ if kind == "bool" else np.float64 if c.dtype.kind == "f" else np.int64
+                out[f.name] = torch.from_numpy(c.astype(want, copy=False))
+            elif t is None and kind == "string":
+                out[f.name] = c  # B str, as default_collate leaves strings
+            else:
+                if index_list is None:
+                    index_list = idx.tolist()
+                values = self._field_values(f, c, index_list, sid, True)
+                out[f.name] = default_collate(values)
+        return out
+
     def __iter__(self):
         for i in range(len(self)):
             yield self[i]
@@ -610,43 +699,35 @@ class Dataset:
             return []
         sid, cols = self._gather(idx, self.schema.names)
         index_list = idx.tolist()
-        paths = self._store.shard_paths
-        ft = self._field_transforms
-        per_field = []
-        for f in self.schema:
-            c = cols[f.name]
-            kind = f.type.kind
-            if kind == "image":
-                values = self._images(c, index_list, sid, paths, ft.get(f.name), batch_buffer)
-            else:
-                if kind in ("scalar", "bool"):
-                    values = c.tolist()  # (B,) -> Python ints/floats/bools
-                elif kind == "tensor":
-                    values = list(c)  # (B, *shape) -> B views of shape
-                elif kind == "bytes":
-                    values = [bytes(v) for v in c]
-                elif kind == "sequence":
-                    values = [np.array(v) for v in c]  # writable copies
-                else:
-                    values = c
-                t = ft.get(f.name)
-                if t is not None:
-                    res = []
-                    for i, v in zip(index_list, values):
-                        with sample_context(i):
-                            res.append(t(v))
-                    values = res
-            per_field.append(values)
+        per_field = [self._field_values(f, cols[f.name], index_list, sid, batch_buffer)
+                     for f in self.schema]
         names = self.schema.names
         samples = [dict(zip(names, vals)) for vals in zip(*per_field)]
         st = self._sample_transform
         if st is not None:
-            res = []
-            for i, s in zip(index_list, samples):
-                with sample_context(i):
-                    res.append(st(s))
-            samples = res
+            it = iter(samples)
+            samples = map_samples(lambda _i: st(next(it)), index_list)
         return samples
+
+    def _field_values(self, f, c, index_list: list, sid: np.ndarray, batch_buffer: bool) -> list:
+        """The B per-sample values of field ``f`` from its gathered column ``c``."""
+        kind, t = f.type.kind, self._field_transforms.get(f.name)
+        if kind == "image":
+            return self._images(c, index_list, sid, self._store.shard_paths, t, batch_buffer)
+        if kind in ("scalar", "bool"):
+            values = c.tolist()  # (B,) -> Python ints/floats/bools
+        elif kind == "tensor":
+            values = list(c)  # (B, *shape) -> B views of shape
+        elif kind == "bytes":
+            values = [bytes(v) for v in c]
+        elif kind == "sequence":
+            values = [np.array(v) for v in c]  # writable copies
+        else:
+            values = c
+        if t is not None:
+            it = iter(values)  # called in order: the j-th call gets the j-th value
+            values = map_samples(lambda _i: t(next(it)), index_list)
+        return values
 
     def _images(self, c: ImageBatch, index_list, sid, paths, t, batch_buffer: bool) -> list:
         sources = [paths[k] for k in sid.tolist()]
@@ -667,7 +748,9 @@ class Dataset:
             values = []
             if size is not None and batch_buffer:
                 h, w = size
-                buf = torch.empty((len(index_list), 3, h, w), dtype=torch.uint8)  # (B, 3, H, W)
+                from kuat.collate import new_batch_buffer
+
+                buf = new_batch_buffer((len(index_list), 3, h, w), torch.uint8)  # (B, 3, H, W)
                 for j, (d, wd, ht, i, s) in enumerate(
                     zip(c.data, widths, heights, index_list, sources)
                 ):

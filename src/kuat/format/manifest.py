@@ -32,6 +32,7 @@ __all__ = [
     "MANIFEST_NAME",
     "ShardInfo",
     "Manifest",
+    "Checksum",
     "file_checksum",
     "check_member_name",
     "member_path",
@@ -218,13 +219,28 @@ def check_regular_file(path: str, what: str) -> os.stat_result:
     return st
 
 
+class Checksum:
+    """A shard checksum computed incrementally: ``update`` with the file's bytes in order,
+    then ``value()`` is ``"xxh3_64:<16 hex digits>"``, what :func:`file_checksum` gives for
+    the whole file."""
+
+    def __init__(self) -> None:
+        self._h = xxhash.xxh3_64()
+
+    def update(self, data) -> None:
+        self._h.update(data)
+
+    def value(self) -> str:
+        return f"{CHECKSUM_ALGO}:{self._h.hexdigest()}"
+
+
 def file_checksum(path: str | os.PathLike) -> str:
     """``"xxh3_64:<hex>"`` of a file's bytes, read in 8 MiB chunks."""
-    h = xxhash.xxh3_64()
+    h = Checksum()
     with open(path, "rb") as f:
         while chunk := f.read(_CHUNK):
             h.update(chunk)
-    return f"{CHECKSUM_ALGO}:{h.hexdigest()}"
+    return h.value()
 
 
 _MAX_COUNT = 2**62  # rows and bytes are summed in int64

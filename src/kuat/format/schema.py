@@ -15,7 +15,10 @@ string         ``string`` (UTF-8)
 bytes          ``binary``
 tensor         ``fixed_size_list<dtype>[prod(shape)]``, row-major, so N rows are contiguous
 sequence       ``list<dtype>`` (variable length, e.g. token ids)
+strings        ``list<string>`` (a variable-length list of UTF-8 strings, e.g. word tokens)
 =============  ==============================================================================
+
+Nested variable-length lists (a list of lists) have no logical type: flatten or pad them.
 
 Image ``width``/``height`` are the size ``kuat.vision.decode.decode_image`` returns, that is
 after EXIF orientation (``kuat.vision.probe.probe_image``).
@@ -53,12 +56,13 @@ __all__ = [
     "binary",
     "tensor",
     "sequence",
+    "strings",
 ]
 
 _INT_DTYPES = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
 _FLOAT_DTYPES = ("float16", "float32", "float64")
 NUMERIC_DTYPES = _INT_DTYPES + _FLOAT_DTYPES
-_SIMPLE_KINDS = ("image", "bool", "string", "bytes")
+_SIMPLE_KINDS = ("image", "bool", "string", "bytes", "strings")
 # fixed-size list lengths and shard offsets are int32 in Arrow
 _MAX_ELEMENTS = 2**31 - 1
 
@@ -96,8 +100,9 @@ class FieldType:
 
     Attributes:
         kind: ``"image"``, ``"scalar"`` (a number of ``dtype``), ``"bool"``, ``"string"``,
-            ``"bytes"``, ``"tensor"`` (fixed ``shape`` and ``dtype``) or ``"sequence"``
-            (variable-length 1-D of ``dtype``).
+            ``"bytes"``, ``"tensor"`` (fixed ``shape`` and ``dtype``), ``"sequence"``
+            (variable-length 1-D of ``dtype``) or ``"strings"`` (a variable-length list of
+            strings).
         dtype: NumPy dtype name for ``scalar``, ``tensor`` and ``sequence``, else ``None``.
         shape: the per-row shape of a ``tensor``, else ``None``.
     """
@@ -159,6 +164,8 @@ class FieldType:
             return pa.string()
         if self.kind == "bytes":
             return pa.binary()
+        if self.kind == "strings":
+            return pa.list_(pa.field("item", pa.string(), nullable=False))
         prim = _arrow_primitive(self.dtype)
         if self.kind == "scalar":
             return prim
@@ -177,7 +184,7 @@ class FieldType:
             return 1
         if self.kind == "image":
             return 4 + 4 + 4 + 4 + 4 + 8  # offsets, width, height, codec offsets + name
-        return 4  # offsets of string/bytes/sequence
+        return 4  # offsets of string/bytes/sequence/strings
 
     def describe(self) -> str:
         """Short human-readable name, e.g. ``tensor[3x4, uint8]``."""
@@ -187,6 +194,8 @@ class FieldType:
             return f"tensor[{'x'.join(map(str, self.shape))}, {self.dtype}]"
         if self.kind == "sequence":
             return f"sequence[{self.dtype}]"
+        if self.kind == "strings":
+            return "sequence[string]"
         return self.kind
 
     def to_json(self) -> dict:
@@ -435,3 +444,14 @@ def tensor(shape: Iterable[int], dtype: str | np.dtype = "float32") -> FieldType
 def sequence(dtype: str | np.dtype = "int64") -> FieldType:
     """A variable-length 1-D array per row (token ids, for example)."""
     return FieldType("sequence", np.dtype(dtype).name)
+
+
+def strings() -> FieldType:
+    """A variable-length list of UTF-8 strings per row (word tokens, tags, ...): what
+    ``datasets`` calls ``Sequence(Value("string"))``.
+
+    A sample holds a ``list[str]``; a batch of them collates as torch's ``default_collate``
+    collates lists of strings (transposed into ``L`` tuples of ``B`` strings, equal lengths
+    required).
+    """
+    return FieldType("strings")

@@ -14,6 +14,7 @@ import math
 import os
 import re
 from collections.abc import Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -25,12 +26,12 @@ from kuat.format.manifest import (
     MANIFEST_NAME,
     Manifest,
     ShardInfo,
-    file_checksum,
     member_path,
     read_manifest,
     write_manifest,
 )
 from kuat.format.schema import EncodedImage, FieldType, Schema
+from kuat.format.shard_file import DEFER_MIN_BYTES, ShardFile, deferring_works
 
 __all__ = ["Writer", "DEFAULT_SHARD_BYTES"]
 
@@ -123,6 +124,17 @@ def _given(value: object) -> str:
     if hasattr(value, "dtype") and hasattr(value, "shape"):
         return f"{type(value).__name__} {value.dtype} {tuple(value.shape)}"
     return f"{type(value).__name__} {_short(value)}"
+
+
+def _deferrer(shard: ShardFile):
+    """``array_from_bytes``'s ``defer``: large data buffers are written from their values."""
+
+    def defer(values: list, size: int) -> pa.Buffer | None:
+        if size >= DEFER_MIN_BYTES and deferring_works():
+            return shard.defer(values, size)
+        return None
+
+    return defer
 
 
 class _Builder:
@@ -222,17 +234,11 @@ class _Builder:
         if kind == "string":
             if not isinstance(value, str):
                 raise self.error(row, value)
-            if value.isascii():
-                n = len(value)
-            else:  # the UTF-8 size (shards are sized by it); refuses lone surrogates
-                try:
-                    n = len(value.encode("utf-8"))
-                except UnicodeEncodeError as e:
-                    raise self.error(
-                        row, value, f"not encodable as UTF-8: {e.reason} at {e.start}"
-                    ) from e
+            n = self._utf8_size(value, row, value)
             self._check_size(value, row, n)
             return value, n
+        if kind == "strings":
+            return self._check_strings(value, row)
         if kind == "bytes":
             if not isinstance(value, (bytes, bytearray, memoryview)):
                 raise self.error(row, value)
@@ -249,6 +255,32 @@ class _Builder:
             self._check_size(value, row, len(arr), "elements")
             return arr, arr.nbytes
         return self._check_image(value, row)
+
+    def _utf8_size(self, s: str, row: int, value: object) -> int:
+        """The UTF-8 size of ``s`` (shards are sized by it); refuses lone surrogates."""
+        if s.isascii():
+            return len(s)
+        try:
+            return len(s.encode("utf-8"))
+        except UnicodeEncodeError as e:
+            raise self.error(row, value, f"not encodable as UTF-8: {e.reason} at {e.start}") from e
+
+    def _check_strings(self, value: object, row: int) -> tuple[list[str], int]:
+        """A list/tuple (or 1-D str/object array) of ``str`` -> a new ``list[str]`` and its
+        size: UTF-8 bytes plus 4 offset bytes per string."""
+        if isinstance(value, np.ndarray) and value.ndim == 1 and value.dtype.kind in "UO":
+            value = value.tolist()
+        if not isinstance(value, (list, tuple)):  # a str is not a list of its characters
+            raise self.error(row, value, "give a list of str")
+        out = list(value)
+        n = 4 * len(out)
+        for k, s in enumerate(out):
+            if not isinstance(s, str):
+                raise self.error(row, value, f"item {k} is {_given(s)}")
+            n += self._utf8_size(s, row, value)
+        self._check_size(value, row, len(out), "strings")
+        self._check_size(value, row, n)
+        return out, n
 
     def _check_image(self, value: object, row: int) -> tuple[EncodedImage, int]:
         from kuat.vision.probe import probe_image
@@ -359,8 +391,10 @@ class _Builder:
         self.chunks.append(chunk)
         self.pending = []
 
-    def finish(self) -> pa.Array:
-        """The field's Arrow array for the current shard; resets the builder."""
+    def finish(self, shard: ShardFile) -> pa.Array:
+        """The field's Arrow array for the current shard, to be written to ``shard`` (large
+        binary/string data buffers are deferred to it, see :mod:`kuat.format.shard_file`);
+        resets the builder."""
         self._seal_pending()
         chunks, self.chunks = self.chunks, []
         t = self.t
@@ -373,7 +407,16 @@ class _Builder:
             return array_from_numpy(col.astype(dt, copy=False))
         values = [v for c in chunks for v in c]
         if t.kind in ("string", "bytes"):
-            return array_from_bytes(values, t.arrow_type)
+            return array_from_bytes(values, t.arrow_type, defer=_deferrer(shard))
+        if t.kind == "strings":
+            offsets = np.zeros(len(values) + 1, np.int32)
+            np.cumsum(np.fromiter(map(len, values), np.int64, len(values)), out=offsets[1:])
+            flat = [s for v in values for s in v]
+            return pa.ListArray.from_arrays(
+                array_from_numpy(offsets),
+                array_from_bytes(flat, pa.string(), defer=_deferrer(shard)),
+                type=t.arrow_type,
+            )
         if t.kind == "sequence":
             lengths = np.fromiter((len(v) for v in values), np.int64, len(values))
             offsets = np.zeros(len(values) + 1, np.int32)
@@ -387,7 +430,7 @@ class _Builder:
         # image
         return pa.StructArray.from_arrays(
             [
-                array_from_bytes([v.data for v in values], pa.binary()),
+                array_from_bytes([v.data for v in values], pa.binary(), defer=_deferrer(shard)),
                 array_from_numpy(np.fromiter((v.width for v in values), np.int32, len(values))),
                 array_from_numpy(np.fromiter((v.height for v in values), np.int32, len(values))),
                 array_from_bytes([v.codec for v in values], pa.string()),
@@ -419,6 +462,11 @@ class Writer:
 
     Image values are encoded bytes (width/height/codec probed from the header), an
     :class:`EncodedImage`, or a dict ``{"bytes": ..., "width": ..., "height": ..., "codec": ...}``.
+
+    Shard files are written by one background thread (``kuat-writer-0``) while rows keep
+    coming, so at most two shards are held in memory: the one being filled and the one being
+    written. An error writing a shard (a full disk) is raised by the next ``write`` that
+    fills a shard, or by ``close()``.
 
     Not thread-safe: one thread writes. Rows are stored in the order written. One Writer
     per directory at a time: it holds an advisory lock (``.kuat-writer.lock``, flock) until
@@ -460,7 +508,11 @@ class Writer:
         )
         self._builders = [_Builder(f.name, f.type) for f in schema]
         self._fixed_row_bytes = sum(f.type.fixed_row_bytes for f in schema)
-        self._shards: list[ShardInfo] = []
+        self._shards: list[ShardInfo] = []  # written and renamed into place, in order
+        self._next_shard = 0
+        # the thread writing shard files (one shard in flight), started by the first flush
+        self._shard_thread: ThreadPoolExecutor | None = None
+        self._pending_shard: Future | None = None
         self._rows_in_shard = 0
         self._bytes_in_shard = 0
         self._rows = 0
@@ -625,24 +677,69 @@ class Writer:
                 self._flush_shard()
 
     def _flush_shard(self) -> None:
+        """Seal the current shard's columns and hand them to the shard thread, which writes
+        the file while this thread goes on taking rows (at most one shard in flight: this
+        first waits for the previous one, and raises its error)."""
         if not self._rows_in_shard:
             return
-        arrays = [b.finish() for b in self._builders]
-        batch = pa.RecordBatch.from_arrays(arrays, schema=self._arrow_schema)
-        name = shard_name(len(self._shards))
-        final = self.path / name
+        name = shard_name(self._next_shard)
         tmp = self.path / f".{name}.tmp-{os.getpid()}"
-        with pa.OSFile(str(tmp), "wb") as sink:
-            with pa.ipc.new_stream(sink, self._arrow_schema) as w:
-                w.write_batch(batch)
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        info = ShardInfo(name, batch.num_rows, os.path.getsize(tmp), file_checksum(tmp))
-        os.replace(tmp, final)
-        self._shards.append(info)
-        log.debug("wrote %s: %d rows, %d bytes", final, info.rows, info.bytes)
+        shard = ShardFile(tmp)
+        try:
+            arrays = [b.finish(shard) for b in self._builders]
+            self._wait_shard()
+        except BaseException:
+            shard.close()
+            raise
+        if self._shard_thread is None:
+            self._shard_thread = ThreadPoolExecutor(1, thread_name_prefix="kuat-writer")
+        self._pending_shard = self._shard_thread.submit(
+            self._write_shard, shard, arrays, name, self._rows_in_shard
+        )
+        self._next_shard += 1
         self._rows_in_shard = 0
         self._bytes_in_shard = 0
+
+    def _write_shard(self, shard: ShardFile, arrays: list, name: str, rows: int) -> ShardInfo:
+        """On the shard thread: write, checksum and fsync one shard, then rename it into place.
+
+        One pass over the bytes: values go from their objects to the file, hashed on the way
+        (no joined copy, no re-read for the checksum), and one fsync per shard.
+        """
+        with shard:
+            batch = pa.RecordBatch.from_arrays(arrays, schema=self._arrow_schema)
+            with pa.ipc.new_stream(pa.PythonFile(shard, mode="w"), self._arrow_schema) as w:
+                w.write_batch(batch)
+            del arrays, batch  # the deferred placeholders
+            checksum = shard.sync()
+            size = shard.tell()
+        final = self.path / name
+        os.replace(shard.path, final)
+        log.debug("wrote %s: %d rows, %d bytes", final, rows, size)
+        return ShardInfo(name, rows, size, checksum)
+
+    def _wait_shard(self) -> None:
+        """Wait for the shard in flight, if any, and record it.
+
+        Raises:
+            OSError: writing it failed (a full disk, say), chained to the cause.
+        """
+        pending, self._pending_shard = self._pending_shard, None
+        if pending is None:
+            return
+        try:
+            info = pending.result()
+        except OSError as e:
+            raise OSError(
+                e.errno,
+                f"writing shard {len(self._shards)} of {self.path} failed: {e.strerror or e}",
+            ) from e
+        self._shards.append(info)
+
+    def _stop_shard_thread(self) -> None:
+        if self._shard_thread is not None:
+            self._shard_thread.shutdown(wait=True)
+            self._shard_thread = None
 
     # -- closing ---------------------------------------------------------------------------
     def close(self) -> Manifest:
@@ -656,6 +753,8 @@ class Writer:
             return self.manifest
         try:
             self._flush_shard()
+            self._wait_shard()
+            self._stop_shard_thread()
             manifest = Manifest(
                 schema=self.schema,
                 shards=tuple(self._shards),
@@ -681,6 +780,11 @@ class Writer:
         self._closed = True
         for b in self._builders:
             b.chunks, b.pending = [], []
+        try:  # let the shard in flight finish before deleting (its error is moot now)
+            self._wait_shard()
+        except Exception as e:
+            log.debug("the shard being written when %s was aborted failed: %s", self.path, e)
+        self._stop_shard_thread()
         for e in os.scandir(self.path):
             if _SHARD_RE.match(e.name) and e.name != MANIFEST_NAME:
                 try:

@@ -34,6 +34,7 @@ from collections.abc import Mapping
 import numpy as np
 import torch
 
+from kuat.collate import own_batch_buffer
 from kuat.padding import BatchColumn, Samples
 from kuat.sources._arrow import ListColumn, ScalarColumn, numeric_column, numeric_list_column
 from kuat.sources.stream import Stream
@@ -86,7 +87,7 @@ class _FastColumn:
             col = col.astype(_format_dtype(col.dtype), copy=False)
             if self.format_type == "numpy":
                 return list(col), None  # numpy scalars, as datasets' batch[col][i]
-            t = torch.from_numpy(col)
+            t = own_batch_buffer(torch.from_numpy(col))  # a fresh gather: the batch's own
             out = t.unbind(0)  # 0-d views of one (B,) tensor
             return list(out), BatchColumn(t, None, out)
         offsets, flat = self.gather.take(rows)  # (B + 1,), (N,)

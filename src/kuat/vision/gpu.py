@@ -17,6 +17,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from kuat.collate import new_batch_buffer
 from kuat.errors import DecodeError, KuatError
 from kuat.vision import _exif
 from kuat.vision.decode import _check_pixels, decode_stored
@@ -143,7 +144,7 @@ def finish_batch(transform, images, orientations, widths, heights, rngs, indices
     n = len(images)
     dev = images[0].device if n else torch.device("cpu")
     size = transform.output_size()
-    out = torch.empty((n, 3, *size), dtype=torch.uint8, device=dev) if size is not None else None
+    out = new_batch_buffer((n, 3, *size), torch.uint8, dev) if size is not None else None
     results = []
     for k in range(n):
         img, o = images[k], orientations[k]

@@ -1,0 +1,214 @@
+"""Global-RNG isolation (kuat.engine.isolate): reproducible whatever the workers, and free for
+datasets that do not draw."""
+
+import random
+import threading
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import Subset, TensorDataset, random_split
+
+import kuat
+from kuat.engine import isolate
+from kuat.engine.job import global_rng_seed
+
+pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create")
+
+MODES = [(0, "thread"), (1, "thread"), (4, "thread"), (1, "process"), (4, "process")]
+SEED = 11
+
+
+def _draws():
+    return (random.random(), float(np.random.rand()), float(torch.rand(())))
+
+
+class PerSample:
+    """Draws from all three global generators in ``__getitem__`` (from ``first_drawing`` on)."""
+
+    def __init__(self, n=48, first_drawing=0):
+        self.n, self.first_drawing = n, first_drawing
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return (i, *_draws()) if i >= self.first_drawing else (i, 0.0, 0.0, 0.0)
+
+
+class Batched(PerSample):
+    def __getitems__(self, indices):
+        return [self[i] for i in indices]
+
+
+def _expected(i, epoch=0):
+    """What sample ``i`` draws under isolation: the generators seeded from (seed, epoch, i)."""
+    saved = isolate.save()
+    try:
+        isolate.seed_globals_cpu(global_rng_seed(SEED, epoch, i))
+        return _draws()
+    finally:
+        isolate.restore(saved)
+
+
+def _rows(ds, workers, wtype, **kw):
+    dl = kuat.DataLoader(ds, batch_size=4, num_workers=workers, worker_type=wtype, seed=SEED, **kw)
+    out = {}
+    for batch in dl:
+        for i, *vals in zip(*(t.tolist() for t in batch)):
+            out[i] = tuple(vals)
+    return out, dl
+
+
+@pytest.mark.parametrize("workers,wtype", MODES)
+def test_per_sample_draws_are_seeded_by_seed_epoch_and_index(workers, wtype):
+    rows, _ = _rows(PerSample(), workers, wtype, shuffle=True)
+    assert rows == {i: pytest.approx(_expected(i)) for i in range(48)}
+
+
+@pytest.mark.parametrize("workers,wtype", MODES)
+def test_a_dataset_that_starts_drawing_after_the_first_batches_is_caught(workers, wtype):
+    # samples 0..39 draw nothing (the probe of every worker's first batch sees no draw);
+    # the watch then sees 40..47 draw, and those batches are fetched again isolated
+    rows, _ = _rows(PerSample(first_drawing=40), workers, wtype)
+    want = {i: (0.0, 0.0, 0.0) if i < 40 else pytest.approx(_expected(i)) for i in range(48)}
+    assert rows == want
+
+
+@pytest.mark.parametrize("workers,wtype", MODES)
+def test_getitems_datasets_are_reproducible_per_batch(workers, wtype):
+    ref, _ = _rows(Batched(), 0, "thread", shuffle=True)
+    rows, _ = _rows(Batched(), workers, wtype, shuffle=True)
+    assert rows == ref and len(set(ref.values())) == 48  # same draws, distinct per sample
+
+
+@pytest.mark.parametrize("workers,wtype", [(0, "thread"), (4, "thread"), (2, "process")])
+def test_subset_and_random_split_are_isolated_per_sample(workers, wtype):
+    base = PerSample()
+    assert hasattr(Subset(base, [0]), "__getitems__")  # torch's wrapper has a batched fetch
+    train, _ = random_split(base, [32, 16], generator=torch.Generator().manual_seed(0))
+    for ds in (train, Subset(Subset(base, list(range(40))), list(range(0, 40, 2)))):
+        rows, _ = _rows(ds, workers, wtype, shuffle=True)
+        # per sample, keyed by the index into the wrapper, as for any map-style dataset
+        by_pos = {j: ds[j][0] for j in range(len(ds))}
+        want = {by_pos[j]: pytest.approx(_expected(j)) for j in range(len(ds))}
+        assert rows == want
+
+
+def test_datasets_that_do_not_draw_are_not_isolated_and_the_callers_streams_are_kept():
+    torch.manual_seed(3)
+    np.random.seed(3)
+    random.seed(3)
+    want = _draws()
+    torch.manual_seed(3)
+    np.random.seed(3)
+    random.seed(3)
+    dl = kuat.DataLoader(PerSample(64, first_drawing=64), batch_size=8, shuffle=True, seed=1)
+    assert sorted(int(v) for b in dl for v in b[0]) == list(range(64))
+    assert dl._job.isolate_rng and not dl._job.rng_use.draws  # probed and watched: no draw
+    assert _draws() == want  # neither the probe nor the watch drew or left a reseeded stream
+
+    dl = kuat.DataLoader(PerSample(), batch_size=8, seed=1)
+    list(dl)
+    assert dl._job.rng_use.draws
+    for pure in (range(4), [1, 2], np.arange(4), torch.arange(4), TensorDataset(torch.arange(4))):
+        assert not kuat.DataLoader(pure, batch_size=2)._job.isolate_rng  # cannot draw
+
+
+def test_fingerprint_changes_on_every_kind_of_draw_and_seed():
+    for draw in (random.random, np.random.rand, lambda: torch.rand(()), lambda: random.seed(1),
+                 lambda: np.random.seed(1), lambda: torch.manual_seed(1),
+                 lambda: np.random.randint(0, 10, 700), lambda: torch.rand(1000),
+                 lambda: torch.randn(1), lambda: torch.randn(1),  # the second: a cached sample
+                 lambda: random.gauss(0, 1), lambda: random.gauss(0, 1)):
+        before = isolate.fingerprint()
+        draw()
+        assert isolate.fingerprint() != before, draw
+    assert isolate.fingerprint() == isolate.fingerprint()
+
+
+@pytest.fixture(scope="module")
+def image_folder(tmp_path_factory):
+    from PIL import Image
+
+    root = tmp_path_factory.mktemp("imgs")
+    rng = np.random.default_rng(0)
+    for c in ("cat", "dog"):
+        (root / c).mkdir()
+        for k in range(6):
+            a = rng.integers(0, 255, (20 + k, 24, 3), dtype=np.uint8)
+            Image.fromarray(a).save(root / c / f"{k}.png")
+    return root
+
+
+def _image_folder(root):
+    """An unchanged torchvision ImageFolder with transforms.v2 at default arguments."""
+    import torchvision
+    import torchvision.transforms.v2 as T
+
+    tf = T.Compose([
+        T.ToImage(), T.RandomResizedCrop(12), T.RandomHorizontalFlip(),
+        T.ToDtype(torch.float32, scale=True), T.Normalize([0.5] * 3, [0.25] * 3),
+    ])
+    return torchvision.datasets.ImageFolder(str(root), transform=tf)
+
+
+def _epoch(ds, seed=5, **kw):
+    dl = kuat.DataLoader(ds, batch_size=4, shuffle=True, seed=seed, **kw)
+    batches = [(x.clone(), y.clone()) for x, y in dl]
+    return torch.cat([x for x, _ in batches]), torch.cat([y for _, y in batches]), dl
+
+
+@pytest.mark.parametrize("wrap", ["plain", "random_split", "subset"])
+def test_torchvision_image_folder_is_reproducible_from_the_seed_in_every_mode(image_folder, wrap):
+    base = _image_folder(image_folder)
+    if wrap == "random_split":
+        ds, _ = random_split(base, [8, 4], generator=torch.Generator().manual_seed(1))
+    elif wrap == "subset":
+        ds = Subset(base, [11, 0, 5, 3, 7, 2, 9, 1])
+    else:
+        ds = base
+    x0, y0, _ = _epoch(ds, num_workers=0)
+    for kw in ({"num_workers": 0}, {"num_workers": 1}, {"num_workers": 4},
+               {"num_workers": 2, "worker_type": "thread"},
+               {"num_workers": 2, "worker_type": "process"}):
+        x, y, _ = _epoch(ds, **kw)
+        assert torch.equal(y, y0) and torch.equal(x, x0), kw
+    x1, _, _ = _epoch(ds, seed=6, num_workers=0)
+    assert not torch.equal(x1, x0)  # the augmentations do draw
+
+
+def test_default_worker_type_moves_a_drawing_dataset_to_processes(image_folder):
+    _, _, dl = _epoch(_image_folder(image_folder), num_workers=2)
+    assert dl.worker_type == "process"  # found drawing in the first batches, moved mid-epoch
+    _, _, dl = _epoch(_image_folder(image_folder), num_workers=2, worker_type="thread")
+    assert dl.worker_type == "thread"  # an explicit choice stays
+    dl = kuat.DataLoader(range(12), batch_size=4, num_workers=2)
+    assert sorted(int(v) for b in dl for v in b) == list(range(12))
+    assert dl.worker_type == "thread"  # a dataset that does not draw stays in threads
+
+
+def test_watching_stops_after_false_alarms_from_other_threads(caplog):
+    use = isolate.RngUse()
+    with caplog.at_level("INFO", logger="kuat.engine"):
+        for _ in range(isolate.MAX_FALSE_ALARMS):
+            assert use.watch
+            use.false_alarm()
+    assert not use.watch and not use.draws and "no longer watching" in caplog.text
+
+
+def test_a_draw_by_another_thread_during_a_batch_is_a_false_alarm_not_a_draw():
+    class DrawsElsewhere(PerSample):
+        fired = False
+
+        def __getitem__(self, i):
+            if i == 20 and not self.fired:  # as if the training loop drew during this batch
+                self.fired = True
+                t = threading.Thread(target=torch.rand, args=(3,))
+                t.start()
+                t.join()
+            return (i, 0.0, 0.0, 0.0)
+
+    dl = kuat.DataLoader(DrawsElsewhere(), batch_size=8, seed=1)
+    assert [int(v) for b in dl for v in b[0]] == list(range(48))
+    assert not dl._job.rng_use.draws and dl._job.rng_use.false_alarms == 1
