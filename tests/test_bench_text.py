@@ -61,4 +61,4 @@ def test_text_peers_child_reports_runs_or_why_not(tmp_path):
     assert set(got["runs"]) | set(got["unavailable"]) == names
     total = sum(len(d) for d in docs)
     for name, (secs, first, rows, tokens) in got["runs"].items():
-        assert rows >= -(-total // 64) and secs >= first >= 0, name
+        assert rows >= -(-total // 64) and tokens >= total and secs >= first >= 0, name
