@@ -24,6 +24,7 @@ _EXPORTS = {
     "WorkerError": "kuat.errors",
     "LoaderTimeoutError": "kuat.errors",
     "SharedMemoryError": "kuat.errors",
+    "RemoteError": "kuat.errors",
     # randomness
     "sample_rng": "kuat.rng",
     "SampleRNG": "kuat.rng",
@@ -35,6 +36,7 @@ _EXPORTS = {
     "Field": "kuat.format",
     # loader
     "DataLoader": "kuat.loader",
+    "ShardShuffleSampler": "kuat.shard_sampling",
     "default_collate": "kuat.collate",
     "pad_collate": "kuat.padding",
     # sources

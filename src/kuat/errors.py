@@ -98,3 +98,15 @@ class LoaderTimeoutError(KuatError, RuntimeError, TimeoutError):
 
 class SharedMemoryError(KuatError, OSError):
     """Shared memory (``/dev/shm``) is too small or unavailable for process workers."""
+
+
+class RemoteError(KuatError, OSError):
+    """A remote read or write (``s3://``, ``http://``, ...) failed persistently, after retries.
+
+    Attributes:
+        url: the URL concerned.
+    """
+
+    def __init__(self, message: str, *, url: str | None = None):
+        super().__init__(message)
+        self.url = url

@@ -30,6 +30,9 @@ Optional attributes the loader honours on the source:
   splits workers by whole batches (then batch ``k`` is the same whatever the worker count,
   which makes replay-based resume exact; with ``drop_last`` rank shares are truncated instead
   of padded). Map-style sources are sharded by the loader's sampler and need nothing.
+* ``kuat_prefetch(indices)`` (map-style sources): called at the start of each epoch, when the
+  loader owns the sampler, with this rank's sample indices in the order the epoch reads them
+  (after a resume, from the resume point), so remote storage can prefetch in that order.
 * ``kuat_set_epoch(epoch)`` on a user's sampler or batch sampler: called with the loader's epoch
   before each epoch (so a resumed loader resumes the sampler's epoch too); torch's samplers,
   which lack it, are left to the user's ``set_epoch`` as in torch.
@@ -631,6 +634,8 @@ class DataLoader:
             self.sampler.set_epoch(epoch)
         elif callable(getattr(self._index_sampler, "kuat_set_epoch", None)):
             self._index_sampler.kuat_set_epoch(epoch)  # e.g. kuat.text.TokenBudgetBatchSampler
+        elif callable(getattr(self.sampler, "kuat_set_epoch", None)):  # inside a BatchSampler
+            self.sampler.kuat_set_epoch(epoch)  # e.g. kuat.ShardShuffleSampler
         if self.generator is not None:  # as torch: one base_seed draw per iterator
             base_seed = int(torch.empty((), dtype=torch.int64).random_(generator=self.generator).item())
         else:
@@ -657,6 +662,10 @@ class DataLoader:
     def _keys(self, epoch: int, skip: int):
         if self._own_sampler:
             indices = self.sampler.indices(epoch)
+            prefetch = getattr(self._source, "kuat_prefetch", None)
+            if prefetch is not None:  # remote storage fetches shards in this order
+                start = skip * (self.batch_size or 1)
+                prefetch(indices[start:])
             if self.batch_size is None:
                 return iter(indices[skip:])
             return iter(batches_of(indices, self.batch_size, self.drop_last)[skip:])

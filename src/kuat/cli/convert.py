@@ -7,6 +7,8 @@ import argparse
 import logging
 import sys
 
+from kuat.cli._remote import add_storage_options, storage_options
+
 FORMATS = ("auto", "imagefolder", "hf", "parquet", "jsonl", "csv", "numpy", "webdataset")
 _MAX_SHARD_BYTES = 1 << 30  # kuat.format.writer's limit, repeated so --help imports nothing
 
@@ -149,6 +151,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="seconds between progress lines when stderr is not a terminal (default 30)",
     )
+    add_storage_options(p)
     return p
 
 
@@ -166,6 +169,7 @@ def run(args) -> int:
         quality=args.quality,
         decode_check=args.decode_check,
         shard_bytes=args.shard_bytes,
+        storage_options=storage_options(args),
     )
     drop = _DropSkippedSummary()
     logging.getLogger("kuat.convert").addFilter(drop)

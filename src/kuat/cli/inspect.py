@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from kuat.cli._remote import add_storage_options, storage_options
+
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
@@ -18,7 +20,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("path", help="the kuat dataset directory")
+    p.add_argument("path", help="the kuat dataset directory or URL")
+    add_storage_options(p)
     p.add_argument("-n", "--rows", type=int, default=3, help="sample rows to show (default 3)")
     p.add_argument("--json", action="store_true", help="print the manifest summary as JSON")
     return p
@@ -66,7 +69,7 @@ def _names(meta: dict) -> str:
 def run(args) -> int:
     import kuat
 
-    ds = kuat.open(args.path)
+    ds = kuat.open(args.path, storage_options=storage_options(args))
     m = ds.manifest
     if args.json:
         summary = {

@@ -11,6 +11,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from kuat.cli._remote import add_storage_options, storage_options
+
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
@@ -28,6 +30,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         help="hard-link shards (falling back to copies: auto), or only one of them",
     )
     p.add_argument("--overwrite", action="store_true", help="replace an existing dataset at OUT")
+    add_storage_options(p)
     return p
 
 
@@ -42,6 +45,7 @@ def run(args) -> int:
             link=args.link,
             overwrite=args.overwrite,
             on_shard=lambda k, path, how: copied.append(how == "copy"),
+            storage_options=storage_options(args),
         )
     except (FileExistsError, ValueError, OSError) as e:
         print(f"kuat merge: error: {e}", file=sys.stderr)

@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from kuat.cli._remote import add_storage_options, storage_options
+
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
@@ -18,7 +20,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("path", help="the kuat dataset directory")
+    p.add_argument("path", help="the kuat dataset directory or URL")
+    add_storage_options(p)
     p.add_argument(
         "--images",
         action="store_true",
@@ -36,7 +39,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 def run(args) -> int:
     from kuat.format import read_manifest, verify
 
-    total = len(read_manifest(args.path).shards)
+    so = storage_options(args)
+    total = len(read_manifest(args.path, storage_options=so).shards)
     bar = None
     if not args.no_progress and sys.stderr.isatty():
         from tqdm import tqdm
@@ -48,6 +52,7 @@ def run(args) -> int:
             images=args.images,
             decode=args.decode,
             on_shard=lambda k, p: bar and bar.update(),
+            storage_options=so,
         )
     finally:
         if bar is not None:

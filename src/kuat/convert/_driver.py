@@ -58,6 +58,8 @@ class ConvertOptions:
             its scan, a PNG's IEND chunk), which catches truncated files.
         shard_bytes: target shard size in bytes (see ``kuat.Writer``).
         overwrite: replace an existing dataset at the destination.
+        storage_options: fsspec options (credentials, ``endpoint_url``) for URL sources and
+            destinations (``s3://...``; see :mod:`kuat.format.fs`).
     """
 
     num_workers: int | None = None
@@ -69,6 +71,7 @@ class ConvertOptions:
     decode_check: bool = False
     shard_bytes: int | None = None
     overwrite: bool = False
+    storage_options: dict | None = None
 
     def __post_init__(self):
         if self.on_error not in ON_ERROR:
@@ -96,6 +99,8 @@ class ConvertOptions:
         kw = {"overwrite": self.overwrite}
         if self.shard_bytes is not None:
             kw["shard_bytes"] = self.shard_bytes
+        if self.storage_options:
+            kw["storage_options"] = self.storage_options
         return kw
 
 

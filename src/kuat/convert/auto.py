@@ -8,6 +8,7 @@ import os
 from collections.abc import Sequence
 
 from kuat.convert.imagefolder import IMG_EXTENSIONS
+from kuat.format.fs import is_url
 
 __all__ = ["FORMATS", "detect_format", "convert"]
 
@@ -98,7 +99,7 @@ def detect_format(sources: str | os.PathLike | Sequence) -> tuple[str, list[str]
     if not paths:
         raise FileNotFoundError(f"no input matches {list(map(str, sources))}")
     for p in paths:
-        if not os.path.exists(p):
+        if not is_url(p) and not os.path.exists(p):
             raise FileNotFoundError(f"no such file or directory: {p}")
     if len(paths) == 1 and os.path.isdir(paths[0]):
         return _dir_format(paths[0])
@@ -157,7 +158,15 @@ def convert(
         keep = {
             k: v
             for k, v in options.items()
-            if k in ("progress", "overwrite", "shard_bytes", "num_workers", "progress_interval_s")
+            if k
+            in (
+                "progress",
+                "overwrite",
+                "shard_bytes",
+                "num_workers",
+                "progress_interval_s",
+                "storage_options",
+            )
         }
         return c.from_numpy(inputs, dst, **keep)
     if format == "webdataset":

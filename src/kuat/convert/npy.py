@@ -81,6 +81,7 @@ def from_numpy(
     overwrite: bool = False,
     shard_bytes: int | None = None,
     num_workers: int | None = None,
+    storage_options: dict | None = None,
     progress_interval_s: float = 30.0,
 ) -> ConvertReport:
     """Convert NumPy arrays into a kuat dataset at ``dst``.
@@ -92,6 +93,7 @@ def from_numpy(
         progress, progress_interval_s, overwrite, shard_bytes: see
             :class:`kuat.convert.ConvertOptions`.
         num_workers: accepted for a uniform signature; copying slices needs no threads.
+        storage_options: fsspec options for a URL ``dst``.
 
     Raises:
         ValueError: arrays of different lengths, 0-d arrays or unsupported dtypes.
@@ -103,6 +105,7 @@ def from_numpy(
         progress_interval_s=progress_interval_s,
         shard_bytes=shard_bytes,
         overwrite=overwrite,
+        storage_options=storage_options,
     )
     arrays = _arrays(src)
     fields = [_field(name, arr) for name, arr in arrays.items()]

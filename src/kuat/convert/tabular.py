@@ -37,6 +37,7 @@ import glob
 import io
 import json
 import os
+import tempfile
 from collections.abc import Iterator, Sequence
 
 import pyarrow as pa
@@ -52,12 +53,17 @@ from kuat.convert._table import (
 )
 from kuat.errors import FormatError, SchemaError
 from kuat.format import Schema
+from kuat.format.fs import download, is_url, open_remote
 
 __all__ = ["from_parquet", "from_jsonl", "from_csv", "arrow_field", "expand_paths"]
 
 
-def expand_paths(paths: str | os.PathLike | Sequence) -> list[str]:
+def expand_paths(
+    paths: str | os.PathLike | Sequence, storage_options: dict | None = None
+) -> list[str]:
     """Files named by ``paths`` (a path, a glob, or a list of either), sorted within a glob.
+    URLs (``s3://b/*.parquet``, ``http://host/x.csv``) stay URLs; their globs are expanded by
+    their fsspec file system (not over HTTP, which cannot list).
 
     Raises:
         FileNotFoundError: a path does not exist or a glob matches nothing.
@@ -67,7 +73,17 @@ def expand_paths(paths: str | os.PathLike | Sequence) -> list[str]:
     out = []
     for p in paths:
         p = os.fspath(p)
-        if glob.has_magic(p):
+        if is_url(p):
+            if glob.has_magic(p) and not p.startswith(("http://", "https://")):
+                remote = open_remote(p, storage_options)
+                protocol = p.split("://", 1)[0]
+                matched = sorted(f"{protocol}://{m}" for m in remote.fs.glob(remote.path))
+                if not matched:
+                    raise FileNotFoundError(f"no file matches {p!r}")
+                out.extend(matched)
+            else:
+                out.append(p)
+        elif glob.has_magic(p):
             matched = sorted(glob.glob(p))
             if not matched:
                 raise FileNotFoundError(f"no file matches {p!r}")
@@ -376,8 +392,17 @@ def _from_tables(
     opts: ConvertOptions,
     delimiter: str | None = None,
 ) -> ConvertReport:
-    files = expand_paths(paths)
-    src = _Files(kind, files, batch_size, delimiter)
+    files = expand_paths(paths, opts.storage_options)
+    with tempfile.TemporaryDirectory(prefix="kuat-sources-") as stage:
+        local = [download(f, stage, opts.storage_options) if is_url(f) else f for f in files]
+        return _convert_files(kind, files, local, dst, image_fields, batch_size, opts, delimiter)
+
+
+def _convert_files(kind, files, local, dst, image_fields, batch_size, opts, delimiter):
+    """``files`` as named by the user; ``local``: the same, URLs downloaded to local copies
+    (each is parsed twice: type inference, then conversion). Image paths in a table are
+    resolved next to the local file."""
+    src = _Files(kind, local, batch_size, delimiter)
     unifier = src.infer()
     if not unifier.types:
         raise ValueError(f"{files[0]} holds no rows (cannot infer the columns)")
@@ -386,7 +411,7 @@ def _from_tables(
         raise ValueError(
             f"image field {unknown[0]!r} is not a column of {files[0]} ({list(unifier.types)})"
         )
-    hf_features = hf_features_of(src.schema_metadata(files[0]))
+    hf_features = hf_features_of(src.schema_metadata(local[0]))
     fields = []
     for name, t in unifier.types.items():
         md, is_image = hf_metadata((hf_features or {}).get(name))

@@ -30,6 +30,8 @@ import pyarrow as pa
 
 from kuat.errors import FormatError
 from kuat.format.arrow_views import values_view
+from kuat.format.cache import Prefetcher, ShardCache
+from kuat.format.fs import Remote, is_url, local_path, open_remote
 from kuat.format.ipc import check_messages
 from kuat.format.manifest import (
     Manifest,
@@ -262,11 +264,27 @@ def _open_shard(path: str, info: ShardInfo, schema: Schema, arrow_schema: pa.Sch
 
 
 class _Store:
-    """Manifest + lazily opened shards, shared by a dataset and its transformed views."""
+    """Manifest + lazily opened shards, shared by a dataset and its transformed views.
 
-    def __init__(self, path: Path, manifest: Manifest):
+    ``path`` is a local directory (shards memory-mapped in place) or, with ``remote``, the
+    dataset's URL: shards are then fetched whole into ``cache`` (a ``ShardCache``), mapped from
+    there, prefetched in epoch order (:meth:`prefetch`), and at most ``max_open`` of them stay
+    mapped (the least recently opened is dropped; the cache may then evict its file).
+    """
+
+    def __init__(
+        self,
+        path: Path | str,
+        manifest: Manifest,
+        remote: Remote | None = None,
+        cache: ShardCache | None = None,
+        prefetch_shards: int = 4,
+    ):
         self.path = path
         self.manifest = manifest
+        self.remote = remote
+        self.cache = cache
+        self.prefetch_shards = prefetch_shards
         self.schema = manifest.schema
         self.arrow_schema = manifest.schema.to_arrow()
         rows = np.fromiter((s.rows for s in manifest.shards), np.int64, len(manifest.shards))
@@ -274,23 +292,34 @@ class _Store:
         np.cumsum(rows[:-1], out=self.starts[1:])
         self.num_rows = int(rows.sum())
         # names were checked by parse_manifest; symbolic links are checked at first access
-        self.shard_paths = [os.path.join(path, s.file) for s in manifest.shards]
+        self.shard_paths = [
+            remote.url_of(s.file) if remote is not None else os.path.join(path, s.file)
+            for s in manifest.shards
+        ]
         self._init_runtime()
 
     def _init_runtime(self) -> None:
         self.shards: list[_Shard | None] = [None] * len(self.shard_paths)
         self.lock = threading.Lock()
+        self.opened: list[int] = []  # remote: ids of mapped shards, oldest first
+        self.prefetcher: Prefetcher | None = None
+        self.pid = os.getpid()
 
     def __getstate__(self):
         state = self.__dict__.copy()
         # pickled Arrow schemas lose nested not-null flags: rebuild it from ours on load
         del state["shards"], state["lock"], state["arrow_schema"]
+        del state["opened"], state["prefetcher"], state["pid"]
         return state
 
     def __setstate__(self, state):
         self.__dict__.update(state)
         self.arrow_schema = self.schema.to_arrow()
         self._init_runtime()
+
+    @property
+    def max_open(self) -> int:
+        return 2 * self.prefetch_shards + 16
 
     def shard(self, k: int) -> _Shard:
         s = self.shards[k]
@@ -299,14 +328,75 @@ class _Store:
                 s = self.shards[k]
                 if s is None:
                     info = self.manifest.shards[k]
-                    path = member_path(self.path, info.file, where=f"shard {k}: 'file'")
-                    s = _open_shard(path, info, self.schema, self.arrow_schema)
+                    where = f"shard {k}: 'file'"
+                    if self.remote is None:
+                        path = member_path(self.path, info.file, where=where)
+                        s = _open_shard(path, info, self.schema, self.arrow_schema)
+                    else:
+                        s = self._open_remote(k, info, where)
                     self.shards[k] = s
         return s
+
+    def _after_fork(self) -> None:
+        """In a forked worker: the parent's fsspec event loop and prefetch thread did not
+        survive the fork; make a new file system (fsspec's instance cache is per process)."""
+        if self.pid != os.getpid():
+            self.pid = os.getpid()
+            self.prefetcher = None
+            self.remote = open_remote(self.remote.url, self.remote.storage_options)
+
+    def _open_remote(self, k: int, info: ShardInfo, where: str) -> _Shard:
+        self._after_fork()
+        member_path(self.remote.url, info.file, where=where)  # a key below the prefix
+        for attempt in range(3):
+            local = self.cache.get(self.remote, info.file, info)
+            try:
+                s = _open_shard(str(local), info, self.schema, self.arrow_schema)
+                break
+            except FormatError as e:  # evicted by another process between fetch and map
+                if attempt == 2 or os.path.exists(local):
+                    raise FormatError(
+                        f"shard {k} ({self.remote.url_of(info.file)}), cached as {local}: {e}",
+                        path=self.remote.url_of(info.file),
+                    ) from e
+        if self.prefetcher is not None:
+            self.prefetcher.used(k)
+        self.opened.append(k)
+        if len(self.opened) > self.max_open:  # drop the oldest mapping (arrays stay valid)
+            self.shards[self.opened.pop(0)] = None
+        return s
+
+    def prefetch(self, indices) -> None:
+        """Start fetching, in the background, the shards of ``indices`` (the epoch's sample
+        order) in the order they are first needed. Local datasets: nothing to do."""
+        if self.remote is None or self.prefetch_shards == 0 or self.num_rows == 0:
+            return
+        idx = np.asarray(indices, dtype=np.int64).reshape(-1)  # (N,) sample indices
+        if idx.size == 0:
+            return
+        idx = idx[(idx >= 0) & (idx < self.num_rows)]
+        sid = np.searchsorted(self.starts, idx, side="right") - 1  # (N,) shard of each
+        _, first = np.unique(sid, return_index=True)
+        order = sid[np.sort(first)]  # shard ids by first use
+        with self.lock:
+            self._after_fork()
+            if self.prefetcher is None:
+                self.prefetcher = Prefetcher(self._prefetch_one, self.prefetch_shards)
+            opened = [k for k, s in enumerate(self.shards) if s is not None]
+        self.prefetcher.start(order.tolist(), used=opened)
+
+    def _prefetch_one(self, k: int) -> Path:
+        info = self.manifest.shards[k]
+        member_path(self.remote.url, info.file, where=f"shard {k}: 'file'")
+        return self.cache.get(self.remote, info.file, info)
 
     def close(self) -> None:
         with self.lock:
             self.shards = [None] * len(self.shard_paths)
+            self.opened = []
+            if self.prefetcher is not None:
+                self.prefetcher.close()
+                self.prefetcher = None
 
 
 def _is_fused(t: object) -> bool:
@@ -391,17 +481,28 @@ class Dataset:
     # fetches it: the loader may fetch cheap batches in the consumer thread (no hand-off).
     kuat_thread_agnostic = True
 
-    def __init__(self, path: str | os.PathLike, *, _store: _Store | None = None):
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        *,
+        storage_options: Mapping | None = None,
+        cache_dir: str | os.PathLike | None = None,
+        cache_limit_bytes: int | None = None,
+        prefetch_shards: int = 4,
+        _store: _Store | None = None,
+    ):
         if _store is None:
-            p = Path(path)
-            _store = _Store(p, read_manifest(p))
+            _store = _open_store(
+                path, storage_options, cache_dir, cache_limit_bytes, prefetch_shards
+            )
         self._store = _store
         self._field_transforms: dict[str, Callable] = {}
         self._sample_transform: Callable | None = None
 
     # -- description -----------------------------------------------------------------------
     @property
-    def path(self) -> Path:
+    def path(self) -> Path | str:
+        """The dataset directory (a ``Path``), or its URL (a ``str``) for a remote dataset."""
         return self._store.path
 
     @property
@@ -823,6 +924,13 @@ class Dataset:
             )
         return view
 
+    def kuat_prefetch(self, indices) -> None:
+        """Loader hook, called once per epoch (on the loader's copy) with this rank's sample
+        indices in the order the epoch reads them (a sequence of ints): a remote dataset starts
+        fetching their shards into its cache in that order, ``prefetch_shards`` ahead of use.
+        A local dataset does nothing. Returns at once; safe from any thread."""
+        self._store.prefetch(indices)
+
     @property
     def has_transform(self) -> bool:
         """Whether samples pass through a transform (:meth:`with_transform`); when not,
@@ -854,10 +962,54 @@ class Dataset:
         self.close()
 
 
-def open_dataset(path: str | os.PathLike) -> Dataset:
+def _open_store(path, storage_options, cache_dir, cache_limit_bytes, prefetch_shards) -> _Store:
+    if not isinstance(prefetch_shards, int) or isinstance(prefetch_shards, bool) or prefetch_shards < 0:
+        raise ValueError(f"prefetch_shards={prefetch_shards!r} must be a non-negative int")
+    if is_url(path):
+        remote = open_remote(path, storage_options)
+        cache = ShardCache(cache_dir, cache_limit_bytes)
+        return _Store(remote.url, read_manifest(remote.url, storage_options=storage_options),
+                      remote, cache, prefetch_shards)  # fmt: skip
+    if storage_options:
+        raise ValueError(
+            f"storage_options are for URLs (s3://, gs://, ...); {os.fspath(path)!r} is a local path"
+        )
+    p = Path(local_path(path))
+    return _Store(p, read_manifest(p))
+
+
+def open_dataset(
+    path: str | os.PathLike,
+    *,
+    storage_options: Mapping | None = None,
+    cache_dir: str | os.PathLike | None = None,
+    cache_limit_bytes: int | None = None,
+    prefetch_shards: int = 4,
+) -> Dataset:
     """Open the kuat dataset at ``path`` (reads only the manifest; shards map lazily).
+
+    Args:
+        path: a local directory, a ``file://`` URL, or an fsspec URL (``s3://bucket/x.kuat``,
+            ``gs://``, ``az://``, ``http(s)://``, ``memory://``).
+        storage_options: fsspec options for a URL (``{"endpoint_url": ..., "key": ...,
+            "secret": ...}`` for s3fs; see :mod:`kuat.format.fs`).
+        cache_dir: where remote shards are cached (``KUAT_CACHE_DIR``, default
+            ``~/.cache/kuat/shards``); shared safely by every loader and process.
+        cache_limit_bytes: the cache's size limit in bytes (``KUAT_CACHE_LIMIT_BYTES``,
+            default 50 GiB); least recently used shards are evicted beyond it.
+        prefetch_shards: remote shards fetched ahead of use, in the epoch's order, when a
+            ``kuat.DataLoader`` starts an epoch (0: none).
 
     Raises:
         kuat.FormatError: no manifest, not JSON, invalid or of an unknown version.
+        kuat.format.fs.RemoteError: a remote manifest cannot be read after retries.
+        ImportError: the URL scheme's fsspec backend is not installed (names the package).
+        ValueError: ``storage_options`` given for a local path, or a bad cache setting.
     """
-    return Dataset(path)
+    return Dataset(
+        path,
+        storage_options=storage_options,
+        cache_dir=cache_dir,
+        cache_limit_bytes=cache_limit_bytes,
+        prefetch_shards=prefetch_shards,
+    )

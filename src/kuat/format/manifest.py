@@ -24,6 +24,7 @@ from pathlib import Path
 import xxhash
 
 from kuat.errors import FormatError
+from kuat.format.fs import Remote, is_url, local_path, open_remote, retry
 from kuat.format.schema import Schema
 
 __all__ = [
@@ -398,14 +399,22 @@ def parse_manifest(obj: object, path: str) -> Manifest:
     return manifest
 
 
-def read_manifest(directory: str | os.PathLike) -> Manifest:
-    """Read and validate ``<directory>/manifest.json``.
+def read_manifest(
+    directory: str | os.PathLike, *, storage_options: Mapping | None = None
+) -> Manifest:
+    """Read and validate ``<directory>/manifest.json``; ``directory`` may be a URL
+    (``s3://bucket/train.kuat``, read directly with retries; see :mod:`kuat.format.fs`).
 
     Raises:
         FormatError: the directory or manifest is missing, larger than ``MAX_MANIFEST_BYTES``,
             not JSON, or invalid (see :func:`parse_manifest`).
+        kuat.format.fs.RemoteError: a remote manifest could not be read after retries.
+        ImportError: the URL's fsspec backend is not installed (names the package).
     """
-    path = os.path.join(os.fspath(directory), MANIFEST_NAME)
+    if is_url(directory):
+        return _read_remote_manifest(open_remote(directory, storage_options))
+    directory = local_path(directory)
+    path = os.path.join(directory, MANIFEST_NAME)
     try:
         size = check_regular_file(path, "manifest").st_size
         if size > MAX_MANIFEST_BYTES:
@@ -432,12 +441,63 @@ def read_manifest(directory: str | os.PathLike) -> Manifest:
     return parse_manifest(obj, path)
 
 
-def write_manifest(directory: str | os.PathLike, manifest: Manifest) -> Path:
-    """Write ``manifest.json`` atomically (temporary name, fsync, rename)."""
-    directory = Path(directory)
+def _read_remote_manifest(remote: Remote) -> Manifest:
+    url = remote.url_of(MANIFEST_NAME)
+    path = remote.path_of(MANIFEST_NAME)
+
+    def fetch() -> bytes:
+        size = remote.fs.size(path)
+        if size is not None and size > MAX_MANIFEST_BYTES:
+            raise FormatError(
+                f"manifest {url} is {size} bytes, more than the {MAX_MANIFEST_BYTES} a kuat "
+                "manifest may have; refusing to read it into memory",
+                path=url,
+            )
+        return remote.fs.cat_file(path)
+
+    try:
+        raw = retry(fetch, what="reading manifest", url=url)
+    except FileNotFoundError as e:
+        raise FormatError(
+            f"not a kuat dataset: {url} not found (an interrupted write leaves no manifest)",
+            path=url,
+        ) from e
+    except PermissionError as e:
+        raise FormatError(f"cannot read manifest {url}: {e}", path=url) from e
+    if len(raw) > MAX_MANIFEST_BYTES:
+        raise FormatError(f"manifest {url} is larger than {MAX_MANIFEST_BYTES} bytes", path=url)
+    try:
+        obj = json.loads(raw)
+    except (ValueError, RecursionError) as e:
+        raise FormatError(f"manifest {url} is not valid JSON: {e}", path=url) from e
+    return parse_manifest(obj, url)
+
+
+def write_manifest(
+    directory: str | os.PathLike,
+    manifest: Manifest,
+    *,
+    storage_options: Mapping | None = None,
+) -> Path | str:
+    """Write ``manifest.json`` atomically (temporary name, fsync, rename); at a URL, one
+    whole-object write with retries (object stores make a PUT visible whole or not at all).
+
+    Returns:
+        the manifest's path, or its URL.
+    """
+    data = json.dumps(manifest.to_json(), indent=1, ensure_ascii=False).encode()
+    if is_url(directory):
+        remote = open_remote(directory, storage_options)
+        url = remote.url_of(MANIFEST_NAME)
+        retry(
+            lambda: remote.fs.pipe_file(remote.path_of(MANIFEST_NAME), data),
+            what="writing manifest",
+            url=url,
+        )
+        return url
+    directory = Path(local_path(directory))
     final = directory / MANIFEST_NAME
     tmp = directory / f".{MANIFEST_NAME}.tmp-{os.getpid()}"
-    data = json.dumps(manifest.to_json(), indent=1, ensure_ascii=False).encode()
     with open(tmp, "wb") as f:
         f.write(data)
         f.flush()

@@ -6,12 +6,16 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable
+import shutil
+import tempfile
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from kuat.errors import DecodeError, FormatError
+from kuat.format.cache import ShardCache
 from kuat.format.dataset import _open_shard
+from kuat.format.fs import is_url, local_path, open_remote
 from kuat.format.manifest import check_regular_file, file_checksum, member_path, read_manifest
 
 __all__ = ["VerifyReport", "verify"]
@@ -88,6 +92,7 @@ def verify(
     images: bool = False,
     decode: bool = False,
     on_shard: Callable[[int, str], None] | None = None,
+    storage_options: Mapping | None = None,
 ) -> VerifyReport:
     """Re-check every shard of the dataset at ``path``.
 
@@ -101,12 +106,18 @@ def verify(
 
     Args:
         on_shard: called as ``on_shard(k, shard_path)`` after each shard (progress).
+        storage_options: fsspec options for a URL ``path``.
+
+    A URL dataset is checked by downloading each shard (with retries) into a temporary
+    directory, never from the shard cache (which could hide a changed object), one at a time.
 
     Raises:
         kuat.FormatError: the manifest itself is missing or invalid (shard problems are
             collected in the report instead).
     """
-    root = Path(path)
+    if is_url(path):
+        return _verify_remote(os.fspath(path), images, on_shard, storage_options)
+    root = Path(local_path(path))
     manifest = read_manifest(root)
     schema, arrow_schema = manifest.schema, manifest.schema.to_arrow()
     report = VerifyReport(str(root), rows=manifest.num_rows)
@@ -144,4 +155,44 @@ def verify(
         report.bytes += info.bytes
         if on_shard is not None:
             on_shard(k, shard_path)
+    return report
+
+
+def _verify_remote(url, images, on_shard, storage_options) -> VerifyReport:
+    remote = open_remote(url, storage_options)
+    manifest = read_manifest(remote.url, storage_options=storage_options)
+    schema, arrow_schema = manifest.schema, manifest.schema.to_arrow()
+    report = VerifyReport(remote.url, rows=manifest.num_rows)
+    stage = tempfile.mkdtemp(prefix="kuat-verify-")
+    try:
+        # a fresh cache per run: every shard is downloaded and checked on arrival
+        cache = ShardCache(stage, limit_bytes=1)
+        for k, info in enumerate(manifest.shards):
+            shard_url = remote.url_of(info.file)
+            try:
+                member_path(remote.url, info.file, where=f"shard {k}: 'file'")
+                try:
+                    local = cache.get(remote, info.file, info)
+                except FileNotFoundError as e:
+                    raise FormatError(f"shard {shard_url} is missing", path=shard_url) from e
+                try:
+                    shard = _open_shard(str(local), info, schema, arrow_schema)
+                    shard.path = shard_url  # errors of the image check name the URL
+                    if images:
+                        _check_images(shard, schema)
+                finally:
+                    os.unlink(local)
+            except FormatError as e:
+                log.debug("%s", e)
+                report.errors.append(e)
+            except OSError as e:  # RemoteError after retries included
+                err = FormatError(f"cannot read shard {shard_url}: {e}", path=shard_url)
+                err.__cause__ = e
+                report.errors.append(err)
+            report.shards += 1
+            report.bytes += info.bytes
+            if on_shard is not None:
+                on_shard(k, shard_url)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
     return report

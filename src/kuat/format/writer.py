@@ -13,6 +13,8 @@ import logging
 import math
 import os
 import re
+import shutil
+import tempfile
 from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -22,6 +24,7 @@ import pyarrow as pa
 
 from kuat.errors import DecodeError, FormatError, SchemaError
 from kuat.format.arrow_views import array_from_bytes, array_from_numpy
+from kuat.format.fs import Remote, is_url, local_path, open_remote, retry
 from kuat.format.manifest import (
     MANIFEST_NAME,
     Manifest,
@@ -439,6 +442,53 @@ class _Builder:
         )
 
 
+def prepare_remote(remote: Remote, overwrite: bool) -> None:
+        """The remote twin of ``Writer._clear_directory``: refuse or clear what is at the URL
+        (the old manifest first, so no reader sees a mix). Run before anything is written, so
+        an unreachable destination fails here, naming the URL.
+
+        Raises:
+            FileExistsError: a dataset or other objects are there and ``overwrite`` is False.
+            kuat.format.fs.RemoteError: the destination cannot be reached after retries.
+        """
+        url = remote.url
+        fs = remote.fs
+
+        def listing() -> list[str]:
+            try:
+                return [p.rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(remote.path, detail=False)]
+            except FileNotFoundError:
+                return []
+
+        names = retry(listing, what="listing", url=url)
+        if MANIFEST_NAME in names:
+            if not overwrite:
+                raise FileExistsError(
+                    f"{url} is already a kuat dataset; pass overwrite=True (--overwrite) to "
+                    "replace it"
+                )
+            try:
+                old = [s.file for s in read_manifest(url, storage_options=remote.storage_options).shards]
+            except FormatError:
+                old = []
+            manifest = remote.path_of(MANIFEST_NAME)
+            retry(lambda: fs.rm_file(manifest), what="deleting the old manifest", url=url)
+            names = [n for n in names if n != MANIFEST_NAME] + old
+        others = [n for n in names if not _SHARD_RE.match(n)]
+        if others and not overwrite:
+            raise FileExistsError(
+                f"{url} is a non-empty prefix that is not a kuat dataset ({others[0]!r}, ...); "
+                "pass overwrite=True (--overwrite) to write into it anyway"
+            )
+        for name in set(n for n in names if _SHARD_RE.match(n)):
+            key = member_path(url, name)  # never delete outside the dataset's prefix
+            try:
+                retry(lambda k=key: fs.rm_file(remote.path_of(k[len(url) + 1 :])),
+                      what="deleting an old shard", url=key)  # fmt: skip
+            except FileNotFoundError:
+                pass
+
+
 class Writer:
     """Writes a kuat dataset directory: Arrow IPC shards plus ``manifest.json``.
 
@@ -450,7 +500,10 @@ class Writer:
             w.write_batch({"image": [b1, b2], "label": [0, 1]})
 
     Args:
-        path: the dataset directory (created if missing).
+        path: the dataset directory (created if missing), or a URL (``s3://bucket/x.kuat``,
+            any fsspec URL): each shard is written to a local temporary directory, uploaded
+            (with retries) as soon as it is complete and deleted locally; the manifest is
+            uploaded last, so a reader never sees a partial dataset.
         schema: a :class:`Schema` or a mapping ``{name: FieldType}``.
         shard_bytes: target shard size in bytes; a shard is closed before a row would take it
             past this (a single larger row gets a shard of its own). 128 MiB by default: large
@@ -459,6 +512,7 @@ class Writer:
         overwrite: replace an existing dataset at ``path``. Without it an existing dataset,
             or a non-empty directory that is not a kuat dataset, is refused.
         metadata: JSON-serialisable dict kept in the manifest (class names, source, ...).
+        storage_options: fsspec options for a URL ``path`` (credentials, ``endpoint_url``).
 
     Image values are encoded bytes (width/height/codec probed from the header), an
     :class:`EncodedImage`, or a dict ``{"bytes": ..., "width": ..., "height": ..., "codec": ...}``.
@@ -470,11 +524,15 @@ class Writer:
 
     Not thread-safe: one thread writes. Rows are stored in the order written. One Writer
     per directory at a time: it holds an advisory lock (``.kuat-writer.lock``, flock) until
-    ``close()``/``abort()``, and a second Writer, in any process, is refused.
+    ``close()``/``abort()``, and a second Writer, in any process, is refused. (Object stores
+    have no such lock: two Writers to one URL at once leave whichever manifest came last.)
 
     Raises:
         FileExistsError: ``path`` holds a dataset (or other files) and ``overwrite`` is False,
             or another Writer is writing into it.
+        kuat.format.fs.RemoteError: a URL destination cannot be reached (after retries);
+            nothing is written anywhere.
+        ImportError: the URL scheme's fsspec backend is not installed (names the package).
         kuat.SchemaError: a row or column does not match the schema (names field, row,
             expected and given type); nothing of that row/batch is written.
     """
@@ -487,6 +545,7 @@ class Writer:
         shard_bytes: int = DEFAULT_SHARD_BYTES,
         overwrite: bool = False,
         metadata: dict | None = None,
+        storage_options: Mapping | None = None,
     ):
         if not isinstance(schema, Schema):
             schema = Schema(schema)
@@ -499,7 +558,15 @@ class Writer:
             json.dumps(metadata)
         except (TypeError, ValueError) as e:
             raise TypeError(f"metadata must be JSON-serialisable: {e}") from e
-        self.path = Path(path)
+        self._remote: Remote | None = None
+        if is_url(path):
+            self._remote = open_remote(path, storage_options)
+            self.path: Path | str = self._remote.url
+        else:
+            if storage_options:
+                raise ValueError(f"storage_options are for URLs; {path!r} is a local path")
+            self.path = Path(local_path(path))
+        self._dir = self.path  # where shards are written (a local staging folder for a URL)
         self.schema = schema
         self.shard_bytes = shard_bytes
         self.metadata = metadata
@@ -526,10 +593,17 @@ class Writer:
         self._lock_fd = lock_directory(self.path)
 
     def _unlock(self) -> None:
+        if self._remote is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+            return
         fd, self._lock_fd = self._lock_fd, None
         unlock_directory(self.path, fd)
 
     def _prepare_directory(self, overwrite: bool) -> None:
+        if self._remote is not None:
+            self._prepare_remote(overwrite)
+            self._dir = Path(tempfile.mkdtemp(prefix="kuat-upload-"))
+            return
         p = self.path
         if p.exists() and not p.is_dir():
             raise FileExistsError(f"{p} exists and is not a directory")
@@ -572,6 +646,18 @@ class Writer:
         for e in os.scandir(p):  # leftovers of an interrupted write
             if _SHARD_RE.match(e.name) and e.is_file():
                 os.unlink(e.path)
+
+    def _prepare_remote(self, overwrite: bool) -> None:
+        prepare_remote(self._remote, overwrite)
+
+    def _upload(self, local: Path, name: str) -> None:
+        remote = self._remote
+        retry(
+            lambda: remote.fs.put_file(str(local), remote.path_of(name)),
+            what=f"uploading shard {name} to",
+            url=remote.url_of(name),
+        )
+        local.unlink()
 
     # -- writing ---------------------------------------------------------------------------
     @property
@@ -683,7 +769,7 @@ class Writer:
         if not self._rows_in_shard:
             return
         name = shard_name(self._next_shard)
-        tmp = self.path / f".{name}.tmp-{os.getpid()}"
+        tmp = self._dir / f".{name}.tmp-{os.getpid()}"
         shard = ShardFile(tmp)
         try:
             arrays = [b.finish(shard) for b in self._builders]
@@ -713,8 +799,10 @@ class Writer:
             del arrays, batch  # the deferred placeholders
             checksum = shard.sync()
             size = shard.tell()
-        final = self.path / name
+        final = self._dir / name
         os.replace(shard.path, final)
+        if self._remote is not None:  # uploaded on this thread too, while rows keep coming
+            self._upload(final, name)
         log.debug("wrote %s: %d rows, %d bytes", final, rows, size)
         return ShardInfo(name, rows, size, checksum)
 
@@ -761,7 +849,10 @@ class Writer:
                 metadata=self.metadata,
                 created_by=f"kuat {_version()}",
             )
-            write_manifest(self.path, manifest)
+            if self._remote is None:
+                write_manifest(self.path, manifest)
+            else:
+                write_manifest(self.path, manifest, storage_options=self._remote.storage_options)
         except BaseException:
             self.abort()  # no dataset; delete the shards rather than leave them unlisted
             raise
@@ -785,7 +876,13 @@ class Writer:
         except Exception as e:
             log.debug("the shard being written when %s was aborted failed: %s", self.path, e)
         self._stop_shard_thread()
-        for e in os.scandir(self.path):
+        if self._remote is not None:
+            for info in self._shards:  # best effort: without a manifest it is no dataset
+                try:
+                    self._remote.fs.rm_file(self._remote.path_of(info.file))
+                except Exception as e:
+                    log.debug("cannot delete %s: %s", self._remote.url_of(info.file), e)
+        for e in os.scandir(self._dir):
             if _SHARD_RE.match(e.name) and e.name != MANIFEST_NAME:
                 try:
                     os.unlink(e.path)
