@@ -421,3 +421,25 @@ def test_concat_matches_a_per_token_reference():
         )
         assert row["position_ids"].tolist() == pos + list(range(pad))
         assert row["document_lengths"].tolist() == lengths
+
+
+def test_first_fit_against_a_linear_scan():
+    """The segment-tree first fit (sized by first fit's bound on bins) against the plain
+    definition: each item into the lowest-numbered bin with room."""
+    from kuat.text.pack import _first_fit
+
+    rng = np.random.default_rng(6)
+    for capacity in (1, 7, 64):
+        for _ in range(30):
+            sizes = rng.integers(1, capacity + 1, rng.integers(0, 200)).tolist()
+            free, want = [], []
+            for i, s in enumerate(sizes):
+                b = next((b for b, f in enumerate(free) if f >= s), len(free))
+                if b == len(free):
+                    free.append(capacity)
+                    want.append([])
+                free[b] -= s
+                want[b].append(i)
+            bins, fills = _first_fit(sizes, capacity)
+            assert bins == want
+            assert fills == [capacity - f for f in free]

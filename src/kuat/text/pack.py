@@ -545,7 +545,10 @@ def _first_fit(sizes: list[int], capacity: int) -> tuple[list[list[int]], list[i
     Returns the bins (item positions) and their fills.
 
     A max-segment-tree over the bins' free space finds that bin in O(log n)."""
-    n = len(sizes)
+    # First-fit leaves at most one bin at most half full (an item that opens a bin did not
+    # fit in any earlier one), so it opens at most 2 * sum(sizes) // capacity + 1 bins: a
+    # tree that wide (not one leaf per item) keeps the descent short.
+    n = min(len(sizes), 2 * sum(sizes) // capacity + 2)
     leaves = 1
     while leaves < max(n, 1):
         leaves *= 2
