@@ -342,3 +342,68 @@ def test_option_errors_name_the_value():
                 {"b": np.zeros((1, 3), np.float32)},
             ]
         )
+
+
+_FILL_CASES = [
+    (-100, torch.uint16),  # the issue's labels pad into uint16 token ids (kuat's ingest dtype)
+    (-100, torch.uint8),
+    (300, torch.uint8),
+    (-1, torch.int8),
+    (-129, torch.int8),
+    (2**40, torch.int32),
+    (float("nan"), torch.int64),
+    (0.5, torch.int64),  # fractional: truncated, as torch does
+    (1e6, torch.float16),
+    (float("-inf"), torch.float32),
+    (2, torch.bool),
+]
+
+
+@pytest.mark.parametrize(
+    "kind,value,dtype",
+    [
+        (k, v, d)
+        for k in ("views", "numpy_views", "tensors", "arrays", "table")
+        for v, d in _FILL_CASES
+        if k != "table" or d not in (torch.float16, torch.bool)  # Arrow offsets path: ints, floats
+    ],
+)
+def test_pad_value_that_does_not_fit_the_dtype_is_refused_as_torch_does(kind, value, dtype):
+    """A pad value the rows' dtype cannot hold is an error (never a wrapped-around 65436 in
+    the labels); the values torch accepts give pad_sequence's result, on every path."""
+    rows = [torch.tensor([1, 0, 1], dtype=dtype), torch.tensor([1], dtype=dtype)]
+    try:
+        want = pad_sequence(rows, batch_first=True, padding_value=value)
+    except RuntimeError:
+        want = None
+    if kind == "views":
+        flat = torch.cat(rows)
+        rows = [flat[:3], flat[3:]]
+    elif kind == "numpy_views":
+        flat = torch.cat(rows).numpy()
+        rows = [flat[:3], flat[3:]]
+    elif kind == "arrays":
+        rows = [r.numpy().copy() for r in rows]
+    samples = [{"labels": r} for r in rows]
+    if kind == "table":
+        samples = pa.table({"labels": [r.tolist() for r in rows]}).cast(
+            pa.schema([("labels", pa.list_(pa.from_numpy_dtype(rows[0].numpy().dtype)))])
+        )
+    collate = pad_collate(pad_value={"labels": value})
+    if want is None:
+        with pytest.raises(ValueError, match=r"'labels'.*does not fit"):
+            collate(samples)
+    else:
+        out = collate(samples)["labels"]
+        assert out.dtype == want.dtype and torch.equal(out, want)
+
+
+def test_views_of_one_buffer_in_another_dtype_are_not_read_as_the_buffers():
+    """Rows that view one NumPy buffer through different dtypes (a byte buffer and an int16
+    view of it) are not rows of that buffer: the one-op path must not read the int16 row's
+    bytes as uint8 values. As on the per-row path, mixed dtypes are refused, naming each."""
+    buf = np.arange(16, dtype=np.uint8)
+    rows = [buf[0:4], buf.view(np.int16)[3:4]]  # both have .base buf; the second is int16
+    assert all(r.base is buf for r in rows)
+    with pytest.raises(ValueError, match=r"0: \(4,\) torch.uint8, 1: \(1,\) torch.int16"):
+        pad_collate()([{"x": r} for r in rows])

@@ -124,3 +124,32 @@ def test_hf_stream_split_by_shards_reads_each_example_once(hf_stream):
         loader = kuat.DataLoader(src, batch_size=4, num_workers=2, rank=rank, world_size=2)
         shares.append({x for b in loader for x in b["x"].tolist()})
     assert not shares[0] & shares[1] and shares[0] | shares[1] == set(range(26))
+
+
+class _Docs(torch.utils.data.Dataset):
+    def __init__(self, items):
+        self.items = items
+
+    def __len__(self):
+        return len(self.items)
+
+    def __getitem__(self, i):
+        return self.items[i]
+
+
+def test_map_style_source_in_a_stream_reads_the_streams_epoch():
+    """A map-style mix read as a stream (stream_of, shuffle_buffer, a mix of it with a stream)
+    reads epoch e's window, outside kuat's loader too (it used to read epoch 0's every time)."""
+    from kuat.sources.stream import stream_of
+
+    def build():  # the first source is cut to 3 samples per epoch, a new window each epoch
+        return kuat.mix([_Docs(list(range(12))), _Docs([100, 101, 102])], seed=0)
+
+    for epoch in range(3):
+        m = build()
+        m.set_epoch(epoch)
+        want = [m[i] for i in range(len(m))]
+        assert list(stream_of(build(), epoch)) == want
+        shuffled = kuat.shuffle_buffer(build(), 4, seed=1).samples(epoch)
+        assert list(shuffled) == list(kuat.shuffle_buffer(_Docs(want), 4, seed=1).samples(epoch))
+    assert list(stream_of(build(), 1)) != list(stream_of(build(), 0))

@@ -180,3 +180,27 @@ def test_argument_errors():
         TokenBudgetBatchSampler([1, 2], 10, rank=2, world_size=2)
     with pytest.raises(ValueError, match="epoch"):
         TokenBudgetBatchSampler([1, 2], 10).set_epoch(-1)
+
+
+def test_rank_without_world_size_is_refused_not_ignored():
+    """rank=1 alone used to be dropped silently (rank 0's share of a world of 1: every batch on
+    every rank). As kuat.DataLoader(rank=, world_size=): both or neither."""
+    with pytest.raises(ValueError, match="both rank and world_size or neither.*rank=1"):
+        TokenBudgetBatchSampler([1, 2, 3], 10, rank=1)
+    with pytest.raises(ValueError, match="both rank and world_size or neither.*world_size=2"):
+        TokenBudgetBatchSampler([1, 2, 3], 10, world_size=2)
+    with pytest.raises(ValueError, match="both rank and world_size or neither"):
+        kuat.DataLoader(range(3), rank=1)  # the loader's rule, which the sampler now shares
+
+
+def test_lengths_of_refuses_a_null_row_naming_it():
+    """A null token list in a datasets.Dataset has no length: lengths_of returned
+    -9223372036854775808 for it (Arrow's null length through NaN). It is an error naming the
+    row, as indexing that row and taking len() is (TypeError) in the per-sample path."""
+    datasets = pytest.importorskip("datasets")
+    ds = datasets.Dataset.from_dict({"input_ids": [[1, 2, 3], None, [], [4]]})
+    with pytest.raises(TypeError):
+        len(ds[1]["input_ids"])  # the reference: the row has no length
+    with pytest.raises(ValueError, match="row 1.*'input_ids'.*null"):
+        lengths_of(ds)
+    assert lengths_of(ds.select([0, 2, 3])).tolist() == [3, 0, 1]

@@ -443,3 +443,39 @@ def test_first_fit_against_a_linear_scan():
             bins, fills = _first_fit(sizes, capacity)
             assert bins == want
             assert fills == [capacity - f for f in free]
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_map_style_mix_reads_the_packers_epoch_outside_the_loader(strategy):
+    """A map-style mix reads a new window of a cut source each epoch. The packer's epoch must
+    reach it however the packer is driven: iter_rows(epoch), a resume state from a later epoch,
+    and torch's DataLoader after set_epoch (not only kuat's loader, which sets its own)."""
+
+    def build():
+        long = MapDocs(make_docs(40, seed=1))  # cut to 6 documents per epoch by the mix
+        short = MapDocs(
+            [{"input_ids": (900 * STRIDE + 10 * i + np.arange(5)).tolist()} for i in range(6)]
+        )
+        return kuat.mix([long, short], stopping="first_exhausted", seed=0)
+
+    def truth(epoch):  # the mix's documents of that epoch, packed as a plain list
+        m = build()
+        m.set_epoch(epoch)
+        docs = MapDocs([m[i] for i in range(len(m))])
+        return [r["input_ids"] for r in pack(docs, 16, strategy, buffer_size=5).iter_rows(epoch)]
+
+    want = [truth(e) for e in range(3)]
+    assert want[1] != want[0] or len(want[1]) != len(want[0])  # windows move on
+    packed = pack(build(), 16, strategy, buffer_size=5)
+    for epoch in range(3):
+        got = [r["input_ids"] for r in packed.iter_rows(epoch)]
+        assert len(got) == len(want[epoch]) and all(map(torch.equal, got, want[epoch]))
+    it = packed.iter_rows(2)
+    next(it)
+    rest = [r["input_ids"] for r in packed.iter_rows(state=it.state_dict())]
+    assert len(rest) == len(want[2]) - 1 and all(map(torch.equal, rest, want[2][1:]))
+    loader = torch.utils.data.DataLoader(packed, batch_size=None)
+    for epoch in range(3):
+        packed.set_epoch(epoch)
+        got = list(b["input_ids"] for b in loader)
+        assert len(got) == len(want[epoch]) and all(map(torch.equal, got, want[epoch]))

@@ -20,6 +20,7 @@ row by row, with the same result. Outputs are exactly those of the per-row loop:
 from __future__ import annotations
 
 import itertools
+import math
 import numbers
 from collections.abc import Callable, Mapping, Sequence
 
@@ -73,6 +74,34 @@ class _PadSpec:
     ):
         self.value, self.max_length, self.multiple = value, max_length, multiple
         self.side, self.truncation_side = side, truncation_side
+
+    def fill(self, dtype, name: str):
+        """The pad value as written into rows of ``dtype`` (a torch or NumPy dtype).
+
+        ``torch.nn.utils.rnn.pad_sequence``'s rule: a value the dtype cannot hold (``-100`` in
+        ``uint16`` token ids, NaN or 1e10 in an integer field, 1e6 in ``float16``) is an error,
+        never a wrapped-around number; a fractional value in an integer field is truncated.
+
+        Raises:
+            ValueError: the value does not fit ``dtype`` (names the field, value and dtype).
+        """
+        value = self.value
+        t = dtype if isinstance(dtype, torch.dtype) else torch.from_numpy(np.empty(0, dtype)).dtype
+        if t == torch.bool or t.is_complex:
+            return value
+        v = float(value)
+        if t.is_floating_point:
+            fits = not math.isfinite(v) or abs(v) <= torch.finfo(t).max
+        else:
+            info = torch.iinfo(t)
+            fits = math.isfinite(v) and info.min <= int(value) <= info.max
+        if not fits:
+            raise ValueError(
+                f"pad_collate: pad value {value!r} of {name!r} does not fit its dtype {t} "
+                "(torch's pad_sequence refuses it too); pick a value in range, or cast the "
+                "field to a wider signed dtype first (e.g. labels to int64 in a transform)"
+            )
+        return value
 
     def width(self, longest: int) -> int:
         """The padded length ``L`` for a batch whose longest (truncated) row has ``longest``."""
@@ -144,7 +173,8 @@ def pad_collate(
         ValueError: (now) ``max_length`` or ``pad_to_multiple_of`` is not an int >= 1; a side
             other than ``"right"``/``"left"``. When called: an empty batch; non-empty rows of
             one field with different trailing shapes or dtypes (the message lists each row's
-            shape and dtype); a lengths key that clashes with a field.
+            shape and dtype); a lengths key that clashes with a field; a pad value the field's
+            dtype cannot hold (``-100`` in ``uint16`` ids: ``pad_sequence`` refuses it too).
         KeyError: (when called) a name in ``fields`` missing from a sample.
     """
     if isinstance(pad_value, Mapping):
@@ -275,7 +305,7 @@ class PadCollate:
                     flat = col.values
                     flat = flat.numpy() if isinstance(flat, torch.Tensor) else flat  # (N,)
                     starts, lengths = col.offsets[:-1], np.diff(col.offsets)  # (B,), (B,)
-                    padded, lengths = _pad_offsets(flat, starts, lengths, self._spec(key))
+                    padded, lengths = _pad_offsets(flat, starts, lengths, self._spec(key), key)
                 else:
                     padded, lengths = _pad(values, self._spec(key), key)
                 out[key] = padded
@@ -330,7 +360,7 @@ class PadCollate:
                 offsets = col.offsets.to_numpy().astype(np.int64)  # (B + 1,)
                 values = col.values.to_numpy(zero_copy_only=False)  # (n,) at least offsets[-1]
                 out[name], lengths = _pad_offsets(
-                    values, offsets[:-1], np.diff(offsets), self._spec(name)
+                    values, offsets[:-1], np.diff(offsets), self._spec(name), name
                 )
                 self._put_lengths(out, table.column_names, name, lengths)
                 padded.append(name)
@@ -403,11 +433,11 @@ def _pad(rows: list, spec: _PadSpec, name: str) -> tuple[torch.Tensor, torch.Ten
     if isinstance(first, torch.Tensor):
         fast = _views_of_one_tensor(rows)
         if fast is not None:
-            return _pad_offsets(*fast, spec)
+            return _pad_offsets(*fast, spec, name)
     elif isinstance(first, np.ndarray):
         fast = _views_of_one_array(rows)
         if fast is not None:
-            return _pad_offsets(*fast, spec)
+            return _pad_offsets(*fast, spec, name)
         rows = [torch.from_numpy(np.ascontiguousarray(r)) for r in rows]
     elif isinstance(first, (list, tuple)):
         if all(isinstance(r, (list, tuple)) for r in rows):
@@ -416,7 +446,7 @@ def _pad(rows: list, spec: _PadSpec, name: str) -> tuple[torch.Tensor, torch.Ten
             if flat.dim() == 1 and len(flat):
                 offsets = np.zeros(len(rows), dtype=np.int64)
                 np.cumsum(lengths[:-1], out=offsets[1:])
-                return _pad_offsets(flat.numpy(), offsets, lengths, spec)
+                return _pad_offsets(flat.numpy(), offsets, lengths, spec, name)
         rows = [torch.as_tensor(r) for r in rows]
     else:
         rows = [torch.as_tensor(r) for r in rows]
@@ -446,7 +476,8 @@ def _pad_loop(rows: list[torch.Tensor], spec: _PadSpec, name: str):
         ]
     lengths = torch.tensor([r.shape[0] for r in rows], dtype=torch.int64)  # (B,)
     width = spec.width(int(lengths.max()) if len(rows) else 0)
-    out = torch.full((len(rows), width, *trailing), spec.value, dtype=dtype)  # (B, L, *F)
+    value = spec.fill(dtype, name)
+    out = torch.full((len(rows), width, *trailing), value, dtype=dtype)  # (B, L, *F)
     for i, r in enumerate(rows):
         n = r.shape[0]
         if n:
@@ -458,12 +489,15 @@ def _pad_loop(rows: list[torch.Tensor], spec: _PadSpec, name: str):
 
 
 def _views_of_one_tensor(rows: list[torch.Tensor]):
-    """``(values, starts, lengths)`` when every row is a stride-1 1-d view of one CPU tensor."""
+    """``(values, starts, lengths)`` when every row is a stride-1 1-d view of one CPU tensor,
+    in that tensor's dtype."""
     base = rows[0]._base
     if base is None or base.device.type != "cpu" or not base.is_contiguous():
         return None
     for r in rows:
-        if r._base is not base or r.dim() != 1 or (r.stride(0) != 1 and r.shape[0] > 1):
+        if r._base is not base or r.dim() != 1 or r.dtype != base.dtype:
+            return None
+        if r.stride(0) != 1 and r.shape[0] > 1:
             return None
     try:
         values = base.reshape(-1).numpy()  # the whole buffer, zero-copy
@@ -476,7 +510,8 @@ def _views_of_one_tensor(rows: list[torch.Tensor]):
 
 
 def _views_of_one_array(rows: list[np.ndarray]):
-    """``(values, starts, lengths)`` when every row is a contiguous 1-d view of one array."""
+    """``(values, starts, lengths)`` when every row is a contiguous 1-d view of one array, in
+    that array's dtype."""
     base = rows[0].base
     if not isinstance(base, np.ndarray) or base.dtype.kind not in _NUMPY_KINDS:
         return None
@@ -486,7 +521,9 @@ def _views_of_one_array(rows: list[np.ndarray]):
     origin = base.ctypes.data
     starts = np.empty(len(rows), dtype=np.int64)
     for i, r in enumerate(rows):
-        if r.base is not base or r.ndim != 1 or (r.strides[0] != item and r.shape[0] > 1):
+        if r.base is not base or r.ndim != 1 or r.dtype != base.dtype:
+            return None  # another dtype's view of the buffer: its offsets are not in our units
+        if r.strides[0] != item and r.shape[0] > 1:
             return None
         starts[i] = (r.ctypes.data - origin) // item
     lengths = np.fromiter((r.shape[0] for r in rows), np.int64, len(rows))
@@ -501,7 +538,9 @@ def _valid_mask(lengths: np.ndarray, width: int, side: str) -> torch.Tensor:
     return torch.from_numpy(mask.astype(np.int64))
 
 
-def _pad_offsets(values: np.ndarray, starts: np.ndarray, lengths: np.ndarray, spec: _PadSpec):
+def _pad_offsets(
+    values: np.ndarray, starts: np.ndarray, lengths: np.ndarray, spec: _PadSpec, name: str
+):
     """Rows ``values[starts[i] : starts[i] + lengths[i]]`` padded into ``(B, L)``, one copy."""
     starts, lengths = np.asarray(starts, np.int64), np.asarray(lengths, np.int64)
     if spec.max_length is not None and len(lengths) and lengths.max() > spec.max_length:
@@ -511,7 +550,7 @@ def _pad_offsets(values: np.ndarray, starts: np.ndarray, lengths: np.ndarray, sp
         lengths = cut
     batch = len(lengths)
     width = spec.width(int(lengths.max()) if batch else 0)
-    out = np.full((batch, width), spec.value, dtype=values.dtype)  # (B, L)
+    out = np.full((batch, width), spec.fill(values.dtype, name), dtype=values.dtype)  # (B, L)
     cols = np.arange(width)[None, :]  # (1, L)
     shift = np.zeros(batch, np.int64) if spec.side == "right" else width - lengths  # (B,)
     mask = (cols >= shift[:, None]) & (cols < (shift + lengths)[:, None])  # (B, L) bool

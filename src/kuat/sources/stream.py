@@ -141,7 +141,8 @@ def stream_of(source, epoch: int, chunk: int = 64) -> Iterator:
     * another ``torch.utils.data.IterableDataset``: ``set_epoch(epoch)`` when it has it, then
       ``iter()`` (it must not shard itself by worker inside a mix);
     * a map-style source: indices ``0 .. len - 1`` in order, ``chunk`` at a time through
-      ``__getitems__`` when it has one.
+      ``__getitems__`` when it has one, read in ``epoch``'s context (what a map-style mix's
+      window and ``kuat.sample_rng`` follow), inside kuat's loader or not.
     """
     from kuat.sources import as_source
 
@@ -153,20 +154,23 @@ def stream_of(source, epoch: int, chunk: int = 64) -> Iterator:
         if callable(set_epoch):
             set_epoch(epoch)
         return iter(source)
-    return _map_stream(source, chunk)
+    return _map_stream(source, epoch, chunk)
 
 
-def _map_stream(source, chunk: int) -> Iterator:
-    from kuat.rng import sample_context
+def _map_stream(source, epoch: int, chunk: int) -> Iterator:
+    from kuat.rng import current_epoch, epoch_context, sample_context
 
     n = len(source)
     getitems = getattr(source, "__getitems__", None)
     for start in range(0, n, chunk):
         indices = list(range(start, min(n, start + chunk)))
-        if getitems:
-            yield from getitems(indices)
-        else:
-            for i in indices:
-                with sample_context(i):
-                    item = source[i]
-                yield item
+        # the epoch's context only around the reads (a generator must not leak it between yields)
+        with epoch_context(current_epoch()[0], epoch):
+            if getitems:
+                items = getitems(indices)
+            else:
+                items = []
+                for i in indices:
+                    with sample_context(i):
+                        items.append(source[i])
+        yield from items

@@ -228,17 +228,21 @@ class Documents:
                 if doc.ordinal >= max(wanted):
                     break
             return [found[o] for o in ordinals]
+        from kuat.rng import current_epoch, epoch_context, sample_context
+
         indices = [int(self.order[o]) for o in ordinals]
         getitems = getattr(self.source, "__getitems__", None)
-        if getitems is not None:
-            samples = getitems(indices)
-        else:
-            from kuat.rng import sample_context
-
-            samples = []
-            for i in indices:
-                with sample_context(i):
-                    samples.append(self.source[i])
+        # The source reads this epoch (a map-style mix's window, kuat.sample_rng draws) also
+        # outside kuat's loader (iter_rows(epoch), a resume state, torch's DataLoader), which
+        # sets nothing; inside the loader this is the epoch the loader set already.
+        with epoch_context(current_epoch()[0], self.epoch):
+            if getitems is not None:
+                samples = getitems(indices)
+            else:
+                samples = []
+                for i in indices:
+                    with sample_context(i):
+                        samples.append(self.source[i])
         return [
             to_doc(s, o, i, self.field) for s, o, i in zip(samples, ordinals, indices, strict=True)
         ]

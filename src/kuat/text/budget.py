@@ -41,8 +41,8 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
             about a hundred batches; ``N`` sorts the whole epoch: least padding, least
             randomness).
         pad_to_multiple_of: see ``max_tokens``.
-        rank, world_size: this rank's share; ``None``: from ``torch.distributed`` when it is
-            initialised at ``iter()``, else 0 and 1.
+        rank, world_size: this rank's share, both or neither (as ``kuat.DataLoader``); neither:
+            from ``torch.distributed`` when it is initialised at ``iter()``, else 0 and 1.
         drop_last: with ``world_size > 1``, drop the last batches that do not fill a round of
             ranks instead of repeating the first ones (every rank gets the same number of
             batches either way, as ``DistributedSampler`` does for samples).
@@ -55,7 +55,7 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
     Raises:
         ValueError: ``lengths`` not 1-d non-negative ints; ``max_tokens``, ``bucket_size``,
             ``max_batch_size`` or ``pad_to_multiple_of`` not an int >= 1; a rank outside
-            ``[0, world_size)``.
+            ``[0, world_size)``, or only one of ``rank`` and ``world_size``.
     """
 
     def __init__(
@@ -89,9 +89,9 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
                 continue
             if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:
                 raise ValueError(f"{name} should be an int >= 1, got {v!r}")
-        if world_size is not None and (
-            world_size < 1 or rank is None or not 0 <= rank < world_size
-        ):
+        if (rank is None) != (world_size is None):  # kuat.DataLoader's rule
+            raise ValueError(f"give both rank and world_size or neither, got {rank=} {world_size=}")
+        if world_size is not None and (world_size < 1 or not 0 <= rank < world_size):
             raise ValueError(f"rank should be in [0, world_size), got {rank=} {world_size=}")
         if bucket_size is None:
             mean = float(self.lengths.mean()) if len(self.lengths) else 1.0
@@ -195,6 +195,7 @@ def lengths_of(dataset, field: str = "input_ids") -> np.ndarray:
 
     Raises:
         KeyError: ``field`` is not a column / key of the samples.
+        ValueError: a ``datasets.Dataset`` row whose ``field`` is null (names the row).
     """
     from kuat.sources.hf import is_hf_map_dataset
 
@@ -205,6 +206,12 @@ def lengths_of(dataset, field: str = "input_ids") -> np.ndarray:
             raise KeyError(f"{field!r} is not a column of the dataset ({dataset.column_names})")
         table = dataset.with_format("arrow")[:]  # after select/shuffle: the rows in order
         col = table.column(field)
+        if col.null_count:  # a null list has no length (NaN -> int64 min if let through)
+            row = int(np.flatnonzero(col.is_null().to_numpy(zero_copy_only=False))[0])
+            raise ValueError(
+                f"lengths_of: row {row} of {field!r} is null (no token list); drop or fill such "
+                f"rows first (e.g. dataset.filter(lambda r: r[{field!r}] is not None))"
+            )
         return pc.list_value_length(col).to_numpy(zero_copy_only=False).astype(np.int64)
     from kuat.format import Dataset
 
