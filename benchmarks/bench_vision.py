@@ -13,6 +13,9 @@ Rows:
   kuat decode_image          the same through kuat (header, EXIF orientation, checks)
   kuat fused RRC224+flip     Compose([RandomResizedCrop(224), RandomHorizontalFlip()])
                              .apply_encoded into a (B, 3, 224, 224) uint8 batch buffer slot
+                             (default: the fused C resize writing the slot directly)
+    same, exact_resize=True  the same with torch's resize kernel and a strided copy into
+                             the slot (kuat's pixels before the fused kernel; equal in tests)
     same, ROI decoder off    the same with the optional ROI decoder disabled (simplejpeg:
                              full-size or DCT-scaled decode of the whole image)
   kuat fused, +resize-256    the same on the images pre-resized to shorter side 256
@@ -21,6 +24,14 @@ Rows:
                              without the DataLoader around it)
 
 Each row runs for ``--seconds`` with 1 and with 2 threads (the work releases the GIL).
+
+``--breakdown-passes N`` (default 5, 0 skips) then splits the fused row's per-image CPU time on
+one core into its stages, each timed alone over the same boxes ``apply_encoded`` draws
+(torchvision's ``get_params`` algorithm, same generator seeds): region decode, the same region
+at DCT scale 1/8 (entropy decoding plus a DC-only IDCT: an upper bound on the entropy
+decoding's share), the antialiased resize of the decoded regions, the copy into the planar
+``(3, H, W)`` slot with the flip, planning (header parse, box draw), and the remainder (Python
+glue, allocation, tensor wrapping) as the whole minus the stages.
 """
 
 from __future__ import annotations
@@ -111,6 +122,12 @@ def main(argv=None) -> int:
     p.add_argument(
         "--passes", type=int, default=5, help="passes of the per-image CPU-time table (0: skip)"
     )
+    p.add_argument(
+        "--breakdown-passes",
+        type=int,
+        default=5,
+        help="passes of the fused row's per-stage breakdown (0: skip)",
+    )
     args = p.parse_args(argv)
 
     import simplejpeg
@@ -127,6 +144,7 @@ def main(argv=None) -> int:
     corpus = make_corpus(args.images)
     small = resize_shorter(corpus)
     fused = Compose([RandomResizedCrop(224), RandomHorizontalFlip()])
+    fused_exact = Compose([RandomResizedCrop(224), RandomHorizontalFlip()], exact_resize=True)
     tv = T2.Compose([T2.RandomResizedCrop(224), T2.RandomHorizontalFlip(), T2.PILToTensor()])
     buffers = {}
 
@@ -148,6 +166,11 @@ def main(argv=None) -> int:
         buf = slot(t)
         fused.apply_encoded(data, w, h, np.random.default_rng(k), buf[k % 64].numpy())
 
+    def kuat_fused_exact(k, t):
+        data, w, h = corpus[k]
+        buf = slot(t)
+        fused_exact.apply_encoded(data, w, h, np.random.default_rng(k), buf[k % 64].numpy())
+
     def kuat_fused_small(k, t):
         kuat_fused(k, t, small)
 
@@ -167,6 +190,7 @@ def main(argv=None) -> int:
         ("decode-only (simplejpeg)", decode_only, corpus),
         ("kuat decode_image", kuat_decode, corpus),
         ("kuat fused RRC224+flip", kuat_fused, corpus),
+        ("  same, exact_resize=True", kuat_fused_exact, corpus),
         ("  same, ROI decoder off", kuat_fused_no_roi, corpus),
         ("kuat fused, resize-256 data", kuat_fused_small, small),
         ("torchvision PIL RRC224+flip", torchvision_pil, corpus),
@@ -198,7 +222,136 @@ def main(argv=None) -> int:
         print(line)
     if args.passes > 0:
         _per_image_table(rows, args.passes)
+    if args.breakdown_passes > 0 and kdecode._roi is not None:
+        _breakdown(corpus, fused, args.breakdown_passes)
     return 0
+
+
+def _best_us(fns, n: int, passes: int) -> dict[str, float]:
+    """Mean over ``n`` images of the minimum thread CPU time (us) of ``fn(k)`` over ``passes``
+    interleaved passes (order alternating), per name in ``fns``."""
+    best = {name: np.full(n, np.inf) for name in fns}
+    items = list(fns.items())
+    for p in range(passes):
+        for name, fn in items if p % 2 == 0 else items[::-1]:
+            b = best[name]
+            for k in range(n):
+                c0 = time.thread_time_ns()
+                fn(k)
+                b[k] = min(b[k], time.thread_time_ns() - c0)
+    return {name: float(b.mean()) / 1e3 for name, b in best.items()}
+
+
+def _breakdown(corpus, fused, passes: int) -> None:
+    """Where the fused RandomResizedCrop(224)+flip spends its per-image CPU time (1 thread)."""
+    import simplejpeg
+    import torch
+
+    from kuat.vision import Compose, _exif
+    from kuat.vision import decode as kdecode
+    from kuat.vision.transforms import _resize_aa, _snap, _taps
+
+    torch.set_num_threads(1)
+    n = len(corpus)
+    boxes, crops, crops4, plans = [], [], [], []
+    for k, (data, w, h) in enumerate(corpus):
+        plan = fused.plan(w, h, np.random.default_rng(k))  # the boxes kuat_fused draws
+        hdr = kdecode.roi_header(data)
+        scale_num = kdecode._pick_scale(plan.min_scale())
+        ph, pw = -(-hdr.height * scale_num // 8), -(-hdr.width * scale_num // 8)
+        top, left, bh, bw = fused._stored_box(plan, hdr, w, h)
+        y0, y1 = _snap(top, bh, scale_num / 8, ph)
+        x0, x1 = _snap(left, bw, scale_num / 8, pw)
+        boxes.append((scale_num, y0, y1, x0, x1))
+        crops.append(kdecode.decode_jpeg_roi(data, *boxes[-1]).copy())  # (h, w, 3)
+        crops4.append(kdecode.decode_jpeg_roi(data, *boxes[-1], 4).copy())  # (h, w, 4) RGBX
+        plans.append(plan)
+    out = np.empty((3, 224, 224), np.uint8)
+    grids = [
+        (p.res_w, p.res_h) if hdr.orientation in _exif.TRANSPOSED else (p.res_h, p.res_w)
+        for p, hdr in zip(plans, (kdecode.roi_header(d) for d, _, _ in corpus))
+    ]
+    resized = [
+        _resize_aa(torch.from_numpy(c).permute(2, 0, 1).unsqueeze(0), g).numpy()[0]
+        for c, g in zip(crops, grids)
+    ]  # (3, 224, 224) channels_last strides, as in apply_encoded
+
+    def eighth(k):
+        s, y0, y1, x0, x1 = boxes[k]
+        f = s  # scale s/8 -> 1/8: divide coordinates by s
+        y0, x0 = y0 // f, x0 // f
+        kdecode.decode_jpeg_roi(corpus[k][0], 1, y0, max(y0 + 1, y1 // f), x0, max(x0 + 1, x1 // f))
+
+    def resize(k):
+        src = torch.from_numpy(crops[k]).permute(2, 0, 1).unsqueeze(0)  # (1, 3, h, w) CL
+        _resize_aa(src, grids[k])
+
+    def fused_resize(k):  # the default path: RGBX crop -> planar, flipped, into the slot
+        c4 = crops4[k]
+        kdecode.resize_rgbx_planar(
+            c4, out, True, _taps(c4.shape[1], grids[k][1]), _taps(c4.shape[0], grids[k][0])
+        )
+
+    def copy_flip(k):
+        res = resized[k].transpose(1, 2, 0)  # (224, 224, 3) view
+        np.copyto(out.transpose(1, 2, 0)[:, ::-1], res)
+
+    def plan_header(k):
+        data, w, h = corpus[k]
+        plan = fused.plan(w, h, np.random.default_rng(k))
+        fused._stored_box(plan, kdecode.roi_header(data), w, h)
+
+    def whole(k):
+        data, w, h = corpus[k]
+        fused.apply_encoded(data, w, h, np.random.default_rng(k), out)
+
+    exact = Compose(fused.transforms, exact_resize=True)
+
+    def whole_exact(k):
+        data, w, h = corpus[k]
+        exact.apply_encoded(data, w, h, np.random.default_rng(k), out)
+
+    stages = {
+        "full-size decode (reference)": lambda k: simplejpeg.decode_jpeg(corpus[k][0]),
+        "region decode": lambda k: kdecode.decode_jpeg_roi(corpus[k][0], *boxes[k]),
+        "  same region at 1/8 scale": eighth,
+        "region decode, RGBX": lambda k: kdecode.decode_jpeg_roi(corpus[k][0], *boxes[k], 4),
+        "exact: torch resize": resize,
+        "exact: copy to (3,H,W) + flip": copy_flip,
+        "fused resize into (3,H,W)": fused_resize,
+        "plan + header + rng": plan_header,
+        "whole, exact_resize=True": whole_exact,
+        "whole, fused (default)": whole,
+    }
+    us = _best_us(stages, n, passes)
+    scales = np.bincount([b[0] for b in boxes], minlength=9)
+    side = np.sqrt([c.shape[0] * c.shape[1] for c in crops])
+    print(
+        f"\nfused RRC224+flip per-stage CPU time, 1 thread, min of {passes} passes over {n} "
+        f"images; DCT scales used (k/8: count) "
+        + ", ".join(f"{k}/8: {c}" for k, c in enumerate(scales) if c)
+        + f"; decoded region side median {np.median(side):.0f} px "
+        f"(range {side.min():.0f}-{side.max():.0f})"
+    )
+    whole_us = us["whole, exact_resize=True"]
+    parts = ("region decode", "exact: torch resize", "exact: copy to (3,H,W) + flip")
+    rest = whole_us - sum(us[p] for p in (*parts, "plan + header + rng"))
+    fused_us = us["whole, fused (default)"]
+    parts = ("region decode, RGBX", "fused resize into (3,H,W)", "plan + header + rng")
+    rest_fused = fused_us - sum(us[p] for p in parts)
+    print(f"{'stage':32s} | us/img | % of exact whole")
+    rows = [
+        *us.items(),
+        ("rest (exact): Python, allocation", rest),
+        ("rest (fused): Python, allocation", rest_fused),
+    ]
+    for name, v in rows:
+        print(f"{name:32s} | {v:6.0f} | {100 * v / whole_us:15.0f}%")
+    full = us["full-size decode (reference)"]
+    print(
+        f"fused / exact: {fused_us / whole_us:.3f}; per image vs full-size decode: "
+        f"exact {whole_us / full:.2f}x, fused {fused_us / full:.2f}x its CPU time"
+    )
 
 
 def _per_image_table(rows, passes: int) -> None:

@@ -237,6 +237,12 @@ class Release:
         os.write(self._w, b"go")  # never read: every waiter, in any process, sees it
 
 
+def _started_engine(it):
+    """Start the epoch of a fresh iterator (``iter()`` alone starts no workers) and return its engine."""
+    it._loader._begin_epoch(it)
+    return it._engine
+
+
 def _workers_gone(mode, engine) -> bool:
     if mode["worker_type"] == "process":
         return all(p._closed or not p.is_alive() for p in engine._procs)
@@ -257,7 +263,7 @@ def test_timeout_raises_without_waiting_for_a_sleeping_worker(mode):
     loader = kuat.DataLoader(ds, batch_size=None, num_workers=2, timeout=0.3, sampler=[1, 2],
                              **FREE, **mode)
     it = iter(loader)
-    engine = it._engine
+    engine = _started_engine(it)
     t0 = time.monotonic()
     try:
         with pytest.raises(LoaderTimeoutError, match="timed out after 0.3 seconds"):
@@ -289,7 +295,7 @@ def test_a_worker_exception_reaches_the_caller_and_cleans_up_while_another_worke
         loader = kuat.DataLoader(ds, batch_size=None, num_workers=2, sampler=[0, 1], **FREE,
                                  **mode)
         its = [iter(loader)]
-        engine = its[0]._engine
+        engine = _started_engine(its[0])
         t0 = time.monotonic()
         try:
             for _ in its.pop():  # the loop holds the only reference to the iterator
@@ -314,7 +320,7 @@ def test_ctrl_c_returns_at_once_and_releases_the_workers(mode):
     loader = kuat.DataLoader(Blocking(release), batch_size=None, num_workers=2, sampler=[1, 2],
                              **FREE, **mode)
     it = iter(loader)
-    engine = it._engine
+    engine = _started_engine(it)
     main = threading.main_thread().ident
     sent = []
 
@@ -353,7 +359,7 @@ def test_closed_thread_workers_drop_their_queued_tasks():
 
     it = iter(kuat.DataLoader(Records(release), batch_size=None, num_workers=1,
                               prefetch_factor=4, sampler=[1, 2, 3, 4], timeout=0.2))
-    engine = it._engine
+    engine = _started_engine(it)
     with pytest.raises(LoaderTimeoutError):
         next(it)
     release.set()

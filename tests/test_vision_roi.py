@@ -148,3 +148,144 @@ def test_fused_roi_falls_back_on_truncated_and_recoverable(roi, monkeypatch):
     out = c.apply_encoded(recoverable, 300, 200, np.random.default_rng(1))
     ref = c.apply_encoded(data, 300, 200, np.random.default_rng(1))
     assert np.abs(out.astype(int) - ref).max() <= 2
+
+
+# --- the fused resize kernel (resize_planar) ------------------------------------------------
+
+
+def _torch_resize(src: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+    """torch's uint8 antialiased bilinear resize (channels_last, the kernel torchvision v2
+    uses for uint8 tensors): (h, w, 3) -> (3, H, W)."""
+    import torch
+    import torch.nn.functional as F
+
+    x = torch.from_numpy(np.ascontiguousarray(src[:, :, :3])).permute(2, 0, 1).unsqueeze(0)
+    y = F.interpolate(x, size=size, mode="bilinear", antialias=True, align_corners=False)
+    return y[0].contiguous().numpy()  # (3, H, W)
+
+
+def test_resize_planar_equals_torch_kernel(roi):
+    """Down- and upscales, identity axes, odd and even tap counts, RGB and RGBX, flipped or
+    not: the fused kernel's pixels are torch's (stated bound: 1 grey level; measured: 0)."""
+    rng = np.random.default_rng(0)
+    sizes = [(274, 274, 224, 224), (100, 130, 224, 224), (224, 500, 224, 224), (37, 23, 5, 61)]
+    sizes += [tuple(int(v) for v in rng.integers(1, 400, 4)) for _ in range(60)]
+    worst = 0
+    for k, (h, w, oh, ow) in enumerate(sizes):
+        channels, flip = (3, 4)[k % 2], k % 3 == 0
+        src = rng.integers(0, 256, (h, w, channels), np.uint8)
+        if k % 4 < 2:  # smooth content too: the rounding of near-equal sums
+            src = np.cumsum(src, axis=1, dtype=np.uint8)
+        out = np.empty((3, oh, ow), np.uint8)
+        xs, xw, xt, xp = kt._taps(w, ow)
+        ys, yw, yt, yp = kt._taps(h, oh)
+        roi.resize_planar(
+            src, h, w, channels, out, oh, ow, int(flip), xs, xw, xt, xp, ys, yw, yt, yp
+        )
+        ref = _torch_resize(src, (oh, ow))
+        ref = ref[:, :, ::-1] if flip else ref
+        d = int(np.abs(out.astype(np.int16) - ref).max())
+        assert d <= 1, ((h, w, oh, ow), d)
+        worst = max(worst, d)
+    print(f"resize_planar vs torch: max abs diff {worst} over {len(sizes)} sizes")
+
+
+def test_taps_windows_inside_the_image():
+    for n_in, n_out in [(1, 7), (7, 1), (5, 5), (333, 224), (224, 333), (2, 3), (1000, 3)]:
+        start, weights, taps, precision = kt._taps(n_in, n_out)
+        assert start.shape == (n_out,) and weights.shape == (n_out, taps)
+        assert start.min() >= 0 and (start + taps).max() <= n_in
+        sums = weights.astype(np.int64).sum(axis=1)  # each row: 1.0 in fixed point, +-rounding
+        assert np.abs(sums - (1 << precision)).max() <= taps, (n_in, n_out)
+
+
+def test_resize_planar_rejects_bad_arguments(roi):
+    src = np.zeros((10, 12, 4), np.uint8)
+    out = np.empty((3, 5, 6), np.uint8)
+    xs, xw, xt, xp = kt._taps(12, 6)
+    ys, yw, yt, yp = kt._taps(10, 5)
+    with pytest.raises(ValueError, match="too small"):
+        roi.resize_planar(src, 20, 12, 4, out, 5, 6, 0, xs, xw, xt, xp, ys, yw, yt, yp)
+    with pytest.raises(ValueError, match="column tap window"):
+        bad = np.array(xs) + 12
+        roi.resize_planar(src, 10, 12, 4, out, 5, 6, 0, bad, xw, xt, xp, ys, yw, yt, yp)
+    with pytest.raises(ValueError, match="sizes"):
+        roi.resize_planar(src, 10, 12, 2, out, 5, 6, 0, xs, xw, xt, xp, ys, yw, yt, yp)
+
+
+def _box_reference(data, plan, size, *, torchvision: bool):
+    """The same box as the fused path at full scale (its integer box), resized by torch's
+    channels_last uint8 kernel (``torchvision=False``: kuat's exact path) or by torchvision's
+    ``resized_crop(..., antialias=True)``, flipped as planned: (3, H, W) uint8."""
+    import torch
+    import torchvision.transforms.v2.functional as TF
+
+    from kuat.vision import decode_image
+
+    full = decode_image(data)  # (H, W, 3), oriented
+    i, j = round(plan.top), round(plan.left)
+    h, w = round(plan.top + plan.height) - i, round(plan.left + plan.width) - j
+    if torchvision:
+        t = torch.from_numpy(full).permute(2, 0, 1)  # (3, H, W) view
+        ref = TF.resized_crop(t, i, j, h, w, list(size), antialias=True).numpy()
+    else:
+        ref = _torch_resize(full[i : i + h, j : j + w], size)
+    return ref[:, :, ::-1] if plan.flip else ref
+
+
+@pytest.mark.parametrize("exact", [False, True])
+def test_fused_resize_vs_torch_on_the_same_box(roi, monkeypatch, exact):
+    """ImageNet-sized photographs at full DCT scale. Fast mode (default): mean absolute
+    difference per channel vs torchvision's RandomResizedCrop (antialias=True) on the same
+    box below 0.05 grey levels and no pixel off by more than 1. Exact mode: equal to torch's
+    channels_last kernel on the box, i.e. kuat's pixels before the fused kernel."""
+    from kuat.cli.demo_data import load_source_photos, make_jpeg
+
+    monkeypatch.setattr(kdecode, "_roi", roi)
+    photos = load_source_photos()
+    names = sorted(photos)
+    c = Compose([RandomResizedCrop(224), RandomHorizontalFlip()], exact_resize=exact)
+    mads = []
+    for k in range(8):
+        data, _ = make_jpeg(photos[names[k % len(names)]], 1000 + k)
+        with Image.open(io.BytesIO(data)) as im:
+            w, h = im.size
+        plan = c.plan(w, h, np.random.default_rng(k))
+        assert plan.min_scale() > 0.5  # full scale: the box is below 2x the output
+        out = c.apply_encoded(data, w, h, np.random.default_rng(k))
+        ref_torch = _box_reference(data, plan, (224, 224), torchvision=False)
+        ref_tv = _box_reference(data, plan, (224, 224), torchvision=True)
+        d = np.abs(out.astype(np.int16) - ref_tv)
+        mads.append(d.reshape(3, -1).mean(axis=1))  # (3,) per channel
+        if exact:
+            np.testing.assert_array_equal(out, ref_torch)
+        assert d.max() <= 1, (k, int(d.max()))
+    mad = np.max(mads, axis=0)
+    print(f"exact={exact}: worst per-channel MAD vs torchvision {mad.round(4).tolist()}")
+    assert (mad < 0.05).all(), mad
+
+
+def test_fast_and_exact_modes_agree_across_orientations(roi, monkeypatch):
+    """Every EXIF orientation (1 and 2 fused, the rest on the exact path) and reduced DCT
+    scales: the two modes differ by at most 1 grey level."""
+    monkeypatch.setattr(kdecode, "_roi", roi)
+    fast = Compose([RandomResizedCrop((64, 48), scale=(0.2, 1.0)), RandomHorizontalFlip()])
+    exact = Compose(
+        [RandomResizedCrop((64, 48), scale=(0.2, 1.0)), RandomHorizontalFlip()], exact_resize=True
+    )
+    for orientation in range(1, 9):
+        exif = Image.Exif()
+        exif[0x0112] = orientation
+        src = _photo(480, 640, seed=orientation)
+        data = _jpeg(src, quality=90, exif=exif.tobytes())
+        w, h = (480, 640) if orientation >= 5 else (640, 480)
+        for seed in range(4):
+            a = fast.apply_encoded(data, w, h, np.random.default_rng(seed))
+            b = exact.apply_encoded(data, w, h, np.random.default_rng(seed))
+            assert np.abs(a.astype(np.int16) - b).max() <= 1, (orientation, seed)
+
+
+def test_exact_resize_validated():
+    with pytest.raises(TypeError, match="exact_resize"):
+        Compose([RandomResizedCrop(8)], exact_resize=1)
+    assert "exact_resize=True" in repr(Compose([RandomResizedCrop(8)], exact_resize=True))

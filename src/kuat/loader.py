@@ -4,8 +4,9 @@ Pipeline (DESIGN.md, "Data flow"): the sampler gives each epoch's batches of ind
 ``(seed, epoch, rank, world_size)``; an engine (``kuat.engine``: inline, threads or processes)
 fetches and collates each batch in a worker; the consumer restores order, pins or copies to a
 device one batch ahead, applies the dataset's ``kuat_batch_transform`` and yields. Every choice
-(engine, sampler, RNG isolation, pinning) is made once, at construction or at ``iter()``; the
-per-batch loop (``_LoaderIter._next_batch``) only dispatches tasks and takes results.
+(engine, sampler, RNG isolation, pinning) is made once, at construction or when an epoch starts
+(the first ``next()`` of an iterator: ``iter()`` alone starts nothing); the per-batch loop
+(``_LoaderIter._next_batch``) only dispatches tasks and takes results.
 
 Seams with sources (``kuat.sources``)
 --------------------------------------
@@ -25,8 +26,9 @@ Optional attributes the loader honours on the source:
   device copy (on the device when there is one), or ``None``.
 * ``set_epoch(epoch)`` (iterable sources): called in each worker, on that worker's copy, before
   iterating each epoch (also with persistent workers).
-* ``kuat_set_distributed(rank, world_size)`` and ``kuat_set_batching(batch_size, drop_last)``
-  (iterable sources): called once at construction, so the source takes its rank's share and
+* ``kuat_set_distributed(rank, world_size)`` (iterable sources): called when each epoch starts,
+  with the rank and world size resolved then; ``kuat_set_batching(batch_size, drop_last)``:
+  called once at construction. The source takes its rank's share and
   splits workers by whole batches (then batch ``k`` is the same whatever the worker count,
   which makes replay-based resume exact; with ``drop_last`` rank shares are truncated instead
   of padded). Map-style sources are sharded by the loader's sampler and need nothing.
@@ -39,11 +41,24 @@ Optional attributes the loader honours on the source:
 * ``state_dict()`` / ``load_state_dict(state)``: the source's own resumable state, stored
   under ``"source"`` in the loader's state. For iterable sources without it, resuming replays
   (fetches and drops) the batches already served in the epoch.
+
+Seams with frameworks
+---------------------
+The loader is a ``torch.utils.data.DataLoader`` (a subclass that replaces torch's iteration with
+kuat's engine; torch's ``__setattr__``, ``multiprocessing_context``, ``_auto_collation`` and
+``_index_sampler`` are inherited unchanged). Frameworks that rebuild a loader from its attributes
+(Lightning's ``_update_dataloader``: ``type(loader)(**attributes named like __init__ arguments)``)
+get a kuat loader with the same kuat options back, because every ``__init__`` argument is kept
+as a public attribute of that name (``rank``/``world_size`` are live properties, so a rebuilt
+loader resolves them again). Its own sampler is a ``DistributedSampler``
+(:class:`kuat.sampling.EpochSampler`), so frameworks see no need to inject one. Integrations for
+frameworks that do not rebuild ``type(loader)`` live in :mod:`kuat.integrations`.
 """
 
 from __future__ import annotations
 
 import collections
+import copy
 import itertools
 import logging
 import math
@@ -52,6 +67,7 @@ import os
 import pickle
 import queue
 import re
+import sys
 import threading
 import time
 import warnings
@@ -62,8 +78,10 @@ from typing import Any
 import numpy as np
 import torch
 from torch.utils.data import BatchSampler, IterableDataset, Sampler, SequentialSampler
+from torch.utils.data import DataLoader as _TorchDataLoader
 from torch.utils.data._utils.collate import default_collate as torch_default_collate
 from torch.utils.data._utils.collate import default_convert
+from torch.utils.data.dataloader import _DatasetKind
 
 from kuat import sources as _sources
 from kuat.collate import default_collate
@@ -74,7 +92,14 @@ from kuat.engine.job import FetchJob, per_sample_getitems
 from kuat.engine.process import ProcessEngine
 from kuat.engine.thread import ThreadEngine
 from kuat.errors import LoaderTimeoutError
-from kuat.sampling import EpochSampler, batches_of
+from kuat.sampling import (
+    EpochSampler,
+    describe_sampler,
+    next_request,
+    order_state,
+    restore_order,
+    sampler_generator,
+)
 
 __all__ = ["DataLoader"]
 
@@ -106,13 +131,22 @@ class _Stats:
         self.lock = threading.Lock()
         self.reset()
 
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        del state["lock"]
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self.lock = threading.Lock()
+
     def reset(self):
         self.fetch_s = self.fetch_cpu_s = self.collate_s = self.pin_s = self.rng_wait_s = 0.0
         self.device_s = self.transform_s = self.wait_s = self.worker_wait_s = self.elapsed_s = 0.0
         self.batches = self.samples = self.skipped = 0
 
 
-class DataLoader:
+class DataLoader(_TorchDataLoader):
     """Iterate batches of ``dataset``; a drop-in for ``torch.utils.data.DataLoader``.
 
     Every argument torch's DataLoader takes keeps torch's meaning, default and validation
@@ -139,9 +173,12 @@ class DataLoader:
         multiprocessing_context: start method for process workers; default ``fork`` on Linux
             (as torch), else the platform default, with the job pickled once into bytes.
             Ignored by thread workers.
-        generator: as torch: drives the shuffle (``RandomSampler`` draws, so orders equal
-            torch's for the same generator) and each epoch's ``base_seed``. Orders then depend
-            on the generator's state, so exact resume needs ``generator=None``.
+        generator: as torch: drives the shuffle (``RandomSampler``'s draws, lazily, so orders
+            and the generator's state equal torch's for the same generator, also over abandoned
+            epochs) and each epoch's ``base_seed`` (one draw when the epoch's first batch is
+            requested). Orders then depend on the generator's state: :meth:`state_dict` saves
+            it as it was when the epoch started (as torchdata's ``StatefulDataLoader`` does),
+            so resume stays exact.
         prefetch_factor: batches in flight per worker (default 2 with workers, as torch). When
             it is not given, thread workers keep up to 8 per worker in flight while batches take
             under 0.5 ms of work, so that each worker wakes once per several cheap batches
@@ -185,11 +222,16 @@ class DataLoader:
         on_error: ``"raise"`` (default) or ``"skip"``: drop samples whose fetch raises (the
             batch is retried one sample at a time), warn once per distinct error, count them in
             :meth:`stats`, never yield an empty batch.
-        rank, world_size: this process's share; default from ``torch.distributed`` when it is
-            initialised, else ``0`` and ``1``. Only the loader's own sampler is sharded (a user
-            ``sampler``/``batch_sampler`` is used as given): every rank gets the same number of
-            batches, padded by wrap-around (``DistributedSampler``) or, with ``drop_last``,
-            truncated.
+        rank, world_size: this process's share; give both or neither. ``None`` (default):
+            resolved again when each epoch starts (and by ``len()``): from ``torch.distributed``
+            when it is initialised, else from the ``RANK``/``WORLD_SIZE`` environment variables
+            (torchrun sets them; one warning per process that the process group is not up),
+            else ``0`` and ``1``. So a loader built before ``init_process_group`` (or by a
+            framework before it spawns) reads its rank's share. ``loader.rank`` and
+            ``loader.world_size`` give the current resolution. Only the loader's own sampler is
+            sharded (a user ``sampler``/``batch_sampler`` is used as given): every rank gets the
+            same number of batches, padded by wrap-around (``DistributedSampler``) or, with
+            ``drop_last``, truncated.
         isolate_global_rng: make a map-style dataset's draws from Python's ``random``, NumPy's
             global generator and torch's default CPU generator reproducible whatever the worker
             count and type: a dataset seen to draw (each worker's first batch is probed, later
@@ -203,17 +245,27 @@ class DataLoader:
             is isolated. ``None`` (default): on unless the dataset sets
             ``kuat_uses_sample_rng = True``; never for iterable datasets (process workers still
             seed the global RNGs per worker, as torch does; thread workers share the process's).
+        snapshot_every_n_steps: accepted for torchdata ``StatefulDataLoader`` compatibility
+            (a positive int or ``None``) and stored; kuat's state is a few integers taken at
+            any step, so every :meth:`state_dict` call is exact whatever its value.
+
+    Iteration is lazy, as a framework expects: ``iter(loader)`` neither starts workers nor
+    advances the epoch; the epoch starts (rank and world size resolved, generator state saved,
+    workers started) at the first ``next()``. The loader pickles (also after iterating; live
+    workers are not carried: a persistent pool is started again on the other side).
 
     Raises:
-        ValueError / TypeError: invalid arguments (torch's messages for torch's arguments).
+        ValueError / TypeError: invalid arguments (torch's messages for torch's arguments and
+            for the checks torch's samplers make, e.g. ``shuffle=True`` over an empty dataset).
 
     Thread-safety: iterate a loader from one thread at a time; :meth:`stats` and
     :meth:`state_dict` may be called from any thread.
     """
 
-    _locked_attrs = ("batch_size", "batch_sampler", "sampler", "drop_last", "dataset",
-                     "persistent_workers")
-    __initialized = False
+    __initialized = False  # the same mangled name as torch's, so torch's __setattr__ guard holds
+    # Accelerate's save_state/load_state store state_dict() of loaders that declare this
+    # (torchdata's StatefulDataLoader call pattern); kuat's state is exact at every batch.
+    use_stateful_dataloader = True
 
     def __init__(
         self,
@@ -242,6 +294,7 @@ class DataLoader:
         rank: int | None = None,
         world_size: int | None = None,
         isolate_global_rng: bool | None = None,
+        snapshot_every_n_steps: int | None = None,
     ):
         # --- torch's checks, in torch's order and with torch's messages ------------------
         if num_workers < 0:
@@ -283,8 +336,16 @@ class DataLoader:
         seed_was_none = seed is None
         if seed is None:  # drawn once, like torch's base_seed, so torch.manual_seed reproduces it
             seed = int(torch.empty((), dtype=torch.int64).random_().item())
+        if snapshot_every_n_steps is not None and (
+            isinstance(snapshot_every_n_steps, bool) or not isinstance(snapshot_every_n_steps, int)
+            or snapshot_every_n_steps < 1
+        ):
+            raise ValueError(
+                f"snapshot_every_n_steps should be a positive int or None, got {snapshot_every_n_steps=!r}"
+            )
         self._device = _check_device(device)
-        rank, world_size = _distributed(rank, world_size)
+        self._rank_arg, self._world_size_arg = _check_distributed(rank, world_size)
+        rank, world_size = self._resolve_distributed(warn=False)
 
         self.dataset = dataset
         self.num_workers = num_workers
@@ -301,7 +362,9 @@ class DataLoader:
         self.seed = int(seed)
         self.device = self._device
         self.on_error = on_error
-        self.rank, self.world_size = rank, world_size
+        self.snapshot_every_n_steps = snapshot_every_n_steps
+        self._seed_was_none = seed_was_none
+        self._dist_applied: tuple[int, int] | None = None  # (rank, world_size) of the last epoch
 
         source = _sources.as_source(dataset)
         self._source = source
@@ -323,6 +386,7 @@ class DataLoader:
         else:
             shuffle = bool(shuffle)
         self._iterable = iterable
+        self._dataset_kind = _DatasetKind.Iterable if iterable else _DatasetKind.Map
 
         if sampler is not None and shuffle:
             raise ValueError("sampler option is mutually exclusive with shuffle")
@@ -346,8 +410,6 @@ class DataLoader:
         if sampler is None:
             if iterable:
                 sampler = _InfiniteSampler()
-                if hasattr(source, "kuat_set_distributed"):
-                    source.kuat_set_distributed(rank, world_size)
                 if hasattr(source, "kuat_set_batching"):  # kuat streams: workers take whole batches
                     source.kuat_set_batching(batch_size, drop_last)
             elif batch_sampler is None:
@@ -396,10 +458,6 @@ class DataLoader:
                     "then device pinned memory won't be used.",
                     stacklevel=2,
                 )
-        if world_size > 1 and seed_was_none:
-            log.warning("kuat.DataLoader on rank %d of %d drew its seed from torch's default "
-                        "generator; pass the same seed= on every rank so that all ranks shuffle "
-                        "alike", rank, world_size)
         # torch's default_collate allocates in shared memory inside any worker (it sees
         # get_worker_info()); kuat's gives the same structures without that, and zero-copy.
         job_collate = default_collate if collate_fn is torch_default_collate else collate_fn
@@ -431,65 +489,79 @@ class DataLoader:
         self._pending: tuple[int, int] | None = None  # (epoch, batches to skip) for the next iter
         self._closed = False
         self._IterableDataset_len_called = None
+        self._iterator = None  # torch's attribute; kuat keeps persistent workers in _engine
+        self._gradient_state = None  # Accelerate's GradientState, once prepared by Accelerate
+        self._skip_first = 0  # batches the next epoch skips (skip_first_batches)
+        self._progress_owner = None  # weakref: the loader a skip_first_batches copy reports to
         self.__initialized = True
-        if num_workers and worker_type == "process":
-            cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-            if cpus is not None and num_workers > cpus:
-                warnings.warn(
-                    f"This DataLoader will create {num_workers} worker processes in total. Our "
-                    f"suggested max number of worker in current system is {cpus}, which is smaller "
-                    "than what this DataLoader is going to create.",
-                    stacklevel=2,
-                )
+        self.check_worker_number_rationality()
+        if "accelerate" in sys.modules:  # route Accelerate's prepare/skip for kuat loaders here
+            from kuat.integrations.accelerate import install
 
-    # --- torch's attribute protocol -----------------------------------------------------------
-    def __setattr__(self, attr, val):
-        if self.__initialized and attr in self._locked_attrs:
-            raise ValueError(
-                f"{attr} attribute should not be set after {self.__class__.__name__} is initialized"
+            try:
+                install()
+            except ImportError as e:  # a broken Accelerate install: the loader works without it
+                log.debug("kuat.DataLoader: Accelerate integration not installed: %s", e)
+
+    def check_worker_number_rationality(self) -> None:
+        """Warn, as torch does, when more worker *processes* than usable CPUs are asked for.
+
+        Thread workers are not counted: they are cheap and mostly wait on work that releases
+        the GIL.
+        """
+        if not self.num_workers or self.worker_type != "process":
+            return
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        if cpus is not None and self.num_workers > cpus:
+            warnings.warn(
+                f"This DataLoader will create {self.num_workers} worker processes in total. Our "
+                f"suggested max number of worker in current system is {cpus}, which is smaller "
+                "than what this DataLoader is going to create.",
+                stacklevel=3,
             )
-        super().__setattr__(attr, val)
+
+    # --- rank and world size ------------------------------------------------------------------
+    @property
+    def rank(self) -> int:
+        """This process's rank now (the explicit ``rank=``, else resolved; see the class doc)."""
+        return self._resolve_distributed(warn=False)[0]
 
     @property
-    def multiprocessing_context(self):
-        return self.__multiprocessing_context
+    def world_size(self) -> int:
+        """The number of ranks now (the explicit ``world_size=``, else resolved)."""
+        return self._resolve_distributed(warn=False)[1]
 
-    @multiprocessing_context.setter
-    def multiprocessing_context(self, multiprocessing_context):
-        if multiprocessing_context is not None:
-            if self.num_workers > 0:
-                if isinstance(multiprocessing_context, str):
-                    valid_start_methods = multiprocessing.get_all_start_methods()
-                    if multiprocessing_context not in valid_start_methods:
-                        raise ValueError(
-                            "multiprocessing_context option "
-                            f"should specify a valid start method in {valid_start_methods!r}, but got "
-                            f"multiprocessing_context={multiprocessing_context!r}"
-                        )
-                    multiprocessing_context = multiprocessing.get_context(multiprocessing_context)
-                if not isinstance(multiprocessing_context, multiprocessing.context.BaseContext):
-                    raise TypeError(
-                        "multiprocessing_context option should be a valid context "
-                        "object or a string specifying the start method, but got "
-                        f"multiprocessing_context={multiprocessing_context}"
-                    )
-            else:
-                raise ValueError(
-                    "multiprocessing_context can only be used with "
-                    "multi-process loading (num_workers > 0), but got "
-                    f"num_workers={self.num_workers}"
-                )
-        self.__multiprocessing_context = multiprocessing_context
+    def _resolve_distributed(self, warn: bool = True) -> tuple[int, int]:
+        if self._rank_arg is not None:
+            return self._rank_arg, self._world_size_arg
+        return _distributed_from_environment(warn)
 
-    @property
-    def _auto_collation(self) -> bool:
-        return self.batch_sampler is not None
-
-    @property
-    def _index_sampler(self):
-        return self.batch_sampler if self._auto_collation else self.sampler
+    def _apply_distributed(self) -> tuple[int, int]:
+        """Resolve rank and world size and hand them to the sampler / iterable source."""
+        rank, world_size = self._resolve_distributed()
+        if isinstance(self.sampler, EpochSampler):
+            self.sampler.set_distributed(rank, world_size)
+        if (rank, world_size) != self._dist_applied:
+            if self._iterable and hasattr(self._source, "kuat_set_distributed"):
+                self._source.kuat_set_distributed(rank, world_size)
+                self._job_bytes = None  # spawned workers get the source with its new share
+                if self._engine is not None:  # persistent workers hold the old share
+                    self._engine.close()
+                    self._engine = None
+            if world_size > 1 and self._seed_was_none and self._own_sampler:
+                log.warning("kuat.DataLoader on rank %d of %d drew its seed from torch's default "
+                            "generator; pass the same seed= on every rank so that all ranks "
+                            "shuffle alike", rank, world_size)
+            self._dist_applied = (rank, world_size)
+        return rank, world_size
 
     def __len__(self) -> int:
+        self._apply_distributed()
+        if self._skip_first:
+            return max(0, self._len() - self._skip_first)
+        return self._len()
+
+    def _len(self) -> int:
         if self._iterable:
             length = self._IterableDataset_len_called = len(self._source)
             if self.batch_size is not None:
@@ -499,10 +571,15 @@ class DataLoader:
 
     # --- epochs and state -------------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
-        """Make the next ``iter(loader)`` epoch ``epoch`` (later ones follow from it)."""
-        if not isinstance(epoch, (int, np.integer)) or epoch < 0:
+        """Make the next epoch started ``epoch`` (later ones follow from it).
+
+        Calling ``loader.sampler.set_epoch(epoch)`` (what Lightning and the HF Trainer do with a
+        ``DistributedSampler``) has the same effect; the later call wins, except that it keeps
+        the position of a :meth:`load_state_dict` of the same epoch.
+        """
+        if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or epoch < 0:
             raise ValueError(f"epoch should be a non-negative int, got {epoch=!r}")
-        self._pending = (int(epoch), 0)
+        self._pending = (next_request(), int(epoch), 0, {})
 
     def _batches_per_epoch(self) -> int | None:
         if self._iterable:
@@ -512,30 +589,60 @@ class DataLoader:
         except TypeError:
             return None
 
+    def _order_at_start(self) -> dict[str, Any]:
+        """The states an epoch started now would begin from (``state_dict()`` between epochs).
+
+        A user sampler's state is left out when it follows from others: when it draws from
+        torch's global RNG (a fresh epoch draws from it as it will be then) or from the loader's
+        own ``generator`` (restored, then drawn from as in the uninterrupted run).
+        """
+        rng: dict[str, Any] = {}
+        if self.generator is not None:
+            rng["generator"] = self.generator.get_state()
+        if not self._own_sampler and not self._iterable:
+            state = order_state(self._index_sampler)
+            follows = state is not None and (
+                "global_rng" in state
+                or (self.generator is not None and sampler_generator(self._index_sampler) is self.generator)
+            )
+            if not follows:
+                rng["sampler"] = state
+        return rng
+
     def state_dict(self) -> dict[str, Any]:
         """The position to resume from: a small dict of ints (plus the source's own state).
 
         Keys: ``version``, ``seed``, ``epoch`` (the epoch the next batch belongs to),
-        ``batches_served_in_epoch``, ``rank``, ``world_size``, and ``source`` when the source has ``state_dict()``. Taken mid-epoch it resumes after the
-        last batch yielded; at the end of an epoch it points at the start of the next one.
-        Costs a few microseconds.
+        ``batches_served_in_epoch``, ``rank``, ``world_size``; ``source`` when the source has
+        ``state_dict()``; ``generator`` (a ``torch.uint8`` state tensor of ``generator=`` as it
+        was when the epoch started, as torchdata's ``StatefulDataLoader`` saves it); for a user
+        ``sampler``/``batch_sampler``, ``sampler``: what its order depends on
+        (:func:`kuat.sampling.order_state`: its own ``state_dict()``, its generator's state,
+        torch's global RNG state, its epoch), or ``None`` when kuat cannot tell. Taken mid-epoch
+        it resumes after the last batch yielded; at the end of an epoch it points at the start
+        of the next one. Costs a few microseconds (plus a generator state copy, a few KiB).
+        Called with no arguments, as ``StatefulDataLoader.state_dict()``.
         """
         if self._pending is not None:
-            epoch, served = self._pending
+            _, epoch, served, rng = self._pending
         elif self._progress is None:
-            epoch, served = 0, 0
+            epoch, served, rng = 0, 0, None
         else:
-            epoch, served, exhausted = self._progress
+            epoch, served, exhausted, rng = self._progress
             n = self._batches_per_epoch() if not exhausted else None
             if exhausted or (n is not None and served >= n):
-                epoch, served = epoch + 1, 0
+                epoch, served, rng = epoch + 1, 0, None
+        if rng is None or not rng:  # the next epoch starts from the states as they are now
+            rng = self._order_at_start()
+        rank, world_size = self._resolve_distributed(warn=False)
         state = {
             "version": _STATE_VERSION,
             "seed": self.seed,
             "epoch": epoch,
             "batches_served_in_epoch": served,
-            "rank": self.rank,
-            "world_size": self.world_size,
+            "rank": rank,
+            "world_size": world_size,
+            **rng,
         }
         source_state = getattr(self._source, "state_dict", None)
         if callable(source_state):
@@ -543,19 +650,47 @@ class DataLoader:
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume from :meth:`state_dict`: the next ``iter()`` continues that epoch.
+        """Resume from :meth:`state_dict`: the next epoch started continues that position.
 
-        The seed is taken from the state. The number of workers and their type may differ.
+        The seed is taken from the state, and ``generator=``'s state (as it was when the saved
+        epoch started) is restored. The number of workers and their type may differ; the rank
+        may differ (all ranks are at the same position), the world size may not.
+
+        Warns (``UserWarning``) when the resume cannot be exact: another world size, a state
+        saved with (without) ``generator=`` loaded into a loader without (with) one, or a user
+        sampler whose order kuat cannot save (the warning names it; kuat then replays
+        ``iter(sampler)`` and skips the batches already served).
 
         Raises:
             ValueError: the state is not a kuat loader state of a known version.
         """
         if not isinstance(state, dict) or state.get("version") != _STATE_VERSION:
             raise ValueError(f"not a kuat DataLoader state of version {_STATE_VERSION}: {state!r:.200}")
-        if (state.get("world_size"), state.get("rank")) != (self.world_size, self.rank):
-            log.warning("resuming a state of rank %s/%s on rank %s/%s: shares differ, resume is "
-                        "not exact", state.get("rank"), state.get("world_size"), self.rank,
-                        self.world_size)
+        world_size = self._resolve_distributed(warn=False)[1]
+        served = int(state["batches_served_in_epoch"])
+        if state.get("world_size") != world_size:
+            warnings.warn(f"kuat DataLoader: resuming a state saved with world_size="
+                          f"{state.get('world_size')} with world_size={world_size}: rank shares "
+                          "differ, resume is not exact", stacklevel=2)
+        rng: dict[str, Any] = {}
+        if (state.get("generator") is None) != (self.generator is None):
+            warnings.warn("kuat DataLoader: the state was saved "
+                          f"{'with' if state.get('generator') is not None else 'without'} a "
+                          f"generator= and this loader has {'one' if self.generator else 'none'}: "
+                          "the order of the resumed epoch is not the saved one", stacklevel=2)
+        elif self.generator is not None:
+            rng["generator"] = state["generator"]
+        if not self._own_sampler and not self._iterable:
+            if "sampler" in state and state["sampler"] is not None:
+                rng["sampler"] = state["sampler"]
+            elif served:
+                warnings.warn(
+                    f"kuat DataLoader: cannot tell what the order of the user "
+                    f"{describe_sampler(self._index_sampler)} depends on (no state_dict(), no "
+                    "generator, not a torch sampler): resuming replays iter(sampler) and skips "
+                    f"the {served} batches served, exact only if its order repeats",
+                    stacklevel=2,
+                )
         self.seed = int(state["seed"])
         self._job.seed = self.seed
         self._job_bytes = None
@@ -564,7 +699,7 @@ class DataLoader:
         if self._engine is not None:  # persistent workers hold the old seed
             self._engine.close()
             self._engine = None
-        self._pending = (int(state["epoch"]), int(state["batches_served_in_epoch"]))
+        self._pending = (next_request(), int(state["epoch"]), served, rng)
         if "source" in state and hasattr(self._source, "load_state_dict"):
             self._source.load_state_dict(state["source"])
 
@@ -623,53 +758,99 @@ class DataLoader:
 
     # --- iteration --------------------------------------------------------------------------
     def __iter__(self) -> _LoaderIter:
+        """An iterator over one epoch; nothing starts until its first ``next()``."""
+        return self._get_iterator()
+
+    def _get_iterator(self) -> _LoaderIter:
         if self._closed:
             raise RuntimeError("this kuat DataLoader was closed")
-        if self._pending is not None:
-            epoch, skip = self._pending
-            self._pending = None
-        else:
-            epoch, skip = (0 if self._progress is None else self._progress[0] + 1), 0
+        return _LoaderIter(self)
+
+    def _next_epoch(self) -> tuple[int, int, dict]:
+        """``(epoch, batches to skip, states to restore)`` of the epoch about to start."""
+        pending, self._pending = self._pending, None
+        request = getattr(self.sampler, "epoch_request", None) if self._own_sampler else None
+        if request is not None:
+            self.sampler.epoch_request = None
+            if pending is None or (request[0] > pending[0] and request[1] != pending[1]):
+                return request[1], 0, {}
+        if pending is not None:
+            return pending[1], pending[2], pending[3]
+        return self._following_epoch(), 0, {}
+
+    def _following_epoch(self) -> int:
+        return 0 if self._progress is None else self._progress[0] + 1
+
+    def _begin_epoch(self, it: _LoaderIter) -> None:
+        """Start the epoch of ``it`` (its first ``next()``): resolve, snapshot, start workers."""
+        if self._closed:
+            raise RuntimeError("this kuat DataLoader was closed")
+        self._apply_distributed()
+        epoch, skip, restore = self._next_epoch()
+        if self._skip_first:  # a skip_first_batches copy: its first epoch skips that many
+            skip, self._skip_first = self._skip_first, 0
+        if "generator" in restore:
+            self.generator.set_state(restore["generator"])
+        elif self.generator is not None and epoch != self._following_epoch():
+            warnings.warn(
+                f"kuat DataLoader: starting epoch {epoch} after "
+                f"{'no epoch' if self._progress is None else f'epoch {self._progress[0]}'} with "
+                "generator=: the order comes from the generator's current state, not from epoch "
+                f"{epoch}'s, so it is not the order an uninterrupted run had. Resume with "
+                "load_state_dict() (which restores the generator), or pass seed= instead",
+                stacklevel=3,
+            )
         if isinstance(self.sampler, EpochSampler):
-            self.sampler.set_epoch(epoch)
+            self.sampler.epoch = epoch  # (not set_epoch: that is a request from outside)
         elif callable(getattr(self._index_sampler, "kuat_set_epoch", None)):
             self._index_sampler.kuat_set_epoch(epoch)  # e.g. kuat.text.TokenBudgetBatchSampler
         elif callable(getattr(self.sampler, "kuat_set_epoch", None)):  # inside a BatchSampler
             self.sampler.kuat_set_epoch(epoch)  # e.g. kuat.ShardShuffleSampler
-        if self.generator is not None:  # as torch: one base_seed draw per iterator
+        at_start: dict[str, Any] = dict(restore)
+        if self.generator is not None:  # as torch: one base_seed draw per epoch, then the sampler's
+            at_start.setdefault("generator", self.generator.get_state())
             base_seed = int(torch.empty((), dtype=torch.int64).random_(generator=self.generator).item())
         else:
             base_seed = _base_seed(self.seed, epoch)
+        if "sampler" not in at_start and not self._own_sampler and not self._iterable:
+            at_start["sampler"] = order_state(self._index_sampler)  # as it starts: after base_seed
         if self._iterable:
             keys, discard = itertools.repeat(None), skip
         else:
-            keys, discard = self._keys(epoch, skip), 0
+            keys, discard = self._keys(epoch, skip, restore.get("sampler")), 0
         if self.persistent_workers:
             if self._engine is None:
                 self._engine = self._make_engine(base_seed)
             engine, owned = self._engine, False
             previous = self._live_iter() if self._live_iter is not None else None
-            if previous is not None:  # as torch resets its one iterator: the old one ends
+            if previous is not None and previous is not it:  # as torch resets its one iterator
                 previous._abandon()
         else:
             engine, owned = self._make_engine(base_seed), True
-        self._progress = [epoch, skip, False]
-        it = _LoaderIter(self, engine, owned, epoch, base_seed, keys, discard, self._progress)
+        self._progress = [epoch, skip, False, at_start]
+        owner = self._progress_owner() if self._progress_owner is not None else None
+        if owner is not None:  # the loader this copy skips for follows on from its position
+            owner._progress, owner._pending = self._progress, None
         if self.persistent_workers:
             self._live_iter = weakref.ref(it)
-        return it
+        it._setup(engine, owned, epoch, base_seed, keys, discard, self._progress)
 
-    def _keys(self, epoch: int, skip: int):
+    def _keys(self, epoch: int, skip: int, sampler_state: dict | None):
         if self._own_sampler:
-            indices = self.sampler.indices(epoch)
             prefetch = getattr(self._source, "kuat_prefetch", None)
-            if prefetch is not None:  # remote storage fetches shards in this order
-                start = skip * (self.batch_size or 1)
-                prefetch(indices[start:])
-            if self.batch_size is None:
-                return iter(indices[skip:])
-            return iter(batches_of(indices, self.batch_size, self.drop_last)[skip:])
-        return itertools.islice(iter(self._index_sampler), skip, None)
+            if prefetch is not None:  # remote storage fetches shards in this order (drawn whole)
+                indices = self.sampler.indices(epoch)
+                prefetch(indices[skip * (self.batch_size or 1):])
+            else:  # drawn lazily, as torch's RandomSampler draws from a generator
+                indices = self.sampler.iter_epoch(epoch)
+            if self.batch_size is not None:
+                indices = _batched(indices, self.batch_size, self.drop_last)
+            return itertools.islice(indices, skip, None)
+        if sampler_state is not None:
+            keys = restore_order(self._index_sampler, sampler_state)
+        else:
+            keys = iter(self._index_sampler)
+        return itertools.islice(keys, skip, None)
 
     def _make_engine(self, base_seed: int):
         if self.num_workers == 0:
@@ -699,6 +880,40 @@ class DataLoader:
         if self._engine is not None:
             self._engine.close()
             self._engine = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Everything but live workers: persistent ones are started again after unpickling."""
+        state = dict(self.__dict__)
+        state["_engine"] = None
+        state["_live_iter"] = None
+        state["_job_bytes"] = None
+        state["_progress_owner"] = None
+        return state
+
+    # --- framework hooks (kuat.integrations) --------------------------------------------------
+    def _prepare_for_accelerate(self, device) -> None:
+        """Called by Accelerate's ``prepare`` (see :mod:`kuat.integrations.accelerate`)."""
+        from accelerate.state import GradientState
+
+        if device is not None and torch.device(device).type == "cuda" and self._device is None:
+            self._device = self.device = torch.device(device)
+        self._gradient_state = GradientState()
+        self.end_of_dataloader = False
+        self.remainder = -1
+
+    def _skip_first_batches(self, num_batches: int) -> DataLoader:
+        """A copy whose next epoch skips its first ``num_batches`` (Accelerate's skip_first_batches).
+
+        The copy shares the options, the dataset, statistics and position: when it starts an
+        epoch, this loader's ``state_dict()`` and next epoch follow from it.
+        """
+        if isinstance(num_batches, bool) or not isinstance(num_batches, (int, np.integer)) or num_batches < 0:
+            raise ValueError(f"num_batches should be a non-negative int, got {num_batches=!r}")
+        skipping = copy.copy(self)  # through __getstate__: no live workers
+        skipping._skip_first = int(num_batches)
+        skipping._progress_owner = weakref.ref(self)
+        self._pending = None  # the copy starts the pending epoch, if any
+        return skipping
 
     def __enter__(self) -> DataLoader:
         return self
@@ -783,25 +998,70 @@ def _check_device(device) -> torch.device | None:
     return None if dev.type == "cpu" else dev
 
 
-def _distributed(rank, world_size) -> tuple[int, int]:
-    if rank is None and world_size is None:
-        dist = torch.distributed
-        if dist.is_available() and dist.is_initialized():
-            return dist.get_rank(), dist.get_world_size()
-        return 0, 1
-    if rank is None or world_size is None:
+def _check_distributed(rank, world_size) -> tuple[int | None, int | None]:
+    if (rank is None) != (world_size is None):
         raise ValueError(f"give both rank and world_size or neither, got {rank=} {world_size=}")
+    if rank is None:
+        return None, None
+    for name, value in (("rank", rank), ("world_size", world_size)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+            raise TypeError(f"{name} should be an int or None, got {name}={value!r}")
     if world_size < 1 or not 0 <= rank < world_size:
         raise ValueError(f"rank should be in [0, world_size), got {rank=} {world_size=}")
     return int(rank), int(world_size)
 
 
-class _LoaderIter:
-    """One epoch of a :class:`DataLoader`: dispatches tasks, restores order, yields batches."""
+_warned_env = False
 
-    def __init__(self, loader: DataLoader, engine, owned: bool, epoch: int, base_seed: int,
-                 keys, discard: int, progress: list):
+
+def _distributed_from_environment(warn: bool) -> tuple[int, int]:
+    """``(rank, world_size)``: torch.distributed when initialised, else RANK/WORLD_SIZE, else 0, 1."""
+    global _warned_env
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    rank, world_size = os.environ.get("RANK"), os.environ.get("WORLD_SIZE")
+    if rank is None or world_size is None:
+        return 0, 1
+    try:
+        rank, world_size = int(rank), int(world_size)
+    except ValueError as e:
+        raise ValueError(f"RANK={rank!r} and WORLD_SIZE={world_size!r} should be ints") from e
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ValueError(f"environment RANK={rank} should be in [0, WORLD_SIZE={world_size})")
+    if warn and world_size > 1 and not _warned_env:
+        _warned_env = True
+        log.warning("kuat.DataLoader: torch.distributed is not initialised; reading rank %d of "
+                    "%d from the RANK/WORLD_SIZE environment variables", rank, world_size)
+    return rank, world_size
+
+
+def _batched(indices, batch_size: int, drop_last: bool):
+    """Consecutive lists of ``batch_size`` indices, drawn lazily (as torch's BatchSampler)."""
+    it = iter(indices)
+    while True:
+        batch = list(itertools.islice(it, batch_size))
+        if not batch or (drop_last and len(batch) < batch_size):
+            return
+        yield batch
+
+
+class _LoaderIter:
+    """One epoch of a :class:`DataLoader`: dispatches tasks, restores order, yields batches.
+
+    Created by ``iter(loader)`` without side effects; the epoch starts at the first ``next()``.
+    """
+
+    def __init__(self, loader: DataLoader):
         self._loader = loader
+        self._started = False
+        self._closed = False
+        self._finished = False
+
+    def _setup(self, engine, owned: bool, epoch: int, base_seed: int, keys, discard: int,
+               progress: list) -> None:
+        loader = self._loader
+        self._started = True
         self._engine = engine
         self._owned = owned
         self._epoch, self._base_seed = epoch, base_seed
@@ -830,8 +1090,21 @@ class _LoaderIter:
         self._staged = None
         self._deferred: BaseException | None = None
         self._transform = loader._batch_transform
-        self._finished = False
-        self._closed = False
+        self._gradient_state = loader._gradient_state
+        self._epoch_batches = None
+        self._look_ahead = False
+        self._ahead: Any = _NOTHING
+        if self._gradient_state is not None:  # Accelerate: say when the last batch is returned
+            self._epoch_batches = loader._batches_per_epoch()
+            self._look_ahead = self._epoch_batches is None
+            loader.end_of_dataloader = False
+            loader.remainder = -1
+            if not loader.drop_last and loader.batch_size is not None:
+                try:  # as Accelerate's DataLoaderStateMixin.begin
+                    loader.remainder = len(loader.dataset) % (loader.batch_size * loader.world_size)
+                except TypeError:
+                    pass
+            self._gradient_state._add_dataloader(loader)
         self._t_mark: float | None = None
         self._warn = weakref.WeakMethod(loader._warn_skipped)
 
@@ -843,9 +1116,26 @@ class _LoaderIter:
 
     # --- the per-batch loop -------------------------------------------------------------------
     def __next__(self):
-        t0 = time.perf_counter()
+        t0 = time.perf_counter()  # starting the epoch (workers) is time the loop waits, too
+        if not self._started:
+            if self._closed:
+                raise StopIteration
+            self._loader._begin_epoch(self)
         if self._t_mark is None:
             self._t_mark = t0
+        try:
+            batch = self._next_looking_ahead() if self._look_ahead else self._produce()
+        finally:  # every second inside next() is a second the training loop waited for input
+            self._account_time(t0)
+        self._progress[1] += 1
+        if self._epoch_batches is not None and self._progress[1] >= self._epoch_batches:
+            self._loader.end_of_dataloader = True
+        with self._stats.lock:
+            self._stats.batches += 1
+        return batch
+
+    def _produce(self):
+        """The next batch, transformed; raises StopIteration at the end of the epoch."""
         failed = None
         try:
             batch = self._next_device_batch() if self._copier else self._next_batch()
@@ -861,8 +1151,6 @@ class _LoaderIter:
         except BaseException:  # time-out, dead worker, KeyboardInterrupt: release the workers
             self.close(broken=True)
             raise
-        finally:  # every second inside next() is a second the training loop waited for input
-            self._account_time(t0)
         if failed is not None:
             # Raised outside the except clause and without a local naming it: the exception then
             # holds no reference cycle (context -> _BatchError -> exception), so the iterator and
@@ -873,9 +1161,28 @@ class _LoaderIter:
                 raise exc from cause
             finally:
                 del exc, cause
-        self._progress[1] += 1
-        with self._stats.lock:
-            self._stats.batches += 1
+        return batch
+
+    def _next_looking_ahead(self):
+        """One batch ahead, as Accelerate's DataLoaderShard: ``end_of_dataloader`` is set before
+        the last batch of an epoch of unknown length is returned. An error while fetching the
+        batch after the current one is raised at the next call."""
+        if self._ahead is _NOTHING:
+            self._ahead = self._produce()
+        elif self._ahead is _DONE:
+            self._release_gradient_state()
+            raise StopIteration
+        elif isinstance(self._ahead, _Raise):
+            error, self._ahead = self._ahead.error, _NOTHING
+            raise error
+        batch = self._ahead
+        try:
+            self._ahead = self._produce()
+        except StopIteration:
+            self._ahead = _DONE
+            self._loader.end_of_dataloader = True
+        except Exception as e:
+            self._ahead = _Raise(e)
         return batch
 
     def _next_batch(self):
@@ -1077,7 +1384,10 @@ class _LoaderIter:
         if not self._finished:
             self._finished = True
             self._progress[2] = True
-            self.close()
+            if self._gradient_state is not None:
+                self._loader.end_of_dataloader = True
+            # looking ahead, the user has yet to receive the last batch: stay registered
+            self.close(release_gradient_state=not self._look_ahead)
             self._loader._advise()
 
     def _abandon(self) -> None:
@@ -1088,12 +1398,24 @@ class _LoaderIter:
         self._order.clear()
         self._staged = self._deferred = None
         self._closed = True
+        self._release_gradient_state()
 
-    def close(self, broken: bool = False) -> None:
+    def _release_gradient_state(self) -> None:
+        """Leave Accelerate's GradientState (as DataLoaderShard.end()). Idempotent."""
+        gradient_state = self.__dict__.get("_gradient_state")  # absent before the epoch starts
+        if gradient_state is not None:
+            self._gradient_state = None
+            gradient_state._remove_dataloader(self._loader)
+
+    def close(self, broken: bool = False, release_gradient_state: bool = True) -> None:
         """Release the workers (this epoch's, or persistent ones when they broke). Idempotent."""
+        if release_gradient_state:
+            self._release_gradient_state()
         if self._closed:
             return
         self._closed = True
+        if not self._started:
+            return
         self._keys_done = True
         if self._owned:
             self._engine.close()
@@ -1106,6 +1428,16 @@ class _LoaderIter:
             self.close()
         except Exception:
             pass
+
+
+_NOTHING, _DONE = object(), object()  # look-ahead states: nothing fetched yet / epoch over
+
+
+class _Raise:
+    """Look-ahead state: fetching the next batch raised ``error``."""
+
+    def __init__(self, error: BaseException):
+        self.error = error
 
 
 class _BatchError(Exception):

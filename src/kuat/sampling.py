@@ -9,25 +9,44 @@ Distributed shares follow ``torch.utils.data.DistributedSampler``: all ranks see
 permutation; without ``drop_last`` it is padded by wrapping around to a multiple of
 ``world_size``, with ``drop_last`` the tail is dropped; rank ``r`` takes every ``world_size``-th
 index starting at ``r``. Every rank therefore gets the same number of samples, hence the same
-number of batches.
+number of batches. :class:`EpochSampler` *is* a ``DistributedSampler`` (same attributes), so
+frameworks that inject one when they find none (Lightning, Fabric) leave kuat's in place.
+
+User samplers: :func:`order_state` / :func:`restore_order` save and restore what the order of a
+torch sampler depends on (its generator, torch's global RNG, its epoch, or its own
+``state_dict``), so that a loader resumed mid-epoch replays exactly the same order.
 
 Thread-safety: :class:`EpochSampler` is read-only after construction except for
-:meth:`EpochSampler.set_epoch`; computing an epoch's indices is safe from any thread.
+:meth:`EpochSampler.set_epoch` and the loader's :meth:`EpochSampler.set_distributed` at epoch
+start; computing an epoch's indices is safe from any thread.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterator, Sized
+from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import Sampler
+from torch.utils.data import (
+    BatchSampler,
+    DistributedSampler,
+    RandomSampler,
+    SequentialSampler,
+    SubsetRandomSampler,
+    WeightedRandomSampler,
+)
 
-__all__ = ["EpochSampler", "shuffle_seed", "batches_of"]
+__all__ = [
+    "EpochSampler", "shuffle_seed", "batches_of", "describe_sampler", "order_state", "restore_order",
+    "sampler_generator",
+]
 
 _MASK64 = (1 << 64) - 1
 _SHUFFLE_SALT = 0x5348554646  # "SHUFF": keeps shuffle seeds apart from per-sample seeds
+_REQUESTS = itertools.count(1)  # orders set_epoch calls on loaders and samplers (latest wins)
 
 
 def shuffle_seed(seed: int, epoch: int) -> int:
@@ -37,23 +56,35 @@ def shuffle_seed(seed: int, epoch: int) -> int:
     return (int(lo) | (int(hi) << 32)) & ((1 << 63) - 1)
 
 
-class EpochSampler(Sampler[int]):
-    """Sample indices of one rank's share of one epoch.
+def next_request() -> int:
+    """A number larger than every earlier one: orders ``set_epoch`` requests (latest wins)."""
+    return next(_REQUESTS)
+
+
+class EpochSampler(DistributedSampler):
+    """Sample indices of one rank's share of one epoch; a ``torch.utils.data.DistributedSampler``.
 
     Args:
         num_samples: the dataset length ``N`` (>= 0), or a sized dataset whose ``len()`` is read
             at every epoch (as torch's samplers do, so a dataset may grow between epochs).
-        shuffle: permute the indices each epoch.
+        shuffle: permute the indices each epoch. ``ValueError`` when the dataset is empty (as
+            ``torch.utils.data.RandomSampler``).
         seed: run seed; the permutation of epoch ``e`` is seeded with ``shuffle_seed(seed, e)``.
         rank: this process's rank in ``[0, world_size)``.
-        world_size: number of ranks (>= 1).
+        world_size: number of ranks (>= 1); also readable as ``num_replicas``.
         drop_last: with ``world_size > 1``, drop the tail instead of padding by wrap-around.
         generator: when given, shuffling draws from it exactly as ``torch.utils.data.RandomSampler``
-            does (so orders match torch's DataLoader with the same generator); the order then
-            depends on the generator's state, not on ``(seed, epoch)``.
+            does, lazily (one ``randperm(N)`` when the first index is drawn, one more after the
+            last, as RandomSampler's generator function does), so orders and the generator's
+            state match torch's DataLoader with the same generator even over abandoned epochs.
+            The order then depends on the generator's state, not on ``(seed, epoch)``. With
+            ``world_size > 1`` the permutation is drawn whole at the first index.
 
     ``len(sampler)`` is the per-rank count: ``ceil(N / world_size)``, or ``N // world_size``
-    with ``drop_last``.
+    with ``drop_last`` (``num_samples``, as DistributedSampler).
+
+    Rank and world size may change between epochs (the loader resolves them when each epoch
+    starts, through :meth:`set_distributed`).
     """
 
     def __init__(
@@ -67,74 +98,200 @@ class EpochSampler(Sampler[int]):
         drop_last: bool = False,
         generator: torch.Generator | None = None,
     ):
-        self._source = None if isinstance(num_samples, int) else num_samples
-        n = num_samples if self._source is None else len(self._source)
+        # DistributedSampler.__init__ is not called: it would query torch.distributed now, and
+        # kuat resolves rank and world size when each epoch starts.
+        self.dataset = None if isinstance(num_samples, int) else num_samples
+        n = num_samples if self.dataset is None else len(self.dataset)
         if n < 0:
             raise ValueError(f"num_samples should be >= 0, got {num_samples=}")
-        if world_size < 1:
-            raise ValueError(f"world_size should be >= 1, got {world_size=}")
-        if not 0 <= rank < world_size:
-            raise ValueError(f"rank should be in [0, {world_size}), got {rank=}")
+        if shuffle and n == 0:  # RandomSampler's check and message
+            raise ValueError(f"num_samples should be a positive integer value, but got num_samples={n}")
+        self.set_distributed(rank, world_size)
         self.shuffle = shuffle
         self.seed = seed
-        self.rank = rank
-        self.world_size = world_size
         self.drop_last = drop_last
         self.generator = generator
         self.epoch = 0
+        self.epoch_request: tuple[int, int] | None = None  # (request number, epoch) of set_epoch
         self._n = n
+
+    def set_distributed(self, rank: int, world_size: int) -> None:
+        """Select this process's share (DistributedSampler's checks and messages)."""
+        if world_size < 1:
+            raise ValueError(f"world_size should be >= 1, got {world_size=}")
+        if not 0 <= rank < world_size:
+            raise ValueError(f"Invalid rank {rank}, rank should be in the interval [0, {world_size - 1}]")
+        self.rank, self.num_replicas = int(rank), int(world_size)
+
+    @property
+    def world_size(self) -> int:
+        return self.num_replicas
 
     @property
     def n(self) -> int:
         """The dataset length (read again from the dataset when one was given)."""
-        return self._n if self._source is None else len(self._source)
+        return self._n if self.dataset is None else len(self.dataset)
 
     @property
-    def per_rank(self) -> int:
+    def num_samples(self) -> int:
+        """This rank's number of indices per epoch (DistributedSampler's attribute)."""
         n = self.n
-        if self.world_size == 1:
+        if self.num_replicas == 1:
             return n
         if self.drop_last:
-            return n // self.world_size
-        return math.ceil(n / self.world_size)
+            return n // self.num_replicas
+        return math.ceil(n / self.num_replicas)
+
+    per_rank = num_samples
+
+    @property
+    def total_size(self) -> int:
+        return self.num_samples * self.num_replicas
 
     def set_epoch(self, epoch: int) -> None:
-        """Select the epoch whose order ``iter(sampler)`` gives."""
-        self.epoch = epoch
+        """Select the epoch whose order ``iter(sampler)`` gives (and the loader's next epoch).
+
+        Frameworks call this before each epoch, as on a DistributedSampler (Lightning, the HF
+        Trainer); the owning :class:`kuat.DataLoader` then starts that epoch.
+        """
+        self.epoch = int(epoch)
+        self.epoch_request = (next_request(), self.epoch)
 
     def __len__(self) -> int:
-        return self.per_rank
+        return self.num_samples
 
     def __iter__(self) -> Iterator[int]:
-        return iter(self.indices(self.epoch))
+        return self.iter_epoch(self.epoch)
+
+    def iter_epoch(self, epoch: int) -> Iterator[int]:
+        """This rank's indices of ``epoch``, drawn lazily from ``generator`` when there is one."""
+        n = self.n
+        if self.shuffle and self.generator is not None and self.num_replicas == 1 and n > 0:
+            return self._lazy_random(n)
+        return iter(self.indices(epoch))
+
+    def _lazy_random(self, n: int) -> Iterator[int]:
+        # torch.utils.data.RandomSampler.__iter__ (replacement=False, num_samples=n): one full
+        # pass, then randperm(n)[:0] -- drawn, though it yields nothing, when the pass is done.
+        yield from torch.randperm(n, generator=self.generator).tolist()
+        torch.randperm(n, generator=self.generator)
 
     def indices(self, epoch: int) -> list[int]:
         """This rank's indices of ``epoch``, in order (a list of ``len(self)`` ints)."""
         n = self.n
-        per_rank = self.per_rank
+        per_rank = self.num_samples
         if self.shuffle and n > 0:
             if self.generator is not None:
-                # RandomSampler draws randperm(n) once per full pass, then once for the remainder.
-                order = torch.randperm(n, generator=self.generator).tolist()
-                torch.randperm(n, generator=self.generator)
+                order = list(self._lazy_random(n))
             else:
                 g = torch.Generator()
                 g.manual_seed(shuffle_seed(self.seed, epoch))
                 order = torch.randperm(n, generator=g).tolist()
         else:
             order = list(range(n))
-        if self.world_size == 1:
+        if self.num_replicas == 1:
             return order
-        total = per_rank * self.world_size
+        total = per_rank * self.num_replicas
         if total > n:  # pad by wrapping around, like DistributedSampler
             pad = total - n
             order += (order * math.ceil(pad / n))[:pad] if n else []
         else:
             order = order[:total]
-        return order[self.rank : total : self.world_size]
+        return order[self.rank : total : self.num_replicas]
 
 
 def batches_of(indices: list[int], batch_size: int, drop_last: bool) -> list[list[int]]:
     """Split ``indices`` into consecutive batches of ``batch_size`` (the last may be shorter)."""
     stop = len(indices) - len(indices) % batch_size if drop_last else len(indices)
     return [indices[i : i + batch_size] for i in range(0, stop, batch_size)]
+
+
+# --- user samplers: what their order depends on ---------------------------------------------------
+# torch's samplers that draw from torch's global generator when their ``generator`` is None.
+_GLOBAL_RNG_SAMPLERS = (RandomSampler, SubsetRandomSampler, WeightedRandomSampler)
+
+
+def _inner(sampler):
+    """The index sampler inside a batch sampler (torch's BatchSampler keeps it as ``.sampler``)."""
+    if isinstance(sampler, BatchSampler) and not hasattr(sampler, "state_dict"):
+        return sampler.sampler
+    return sampler
+
+
+def describe_sampler(sampler) -> str:
+    """``"BatchSampler(MySampler)"``: a sampler's type, with the one inside a batch sampler."""
+    inner = _inner(sampler)
+    if inner is sampler:
+        return type(sampler).__name__
+    return f"{type(sampler).__name__}({type(inner).__name__})"
+
+
+def sampler_generator(sampler) -> torch.Generator | None:
+    """The ``torch.Generator`` a sampler (or the sampler inside a batch sampler) draws from."""
+    gen = getattr(_inner(sampler), "generator", None)
+    return gen if isinstance(gen, torch.Generator) else None
+
+
+def order_state(sampler) -> dict[str, Any] | None:
+    """What the next ``iter(sampler)`` depends on, taken just before it starts; ``None`` if unknown.
+
+    ``sampler`` is a user sampler or batch sampler. Kinds, in order of preference:
+
+    * ``{"state_dict": ...}``: the sampler's own ``state_dict()`` (torchdata's stateful samplers);
+    * ``{"generator": ByteTensor}``: the state of its ``generator`` attribute;
+    * ``{"global_rng": ByteTensor}``: torch's default CPU generator, which torch's RandomSampler,
+      SubsetRandomSampler and WeightedRandomSampler draw their seed from without a generator;
+    * ``{"epoch": int}``: a ``DistributedSampler``'s epoch (its order is ``(seed, epoch)``);
+    * ``{}``: a ``SequentialSampler`` (or a batch sampler over one), or a sampler whose order the
+      loader sets through ``kuat_set_epoch(epoch)`` (``kuat.TokenBudgetBatchSampler``): nothing
+      to save.
+
+    The generator states are copies (``torch.Generator.get_state``), a few KiB.
+    """
+    s = _inner(sampler)
+    if callable(getattr(s, "state_dict", None)) and callable(getattr(s, "load_state_dict", None)):
+        return {"state_dict": s.state_dict()}
+    if callable(getattr(sampler, "kuat_set_epoch", None)) or callable(getattr(s, "kuat_set_epoch", None)):
+        return {}  # its order is (seed, epoch), and the loader sets the epoch
+    gen = getattr(s, "generator", None)
+    if isinstance(gen, torch.Generator):
+        return {"generator": gen.get_state()}
+    if isinstance(s, _GLOBAL_RNG_SAMPLERS):
+        return {"global_rng": torch.get_rng_state()}
+    if isinstance(s, DistributedSampler):
+        return {"epoch": int(s.epoch)}
+    if isinstance(s, SequentialSampler) or type(s) in (range, list, tuple):
+        return {}
+    return None
+
+
+def restore_order(sampler, state: dict[str, Any]) -> Iterator:
+    """``iter(sampler)`` giving the order recorded by :func:`order_state` (same sampler type).
+
+    With ``"global_rng"`` the first element is drawn under the saved global generator state and
+    the caller's state is restored afterwards (so the training loop's own randomness is not
+    touched). Raises ``ValueError`` when ``state`` does not fit ``sampler``.
+    """
+    s = _inner(sampler)
+    if "state_dict" in state:
+        s.load_state_dict(state["state_dict"])
+    elif "generator" in state:
+        gen = getattr(s, "generator", None)
+        if not isinstance(gen, torch.Generator):
+            raise ValueError(
+                f"the saved loader state holds the generator state of a sampler, but "
+                f"{type(s).__name__} has no generator"
+            )
+        gen.set_state(state["generator"])
+    elif "epoch" in state:
+        s.set_epoch(state["epoch"])
+    elif "global_rng" in state:
+        caller = torch.get_rng_state()
+        torch.set_rng_state(state["global_rng"])
+        try:
+            it = iter(sampler)
+            first = list(itertools.islice(it, 1))  # the sampler draws its seed at its first element
+        finally:
+            torch.set_rng_state(caller)
+        return itertools.chain(first, it)
+    return iter(sampler)

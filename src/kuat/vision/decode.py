@@ -205,6 +205,24 @@ def decode_jpeg_roi(
     return buf[:n].reshape(y1 - y0, x1 - x0, channels)  # (rows, cols, channels)
 
 
+def resize_rgbx_planar(src: np.ndarray, out: np.ndarray, flip: bool, x_taps, y_taps) -> bool:
+    """Resize ``src`` ``(h, w, 4)`` RGBX uint8 (C-contiguous) into ``out`` ``(3, H, W)`` uint8
+    (C-contiguous, planar), mirrored left-right when ``flip``, with the ROI decoder's fused
+    kernel; ``x_taps``/``y_taps``: ``(start, weights, taps, precision)`` per axis (see
+    ``kuat.vision.transforms._taps``). Returns False (nothing written) when the ROI decoder
+    is not built or predates the kernel. Releases the GIL. Internal.
+
+    Raises:
+        ValueError: sizes, buffers or taps are inconsistent.
+    """
+    fn = getattr(_roi, "resize_planar", None)
+    if fn is None:
+        return False
+    h, w = src.shape[:2]
+    fn(src, h, w, 4, out, out.shape[1], out.shape[2], int(flip), *x_taps, *y_taps)
+    return True
+
+
 def _decode_pil(data, min_scale, max_pixels, index, source) -> Decoded:
     from PIL import Image
 

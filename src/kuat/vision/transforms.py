@@ -13,12 +13,30 @@
    skip/crop scanlines) just its rows and columns are reconstructed and nothing below it is
    read; without it the whole image is decoded at that scale by simplejpeg into a per-thread
    scratch buffer and the box is a view. Either way the pixels are identical;
-4. resizes the box once, bilinear with antialiasing (torch's AVX2 uint8 kernel, the one
-   torchvision v2 uses for uint8 tensors), in the image's stored orientation;
+4. resizes the box once, bilinear with antialiasing, in the image's stored orientation;
 5. applies EXIF orientation, the window and the flip as strided views while copying into
    ``out``, the sample's ``(3, H, W)`` slot of the batch buffer.
 
-So a sample costs one partial (and possibly reduced) decode, one resize and one small copy.
+Steps 4-5 have two implementations (``Compose(..., exact_resize=...)``):
+
+* fused (default, when the ROI decoder is built): one C pass (``_roijpeg.c``
+  ``resize_planar``) resizes the RGBX crop and writes it planar, flipped, straight into
+  ``out``. Its arithmetic is torch's uint8 antialiased kernel's (the one torchvision v2 uses
+  for uint8 tensors, itself Pillow-SIMD's): the same filter weights, computed the same way in
+  float64 and rounded to int16 with the same precision rule (:func:`_taps`, cached per
+  (input, output) size), a horizontal pass then a vertical one through a uint8 intermediate,
+  the same rounding and clamping. Bound: at most 1 grey level from ``exact_resize=True`` at
+  any pixel (rounding of equal integer sums cannot differ more); measured: equal pixels
+  (tests compare hundreds of sizes). Per image it saves the strided ``(H, W, 3) -> (3, H, W)``
+  copy and torch's call overhead (``benchmarks/bench_vision.py`` measures it). Used for
+  plans without a window (``RandomResizedCrop``) on images whose EXIF orientation is 1 or 2
+  (mirror) decoded by the ROI decoder; anything else takes the exact path.
+* exact (``exact_resize=True``): torch's kernel (``_upsample_bilinear2d_aa`` on a
+  channels-last tensor), then a strided copy into ``out``: kuat's pixels before the fused
+  kernel existed.
+
+So a sample costs one partial (and possibly reduced) decode, one resize and at most one small
+copy.
 With the ROI decoder, damage to a JPEG below the crop goes unnoticed (those bytes are never
 decoded); a crop that reaches it raises ``kuat.DecodeError``. ``Normalize`` is not
 run per sample: ``batch_transform()`` returns it and the loader applies it to the collated
@@ -42,6 +60,7 @@ Every transform also works on its own (``__call__``) on a decoded ``(..., 3, H, 
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import numbers
@@ -60,6 +79,7 @@ from kuat.vision.decode import (
     decode_image,
     decode_jpeg_roi,
     decode_stored,
+    resize_rgbx_planar,
     roi_header,
 )
 
@@ -78,6 +98,9 @@ _local = threading.local()
 # RGBX unpacking, but measured per image in the whole fused path the two are equal, and RGB
 # moves fewer bytes.
 _ROI_CHANNELS = 3
+# EXIF orientations the fused resize leaves to the exact path (rotations, vertical flips,
+# transposes); 1, 2 (a mirror, folded into the flip) and unknown values (no-ops) are fused.
+_UNFUSED_ORIENTATIONS = frozenset({3, 4, 5, 6, 7, 8})
 _upsample_aa = getattr(torch._C._nn, "_upsample_bilinear2d_aa", None)
 
 
@@ -88,6 +111,55 @@ def _resize_aa(x: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
     if _upsample_aa is not None:
         return _upsample_aa(x, size, False)
     return F.interpolate(x, size=size, mode="bilinear", antialias=True, align_corners=False)
+
+
+@functools.lru_cache(maxsize=4096)
+def _taps(in_size: int, out_size: int) -> tuple[np.ndarray, np.ndarray, int, int]:
+    """Fixed-point weights of a bilinear antialiased resize of one axis, ``in_size`` ->
+    ``out_size`` pixels: ``(start, weights, taps, precision)``.
+
+    ``start`` ``(out_size,)`` int32 is the first source pixel of each output pixel and
+    ``weights`` ``(out_size, taps)`` int16 its weights with ``precision`` fraction bits;
+    every window ``[start, start + taps)`` lies inside ``[0, in_size)`` (windows at the far
+    edge are moved left, their weights shifted right, zeros elsewhere).
+
+    This is torch's computation for uint8 (``aten/src/ATen/native/UpSample.h``
+    ``_compute_index_ranges_weights`` with the triangle filter, then
+    ``_compute_index_ranges_int16_weights``), itself Pillow's ``precompute_coeffs``: scale
+    ``in/out``, support ``max(scale, 1)``, centre ``scale * (i + 0.5)``, window
+    ``[int(centre - support + 0.5), int(centre + support + 0.5))`` clipped to the image,
+    weights ``1 - |(j - centre + 0.5) / max(scale, 1)|`` normalised to sum 1 in float64, then
+    scaled by ``2**precision`` (the largest that keeps the biggest weight below 2**15) and
+    rounded half away from zero. Cached: a corpus has few distinct crop sizes per output.
+    Thread-safety: safe (``lru_cache``; the arrays are read-only).
+    """
+    scale = in_size / out_size
+    support = scale if scale >= 1.0 else 1.0
+    invscale = 1.0 / scale if scale >= 1.0 else 1.0
+    center = scale * (np.arange(out_size, dtype=np.float64) + 0.5)  # (out,)
+    xmin = np.maximum((center - support + 0.5).astype(np.int64), 0)  # trunc, as C's (int)
+    xsize = np.minimum((center + support + 0.5).astype(np.int64), in_size) - xmin
+    taps = int(xsize.max())
+    j = np.arange(taps)
+    w = 1.0 - np.abs((j[None, :] + xmin[:, None] - center[:, None] + 0.5) * invscale)
+    w = np.where((j[None, :] < xsize[:, None]) & (w > 0.0), w, 0.0)  # (out, taps) float64
+    total = w.sum(axis=1, keepdims=True)
+    w = w / np.where(total == 0.0, 1.0, total)
+    w_max = float(w.max())
+    precision = 0
+    while precision < 22 and int(0.5 + w_max * (1 << (precision + 1))) < (1 << 15):
+        precision += 1
+    q = np.floor(0.5 + w * (1 << precision)).astype(np.int16)  # w >= 0: half away from 0
+    start = np.minimum(xmin, in_size - taps)  # keep every window inside the image
+    shift = (xmin - start)[:, None]  # (out, 1): where the weights start in the window
+    weights = np.zeros((out_size, taps), np.int16)
+    cols = j[None, :] + shift  # (out, taps)
+    keep = cols < taps  # the shifted-out entries are zero weights (beyond xsize)
+    weights[np.nonzero(keep)[0], cols[keep]] = q[keep]
+    start = start.astype(np.int32)
+    start.flags.writeable = False
+    weights.flags.writeable = False
+    return start, weights, taps, precision
 
 
 def _single_threaded_torch() -> None:
@@ -493,16 +565,30 @@ class Compose(_Transform):
         decode_device: ``"cpu"`` (default) or ``"cuda"``/``"cuda:N"``: decode JPEG batches
             with nvJPEG through ``apply_encoded_batch`` (see ``kuat.vision.gpu``).
         max_pixels: decompression-bomb limit passed to the decoder.
+        exact_resize: ``False`` (default): resize and write into the batch slot with kuat's
+            fused C kernel where it applies (see the module docstring: torch's arithmetic,
+            at most 1 grey level from the exact path, equal in tests). ``True``: always
+            torch's kernel and a copy (the pixels of kuat before the fused kernel).
 
     Raises:
-        TypeError: a step is not a kuat transform.
+        TypeError: a step is not a kuat transform; ``exact_resize`` is not a bool.
         ValueError: ``Normalize`` is not last; bad ``decode_device``.
         kuat.KuatError: ``decode_device`` is CUDA and CUDA is not available.
 
     Thread-safety: stateless after construction; ``apply_encoded`` may run in many threads.
     """
 
-    def __init__(self, transforms, *, decode_device: str = "cpu", max_pixels=DEFAULT_MAX_PIXELS):
+    def __init__(
+        self,
+        transforms,
+        *,
+        decode_device: str = "cpu",
+        max_pixels=DEFAULT_MAX_PIXELS,
+        exact_resize: bool = False,
+    ):
+        if not isinstance(exact_resize, bool):
+            raise TypeError(f"exact_resize must be a bool, got {exact_resize!r}")
+        self.exact_resize = exact_resize
         transforms = list(transforms)
         for k, t in enumerate(transforms):
             if not isinstance(t, _Transform) or isinstance(t, Compose):
@@ -574,9 +660,25 @@ class Compose(_Transform):
             out = np.empty((3, oh, ow), np.uint8)
         elif out.shape != (3, oh, ow) or out.dtype != np.uint8:
             raise ValueError(f"out must be (3, {oh}, {ow}) uint8, got {out.shape} {out.dtype}")
-        crop, orientation = self._decode_crop(data, width, height, plan, index, source)
+        # RGBX from the ROI decoder for the fused kernel (4-byte pixels: one load each)
+        channels = _ROI_CHANNELS if self.exact_resize else 4
+        crop, orientation = self._decode_crop(data, width, height, plan, index, source, channels)
         transposed = orientation in _exif.TRANSPOSED
         grid = (plan.res_w, plan.res_h) if transposed else (plan.res_h, plan.res_w)  # stored
+        if (
+            crop.shape[2] == 4  # the ROI decoder's contiguous RGBX crop
+            and orientation not in _UNFUSED_ORIENTATIONS
+            and plan.window() is None
+            and out.flags.c_contiguous
+            and resize_rgbx_planar(
+                crop,
+                out,
+                plan.flip != (orientation == 2),  # EXIF 2 is a mirror: one more flip
+                _taps(crop.shape[1], grid[1]),
+                _taps(crop.shape[0], grid[0]),
+            )
+        ):  # (h, w, 4) -> resized, planar, flipped: (3, H, W) in out, no copy
+            return out
         if crop.shape[:2] == grid:
             crop = crop[:, :, :3]  # (h, w, 3) view (drops X if the ROI decoder gave RGBX)
         else:
@@ -596,10 +698,10 @@ class Compose(_Transform):
         np.copyto(dst, res)
         return out
 
-    def _decode_crop(self, data, width, height, plan, index, source):
+    def _decode_crop(self, data, width, height, plan, index, source, channels=_ROI_CHANNELS):
         """The plan's box, decoded at the smallest sufficient DCT scale and snapped to its
         pixel grid: ``((h, w, C) uint8 view in stored orientation, EXIF orientation)``, with
-        C = ``_ROI_CHANNELS`` from the ROI decoder, 3 (RGB) otherwise.
+        C = ``channels`` (3 RGB or 4 RGBX) from the ROI decoder, 3 (RGB) otherwise.
 
         With the ROI decoder only the box's rows and columns are reconstructed; otherwise
         the whole image is decoded (at that scale) and the box is a view into it.
@@ -614,7 +716,7 @@ class Compose(_Transform):
             y0, y1 = _snap(top, bh, s, ph)
             x0, x1 = _snap(left, bw, s, pw)
             try:
-                return decode_jpeg_roi(data, k, y0, y1, x0, x1, _ROI_CHANNELS), hdr.orientation
+                return decode_jpeg_roi(data, k, y0, y1, x0, x1, channels), hdr.orientation
             except ValueError as e:  # corrupt or libjpeg warnings: the full path decides
                 logger.debug("ROI decode failed (sample %s): %s; decoding in full", index, e)
         d = decode_stored(
@@ -701,7 +803,10 @@ class Compose(_Transform):
 
     def __repr__(self):
         inner = ", ".join(repr(t) for t in self.transforms)
-        return f"Compose([{inner}], decode_device={self.decode_device!r})"
+        return (
+            f"Compose([{inner}], decode_device={self.decode_device!r}, "
+            f"exact_resize={self.exact_resize})"
+        )
 
 
 def _check_decode_device(decode_device) -> str:

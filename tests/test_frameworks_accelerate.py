@@ -1,0 +1,143 @@
+"""kuat.DataLoader inside Hugging Face Accelerate (issue #10), each against torch's loader.
+
+Single-process tests run here (CPU); the two-process ``prepare`` check runs under torchrun in
+``tests/_torchrun_script.py`` (see tests/test_frameworks_torchrun.py).
+"""
+
+import pytest
+import torch
+from torch.utils.data import DataLoader as TorchLoader
+
+import kuat
+
+accelerate = pytest.importorskip("accelerate")
+from accelerate import Accelerator  # noqa: E402
+from accelerate.state import AcceleratorState, GradientState  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def fresh_accelerate_state():
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+    yield
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+
+
+class Halved:
+    """40 ints; the batch transform (run by kuat's loader after collation) makes them float."""
+
+    def __len__(self):
+        return 40
+
+    def __getitem__(self, i):
+        return torch.tensor(i)
+
+    @staticmethod
+    def kuat_batch_transform(batch):
+        return batch.float() / 2  # (B,) int64 -> (B,) float32
+
+
+def ids(batches):
+    return [b.tolist() for b in batches]
+
+
+def test_prepare_returns_the_kuat_loader_and_its_engine_serves():
+    accelerator = Accelerator(cpu=True)
+    loader = kuat.DataLoader(Halved(), batch_size=4, shuffle=True, seed=2, num_workers=2)
+    prepared = accelerator.prepare(loader)
+    torch_prepared = accelerator.prepare(TorchLoader(list(range(40)), batch_size=4))
+    assert prepared is loader
+    got = ids(prepared)
+    assert len(got) == len(ids(torch_prepared)) == 10
+    assert sorted(x * 2 for b in got for x in b) == list(range(40))
+    assert loader.stats()["batches"] == 10
+
+
+def test_skip_first_batches_keeps_engine_transform_and_order():
+    accelerator = Accelerator(cpu=True)
+    loader = accelerator.prepare(kuat.DataLoader(Halved(), batch_size=4, shuffle=True, seed=2, num_workers=2))
+    epoch0 = list(loader)
+    epoch1 = list(loader)
+    reference = kuat.DataLoader(Halved(), batch_size=4, shuffle=True, seed=2)
+    assert ids(epoch0) == ids(reference) and ids(epoch1) == ids(reference)  # epochs 0 and 1
+    loader.load_state_dict({**loader.state_dict(), "epoch": 1, "batches_served_in_epoch": 0})
+    before = loader.stats()["batches"]
+    skipped = accelerator.skip_first_batches(loader, 3)
+    torch_skipped = accelerator.skip_first_batches(TorchLoader(Halved(), batch_size=4), 3)
+    assert isinstance(skipped, kuat.DataLoader) and len(skipped) == len(torch_skipped) == 7
+    rest = list(skipped)
+    assert ids(rest) == ids(epoch1)[3:]  # epoch 1's order, from its 4th batch
+    assert all(b.dtype == torch.float32 for b in rest)  # the batch transform ran
+    assert loader.stats()["batches"] - before == 7  # kuat's engine served them
+    assert loader.state_dict()["epoch"] == 2  # and the original loader follows on
+
+
+def test_save_state_and_load_state_resume_exactly(tmp_path):
+    accelerator = Accelerator(cpu=True)
+    loader = accelerator.prepare(kuat.DataLoader(list(range(40)), batch_size=4, shuffle=True, seed=5, num_workers=2))
+    it = iter(loader)
+    head = [next(it).tolist() for _ in range(3)]
+    accelerator.save_state(str(tmp_path / "ckpt"))
+    rest = ids(it)
+
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+    accelerator = Accelerator(cpu=True)  # a new run
+    resumed = accelerator.prepare(kuat.DataLoader(list(range(40)), batch_size=4, shuffle=True, seed=99))
+    accelerator.load_state(str(tmp_path / "ckpt"))
+    assert ids(resumed) == rest
+    assert sorted(x for b in head + rest for x in b) == list(range(40))
+
+
+def _sync_steps(accelerator, loader) -> list[int]:
+    model = torch.nn.Linear(1, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    synced = []
+    for step, batch in enumerate(loader):
+        with accelerator.accumulate(model):
+            loss = model(batch.float().view(-1, 1)).sum()
+            accelerator.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+            if accelerator.sync_gradients:
+                synced.append(step)
+    return synced
+
+
+def test_gradient_accumulation_steps_on_the_last_partial_window():
+    data = list(range(40))  # 10 batches of 4; windows of 4 -> steps after batches 3, 7 and 9
+    expected = _sync_steps(Accelerator(cpu=True, gradient_accumulation_steps=4), TorchLoader(data, batch_size=4))
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+    got = _sync_steps(Accelerator(cpu=True, gradient_accumulation_steps=4),
+                      kuat.DataLoader(data, batch_size=4, num_workers=2))
+    assert expected == [3, 7, 9]
+    assert got == expected
+
+
+def test_split_batches_is_refused_naming_it():
+    from accelerate import DataLoaderConfiguration
+
+    accelerator = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(split_batches=True))
+    with pytest.raises(ValueError, match="split_batches"):
+        accelerator.prepare(kuat.DataLoader(list(range(8)), batch_size=4))
+
+
+class Stream(torch.utils.data.IterableDataset):
+    """40 ints, no length: the end of data is known only by reading one batch ahead."""
+
+    def __iter__(self):
+        return iter(range(40))
+
+
+def test_gradient_accumulation_steps_on_the_last_window_of_a_stream():
+    expected = _sync_steps(Accelerator(cpu=True, gradient_accumulation_steps=4), TorchLoader(Stream(), batch_size=4))
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+    loader = kuat.DataLoader(Stream(), batch_size=4)
+    got = _sync_steps(Accelerator(cpu=True, gradient_accumulation_steps=4), loader)
+    assert expected == [3, 7, 9]
+    assert got == expected
+    assert loader.state_dict()["epoch"] == 1 and loader.stats()["batches"] == 10
