@@ -27,6 +27,8 @@ TITLES = {
 # ingest rows name the writer, not the loader
 INGEST_LABELS = {
     "kuat": "kuat convert (original bytes)",
+    "kuat-ray": "kuat convert --engine ray, 1 local node (incl. Ray start-up)",
+    "kuat-ray-2": "kuat convert --engine ray, 2 local nodes (incl. Ray start-up)",
     "ffcv": "FFCV DatasetWriter (re-encodes)",
     "streaming": "Mosaic MDSWriter",
     "litdata": "LitData optimize",

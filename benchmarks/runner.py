@@ -64,6 +64,8 @@ DEFAULT_LOADERS = (
     "torch-w0",
     "kuat",
     "kuat-proc",
+    "kuat-ray",
+    "kuat-ray-2",
     "torchdata-nodes",
     "spdl",
     "dali",

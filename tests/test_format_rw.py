@@ -709,3 +709,30 @@ with kuat.Writer({str(path)!r}, {{"t": kf.tensor((256,), "float32")}}, shard_byt
         w.write({"x": 7})
     assert kuat.open(path)[0] == {"x": 7}
     assert sorted(p.name for p in path.iterdir()) == ["manifest.json", "shard-00000.arrow"]
+
+
+def test_add_shard_moves_finished_shards_in_without_rewriting(tmp_path):
+    # how the Ray engine assembles a dataset: parts written by separate Writers
+    schema = {"x": kf.int64(), "s": kf.string()}
+    parts = []
+    for k in range(2):
+        with kf.Writer(tmp_path / f"part{k}", schema, shard_bytes=64) as w:
+            for i in range(10):
+                w.write({"x": 10 * k + i, "s": f"row {10 * k + i}"})
+        parts.append(tmp_path / f"part{k}")
+    checksums = []
+    with kf.Writer(tmp_path / "out", schema) as out:
+        out.write({"x": -1, "s": "written here"})  # flushed to its own shard first
+        for p in parts:
+            for info in kf.read_manifest(p).shards:
+                checksums.append(info.checksum)
+                entry = out.add_shard(p / info.file, info)
+                assert entry.checksum == info.checksum and not (p / info.file).exists()
+        bad = kf.ShardInfo("x", 1, 12345, checksums[0])
+        (tmp_path / "stray.arrow").write_bytes(b"not 12345 bytes")
+        with pytest.raises(FormatError, match=r"stray\.arrow holds 15 bytes.*says 12345"):
+            out.add_shard(tmp_path / "stray.arrow", bad)
+    ds = kuat.open(tmp_path / "out")
+    assert [ds[i]["x"] for i in range(len(ds))] == [-1, *range(20)]
+    assert [s.checksum for s in ds.manifest.shards[1:]] == checksums
+    assert kf.verify(tmp_path / "out").ok

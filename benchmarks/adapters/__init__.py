@@ -67,6 +67,12 @@ LOADERS: dict[str, dict] = {
         "skip": ("ingest",),  # the same converter as "kuat"
         "label": "kuat (processes)",
     },
+    "kuat-ray": {"adapter": "kuat_ray", "env": "main", "label": "kuat convert on Ray, 1 node"},
+    "kuat-ray-2": {
+        "adapter": "kuat_ray_2nodes",
+        "env": "main",
+        "label": "kuat convert on Ray, 2 nodes",
+    },
     "torchdata-nodes": {
         "adapter": "torchdata_nodes",
         "env": "main",

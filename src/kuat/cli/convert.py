@@ -27,6 +27,7 @@ examples:
   kuat convert 'shards/*.tar' wds.kuat --on-error skip
   kuat convert data.parquet table.kuat --image-field picture
   kuat convert data.txt table.kuat --format csv --delimiter '|'
+  kuat convert imagenet21k/train in21k.kuat --engine ray    (on the cluster RAY_ADDRESS names)
 """
 
 
@@ -120,6 +121,22 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         metavar="COLUMN",
         help="(tables) a column holding image bytes or paths; repeatable",
     )
+    p.add_argument(
+        "--engine",
+        choices=("local", "ray"),
+        default="local",
+        help="local: this machine's threads (default); ray: Ray Data tasks on the cluster "
+        "ray.init() finds (RAY_ADDRESS), writing shards into DST on a file system every node "
+        "mounts (ImageFolder, Parquet, JSONL, CSV; needs kuat[ray])",
+    )
+    p.add_argument(
+        "--rows-per-task",
+        type=_int_in(1),
+        default=1000,
+        metavar="N",
+        help="(--engine ray, ImageFolder) images one Ray task converts (default 1000, about "
+        "one 128M shard of ImageNet JPEGs); tables take one task per input file",
+    )
     p.add_argument("--split", default=None, help="(hf) the split of a DatasetDict")
     p.add_argument(
         "--delimiter",
@@ -165,6 +182,8 @@ def run(args) -> int:
         shard_bytes=args.shard_bytes,
         storage_options=storage_options(args),
     )
+    if args.engine != "local":  # only the converters with a Ray engine take these
+        options.update(engine=args.engine, rows_per_task=args.rows_per_task)
     drop = _DropSkippedSummary()
     logging.getLogger("kuat.convert").addFilter(drop)
     try:

@@ -10,9 +10,11 @@ from collections.abc import Sequence
 from kuat.convert.imagefolder import IMG_EXTENSIONS
 from kuat.format.fs import is_url
 
-__all__ = ["FORMATS", "detect_format", "convert"]
+__all__ = ["FORMATS", "RAY_FORMATS", "detect_format", "convert"]
 
 FORMATS = ("imagefolder", "hf", "parquet", "jsonl", "csv", "numpy", "webdataset")
+# the converters that take engine="ray" (through kuat.convert._ray.convert_on_ray)
+RAY_FORMATS = ("imagefolder", "parquet", "jsonl", "csv")
 
 _BY_EXT = {
     ".parquet": "parquet",
@@ -134,7 +136,8 @@ def convert(
     :func:`kuat.convert.from_csv`). Returns the converter's ``ConvertReport``.
 
     Raises:
-        ValueError: unknown ``format``, or options the chosen converter does not take.
+        ValueError: unknown ``format``, or options the chosen converter does not take
+            (``engine="ray"`` exists for the formats in ``RAY_FORMATS``).
     """
     from kuat import convert as c
 
@@ -150,6 +153,12 @@ def convert(
             raise ValueError(f"format {format!r} takes one directory, got {inputs}")
         elif len(inputs) == 1 and os.path.isdir(inputs[0]):
             inputs = _dir_format(inputs[0])[1]
+    engine = options.get("engine", "local")
+    if engine != "local" and format not in RAY_FORMATS:
+        raise ValueError(
+            f"engine={engine!r} converts {', '.join(RAY_FORMATS)}; {format!r} converts "
+            "locally only (drop the engine option)"
+        )
     if format == "imagefolder":
         return c.from_imagefolder(inputs[0], dst, **options)
     if format == "hf":

@@ -73,7 +73,8 @@ def from_imagefolder(
         options: ``num_workers`` (threads reading and probing images; default one per core),
             ``progress``, ``progress_interval_s``, ``on_error`` (``"raise"``, default: the
             error names the file; or ``"skip"``), ``resize_shorter``, ``quality``,
-            ``decode_check``, ``shard_bytes``, ``overwrite``: see
+            ``decode_check``, ``shard_bytes``, ``overwrite``, ``engine`` (``"ray"``: on a
+            Ray cluster, the same rows in the same order), ``rows_per_task``: see
             :class:`kuat.convert.ConvertOptions`.
 
     Returns:
@@ -121,6 +122,19 @@ def from_imagefolder(
         if include_path:
             row["path"] = os.path.relpath(path, src)
         return row
+
+    if opts.engine == "ray":
+        from kuat.convert._ray import convert_on_ray
+
+        def write_part(w, part: list, part_opts: ConvertOptions, report: ConvertReport) -> None:
+            for row in parallel_map(
+                load, part, part_opts, source_of=lambda item: item[0], report=report
+            ):
+                w.write(row)
+
+        n = opts.rows_per_task
+        parts = [samples[i : i + n] for i in range(0, len(samples), n)]
+        return convert_on_ray(dst, Schema(fields), metadata, opts, parts, write_part)
 
     with converting(dst, Schema(fields), opts, metadata) as (w, report):
         for row in parallel_map(

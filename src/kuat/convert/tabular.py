@@ -33,6 +33,7 @@ column, file and row, or the row is skipped with ``on_error="skip"``.
 
 from __future__ import annotations
 
+import copy
 import glob
 import io
 import json
@@ -425,6 +426,19 @@ def _convert_files(kind, files, local, dst, image_fields, batch_size, opts, deli
     metadata = {"source": kind, "files": [os.path.basename(f) for f in files]}
     if hf_features is not None:
         metadata["hf_features"] = hf_features
+    if opts.engine == "ray":  # one task per file; the tasks re-read what pass 1 kept
+        from kuat.convert._ray import convert_on_ray
+
+        plan = copy.copy(src)
+        plan.kept, plan.kept_bytes = {}, 0
+
+        def write_part(w, path: str, part_opts: ConvertOptions, report: ConvertReport) -> None:
+            one = copy.copy(plan)
+            one.files = [path]
+            write_batches(w, fields, one.table_batches(), part_opts, report, desc=f"convert {kind}")
+
+        schema = Schema([f for f, _ in fields])
+        return convert_on_ray(dst, schema, metadata, opts, files, write_part)
     with converting(dst, Schema([f for f, _ in fields]), opts, metadata) as (w, report):
         write_batches(w, fields, src.table_batches(), opts, report, desc=f"convert {kind}")
     return report
@@ -443,7 +457,8 @@ _DOC_ARGS = """
         batch_size: rows per Arrow record batch read.
         options: ``num_workers``, ``progress``, ``progress_interval_s``, ``overwrite``,
             ``on_error``, ``resize_shorter``, ``quality``, ``decode_check``,
-            ``shard_bytes``: see :class:`kuat.convert.ConvertOptions`.
+            ``shard_bytes``, ``engine`` (``"ray"``: one Ray task per input file, the same
+            rows in the same order): see :class:`kuat.convert.ConvertOptions`.
 
     Returns:
         a :class:`kuat.convert.ConvertReport`.

@@ -786,6 +786,40 @@ class Writer:
         self._rows_in_shard = 0
         self._bytes_in_shard = 0
 
+    def add_shard(self, path: str | os.PathLike, info: ShardInfo) -> ShardInfo:
+        """Move a complete shard written elsewhere into this dataset as its next shard.
+
+        The file is renamed into place (``os.replace``): its bytes are neither read nor
+        rewritten, so the caller vouches that it was written by a :class:`Writer` with this
+        schema, and ``info`` (its rows, bytes and checksum, e.g. from that Writer's manifest)
+        is recorded as is. Rows written before are flushed to a shard of their own first.
+        This is how a distributed conversion assembles the shards its tasks wrote.
+
+        Returns:
+            the shard's entry in this dataset's manifest (its new name).
+
+        Raises:
+            kuat.FormatError: the file's size differs from ``info.bytes`` (names the file).
+            OSError: the rename failed (another file system, say).
+        """
+        self._check_open()
+        self._flush_shard()
+        self._wait_shard()  # the shard in flight comes first in the manifest
+        src = Path(path)
+        size = os.path.getsize(src)
+        if size != info.bytes:
+            raise FormatError(
+                f"shard {src} holds {size} bytes, its manifest entry says {info.bytes}",
+                path=src,
+            )
+        name = shard_name(self._next_shard)
+        os.replace(src, self.path / name)
+        self._next_shard += 1
+        entry = ShardInfo(name, info.rows, info.bytes, info.checksum)
+        self._shards.append(entry)
+        self._rows += info.rows
+        return entry
+
     def _write_shard(self, shard: ShardFile, arrays: list, name: str, rows: int) -> ShardInfo:
         """On the shard thread: write, checksum and fsync one shard, then rename it into place.
 

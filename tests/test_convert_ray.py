@@ -1,0 +1,261 @@
+"""Conversion on Ray Data (``engine="ray"``) against the local engine, on a one-node Ray
+instance this module starts on loopback (the two-node cluster is in
+``test_convert_ray_cluster.py``).
+
+Ray must not reach the network: usage stats are off, and ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``
+makes Ray keep 127.0.0.1 as the node address (on Linux it otherwise replaces a loopback
+``_node_ip_address`` with the address of the default route and binds its servers there).
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import simplejpeg
+
+import kuat
+import kuat.convert
+from kuat.cli import main as cli_main
+from kuat.convert._ray import staging_dir
+from kuat.errors import DecodeError
+from kuat.format import verify
+
+RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+# before Ray is imported: it reads both when its constants module loads
+for _k, _v in RAY_ENV.items():
+    os.environ.setdefault(_k, _v)
+
+ray = pytest.importorskip("ray")
+
+pytestmark = pytest.mark.slow
+N_IMAGES = 240
+
+
+def _jpeg(w: int, h: int, seed: int) -> bytes:
+    rng = np.random.default_rng(seed)
+    hwc = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)  # (H, W, 3) uint8
+    return simplejpeg.encode_jpeg(hwc, quality=80, colorspace="RGB")
+
+
+def make_imagefolder(root: Path, n: int = N_IMAGES, broken: int = 0) -> Path:
+    """``n`` small JPEGs (sizes vary, some above 40 px on the shorter side) in 4 classes,
+    plus ``broken`` files with a .jpg name that are not images."""
+    for i in range(n):
+        d = root / f"class{i % 4}"
+        d.mkdir(parents=True, exist_ok=True)
+        (d / f"img{i:04d}.jpg").write_bytes(_jpeg(24 + i % 40, 20 + (7 * i) % 45, i))
+    for i in range(broken):
+        (root / "class1" / f"broken{i}.jpg").write_bytes(b"not a jpeg")
+    return root
+
+
+def rows_of(path) -> list[tuple]:
+    """Every row of a dataset as a hashable tuple (images: bytes, width, height, codec)."""
+    ds = kuat.open(path)
+    out = []
+    for i in range(len(ds)):
+        row = ds.raw(i)
+        out.append(tuple((k, _hashable(v)) for k, v in sorted(row.items())))
+    return out
+
+
+def _hashable(v):
+    if hasattr(v, "tolist"):  # numpy arrays (sequence, tensor fields)
+        v = v.tolist()
+    if isinstance(v, (list, tuple)):  # EncodedImage is a tuple: (data, width, height, codec)
+        return tuple(_hashable(x) for x in v)
+    return v
+
+
+def check_same_dataset(ray_dst, local_dst) -> None:
+    got, want = rows_of(ray_dst), rows_of(local_dst)
+    assert collections.Counter(got) == collections.Counter(want)
+    assert got == want  # the driver also keeps the local engine's order
+    for p in (ray_dst, local_dst):
+        report = verify(p, images=True)
+        assert report.ok, report
+    assert kuat.open(ray_dst).manifest.metadata == kuat.open(local_dst).manifest.metadata
+
+
+@contextlib.contextmanager
+def workers_import_tests():
+    """While Ray starts its processes, PYTHONPATH also names tests/ (for ``_ray_faults``):
+    they inherit it, and the workers import the setup hook by name."""
+    saved = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parent), *sys.path[1:]])
+    try:
+        yield
+    finally:
+        if saved is None:
+            del os.environ["PYTHONPATH"]
+        else:
+            os.environ["PYTHONPATH"] = saved
+
+
+@pytest.fixture(scope="module")
+def ray_local(tmp_path_factory):
+    with workers_import_tests():
+        ray.init(
+            num_cpus=2,
+            _node_ip_address="127.0.0.1",
+            include_dashboard=False,
+            log_to_driver=False,
+            runtime_env={"worker_process_setup_hook": "_ray_faults.install"},
+        )
+    try:
+        yield ray.get_runtime_context().gcs_address
+    finally:
+        ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory):
+    return make_imagefolder(tmp_path_factory.mktemp("src") / "train", broken=2)
+
+
+def test_cluster_is_loopback_only(ray_local):
+    assert ray_local.startswith("127.0.0.1:")
+    assert {n["NodeManagerAddress"] for n in ray.nodes()} == {"127.0.0.1"}
+
+
+def test_imagefolder_same_rows_as_local(ray_local, images, tmp_path):
+    opts = dict(on_error="skip", resize_shorter=40, shard_bytes=64 << 10, progress=False)
+    local = kuat.convert.from_imagefolder(images, tmp_path / "local", **opts)
+    on_ray = kuat.convert.from_imagefolder(
+        images, tmp_path / "ray", engine="ray", rows_per_task=50, **opts
+    )
+    assert on_ray.rows == local.rows == N_IMAGES
+    assert sorted(on_ray.skipped) == sorted(local.skipped) and len(local.skipped) == 2
+    check_same_dataset(tmp_path / "ray", tmp_path / "local")
+    # the tasks' shards were moved, not copied, and the staging folder is gone
+    assert not staging_dir(tmp_path / "ray").exists()
+    assert len(kuat.open(tmp_path / "ray").manifest.shards) >= 5  # at least one per task
+
+
+def test_on_error_raise_names_the_file(ray_local, images, tmp_path):
+    with pytest.raises(DecodeError, match=r"broken0\.jpg"):
+        kuat.convert.from_imagefolder(
+            images, tmp_path / "out", engine="ray", rows_per_task=60, progress=False
+        )
+    assert not (tmp_path / "out" / "manifest.json").exists()
+    assert not staging_dir(tmp_path / "out").exists()
+
+
+def test_jsonl_with_image_paths_same_rows_as_local(ray_local, images, tmp_path):
+    files = sorted(images.glob("class*/img*.jpg"))
+    lines = [
+        {"id": i, "caption": f"picture {i}", "pic": str(p.relative_to(images)), "v": [i, i * 2]}
+        for i, p in enumerate(files)
+    ]
+    src = []  # three files: one Ray task each
+    for k in range(3):
+        src.append(images / f"captions-{k}.jsonl")
+        src[-1].write_text("".join(json.dumps(r) + "\n" for r in lines[k::3]))
+    opts = dict(image_fields=["pic"], resize_shorter=32, progress=False)
+    kuat.convert.from_jsonl(src, tmp_path / "local", **opts)
+    kuat.convert.from_jsonl(src, tmp_path / "ray", engine="ray", **opts)
+    check_same_dataset(tmp_path / "ray", tmp_path / "local")
+    # without images both engines write whole Arrow batches (Writer.write_batch)
+    plain = images / "plain.jsonl"
+    plain.write_text("".join(json.dumps({"id": r["id"], "v": r["v"]}) + "\n" for r in lines))
+    kuat.convert.from_jsonl(plain, tmp_path / "plain-local", progress=False)
+    kuat.convert.from_jsonl(plain, tmp_path / "plain-ray", engine="ray", progress=False)
+    check_same_dataset(tmp_path / "plain-ray", tmp_path / "plain-local")
+
+
+def test_failed_task_is_retried_by_ray(ray_local, images, tmp_path):
+    # _ray_faults makes the first attempt of every part raise OSError while closing
+    dst = tmp_path / "flaky"
+    report = kuat.convert.from_imagefolder(
+        images, dst, engine="ray", rows_per_task=100, on_error="skip", progress=False
+    )
+    failed = sorted(p.name for p in (tmp_path / "flaky.failed").iterdir())
+    assert failed == ["part-00000", "part-00001", "part-00002"]  # each part failed once
+    assert report.rows == N_IMAGES and verify(dst).ok
+    kuat.convert.from_imagefolder(images, tmp_path / "local", on_error="skip", progress=False)
+    check_same_dataset(dst, tmp_path / "local")
+
+
+def test_killed_driver_leaves_no_manifest_and_rerun_restarts(ray_local, images, tmp_path):
+    # the driver runs in a child process connected to this module's Ray instance; parts
+    # after the first wait for a gate file (see _ray_faults), so the kill lands mid-run
+    dst = tmp_path / "gated"
+    script = (
+        "import sys, ray, kuat.convert\n"
+        "ray.init(address=sys.argv[1], log_to_driver=False,"
+        " runtime_env={'worker_process_setup_hook': '_ray_faults.install'})\n"
+        "kuat.convert.from_imagefolder(sys.argv[2], sys.argv[3], engine='ray',"
+        " rows_per_task=60, on_error='skip', progress=False)\n"
+    )
+    env = dict(os.environ, **RAY_ENV)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(Path(__file__).parent), *sys.path[1:], env.get("PYTHONPATH", "")]
+    )
+    driver = subprocess.Popen(
+        [sys.executable, "-c", script, ray_local, str(images), str(dst)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        first = staging_dir(dst) / "part-00000" / "manifest.json"
+        deadline = time.monotonic() + 60
+        while not first.exists() and driver.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert first.exists(), driver.stderr.read().decode()[-2000:] if driver.poll() else ""
+        driver.send_signal(signal.SIGKILL)
+        driver.wait(timeout=30)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+            driver.wait(timeout=30)
+        driver.stderr.close()
+    assert not (dst / "manifest.json").exists()  # no reader sees a partial dataset
+    (tmp_path / "gated.gate").touch()
+    report = kuat.convert.from_imagefolder(
+        images, dst, engine="ray", rows_per_task=60, on_error="skip", progress=False
+    )
+    assert report.rows == N_IMAGES and verify(dst).ok
+    assert not staging_dir(dst).exists()
+    kuat.convert.from_imagefolder(images, tmp_path / "local", on_error="skip", progress=False)
+    check_same_dataset(dst, tmp_path / "local")
+
+
+def test_cli_engine_ray(ray_local, images, tmp_path, capsys):
+    dst = tmp_path / "cli"
+    argv = ["convert", str(images), str(dst), "--engine", "ray", "--rows-per-task", "80"]
+    assert cli_main([*argv, "--on-error", "skip", "--no-progress"]) == 0
+    assert "wrote 240 rows" in capsys.readouterr().out
+    assert cli_main(["verify", str(dst)]) == 0
+    # an existing dataset is refused without --overwrite, as with the local engine
+    assert cli_main([*argv, "--on-error", "skip", "--no-progress"]) == 1
+    assert "already a kuat dataset" in capsys.readouterr().err
+
+
+def test_engine_is_validated_and_refused_where_unsupported(tmp_path):
+    with pytest.raises(ValueError, match="engine='spark'"):
+        kuat.convert.ConvertOptions(engine="spark")
+    with pytest.raises(ValueError, match="rows_per_task=0"):
+        kuat.convert.ConvertOptions(rows_per_task=0)
+    (tmp_path / "a.jsonl").write_text('{"a": 1}\n')
+    with pytest.raises(ValueError, match="s3://bucket/x.kuat.*not to a URL"):
+        kuat.convert.from_jsonl(tmp_path / "a.jsonl", "s3://bucket/x.kuat", engine="ray")
+    np.save(tmp_path / "a.npy", np.arange(4))
+    with pytest.raises(ValueError, match="'numpy' converts locally only"):
+        kuat.convert.convert(str(tmp_path / "a.npy"), tmp_path / "o", engine="ray")
+    with tarfile.open(tmp_path / "a.tar", "w") as tar:
+        tar.add(tmp_path / "a.npy", arcname="000.npy")
+    with pytest.raises(ValueError, match="engine='ray': this converter runs locally only"):
+        kuat.convert.from_webdataset(str(tmp_path / "a.tar"), tmp_path / "o", engine="ray")
+    assert not (tmp_path / "o").exists()
