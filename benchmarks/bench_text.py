@@ -9,12 +9,15 @@ loaders interleaved (A B C A B C ...), medians and min-max spread reported:
   pre-tokenized data (a kuat dataset) and from raw text (``kuat.text.tokenize`` on the fly),
   for kuat's ``concat``, ``first_fit`` and ``best_fit``; torchtune's ``PackedDataset`` (eager:
   its first row comes after its whole pass) and TRL's ``pack_dataset`` (``bfd`` and
-  ``wrapped``) on the same token lists, when they import in this interpreter. They are kept
-  out of kuat's environment in a directory of their own (torchtune 0.6.1 imports with torch
-  2.14 only beside ``torchao==0.10.0``)::
+  ``wrapped``) on the same token lists, run by ``benchmarks/text_peers.py`` in the bench
+  environment ``text`` (``benchmarks/envs.py``: torchtune 0.6.1 imports with torch 2.14 only
+  beside ``torchao==0.10.0``; trl 1.16), created by ``--setup-envs``, one child per round so
+  the rounds interleave with kuat's. Without that environment the child runs in this
+  interpreter, and the peers are reported where they import (for example from a directory
+  on ``PYTHONPATH``)::
 
       pip install --target PEERS --no-deps trl==1.16.0 torchtune==0.6.1 torchao==0.10.0 \
-          omegaconf antlr4-python3-runtime==4.9.3 sentencepiece tiktoken
+          omegaconf antlr4-python3-runtime==4.9.3 sentencepiece tiktoken blobfile
       PYTHONPATH=src:PEERS .venv/bin/python -m benchmarks.bench_text
 
 * **waste**: % of row tokens that are padding: naive per-sample padding (batches of 8 in order)
@@ -35,6 +38,9 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 import tracemalloc
 from pathlib import Path
@@ -90,34 +96,36 @@ def pack_runs(data: dict, seq_len: int) -> dict:
     runs["kuat best_fit (raw text)"] = lambda: iter(
         pack(tokenize(texts, data["tokenizer"], eos_id=data["eos_id"]), seq_len, "best_fit")
     )
-    ids = [np.asarray(ds[i]["input_ids"]).astype(np.int64).tolist() for i in range(len(ds))]
-    try:
-        from torchtune.datasets import PackedDataset
-
-        class _Tokens:
-            def __len__(self):
-                return len(ids)
-
-            def __getitem__(self, i):
-                return {"tokens": ids[i], "labels": ids[i]}
-
-        runs["torchtune PackedDataset"] = lambda: iter(
-            PackedDataset(_Tokens(), max_seq_len=seq_len, split_across_pack=False)
-        )
-    except ImportError:
-        pass
-    try:
-        import datasets
-        from trl import pack_dataset
-
-        table = datasets.Dataset.from_dict({"input_ids": ids})
-        for strategy in ("bfd", "wrapped"):
-            runs[f"trl pack_dataset {strategy}"] = lambda s=strategy: iter(
-                pack_dataset(table, seq_len, strategy=s)
-            )
-    except ImportError:
-        pass
     return runs
+
+
+def peers_python(setup_envs: bool, log_dir: Path) -> tuple[str, str]:
+    """``(interpreter, where)`` for the peers: the ``text`` bench environment when it exists
+    (or ``setup_envs`` creates it), else this interpreter."""
+    from benchmarks import envs
+
+    try:
+        py = envs.ensure("text", create=setup_envs, log_path=log_dir / "env-text.log")
+        return str(py), f"environment {py.parent.parent}"
+    except envs.EnvUnavailable as e:
+        return sys.executable, f"this interpreter ({e})"
+
+
+def peer_round(python: str, tokens: Path, seq_len: int, work: Path) -> dict:
+    """One timed pass of every peer, in a child process of ``python`` (see text_peers.py)."""
+    out = work / "peers.json"
+    out.unlink(missing_ok=True)
+    script = Path(__file__).with_name("text_peers.py")
+    proc = subprocess.run(
+        [python, str(script), str(tokens), str(seq_len), str(out)],
+        capture_output=True,
+        text=True,
+        timeout=3600,
+    )
+    if proc.returncode != 0 or not out.exists():
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
+        return {"runs": {}, "versions": {}, "unavailable": {"peers": f"child failed: {tail[0]}"}}
+    return json.loads(out.read_text())
 
 
 def naive_waste(lengths: np.ndarray, seq_len: int, batch: int = NAIVE_BATCH) -> float:
@@ -178,6 +186,11 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--cache-dir", type=Path, default=Path.home() / ".cache" / "kuat" / "bench")
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument(
+        "--setup-envs",
+        action="store_true",
+        help="create the peers' environment (torchtune, TRL) when missing",
+    )
     args = ap.parse_args(argv)
     os.environ.setdefault("TQDM_DISABLE", "1")  # the peers' progress bars would garble the table
     os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
@@ -185,10 +198,22 @@ def main(argv=None) -> int:
     data = prepare(args.cache_dir, args.docs)
     runs = pack_runs(data, args.seq_len)
     samples: dict[str, list] = {name: [] for name in runs}
+    import kuat
+    from benchmarks.text_peers import write_tokens
+
+    work = Path(tempfile.mkdtemp(prefix="kuat-bench-text-"))
+    ds = kuat.open(data["path"])
+    write_tokens(work / "tokens.npz", ds.read_batch(range(len(ds)), ["input_ids"])["input_ids"])
+    python, where = peers_python(args.setup_envs, args.cache_dir)
+    peers = {"python": where, "versions": {}, "unavailable": {}}
     for _ in range(args.repeats):  # interleaved: A B C A B C ...
         for name, fn in runs.items():
             samples[name].append(_timed(fn))
-    import kuat
+        got = peer_round(python, work / "tokens.npz", args.seq_len, work)
+        peers["versions"].update(got["versions"])
+        peers["unavailable"].update(got["unavailable"])
+        for name, run in got["runs"].items():
+            samples.setdefault(name, []).append(tuple(run))
 
     lengths = kuat.text.lengths_of(kuat.open(data["path"]))
     docs, tokens = len(lengths), int(lengths.sum())
@@ -206,6 +231,10 @@ def main(argv=None) -> int:
               f"{runs_[0][2]:6d}")  # fmt: skip
         result["pack"][name] = {"docs_per_s": rate, "tokens_per_s": tokens / med,
                                 "first_row_s": first, "rows": runs_[0][2]}  # fmt: skip
+    print(f"peers ran in {peers['python']}: {peers['versions'] or 'none'}")
+    for name, why in peers["unavailable"].items():
+        print(f"  {name}: unavailable: {why}")
+    result["peers"] = peers
     print("\npadding waste, % of row tokens:")
     from kuat.text import pack
 

@@ -13,6 +13,9 @@ Why separate environments (facts measured on this project's machine, late 2026):
 - ``ffcv``: FFCV 1.0.2 is an sdist that compiles against libjpeg-turbo and OpenCV (Debian's
   ``libturbojpeg0-dev libopencv-dev pkg-config``), and its declared requirements pin old
   versions, so it is installed with ``--no-deps`` after its run-time dependencies.
+- ``text``: torchtune 0.6.1 (imports with torch 2.14 only beside ``torchao==0.10.0``, newer
+  torchao fails at import) and TRL 1.16 with the ``datasets`` it brings, for the text
+  benchmark's packing peers (``benchmarks/text_peers.py``).
 - ``peers``: SPDL 0.8 (needs Debian's ``libavdevice59 libavfilter8`` at run time), DALI (CPU
   pipeline) and LitData, which co-install, but not into the project's environment.
 
@@ -41,6 +44,13 @@ ENVS: dict[str, dict] = {
             "spdl": ["spdl==0.8.0"],
             "dali": ["nvidia-dali-cuda120==2.4.0", "nvidia-nvimgcodec-cu12"],
             "litdata": ["litdata==0.2.76"],
+        },
+    },
+    "text": {
+        "apt": [],
+        "steps": {
+            "torchtune": ["torchtune==0.6.1", "torchao==0.10.0"],
+            "trl": ["trl==1.16.0"],
         },
     },
     "streaming": {

@@ -29,3 +29,36 @@ def test_bench_text_reports_every_workload(tmp_path, capsys):
     assert result["waste"]["best_fit"] < result["waste"]["naive per-sample (batch 8)"]
     assert result["memory"]["disk_bytes_per_token"] < 2.5
     assert set(result["resume_ms"]) == {"10%", "50%", "90%"}
+    # the peers run in a child (their own environment when set up): reported or said why not
+    peers = result["peers"]
+    for name in ("torchtune PackedDataset", "trl pack_dataset bfd", "trl pack_dataset wrapped"):
+        assert name in pack or name in peers["unavailable"]
+
+
+def test_text_peers_child_reports_runs_or_why_not(tmp_path):
+    """benchmarks/text_peers.py, as the bench runs it (a script, in whatever interpreter holds
+    the peers): every peer either timed on the given tokens or named unavailable."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import numpy as np
+
+    from benchmarks.text_peers import write_tokens
+
+    rng = np.random.default_rng(0)
+    docs = [rng.integers(1, 500, rng.integers(1, 40)).astype(np.uint16) for _ in range(60)]
+    write_tokens(tmp_path / "t.npz", docs)
+    script = Path(__file__).parents[1] / "benchmarks" / "text_peers.py"
+    out = tmp_path / "o.json"
+    proc = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "t.npz"), "64", str(out)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    got = json.loads(out.read_text())
+    names = {"torchtune PackedDataset", "trl pack_dataset bfd", "trl pack_dataset wrapped"}
+    assert set(got["runs"]) | set(got["unavailable"]) == names
+    total = sum(len(d) for d in docs)
+    for name, (secs, first, rows, tokens) in got["runs"].items():
+        assert rows >= -(-total // 64) and tokens >= total and secs >= first >= 0, name

@@ -3,27 +3,12 @@ import collections
 import numpy as np
 import pytest
 import torch
+from _same import assert_same
 from torch.utils.data import default_collate as torch_collate
 
 from kuat.collate import batch_scope, default_collate, map_structure, new_batch_buffer
 
 Point = collections.namedtuple("Point", "x y")
-
-
-def _same(a, b):
-    assert type(a) is type(b), (type(a), type(b))
-    if isinstance(a, torch.Tensor):
-        assert a.dtype == b.dtype and torch.equal(a, b)
-    elif isinstance(a, dict):
-        assert list(a) == list(b)
-        for k in a:
-            _same(a[k], b[k])
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b)
-        for x, y in zip(a, b):
-            _same(x, y)
-    else:
-        assert a == b
 
 
 def test_structures_match_torch_default_collate():
@@ -39,7 +24,7 @@ def test_structures_match_torch_default_collate():
         }
         for i in range(4)
     ]
-    _same(default_collate(samples), torch_collate(samples))
+    assert_same(default_collate(samples), torch_collate(samples))
 
 
 def test_consecutive_views_of_the_batchs_own_buffer_are_returned_without_copy():

@@ -216,11 +216,34 @@ def test_on_the_fly_tokenize_splits_before_encoding(corpus, tok, world_size):
     )
 
 
-def test_progress_counts_records_not_batches(corpus, tok, tmp_path, caplog):
-    # the log said "tokenize: done, 4 samples" for 1,993 records: it counted batches
+def test_on_error_skip_lists_malformed_records(tok, tmp_path):
+    """on_error="skip" (ConvertOptions, shared by every converter): bad JSON lines, records
+    without the field and non-string fields are left out and named in the report."""
+    src = tmp_path / "mixed.jsonl"
+    lines = ['{"text": "alpha"}', '{"body": "b"}', '{"text": ', '{"text": 3}', '{"text": "omega"}']
+    src.write_text("\n".join(lines) + "\n")
+    report = kuat.convert.from_text(
+        str(src), tmp_path / "o", tok, on_error="skip", progress=False, batch_size=2
+    )
+    assert report.rows == 2
+    assert [w for w, _ in report.skipped] == [f"{src}:2", f"{src}:3", f"{src}:4"]
+    assert "no field 'text'" in report.skipped[0][1]
+    assert "not a JSON object" in report.skipped[1][1]
+    rows = stored(tmp_path / "o")
+    eos = []  # a tokenizers.Tokenizer without eos_id= adds none
+    for row, text in zip(rows, ["alpha", "omega"], strict=True):
+        assert row.tolist() == tok.encode(text, add_special_tokens=False).ids + eos
+    with pytest.raises(ValueError, match="on_error="):
+        kuat.convert.from_text(str(src), tmp_path / "o2", tok, on_error="ignore")
+
+
+def test_progress_lines_when_stderr_is_not_a_terminal(corpus, tok, tmp_path, caplog):
+    """Progress as every converter shows it: INFO lines counting records, not batches."""
     import logging
 
-    with caplog.at_level(logging.INFO, logger="kuat"):
-        kuat.convert.from_text(corpus[:50], tmp_path / "t.kuat", tok, eos_id=0, progress=True)
-    done = [r.getMessage() for r in caplog.records if "tokenize: done" in r.getMessage()]
-    assert done and "done, 50 samples" in done[-1], done
+    with caplog.at_level(logging.INFO, logger="kuat.convert"):
+        kuat.convert.from_text(
+            corpus[:50], tmp_path / "o", tok, progress_interval_s=0, batch_size=8
+        )
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("tokenize:")]
+    assert lines and "50 samples" in lines[-1] and "samples/s" in lines[-1]

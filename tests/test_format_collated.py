@@ -10,6 +10,7 @@ import io
 import numpy as np
 import pytest
 import torch
+from _same import assert_same
 from PIL import Image
 from torch.utils.data import default_collate as torch_collate
 
@@ -20,22 +21,6 @@ from kuat.vision import RandomResizedCrop
 
 N = 12
 INDICES = [5, 0, 11, 3, 3, 7, -1]
-
-
-def _same(a, b):
-    assert type(a) is type(b), (type(a), type(b))
-    if isinstance(a, torch.Tensor):
-        assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
-    elif isinstance(a, dict):
-        assert list(a) == list(b)
-        for k in a:
-            _same(a[k], b[k])
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b)
-        for x, y in zip(a, b):
-            _same(x, y)
-    else:
-        assert a == b
 
 
 def _jpeg(seed: int) -> bytes:
@@ -91,13 +76,13 @@ def _check(ds, indices=INDICES):
     with batch_scope():
         samples = ds.__getitems__(indices)
         want = default_collate(samples)
-    _same(fast, want)
+    assert_same(fast, want)
     return fast, samples
 
 
 def test_every_field_type_matches_collating_the_samples(every_type):
     fast, samples = _check(every_type)
-    _same(fast, torch_collate(samples))  # and torch's own default_collate
+    assert_same(fast, torch_collate(samples))  # and torch's own default_collate
     assert fast["i8"].dtype == torch.int64 and fast["f16"].dtype == torch.float64
     assert fast["t_u16"].shape == (len(INDICES), 4) and fast["text"][0] == "row 5 é"
 
@@ -126,7 +111,7 @@ def test_the_loader_uses_the_collated_fetch_and_gives_todays_batches(every_type)
                                collate_fn=collate)
         assert fast._job.fetch_collated and not slow._job.fetch_collated
         for a, b in zip(fast, slow, strict=True):
-            _same(a, b)
+            assert_same(a, b)
 
 
 def test_the_collated_fetch_validates_indices_like_getitems(every_type):

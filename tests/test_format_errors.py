@@ -3,6 +3,7 @@ bad manifests, unknown versions, checksum mismatches; verify and merge."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import sys
@@ -354,3 +355,35 @@ def test_permanent_remote_error_names_the_url():
     with pytest.raises(PermissionError) as info:
         retry(fail, what="reading manifest", url="s3://bucket/x.kuat/manifest.json")
     assert "s3://bucket/x.kuat/manifest.json" in "".join(getattr(info.value, "__notes__", []))
+
+
+@pytest.mark.parametrize("remote", [False, True], ids=["path", "url"])
+def test_verify_reports_a_shard_it_cannot_read_and_goes_on(tmp_path, monkeypatch, remote):
+    # local and remote verify share one per-shard error rule: an OSError reading shard k
+    # becomes a FormatError naming that shard (cause chained), every shard is still counted
+    verify_mod = importlib.import_module("kuat.format.verify")  # kf.verify is the function
+
+    ds = _write(tmp_path / "d")
+    assert ds.num_shards >= 3
+    real_open, calls = verify_mod._open_shard, []
+
+    def flaky_open(path, *args, **kwargs):
+        calls.append(path)
+        if len(calls) == 2:
+            raise OSError(5, "Input/output error")
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(verify_mod, "_open_shard", flaky_open)
+    seen = []
+    root = f"file://{tmp_path}/d" if remote else tmp_path / "d"
+    report = kf.verify(root, on_shard=lambda k, where: seen.append((k, where)))
+    manifest = _manifest(tmp_path / "d")
+    files = [s["file"] for s in manifest["shards"]]
+    assert [k for k, _ in seen] == list(range(len(files)))
+    assert [os.path.basename(str(w)) for _, w in seen] == files
+    assert report.shards == len(files)
+    assert report.bytes == sum(s["bytes"] for s in manifest["shards"])
+    assert len(report.errors) == 1
+    (err,) = report.errors
+    assert isinstance(err, FormatError) and isinstance(err.__cause__, OSError)
+    assert err.path == seen[1][1] and f"cannot read shard {seen[1][1]}:" in str(err)

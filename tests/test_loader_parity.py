@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from _same import assert_same
 from torch.utils.data import BatchSampler, IterableDataset, get_worker_info
 from torch.utils.data import DataLoader as TorchLoader
 
@@ -42,24 +43,6 @@ class WithGetitems(Rich):
 
     def __getitems__(self, indices):
         return [self[i] for i in indices]
-
-
-def assert_same(a, b):
-    assert type(a) is type(b), (type(a), type(b))
-    if isinstance(a, torch.Tensor):
-        assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
-    elif isinstance(a, np.ndarray):
-        np.testing.assert_array_equal(a, b)
-    elif isinstance(a, dict):
-        assert list(a) == list(b)
-        for k in a:
-            assert_same(a[k], b[k])
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b)
-        for x, y in zip(a, b):
-            assert_same(x, y)
-    else:
-        assert a == b
 
 
 def both(dataset, mode, epochs=1, **kw):

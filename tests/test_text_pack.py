@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 import kuat
+from kuat.format.schema import sequence
 from kuat.testing import check_resume
 from kuat.text import STRATEGIES, document_mask, flex_block_mask, pack, pack_collate
 
@@ -357,6 +358,91 @@ def test_argument_and_document_errors():
         pack([], 8, "concat").iter_rows(state={"version": 1, "strategy": "best_fit"})
     with pytest.raises(ValueError, match="rows of different lengths"):
         pack_collate()([next(iter(pack([[1, 2]], 4))), next(iter(pack([[1, 2]], 5)))])
+
+
+def _same_rows(a, b):
+    assert len(a) == len(b)
+    for x, y in zip(a, b, strict=True):
+        assert x.keys() == y.keys()
+        for k in x:
+            assert x[k].dtype == y[k].dtype and torch.equal(x[k], y[k]), k
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("too_long", ["split", "drop"])
+def test_kuat_dataset_read_column_wise_gives_the_same_rows(tmp_path, strategy, too_long):
+    """The column-wise read of a kuat dataset (one read_batch per block, uint16 tokens, a
+    uint8 loss mask) packs exactly as the per-document path over the same samples."""
+    rng = np.random.default_rng(3)
+    docs = make_docs(n=700, seed=3, longest=40)
+    masks = [rng.integers(0, 2, len(d["input_ids"])).astype(np.uint8) for d in docs]
+    ids = [np.asarray(d["input_ids"], np.int64) % 60_000 for d in docs]
+    schema = {
+        "input_ids": sequence("uint16"),
+        "loss_mask": sequence("uint8"),
+    }
+    with kuat.Writer(tmp_path / "d", schema) as w:
+        w.write_batch({"input_ids": [i.astype(np.uint16) for i in ids], "loss_mask": masks})
+    ds = kuat.open(tmp_path / "d")
+    plain = [{"input_ids": i, "loss_mask": m} for i, m in zip(ids, masks, strict=True)]
+    for shuffle in (False, True):
+        kw = dict(buffer_size=100, too_long=too_long, shuffle=shuffle, seed=5)
+        got = list(pack(ds, 64, strategy, **kw))
+        _same_rows(got, list(pack(MapDocs(plain), 64, strategy, **kw)))
+        assert len(got) > 10
+
+
+def test_concat_matches_a_per_token_reference():
+    """concat rows against a plain per-token reference: cut every L tokens, a segment starts
+    at each document's first token and at each row start."""
+    docs = make_docs(n=300, seed=4, longest=50)
+    seq_len = 32
+    flat, first = [], []
+    for d in docs:
+        for t, tok in enumerate(d["input_ids"]):
+            flat.append(tok)
+            first.append(t == 0)
+    rows = list(pack(docs, seq_len, "concat"))
+    assert len(rows) == -(-len(flat) // seq_len)
+    for r, row in enumerate(rows):
+        ids = flat[r * seq_len : (r + 1) * seq_len]
+        starts = [c == 0 or first[r * seq_len + c] for c in range(len(ids))]
+        pos, lengths = [], []
+        for s in starts:
+            pos.append(0 if s else pos[-1] + 1)
+            if s:
+                lengths.append(0)
+            lengths[-1] += 1
+        pad = seq_len - len(ids)
+        assert row["input_ids"].tolist() == ids + [0] * pad
+        assert (
+            row["labels"].tolist()
+            == [-100 if s else t for t, s in zip(ids, starts, strict=True)] + [-100] * pad
+        )
+        assert row["position_ids"].tolist() == pos + list(range(pad))
+        assert row["document_lengths"].tolist() == lengths
+
+
+def test_first_fit_against_a_linear_scan():
+    """The segment-tree first fit (sized by first fit's bound on bins) against the plain
+    definition: each item into the lowest-numbered bin with room."""
+    from kuat.text.pack import _first_fit
+
+    rng = np.random.default_rng(6)
+    for capacity in (1, 7, 64):
+        for _ in range(30):
+            sizes = rng.integers(1, capacity + 1, rng.integers(0, 200)).tolist()
+            free, want = [], []
+            for i, s in enumerate(sizes):
+                b = next((b for b, f in enumerate(free) if f >= s), len(free))
+                if b == len(free):
+                    free.append(capacity)
+                    want.append([])
+                free[b] -= s
+                want[b].append(i)
+            bins, fills = _first_fit(sizes, capacity)
+            assert bins == want
+            assert fills == [capacity - f for f in free]
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)

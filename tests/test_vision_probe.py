@@ -9,10 +9,18 @@ import struct
 
 import numpy as np
 import pytest
+import simplejpeg
 from PIL import Image, ImageOps
 
 from kuat.errors import DecodeError
-from kuat.vision.probe import _jpeg_header, check_complete, probe_complete, probe_image
+from kuat.vision import _exif
+from kuat.vision.probe import (
+    _jpeg_header,
+    _jpeg_scan_start,
+    check_complete,
+    probe_complete,
+    probe_image,
+)
 
 
 def _jpeg(mode: str = "RGB", size=(40, 24), **save) -> bytes:
@@ -86,3 +94,51 @@ def test_unusual_jpegs_take_the_general_path():
     png = io.BytesIO()
     Image.new("RGB", (5, 3)).save(png, "PNG")
     assert tuple(probe_complete(png.getvalue())) == (5, 3, "png")
+
+
+def _mutants(data: bytes) -> dict[str, bytes]:
+    """Edge cases of the marker walk, each made from an ordinary JPEG ``data``."""
+    dqt, sos = data.index(b"\xff\xdb"), data.index(b"\xff\xda")
+    return {
+        "as is": data,
+        "fill bytes": data[:dqt] + b"\xff\xff\xff" + data[dqt:],  # legal before any marker
+        "standalone marker": data[:dqt] + b"\xff\x01" + data[dqt:],  # TEM: no length field
+        "first segment length 1": data[:4] + b"\x00\x01" + data[6:],  # before any EXIF
+        "segment length 1": data[: dqt + 2] + b"\x00\x01" + data[dqt + 4 :],
+        "segment past the end": data[: dqt + 2] + b"\xff\xf0" + data[dqt + 4 :],
+        "end of image before the scan": data[:sos] + b"\xff\xd9",
+        "junk where a marker belongs": data[:dqt] + b"\x00" + data[dqt + 1 :],
+        "cut inside the header": data[: dqt + 3],
+    }
+
+
+@pytest.mark.parametrize("name", ["baseline", "orientation 6", "orientation 6 + comment"])
+def test_the_marker_walks_agree_on_every_edge_case(name):
+    # _jpeg_header writes the shared walk (_exif.jpeg_segments) out inline for speed; the
+    # scan-start finder and jpeg_orientation call the shared one. They must not drift apart.
+    orientation = _exif.jpeg_orientation(VARIANTS[name])
+    assert orientation == (1 if name == "baseline" else 6)
+    with Image.open(io.BytesIO(VARIANTS[name])) as im:
+        want = ImageOps.exif_transpose(im).size  # (W, H) after orientation
+    got = {}
+    for case, data in _mutants(VARIANTS[name]).items():
+        header, sos = _jpeg_header(data), _jpeg_scan_start(data)
+        got[case] = (header is not None, sos >= 0, _exif.jpeg_orientation(data))
+        if header is not None:
+            assert header[2] == sos == data.index(b"\xff\xda"), case
+            assert (header[0], header[1]) == probe_image(data)[:2] == want, case
+            stored = simplejpeg.decode_jpeg(data).shape[:2]  # libjpeg-turbo reads it too
+            assert sorted(stored) == sorted(want), case
+    assert got == {
+        "as is": (True, True, orientation),
+        "fill bytes": (True, True, orientation),
+        "standalone marker": (True, True, orientation),
+        # a length under 2 stops the header walk and the orientation read, but the scan
+        # finder steps over it (as it always has) and here lands on a non-marker byte
+        "first segment length 1": (False, False, 1),
+        "segment length 1": (False, False, orientation),
+        "segment past the end": (False, False, orientation),
+        "end of image before the scan": (False, False, orientation),
+        "junk where a marker belongs": (False, False, orientation),
+        "cut inside the header": (False, False, orientation),
+    }

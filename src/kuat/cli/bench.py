@@ -172,6 +172,8 @@ def run(args: argparse.Namespace) -> int:
         if args.cache_dir is not None:
             text_args += ["--cache-dir", str(args.cache_dir)]
         quick = ["--docs", "2000", "--repeats", "1"] if args.quick else []
+        if args.setup_envs or (args.setup_envs is None and not args.quick):
+            text_args.append("--setup-envs")  # torchtune and TRL in their own environment
         return bench_text.main(text_args + quick)
     from benchmarks import report
     from benchmarks.adapters import LOADERS

@@ -31,6 +31,12 @@ examples:
 """
 
 
+# the options of ConvertOptions that tokenizing text uses (the rest are image options)
+_TEXT_OPTIONS = (
+    "num_workers", "progress", "progress_interval_s", "overwrite", "on_error", "shard_bytes"
+)  # fmt: skip
+
+
 def _int_in(low: int, high: int | None = None):
     def parse(text: str) -> int:
         try:
@@ -196,10 +202,7 @@ def run(args) -> int:
                 load_tokenizer(args.tokenizer),
                 text_field=args.text_field,
                 eos_id=args.eos_id,
-                num_workers=args.workers,
-                progress=not args.no_progress,
-                overwrite=args.overwrite,
-                shard_bytes=args.shard_bytes,
+                **{k: options[k] for k in _TEXT_OPTIONS},
             )
         else:
             report = kuat.convert.convert(

@@ -262,7 +262,7 @@ def parallel_map(
     source_of: Callable = str,
     report: ConvertReport | None = None,
     chunk_size: int = 1,
-    samples_of: Callable[[object], int] | None = None,
+    size_of: Callable | None = None,
 ) -> Iterator:
     """Yield ``fn(item)`` for every item, in order, computed by ``opts.workers`` threads.
 
@@ -271,8 +271,8 @@ def parallel_map(
     single items or ``2 * workers`` chunks are in flight (bounded memory). An item whose ``fn`` raises a :class:`kuat.KuatError` or
     ``OSError`` is skipped (``on_error="skip"``; recorded in ``report.skipped`` with
     ``source_of(item)``) or re-raised (``"raise"``). Other exceptions are bugs and always
-    propagate. ``fn`` must be thread-safe. ``samples_of(item)`` is how many samples an item
-    counts for in the progress report (an item that is a batch of records: ``len``; default 1).
+    propagate. ``fn`` must be thread-safe. Progress counts samples: 1 per item, or
+    ``size_of(item)`` for items that hold several (batches of records).
     """
     progress = Progress(total, desc, opts.progress, opts.progress_interval_s)
     if not isinstance(chunk_size, int) or chunk_size < 1:
@@ -300,7 +300,7 @@ def parallel_map(
                         f.cancel()
                     raise
                 for item, (ok, result) in zip(chunk, outcomes):
-                    progress.update(1 if samples_of is None else samples_of(item))
+                    progress.update(1 if size_of is None else size_of(item))
                     if ok:
                         yield result
                         continue

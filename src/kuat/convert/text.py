@@ -12,13 +12,12 @@ from __future__ import annotations
 import json
 import logging
 import os
-import time
 from collections.abc import Iterable, Iterator, Mapping
 
 import numpy as np
 
-from kuat.convert._driver import ConvertOptions, ConvertReport, parallel_map
-from kuat.format import Field, Schema, Writer
+from kuat.convert._driver import ConvertOptions, ConvertReport, converting, parallel_map
+from kuat.format import Field, Schema
 from kuat.format import schema as fs
 
 __all__ = ["from_text", "TEXT_EXTENSIONS"]
@@ -38,10 +37,7 @@ def from_text(
     add_eos: bool = True,
     eos_id: int | None = None,
     batch_size: int = 512,
-    num_workers: int | None = None,
-    progress: bool = True,
-    overwrite: bool = False,
-    shard_bytes: int | None = None,
+    **options,
 ) -> ConvertReport:
     """Tokenize text records into a kuat dataset at ``dst`` (one row per record).
 
@@ -59,7 +55,12 @@ def from_text(
             separated); chat records always end each message with it.
         eos_id: the eos token id, when the tokenizer does not say (``tokenizers`` objects).
         batch_size: records per tokenizer call.
-        num_workers, progress, overwrite, shard_bytes: see :class:`kuat.convert.ConvertOptions`.
+        options: ``num_workers``, ``progress`` (a bar on a terminal, INFO lines on the
+            ``kuat.convert`` logger every ``progress_interval_s`` otherwise), ``overwrite``,
+            ``shard_bytes`` and ``on_error``: see :class:`kuat.convert.ConvertOptions`. With
+            ``on_error="skip"`` a malformed record (a bad JSON line, a missing or non-string
+            field, a malformed chat) is left out and listed in the report's ``skipped`` as
+            ``(file:line or row, reason)``.
 
     Returns:
         A :class:`kuat.convert.ConvertReport`; the manifest's metadata records the tokenizer's
@@ -67,19 +68,18 @@ def from_text(
 
     Raises:
         FileNotFoundError: a path or glob that matches nothing.
-        ValueError: a record without the field, a malformed JSON line (names the file and line),
-            an unsupported file extension.
+        ValueError: with ``on_error="raise"``, a record without the field or a malformed JSON
+            line (names the file and line); an unsupported file extension; invalid options.
         TypeError: an unsupported tokenizer.
     """
+    from kuat.sources.hf import is_hf_map_dataset
     from kuat.text.tokenize import as_tokenizer, encode_chat, token_dtype
 
     tok = as_tokenizer(tokenizer, eos_id)
-    opts = ConvertOptions(
-        num_workers=num_workers, progress=progress, shard_bytes=shard_bytes, overwrite=overwrite
-    )
-    t0 = time.perf_counter()
+    opts = ConvertOptions(**options)
+    skip = opts.on_error == "skip"
     dtype = token_dtype(tok.vocab_size)
-    records = _records(src)
+    records = _records(src, keep_malformed=skip)
     first = next(records, None)
     chat = isinstance(first, tuple) and isinstance(first[1], Mapping) and messages_field in first[1]
     fields = [Field("input_ids", fs.sequence(dtype.name))]
@@ -87,22 +87,45 @@ def from_text(
         fields.append(Field("loss_mask", fs.sequence("uint8")))
     eos = [tok.eos_id] if add_eos and tok.eos_id is not None else []
 
-    def encode(batch: list[tuple[str, object]]) -> dict:
+    def check(where: str, rec) -> None:
+        """Raise ValueError naming ``where`` unless ``rec`` holds what the encoding needs."""
+        if isinstance(rec, _Malformed):
+            raise ValueError(rec.reason)
+        if chat:
+            _get(rec, messages_field, where)
+            return
+        t = rec if isinstance(rec, str) else _get(rec, text_field, where)
+        if not isinstance(t, str):
+            raise ValueError(f"{where}: {text_field!r} should be a string, got {t!r:.80}")
+
+    def encode(batch: list[tuple[str, object]]) -> tuple[dict, list]:
+        """``(columns, skipped)`` of one batch of records (runs in a worker thread)."""
+        skipped, good = [], []
+        for where, rec in batch:
+            try:
+                check(where, rec)
+            except ValueError as e:
+                if not skip:
+                    raise
+                skipped.append((where, str(e)))
+                continue
+            good.append((where, rec))
         if chat:
             ids, masks = [], []
-            for where, rec in batch:
+            for where, rec in good:
                 try:
-                    i, m = encode_chat(tok, _get(rec, messages_field, where))
+                    i, m = encode_chat(tok, rec[messages_field])
                 except ValueError as e:
-                    raise ValueError(f"{where}: {e}") from e
+                    if not skip:
+                        raise ValueError(f"{where}: {e}") from e
+                    skipped.append((where, str(e)))
+                    continue
                 ids.append(np.asarray(i, dtype))  # (n,) list[int] -> uint
                 masks.append(np.asarray(m, np.uint8))
-            return {"input_ids": ids, "loss_mask": masks}
-        texts = [rec if isinstance(rec, str) else _get(rec, text_field, w) for w, rec in batch]
-        for (where, _), t in zip(batch, texts, strict=True):
-            if not isinstance(t, str):
-                raise ValueError(f"{where}: {text_field!r} should be a string, got {t!r:.80}")
-        return {"input_ids": [np.asarray(i + eos, dtype) for i in tok.encode_batch(texts)]}
+            return {"input_ids": ids, "loss_mask": masks}, skipped
+        texts = [rec if isinstance(rec, str) else rec[text_field] for _, rec in good]
+        encoded = tok.encode_batch(texts) if texts else []
+        return {"input_ids": [np.asarray(i + eos, dtype) for i in encoded]}, skipped
 
     def batches() -> Iterator[list]:
         batch = [] if first is None else [first]
@@ -114,18 +137,19 @@ def from_text(
         if batch:
             yield batch
 
-    report = ConvertReport(str(dst))
     tokens = 0
     meta = {"source": "text", "tokenizer": repr(tok), "vocab_size": tok.vocab_size}
     meta["eos_id"] = tok.eos_id
-    with Writer(dst, Schema(fields), metadata=meta, **opts.writer_kwargs()) as w:
-        for columns in parallel_map(
-            encode, batches(), opts, desc="tokenize", source_of=_where, samples_of=len
-        ):
+    total = len(src) if is_hf_map_dataset(src) else None
+    work = parallel_map(
+        encode, batches(), opts, total=total, desc="tokenize", source_of=_where, size_of=len
+    )
+    with converting(dst, Schema(fields), opts, meta) as (w, report):
+        for columns, skipped in work:
+            report.skipped.extend(skipped)
             tokens += sum(len(x) for x in columns["input_ids"])
-            w.write_batch(columns)
-        report.rows = w.num_rows
-    report.seconds = time.perf_counter() - t0
+            if columns["input_ids"]:
+                w.write_batch(columns)
     _log.info(
         "tokenized %d records, %d tokens (%s, %d bytes per token) into %s",
         report.rows,
@@ -148,8 +172,18 @@ def _get(rec, name: str, where: str):
     return rec[name]
 
 
-def _records(src) -> Iterator[tuple[str, object]]:
-    """``(where, record)`` pairs; ``where`` names the file and line or the row."""
+class _Malformed:
+    """A record the reader could not parse, kept in its place to be skipped and reported."""
+
+    __slots__ = ("reason",)
+
+    def __init__(self, reason: str):
+        self.reason = reason
+
+
+def _records(src, keep_malformed: bool = False) -> Iterator[tuple[str, object]]:
+    """``(where, record)`` pairs; ``where`` names the file and line or the row. A malformed
+    JSON line raises ValueError, or with ``keep_malformed`` comes as a :class:`_Malformed`."""
     from kuat.sources.hf import is_hf_iterable_dataset, is_hf_map_dataset
 
     if is_hf_map_dataset(src) or is_hf_iterable_dataset(src):
@@ -157,7 +191,7 @@ def _records(src) -> Iterator[tuple[str, object]]:
     if _looks_like_paths(src):
         from kuat.convert.tabular import expand_paths
 
-        return _files(expand_paths(src))
+        return _files(expand_paths(src), keep_malformed)
     if isinstance(src, Iterable):
         return ((f"record {i}", r) for i, r in enumerate(src))
     raise TypeError(f"src should be paths, a datasets.Dataset or an iterable, got {type(src)}")
@@ -174,7 +208,7 @@ def _looks_like_paths(src) -> bool:
     return len(names) == len(src) and all(n.endswith(TEXT_EXTENSIONS) for n in names)
 
 
-def _files(paths: list[str]) -> Iterator[tuple[str, object]]:
+def _files(paths: list[str], keep_malformed: bool) -> Iterator[tuple[str, object]]:
     for path in paths:
         ext = os.path.splitext(path.lower())[1]
         if ext in (".jsonl", ".ndjson", ".json"):
@@ -185,7 +219,9 @@ def _files(paths: list[str]) -> Iterator[tuple[str, object]]:
                     try:
                         yield f"{path}:{n}", json.loads(line)
                     except json.JSONDecodeError as e:
-                        raise ValueError(f"{path}:{n}: not a JSON object: {e}") from e
+                        if not keep_malformed:
+                            raise ValueError(f"{path}:{n}: not a JSON object: {e}") from e
+                        yield f"{path}:{n}", _Malformed(f"not a JSON object: {e}")
         elif ext in (".parquet", ".pq"):
             import pyarrow.parquet as pq
 

@@ -932,6 +932,12 @@ class Dataset:
         self._store.prefetch(indices)
 
     @property
+    def has_transform(self) -> bool:
+        """Whether samples pass through a transform (:meth:`with_transform`); when not,
+        :meth:`read_batch` returns exactly the values ``__getitems__`` would."""
+        return bool(self._field_transforms) or self._sample_transform is not None
+
+    @property
     def kuat_batch_transform(self) -> Callable | None:
         """Callable applying each fused image transform's ``batch_transform()`` to its field
         of the collated batch dict (the loader calls it after the device copy), or ``None``."""

@@ -4,6 +4,7 @@ image is complete or fully decodes."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -123,7 +124,7 @@ def verify(
     report = VerifyReport(str(root), rows=manifest.num_rows)
     for k, info in enumerate(manifest.shards):
         shard_path = os.path.join(root, info.file)  # a name parse_manifest checked
-        try:
+        with _shard_checked(report, k, shard_path, info.bytes, on_shard):
             member_path(root, info.file, where=f"shard {k}: 'file'")  # no link out of root
             try:
                 size = check_regular_file(shard_path, "shard").st_size
@@ -144,18 +145,32 @@ def verify(
             shard = _open_shard(shard_path, info, schema, arrow_schema)
             if images or decode:
                 _check_images(shard, schema, decode=decode)
-        except FormatError as e:
-            log.debug("%s", e)
-            report.errors.append(e)
-        except OSError as e:
-            err = FormatError(f"cannot read shard {shard_path}: {e}", path=shard_path)
-            err.__cause__ = e
-            report.errors.append(err)
-        report.shards += 1
-        report.bytes += info.bytes
-        if on_shard is not None:
-            on_shard(k, shard_path)
     return report
+
+
+@contextlib.contextmanager
+def _shard_checked(report: VerifyReport, k: int, where: str, nbytes: int, on_shard):
+    """Check shard ``k`` (at path or URL ``where``) in the ``with`` body and count it.
+
+    A :class:`~kuat.FormatError` or :class:`OSError` (a ``RemoteError`` after its retries
+    included) raised in the body is recorded in ``report.errors``, the ``OSError`` wrapped
+    in a ``FormatError`` that names ``where`` and chains it, and **not** re-raised: verify
+    goes on to the next shard. Any other exception propagates uncounted. Then the shard
+    is counted (``nbytes`` as the manifest records them) and ``on_shard(k, where)`` called.
+    """
+    try:
+        yield
+    except FormatError as e:
+        log.debug("%s", e)
+        report.errors.append(e)
+    except OSError as e:
+        err = FormatError(f"cannot read shard {where}: {e}", path=where)
+        err.__cause__ = e
+        report.errors.append(err)
+    report.shards += 1
+    report.bytes += nbytes
+    if on_shard is not None:
+        on_shard(k, where)
 
 
 def _verify_remote(url, images, on_shard, storage_options) -> VerifyReport:
@@ -169,7 +184,7 @@ def _verify_remote(url, images, on_shard, storage_options) -> VerifyReport:
         cache = ShardCache(stage, limit_bytes=1)
         for k, info in enumerate(manifest.shards):
             shard_url = remote.url_of(info.file)
-            try:
+            with _shard_checked(report, k, shard_url, info.bytes, on_shard):
                 member_path(remote.url, info.file, where=f"shard {k}: 'file'")
                 try:
                     local = cache.get(remote, info.file, info)
@@ -182,17 +197,6 @@ def _verify_remote(url, images, on_shard, storage_options) -> VerifyReport:
                         _check_images(shard, schema)
                 finally:
                     os.unlink(local)
-            except FormatError as e:
-                log.debug("%s", e)
-                report.errors.append(e)
-            except OSError as e:  # RemoteError after retries included
-                err = FormatError(f"cannot read shard {shard_url}: {e}", path=shard_url)
-                err.__cause__ = e
-                report.errors.append(err)
-            report.shards += 1
-            report.bytes += info.bytes
-            if on_shard is not None:
-                on_shard(k, shard_url)
     finally:
         shutil.rmtree(stage, ignore_errors=True)
     return report

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 IGNORE_INDEX = -100  # torch.nn.CrossEntropyLoss's default ignore_index, Hugging Face's label pad
-_CHUNK = 256  # documents fetched per __getitems__ call when reading in order
+CHUNK = 256  # documents fetched per __getitems__ / read_batch call when reading in order
 
 
 class Doc:
@@ -80,6 +80,34 @@ def _ints(value, where: str, name: str) -> np.ndarray:
     return arr.astype(np.int64, copy=False)  # (n,) int64: what embeddings and the loss take
 
 
+class Block:
+    """Consecutive documents ``first, first + 1, ...`` in flat buffers (what the packers read).
+
+    ``lengths (k,) int64``; ``ids (T,) int64`` and ``labels (T,) int64`` (-100 where masked),
+    the documents' tokens end to end, ``T = lengths.sum()``; ``starts (k,) int64`` where each
+    document begins in them.
+    """
+
+    __slots__ = ("first", "lengths", "ids", "labels", "starts")
+
+    def __init__(self, first: int, lengths: np.ndarray, ids: np.ndarray, labels: np.ndarray):
+        self.first, self.lengths, self.ids, self.labels = first, lengths, ids, labels
+        self.starts = np.cumsum(lengths) - lengths  # (k,)
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    @classmethod
+    def of_docs(cls, first: int, docs: list[Doc]) -> Block:
+        lengths = np.fromiter((d.n for d in docs), np.int64, len(docs))  # (k,)
+        if not docs:
+            empty = np.empty(0, np.int64)
+            return cls(first, lengths, empty, empty)
+        ids = np.concatenate([d.ids for d in docs])  # (T,) int64
+        labels = np.concatenate([d.labels for d in docs])  # (T,) int64
+        return cls(first, lengths, ids, labels)
+
+
 class Documents:
     """The documents of one epoch of ``source`` by ordinal (see the module docstring)."""
 
@@ -110,8 +138,81 @@ class Documents:
             for ordinal, sample in enumerate(items, start):
                 yield to_doc(sample, ordinal, None, self.field)
             return
-        for lo in range(start, len(self.order), _CHUNK):
-            yield from self.fetch(range(lo, min(len(self.order), lo + _CHUNK)))
+        for lo in range(start, len(self.order), CHUNK):
+            yield from self.fetch(range(lo, min(len(self.order), lo + CHUNK)))
+
+    def blocks(self, start: int, size: int) -> Iterator[Block]:
+        """Documents ``start, start + 1, ...`` to the end of the epoch, ``size`` per
+        :class:`Block` (the last one may be shorter or empty).
+
+        A kuat dataset without transforms is read column-wise: one ``read_batch`` per block
+        and one concatenation per field, no Python per document."""
+        if self.iterable:
+            reader = self.read(start)
+            while True:
+                docs = list(itertools.islice(reader, size))
+                yield Block.of_docs(start, docs)
+                if len(docs) < size:
+                    return
+                start += size
+        n = len(self.order)
+        while True:
+            stop = min(n, start + size)
+            yield self.fetch_block(start, stop)
+            if stop - start < size:
+                return
+            start = stop
+
+    def fetch_block(self, start: int, stop: int) -> Block:
+        """Documents ``start .. stop - 1`` (a map-style source) as one :class:`Block`."""
+        fields = self._columns()
+        if fields is None:
+            return Block.of_docs(start, self.fetch(range(start, stop)))
+        indices = self.order[start:stop]
+        cols = self.source.read_batch(indices, fields)
+        ids_views = cols[self.field]  # k read-only 1-d views of the mapped shard
+        lengths = np.fromiter(map(len, ids_views), np.int64, len(ids_views))  # (k,)
+        if not len(ids_views):
+            empty = np.empty(0, np.int64)
+            return Block(start, lengths, empty, empty)
+        ids = np.concatenate(ids_views, dtype=np.int64, casting="safe")  # (T,) uint -> int64
+        if len(fields) == 1:
+            return Block(start, lengths, ids, ids)
+        extra = cols[fields[1]]
+        extra_lengths = np.fromiter(map(len, extra), np.int64, len(extra))
+        bad = np.flatnonzero(extra_lengths != lengths)
+        if len(bad):
+            o = start + int(bad[0])
+            raise ValueError(
+                f"document {o} (source index {int(indices[bad[0]])}): {fields[1]} has "
+                f"{int(extra_lengths[bad[0]])} values, {self.field} {int(lengths[bad[0]])}"
+            )
+        values = np.concatenate(extra, dtype=np.int64, casting="same_kind")  # (T,) int64
+        if fields[1] == "loss_mask":
+            values = np.where(values != 0, ids, IGNORE_INDEX)  # (T,) int64
+        return Block(start, lengths, ids, values)
+
+    def _columns(self) -> list[str] | None:
+        """The fields to read column-wise (token field, then ``labels`` or ``loss_mask``), or
+        ``None`` when the source is not a kuat dataset of integer sequences without transforms."""
+        from kuat.format import Dataset
+
+        src = self.source
+        if type(src) is not Dataset or src.has_transform:
+            return None
+        schema = src.schema
+        fields = [self.field]
+        for extra in ("labels", "loss_mask"):
+            if extra in schema:
+                fields.append(extra)
+                break
+        for name in fields:
+            if name not in schema:
+                return None  # the generic path raises the error that names the document
+            ftype = schema[name].type
+            if ftype.kind != "sequence" or not np.can_cast(ftype.np_dtype, np.int64):
+                return None
+        return fields
 
     def fetch(self, ordinals: Sequence[int]) -> list[Doc]:
         """The documents at ``ordinals`` (any order), in that order."""

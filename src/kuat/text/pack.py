@@ -48,7 +48,7 @@ import numpy as np
 import torch
 
 from kuat.sources.stream import Stream
-from kuat.text._docs import IGNORE_INDEX, Doc, Documents
+from kuat.text._docs import CHUNK, IGNORE_INDEX, Block, Documents
 
 __all__ = ["pack", "Packed", "PackIterator", "STRATEGIES"]
 
@@ -96,6 +96,9 @@ def pack(
         position, so ranks get equal shares and a row goes to exactly one rank and worker
         (without ``drop_last``, ranks are padded by wrapping around to the first rows, as
         ``DistributedSampler`` does). Batch rows with :func:`kuat.text.pack_collate`.
+        Packing work is therefore multiplied by ranks x workers (each pass is vectorised:
+        NumPy over flat token blocks, Python only to choose bins, so this costs a few
+        microseconds per document per consumer).
 
     Raises:
         ValueError: ``seq_len`` or ``buffer_size`` not an int >= 1; an unknown ``strategy`` or
@@ -243,7 +246,7 @@ class PackIterator(Iterator[dict]):
                 carried = tuple((int(o), int(p)) for o, p in state["carried"])
                 pos = (int(state["start"]), carried, int(state["emitted"]))
             self._rows = _fit(docs, packed, self._stats, pos)
-        self._state = self._make_state(pos)
+        self._pos = pos  # where the next row starts; the state dict is built when asked
 
     def _make_state(self, pos) -> dict:
         state = {"version": _STATE_VERSION, "strategy": self._packed.strategy, "epoch": self._epoch}
@@ -255,45 +258,108 @@ class PackIterator(Iterator[dict]):
         return state
 
     def __next__(self) -> dict:
-        row, pos = next(self._rows)
-        self._state = self._make_state(pos)
+        row, self._pos = next(self._rows)
         return row
 
     def state_dict(self) -> dict:
         """Where the next row starts: a dict of ints (and, for fit strategies, a list of at most
         ``seq_len`` ``[document, piece]`` pairs)."""
-        return dict(self._state)
+        return self._make_state(self._pos)
 
 
 # --- strategies: generators of (row, position after the row) ----------------------------------
+#
+# Both read the documents as flat blocks (kuat.text._docs.Block) and build each group of rows
+# with a few NumPy calls over the group's tokens: concat-split reshapes one buffer into rows;
+# the fit strategies choose bins in Python (over the documents' sizes only) and then fill all
+# of a buffer's rows with one gather per field. No Python runs per token, nor per document in
+# the reading of a kuat dataset.
 
 
 def _concat(docs: Documents, packed: Packed, stats: PackStats, pos) -> Iterator:
     """Concatenate and cut every ``L`` tokens. ``pos``: (document ordinal, token offset)."""
-    length = packed.seq_len
+    length, pad_id = packed.seq_len, packed.pad_id
     first, offset = pos
-    pieces: list[tuple[np.ndarray, np.ndarray]] = []
-    filled = 0
+    empty = np.empty(0, np.int64)
+    ids = labels = empty  # (T,) int64: tokens read and not yet emitted
+    # per document (segment) in the buffer: where it starts in it, its ordinal, the offset in
+    # the document of its first buffered token, and the document's full length
+    seg_start = seg_ord = seg_off = seg_full = empty
     end = (first, offset)
-    for doc in docs.read(first):
-        end = (doc.ordinal + 1, 0)
-        stats.documents += 1
-        stats.tokens += doc.n
-        at = offset if doc.ordinal == first else 0
-        while at < doc.n:
-            take = min(length - filled, doc.n - at)
-            pieces.append((doc.ids[at : at + take], doc.labels[at : at + take]))
-            filled += take
-            at += take
-            if filled == length:
-                after = (doc.ordinal, at) if at < doc.n else (doc.ordinal + 1, 0)
-                stats.rows += 1
-                yield _row(pieces, length, packed.pad_id), after
-                pieces, filled = [], 0
-    if pieces:
+    for block in docs.blocks(first, CHUNK):
+        k = len(block)
+        if not k:
+            break
+        stats.documents += k
+        stats.tokens += int(block.lengths.sum())
+        b_ids, b_labels, b_starts = block.ids, block.labels, block.starts
+        b_off = np.zeros(k, np.int64)
+        if block.first == first and offset:  # resuming inside document ``first``
+            cut = min(offset, int(block.lengths[0]))
+            b_ids, b_labels = b_ids[cut:], b_labels[cut:]
+            b_starts = np.maximum(b_starts - cut, 0)
+            b_off[0] = cut
+        base = len(ids)
+        ids = np.concatenate([ids, b_ids])  # (T,)
+        labels = np.concatenate([labels, b_labels])  # (T,)
+        seg_start = np.concatenate([seg_start, b_starts + base])
+        seg_ord = np.concatenate([seg_ord, block.first + np.arange(k)])
+        seg_off = np.concatenate([seg_off, b_off])
+        seg_full = np.concatenate([seg_full, block.lengths])
+        end = (block.first + k, 0)
+        nrows = len(ids) // length
+        if not nrows:
+            continue
+        cut_at = nrows * length
+        # where each row's successor starts: (document, offset), for the state
+        nxt = np.arange(1, nrows + 1) * length  # (R,)
+        j = np.searchsorted(seg_start, nxt, "right") - 1
+        at = seg_off[j] + nxt - seg_start[j]
+        done = at >= seg_full[j]
+        after_doc = np.where(done, seg_ord[j] + 1, seg_ord[j]).tolist()
+        after_at = np.where(done, 0, at).tolist()
+        rows = _concat_rows(
+            ids, labels, seg_start, seg_full - seg_off, nrows, length, cut_at, pad_id
+        )
+        stats.rows += nrows
+        for r, row in enumerate(rows):
+            yield row, (after_doc[r], after_at[r])
+        j0 = int(np.searchsorted(seg_start, cut_at, "right")) - 1
+        seg_off = seg_off[j0:].copy()
+        seg_off[0] += cut_at - seg_start[j0]
+        seg_start = np.maximum(seg_start[j0:] - cut_at, 0)
+        seg_ord, seg_full = seg_ord[j0:], seg_full[j0:]
+        ids, labels = ids[cut_at:], labels[cut_at:]
+    if len(ids):
+        filled = len(ids)
         stats.rows += 1
         stats.pad_tokens += length - filled
-        yield _row(pieces, length, packed.pad_id), end
+        yield (
+            _concat_rows(ids, labels, seg_start, seg_full - seg_off, 1, length, filled, pad_id)[0],
+            end,
+        )
+
+
+def _concat_rows(ids, labels, seg_start, seg_len, nrows, length, filled, pad_id) -> list[dict]:
+    """Rows ``0 .. nrows - 1`` of the buffer ``ids``/``labels`` (the first ``filled`` tokens;
+    the rest of the last row is padding); ``seg_start``/``seg_len``: the documents in it."""
+    live = (seg_len > 0) & (seg_start < filled)
+    starts = np.union1d(seg_start[live], np.arange(nrows) * length)  # (S,) pieces, sorted
+    piece_len = np.diff(np.append(starts, filled))  # (S,)
+    ids_mat = np.full(nrows * length, pad_id, np.int64)
+    ids_mat[:filled] = ids[:filled]
+    labels_mat = np.full(nrows * length, IGNORE_INDEX, np.int64)
+    labels_mat[:filled] = labels[:filled]
+    fills = np.full(nrows, length, np.int64)
+    fills[-1] = filled - (nrows - 1) * length
+    return _rows(
+        ids_mat.reshape(nrows, length),  # (R, L)
+        labels_mat.reshape(nrows, length),  # (R, L)
+        starts // length,
+        starts % length,
+        piece_len,
+        fills,
+    )
 
 
 def _fit(docs: Documents, packed: Packed, stats: PackStats, pos) -> Iterator:
@@ -303,62 +369,175 @@ def _fit(docs: Documents, packed: Packed, stats: PackStats, pos) -> Iterator:
     drop = packed.too_long == "drop"
     binpack = _first_fit if packed.strategy == "first_fit" else _best_fit
     start, carried_keys, skip = pos
-    fetched = docs.fetch(sorted({o for o, _ in carried_keys}))
-    by_key = {it[0]: it for it in _pieces(fetched, length)}
-    carried = [by_key[k] for k in carried_keys]
-    reader = docs.read(start)
-    while True:
-        new_docs = list(itertools.islice(reader, size))
-        last = len(new_docs) < size
-        items = carried  # (key, ids, labels, n) of every piece to pack
-        for doc in new_docs:
-            n = doc.n
-            stats.documents += 1
-            stats.tokens += n
-            if n <= length:
-                if n:  # empty documents add nothing
-                    items.append(((doc.ordinal, 0), doc.ids, doc.labels, n))
-            elif drop:
-                stats.dropped_documents += 1
-                stats.dropped_tokens += n
-            else:
-                stats.split_documents += 1
-                items.extend(_pieces([doc], length))
-        sizes = [it[3] for it in items]
-        bins, fills = binpack(sizes, length)
+    carried = _Items.empty()
+    if carried_keys:
+        fetched = docs.fetch(sorted({o for o, _ in carried_keys}))
+        block = Block.of_docs(0, fetched)
+        ordinals = np.array([d.ordinal for d in fetched], np.int64)
+        pieces = _Items.cut(block, ordinals, length)
+        where = {
+            (o, p): i for i, (o, p) in enumerate(zip(pieces.ord.tolist(), pieces.piece.tolist()))
+        }
+        carried = pieces.take(np.array([where[k] for k in carried_keys], np.int64))
+    for block in docs.blocks(start, size):
+        last = len(block) < size
+        lengths = block.lengths
+        stats.documents += len(block)
+        stats.tokens += int(lengths.sum())
+        too_long = lengths > length
+        if drop:
+            stats.dropped_documents += int(too_long.sum())
+            stats.dropped_tokens += int(lengths[too_long].sum())
+        else:
+            stats.split_documents += int(too_long.sum())
+        ordinals = block.first + np.arange(len(block))
+        new = _Items.cut(block, ordinals, length, keep=~too_long if drop else None)
+        items = _Items.concat(carried, new)
+        bins, fills = binpack(items.size.tolist(), length)
         keep_back = None
         if not last and bins:
             emptiest = min(range(len(bins)), key=lambda b: (fills[b], -b))
             if fills[emptiest] < length:
                 keep_back = emptiest
-        emitted = 0
-        out_keys = tuple(carried_keys)
-        for b, members in enumerate(bins):
-            if b == keep_back:
-                continue
-            emitted += 1
-            if emitted <= skip:
-                continue
-            stats.rows += 1
-            stats.pad_tokens += length - fills[b]
-            row = _row([(items[i][1], items[i][2]) for i in members], length, packed.pad_id)
-            yield row, (start, out_keys, emitted)
+        out = [b for b in range(len(bins)) if b != keep_back]
+        out_keys = tuple(zip(carried.ord.tolist(), carried.piece.tolist()))
+        if len(out) > skip:
+            emit = out[skip:]
+            rows = _fit_rows(
+                items, [bins[b] for b in emit], [fills[b] for b in emit], length, packed.pad_id
+            )
+            stats.rows += len(emit)
+            stats.pad_tokens += length * len(emit) - sum(fills[b] for b in emit)
+            for e, row in enumerate(rows, skip + 1):
+                yield row, (start, out_keys, e)
         if last:
             return
         skip = 0
-        carried = [] if keep_back is None else [items[i] for i in bins[keep_back]]
-        carried_keys = tuple(it[0] for it in carried)
+        keep = [] if keep_back is None else bins[keep_back]
+        carried = items.take(np.array(keep, np.int64)).compact()
         start += size
 
 
-def _pieces(docs: list[Doc], length: int) -> list[tuple]:
-    """``[((ordinal, piece), ids, labels, n), ...]``: documents cut into ``length`` tokens."""
-    out = []
-    for doc in docs:
-        for p, at in enumerate(range(0, doc.n, length)):
-            ids = doc.ids[at : at + length]
-            out.append(((doc.ordinal, p), ids, doc.labels[at : at + length], len(ids)))
-    return out
+class _Items:
+    """Document pieces to pack: keys ``(ord, piece)``, ``size`` and ``start`` in the flat
+    ``ids``/``labels`` buffers (all ``(m,) int64``)."""
+
+    __slots__ = ("ord", "piece", "start", "size", "ids", "labels")
+
+    def __init__(self, ord, piece, start, size, ids, labels):
+        self.ord, self.piece, self.start, self.size = ord, piece, start, size
+        self.ids, self.labels = ids, labels
+
+    @classmethod
+    def empty(cls) -> _Items:
+        e = np.empty(0, np.int64)
+        return cls(e, e, e, e, e, e)
+
+    @classmethod
+    def cut(cls, block: Block, ordinals: np.ndarray, length: int, keep=None) -> _Items:
+        """The non-empty documents of ``block`` cut into pieces of at most ``length`` tokens
+        (only those where ``keep``, when given)."""
+        lengths = block.lengths
+        npieces = -(-lengths // length)  # (k,) 0 for empty documents
+        if keep is not None:
+            npieces = np.where(keep, npieces, 0)
+        doc = np.repeat(np.arange(len(lengths)), npieces)  # (m,)
+        piece = np.arange(len(doc)) - np.repeat(np.cumsum(npieces) - npieces, npieces)
+        start = block.starts[doc] + piece * length
+        size = np.minimum(length, lengths[doc] - piece * length)
+        return cls(ordinals[doc], piece, start, size, block.ids, block.labels)
+
+    def take(self, sel: np.ndarray) -> _Items:
+        return _Items(
+            self.ord[sel], self.piece[sel], self.start[sel], self.size[sel], self.ids, self.labels
+        )
+
+    def compact(self) -> _Items:
+        """The same pieces with buffers holding only their tokens (what is carried)."""
+        src = _segments(self.start, self.size)
+        return _Items(
+            self.ord,
+            self.piece,
+            np.cumsum(self.size) - self.size,
+            self.size,
+            self.ids[src],
+            self.labels[src],
+        )
+
+    @staticmethod
+    def concat(a: _Items, b: _Items) -> _Items:
+        if not len(a.ord):
+            return b
+        return _Items(
+            np.concatenate([a.ord, b.ord]),
+            np.concatenate([a.piece, b.piece]),
+            np.concatenate([a.start, b.start + len(a.ids)]),
+            np.concatenate([a.size, b.size]),
+            np.concatenate([a.ids, b.ids]),
+            np.concatenate([a.labels, b.labels]),
+        )
+
+
+def _segments(start: np.ndarray, size: np.ndarray) -> np.ndarray:
+    """``(sum(size),) int64``: ``start[0], start[0] + 1, ..., start[1], ...`` (the positions
+    of consecutive segments, one gather index for all of them)."""
+    offsets = np.cumsum(size) - size  # (m,)
+    return np.repeat(start - offsets, size) + np.arange(int(size.sum()))
+
+
+def _fit_rows(items: _Items, bins: list[list[int]], fills: list[int], length: int, pad_id: int):
+    """One row per bin: its pieces in arrival order, then padding; one gather per field."""
+    counts = np.fromiter(map(len, bins), np.int64, len(bins))  # (R,)
+    order = np.fromiter(itertools.chain.from_iterable(bins), np.int64, int(counts.sum()))
+    row = np.repeat(np.arange(len(bins)), counts)  # (S,) the row of each piece
+    size = items.size[order]  # (S,)
+    before = np.cumsum(size) - size  # (S,) tokens of the group before each piece
+    col = before - np.repeat(before[np.cumsum(counts) - counts], counts)  # (S,) column in its row
+    src = _segments(items.start[order], size)  # (T,) token positions in items' buffers
+    dst = _segments(row * length + col, size)  # (T,) positions in the (R * L) rows
+    ids = np.full(len(bins) * length, pad_id, np.int64)
+    ids[dst] = items.ids[src]
+    labels = np.full(len(bins) * length, IGNORE_INDEX, np.int64)
+    labels[dst] = items.labels[src]
+    return _rows(
+        ids.reshape(len(bins), length),  # (R, L)
+        labels.reshape(len(bins), length),  # (R, L)
+        row,
+        col,
+        size,
+        np.asarray(fills, np.int64),
+    )
+
+
+def _rows(ids, labels, seg_row, seg_col, seg_len, fills) -> list[dict]:
+    """Row dicts (see the module docstring) from ``ids``/``labels`` ``(R, L) int64`` (padding
+    already in place) and their document pieces ``seg_row``/``seg_col``/``seg_len`` ``(S,)``,
+    sorted by row and column; ``fills (R,)``: tokens of each row before its padding.
+
+    Sets ``labels`` to -100 at every piece's first token. The rows are views of one
+    ``(R, L)`` tensor per field, which this group of rows alone owns."""
+    nrows, length = ids.shape
+    labels[seg_row, seg_col] = IGNORE_INDEX  # nothing predicts a document's first token
+    is_start = np.zeros((nrows, length), bool)  # (R, L)
+    is_start[seg_row, seg_col] = True
+    padded = np.flatnonzero(fills < length)
+    is_start[padded, fills[padded]] = True  # the padding is a segment too
+    cols = np.arange(length)  # (L,)
+    seg_first = np.maximum.accumulate(np.where(is_start, cols, 0), axis=1)  # (R, L)
+    positions = cols - seg_first  # (R, L) int64, 0 at every piece's first token
+    counts = np.bincount(seg_row, minlength=nrows)  # (R,)
+    doc_lengths = np.split(seg_len.astype(np.int32), np.cumsum(counts)[:-1])  # R x (D,)
+    t_ids, t_labels = torch.from_numpy(ids), torch.from_numpy(labels)
+    t_pos = torch.from_numpy(positions)
+    return [
+        {
+            "input_ids": t_ids[r],  # (L,) int64
+            "labels": t_labels[r],  # (L,) int64
+            "position_ids": t_pos[r],  # (L,) int64
+            "document_lengths": torch.from_numpy(doc_lengths[r]),  # (D,) int32
+        }
+        for r in range(nrows)
+    ]
 
 
 def _first_fit(sizes: list[int], capacity: int) -> tuple[list[list[int]], list[int]]:
@@ -366,7 +545,10 @@ def _first_fit(sizes: list[int], capacity: int) -> tuple[list[list[int]], list[i
     Returns the bins (item positions) and their fills.
 
     A max-segment-tree over the bins' free space finds that bin in O(log n)."""
-    n = len(sizes)
+    # First-fit leaves at most one bin at most half full (an item that opens a bin did not
+    # fit in any earlier one), so it opens at most 2 * sum(sizes) // capacity + 1 bins: a
+    # tree that wide (not one leaf per item) keeps the descent short.
+    n = min(len(sizes), 2 * sum(sizes) // capacity + 2)
     leaves = 1
     while leaves < max(n, 1):
         leaves *= 2
@@ -412,26 +594,3 @@ def _best_fit(sizes: list[int], capacity: int) -> tuple[list[list[int]], list[in
     for members in bins:  # each row keeps its documents in arrival order
         members.sort()
     return bins, fills
-
-
-def _row(pieces: list[tuple[np.ndarray, np.ndarray]], length: int, pad_id: int) -> dict:
-    """One row of ``length`` tokens from document pieces (see the module docstring)."""
-    lengths = np.fromiter((len(ids) for ids, _ in pieces), np.int64, len(pieces))  # (D,)
-    filled = int(lengths.sum())
-    pad = length - filled
-    ids = np.full(length, pad_id, np.int64)  # (L,)
-    labels = np.full(length, IGNORE_INDEX, np.int64)  # (L,)
-    if pieces:
-        ids[:filled] = np.concatenate([p[0] for p in pieces])
-        labels[:filled] = np.concatenate([p[1] for p in pieces])
-    seg_lengths = np.append(lengths, pad) if pad else lengths  # the padding is a segment too
-    starts = np.cumsum(seg_lengths) - seg_lengths  # (S,)
-    starts = starts[seg_lengths > 0]
-    labels[starts[starts < filled]] = IGNORE_INDEX  # nothing predicts a document's first token
-    positions = np.arange(length) - np.repeat(np.cumsum(seg_lengths) - seg_lengths, seg_lengths)
-    return {
-        "input_ids": torch.from_numpy(ids),
-        "labels": torch.from_numpy(labels),
-        "position_ids": torch.from_numpy(positions),  # (L,) int64
-        "document_lengths": torch.from_numpy(lengths.astype(np.int32)),  # (D,) int32
-    }

@@ -58,6 +58,49 @@ def tiff_orientation(buf, start: int = 0, end: int | None = None) -> int:
     return 1
 
 
+_APP1 = frozenset((0xE1,))
+
+
+def jpeg_segments(buf, markers=frozenset()):
+    """Walk a JPEG's marker segments, from just past SOI up to the first scan.
+
+    Yields ``(marker, pos, seglen)`` for each segment whose marker is in ``markers``, for
+    start-of-scan (``0xDA``, always yielded, and last), and for any segment whose length is
+    broken (``seglen < 2``, or its end ``pos + 2 + seglen`` past ``len(buf)``), so that each
+    caller applies its own rule to those. ``pos`` is the offset of the marker's ``FF`` byte
+    and ``seglen`` the big-endian length field as stored (it counts itself, not the marker).
+    Fill bytes and standalone markers (TEM, RST0-7, SOI) are skipped. The walk stops without
+    yielding at end-of-image, at a byte where a marker should be and is not, or where fewer
+    than 4 bytes remain: to every caller, a JPEG without a usable scan.
+
+    Only the segments asked for are yielded, which keeps a walk to a few generator resumes.
+    ``buf`` must index to ints (``bytes``, or a ``memoryview`` cast to ``"B"``). The marker
+    walk behind :func:`jpeg_orientation` and :func:`kuat.vision.probe._jpeg_scan_start`;
+    :func:`kuat.vision.probe._jpeg_header`, on ingest's hot path, writes it out inline.
+    """
+    n, pos = len(buf), 2
+    while pos + 4 <= n:
+        if buf[pos] != 0xFF:
+            return
+        marker = buf[pos + 1]
+        if marker == 0xFF:  # fill byte
+            pos += 1
+            continue
+        if marker == 0x01 or 0xD0 <= marker <= 0xD8:  # standalone markers
+            pos += 2
+            continue
+        if marker == 0xD9:  # end of image before any scan
+            return
+        seglen = (buf[pos + 2] << 8) | buf[pos + 3]
+        if marker == 0xDA:
+            yield marker, pos, seglen
+            return
+        end = pos + 2 + seglen
+        if marker in markers or seglen < 2 or end > n:
+            yield marker, pos, seglen
+        pos = end
+
+
 def jpeg_orientation(buf) -> int:
     """EXIF orientation of a JPEG by walking its marker segments up to the first scan.
 
@@ -69,25 +112,11 @@ def jpeg_orientation(buf) -> int:
         n = len(buf)
         if n < 4 or buf[0] != 0xFF or buf[1] != 0xD8:
             return 1
-        pos = 2
-        while pos + 4 <= n:
-            if buf[pos] != 0xFF:
-                return 1
-            marker = buf[pos + 1]
-            if marker == 0xFF:  # fill byte
-                pos += 1
-                continue
-            if marker == 0x01 or 0xD0 <= marker <= 0xD8:  # standalone markers
-                pos += 2
-                continue
-            if marker in (0xDA, 0xD9):  # start of scan / end of image: no more metadata
-                return 1
-            seglen = (buf[pos + 2] << 8) | buf[pos + 3]
-            if seglen < 2:
+        for marker, pos, seglen in jpeg_segments(buf, _APP1):
+            if marker == 0xDA or seglen < 2:  # no metadata after the scan starts
                 return 1
             if marker == 0xE1 and bytes(buf[pos + 4 : pos + 10]) == b"Exif\x00\x00":
                 return tiff_orientation(buf, pos + 10, min(n, pos + 2 + seglen))
-            pos += 2 + seglen
     except (IndexError, TypeError, ValueError):
         return 1
     return 1
