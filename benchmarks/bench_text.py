@@ -68,19 +68,6 @@ def prepare(cache_dir: Path, num_docs: int) -> dict:
     return {"path": path, "texts": texts, "tokenizer": tok, "eos_id": eos}
 
 
-def _timed(fn) -> tuple[float, float, int, int]:
-    """``(seconds, seconds to the first item, items, tokens)`` of iterating ``fn()``."""
-    t0 = time.perf_counter()
-    first = None
-    rows = tokens = 0
-    for row in fn():
-        if first is None:
-            first = time.perf_counter() - t0
-        rows += 1
-        tokens += len(row["input_ids"] if "input_ids" in row else row["tokens"])  # torchtune
-    return time.perf_counter() - t0, first or 0.0, rows, tokens
-
-
 def pack_runs(data: dict, seq_len: int) -> dict:
     """name -> a callable returning an iterator of packed rows (one full pass)."""
     import kuat
@@ -199,7 +186,7 @@ def main(argv=None) -> int:
     runs = pack_runs(data, args.seq_len)
     samples: dict[str, list] = {name: [] for name in runs}
     import kuat
-    from benchmarks.text_peers import write_tokens
+    from benchmarks.text_peers import timed, write_tokens
 
     work = Path(tempfile.mkdtemp(prefix="kuat-bench-text-"))
     ds = kuat.open(data["path"])
@@ -208,7 +195,7 @@ def main(argv=None) -> int:
     peers = {"python": where, "versions": {}, "unavailable": {}}
     for _ in range(args.repeats):  # interleaved: A B C A B C ...
         for name, fn in runs.items():
-            samples[name].append(_timed(fn))
+            samples[name].append(tuple(timed(fn)))
         got = peer_round(python, work / "tokens.npz", args.seq_len, work)
         peers["versions"].update(got["versions"])
         peers["unavailable"].update(got["unavailable"])

@@ -34,7 +34,7 @@ def write_tokens(path: Path, docs: list[np.ndarray]) -> None:
     np.savez(path, tokens=tokens, offsets=offsets)
 
 
-def _timed(make_rows) -> list:
+def timed(make_rows) -> list:
     """``[seconds, seconds to the first row, rows, tokens]`` of ``make_rows()`` and iterating
     what it returns: an eager packer's construction is inside the time, as it is for a user."""
     t0 = time.perf_counter()
@@ -66,7 +66,7 @@ def run(tokens_path: Path, seq_len: int) -> dict:
 
         out["versions"]["torchtune"] = torchtune.__version__
         split = bool(len(ids)) and int(np.diff(offsets).max()) > seq_len
-        out["runs"]["torchtune PackedDataset"] = _timed(
+        out["runs"]["torchtune PackedDataset"] = timed(
             lambda: PackedDataset(_Tokens(), max_seq_len=seq_len, split_across_pack=split)
         )
     except Exception as e:  # ImportError, or the peer failing on this data: say which
@@ -86,7 +86,7 @@ def run(tokens_path: Path, seq_len: int) -> dict:
             out["unavailable"][name] = why
             continue
         try:
-            out["runs"][name] = _timed(lambda s=strategy: pack_dataset(table, seq_len, strategy=s))
+            out["runs"][name] = timed(lambda s=strategy: pack_dataset(table, seq_len, strategy=s))
         except Exception as e:
             out["unavailable"][name] = f"{type(e).__name__}: {e}"
     return out
