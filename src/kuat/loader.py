@@ -142,6 +142,7 @@ class _Stats:
 
     def reset(self):
         self.fetch_s = self.fetch_cpu_s = self.collate_s = self.pin_s = self.rng_wait_s = 0.0
+        self.native_s = 0.0
         self.device_s = self.transform_s = self.wait_s = self.worker_wait_s = self.elapsed_s = 0.0
         self.batches = self.samples = self.skipped = 0
 
@@ -722,7 +723,14 @@ class DataLoader(_TorchDataLoader):
         ``loader_overhead_us_per_batch``: microseconds per batch that ``next()`` spent in kuat's
         own machinery (dispatch, ordering, hand-off, bookkeeping): ``consumer_wait_s`` minus the
         dataset's fetch, collate and pinning (with ``num_workers=0``) or minus ``worker_wait_s``
-        (with workers), minus device copies and batch transforms, per batch.
+        (with workers), minus device copies and batch transforms, per batch;
+        ``loader_overhead_fraction``: the same seconds over ``elapsed_s`` (the share of the
+        loop's time, i.e. of the mean batch time, that this machinery costs).
+        ``busy_s["native"]``: of ``fetch``, the seconds inside native kernels that release the
+        GIL and report themselves (``kuat.vision``'s JPEG decodes and resizes);
+        ``fetch_python_fraction``: ``(fetch - native) / fetch``, the share of the dataset calls
+        spent around those kernels (per-sample Python, generators, allocation, wrapping,
+        waiting for the GIL); ``None`` when no kernel reported (other sources).
         """
         s = self._stats
         with s.lock:
@@ -735,6 +743,7 @@ class DataLoader(_TorchDataLoader):
                 "busy_s": {
                     "fetch": s.fetch_s,
                     "fetch_cpu": s.fetch_cpu_s,
+                    "native": s.native_s,
                     "collate": s.collate_s,
                     "pin": s.pin_s,
                     "rng_lock_wait": s.rng_wait_s,
@@ -750,6 +759,11 @@ class DataLoader(_TorchDataLoader):
                 if el > 0 else 0.0,
                 "loader_overhead_us_per_batch": self._overhead_s(s) / s.batches * 1e6
                 if s.batches else 0.0,
+                "loader_overhead_fraction": self._overhead_s(s) / el if el > 0 else 0.0,
+                # of the dataset calls, the part outside GIL-releasing kernels that report
+                # themselves (kuat.vision's decodes and resizes); None when none reported
+                "fetch_python_fraction": max(0.0, s.fetch_s - s.native_s) / s.fetch_s
+                if s.native_s > 0 and s.fetch_s > 0 else None,
             }
 
     def _overhead_s(self, s: _Stats) -> float:
@@ -1358,6 +1372,7 @@ class _LoaderIter:
         with s.lock:
             s.fetch_s += st.fetch_s
             s.fetch_cpu_s += st.fetch_cpu_s
+            s.native_s += st.native_s
             s.collate_s += st.collate_s
             s.pin_s += st.pin_s
             s.rng_wait_s += st.rng_wait_s

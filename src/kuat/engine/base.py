@@ -82,11 +82,12 @@ class WorkStats:
     (``False`` means every worker yields every item); ``None`` when not applicable.
     """
 
-    __slots__ = ("fetch_s", "fetch_cpu_s", "collate_s", "pin_s", "rng_wait_s", "samples",
-                 "skipped", "worker_info_consulted")
+    __slots__ = ("fetch_s", "fetch_cpu_s", "native_s", "collate_s", "pin_s", "rng_wait_s",
+                 "samples", "skipped", "worker_info_consulted")
 
     def __init__(self):
         self.fetch_s = self.fetch_cpu_s = self.collate_s = self.pin_s = self.rng_wait_s = 0.0
+        self.native_s = 0.0  # of fetch_s: inside GIL-releasing kernels (kuat._native)
         self.samples = 0
         self.skipped: list[tuple[object, str, str]] = []  # (index, type name, message)
         self.worker_info_consulted: bool | None = None

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from kuat import _native
 from kuat import rng as krng
 from kuat.collate import batch_scope
 from kuat.engine import isolate
@@ -304,13 +305,14 @@ class FetchJob:
         # buffers kuat allocates while fetching this batch are its own: the collate may return
         # views of them; anything else it copies (collate.py)
         with batch_scope():
-            t0, c0 = time.perf_counter(), time.thread_time()
+            t0, c0, n0 = time.perf_counter(), time.thread_time(), _native.seconds()
             with krng.epoch_context(self.seed, epoch):
                 if self.iterable:
                     data = self._next_items(ctx, st)
                 else:
                     data = self._fetch_indices(ctx, epoch, key, st)
             st.fetch_s, st.fetch_cpu_s = time.perf_counter() - t0, time.thread_time() - c0
+            st.native_s = _native.seconds() - n0
             if self.iterable and ctx.num_workers > 1:  # all workers iterating all items? (#11.6)
                 st.worker_info_consulted = worker_info_consulted()
             if data is None:

@@ -41,7 +41,7 @@ from kuat.format.manifest import (
     read_manifest,
 )
 from kuat.format.schema import EncodedImage, FieldType, Schema
-from kuat.rng import map_samples, sample_context, sample_rng
+from kuat.rng import map_samples, sample_context, sample_rngs
 
 __all__ = ["Dataset", "ImageBatch", "open_dataset"]
 
@@ -839,7 +839,7 @@ class Dataset:
         widths, heights = c.width.tolist(), c.height.tolist()
         if _is_fused(t):
             if _decodes_batches(t):  # e.g. Compose(decode_device="cuda"): nvJPEG, one call
-                rngs = [sample_rng(i).numpy for i in index_list]
+                rngs = [r.numpy for r in sample_rngs(index_list)]
                 out = t.apply_encoded_batch(
                     c.data, widths, heights, rngs, indices=index_list, sources=sources
                 )
@@ -847,23 +847,26 @@ class Dataset:
             loc = _takes_location(t)
             size = t.output_size() if hasattr(t, "output_size") else None
             values = []
+            rngs = sample_rngs(index_list)  # the batch's generators, hashed at once
             if size is not None and batch_buffer:
                 h, w = size
                 from kuat.collate import new_batch_buffer
 
                 buf = new_batch_buffer((len(index_list), 3, h, w), torch.uint8)  # (B, 3, H, W)
+                slots = buf.numpy()  # (B, 3, H, W) array view: slots[j] costs no tensor op
                 for j, (d, wd, ht, i, s) in enumerate(
                     zip(c.data, widths, heights, index_list, sources)
                 ):
                     kw = {"index": i, "source": s} if loc else {}
                     with sample_context(i):
-                        t.apply_encoded(d, wd, ht, sample_rng(i).numpy, out=buf[j].numpy(), **kw)
-                    values.append(buf[j])  # a view: collate returns buf without copying
-                return values
-            for d, wd, ht, i, s in zip(c.data, widths, heights, index_list, sources):
+                        t.apply_encoded(d, wd, ht, rngs[j].numpy, out=slots[j], **kw)
+                return list(buf.unbind(0))  # B views: collate returns buf without copying
+            for j, (d, wd, ht, i, s) in enumerate(
+                zip(c.data, widths, heights, index_list, sources)
+            ):
                 kw = {"index": i, "source": s} if loc else {}
                 with sample_context(i):
-                    arr = t.apply_encoded(d, wd, ht, sample_rng(i).numpy, **kw)
+                    arr = t.apply_encoded(d, wd, ht, rngs[j].numpy, **kw)
                 values.append(torch.from_numpy(np.ascontiguousarray(arr)))  # (3, H, W) uint8
             return values
         values = []

@@ -30,10 +30,12 @@ from __future__ import annotations
 import io
 import logging
 import threading
+import time
 from typing import NamedTuple
 
 import numpy as np
 
+from kuat import _native
 from kuat.errors import DecodeError
 from kuat.vision import _exif
 from kuat.vision.probe import describe_pil_error
@@ -144,6 +146,7 @@ def decode_stored(
             min_w = -(-width * k // 8)  # ceil: libjpeg's scaled size, so simplejpeg picks k/8
             min_h = -(-height * k // 8)
             try:
+                t0 = time.perf_counter()
                 if reuse_buffer:
                     out = _scratch(min_w * min_h * 3)
                     pixels = simplejpeg.decode_jpeg(
@@ -151,6 +154,7 @@ def decode_stored(
                     )
                 else:
                     pixels = simplejpeg.decode_jpeg(data, min_width=min_w, min_height=min_h)
+                _native.add(time.perf_counter() - t0)
                 return Decoded(pixels, height, width, k / 8, _exif.jpeg_orientation(data))
             except ValueError as e:
                 # Truncated files fail again in Pillow (and are reported there); files with
@@ -201,7 +205,9 @@ def decode_jpeg_roi(
     """
     n = (y1 - y0) * (x1 - x0) * channels
     buf = _scratch(n)
+    t0 = time.perf_counter()
     _roi.decode_crop(data, scale_num, y0, y1, x0, x1, buf, channels)
+    _native.add(time.perf_counter() - t0)
     return buf[:n].reshape(y1 - y0, x1 - x0, channels)  # (rows, cols, channels)
 
 
@@ -219,7 +225,9 @@ def resize_rgbx_planar(src: np.ndarray, out: np.ndarray, flip: bool, x_taps, y_t
     if fn is None:
         return False
     h, w = src.shape[:2]
+    t0 = time.perf_counter()
     fn(src, h, w, 4, out, out.shape[1], out.shape[2], int(flip), *x_taps, *y_taps)
+    _native.add(time.perf_counter() - t0)
     return True
 
 

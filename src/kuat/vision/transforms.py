@@ -65,12 +65,14 @@ import logging
 import math
 import numbers
 import threading
+import time
 from collections.abc import Sequence
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+from kuat import _native
 from kuat.vision import _exif
 from kuat.vision.decode import (
     DEFAULT_MAX_PIXELS,
@@ -108,9 +110,13 @@ def _resize_aa(x: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
     """``F.interpolate(x, size, mode="bilinear", antialias=True, align_corners=False)`` for a
     ``(N, C, H, W)`` tensor, calling the ATen op directly when it exists (saves ~10 us of
     Python argument checks per sample; the op releases the GIL)."""
+    t0 = time.perf_counter()
     if _upsample_aa is not None:
-        return _upsample_aa(x, size, False)
-    return F.interpolate(x, size=size, mode="bilinear", antialias=True, align_corners=False)
+        y = _upsample_aa(x, size, False)
+    else:
+        y = F.interpolate(x, size=size, mode="bilinear", antialias=True, align_corners=False)
+    _native.add(time.perf_counter() - t0)  # kernel seconds for stats()["busy_s"]["native"]
+    return y
 
 
 @functools.lru_cache(maxsize=4096)
