@@ -84,6 +84,7 @@ from torch.utils.data._utils.collate import default_convert
 from torch.utils.data.dataloader import _DatasetKind
 
 from kuat import sources as _sources
+from kuat._buffers import BufferPool
 from kuat.collate import default_collate
 from kuat.device import DeviceCopier, accelerator_available
 from kuat.engine.base import END, FAIL, OK, Task
@@ -477,6 +478,8 @@ class DataLoader(_TorchDataLoader):
             fetch_collated=(use_getitems and job_collate is default_collate and on_error == "raise"
                             and callable(getattr(source, "kuat_fetch_collated", None))),
             pin=self._pin and worker_type == "thread" or (self._pin and num_workers == 0),
+            # batch-sized buffers reused once freed, outside malloc's arenas (kuat/_buffers.py)
+            buffer_pool=BufferPool(),
         )
         self._job_bytes: bytes | None = None
         self._batch_transform = getattr(source, "kuat_batch_transform", None)
@@ -894,6 +897,7 @@ class DataLoader(_TorchDataLoader):
         if self._engine is not None:
             self._engine.close()
             self._engine = None
+        self._job.buffer_pool.clear(close=True)  # idle batch buffers go back to the OS
 
     def __getstate__(self) -> dict[str, Any]:
         """Everything but live workers: persistent ones are started again after unpickling."""

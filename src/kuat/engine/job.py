@@ -241,6 +241,8 @@ class FetchJob:
     # the source collates its own batches (``kuat_fetch_collated(indices)``, same result as the
     # default collate of its ``__getitems__``): set when the collate is the default one
     fetch_collated: bool = False
+    # the loader's pool of large batch buffers (kuat._buffers; pickles to an empty one)
+    buffer_pool: object = None
 
     @property
     def thread_agnostic(self) -> bool:
@@ -304,7 +306,7 @@ class FetchJob:
         st = WorkStats()
         # buffers kuat allocates while fetching this batch are its own: the collate may return
         # views of them; anything else it copies (collate.py)
-        with batch_scope():
+        with batch_scope(self.buffer_pool):
             t0, c0, n0 = time.perf_counter(), time.thread_time(), _native.seconds()
             with krng.epoch_context(self.seed, epoch):
                 if self.iterable:
