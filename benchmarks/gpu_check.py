@@ -43,7 +43,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
 SIZE = 224
@@ -197,7 +196,7 @@ def measure_decode(makers: dict, rounds: int, epochs: int) -> dict:
     """Images/s per loader: one warm-up epoch, then ``rounds`` interleaved rounds of ``epochs``
     epochs each; median and min-max of the per-round rates."""
     built = {name: make() for name, make in makers.items()}
-    for name, (batches, _) in built.items():
+    for batches, _ in built.values():
         _epoch_rate(batches)  # warm-up: workers start, caches fill, cuDNN/nvJPEG initialise
     rates = {name: [] for name in built}
     for _ in range(rounds):
@@ -227,7 +226,9 @@ def _resnet(device: str, tiny: bool = False):
 
     if tiny:  # --smoke: the same step on a model small enough for a loaded CPU
         model = torch.nn.Sequential(
-            torch.nn.Conv2d(3, 8, 7, stride=8), torch.nn.Flatten(), torch.nn.Linear(8 * 28 * 28, 1000)
+            torch.nn.Conv2d(3, 8, 7, stride=8),
+            torch.nn.Flatten(),
+            torch.nn.Linear(8 * 28 * 28, 1000),
         )
     else:
         model = torchvision.models.resnet50(weights=None, num_classes=1000)
@@ -304,7 +305,9 @@ def main(argv=None) -> int:
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if device != "cuda" and not args.smoke:
-        print("no CUDA device: nothing to measure (use --smoke to test the script)", file=sys.stderr)
+        print(
+            "no CUDA device: nothing to measure (use --smoke to test the script)", file=sys.stderr
+        )
         return 2
     if args.smoke:
         args.images, args.batch_size, args.rounds, args.epochs, args.steps = 96, 16, 1, 1, 2
@@ -347,7 +350,9 @@ def main(argv=None) -> int:
         for _ in range(8)
     ]  # fmt: skip
     resident = (pre[0][0].to(device), pre[0][1].to(device))
-    flat = torch.utils.data.TensorDataset(torch.cat([x for x, _ in pre]), torch.cat([y for _, y in pre]))
+    flat = torch.utils.data.TensorDataset(
+        torch.cat([x for x, _ in pre]), torch.cat([y for _, y in pre])
+    )
 
     import kuat
 
