@@ -18,6 +18,7 @@ import kuat
 import kuat.format as kf
 from kuat import _seedseq, rng
 from kuat.vision import Compose, RandomHorizontalFlip, RandomResizedCrop
+from kuat.vision import transforms as kt
 
 EDGE = [0, 1, 2, 2**31, 2**32 - 1, 2**32, 2**32 + 1, 2**40 + 7, 2**63 - 1]
 
@@ -145,3 +146,45 @@ def test_stats_without_native_kernels_report_none():
         pass
     s = loader.stats()
     assert s["busy_s"]["native"] == 0.0 and s["fetch_python_fraction"] is None
+
+
+@pytest.fixture(scope="module")
+def roi(tmp_path_factory):
+    """The ROI decoder with ``taps``: the built one, else built here from source."""
+    import importlib.util
+
+    from kuat.vision import decode as kdecode
+
+    if hasattr(kdecode._roi, "taps"):
+        return kdecode._roi
+    from kuat.vision._build_roijpeg import build
+
+    try:
+        path = build(tmp_path_factory.mktemp("roijpeg"))
+    except RuntimeError as e:
+        pytest.skip(f"cannot build the optional ROI decoder here: {e}")
+    spec = importlib.util.spec_from_file_location("_roijpeg", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_c_taps_equal_the_numpy_reference(roi, monkeypatch):
+    """The ROI decoder's C ``taps`` (first batch: ~100 new crop sizes) gives the NumPy
+    reference's start indices, int16 weights, tap count and precision exactly."""
+    from kuat.vision import decode as kdecode
+
+    sizes = list(range(1, 700, 3)) + [1023, 1024, 4097, 20000]  # taps > 128: pairwise recursion
+    for out in (1, 3, 64, 224, 299):
+        for inn in sizes:
+            s, w, taps, precision = roi.taps(inn, out)
+            rs, rw, rtaps, rprecision = kt._taps_numpy(inn, out)
+            assert (taps, precision) == (rtaps, rprecision), (inn, out)
+            np.testing.assert_array_equal(np.frombuffer(s, np.int32), rs)
+            np.testing.assert_array_equal(np.frombuffer(w, np.int16).reshape(out, taps), rw)
+    with pytest.raises(ValueError, match="positive"):
+        roi.taps(0, 224)
+    monkeypatch.setattr(kdecode, "_roi", roi)
+    start, weights, _, _ = kt._taps.__wrapped__(517, 224)  # _taps takes the C path
+    assert not start.flags.writeable and not weights.flags.writeable
+    np.testing.assert_array_equal(weights, kt._taps_numpy(517, 224)[1])
