@@ -4,12 +4,13 @@
 ``Generator(PCG64(sample_seed))``, which hashes again: two ``SeedSequence`` constructions,
 about 17 us of Python-level work per sample (1.5-2% of a fused 224x224 JPEG crop, more once
 its cache pollution of the decode that follows is counted). The loader fetches a batch of
-indices at once, so both hashes run here as NumPy array arithmetic over the batch (a few
-microseconds per batch) and each generator is built from the precomputed words.
+indices at once, so both hashes run here as NumPy array arithmetic over the batch (about 100
+array operations per batch, whatever its size) and each generator is seeded from the
+precomputed words.
 
 The algorithm is NumPy's (``numpy/random/bit_generator.pyx``: ``_coerce_to_uint32_array``,
 ``mix_entropy`` with ``hashmix``/``mix``, ``generate_state``), which itself is Melissa
-O'Neill's seed_seq design. ``tests/test_rng.py`` checks it against ``np.random.SeedSequence``
+O'Neill's seed_seq design. ``tests/test_vision_loop.py`` checks it against ``np.random.SeedSequence``
 over edge values (0, 2**32 - 1, 2**32, 2**64 - 1 ...).
 """
 
