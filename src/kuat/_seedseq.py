@@ -10,8 +10,8 @@ precomputed words.
 
 The algorithm is NumPy's (``numpy/random/bit_generator.pyx``: ``_coerce_to_uint32_array``,
 ``mix_entropy`` with ``hashmix``/``mix``, ``generate_state``), which itself is Melissa
-O'Neill's seed_seq design. ``tests/test_vision_loop.py`` checks it against ``np.random.SeedSequence``
-over edge values (0, 2**32 - 1, 2**32, 2**64 - 1 ...).
+O'Neill's seed_seq design. ``tests/test_vision_loop.py`` checks it against
+``np.random.SeedSequence`` over edge values (0, 2**32 - 1, 2**32, 2**64 - 1 ...).
 """
 
 from __future__ import annotations
