@@ -44,7 +44,9 @@ class BufferPool:
         if not isinstance(max_free, int) or max_free < 0:
             raise ValueError(f"max_free must be an int >= 0, got {max_free!r}")
         self.max_free = max_free
-        self._lock = threading.Lock()
+        # reentrant: a collection triggered inside the lock may free a lease, whose callback
+        # (_give_back) then runs in this same thread
+        self._lock = threading.RLock()
         self._free: dict[int, list[mmap.mmap]] = {}
         self._closed = False
         self.created = self.reused = 0  # counters, for tests and stats
@@ -63,14 +65,15 @@ class BufferPool:
             # memory, but counted as shared); munmap'ed when the last reference dies
             mm = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         lease = np.frombuffer(mm, np.uint8)  # (nbytes,) writable view (mmap is read-write)
-        weakref.finalize(lease, self._give_back, mm)
+        weakref.finalize(lease, self._give_back, mm).atexit = False
         return lease
 
     def _give_back(self, mm: mmap.mmap) -> None:
+        new_list = []  # allocated outside the lock
         with self._lock:
             if self._closed:
                 return
-            free = self._free.setdefault(len(mm), [])
+            free = self._free.setdefault(len(mm), new_list)
             if len(free) < self.max_free:
                 free.append(mm)
 
