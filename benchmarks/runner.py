@@ -189,9 +189,10 @@ def run_child(
     spec_path.write_text(json.dumps(spec, indent=1))
     out_path.unlink(missing_ok=True)
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), env.get("PYTHONPATH", "")]).rstrip(
-        os.pathsep
-    )
+    # absolute entries: the child runs in work_dir, where a relative PYTHONPATH=src would miss
+    # the checkout and import whatever kuat the interpreter has installed instead
+    inherited = [os.path.abspath(p) for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), *inherited])
     env.setdefault("TQDM_DISABLE", "1")
     with open(log_path, "w") as log:
         t0 = measure.now()
