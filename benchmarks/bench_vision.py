@@ -139,7 +139,9 @@ def main(argv=None) -> int:
     from kuat.vision import decode as kdecode
 
     if kdecode._roi is None:
-        print("note: the ROI decoder is not built (python -m kuat.vision._build_roijpeg)")
+        print("note: the ROI decoder is not in use (not built, or no usable libjpeg-turbo)")
+    else:
+        print(f"ROI decoder on {kdecode._roi_libjpeg.describe()}")
 
     corpus = make_corpus(args.images)
     small = resize_shorter(corpus)

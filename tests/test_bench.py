@@ -86,7 +86,8 @@ def test_bench_rates_without_sampler_memory_apart_and_every_baseline(tmp_path: P
         == runs[("run", "tokens", "kuat")]["batch_check"]
         == {"tokens": "Tensor(8, 1025):torch.int64"}
     )
-    assert results["versions"]["kuat"]["kuat ROI decoder"] in ("built", "not built")
+    roi = results["versions"]["kuat"]["kuat ROI decoder"]
+    assert roi.startswith(("built, on ", "built, but no usable", "not built")), roi
 
     s = results["summary"]
     assert s["imagenet-jpeg"]["baselines"] == ["torch-decode-jpeg"]
