@@ -54,14 +54,14 @@ def mismatched(tmp_path_factory):
     return _build(tmp_path_factory.mktemp("roijpeg80"), include)
 
 
-def _available() -> list[tuple[str, str]]:
-    """Candidates of the default order that this machine has (Pillow's always, with a wheel)."""
-    import ctypes
-
+def _acceptable(mod) -> list[tuple[str, str]]:
+    """Candidates of the default order that load into ``mod`` on this machine: Pillow's
+    bundled libjpeg-turbo (with a Pillow wheel), and Debian's libjpeg.so.62 where installed
+    (Ubuntu's libjpeg.so.8 is refused: another ABI)."""
     found = []
     for origin, path in _libjpeg.candidates("auto"):
         try:
-            ctypes.CDLL(path)
+            mod.load(path)
         except OSError:
             continue
         found.append((origin, path))
@@ -122,8 +122,9 @@ def test_decode_before_load_raises(tmp_path):
 def test_every_available_libjpeg_decodes_exactly(fresh):
     """Pillow's bundled libjpeg-turbo and the system's (where installed) give the pixels of a
     full decode (simplejpeg) on the same region, at every DCT scale kuat uses."""
-    found = _available()
-    assert found, "not even Pillow's bundled libjpeg-turbo was found"
+    found = _acceptable(fresh)
+    pillow = [("pillow", p) for p in _libjpeg._pillow_candidates()]
+    assert found and set(pillow) <= set(found), (found, pillow)
     data = _photo_jpeg()
     for origin, path in found:
         copyright = fresh.load(path)
@@ -144,7 +145,7 @@ def test_default_order_and_report(fresh, caplog):
     with caplog.at_level(logging.DEBUG, logger="kuat.vision"):
         info = _libjpeg.load_into(fresh, None)
     assert info is not None
-    first = _available()[0]
+    first = _acceptable(fresh)[0]
     assert (info.origin, info.path) == first
     assert os.path.exists(info.resolved)
     assert os.path.basename(info.resolved) in info.describe()
@@ -154,11 +155,11 @@ def test_default_order_and_report(fresh, caplog):
         assert system.origin == "system" and "libjpeg" in os.path.basename(system.resolved)
 
 
-def test_mismatched_abi_is_refused_with_one_warning(mismatched, caplog):
+def test_mismatched_abi_is_refused_with_one_warning(mismatched, fresh, caplog):
     """A caller built for another JPEG_LIB_VERSION (another struct size) is refused by
     libjpeg's own check, cleanly (OSError, nothing loaded), for every candidate; the loader
     then gives up with one warning and kuat decodes through simplejpeg."""
-    origin, path = _available()[0]
+    origin, path = _acceptable(fresh)[0]
     with pytest.raises(OSError, match="refused kuat's libjpeg ABI.*JPEG_LIB_VERSION 80"):
         mismatched.load(path)
     with pytest.raises(RuntimeError, match="no libjpeg loaded"):  # the refusal loaded nothing
@@ -176,7 +177,7 @@ def test_refused_choice_falls_back_with_one_warning(fresh, caplog):
     refused with one warning, and the default order is used instead."""
     with caplog.at_level(logging.DEBUG, logger="kuat.vision"):
         info = _libjpeg.load_into(fresh, fresh.__file__)
-    assert info is not None and (info.origin, info.path) == _available()[0]
+    assert info is not None and (info.origin, info.path) == _acceptable(fresh)[0]
     warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert len(warnings) == 1
     assert "has no jpeg_std_error" in warnings[0].getMessage()
@@ -205,3 +206,11 @@ def test_off_disables_the_roi_decoder():
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env
     )
     assert out.stdout.strip() == "None None (8, 8, 3)"
+
+
+def test_smoke_check_without_simplejpeg(fresh, monkeypatch):
+    """Where simplejpeg is missing, the load-time test decode compares with Pillow instead
+    (an import of kuat must never fail for it)."""
+    monkeypatch.setitem(sys.modules, "simplejpeg", None)  # `import simplejpeg` raises
+    info = _libjpeg.load_into(fresh, None)
+    assert info is not None and (info.origin, info.path) == _acceptable(fresh)[0]

@@ -9,7 +9,9 @@ simplejpeg or torchvision). Which one, in this order, unless ``KUAT_LIBJPEG`` sa
 1. Pillow's bundled copy (``pillow.libs/libjpeg-<hash>.so.62.*`` in Pillow's manylinux wheels,
    ``PIL/.dylibs/libjpeg.62.dylib`` on macOS). kuat depends on Pillow, so every pip install
    has it, and its version is fixed by the Pillow version: the same decoder everywhere.
-2. The system's (``libjpeg.so.62``, Debian/Ubuntu ``libjpeg62-turbo``/``libjpeg-turbo8``...).
+2. The system's ``libjpeg.so.62`` (Debian's ``libjpeg62-turbo``, Fedora's ``libjpeg-turbo``).
+   Ubuntu's ``libjpeg.so.8`` (``libjpeg-turbo8``) exports the libjpeg 8 ABI, which these
+   headers do not describe: it is refused, and Pillow's copy is what runs there.
 
 A candidate is accepted only if it has libjpeg-turbo's crop/skip scanline API, accepts kuat's
 ABI (libjpeg's own check in ``jpeg_CreateDecompress``: ``JPEG_LIB_VERSION`` 62 and the size of
@@ -40,8 +42,12 @@ import numpy as np
 logger = logging.getLogger("kuat.vision")
 
 ENV = "KUAT_LIBJPEG"
+# libjpeg.so.8 (Ubuntu's libjpeg-turbo8: the libjpeg 8 ABI) is always refused by the ABI
+# check; it is tried so that the warning says why rather than "none found"
 _SYSTEM_NAMES = (
-    ("libjpeg.62.dylib", "libjpeg.dylib") if sys.platform == "darwin" else ("libjpeg.so.62",)
+    ("libjpeg.62.dylib", "libjpeg.dylib")
+    if sys.platform == "darwin"
+    else ("libjpeg.so.62", "libjpeg.so.8")
 )
 
 
@@ -108,23 +114,40 @@ def _resolved(handle_path: str) -> str:
     return handle_path
 
 
+def _reference(img: np.ndarray) -> tuple[bytes, np.ndarray]:
+    """``img`` (H, W, 3) uint8 as a 4:2:0 JPEG, and its full decode by another libjpeg-turbo
+    binding (simplejpeg, kuat's JPEG dependency; Pillow where simplejpeg is missing): the
+    same integer IDCT and fancy upsampling as the ROI decoder, so the same pixels."""
+    try:
+        import simplejpeg
+    except ImportError:
+        import io
+
+        from PIL import Image
+
+        buf = io.BytesIO()
+        Image.fromarray(img).save(buf, "JPEG", quality=90, subsampling=2)  # 2: 4:2:0
+        with Image.open(io.BytesIO(buf.getvalue())) as im:
+            return buf.getvalue(), np.asarray(im.convert("RGB"))
+    data = simplejpeg.encode_jpeg(img, quality=90, colorsubsampling="420")
+    return data, simplejpeg.decode_jpeg(data)
+
+
 def _smoke(module: ModuleType) -> None:
     """Decode an interior crop of a small JPEG (4:2:0, odd offsets: exercises skip, crop and
-    the fancy upsampling at the window's edges) and compare it with simplejpeg's full decode;
-    raises ``OSError`` on any difference."""
-    import simplejpeg
-
+    the fancy upsampling at the window's edges) and compare it with a full decode by another
+    binding; raises ``OSError`` on any difference."""
     yy, xx = np.mgrid[0:48, 0:64]
     img = np.stack([(yy * 5) % 256, (xx * 4) % 256, ((yy + xx) * 3) % 256], -1).astype(np.uint8)
-    data = simplejpeg.encode_jpeg(img, quality=90, colorsubsampling="420")
-    want = simplejpeg.decode_jpeg(data)[9:37, 11:45]  # (28, 34, 3)
+    data, full = _reference(img)
+    want = full[9:37, 11:45]  # (28, 34, 3)
     got = np.empty((28, 34, 4), np.uint8)
     try:
         module.decode_crop(data, 8, 9, 37, 11, 45, got, 4)  # RGBX: a libjpeg-turbo extension
     except ValueError as e:
         raise OSError(f"a test decode failed: {e}") from e
     if not np.array_equal(got[:, :, :3], want):
-        raise OSError("a test decode differs from simplejpeg's pixels")
+        raise OSError("a test decode differs from a full decode's pixels")
 
 
 _lock = threading.Lock()
