@@ -43,14 +43,16 @@ def fresh(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def mismatched(tmp_path_factory):
-    """The extension compiled as a libjpeg 8 caller (JPEG_LIB_VERSION 80: a larger struct)."""
+    """The extension compiled as a libjpeg 9 caller (JPEG_LIB_VERSION 90: a larger struct).
+    Not 80: a process may hold a libjpeg-turbo with the libjpeg 8 ABI (torchvision's copy,
+    Ubuntu's libjpeg.so.8), which would rightly accept such a caller."""
     include = tmp_path_factory.mktemp("include80")
     for h in _build_roijpeg.INCLUDE.iterdir():
         shutil.copy(h, include / h.name)
     cfg = include / "jconfig.h"
     text = cfg.read_text()
     assert "#define JPEG_LIB_VERSION  62" in text  # the vendored header this test edits
-    cfg.write_text(text.replace("#define JPEG_LIB_VERSION  62", "#define JPEG_LIB_VERSION  80"))
+    cfg.write_text(text.replace("#define JPEG_LIB_VERSION  62", "#define JPEG_LIB_VERSION  90"))
     return _build(tmp_path_factory.mktemp("roijpeg80"), include)
 
 
@@ -127,8 +129,9 @@ def test_every_available_libjpeg_decodes_exactly(fresh):
     assert found and set(pillow) <= set(found), (found, pillow)
     data = _photo_jpeg()
     for origin, path in found:
-        copyright = fresh.load(path)
+        copyright, file = fresh.load(path)
         assert "libjpeg-turbo" in copyright, (origin, path, copyright)
+        assert os.path.isfile(file) and "jpeg" in os.path.basename(file), file
         for k in (1, 2, 4, 8):  # simplejpeg picks the smallest k/8 that covers min_*
             h, w = -(-61 * k // 8), -(-83 * k // 8)  # ceil(61 * k / 8) x ceil(83 * k / 8)
             full = simplejpeg.decode_jpeg(data, min_height=h, min_width=w)
@@ -160,7 +163,7 @@ def test_mismatched_abi_is_refused_with_one_warning(mismatched, fresh, caplog):
     libjpeg's own check, cleanly (OSError, nothing loaded), for every candidate; the loader
     then gives up with one warning and kuat decodes through simplejpeg."""
     origin, path = _acceptable(fresh)[0]
-    with pytest.raises(OSError, match="refused kuat's libjpeg ABI.*JPEG_LIB_VERSION 80"):
+    with pytest.raises(OSError, match="refused kuat's libjpeg ABI.*JPEG_LIB_VERSION 90"):
         mismatched.load(path)
     with pytest.raises(RuntimeError, match="no libjpeg loaded"):  # the refusal loaded nothing
         mismatched.decode_crop(_photo_jpeg(), 8, 0, 1, 0, 1, np.empty(3, np.uint8))
@@ -214,3 +217,22 @@ def test_smoke_check_without_simplejpeg(fresh, monkeypatch):
     monkeypatch.setitem(sys.modules, "simplejpeg", None)  # `import simplejpeg` raises
     info = _libjpeg.load_into(fresh, None)
     assert info is not None and (info.origin, info.path) == _acceptable(fresh)[0]
+
+
+def test_real_libjpeg8_is_refused(fresh):
+    """torchvision's wheel bundles a libjpeg-turbo with the libjpeg 8 ABI (soname
+    libjpeg.so.8, as Ubuntu's): once it is in the process, ``dlopen("libjpeg.so.8")`` finds
+    it, and libjpeg's own check refuses kuat's 6.2 caller; the module keeps what it had."""
+    pytest.importorskip("torchvision.io")
+    import torchvision.io  # noqa: F401  (maps torchvision.libs/libjpeg.<hash>.so.8)
+
+    maps = open("/proc/self/maps").read() if os.path.exists("/proc/self/maps") else ""
+    if "libjpeg" not in maps or ".so.8" not in maps:
+        pytest.skip("this torchvision bundles no libjpeg.so.8")
+    assert _acceptable(fresh)  # Pillow's copy loaded last
+    with pytest.raises(OSError, match="library is 80, caller expects 62"):
+        fresh.load("libjpeg.so.8")
+    data = _photo_jpeg()
+    got = np.empty((4, 5, 3), np.uint8)  # still decoding with the last accepted library
+    fresh.decode_crop(data, 8, 0, 4, 0, 5, got)
+    np.testing.assert_array_equal(got, simplejpeg.decode_jpeg(data)[:4, :5])

@@ -54,9 +54,10 @@ _SYSTEM_NAMES = (
 @dataclass(frozen=True)
 class LibjpegInfo:
     """The libjpeg the ROI decoder uses: ``origin`` is ``"pillow"``, ``"system"`` or
-    ``"path"`` (from ``KUAT_LIBJPEG``); ``path`` what was loaded (a file path, or a soname the
-    dynamic linker resolved); ``resolved`` the file it is; ``copyright`` the library's own
-    copyright line (names libjpeg-turbo and its year)."""
+    ``"path"`` (from ``KUAT_LIBJPEG``); ``path`` what was asked for (a file path, or a soname);
+    ``resolved`` the file the dynamic linker loaded (a soname may resolve to a copy another
+    module already loaded); ``copyright`` the library's own copyright line (names
+    libjpeg-turbo and its year)."""
 
     origin: str
     path: str
@@ -99,19 +100,6 @@ def candidates(spec: str | None) -> list[tuple[str, str]]:
     raise ValueError(
         f"{ENV}={spec!r}: expected auto, pillow, system, off or a path to a libjpeg shared library"
     )
-
-
-def _resolved(handle_path: str) -> str:
-    """The file a loaded library is (the dynamic linker's choice for a soname), via
-    /proc/self/maps where there is one."""
-    if os.path.isabs(handle_path) or not os.path.exists("/proc/self/maps"):
-        return os.path.realpath(handle_path) if os.path.exists(handle_path) else handle_path
-    with open("/proc/self/maps") as f:
-        for line in f:
-            path = line.rstrip("\n").split(maxsplit=5)[-1]
-            if os.path.basename(path).startswith(handle_path):
-                return path
-    return handle_path
 
 
 def _reference(img: np.ndarray) -> tuple[bytes, np.ndarray]:
@@ -170,7 +158,7 @@ def load_into(module: ModuleType, spec: str | None) -> LibjpegInfo | None:
     with _lock:
         for origin, path in tried:
             try:
-                copyright = module.load(path)
+                copyright, resolved = module.load(path)
                 _smoke(module)
             except OSError as e:
                 # a soname that is simply absent is no news; a file that exists and is refused is
@@ -179,7 +167,7 @@ def load_into(module: ModuleType, spec: str | None) -> LibjpegInfo | None:
                 else:
                     refused.append(f"{origin}: {e}")  # e names the path
                 continue
-            info = LibjpegInfo(origin, path, _resolved(path), copyright)
+            info = LibjpegInfo(origin, path, resolved, copyright)
             if refused:
                 logger.warning(
                     "ROI decoder: refused %s; using %s", "; ".join(refused), info.describe()

@@ -33,17 +33,18 @@
  * are torch's. Fused here: the interleaved -> planar layout change and the flip, which
  * otherwise cost a strided copy of the output. The GIL is released.
  *
- * load(path) -> str
+ * load(path) -> (copyright, file)
  *   dlopen a libjpeg-turbo (the 62 ABI) and route every jpeg_* call below through it; returns
- *   the library's copyright line. Raises OSError if it cannot be loaded, lacks a symbol, or
+ *   the library's copyright line and the file it was loaded from. Raises OSError if it cannot be loaded, lacks a symbol, or
  *   refuses our JPEG_LIB_VERSION / struct size (an ABI mismatch); the previous library, if
  *   any, stays in use then. decode_crop raises RuntimeError until a load succeeded. Not safe
  *   to call while another thread decodes (kuat.vision._libjpeg calls it once, at import).
  *
- * Build: cc -O2 -shared -fPIC $(python3-config --includes) -I _libjpeg_turbo/include _roijpeg.c
- *        -ldl (python -m kuat.vision._build_roijpeg does this; setup.py the same). No -ljpeg and no
- *        system headers: the module compiles against libjpeg-turbo 3.1.2's vendored public
- *        headers and finds a libjpeg-turbo at run time (Pillow's bundled copy or the system's).
+ * Build: cc -O2 -shared -fPIC $(python3-config --includes) -I _libjpeg_turbo/include
+ *        _roijpeg.c -ldl (python -m kuat.vision._build_roijpeg does this; setup.py the same).
+ *        No -ljpeg and no system headers: the module compiles against libjpeg-turbo 3.1.2's
+ *        vendored public headers and finds a libjpeg-turbo at run time (Pillow's bundled copy
+ *        or the system's; kuat/vision/_libjpeg.py).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -520,7 +521,7 @@ static PyObject *load(PyObject *self, PyObject *args) {
         return PyErr_Format(PyExc_OSError, "cannot load %s: %s", path, dlerror());
     kuat_libjpeg t;
     const char *missing = NULL;
-#define KUAT_SYM(field, name)                                      \
+#define KUAT_SYM(field, name)                                                  \
     if (missing == NULL && (*(void **)&t.field = dlsym(handle, name)) == NULL) \
         missing = name;
     KUAT_SYM(std_error, "jpeg_std_error")
@@ -565,13 +566,21 @@ static PyObject *load(PyObject *self, PyObject *args) {
             break;
         }
     }
+    /* the file the dynamic linker chose (a soname may resolve to a copy already loaded) */
+    Dl_info where;
+    const char *file = dladdr(*(void **)&t.read_scanlines, &where) && where.dli_fname != NULL
+                           ? where.dli_fname
+                           : path;
     kj = t; /* the handle stays open for the life of the process */
-    return PyUnicode_DecodeLatin1(copyright, (Py_ssize_t)strcspn(copyright, "\n"), NULL);
+    return Py_BuildValue("(Ns)",
+                         PyUnicode_DecodeLatin1(copyright, (Py_ssize_t)strcspn(copyright, "\n"),
+                                                NULL),
+                         file);
 }
 
 static PyMethodDef methods[] = {
     {"load", load, METH_VARARGS,
-     "load(path) -> str: dlopen the libjpeg-turbo every decode uses; returns its copyright line"},
+     "load(path) -> (copyright, file): dlopen the libjpeg-turbo every decode uses"},
     {"resize_planar", resize_planar, METH_VARARGS,
      "resize_planar(src, h, w, channels, out, out_h, out_w, flip, x_start, x_weights, x_taps, "
      "x_precision, y_start, y_weights, y_taps, y_precision) -> None"},
