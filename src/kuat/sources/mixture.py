@@ -45,7 +45,7 @@ from kuat.sources.stream import Stream, stream_of
 
 __all__ = ["mix", "MapMix", "MixStream"]
 
-_log = logging.getLogger("kuat.sources.mix")
+_log = logging.getLogger("kuat.sources.mixture")
 _MASK64 = (1 << 64) - 1
 _MIX_SALT = 0x4D4958  # "MIX": keeps mix draws apart from shuffles and per-sample seeds
 _STOPPING = ("first_exhausted", "all_exhausted")
