@@ -249,7 +249,8 @@ def _breakdown(corpus, fused, passes: int) -> None:
 
     from kuat.vision import Compose, _exif
     from kuat.vision import decode as kdecode
-    from kuat.vision.transforms import _resize_aa, _snap, _taps
+    from kuat.vision.geometry import snap as _snap
+    from kuat.vision.transforms import _resize_aa, _taps
 
     torch.set_num_threads(1)
     n = len(corpus)

@@ -1,4 +1,4 @@
-"""Pinning and host-to-device copies on a side CUDA stream, one batch ahead of use.
+"""The device stage: pinning, host-to-device copies on a side CUDA stream, batch steps.
 
 :func:`pin_batch` pins every tensor of a batch with torch's own ``pin_memory`` walk (same
 container types as torch's DataLoader). :class:`DeviceCopier` starts a batch's copy on its own
@@ -6,16 +6,23 @@ CUDA stream (``stage``) while the previous batch is in use, and ``wait`` makes t
 current stream wait for that copy only (an event, not a host synchronisation), recording the
 tensors on the current stream so the caching allocator does not reuse them early.
 
+After the copy the loader applies the source's batch step (``kuat_batch_transform``, see
+:mod:`kuat.sources.protocol`) to the batch where it now lives: :class:`FieldSteps` is the step a
+kuat dataset declares for its fused image transforms (``Normalize`` on the ``(B, 3, H, W)``
+uint8 image field), so normalisation runs once per batch on the device, not per sample.
+
 Thread-safety: one copier per loader iterator, used from the consumer thread only.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+
 import torch
 
 from kuat.collate import map_structure
 
-__all__ = ["accelerator_available", "pin_batch", "DeviceCopier"]
+__all__ = ["accelerator_available", "pin_batch", "DeviceCopier", "FieldSteps"]
 
 
 def accelerator_available() -> bool:
@@ -73,3 +80,35 @@ class DeviceCopier:
 
         map_structure(record, out)
         return out
+
+
+class FieldSteps:
+    """A batch step per field of a collated dict batch: ``{field: fn}``, each ``fn`` applied to
+    its field's batch where the batch is (on the loader's device after the copy).
+
+    What :attr:`kuat.sources.dataset.Dataset.kuat_batch_transform` returns for fused image
+    transforms with a ``batch_transform()`` (``Normalize``: ``(B, 3, H, W)`` uint8 ->
+    ``(B, 3, H, W)`` float32 on the same device). Other fields pass through unchanged; the
+    input dict is not modified (a new dict is returned).
+
+    Raises:
+        TypeError: the batch is not a mapping (a whole-sample transform changed its structure).
+    """
+
+    def __init__(self, fns: dict[str, Callable]):
+        self.fns = fns
+
+    def __call__(self, batch):
+        if not isinstance(batch, Mapping):
+            raise TypeError(
+                f"kuat_batch_transform expects the collated batch to be a dict with fields "
+                f"{sorted(self.fns)}, got {type(batch).__name__} (a whole-sample transform "
+                "changed the sample's structure; apply the batch step yourself)"
+            )
+        batch = dict(batch)
+        for name, fn in self.fns.items():
+            batch[name] = fn(batch[name])
+        return batch
+
+    def __repr__(self) -> str:
+        return f"FieldSteps({self.fns!r})"

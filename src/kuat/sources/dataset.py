@@ -66,28 +66,6 @@ def _takes_location(t: object) -> bool:
     return ok
 
 
-class _BatchTransform:
-    """Applies each fused image transform's ``batch_transform()`` to its field of a batch."""
-
-    def __init__(self, fns: dict[str, Callable]):
-        self.fns = fns
-
-    def __call__(self, batch):
-        if not isinstance(batch, Mapping):
-            raise TypeError(
-                f"kuat_batch_transform expects the collated batch to be a dict with fields "
-                f"{sorted(self.fns)}, got {type(batch).__name__} (a whole-sample transform "
-                "changed the sample's structure; apply the batch step yourself)"
-            )
-        batch = dict(batch)
-        for name, fn in self.fns.items():
-            batch[name] = fn(batch[name])
-        return batch
-
-    def __repr__(self) -> str:
-        return f"_BatchTransform({self.fns!r})"
-
-
 class Dataset:
     """A kuat dataset opened for random access; map-style and torch-compatible.
 
@@ -399,7 +377,11 @@ class Dataset:
                 fn = t.batch_transform()
                 if fn is not None:
                     fns[name] = fn
-        return _BatchTransform(fns) if fns else None
+        if not fns:
+            return None
+        from kuat.device import FieldSteps  # the loader's device stage applies it
+
+        return FieldSteps(fns)
 
     # -- lifetime --------------------------------------------------------------------------
     def close(self) -> None:
