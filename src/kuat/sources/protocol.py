@@ -2,7 +2,7 @@
 
 A *source* is what the loader reads (``kuat.sources.as_source(dataset)``): a kuat dataset, a
 torch map-style or iterable dataset, a Hugging Face dataset, a mix, a shuffle buffer, a text
-packer. It is one of:
+packer. It is one of (:data:`Source`):
 
 * map-style (:class:`MapSource`): ``__len__`` and ``__getitem__(index)``; the loader's sampler
   chooses, shards (by rank) and resumes the indices, so a map-style source needs nothing else;
@@ -42,9 +42,13 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, Union, runtime_checkable
+
+if TYPE_CHECKING:
+    from torch.utils.data import IterableDataset
 
 __all__ = [
+    "Source",
     "Batching",
     "BatchFetch",
     "CollatedFetch",
@@ -72,6 +76,11 @@ class MapSource(Protocol):
     def __len__(self) -> int: ...
 
     def __getitem__(self, index: int) -> Any: ...
+
+
+#: What the loader reads: a map-style source or a torch ``IterableDataset``, either with any of
+#: the optional hooks below. (A name for annotations; this module imports no torch.)
+Source = Union[MapSource, "IterableDataset"]
 
 
 @runtime_checkable
