@@ -154,7 +154,7 @@ class Dataset:
             f"schema={self.schema})"
         )
 
-    # -- samples ---------------------------------------------------------------------------
+    # -- storage reads (the store's: no decoding, no transform) -----------------------------
     def locate(self, index: int) -> tuple[str, int]:
         """``(shard path, row within the shard)`` of sample ``index``."""
         return self._store.locate(index)
@@ -169,6 +169,7 @@ class Dataset:
         :class:`kuat.format.EncodedImage` with ``bytes`` data)."""
         return self._store.raw(index)
 
+    # -- samples ---------------------------------------------------------------------------
     def __getitem__(self, index: int) -> dict:
         return self._samples(np.array([self._store.index(index)], np.int64), batch_buffer=False)[0]
 
