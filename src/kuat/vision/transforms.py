@@ -699,7 +699,9 @@ class Compose(_Transform):
             k = _pick_scale(plan.min_scale())
             s = k / 8
             ph, pw = -(-hdr.height * k // 8), -(-hdr.width * k // 8)  # libjpeg's scaled size
-            top, left, bh, bw = self._stored_box(plan, hdr, width, height)
+            top, left, bh, bw = stored_crop_box(
+                plan, hdr.orientation, hdr.height, hdr.width, width, height
+            )
             y0, y1 = snap(top, bh, s, ph)
             x0, x1 = snap(left, bw, s, pw)
             try:
@@ -714,17 +716,11 @@ class Compose(_Transform):
             source=source,
             reuse_buffer=True,
         )
-        top, left, bh, bw = self._stored_box(plan, d, width, height)
+        top, left, bh, bw = stored_crop_box(plan, d.orientation, d.height, d.width, width, height)
         pixels = d.pixels  # (ph, pw, 3) at scale d.scale, stored orientation
         y0, y1 = snap(top, bh, d.scale, pixels.shape[0])  # box edges on the decoded grid
         x0, x1 = snap(left, bw, d.scale, pixels.shape[1])
         return pixels[y0:y1, x0:x1], d.orientation
-
-    @staticmethod
-    def _stored_box(plan, hdr, width, height):
-        """The plan's box in the stored orientation at full size (``hdr``: height, width,
-        orientation of the bytes; ``width``/``height``: the oriented size from the index)."""
-        return stored_crop_box(plan, hdr.orientation, hdr.height, hdr.width, width, height)
 
     def _apply_unfused(self, data, rng, out, index, source):
         """Full decode, then the transforms one by one (for plans that need padding)."""
