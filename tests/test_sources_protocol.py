@@ -176,3 +176,20 @@ def test_hooks_are_looked_up_only_through_the_protocol():
     for path in (SRC / "sources").glob("*.py"):
         provided |= set(re.findall(r"(?:def |\.|^\s+)(kuat_\w+)\s*[(=:]", path.read_text(), re.M))
     assert provided and provided <= documented, provided - documented
+
+
+def test_what_the_source_asks_of_a_fused_transform_is_in_the_vision_protocol():
+    from kuat.sources.dataset import _decodes_batches, _is_fused, _takes_location
+    from kuat.vision.protocol import BatchDecodingTransform, FusedImageTransform
+
+    t = Compose([RandomResizedCrop(4)])
+    assert isinstance(t, FusedImageTransform) and isinstance(t, BatchDecodingTransform)
+    assert _is_fused(t) and _takes_location(t)  # index=/source= are in its signature
+    assert not _decodes_batches(t)  # decode_device="cpu": per-sample apply_encoded
+
+    class Minimal:  # only the required method, without the optional keywords
+        def apply_encoded(self, data, width, height, rng, out=None):
+            return out
+
+    assert _is_fused(Minimal()) and not _takes_location(Minimal())
+    assert not _decodes_batches(Minimal())

@@ -41,7 +41,8 @@ def _is_fused(t: object) -> bool:
 
 
 def _decodes_batches(t: object) -> bool:
-    """A fused transform that decodes a whole batch on a device (``apply_encoded_batch``)."""
+    """A fused transform that decodes a whole batch on a device
+    (``kuat.vision.protocol.BatchDecodingTransform``: ``apply_encoded_batch``)."""
     return hasattr(t, "apply_encoded_batch") and str(getattr(t, "decode_device", "cpu")) != "cpu"
 
 
