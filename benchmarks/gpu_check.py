@@ -15,8 +15,8 @@ on the GPU at the end of each step):
   ``transforms.v2``, process workers, ``pin_memory=True``, non-blocking copy: the stock
   pipeline), ``torch-nvjpeg`` (torchvision's documented GPU path: file bytes from the
   workers, ``torchvision.io.decode_jpeg(list, device="cuda")``, ``v2.RandomResizedCrop`` and flip
-  per image on the GPU), ``kuat-cpu`` (fused region decode in thread workers, ``device="cuda"``)
-  and ``kuat-nvjpeg`` (``Compose(..., decode_device="cuda")``). Medians and min-max over
+  per image on the GPU), ``kuat-cpu`` (fused region decode in thread workers, ``device="cuda"``),
+  ``kuat-cpu-processes`` (the same in process workers over shared memory) and ``kuat-nvjpeg`` (``Compose(..., decode_device="cuda")``). Medians and min-max over
   ``--rounds`` interleaved rounds of ``--epochs`` epochs after one warm-up epoch.
 * ``resnet50``: a ResNet-50 training step (bf16 autocast, channels_last, SGD with momentum,
   normalisation on the GPU) fed by: ``synthetic`` (one batch already on the GPU: the step's own
@@ -154,7 +154,7 @@ def torch_nvjpeg(root, batch_size, workers, device):
     return batches, None
 
 
-def _kuat_loader(path, batch_size, workers, device, decode_device):
+def _kuat_loader(path, batch_size, workers, device, decode_device, worker_type=None):
     import kuat
     from kuat import vision as kv
 
@@ -170,11 +170,17 @@ def _kuat_loader(path, batch_size, workers, device, decode_device):
         num_workers=workers,
         persistent_workers=workers > 0,
         device=device,
+        worker_type=worker_type,
     )
 
 
 def kuat_cpu(path, batch_size, workers, device):
     dl = _kuat_loader(path, batch_size, workers, device, "cpu")
+    return (lambda: ((b["image"], b["label"]) for b in dl)), dl
+
+
+def kuat_cpu_processes(path, batch_size, workers, device):
+    dl = _kuat_loader(path, batch_size, workers, device, "cpu", worker_type="process")
     return (lambda: ((b["image"], b["label"]) for b in dl)), dl
 
 
@@ -361,6 +367,7 @@ def main(argv=None) -> int:
     decode_makers = {
         "torch-pil": lambda: torch_pil(root, bs, w, device),
         "kuat-cpu": lambda: kuat_cpu(path, bs, w, device),
+        "kuat-cpu-processes": lambda: kuat_cpu_processes(path, bs, w, device),
     }
     if device == "cuda":
         decode_makers["torch-nvjpeg"] = lambda: torch_nvjpeg(root, bs, w, device)
@@ -391,7 +398,7 @@ def main(argv=None) -> int:
         "pageable-sync": (lambda: ((x.to(device), y.to(device)) for x, y in pre), None),
         "kuat-prefetch": (lambda: iter(pre_loader), pre_loader),
     }
-    for name in ("kuat-cpu", "kuat-nvjpeg", "torch-pil", "torch-nvjpeg"):
+    for name in ("kuat-cpu", "kuat-cpu-processes", "kuat-nvjpeg", "torch-pil", "torch-nvjpeg"):
         if name in decode_makers and "error" not in result["decode"][name]:
             batches, loader = decode_makers[name]()
             feeds[name] = (batches, loader)
