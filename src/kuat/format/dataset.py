@@ -852,6 +852,13 @@ class Dataset:
                 from kuat.collate import new_batch_buffer
 
                 buf = new_batch_buffer((len(index_list), 3, h, w), torch.uint8)  # (B, 3, H, W)
+                if hasattr(t, "apply_encoded_many"):  # the whole batch, GIL released once
+                    rngs = [sample_rng(i).numpy for i in index_list]
+                    t.apply_encoded_many(
+                        c.data, widths, heights, rngs, buf.numpy(), indices=index_list,
+                        sources=sources,
+                    )  # fmt: skip
+                    return list(buf.unbind(0))  # B views: collate returns buf without copying
                 for j, (d, wd, ht, i, s) in enumerate(
                     zip(c.data, widths, heights, index_list, sources)
                 ):
