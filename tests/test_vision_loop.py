@@ -117,9 +117,8 @@ def test_fused_batches_equal_per_sample_apply_encoded(jpegs, num_workers):
             assert batch["image"].shape == (8, 3, 64, 64) and batch["image"].dtype == torch.uint8
             with rng.epoch_context(loader.seed, epoch):
                 for j, i in enumerate(labels):
-                    s = raw[i]["image"]  # (H, W, 3) decoded; its size is the stored size
-                    data = raw._gather(np.array([i]), ["image"])[1]["image"].data[0]
-                    want = t.apply_encoded(data, s.shape[1], s.shape[0], rng.sample_rng(i).numpy)
+                    e = raw.raw(i)["image"]  # EncodedImage: the bytes and the indexed size
+                    want = t.apply_encoded(e.data, e.width, e.height, rng.sample_rng(i).numpy)
                     np.testing.assert_array_equal(batch["image"][j].numpy(), want)
 
 

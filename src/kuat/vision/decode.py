@@ -38,6 +38,7 @@ import numpy as np
 from kuat import _native
 from kuat.errors import DecodeError
 from kuat.vision import _exif
+from kuat.vision._libjpeg import load_roi
 from kuat.vision.probe import describe_pil_error
 
 __all__ = ["decode_image", "DEFAULT_MAX_PIXELS"]
@@ -56,10 +57,10 @@ _PIL_JPEG_COLORSPACES = ("CMYK", "YCCK")  # simplejpeg cannot convert these to R
 
 _local = threading.local()
 
-try:  # the optional ROI decoder (C, libjpeg-turbo); see _roijpeg.c and _build_roijpeg.py
-    from kuat.vision import _roijpeg as _roi
-except ImportError:  # not built: full-size/DCT-scaled decodes through simplejpeg only
-    _roi = None
+# The optional ROI decoder (C; see _roijpeg.c) with the libjpeg-turbo _libjpeg chose for it
+# (Pillow's bundled copy, the system's, or KUAT_LIBJPEG's); None: not built or no usable
+# libjpeg, and JPEGs decode through simplejpeg only (full size or DCT-scaled).
+_roi, _roi_libjpeg = load_roi()
 
 
 class Decoded(NamedTuple):
@@ -229,6 +230,38 @@ def resize_rgbx_planar(src: np.ndarray, out: np.ndarray, flip: bool, x_taps, y_t
     fn(src, h, w, 4, out, out.shape[1], out.shape[2], int(flip), *x_taps, *y_taps)
     _native.add(time.perf_counter() - t0)
     return True
+
+
+def roi_batch_available() -> bool:
+    """Whether the ROI decoder can decode and resize a whole batch in one call
+    (:func:`decode_resize_batch`). Internal."""
+    return getattr(_roi, "decode_resize_batch", None) is not None
+
+
+def decode_resize_batch(jobs: list[tuple], out: np.ndarray) -> list[tuple[int, str]]:
+    """Decode and resize every job into its slot of ``out`` in one C call, the GIL released
+    once for the whole batch (see ``decode_resize_batch`` in ``_roijpeg.c``).
+
+    Args:
+        jobs: per image ``(data, scale_num, y0, y1, x0, x1, slot, flip, *x_taps, *y_taps)``:
+            :func:`decode_jpeg_roi`'s region (RGBX) and :func:`resize_rgbx_planar`'s taps.
+        out: ``(B, 3, H, W)`` uint8, C-contiguous: the batch buffer; job ``k`` writes
+            ``out[slot]`` only.
+
+    Returns:
+        ``(job_index, reason)`` for each job that could not be decoded (corrupt data,
+        libjpeg warnings): its slot is left as it was, for the caller's per-image path.
+
+    Raises:
+        ValueError: a malformed job (slot, box or taps out of range), before any decode.
+    """
+    b, c, h, w = out.shape
+    if c != 3 or out.dtype != np.uint8 or not out.flags.c_contiguous:
+        raise ValueError(f"out must be C-contiguous (B, 3, H, W) uint8, got {out.shape} {out.dtype}")
+    t0 = time.perf_counter()
+    failed = _roi.decode_resize_batch(jobs, out, b, h, w)
+    _native.add(time.perf_counter() - t0)  # kernel seconds for stats()["busy_s"]["native"]
+    return failed
 
 
 def _decode_pil(data, min_scale, max_pixels, index, source) -> Decoded:
