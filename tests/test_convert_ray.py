@@ -12,7 +12,9 @@ from __future__ import annotations
 import collections
 import contextlib
 import json
+import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -27,7 +29,7 @@ import simplejpeg
 import kuat
 import kuat.convert
 from kuat.cli import main as cli_main
-from kuat.convert._ray import staging_dir
+from kuat.convert._ray import PART_RECORD, staging_dir
 from kuat.errors import DecodeError
 from kuat.format import verify
 
@@ -60,9 +62,9 @@ def make_imagefolder(root: Path, n: int = N_IMAGES, broken: int = 0) -> Path:
     return root
 
 
-def rows_of(path) -> list[tuple]:
+def rows_of(path, storage_options=None) -> list[tuple]:
     """Every row of a dataset as a hashable tuple (images: bytes, width, height, codec)."""
-    ds = kuat.open(path)
+    ds = kuat.open(path, storage_options=storage_options)
     out = []
     for i in range(len(ds)):
         row = ds.raw(i)
@@ -78,14 +80,17 @@ def _hashable(v):
     return v
 
 
-def check_same_dataset(ray_dst, local_dst) -> None:
-    got, want = rows_of(ray_dst), rows_of(local_dst)
+def check_same_dataset(ray_dst, local_dst, storage_options=None) -> None:
+    """Same rows (as multisets, and in the same order), both pass ``verify``, same metadata."""
+    got, want = rows_of(ray_dst, storage_options), rows_of(local_dst)
     assert collections.Counter(got) == collections.Counter(want)
     assert got == want  # the driver also keeps the local engine's order
-    for p in (ray_dst, local_dst):
-        report = verify(p, images=True)
-        assert report.ok, report
-    assert kuat.open(ray_dst).manifest.metadata == kuat.open(local_dst).manifest.metadata
+    report = verify(ray_dst, images=True, storage_options=storage_options)
+    assert report.ok, report
+    report = verify(local_dst, images=True)
+    assert report.ok, report
+    on_ray = kuat.open(ray_dst, storage_options=storage_options).manifest.metadata
+    assert on_ray == kuat.open(local_dst).manifest.metadata
 
 
 @contextlib.contextmanager
@@ -143,13 +148,62 @@ def test_imagefolder_same_rows_as_local(ray_local, images, tmp_path):
     assert len(kuat.open(tmp_path / "ray").manifest.shards) >= 5  # at least one per task
 
 
-def test_on_error_raise_names_the_file(ray_local, images, tmp_path):
-    with pytest.raises(DecodeError, match=r"broken0\.jpg"):
-        kuat.convert.from_imagefolder(
-            images, tmp_path / "out", engine="ray", rows_per_task=60, progress=False
-        )
-    assert not (tmp_path / "out" / "manifest.json").exists()
-    assert not staging_dir(tmp_path / "out").exists()
+def _resumed(caplog) -> int:
+    """Parts the last conversion took from an earlier run (the driver's log line)."""
+    found = re.findall(r"resumed (\d+) of \d+ parts", caplog.text)
+    return int(found[-1]) if found else 0
+
+
+def test_rerun_resumes_finished_parts_and_restart_starts_over(ray_local, tmp_path, caplog):
+    # class1 starts with two files that are no images: with on_error="raise" every run stops
+    # at part 1, after part 0 (class0's 60 images) is finished
+    src = make_imagefolder(tmp_path / "train", broken=2)
+    dst = tmp_path / "out"
+    kw = dict(engine="ray", rows_per_task=60, progress=False)
+    caplog.set_level(logging.INFO, logger="kuat.convert.ray")
+
+    def fails(**more):
+        caplog.clear()
+        with pytest.raises(DecodeError, match=r"broken0\.jpg"):
+            kuat.convert.from_imagefolder(src, dst, **kw, **more)
+        assert not (dst / "manifest.json").exists()  # no reader sees a partial dataset
+        assert (staging_dir(dst) / "part-00000" / "manifest.json").exists()  # kept for a rerun
+
+    fails()
+    fails(restart=True)
+    assert _resumed(caplog) == 0  # --restart: every part written again
+    fails()
+    assert _resumed(caplog) >= 1
+    fails(resize_shorter=40)  # other options: another fingerprint, nothing is resumed
+    assert _resumed(caplog) == 0 and "other inputs or options" in caplog.text
+    record = kuat.open(staging_dir(dst) / "part-00000").manifest.metadata[PART_RECORD]
+    assert record["inputs"] == 60 and record["first_input"].endswith("class0/img0000.jpg")
+    assert record["fingerprint"].startswith("sha256:")
+    # the input fixed: parts 1.. now hold other files and are written again, part 0 is kept
+    for p in src.glob("class1/broken*"):
+        p.unlink()
+    caplog.clear()
+    report = kuat.convert.from_imagefolder(src, dst, resize_shorter=40, **kw)
+    assert _resumed(caplog) >= 1 and report.rows == N_IMAGES
+    assert not staging_dir(dst).exists()
+    kuat.convert.from_imagefolder(src, tmp_path / "local", resize_shorter=40, progress=False)
+    check_same_dataset(dst, tmp_path / "local")  # as an uninterrupted run: rows and order
+
+
+def test_edited_input_restarts_its_part(ray_local, tmp_path, caplog):
+    src = make_imagefolder(tmp_path / "train", n=40, broken=1)  # part 1 holds the broken file
+    dst = tmp_path / "out"
+    kw = dict(engine="ray", rows_per_task=10, progress=False)
+    with pytest.raises(DecodeError):
+        kuat.convert.from_imagefolder(src, dst, **kw)
+    first = src / "class0" / "img0000.jpg"
+    first.write_bytes(_jpeg(33, 31, 99))  # part 0's input changed since its record
+    (src / "class1" / "broken0.jpg").unlink()
+    caplog.set_level(logging.INFO, logger="kuat.convert.ray")
+    kuat.convert.from_imagefolder(src, dst, **kw)
+    assert "part-00000 was written from other inputs or options" in caplog.text
+    kuat.convert.from_imagefolder(src, tmp_path / "local", progress=False)
+    check_same_dataset(dst, tmp_path / "local")
 
 
 def test_jsonl_with_image_paths_same_rows_as_local(ray_local, images, tmp_path):
@@ -187,7 +241,7 @@ def test_failed_task_is_retried_by_ray(ray_local, images, tmp_path):
     check_same_dataset(dst, tmp_path / "local")
 
 
-def test_killed_driver_leaves_no_manifest_and_rerun_restarts(ray_local, images, tmp_path):
+def test_killed_driver_leaves_no_manifest_and_rerun_resumes(ray_local, images, tmp_path, caplog):
     # the driver runs in a child process connected to this module's Ray instance; parts
     # after the first wait for a gate file (see _ray_faults), so the kill lands mid-run
     dst = tmp_path / "gated"
@@ -223,10 +277,12 @@ def test_killed_driver_leaves_no_manifest_and_rerun_restarts(ray_local, images, 
         driver.stderr.close()
     assert not (dst / "manifest.json").exists()  # no reader sees a partial dataset
     (tmp_path / "gated.gate").touch()
+    caplog.set_level(logging.INFO, logger="kuat.convert.ray")
     report = kuat.convert.from_imagefolder(
         images, dst, engine="ray", rows_per_task=60, on_error="skip", progress=False
     )
-    assert report.rows == N_IMAGES and verify(dst).ok
+    assert _resumed(caplog) == 1  # part 0, finished before the kill; parts 1-3 written now
+    assert report.rows == N_IMAGES and len(report.skipped) == 2
     assert not staging_dir(dst).exists()
     kuat.convert.from_imagefolder(images, tmp_path / "local", on_error="skip", progress=False)
     check_same_dataset(dst, tmp_path / "local")
@@ -248,9 +304,8 @@ def test_engine_is_validated_and_refused_where_unsupported(tmp_path):
         kuat.convert.ConvertOptions(engine="spark")
     with pytest.raises(ValueError, match="rows_per_task=0"):
         kuat.convert.ConvertOptions(rows_per_task=0)
-    (tmp_path / "a.jsonl").write_text('{"a": 1}\n')
-    with pytest.raises(ValueError, match="s3://bucket/x.kuat.*not to a URL"):
-        kuat.convert.from_jsonl(tmp_path / "a.jsonl", "s3://bucket/x.kuat", engine="ray")
+    with pytest.raises(ValueError, match="restart='yes'"):
+        kuat.convert.ConvertOptions(restart="yes")
     np.save(tmp_path / "a.npy", np.arange(4))
     with pytest.raises(ValueError, match="'numpy' converts locally only"):
         kuat.convert.convert(str(tmp_path / "a.npy"), tmp_path / "o", engine="ray")
