@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tarfile
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -30,7 +31,7 @@ import kuat
 import kuat.convert
 from kuat.cli import main as cli_main
 from kuat.convert._ray import PART_RECORD, staging_dir
-from kuat.errors import DecodeError
+from kuat.errors import DecodeError, SchemaError
 from kuat.format import verify
 
 RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
@@ -228,12 +229,16 @@ def test_jsonl_with_image_paths_same_rows_as_local(ray_local, images, tmp_path):
     check_same_dataset(tmp_path / "plain-ray", tmp_path / "plain-local")
 
 
-def test_failed_task_is_retried_by_ray(ray_local, images, tmp_path):
+def test_failed_part_is_retried_without_deprecated_ray_args(ray_local, images, tmp_path):
     # _ray_faults makes the first attempt of every part raise OSError while closing
     dst = tmp_path / "flaky"
-    report = kuat.convert.from_imagefolder(
-        images, dst, engine="ray", rows_per_task=100, on_error="skip", progress=False
-    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        report = kuat.convert.from_imagefolder(
+            images, dst, engine="ray", rows_per_task=100, on_error="skip", progress=False
+        )
+    # Ray 2.60 deprecates map_batches(**ray_remote_args) (removed in 2.64): none is passed
+    assert not [w for w in caught if "ray_remote_args" in str(w.message)]
     failed = sorted(p.name for p in (tmp_path / "flaky.failed").iterdir())
     assert failed == ["part-00000", "part-00001", "part-00002"]  # each part failed once
     assert report.rows == N_IMAGES and verify(dst).ok
@@ -288,6 +293,41 @@ def test_killed_driver_leaves_no_manifest_and_rerun_resumes(ray_local, images, t
     check_same_dataset(dst, tmp_path / "local")
 
 
+def test_table_types_are_inferred_by_the_tasks(ray_local, tmp_path, monkeypatch):
+    from kuat.convert import tabular
+
+    def rows(name: str, values: list) -> Path:
+        p = tmp_path / name
+        p.write_text("".join(json.dumps({"id": i, "v": v}) + "\n" for i, v in enumerate(values)))
+        return p
+
+    ints, floats = rows("a.jsonl", list(range(8))), rows("b.jsonl", [i / 4 for i in range(8)])
+    words = rows("c.jsonl", ["one", "two"])
+    (tmp_path / "a.csv").write_text("id,v\n" + "".join(f"{i},{i}\n" for i in range(5)))
+    (tmp_path / "b.csv").write_text("id,v\n" + "".join(f"{i},{i}.5\n" for i in range(5)))
+    csvs = [tmp_path / "a.csv", tmp_path / "b.csv"]
+    kuat.convert.from_jsonl([ints, floats], tmp_path / "jl-local", progress=False)
+    kuat.convert.from_csv(csvs, tmp_path / "csv-local", progress=False)
+    with pytest.raises(SchemaError) as local_conflict:
+        kuat.convert.from_jsonl([ints, words], tmp_path / "x-local", progress=False)
+
+    def read_on_the_driver(*args, **kwargs):
+        raise AssertionError("the driver read rows to infer the types")
+
+    monkeypatch.setattr(tabular._Files, "infer", read_on_the_driver)  # the tasks' copies
+    monkeypatch.setattr(tabular._Files, "infer_file", read_on_the_driver)  # are not patched
+    kuat.convert.from_jsonl([ints, floats], tmp_path / "jl-ray", engine="ray", progress=False)
+    check_same_dataset(tmp_path / "jl-ray", tmp_path / "jl-local")  # int64 + float64 -> float64
+    kuat.convert.from_csv(csvs, tmp_path / "csv-ray", engine="ray", progress=False)
+    check_same_dataset(tmp_path / "csv-ray", tmp_path / "csv-local")
+    # a later file that contradicts the types so far: the same error, naming file and row
+    with pytest.raises(SchemaError) as ray_conflict:
+        kuat.convert.from_jsonl([ints, words], tmp_path / "x-ray", engine="ray", progress=False)
+    assert str(ray_conflict.value) == str(local_conflict.value)
+    assert "c.jsonl row 0" in str(ray_conflict.value) and "a.jsonl row 0" in str(ray_conflict.value)
+    assert not (tmp_path / "x-ray").exists() and not staging_dir(tmp_path / "x-ray").exists()
+
+
 def test_cli_engine_ray(ray_local, images, tmp_path, capsys):
     dst = tmp_path / "cli"
     argv = ["convert", str(images), str(dst), "--engine", "ray", "--rows-per-task", "80"]
@@ -297,6 +337,8 @@ def test_cli_engine_ray(ray_local, images, tmp_path, capsys):
     # an existing dataset is refused without --overwrite, as with the local engine
     assert cli_main([*argv, "--on-error", "skip", "--no-progress"]) == 1
     assert "already a kuat dataset" in capsys.readouterr().err
+    argv += ["--overwrite", "--restart", "--on-error", "skip", "--no-progress"]
+    assert cli_main(argv) == 0 and "wrote 240 rows" in capsys.readouterr().out
 
 
 def test_engine_is_validated_and_refused_where_unsupported(tmp_path):

@@ -144,3 +144,9 @@ def test_url_destination_same_rows_resume_and_refusals(
     kuat.convert.from_jsonl(files, tmp_path / "jl-local", progress=False)
     kuat.convert.from_jsonl(files, f"s3://{bucket}/jl.kuat", **{**kw, "rows_per_task": 1000})
     check_same_dataset(f"s3://{bucket}/jl.kuat", tmp_path / "jl-local", storage_options=so)
+    # and tables at a URL, each downloaded by its own tasks, into a local path
+    for f in files:
+        fs.put_file(str(f), f"{bucket}/src/{f.name}")
+    urls = [f"s3://{bucket}/src/{f.name}" for f in files]
+    kuat.convert.from_jsonl(urls, tmp_path / "jl-from-s3", **{**kw, "rows_per_task": 1000})
+    check_same_dataset(tmp_path / "jl-from-s3", tmp_path / "jl-local")
