@@ -114,11 +114,16 @@ class ConvertOptions:
     def workers(self) -> int:
         return self.num_workers or os.cpu_count() or 1
 
-    def writer_kwargs(self) -> dict:
+    def writer_kwargs(self, dst: str | os.PathLike) -> dict:
+        """The :class:`kuat.Writer` options for the destination ``dst``: ``storage_options``
+        only when ``dst`` is a URL (they may be there for URL sources alone, and a Writer
+        refuses them for a local path)."""
+        from kuat.format.fs import is_url
+
         kw = {"overwrite": self.overwrite}
         if self.shard_bytes is not None:
             kw["shard_bytes"] = self.shard_bytes
-        if self.storage_options:
+        if self.storage_options and is_url(os.fspath(dst)):
             kw["storage_options"] = self.storage_options
         return kw
 
@@ -346,7 +351,7 @@ def converting(dst, schema, opts: ConvertOptions, metadata: dict | None = None):
         )
     t0 = time.perf_counter()
     report = ConvertReport(str(dst))
-    with Writer(dst, schema, metadata=metadata, **opts.writer_kwargs()) as w:
+    with Writer(dst, schema, metadata=metadata, **opts.writer_kwargs(dst)) as w:
         yield w, report
         report.rows = w.num_rows
     report.seconds = time.perf_counter() - t0

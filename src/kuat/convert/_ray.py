@@ -293,10 +293,8 @@ def _write_part(
         "first_input": inputs[0] if inputs else None,
         "last_input": inputs[-1] if inputs else None,
     }
-    kw = opts.writer_kwargs()
+    kw = opts.writer_kwargs(part_dir)
     kw["overwrite"] = True  # an earlier attempt's files are here
-    if not parts.remote:
-        kw.pop("storage_options", None)  # those are for URL sources, not the staging folder
     for attempt in range(1, TASK_RETRIES + 1):
         report = ConvertReport(part_dir)
         try:
@@ -566,8 +564,7 @@ def _write_parts(ray, parts, opts, store, fn_kwargs, report) -> list[tuple[str, 
 
 
 def _convert_to_path(ray, dst, schema, metadata, opts, parts, store, fn_kwargs, report):
-    kw = opts.writer_kwargs()
-    kw.pop("storage_options", None)  # for URL sources; dst is a path
+    kw = opts.writer_kwargs(dst)
     # The Writer takes dst's lock for the whole run (a second driver is refused), refuses or
     # clears what is there, and writes the manifest only on a clean exit; on an error it
     # deletes the shards moved in so far (their parts are then written again on a rerun).
