@@ -277,15 +277,13 @@ def _write_part(
     """One part -> its directory of shards plus its manifest (the record, written last).
     Returns ``{"dir", "skipped", "resumed", "why"}`` (``why``: the reason an earlier run's
     record of this part was not used, if there was one)."""
-    fingerprint = part_fingerprint(
-        _spec(payload, schema, opts), inputs_of(part) if inputs_of is not None else ()
-    )
+    inputs = [os.fspath(p) for p in inputs_of(part)] if inputs_of is not None else []
+    fingerprint = part_fingerprint(_spec(payload, schema, opts), inputs)
     part_dir = parts.part(k)
     done, why = parts.finished(k, fingerprint)  # none after a restart: _begin deleted them
     if done is not None:
         skipped = [tuple(s) for s in done.metadata[PART_RECORD].get("skipped", [])]
         return {"dir": part_dir, "skipped": skipped, "resumed": True, "why": ""}
-    inputs = list(inputs_of(part)) if inputs_of is not None else []
     record = {
         "part": k,
         "fingerprint": fingerprint,
@@ -302,7 +300,10 @@ def _write_part(
                 write_part(w, part, opts, report)
                 w.metadata[PART_RECORD]["skipped"] = [[str(s), str(r)] for s, r in report.skipped]
             break
-        except OSError as e:  # a storage hiccup (a KuatError is the data's, not retried)
+        except OSError as e:
+            # a storage hiccup, or kuat.RemoteError (a URL after kuat's own retries); an
+            # unreadable sample (DecodeError, SchemaError: ValueErrors) is the data's and
+            # goes to the driver as it is
             if attempt == TASK_RETRIES:
                 raise
             log.warning(
@@ -596,11 +597,11 @@ def _convert_to_url(ray, dst, schema, metadata, opts, parts, store, fn_kwargs, r
     write_manifest(store.root, manifest, storage_options=store.storage_options)
     report.rows = manifest.num_rows
     fs, path = store._fs()
-    for k in range(len(parts)):  # the parts' records are no part of the dataset
-        try:
-            fs.rm_file(f"{path}/{_part_name(k)}/{MANIFEST_NAME}")
-        except Exception as e:  # best effort: a leftover record harms no reader
-            log.debug("cannot delete the record of part %d of %s: %s", k, store.root, e)
+    records = [f"{path}/{_part_name(k)}/{MANIFEST_NAME}" for k in range(len(parts))]
+    try:  # the parts' records are no part of the dataset (one bulk delete where fsspec can)
+        fs.rm(records)
+    except Exception as e:  # best effort: a leftover record harms no reader
+        log.debug("cannot delete the part records of %s: %s", store.root, e)
     return manifest
 
 
