@@ -28,6 +28,8 @@ examples:
   kuat convert data.parquet table.kuat --image-field picture
   kuat convert data.txt table.kuat --format csv --delimiter '|'
   kuat convert imagenet21k/train in21k.kuat --engine ray    (on the cluster RAY_ADDRESS names)
+  kuat convert imagenet21k/train s3://bucket/in21k.kuat --engine ray
+      (tasks write shards straight to the bucket; rerun the same command to resume)
 """
 
 
