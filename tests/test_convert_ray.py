@@ -20,18 +20,20 @@ import subprocess
 import sys
 import tarfile
 import time
+import uuid
 import warnings
 from pathlib import Path
 
 import numpy as np
 import pytest
 import simplejpeg
+import test_format_remote
 
 import kuat
 import kuat.convert
 from kuat.cli import main as cli_main
 from kuat.convert._ray import PART_RECORD, staging_dir
-from kuat.errors import DecodeError, SchemaError
+from kuat.errors import DecodeError, FormatError, SchemaError
 from kuat.format import verify
 
 RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
@@ -40,6 +42,8 @@ for _k, _v in RAY_ENV.items():
     os.environ.setdefault(_k, _v)
 
 ray = pytest.importorskip("ray")
+
+s3_endpoint = test_format_remote.s3_endpoint  # a moto S3 server on 127.0.0.1 (module scope)
 
 pytestmark = pytest.mark.slow
 N_IMAGES = 240
@@ -246,33 +250,56 @@ def test_failed_part_is_retried_without_deprecated_ray_args(ray_local, images, t
     check_same_dataset(dst, tmp_path / "local")
 
 
-def test_killed_driver_leaves_no_manifest_and_rerun_resumes(ray_local, images, tmp_path, caplog):
+@pytest.mark.parametrize("where", ["path", "s3"])
+def test_killed_driver_leaves_no_manifest_and_rerun_resumes(
+    ray_local, images, tmp_path, caplog, request, monkeypatch, where
+):
     # the driver runs in a child process connected to this module's Ray instance; parts
     # after the first wait for a gate file (see _ray_faults), so the kill lands mid-run
+    so = None
     dst = tmp_path / "gated"
+    first = staging_dir(dst) / "part-00000" / "manifest.json"
+    exists = os.path.exists
+    if where == "s3":
+        import s3fs
+
+        monkeypatch.setenv("KUAT_CACHE_DIR", str(tmp_path / "cache"))
+        so = {"endpoint_url": request.getfixturevalue("s3_endpoint")}
+        so.update(key="testing", secret="testing")  # the workers have no AWS_* variables
+        fs = s3fs.S3FileSystem(**so)
+        bucket = f"b-{uuid.uuid4().hex[:12]}"
+        fs.mkdir(bucket)
+        dst, first = f"s3://{bucket}/gated", f"{bucket}/gated/part-00000/manifest.json"
+
+        def exists(key: str) -> bool:
+            fs.invalidate_cache()
+            return fs.exists(key)
+
     script = (
-        "import sys, ray, kuat.convert\n"
+        "import json, sys, ray, kuat.convert\n"
         "ray.init(address=sys.argv[1], log_to_driver=False,"
-        " runtime_env={'worker_process_setup_hook': '_ray_faults.install'})\n"
+        " runtime_env={'worker_process_setup_hook': '_ray_faults.install',"
+        " 'env_vars': {'KUAT_TEST_GATES': sys.argv[4]}})\n"
         "kuat.convert.from_imagefolder(sys.argv[2], sys.argv[3], engine='ray',"
-        " rows_per_task=60, on_error='skip', progress=False)\n"
+        " rows_per_task=60, on_error='skip', progress=False,"
+        " storage_options=json.loads(sys.argv[5]))\n"
     )
     env = dict(os.environ, **RAY_ENV)
     env["PYTHONPATH"] = os.pathsep.join(
         [str(Path(__file__).parent), *sys.path[1:], env.get("PYTHONPATH", "")]
     )
+    argv = [ray_local, str(images), str(dst), str(tmp_path), json.dumps(so)]
     driver = subprocess.Popen(
-        [sys.executable, "-c", script, ray_local, str(images), str(dst)],
+        [sys.executable, "-c", script, *argv],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
     )
     try:
-        first = staging_dir(dst) / "part-00000" / "manifest.json"
         deadline = time.monotonic() + 60
-        while not first.exists() and driver.poll() is None and time.monotonic() < deadline:
+        while not exists(first) and driver.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert first.exists(), driver.stderr.read().decode()[-2000:] if driver.poll() else ""
+        assert exists(first), driver.stderr.read().decode()[-2000:] if driver.poll() else ""
         driver.send_signal(signal.SIGKILL)
         driver.wait(timeout=30)
     finally:
@@ -280,17 +307,19 @@ def test_killed_driver_leaves_no_manifest_and_rerun_resumes(ray_local, images, t
             driver.kill()
             driver.wait(timeout=30)
         driver.stderr.close()
-    assert not (dst / "manifest.json").exists()  # no reader sees a partial dataset
+    with pytest.raises(FormatError, match="not a kuat dataset"):  # no reader sees a partial one
+        kuat.open(dst, storage_options=so)
     (tmp_path / "gated.gate").touch()
     caplog.set_level(logging.INFO, logger="kuat.convert.ray")
     report = kuat.convert.from_imagefolder(
-        images, dst, engine="ray", rows_per_task=60, on_error="skip", progress=False
-    )
+        images, dst, engine="ray", rows_per_task=60, on_error="skip", progress=False,
+        storage_options=so,
+    )  # fmt: skip
     assert _resumed(caplog) == 1  # part 0, finished before the kill; parts 1-3 written now
     assert report.rows == N_IMAGES and len(report.skipped) == 2
-    assert not staging_dir(dst).exists()
+    assert not staging_dir(tmp_path / "gated").exists()
     kuat.convert.from_imagefolder(images, tmp_path / "local", on_error="skip", progress=False)
-    check_same_dataset(dst, tmp_path / "local")
+    check_same_dataset(dst, tmp_path / "local", storage_options=so)
 
 
 def test_table_types_are_inferred_by_the_tasks(ray_local, tmp_path, monkeypatch):
