@@ -229,8 +229,9 @@ def test_jsonl_with_image_paths_same_rows_as_local(ray_local, images, tmp_path):
     plain = images / "plain.jsonl"
     plain.write_text("".join(json.dumps({"id": r["id"], "v": r["v"]}) + "\n" for r in lines))
     kuat.convert.from_jsonl(plain, tmp_path / "plain-local", progress=False)
-    kuat.convert.from_jsonl(plain, tmp_path / "plain-ray", engine="ray", progress=False)
-    check_same_dataset(tmp_path / "plain-ray", tmp_path / "plain-local")
+    kuat.convert.from_jsonl(plain, f"file://{tmp_path}/plain-ray", engine="ray", progress=False)
+    check_same_dataset(tmp_path / "plain-ray", tmp_path / "plain-local")  # file:// is local
+    assert not staging_dir(tmp_path / "plain-ray").exists()
 
 
 def test_failed_part_is_retried_without_deprecated_ray_args(ray_local, images, tmp_path):

@@ -64,7 +64,7 @@ from pathlib import Path
 from kuat.convert._driver import ConvertOptions, ConvertReport, log_skipped
 from kuat.errors import FormatError, KuatError
 from kuat.format import Schema, Writer
-from kuat.format.fs import is_url, open_remote, retry
+from kuat.format.fs import is_url, local_path, open_remote, retry
 from kuat.format.manifest import (
     MANIFEST_NAME,
     Manifest,
@@ -126,7 +126,7 @@ class _Parts:
     def of(cls, dst: str | os.PathLike, storage_options: Mapping | None) -> _Parts:
         if is_url(os.fspath(dst)):
             return cls(os.fspath(dst).rstrip("/"), dict(storage_options or {}))
-        return cls(str(staging_dir(dst)))
+        return cls(str(staging_dir(local_path(dst))))  # file:// URLs are local paths
 
     @property
     def remote(self) -> bool:
