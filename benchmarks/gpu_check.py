@@ -15,8 +15,8 @@ on the GPU at the end of each step):
   ``transforms.v2``, process workers, ``pin_memory=True``, non-blocking copy: the stock
   pipeline), ``torch-nvjpeg`` (torchvision's documented GPU path: file bytes from the
   workers, ``torchvision.io.decode_jpeg(list, device="cuda")``, ``v2.RandomResizedCrop`` and flip
-  per image on the GPU), ``kuat-cpu`` (fused region decode in thread workers, ``device="cuda"``)
-  and ``kuat-nvjpeg`` (``Compose(..., decode_device="cuda")``). Medians and min-max over
+  per image on the GPU), ``kuat-cpu`` (fused region decode in thread workers, ``device="cuda"``),
+  ``kuat-cpu-processes`` (the same in process workers over shared memory) and ``kuat-nvjpeg`` (``Compose(..., decode_device="cuda")``). Medians and min-max over
   ``--rounds`` interleaved rounds of ``--epochs`` epochs after one warm-up epoch.
 * ``resnet50``: a ResNet-50 training step (bf16 autocast, channels_last, SGD with momentum,
   normalisation on the GPU) fed by: ``synthetic`` (one batch already on the GPU: the step's own
@@ -46,6 +46,7 @@ from pathlib import Path
 import torch
 
 SIZE = 224
+TORCH_TIMEOUT_S = 60  # torch's DataLoader(timeout=): a dead worker becomes an error, not a hang
 
 
 def _sync() -> None:
@@ -115,6 +116,7 @@ def torch_pil(root, batch_size, workers, device):
         num_workers=workers,
         persistent_workers=workers > 0,
         pin_memory=device == "cuda",
+        timeout=TORCH_TIMEOUT_S if workers > 0 else 0,
     )
 
     def batches():
@@ -138,6 +140,7 @@ def torch_nvjpeg(root, batch_size, workers, device):
         num_workers=workers,
         persistent_workers=workers > 0,
         collate_fn=_list_collate,
+        timeout=TORCH_TIMEOUT_S if workers > 0 else 0,
     )
     tf = v2.Compose([v2.RandomResizedCrop(SIZE), v2.RandomHorizontalFlip()])
 
@@ -149,7 +152,7 @@ def torch_nvjpeg(root, batch_size, workers, device):
     return batches, None
 
 
-def _kuat_loader(path, batch_size, workers, device, decode_device):
+def _kuat_loader(path, batch_size, workers, device, decode_device, worker_type=None):
     import kuat
     from kuat import vision as kv
 
@@ -165,11 +168,17 @@ def _kuat_loader(path, batch_size, workers, device, decode_device):
         num_workers=workers,
         persistent_workers=workers > 0,
         device=device,
+        worker_type=worker_type,
     )
 
 
 def kuat_cpu(path, batch_size, workers, device):
     dl = _kuat_loader(path, batch_size, workers, device, "cpu")
+    return (lambda: ((b["image"], b["label"]) for b in dl)), dl
+
+
+def kuat_cpu_processes(path, batch_size, workers, device):
+    dl = _kuat_loader(path, batch_size, workers, device, "cpu", worker_type="process")
     return (lambda: ((b["image"], b["label"]) for b in dl)), dl
 
 
@@ -195,9 +204,15 @@ def _epoch_rate(batches) -> tuple[float, int]:
 def measure_decode(makers: dict, rounds: int, epochs: int) -> dict:
     """Images/s per loader: one warm-up epoch, then ``rounds`` interleaved rounds of ``epochs``
     epochs each; median and min-max of the per-round rates."""
-    built = {name: make() for name, make in makers.items()}
-    for batches, _ in built.values():
-        _epoch_rate(batches)  # warm-up: workers start, caches fill, cuDNN/nvJPEG initialise
+    built, failed = {}, {}
+    for name, make in makers.items():
+        try:
+            built[name] = make()
+            _epoch_rate(built[name][0])  # warm-up: workers start, caches fill, nvJPEG starts
+        except Exception as e:  # reported in the results; the other loaders still run
+            failed[name] = {"error": f"{type(e).__name__}: {e}"[:500]}
+            built.pop(name, None)
+            print(f"{name} failed: {failed[name]['error']}", file=sys.stderr)
     rates = {name: [] for name in built}
     for _ in range(rounds):
         for name, (batches, _) in built.items():
@@ -209,7 +224,7 @@ def measure_decode(makers: dict, rounds: int, epochs: int) -> dict:
                 total_t += time.perf_counter() - t0
                 total_n += n
             rates[name].append(total_n / total_t)
-    return {name: _summary(r) for name, r in rates.items()}
+    return {name: _summary(r) for name, r in rates.items()} | failed
 
 
 def _summary(values: list[float]) -> dict:
@@ -254,35 +269,43 @@ def measure_training(feeds: dict, steps: int, warmup: int, device: str, tiny: bo
     step = _resnet(device, tiny)
     out = {}
     for name, (make, loader) in feeds.items():
-        it = _cycle(make)
-        for _ in range(warmup):
-            step(*next(it))
-        _sync()
-        before = loader.stats() if loader is not None else None  # stats are cumulative
-        n = 0
-        wait = 0.0
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            tw = time.perf_counter()
-            x, y = next(it)
-            wait += time.perf_counter() - tw
-            step(x, y)
-            n += x.shape[0]
-        _sync()
-        dt = time.perf_counter() - t0
-        rec = {"images_per_s": n / dt, "step_ms": dt / steps * 1e3, "host_wait_fraction": wait / dt}
-        if loader is not None:
-            after = loader.stats()
-            waited = after["consumer_wait_s"] - before["consumer_wait_s"]
-            elapsed = after["elapsed_s"] - before["elapsed_s"]
-            rec["input_bound_fraction"] = waited / elapsed if elapsed > 0 else None
-        out[name] = rec
-        del it
+        try:
+            out[name] = _train(step, make, loader, steps, warmup)
+        except Exception as e:  # reported in the results; the other feeds still run
+            out[name] = {"error": f"{type(e).__name__}: {e}"[:500]}
+            print(f"{name} failed: {out[name]['error']}", file=sys.stderr)
     base = out.get("synthetic", {}).get("images_per_s")
     for rec in out.values():
-        if base:
+        if base and "images_per_s" in rec:
             rec["vs_synthetic"] = rec["images_per_s"] / base
     return out
+
+
+def _train(step, make, loader, steps: int, warmup: int) -> dict:
+    """One feed: ``warmup`` untimed steps, then ``steps`` timed ones."""
+    it = _cycle(make)
+    for _ in range(warmup):
+        step(*next(it))
+    _sync()
+    before = loader.stats() if loader is not None else None  # stats are cumulative
+    n = 0
+    wait = 0.0
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        tw = time.perf_counter()
+        x, y = next(it)
+        wait += time.perf_counter() - tw
+        step(x, y)
+        n += x.shape[0]
+    _sync()
+    dt = time.perf_counter() - t0
+    rec = {"images_per_s": n / dt, "step_ms": dt / steps * 1e3, "host_wait_fraction": wait / dt}
+    if loader is not None:
+        after = loader.stats()
+        waited = after["consumer_wait_s"] - before["consumer_wait_s"]
+        elapsed = after["elapsed_s"] - before["elapsed_s"]
+        rec["input_bound_fraction"] = waited / elapsed if elapsed > 0 else None
+    return rec
 
 
 def _cycle(batches):
@@ -300,6 +323,11 @@ def main(argv=None) -> int:
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--work-dir", type=Path, default=None)
+    ap.add_argument(
+        "--torch-sharing-strategy",
+        default=None,
+        help="torch.multiprocessing sharing strategy for torch's worker processes (recorded)",
+    )
     ap.add_argument("--smoke", action="store_true", help="CPU only, toy sizes (tests the script)")
     args = ap.parse_args(argv)
 
@@ -313,6 +341,8 @@ def main(argv=None) -> int:
         args.images, args.batch_size, args.rounds, args.epochs, args.steps = 96, 16, 1, 1, 2
     workers = args.workers or os.cpu_count() or 2
     torch.backends.cudnn.benchmark = True
+    if args.torch_sharing_strategy:
+        torch.multiprocessing.set_sharing_strategy(args.torch_sharing_strategy)
 
     import kuat.convert
     from kuat.cli.demo_data import build_demo_imagefolder, corpus_stats
@@ -335,11 +365,13 @@ def main(argv=None) -> int:
     decode_makers = {
         "torch-pil": lambda: torch_pil(root, bs, w, device),
         "kuat-cpu": lambda: kuat_cpu(path, bs, w, device),
+        "kuat-cpu-processes": lambda: kuat_cpu_processes(path, bs, w, device),
     }
     if device == "cuda":
         decode_makers["torch-nvjpeg"] = lambda: torch_nvjpeg(root, bs, w, device)
         decode_makers["kuat-nvjpeg"] = lambda: kuat_nvjpeg(path, bs, w, device)
     result["decode"] = measure_decode(decode_makers, args.rounds, args.epochs)
+    args.out.write_text(json.dumps(result, indent=1))  # partial results survive a later failure
     _print_decode(result)
 
     # pre-decoded batches for the copy-hiding question: 8 distinct batches, pageable memory
@@ -364,8 +396,8 @@ def main(argv=None) -> int:
         "pageable-sync": (lambda: ((x.to(device), y.to(device)) for x, y in pre), None),
         "kuat-prefetch": (lambda: iter(pre_loader), pre_loader),
     }
-    for name in ("kuat-cpu", "kuat-nvjpeg", "torch-pil", "torch-nvjpeg"):
-        if name in decode_makers:
+    for name in ("kuat-cpu", "kuat-cpu-processes", "kuat-nvjpeg", "torch-pil", "torch-nvjpeg"):
+        if name in decode_makers and "error" not in result["decode"][name]:
             batches, loader = decode_makers[name]()
             feeds[name] = (batches, loader)
     result["resnet50"] = measure_training(
@@ -379,20 +411,24 @@ def main(argv=None) -> int:
 
 def _print_decode(result: dict) -> None:
     d = result["decode"]
-    base = d["torch-pil"]["median"]
+    base = d.get("torch-pil", {}).get("median")
     print("\n| decode to GPU memory | images/s, median (min-max) | vs torch-pil |")
     print("|---|---:|---:|")
     for name, s in d.items():
-        print(
-            f"| {name} | {s['median']:,.0f} ({s['min']:,.0f}-{s['max']:,.0f}) | "
-            f"{s['median'] / base:.2f}x |"
-        )
+        if "error" in s:
+            print(f"| {name} | failed: {s['error'][:80]} | |")
+            continue
+        ratio = f"{s['median'] / base:.2f}x" if base else "-"
+        print(f"| {name} | {s['median']:,.0f} ({s['min']:,.0f}-{s['max']:,.0f}) | {ratio} |")
 
 
 def _print_training(result: dict) -> None:
     print("\n| ResNet-50 step fed by | images/s | ms/step | vs synthetic | waiting for input |")
     print("|---|---:|---:|---:|---:|")
     for name, r in result["resnet50"].items():
+        if "error" in r:
+            print(f"| {name} | failed: {r['error'][:80]} | | | |")
+            continue
         print(
             f"| {name} | {r['images_per_s']:,.0f} | {r['step_ms']:.1f} | "
             f"{r.get('vs_synthetic', float('nan')):.2f}x | {r['host_wait_fraction']:.1%} |"
