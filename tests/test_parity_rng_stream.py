@@ -86,3 +86,16 @@ def test_state_saved_before_the_first_epoch_resumes_from_the_start():
     b = kuat.DataLoader(range(12), batch_size=4, shuffle=True)
     b.load_state_dict(state)
     assert [x.tolist() for x in b] == order
+
+
+def test_a_skip_first_batches_copy_hands_its_drawn_seed_to_the_loader_it_skips_for():
+    torch.manual_seed(9)
+    dl = kuat.DataLoader(range(24), batch_size=4, shuffle=True)
+    skipping = dl._skip_first_batches(2)  # what Accelerate's skip_first_batches returns
+    tail = [b.tolist() for b in skipping]
+    assert len(tail) == 4 and dl.seed == skipping.seed is not None
+    torch.manual_seed(9)
+    whole = kuat.DataLoader(range(24), batch_size=4, shuffle=True)
+    first = [[b.tolist() for b in whole] for _ in range(2)]
+    assert tail == first[0][2:]
+    assert [b.tolist() for b in dl] == first[1]  # the next epoch: the same seed, epoch 1

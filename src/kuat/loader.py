@@ -821,6 +821,8 @@ class DataLoader(_TorchDataLoader):
         owner = self._progress_owner() if self._progress_owner is not None else None
         if owner is not None:  # the loader this copy skips for follows on from its position
             owner._progress, owner._pending = self._progress, None
+            if owner.seed is None:  # and from the seed the copy's first epoch drew
+                owner._set_seed(self.seed)
         if self.persistent_workers:
             self._live_iter = weakref.ref(it)
         it._setup(engine, owned, epoch, base_seed, keys, discard, self._progress)
