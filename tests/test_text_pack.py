@@ -257,33 +257,82 @@ def test_first_row_reads_one_buffer_whatever_the_dataset_size(strategy):
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
-@pytest.mark.parametrize("num_workers", [0, 2])
-def test_loader_resume_is_exact(strategy, num_workers):
+@pytest.mark.parametrize(
+    "workers", [(0, "thread", 2, "thread"), (2, "thread", 0, "thread"), (2, "process", 3, "thread")]
+)
+@pytest.mark.parametrize("planned", [False, True])
+def test_loader_resume_is_exact(strategy, workers, planned):
+    """kuat.DataLoader resumes a packer through its kuat_iter_from hook: exact at several points
+    of two epochs, for rank 1 of 2, also with another number and type of workers."""
     docs = make_docs(50, seed=4)
+    lengths = [len(d["input_ids"]) for d in docs] if planned else None
+    num_workers, worker_type, resumed_workers, resumed_type = workers
 
-    def make():
+    def make(n=num_workers, kind=worker_type):
         return kuat.DataLoader(
-            pack(MapDocs(docs), 16, strategy, buffer_size=6),
+            pack(MapDocs(docs), 16, strategy, buffer_size=6, lengths=lengths),
             batch_size=3,
-            num_workers=num_workers,
+            num_workers=n,
+            worker_type=kind,
+            collate_fn=pack_collate(),
+            rank=1,
+            world_size=2,
+        )
+
+    per_epoch = len(list(make(0)))
+    ref = check_resume(
+        make,
+        midpoints=[0, 1, 4, per_epoch - 1, per_epoch + 2],
+        epochs=2,
+        make_resumed=lambda: make(resumed_workers, resumed_type),
+    )
+    assert len(ref) == 2 * per_epoch and per_epoch > 4
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_loader_resume_reads_only_what_follows(strategy):
+    """Resumed at the epoch's last batch, a planned packer reads only that batch's documents
+    (not the epoch's first batches again, as a replay would)."""
+    docs = make_docs(200, seed=8)
+    lengths = [len(d["input_ids"]) for d in docs]
+
+    def make(source):
+        return kuat.DataLoader(
+            pack(source, 16, strategy, buffer_size=6, lengths=lengths),
+            batch_size=2,
+            num_workers=2,
             collate_fn=pack_collate(),
         )
 
-    ref = check_resume(make, midpoints=[0, 1, 4, 9], epochs=2)
-    assert len(ref) > 9
+    full = MapDocs(docs)
+    batches = list(make(full))
+    state = make(MapDocs(docs)).state_dict()
+    state["batches_served_in_epoch"] = len(batches) - 1
+    source = MapDocs(docs)
+    resumed = make(source)
+    resumed.load_state_dict(state)
+    rest = list(resumed)
+    assert len(rest) == 1
+    kuat.testing.assert_same_batch(rest[0], batches[-1])
+    assert 0 < source.reads <= int(batches[-1]["document_lengths"].numel()) < full.reads // 10
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
 @pytest.mark.parametrize("world_size", [2, 3])
 @pytest.mark.parametrize("drop_last", [False, True])
-def test_every_token_once_across_ranks_and_workers(strategy, world_size, drop_last):
+@pytest.mark.parametrize("planned", [False, True])
+def test_every_token_once_across_ranks_and_workers(strategy, world_size, drop_last, planned):
+    """Rank and worker shares; ``planned``: with the documents' lengths, where each consumer
+    plans from the lengths and reads only the documents of its own rows."""
     docs = make_docs(70, seed=6)
+    lengths = [len(d["input_ids"]) for d in docs] if planned else None
     packed = pack(MapDocs(docs), 32, strategy, buffer_size=8)
     unsplit = list(packed)
     per_rank = []
     for rank in range(world_size):
+        source = MapDocs(docs)
         loader = kuat.DataLoader(
-            pack(MapDocs(docs), 32, strategy, buffer_size=8),
+            pack(source, 32, strategy, buffer_size=8, lengths=lengths),
             batch_size=2,
             num_workers=2,
             collate_fn=pack_collate(),
@@ -296,6 +345,14 @@ def test_every_token_once_across_ranks_and_workers(strategy, world_size, drop_la
         for batch in loader:
             rows.extend(batch["input_ids"])
         per_rank.append(rows)
+        if planned:  # each document piece of the rank's rows read at most once; nothing else
+            pieces = sum(
+                len(unsplit[p % len(unsplit)]["document_lengths"])
+                for p in range(rank, len(unsplit) + world_size, world_size)
+            )
+            assert 0 < source.reads <= pieces < len(docs)
+        else:  # the rank's two workers each read the whole epoch
+            assert source.reads == 2 * len(docs)
     counts = {len(rows) for rows in per_rank}
     assert len(counts) == 1  # equal shares: the same number of rows (and batches) per rank
     # rank r holds rows r, r + W, ... of the unsplit epoch (DistributedSampler's split)

@@ -39,8 +39,14 @@ Optional attributes the loader honours on the source:
   before each epoch (so a resumed loader resumes the sampler's epoch too); torch's samplers,
   which lack it, are left to the user's ``set_epoch`` as in torch.
 * ``state_dict()`` / ``load_state_dict(state)``: the source's own resumable state, stored
-  under ``"source"`` in the loader's state. For iterable sources without it, resuming replays
-  (fetches and drops) the batches already served in the epoch.
+  under ``"source"`` in the loader's state.
+* ``kuat_iter_from(epoch, batches_served) -> iterator`` (iterable sources): resuming mid-epoch,
+  each worker starts with this instead of ``iter(source)``: this rank's and this worker's share
+  of ``epoch`` after the rank's first ``batches_served`` batches (as split by
+  ``kuat_set_batching``; batch ``batches_served`` goes to worker 0, the next to worker 1, ...),
+  found from a small state rather than by reading them (``kuat.pack``). Iterable sources
+  without it are resumed by replaying: the workers fetch the served batches and the loader
+  drops them.
 
 Seams with frameworks
 ---------------------
@@ -86,7 +92,7 @@ from torch.utils.data.dataloader import _DatasetKind
 from kuat import sources as _sources
 from kuat.collate import default_collate
 from kuat.device import DeviceCopier, accelerator_available
-from kuat.engine.base import END, FAIL, OK, Task
+from kuat.engine.base import END, FAIL, OK, ResumeAt, Task
 from kuat.engine.inline import InlineEngine
 from kuat.engine.job import FetchJob, per_sample_getitems
 from kuat.engine.process import ProcessEngine
@@ -814,7 +820,9 @@ class DataLoader(_TorchDataLoader):
             base_seed = _base_seed(self.seed, epoch)
         if "sampler" not in at_start and not self._own_sampler and not self._iterable:
             at_start["sampler"] = order_state(self._index_sampler)  # as it starts: after base_seed
-        if self._iterable:
+        if self._iterable and skip and callable(getattr(self._source, "kuat_iter_from", None)):
+            keys, discard = itertools.repeat(ResumeAt(skip)), 0  # the source starts there itself
+        elif self._iterable:
             keys, discard = itertools.repeat(None), skip
         else:
             keys, discard = self._keys(epoch, skip, restore.get("sampler")), 0

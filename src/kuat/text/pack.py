@@ -42,12 +42,13 @@ import bisect
 import itertools
 import logging
 import numbers
+import threading
 from collections.abc import Iterator
 
 import numpy as np
 import torch
 
-from kuat.sources.stream import Stream
+from kuat.sources.stream import Stream, rank_share
 from kuat.text._docs import CHUNK, IGNORE_INDEX, Block, Documents
 
 __all__ = ["pack", "Packed", "PackIterator", "STRATEGIES"]
@@ -56,6 +57,8 @@ _log = logging.getLogger("kuat.text.pack")
 
 STRATEGIES = ("concat", "first_fit", "best_fit")
 _STATE_VERSION = 1
+_PLAN_CHUNK = 64  # planned rows built per read (concat), so a read is one gather of many rows
+_EMPTY = np.empty(0, np.int64)
 
 
 def pack(
@@ -69,6 +72,7 @@ def pack(
     pad_id: int = 0,
     shuffle: bool = False,
     seed: int = 0,
+    lengths=None,
 ) -> Packed:
     """Pack the documents of ``source`` into rows of ``seq_len`` tokens, on the fly.
 
@@ -89,22 +93,39 @@ def pack(
         shuffle: read a map-style source in a permuted order, a new one each epoch (seeded by
             ``(seed, epoch)`` as the loader's sampler is); iterable sources keep their order.
         seed: the run seed for ``shuffle``.
+        lengths: ``(N,)`` ints, the tokens of each document of a map-style source, by source
+            index (e.g. :func:`kuat.text.lengths_of`); read from the source when it is a kuat
+            dataset without transforms. Each document read is checked against it.
 
     Returns:
-        A :class:`Packed` stream (a ``torch.utils.data.IterableDataset``): each rank and each
-        worker of the loader packs the whole epoch (deterministically) and keeps its rows by
-        position, so ranks get equal shares and a row goes to exactly one rank and worker
-        (without ``drop_last``, ranks are padded by wrapping around to the first rows, as
-        ``DistributedSampler`` does). Batch rows with :func:`kuat.text.pack_collate`.
-        Packing work is therefore multiplied by ranks x workers (each pass is vectorised:
-        NumPy over flat token blocks, Python only to choose bins, so this costs a few
-        microseconds per document per consumer).
+        A :class:`Packed` stream (a ``torch.utils.data.IterableDataset``). Rows are split by
+        position: rank ``r`` of ``W`` takes rows ``r, r + W, ...`` (without ``drop_last``,
+        ranks are padded by wrapping around to the first rows, as ``DistributedSampler``
+        does), so ranks get equal shares and a row goes to exactly one rank and worker; a
+        rank's loader workers take whole batches in turn. Batch rows with
+        :func:`kuat.text.pack_collate`.
+
+        With the documents' lengths (a map-style source with ``lengths`` or a kuat dataset),
+        each consumer (rank x worker) computes the same packing plan from the lengths alone
+        (concat: arithmetic on their running sum; fit strategies: the bin choice over every
+        buffer, no tokens read) and reads and builds only its own rows. Otherwise (iterable
+        sources, other map-style sources) each consumer reads and packs the whole epoch and
+        keeps its rows.
 
     Raises:
         ValueError: ``seq_len`` or ``buffer_size`` not an int >= 1; an unknown ``strategy`` or
-            ``too_long``.
+            ``too_long``; ``lengths`` not 1-d ints >= 0. When iterating: ``lengths`` of another
+            size than the source, or a document of another length than ``lengths`` says.
         TypeError: ``pad_id`` or ``seed`` not an int, ``field`` not a string.
     """
+    if lengths is not None:
+        arr = lengths.numpy() if isinstance(lengths, torch.Tensor) else np.asarray(lengths)
+        if arr.ndim != 1 or (arr.size and (arr.dtype.kind not in "iu" or arr.min() < 0)):
+            raise ValueError(
+                f"lengths should be a 1-d sequence of ints >= 0, got shape {arr.shape} "
+                f"dtype {arr.dtype}"
+            )
+        lengths = arr.astype(np.int64)
     for name, v in (("seq_len", seq_len), ("buffer_size", buffer_size)):
         if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:
             raise ValueError(f"{name} should be an int >= 1, got {v!r}")
@@ -127,6 +148,7 @@ def pack(
         int(pad_id),
         bool(shuffle),
         int(seed),
+        lengths,
     )
 
 
@@ -141,6 +163,8 @@ class PackStats:
         "split_documents",
         "dropped_documents",
         "dropped_tokens",
+        "read_documents",
+        "read_tokens",
     )
     __slots__ = _COUNTS + ("seq_len",)
 
@@ -165,7 +189,17 @@ class Packed(Stream):
     """
 
     def __init__(
-        self, source, seq_len, strategy, buffer_size, too_long, field, pad_id, shuffle, seed
+        self,
+        source,
+        seq_len,
+        strategy,
+        buffer_size,
+        too_long,
+        field,
+        pad_id,
+        shuffle,
+        seed,
+        lengths=None,
     ):
         super().__init__()
         from kuat.sources import as_source
@@ -180,6 +214,9 @@ class Packed(Stream):
         self.shuffle = shuffle
         self.seed = seed
         self._stats = PackStats(seq_len)
+        # (N,) document lengths by source index, found once and shared by the shallow copies
+        # the loader's thread workers get; None: unknown (read the whole stream)
+        self._lengths = {"value": lengths, "known": lengths is not None, "lock": threading.Lock()}
         if shuffle and isinstance(self.source, torch.utils.data.IterableDataset):
             _log.warning(
                 "pack(shuffle=True) over an iterable source keeps the stream's order; shuffle "
@@ -191,6 +228,45 @@ class Packed(Stream):
             f"Packed({self.source!r:.60}, seq_len={self.seq_len}, strategy={self.strategy!r}, "
             f"buffer_size={self.buffer_size}, too_long={self.too_long!r})"
         )
+
+    def __iter__(self) -> Iterator[dict]:
+        return self.kuat_iter_from(self._epoch, 0)
+
+    def kuat_iter_from(self, epoch: int, batches_served: int) -> Iterator[dict]:
+        """This rank's and this worker's rows of ``epoch`` after the rank's first
+        ``batches_served`` batches (``kuat.DataLoader``'s resume hook; see the module
+        docstring of :mod:`kuat.loader`): batch ``batches_served`` goes to worker 0, the next
+        to worker 1, and so on. With known lengths this costs the plan up to there (lengths
+        only, nothing read); otherwise the stream is read and packed up to there."""
+        rank, world = self._rank_and_world()
+        info = torch.utils.data.get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        share = _Share(
+            rank, world, self._batch_size or 1, worker, workers, self._drop_last, batches_served
+        )
+        lengths = self._doc_lengths()
+        if lengths is None:
+            self._stats = PackStats(self.seq_len)  # (the pass below replaces it)
+            return share.filter(self.samples(epoch))
+        return _plan_rows(self, epoch, lengths, share)
+
+    def _doc_lengths(self) -> np.ndarray | None:
+        holder = self._lengths
+        if not holder["known"]:
+            with holder["lock"]:
+                if not holder["known"]:
+                    docs = Documents(self.source, self.field, 0, False, 0)
+                    holder["value"], holder["known"] = docs.lengths(), True
+        return holder["value"]
+
+    def __getstate__(self):  # picklable for process workers (a lock is not)
+        state = self.__dict__.copy()
+        state["_lengths"] = {k: v for k, v in self._lengths.items() if k != "lock"}
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._lengths["lock"] = threading.Lock()
 
     def samples(self, epoch: int) -> Iterator[dict]:
         """Every packed row of ``epoch``, in order (unsplit by ranks and workers)."""
@@ -292,6 +368,8 @@ def _concat(docs: Documents, packed: Packed, stats: PackStats, pos) -> Iterator:
             break
         stats.documents += k
         stats.tokens += int(block.lengths.sum())
+        stats.read_documents += k
+        stats.read_tokens += int(block.lengths.sum())
         b_ids, b_labels, b_starts = block.ids, block.labels, block.starts
         b_off = np.zeros(k, np.int64)
         if block.first == first and offset:  # resuming inside document ``first``
@@ -365,9 +443,7 @@ def _concat_rows(ids, labels, seg_start, seg_len, nrows, length, filled, pad_id)
 def _fit(docs: Documents, packed: Packed, stats: PackStats, pos) -> Iterator:
     """First-fit or best-fit decreasing over buffers. ``pos``: (first document of the buffer,
     keys of the row carried into it, rows already emitted from it)."""
-    length, size = packed.seq_len, packed.buffer_size
-    drop = packed.too_long == "drop"
-    binpack = _first_fit if packed.strategy == "first_fit" else _best_fit
+    length = packed.seq_len
     start, carried_keys, skip = pos
     carried = _Items.empty()
     if carried_keys:
@@ -379,11 +455,45 @@ def _fit(docs: Documents, packed: Packed, stats: PackStats, pos) -> Iterator:
             (o, p): i for i, (o, p) in enumerate(zip(pieces.ord.tolist(), pieces.piece.tolist()))
         }
         carried = pieces.take(np.array([where[k] for k in carried_keys], np.int64))
-    for block in docs.blocks(start, size):
+    buffers = _fit_buffers(docs.blocks(start, packed.buffer_size), packed, stats, carried, True)
+    for buf in buffers:
+        out_keys = (buf.start, buf.carried_keys)
+        if len(buf.bins) > skip:
+            emit = buf.bins[skip:]
+            fills = buf.fills[skip:]
+            rows = _fit_rows(buf.items, emit, fills, length, packed.pad_id)
+            for e, row in enumerate(rows, skip + 1):
+                yield row, (*out_keys, e)
+        skip = 0
+
+
+class _Buffer:
+    """One buffer's packing decision: the rows it emits (``bins``: positions in ``items``, each
+    in arrival order; ``fills``: their tokens), the first document ``start`` of the buffer and
+    the keys of the row carried into it."""
+
+    __slots__ = ("items", "bins", "fills", "start", "carried_keys")
+
+    def __init__(self, items, bins, fills, start, carried_keys):
+        self.items, self.bins, self.fills = items, bins, fills
+        self.start, self.carried_keys = start, carried_keys
+
+
+def _fit_buffers(blocks, packed: Packed, stats: PackStats, carried, tokens: bool):
+    """The packing decisions of consecutive buffers (:class:`_Buffer`), from ``blocks`` of
+    ``buffer_size`` documents: with their tokens (``tokens``), or lengths only (the plan every
+    consumer computes alike). ``carried``: the row carried into the first buffer."""
+    length, size = packed.seq_len, packed.buffer_size
+    drop = packed.too_long == "drop"
+    binpack = _first_fit if packed.strategy == "first_fit" else _best_fit
+    for block in blocks:
         last = len(block) < size
         lengths = block.lengths
         stats.documents += len(block)
         stats.tokens += int(lengths.sum())
+        if tokens:
+            stats.read_documents += len(block)
+            stats.read_tokens += int(lengths.sum())
         too_long = lengths > length
         if drop:
             stats.dropped_documents += int(too_long.sum())
@@ -400,22 +510,235 @@ def _fit(docs: Documents, packed: Packed, stats: PackStats, pos) -> Iterator:
             if fills[emptiest] < length:
                 keep_back = emptiest
         out = [b for b in range(len(bins)) if b != keep_back]
-        out_keys = tuple(zip(carried.ord.tolist(), carried.piece.tolist()))
-        if len(out) > skip:
-            emit = out[skip:]
-            rows = _fit_rows(
-                items, [bins[b] for b in emit], [fills[b] for b in emit], length, packed.pad_id
-            )
-            stats.rows += len(emit)
-            stats.pad_tokens += length * len(emit) - sum(fills[b] for b in emit)
-            for e, row in enumerate(rows, skip + 1):
-                yield row, (start, out_keys, e)
+        carried_keys = tuple(zip(carried.ord.tolist(), carried.piece.tolist()))
+        emit_bins = [bins[b] for b in out]
+        emit_fills = [fills[b] for b in out]
+        stats.rows += len(out)
+        stats.pad_tokens += length * len(out) - sum(emit_fills)
+        yield _Buffer(items, emit_bins, emit_fills, block.first, carried_keys)
         if last:
             return
-        skip = 0
         keep = [] if keep_back is None else bins[keep_back]
-        carried = items.take(np.array(keep, np.int64)).compact()
-        start += size
+        carried = items.take(np.array(keep, np.int64))
+        if tokens:
+            carried = carried.compact()
+
+
+# --- the plan: rows decided from document lengths, so each consumer reads only its own rows -----
+
+
+class _Share:
+    """Which rows of an epoch one consumer (a rank's worker) yields, and from which batch on.
+
+    Ranks take rows ``rank, rank + world_size, ...`` (``rank_share``); workers take whole
+    batches of the rank's rows, batch ``start + j`` going to worker ``j % workers``
+    (``worker_share``, shifted by the ``start`` batches already served)."""
+
+    __slots__ = ("rank", "world", "batch", "worker", "workers", "drop_last", "start")
+
+    def __init__(self, rank, world, batch, worker, workers, drop_last, start):
+        self.rank, self.world, self.batch = rank, world, batch
+        self.worker, self.workers = worker, workers
+        self.drop_last, self.start = drop_last, start
+
+    def mine(self, positions: np.ndarray) -> np.ndarray:
+        """``(R,) bool``: which global row positions (padding positions included) are ours."""
+        k = positions // self.world // self.batch - self.start  # (R,) batch, from the start
+        return (positions % self.world == self.rank) & (k >= 0) & (k % self.workers == self.worker)
+
+    def served(self, n: int) -> int:
+        """Positions an epoch of ``n`` rows has across ranks (padded or truncated)."""
+        if self.drop_last:
+            return n // self.world * self.world
+        return -(-n // self.world) * self.world
+
+    def filter(self, rows: Iterator[dict]) -> Iterator[dict]:
+        """Our rows of the unsplit ``rows`` (what the stream path reads whole)."""
+        if self.world > 1:
+            rows = rank_share(rows, self.rank, self.world, self.drop_last)
+        for q, row in enumerate(rows):
+            k = q // self.batch - self.start
+            if k >= 0 and k % self.workers == self.worker:
+                yield row
+
+
+def _plan_rows(packed: Packed, epoch: int, lengths: np.ndarray, share: _Share) -> Iterator[dict]:
+    """Our rows of ``epoch``, planned from ``lengths`` ``(N,)`` (by source index): the choice of
+    rows costs the lengths only; tokens are read for our rows only."""
+    docs = Documents(packed.source, packed.field, epoch, packed.shuffle, packed.seed)
+    if len(lengths) != len(docs.order):
+        raise ValueError(
+            f"pack(lengths=...) has {len(lengths)} lengths, the source {len(docs.order)} documents"
+        )
+    lens = lengths[docs.order]  # (N,) int64 by ordinal
+    stats = packed._stats = PackStats(packed.seq_len)
+    if packed.strategy == "concat":
+        return _concat_planned(docs, lens, packed, stats, share)
+    return _fit_planned(docs, lens, packed, stats, share)
+
+
+def _concat_planned(docs, lens, packed, stats, share) -> Iterator[dict]:
+    """Concat-split rows are token ranges ``[p L, (p + 1) L)`` of the epoch: ours are found by
+    arithmetic, each from a binary search over the documents' starts."""
+    length = packed.seq_len
+    cum = np.concatenate([[0], np.cumsum(lens)])  # (N + 1,) where each document starts
+    total = int(cum[-1])
+    n = -(-total // length)
+    stats.documents, stats.tokens, stats.rows = len(lens), total, n
+    stats.pad_tokens = n * length - total
+    if not n:
+        return
+    positions = np.arange(share.rank, share.served(n), share.world)  # (Q,) our rank's positions
+    positions = positions[share.mine(positions)]
+    rows = np.where(positions < n, positions, (positions - n) % n)  # (Q,) wrap-around padding
+    doc_starts = cum[:-1][lens > 0]  # (N',) starts of non-empty documents
+    for lo in range(0, len(rows), _PLAN_CHUNK):
+        p = rows[lo : lo + _PLAN_CHUNK]  # (R,) rows to build
+        begin = p * length  # (R,) first token of each row in the epoch
+        end = np.minimum(begin + length, total)  # (R,)
+        a = np.searchsorted(doc_starts, begin, "right")  # documents starting inside the row
+        b = np.searchsorted(doc_starts, end, "left")
+        count = b - a + 1  # (R,) pieces per row: the row's start, then each document start
+        seg_row = np.repeat(np.arange(len(p)), count)  # (S,)
+        j = np.arange(len(seg_row)) - np.repeat(np.cumsum(count) - count, count)  # (S,)
+        inner = doc_starts[np.maximum(a[seg_row] + j - 1, 0)]
+        point = np.where(j == 0, begin[seg_row], inner)  # (S,) first token of each piece
+        nxt = np.append(point[1:], 0)
+        last = np.append(seg_row[1:] != seg_row[:-1], True)  # (S,) the row's last piece
+        seg_len = np.where(last, end[seg_row], nxt) - point
+        seg_ord = np.searchsorted(cum, point, "right") - 1  # (S,) the non-empty document there
+        yield from _assemble(
+            docs,
+            lens,
+            stats,
+            seg_row,
+            point - begin[seg_row],
+            seg_ord,
+            point - cum[seg_ord],
+            seg_len,
+            end - begin,
+            length,
+            packed.pad_id,
+        )
+
+
+def _fit_planned(docs, lens, packed, stats, share) -> Iterator[dict]:
+    """Fit rows: every consumer runs the bin choice over all lengths (no tokens read), then
+    reads and builds only its rows. With ``drop_last``, a row is yielded once its round of
+    ``world_size`` rows is known to be complete."""
+    size, world = packed.buffer_size, share.world
+
+    def plan(stats):
+        blocks = (
+            Block(lo, lens[lo : lo + size], _EMPTY, _EMPTY)
+            for lo in range(0, len(lens) + 1, size)
+            if lo < len(lens) or len(lens) % size == 0
+        )
+        first = 0  # global position of the buffer's first row
+        for buf in _fit_buffers(blocks, packed, stats, _Items.empty(), False):
+            yield first, buf
+            first += len(buf.bins)
+
+    pending: list = []  # our rows whose round may still be incomplete (drop_last)
+    planned = 0
+    for first, buf in plan(stats):
+        planned = first + len(buf.bins)
+        positions = first + np.arange(len(buf.bins))  # (R,)
+        sel = np.flatnonzero(share.mine(positions))
+        if len(sel):
+            rows = _fit_assemble(docs, lens, stats, buf, sel.tolist(), packed)
+            pending.extend(zip(positions[sel].tolist(), rows))
+        complete = planned // world * world if share.drop_last else planned
+        ready = 0
+        while ready < len(pending) and pending[ready][0] < complete:
+            ready += 1
+        for _, row in pending[:ready]:
+            yield row
+        del pending[:ready]
+    n = planned
+    if share.drop_last or not n or n % world == 0:
+        return
+    wrap = np.arange(n, share.served(n))  # padding positions: rows 0, 1, ... again
+    wrap = wrap[share.mine(wrap)]
+    if not len(wrap):
+        return
+    want = ((wrap - n) % n).tolist()
+    got: dict[int, dict] = {}
+    again = PackStats(packed.seq_len)  # (not counted twice)
+    for first, buf in plan(again):  # the first buffers again (lengths only), rows < world_size
+        sel = [r - first for r in want if first <= r < first + len(buf.bins)]
+        if sel:
+            rows = _fit_assemble(docs, lens, stats, buf, sel, packed)
+            got.update(zip((first + s for s in sel), rows))
+        if first + len(buf.bins) > max(want):
+            break
+    for r in want:
+        yield got[r]
+
+
+def _fit_assemble(docs, lens, stats, buf: _Buffer, sel: list[int], packed) -> list[dict]:
+    """Rows ``sel`` (positions in ``buf.bins``) of one buffer, read and built."""
+    length, items = packed.seq_len, buf.items
+    bins = [buf.bins[i] for i in sel]
+    counts = np.fromiter(map(len, bins), np.int64, len(bins))  # (R,)
+    order = np.fromiter(itertools.chain.from_iterable(bins), np.int64, int(counts.sum()))
+    seg_row = np.repeat(np.arange(len(bins)), counts)  # (S,)
+    seg_len = items.size[order]  # (S,)
+    before = np.cumsum(seg_len) - seg_len
+    seg_col = before - np.repeat(before[np.cumsum(counts) - counts], counts)  # (S,)
+    return _assemble(
+        docs,
+        lens,
+        stats,
+        seg_row,
+        seg_col,
+        items.ord[order],
+        items.piece[order] * length,
+        seg_len,
+        np.asarray([buf.fills[i] for i in sel], np.int64),
+        length,
+        packed.pad_id,
+    )
+
+
+def _assemble(
+    docs, lens, stats, seg_row, seg_col, seg_ord, seg_off, seg_len, fills, length, pad_id
+) -> list[dict]:
+    """Read the documents of the planned pieces and build their rows (see :func:`_rows`).
+
+    Pieces ``(S,)``, sorted by row and column: row ``seg_row``, column ``seg_col``, tokens
+    ``seg_off .. seg_off + seg_len`` of document ``seg_ord``; ``fills (R,)``: tokens per row.
+
+    Raises:
+        ValueError: a document read has another length than the plan's (names it).
+    """
+    nrows = len(fills)
+    wanted, inverse = np.unique(seg_ord, return_inverse=True)  # (K,) documents, (S,) which
+    block = docs.fetch_ordinals(wanted)
+    stats.read_documents += len(wanted)
+    stats.read_tokens += int(block.lengths.sum())
+    bad = np.flatnonzero(block.lengths != lens[wanted])
+    if len(bad):
+        o = int(wanted[bad[0]])
+        raise ValueError(
+            f"document {o} (source index {int(docs.order[o])}) has {int(block.lengths[bad[0]])} "
+            f"tokens, but the packing plan was made for {int(lens[o])} (pack(lengths=) or the "
+            "dataset's length column disagrees with its documents)"
+        )
+    src = _segments(block.starts[inverse] + seg_off, seg_len)  # (T,) positions in the block
+    dst = _segments(seg_row * length + seg_col, seg_len)  # (T,) positions in the (R * L) rows
+    ids = np.full(nrows * length, pad_id, np.int64)
+    ids[dst] = block.ids[src]
+    labels = np.full(nrows * length, IGNORE_INDEX, np.int64)
+    labels[dst] = block.labels[src]
+    return _rows(
+        ids.reshape(nrows, length),  # (R, L)
+        labels.reshape(nrows, length),  # (R, L)
+        seg_row,
+        seg_col,
+        seg_len,
+        fills,
+    )
 
 
 class _Items:
