@@ -480,15 +480,23 @@ def test_concat_matches_a_per_token_reference():
         assert row["document_lengths"].tolist() == lengths
 
 
+def _sizes(rng, capacity):
+    """Random item sizes in [1, capacity]: uniform, or mostly small with many repeats."""
+    n = int(rng.integers(0, 200))
+    if rng.random() < 0.5:
+        return rng.integers(1, capacity + 1, n).tolist()
+    return np.minimum(rng.geometric(0.15, n), capacity).tolist()
+
+
 def test_first_fit_against_a_linear_scan():
-    """The segment-tree first fit (sized by first fit's bound on bins) against the plain
-    definition: each item into the lowest-numbered bin with room."""
+    """The bin-by-bin first fit against the plain definition: each item, in arrival order,
+    into the lowest-numbered bin with room."""
     from kuat.text.pack import _first_fit
 
     rng = np.random.default_rng(6)
     for capacity in (1, 7, 64):
-        for _ in range(30):
-            sizes = rng.integers(1, capacity + 1, rng.integers(0, 200)).tolist()
+        for _ in range(60):
+            sizes = _sizes(rng, capacity)
             free, want = [], []
             for i, s in enumerate(sizes):
                 b = next((b for b, f in enumerate(free) if f >= s), len(free))
@@ -497,8 +505,32 @@ def test_first_fit_against_a_linear_scan():
                     want.append([])
                 free[b] -= s
                 want[b].append(i)
-            bins, fills = _first_fit(sizes, capacity)
+            bins, fills = _first_fit(np.asarray(sizes, np.int64), capacity)
             assert bins == want
+            assert fills == [capacity - f for f in free]
+
+
+def test_best_fit_against_one_item_at_a_time():
+    """The run-at-a-time best-fit decreasing against the plain definition: longest first
+    (ties by arrival), each into the bin with the least room that holds it (ties: the
+    lowest-numbered), else a new one; each bin lists its items in arrival order."""
+    from kuat.text.pack import _best_fit
+
+    rng = np.random.default_rng(7)
+    for capacity in (1, 7, 64):
+        for _ in range(60):
+            sizes = _sizes(rng, capacity)
+            free, want = [], []
+            for i in sorted(range(len(sizes)), key=lambda i: -sizes[i]):
+                fits = [(f, b) for b, f in enumerate(free) if f >= sizes[i]]
+                b = min(fits)[1] if fits else len(free)
+                if b == len(free):
+                    free.append(capacity)
+                    want.append([])
+                free[b] -= sizes[i]
+                want[b].append(i)
+            bins, fills = _best_fit(np.asarray(sizes, np.int64), capacity)
+            assert bins == [sorted(w) for w in want]
             assert fills == [capacity - f for f in free]
 
 

@@ -713,6 +713,21 @@ class Dataset:
                 raise ValueError(f"no field {name!r} in {self.schema}")
         return self._gather(idx, fields)[1]
 
+    def sequence_lengths(self, field: str) -> np.ndarray:
+        """``(N,) int64``: the number of values of sequence ``field`` in every row, from the
+        shards' offsets (no values read; maps every shard, so a remote dataset fetches them).
+
+        Raises:
+            ValueError: ``field`` is not a sequence field of the schema.
+        """
+        if field not in self.schema or self.schema[field].type.kind != "sequence":
+            raise ValueError(f"{field!r} is not a sequence field of {self.schema}")
+        store = self._store
+        parts = [np.diff(store.shard(k).columns[field].offsets) for k in range(self.num_shards)]
+        if not parts:
+            return np.empty(0, np.int64)
+        return np.concatenate(parts).astype(np.int64, copy=False)  # (N,) int32 -> int64
+
     # -- samples ---------------------------------------------------------------------------
     def raw(self, index: int) -> dict:
         """Sample ``index`` without decoding or transforms (images as :class:`EncodedImage`

@@ -198,15 +198,15 @@ class Documents:
         return Block(first, lengths, ids, values)
 
     def lengths(self) -> np.ndarray | None:
-        """``(N,) int64``: the tokens of each document by source index, read without reading
-        the tokens (a kuat dataset without transforms: a column-wise read of its token field, no
-        decoding and no copies), or ``None`` when that is not possible (iterable sources, transforms,
-        other sources)."""
-        if self.iterable or self._columns() is None:
-            return None
-        from kuat.text.budget import lengths_of
+        """``(N,) int64``: the tokens of each document by source index, found without reading
+        the tokens (a local kuat dataset without transforms: its shards' offsets), or ``None``
+        when that is not possible (iterable sources, transforms, remote datasets, whose shards
+        would all be fetched first, other sources)."""
+        from pathlib import Path
 
-        return lengths_of(self.source, self.field)
+        if self.iterable or self._columns() is None or not isinstance(self.source.path, Path):
+            return None
+        return self.source.sequence_lengths(self.field)
 
     def _columns(self) -> list[str] | None:
         """The fields to read column-wise (token field, then ``labels`` or ``loss_mask``), or

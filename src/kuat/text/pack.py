@@ -28,12 +28,22 @@ Each row (Hugging Face's packed-row conventions, as ``DataCollatorWithFlattening
 * ``document_lengths (D,) int32``: the lengths of the row's document pieces, in order (padding
   not included).
 
-Resume: :meth:`Packed.iter_rows` returns an iterator whose ``state_dict()`` is a handful of
-integers (``concat``: the document and token offset where the next row starts; fit strategies:
-the first document of the current buffer, the ``(document, piece)`` keys of the carried row, and
-rows already emitted from the buffer). Resuming refetches one buffer and repacks it: the cost
-is that of one buffer, independent of the position in the epoch (for map-style sources; an
-iterable source is re-read, not repacked, up to the buffer).
+Who packs what: with the documents' lengths (a kuat dataset, or ``lengths=``), every consumer
+(each rank's each loader worker) computes the same *plan* from the lengths alone and reads and
+builds only its own rows: ``concat`` rows are token ranges of the epoch, found by arithmetic;
+the fit strategies run the bin choice over every buffer's lengths (no tokens read). Without
+lengths (iterable sources, other map-style sources) each consumer reads and packs the whole
+epoch and keeps its rows.
+
+Resume: through ``kuat.DataLoader``, its ``kuat_iter_from(epoch, batches_served)`` hook starts
+each worker at the first batch not yet served: with a plan this costs the plan up to there
+(``concat``: one binary search; fit strategies: the bin choice over the lengths before it),
+no reading. On its own, :meth:`Packed.iter_rows` returns an iterator whose ``state_dict()`` is a
+handful of integers (``concat``: the document and token offset where the next row starts; fit
+strategies: the first document of the current buffer, the ``(document, piece)`` keys of the
+carried row, and rows already emitted from the buffer). Resuming from it refetches one buffer
+and repacks it: the cost is that of one buffer, independent of the position in the epoch (for
+map-style sources; an iterable source is re-read, not repacked, up to the buffer).
 """
 
 from __future__ import annotations
@@ -285,8 +295,11 @@ class Packed(Stream):
         """Counts of the most recent pass over this object: ``documents`` read, ``tokens`` in
         them, ``rows`` emitted, ``pad_tokens``, ``split_documents`` (longer than ``seq_len``,
         split), ``dropped_documents`` and ``dropped_tokens`` (``too_long="drop"``), and
-        ``padding_fraction`` (pad tokens / row tokens). A resumed pass counts from the resume
-        point. With a loader's workers, each worker's copy counts its own pass."""
+        ``padding_fraction`` (pad tokens / row tokens): the packing of the epoch as far as this
+        pass decided it (with a plan, every consumer decides every row; ``concat`` decides the
+        whole epoch at once); ``read_documents`` and ``read_tokens``: what this pass read (with
+        a plan, only its own rows' documents). A resumed pass counts from the resume point's
+        buffer. With a loader's workers, each worker's copy counts its own pass."""
         return self._stats.as_dict()
 
 
@@ -503,7 +516,7 @@ def _fit_buffers(blocks, packed: Packed, stats: PackStats, carried, tokens: bool
         ordinals = block.first + np.arange(len(block))
         new = _Items.cut(block, ordinals, length, keep=~too_long if drop else None)
         items = _Items.concat(carried, new)
-        bins, fills = binpack(items.size.tolist(), length)
+        bins, fills = binpack(items.size, length)
         keep_back = None
         if not last and bins:
             emptiest = min(range(len(bins)), key=lambda b: (fills[b], -b))
@@ -863,57 +876,79 @@ def _rows(ids, labels, seg_row, seg_col, seg_len, fills) -> list[dict]:
     ]
 
 
-def _first_fit(sizes: list[int], capacity: int) -> tuple[list[list[int]], list[int]]:
+def _first_fit(sizes, capacity: int) -> tuple[list[list[int]], list[int]]:
     """Greedy first-fit in arrival order: each item into the lowest-numbered bin with room.
-    Returns the bins (item positions) and their fills.
+    ``sizes``: ``(n,)`` ints in ``[1, capacity]``. Returns the bins (item positions, in
+    arrival order) and their fills.
 
-    A max-segment-tree over the bins' free space finds that bin in O(log n)."""
-    # First-fit leaves at most one bin at most half full (an item that opens a bin did not
-    # fit in any earlier one), so it opens at most 2 * sum(sizes) // capacity + 1 bins: a
-    # tree that wide (not one leaf per item) keeps the descent short.
-    n = min(len(sizes), 2 * sum(sizes) // capacity + 2)
-    leaves = 1
-    while leaves < max(n, 1):
-        leaves *= 2
-    tree = [capacity] * (2 * leaves)  # free space; unopened bins are empty (capacity)
-    bins: list[list[int]] = []
-    for i, s in enumerate(sizes):
-        node = 1
-        while node < leaves:  # leftmost leaf with free space >= s (the root always has one)
-            node = 2 * node if tree[2 * node] >= s else 2 * node + 1
-        b = node - leaves
-        if b == len(bins):
-            bins.append([])
-        bins[b].append(i)
-        tree[node] -= s
-        node //= 2
-        while node:
-            tree[node] = max(tree[2 * node], tree[2 * node + 1])
-            node //= 2
-    return bins, [capacity - tree[leaves + b] for b in range(len(bins))]
-
-
-def _best_fit(sizes: list[int], capacity: int) -> tuple[list[list[int]], list[int]]:
-    """Best-fit decreasing: longest first (ties in arrival order), each into the open bin with
-    the least free space that still holds it, else a new bin. Returns the bins (item
-    positions, each in arrival order) and their fills."""
-    order = sorted(range(len(sizes)), key=lambda i: -sizes[i])
-    free: list[tuple[int, int]] = []  # sorted (free space, bin) of bins that are not full
+    Computed bin by bin, which gives the same bins: an item goes to bin ``b`` exactly when it
+    fits there and in no earlier bin, and a bin's room depends only on its own items, so bin
+    ``b`` is a greedy in-order pass over the items the earlier bins left. Each pass takes the
+    longest prefix that fits with one ``cumsum`` and then, in Python, only the later items no
+    larger than the room left (few: the room is smaller than the item that ended the prefix).
+    """
+    left = np.arange(len(sizes))  # (m,) items in no bin yet, in arrival order
+    rest = np.asarray(sizes, np.int64)  # (m,) their sizes
     bins: list[list[int]] = []
     fills: list[int] = []
-    for i in order:
-        s = sizes[i]
-        j = bisect.bisect_left(free, (s, -1))
-        if j < len(free):
-            space, b = free.pop(j)
-        else:
-            space, b = capacity, len(bins)
-            bins.append([])
-            fills.append(0)
-        bins[b].append(i)
-        fills[b] += s
-        if space - s:
-            bisect.insort(free, (space - s, b))
-    for members in bins:  # each row keeps its documents in arrival order
-        members.sort()
+    while len(left):
+        total = np.cumsum(rest)  # (m,)
+        j = int(np.searchsorted(total, capacity, "right"))  # items 0 .. j - 1 fit together
+        room = capacity - int(total[j - 1])
+        take = list(range(j))
+        if j < len(rest) and room:
+            later = np.flatnonzero(rest[j + 1 :] <= room) + j + 1  # the only ones that may fit
+            for c, size in zip(later.tolist(), rest[later].tolist()):
+                if size <= room:
+                    take.append(c)
+                    room -= size
+                    if not room:
+                        break
+        bins.append(left[take].tolist())
+        fills.append(capacity - room)
+        keep = np.ones(len(left), bool)
+        keep[take] = False
+        left, rest = left[keep], rest[keep]
     return bins, fills
+
+
+def _best_fit(sizes, capacity: int) -> tuple[list[list[int]], list[int]]:
+    """Best-fit decreasing: longest first (ties in arrival order), each into the open bin with
+    the least free space that still holds it (ties: the lowest-numbered), else a new bin.
+    ``sizes``: ``(n,)`` ints in ``[1, capacity]``. Returns the bins (item positions, each in
+    arrival order) and their fills.
+
+    Items of equal size are placed a run at a time, with the same result as one at a time:
+    the bin that takes an item of size ``s`` with ``f`` free stays the tightest for the next
+    one while ``f - s >= s``, so it takes ``min(k, f // s)`` of a run of ``k``. The Python loop
+    runs once per distinct size and bin filled, not once per item.
+    """
+    sizes = np.asarray(sizes, np.int64)
+    n = len(sizes)
+    order = np.argsort(-sizes, kind="stable")  # (n,) longest first, ties in arrival order
+    ordered = sizes[order]
+    run_start = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]]) if n else order
+    run_len = np.diff(np.r_[run_start, n])
+    owner = np.empty(n, np.int64)  # (n,) the bin of each item, in ``order``
+    free: list[tuple[int, int]] = []  # sorted (free space, bin) of bins that are not full
+    fills: list[int] = []
+    for pos, k, s in zip(run_start.tolist(), run_len.tolist(), ordered[run_start].tolist()):
+        while k:
+            j = bisect.bisect_left(free, (s, -1))
+            if j < len(free):
+                space, b = free.pop(j)
+            else:
+                space, b = capacity, len(fills)
+                fills.append(0)
+            m = min(k, space // s)
+            owner[pos : pos + m] = b
+            pos, k = pos + m, k - m
+            fills[b] += m * s
+            if space - m * s:
+                bisect.insort(free, (space - m * s, b))
+    item_bin = np.empty(n, np.int64)
+    item_bin[order] = owner  # (n,) bin of each item, by arrival
+    by_bin = np.argsort(item_bin, kind="stable")  # (n,) items by bin, then arrival
+    cuts = np.searchsorted(item_bin[by_bin], np.arange(len(fills) + 1)).tolist()
+    members = by_bin.tolist()
+    return [members[cuts[b] : cuts[b + 1]] for b in range(len(fills))], fills
