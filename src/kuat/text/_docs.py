@@ -174,17 +174,11 @@ class Documents:
         if fields is None:
             return Block.of_docs(first, self.fetch(ordinals.tolist()))
         indices = self.order[ordinals]
-        cols = self.source.read_batch(indices, fields)
-        ids_views = cols[self.field]  # k read-only 1-d views of the mapped shard
-        lengths = np.fromiter(map(len, ids_views), np.int64, len(ids_views))  # (k,)
-        if not len(ids_views):
-            empty = np.empty(0, np.int64)
-            return Block(first, lengths, empty, empty)
-        ids = np.concatenate(ids_views, dtype=np.int64, casting="safe")  # (T,) uint -> int64
+        lengths, flat = self.source.read_flat(indices, self.field)  # (k,), (T,) stored dtype
+        ids = flat.astype(np.int64, casting="safe")  # (T,) uint16/uint32 -> int64
         if len(fields) == 1:
             return Block(first, lengths, ids, ids)
-        extra = cols[fields[1]]
-        extra_lengths = np.fromiter(map(len, extra), np.int64, len(extra))
+        extra_lengths, extra = self.source.read_flat(indices, fields[1])
         bad = np.flatnonzero(extra_lengths != lengths)
         if len(bad):
             o = int(ordinals[bad[0]])
@@ -192,7 +186,7 @@ class Documents:
                 f"document {o} (source index {int(indices[bad[0]])}): {fields[1]} has "
                 f"{int(extra_lengths[bad[0]])} values, {self.field} {int(lengths[bad[0]])}"
             )
-        values = np.concatenate(extra, dtype=np.int64, casting="same_kind")  # (T,) int64
+        values = extra.astype(np.int64, casting="same_kind")  # (T,) int64
         if fields[1] == "loss_mask":
             values = np.where(values != 0, ids, IGNORE_INDEX)  # (T,) int64
         return Block(first, lengths, ids, values)
