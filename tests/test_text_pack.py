@@ -306,8 +306,14 @@ def test_loader_resume_reads_only_what_follows(strategy):
 
     full = MapDocs(docs)
     batches = list(make(full))
-    state = make(MapDocs(docs)).state_dict()
-    state["batches_served_in_epoch"] = len(batches) - 1
+    loader = make(MapDocs(docs))
+    it = iter(loader)
+    for _ in range(len(batches) - 1):
+        next(it)
+    state = loader.state_dict()
+    del it, loader
+    # fit strategies: the plan's checkpoint (the buffer holding the next row); concat: nothing
+    assert (state["source"] is None) == (strategy == "concat")
     source = MapDocs(docs)
     resumed = make(source)
     resumed.load_state_dict(state)
@@ -315,6 +321,30 @@ def test_loader_resume_reads_only_what_follows(strategy):
     assert len(rest) == 1
     kuat.testing.assert_same_batch(rest[0], batches[-1])
     assert 0 < source.reads <= int(batches[-1]["document_lengths"].numel()) < full.reads // 10
+
+
+@pytest.mark.parametrize("strategy", ["first_fit", "best_fit"])
+def test_plan_checkpoints_do_not_depend_on_the_order_asked(strategy):
+    """kuat_state_at continues its plan from the last point asked: asked in any order, it
+    says what a fresh packer says, and the rows from there are the uninterrupted rows."""
+    docs = make_docs(300, seed=9)
+    lengths = [len(d["input_ids"]) for d in docs]
+    packed = pack(MapDocs(docs), 32, strategy, buffer_size=10, lengths=lengths)
+    packed.kuat_set_batching(2, False)
+    rows = list(packed)
+    for served in (40, 3, 0, 41, 90, 200, 7):
+        fresh = pack(MapDocs(docs), 32, strategy, buffer_size=10, lengths=lengths)
+        fresh.kuat_set_batching(2, False)
+        state = packed.kuat_state_at(1, served, 1, 3)
+        assert state == fresh.kuat_state_at(1, served, 1, 3)
+        if state is not None:
+            assert state["first_row"] <= 1 + 3 * 2 * served
+        rest = list(fresh.kuat_iter_from(0, served, packed.kuat_state_at(0, served, 0, 1)))
+        assert len(rest) == max(0, len(rows) - 2 * served)
+        for got, want in zip(rest, rows[2 * served :]):
+            kuat.testing.assert_same_batch(got, want)
+    with pytest.raises(ValueError, match="plan state of epoch 2"):
+        next(packed.kuat_iter_from(2, 5, packed.kuat_state_at(1, 5, 0, 1)))
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)

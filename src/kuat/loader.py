@@ -40,13 +40,15 @@ Optional attributes the loader honours on the source:
   which lack it, are left to the user's ``set_epoch`` as in torch.
 * ``state_dict()`` / ``load_state_dict(state)``: the source's own resumable state, stored
   under ``"source"`` in the loader's state.
-* ``kuat_iter_from(epoch, batches_served) -> iterator`` (iterable sources): resuming mid-epoch,
-  each worker starts with this instead of ``iter(source)``: this rank's and this worker's share
-  of ``epoch`` after the rank's first ``batches_served`` batches (as split by
+* ``kuat_iter_from(epoch, batches_served, state) -> iterator`` (iterable sources): resuming
+  mid-epoch, each worker starts with this instead of ``iter(source)``: this rank's and this
+  worker's share of ``epoch`` after the rank's first ``batches_served`` batches (as split by
   ``kuat_set_batching``; batch ``batches_served`` goes to worker 0, the next to worker 1, ...),
-  found from a small state rather than by reading them (``kuat.pack``). Iterable sources
-  without it are resumed by replaying: the workers fetch the served batches and the loader
-  drops them.
+  found without reading them (``kuat.pack``). ``state`` is what the source's optional
+  ``kuat_state_at(epoch, batches_served, rank, world_size)`` returned when ``state_dict()`` was taken (saved
+  under ``"source"``; small, picklable), or ``None``. Iterable sources without
+  ``kuat_iter_from`` are resumed by replaying: the workers fetch the served batches and the
+  loader drops them.
 
 Seams with frameworks
 ---------------------
@@ -498,6 +500,7 @@ class DataLoader(_TorchDataLoader):
         self._iterator = None  # torch's attribute; kuat keeps persistent workers in _engine
         self._gradient_state = None  # Accelerate's GradientState, once prepared by Accelerate
         self._skip_first = 0  # batches the next epoch skips (skip_first_batches)
+        self._source_at: tuple = (None, None, None)  # (epoch, served, source state) loaded
         self._progress_owner = None  # weakref: the loader a skip_first_batches copy reports to
         self.__initialized = True
         self.check_worker_number_rationality()
@@ -650,8 +653,11 @@ class DataLoader(_TorchDataLoader):
             "world_size": world_size,
             **rng,
         }
+        state_at = getattr(self._source, "kuat_state_at", None)
         source_state = getattr(self._source, "state_dict", None)
-        if callable(source_state):
+        if self._iterable and callable(state_at):  # where the source's plan stands there
+            state["source"] = state_at(epoch, served, rank, world_size)
+        elif callable(source_state):
             state["source"] = source_state()
         return state
 
@@ -705,6 +711,8 @@ class DataLoader(_TorchDataLoader):
         if self._engine is not None:  # persistent workers hold the old seed
             self._engine.close()
             self._engine = None
+        # the source's own point in its plan there, handed to kuat_iter_from (iterable sources)
+        self._source_at = (int(state["epoch"]), served, state.get("source"))
         self._pending = (next_request(), int(state["epoch"]), served, rng)
         if "source" in state and hasattr(self._source, "load_state_dict"):
             self._source.load_state_dict(state["source"])
@@ -821,7 +829,9 @@ class DataLoader(_TorchDataLoader):
         if "sampler" not in at_start and not self._own_sampler and not self._iterable:
             at_start["sampler"] = order_state(self._index_sampler)  # as it starts: after base_seed
         if self._iterable and skip and callable(getattr(self._source, "kuat_iter_from", None)):
-            keys, discard = itertools.repeat(ResumeAt(skip)), 0  # the source starts there itself
+            saved = self._source_at[2] if self._source_at[:2] == (epoch, skip) else None
+            at = ResumeAt(skip, saved)  # the source starts there itself
+            keys, discard = itertools.repeat(at), 0
         elif self._iterable:
             keys, discard = itertools.repeat(None), skip
         else:

@@ -117,10 +117,12 @@ class Result:
 
 class ResumeAt(NamedTuple):
     """Task key of an iterable source resumed mid-epoch: each worker starts its iterator with
-    ``dataset.kuat_iter_from(epoch, batches)`` (``batches``: the rank's batches of the epoch
-    already served) instead of ``iter(dataset)``; otherwise as ``None``."""
+    ``dataset.kuat_iter_from(epoch, batches, state)`` (``batches``: the rank's batches of the
+    epoch already served; ``state``: what the source's ``kuat_state_at`` said there, or
+    ``None``) instead of ``iter(dataset)``; otherwise as ``None``."""
 
     batches: int
+    state: object = None
 
 
 def describe_key(key: object) -> str:

@@ -285,7 +285,7 @@ class FetchJob:
             if callable(set_epoch):
                 set_epoch(epoch)
             if isinstance(key, ResumeAt):  # the source starts after the batches served
-                ctx.iterator = ctx.dataset.kuat_iter_from(epoch, key.batches)
+                ctx.iterator = ctx.dataset.kuat_iter_from(epoch, key.batches, key.state)
             else:
                 ctx.iterator = iter(ctx.dataset)
 

@@ -51,6 +51,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import logging
+import math
 import numbers
 import threading
 from collections.abc import Iterator
@@ -69,6 +70,7 @@ STRATEGIES = ("concat", "first_fit", "best_fit")
 _STATE_VERSION = 1
 _PLAN_CHUNK = 64  # planned rows built per read (concat), so a read is one gather of many rows
 _EMPTY = np.empty(0, np.int64)
+_START = (0, 0, ())  # the fit plan's checkpoint at the start of an epoch
 
 
 def pack(
@@ -227,6 +229,7 @@ class Packed(Stream):
         # (N,) document lengths by source index, found once and shared by the shallow copies
         # the loader's thread workers get; None: unknown (read the whole stream)
         self._lengths = {"value": lengths, "known": lengths is not None, "lock": threading.Lock()}
+        self._checkpoints: dict = {}  # kuat_state_at's plan checkpoints of one epoch
         if shuffle and isinstance(self.source, torch.utils.data.IterableDataset):
             _log.warning(
                 "pack(shuffle=True) over an iterable source keeps the stream's order; shuffle "
@@ -242,12 +245,77 @@ class Packed(Stream):
     def __iter__(self) -> Iterator[dict]:
         return self.kuat_iter_from(self._epoch, 0)
 
-    def kuat_iter_from(self, epoch: int, batches_served: int) -> Iterator[dict]:
+    def kuat_state_at(
+        self, epoch: int, batches_served: int, rank: int, world_size: int
+    ) -> dict | None:
+        """Where the plan of ``epoch`` stands after the first ``batches_served`` batches of
+        rank ``rank`` of ``world_size``: a small dict (the checkpoint of the fit strategies' buffer holding the next
+        row: its first row and document and the ``(document, piece)`` keys carried into it),
+        or ``None`` when there is nothing to say (``concat``, whose rows are found by
+        arithmetic; the start of an epoch; unknown lengths). ``kuat.DataLoader.state_dict``
+        saves it and hands it back to :meth:`kuat_iter_from`.
+
+        Costs the plan (lengths only) from the last point asked in this epoch: checkpoints
+        taken in order cost one plan of the epoch in all. Not thread-safe (the loader calls it
+        from its own thread)."""
+        if self.strategy == "concat" or not batches_served:
+            return None
+        lengths = self._doc_lengths()
+        if lengths is None:
+            return None
+        row = rank + world_size * batches_served * (self._batch_size or 1)
+        cache = self._checkpoints
+        if cache.get("epoch") != epoch:
+            cache.clear()
+            cache.update(epoch=epoch, points=[_START], complete=False)
+        points = cache["points"]
+        if row >= points[-1][0] and not cache["complete"]:
+            lens = _epoch_lengths(self, epoch, lengths)[1]
+            cache["complete"] = True
+            for first, buf in _fit_plan(lens, self, PackStats(self.seq_len), points[-1]):
+                if first > points[-1][0]:
+                    points.append((first, buf.start, buf.carried_keys))
+                if first > row:
+                    cache["complete"] = False
+                    break
+        first, start, keys = points[bisect.bisect_right(points, (row, math.inf)) - 1]
+        return {
+            "version": _STATE_VERSION,
+            "strategy": self.strategy,
+            "epoch": epoch,
+            "first_row": first,
+            "start": start,
+            "carried": [list(k) for k in keys],
+        }
+
+    def kuat_iter_from(
+        self, epoch: int, batches_served: int, state: dict | None = None
+    ) -> Iterator[dict]:
         """This rank's and this worker's rows of ``epoch`` after the rank's first
         ``batches_served`` batches (``kuat.DataLoader``'s resume hook; see the module
         docstring of :mod:`kuat.loader`): batch ``batches_served`` goes to worker 0, the next
-        to worker 1, and so on. With known lengths this costs the plan up to there (lengths
-        only, nothing read); otherwise the stream is read and packed up to there."""
+        to worker 1, and so on. ``state``: what :meth:`kuat_state_at` said for this point,
+        with which the fit strategies plan from the buffer holding the next row (one buffer's
+        bin choice, nothing read before it); without it they plan from the start of the
+        epoch (lengths only). Without known lengths the stream is read and packed up to there.
+
+        Raises:
+            ValueError: ``state`` is not a state of this strategy and epoch.
+        """
+        at = None
+        if state is not None:
+            if (
+                not isinstance(state, dict)
+                or state.get("version") != _STATE_VERSION
+                or state.get("strategy") != self.strategy
+                or state.get("epoch") != epoch
+            ):
+                raise ValueError(
+                    f"not a {self.strategy!r} plan state of epoch {epoch}, version "
+                    f"{_STATE_VERSION}: {state!r:.200}"
+                )
+            keys = tuple((int(o), int(p)) for o, p in state["carried"])
+            at = (int(state["first_row"]), int(state["start"]), keys)
         rank, world = self._rank_and_world()
         info = torch.utils.data.get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
@@ -258,7 +326,7 @@ class Packed(Stream):
         if lengths is None:
             self._stats = PackStats(self.seq_len)  # (the pass below replaces it)
             return share.filter(self.samples(epoch))
-        return _plan_rows(self, epoch, lengths, share)
+        return _plan_rows(self, epoch, lengths, share, at)
 
     def _doc_lengths(self) -> np.ndarray | None:
         holder = self._lengths
@@ -272,6 +340,7 @@ class Packed(Stream):
     def __getstate__(self):  # picklable for process workers (a lock is not)
         state = self.__dict__.copy()
         state["_lengths"] = {k: v for k, v in self._lengths.items() if k != "lock"}
+        state["_checkpoints"] = {}
         return state
 
     def __setstate__(self, state):
@@ -575,19 +644,44 @@ class _Share:
                 yield row
 
 
-def _plan_rows(packed: Packed, epoch: int, lengths: np.ndarray, share: _Share) -> Iterator[dict]:
-    """Our rows of ``epoch``, planned from ``lengths`` ``(N,)`` (by source index): the choice of
-    rows costs the lengths only; tokens are read for our rows only."""
+def _epoch_lengths(packed: Packed, epoch: int, lengths: np.ndarray) -> tuple[Documents, np.ndarray]:
+    """The epoch's documents and ``(N,) int64`` lengths by ordinal (``lengths`` by index)."""
     docs = Documents(packed.source, packed.field, epoch, packed.shuffle, packed.seed)
     if len(lengths) != len(docs.order):
         raise ValueError(
             f"pack(lengths=...) has {len(lengths)} lengths, the source {len(docs.order)} documents"
         )
-    lens = lengths[docs.order]  # (N,) int64 by ordinal
+    return docs, lengths[docs.order]
+
+
+def _plan_rows(packed: Packed, epoch: int, lengths: np.ndarray, share: _Share, at) -> Iterator[dict]:
+    """Our rows of ``epoch``, planned from ``lengths`` ``(N,)`` (by source index): the choice of
+    rows costs the lengths only; tokens are read for our rows only. ``at``: the fit plan's
+    checkpoint to start from (``(first row, first document, carried keys)`` of a buffer)."""
+    docs, lens = _epoch_lengths(packed, epoch, lengths)
     stats = packed._stats = PackStats(packed.seq_len)
     if packed.strategy == "concat":
         return _concat_planned(docs, lens, packed, stats, share)
-    return _fit_planned(docs, lens, packed, stats, share)
+    return _fit_planned(docs, lens, packed, stats, share, at)
+
+
+def _fit_plan(lens: np.ndarray, packed: Packed, stats: PackStats, at) -> Iterator:
+    """``(first row, _Buffer)`` of each buffer of an epoch's fit plan (lengths only), from the
+    checkpoint ``at = (first row, first document, carried keys)`` of a buffer."""
+    first, start, keys = at
+    size, length, n = packed.buffer_size, packed.seq_len, len(lens)
+    blocks = (
+        Block(lo, lens[lo : lo + size], _EMPTY, _EMPTY)
+        for lo in range(start, n + 1, size)
+        if lo < n or (n - start) % size == 0  # (as Documents.blocks: a last, empty block)
+    )
+    ords = np.array([o for o, _ in keys], np.int64)
+    pieces = np.array([p for _, p in keys], np.int64)
+    sizes = np.minimum(length, lens[ords] - pieces * length)  # (c,) as _Items.cut cuts them
+    carried = _Items(ords, pieces, np.zeros_like(ords), sizes, _EMPTY, _EMPTY)
+    for buf in _fit_buffers(blocks, packed, stats, carried, False):
+        yield first, buf
+        first += len(buf.bins)
 
 
 def _concat_planned(docs, lens, packed, stats, share) -> Iterator[dict]:
@@ -635,26 +729,15 @@ def _concat_planned(docs, lens, packed, stats, share) -> Iterator[dict]:
         )
 
 
-def _fit_planned(docs, lens, packed, stats, share) -> Iterator[dict]:
-    """Fit rows: every consumer runs the bin choice over all lengths (no tokens read), then
-    reads and builds only its rows. With ``drop_last``, a row is yielded once its round of
-    ``world_size`` rows is known to be complete."""
-    size, world = packed.buffer_size, share.world
-
-    def plan(stats):
-        blocks = (
-            Block(lo, lens[lo : lo + size], _EMPTY, _EMPTY)
-            for lo in range(0, len(lens) + 1, size)
-            if lo < len(lens) or len(lens) % size == 0
-        )
-        first = 0  # global position of the buffer's first row
-        for buf in _fit_buffers(blocks, packed, stats, _Items.empty(), False):
-            yield first, buf
-            first += len(buf.bins)
-
+def _fit_planned(docs, lens, packed, stats, share, at) -> Iterator[dict]:
+    """Fit rows: every consumer runs the bin choice over the lengths (no tokens read) from
+    ``at`` (a buffer's checkpoint, ``None``: the start), then reads and builds only its rows.
+    With ``drop_last``, a row is yielded once its round of ``world_size`` rows is known to be
+    complete."""
+    world = share.world
     pending: list = []  # our rows whose round may still be incomplete (drop_last)
     planned = 0
-    for first, buf in plan(stats):
+    for first, buf in _fit_plan(lens, packed, stats, at or _START):
         planned = first + len(buf.bins)
         positions = first + np.arange(len(buf.bins))  # (R,)
         sel = np.flatnonzero(share.mine(positions))
@@ -678,7 +761,7 @@ def _fit_planned(docs, lens, packed, stats, share) -> Iterator[dict]:
     want = ((wrap - n) % n).tolist()
     got: dict[int, dict] = {}
     again = PackStats(packed.seq_len)  # (not counted twice)
-    for first, buf in plan(again):  # the first buffers again (lengths only), rows < world_size
+    for first, buf in _fit_plan(lens, packed, again, _START):  # rows < world_size again
         sel = [r - first for r in want if first <= r < first + len(buf.bins)]
         if sel:
             rows = _fit_assemble(docs, lens, stats, buf, sel, packed)
