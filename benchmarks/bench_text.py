@@ -241,9 +241,13 @@ def loader_resume_ms(data: dict, seq_len: int, repeats: int) -> dict:
         loader = make()
         n = len(list(loader))
         state = loader.state_dict()  # the start of epoch 1: rewind it into epoch 0
+        planner = pack(ds, seq_len, strategy, buffer_size=1024)
+        planner.kuat_set_batching(8, False)
         row = {}
         for frac in (0.0, 0.1, 0.5, 0.9):
-            state.update(epoch=0, batches_served_in_epoch=int(frac * n))
+            served = int(frac * n)  # what state_dict() says after that many batches:
+            state.update(epoch=0, batches_served_in_epoch=served,
+                         source=planner.kuat_state_at(0, served, 0, 2))  # fmt: skip
             times, cpu = [], []
             for _ in range(repeats):
                 resumed = make()

@@ -68,7 +68,7 @@ _log = logging.getLogger("kuat.text.pack")
 
 STRATEGIES = ("concat", "first_fit", "best_fit")
 _STATE_VERSION = 1
-_PLAN_CHUNK = 64  # planned rows built per read (concat), so a read is one gather of many rows
+_PLAN_CHUNK = 16  # concat rows built per read: one gather serves several batches
 _EMPTY = np.empty(0, np.int64)
 _START = (0, 0, ())  # the fit plan's checkpoint at the start of an epoch
 
