@@ -314,6 +314,17 @@ def main(argv=None) -> int:
               f"{runs_[0][2]:6d}")  # fmt: skip
         result["pack"][name] = {"docs_per_s": rate, "tokens_per_s": tokens / med,
                                 "first_row_s": first, "rows": runs_[0][2]}  # fmt: skip
+    ref = samples.get("torchtune PackedDataset") or []
+    if len(ref) == args.repeats:  # ratios within each interleaved round, then their median
+        print("\nx torchtune PackedDataset (docs/s ratio per interleaved round, median (min-max)):")
+        result["x_torchtune"] = {}
+        for name, runs_ in samples.items():
+            if not name.startswith("kuat") or len(runs_) != len(ref):
+                continue
+            ratios = [t[0] / k[0] for k, t in zip(runs_, ref)]
+            med = statistics.median(ratios)
+            print(f"  {name:34s} {med:6.1f}x ({min(ratios):.1f}-{max(ratios):.1f})")
+            result["x_torchtune"][name] = [med, min(ratios), max(ratios)]
     print(f"peers ran in {peers['python']}: {peers['versions'] or 'none'}")
     for name, why in peers["unavailable"].items():
         print(f"  {name}: unavailable: {why}")
@@ -345,7 +356,10 @@ def main(argv=None) -> int:
     print("resume through kuat.DataLoader (rank 0 of 2, 2 thread workers): wall / CPU ms from "
           "load_state_dict to the first batch, at 0% (a fresh start) / 10% / 50% / 90% of the epoch")  # fmt: skip
     for strategy, row in lres.items():
-        print(f"  {strategy:10s} " + "  ".join(f"{k} {w:6.1f} / {c:5.1f}" for k, (w, c) in row.items()))
+        print(
+            f"  {strategy:10s} "
+            + "  ".join(f"{k} {w:6.1f} / {c:5.1f}" for k, (w, c) in row.items())
+        )
     result["loader_resume_ms"] = lres
     sh = shares(data, args.seq_len, args.repeats)
     print("\nper consumer at 2 ranks x 2 workers: CPU ms (median, min-max) and tokens read")

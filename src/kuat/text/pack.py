@@ -654,7 +654,9 @@ def _epoch_lengths(packed: Packed, epoch: int, lengths: np.ndarray) -> tuple[Doc
     return docs, lengths[docs.order]
 
 
-def _plan_rows(packed: Packed, epoch: int, lengths: np.ndarray, share: _Share, at) -> Iterator[dict]:
+def _plan_rows(
+    packed: Packed, epoch: int, lengths: np.ndarray, share: _Share, at
+) -> Iterator[dict]:
     """Our rows of ``epoch``, planned from ``lengths`` ``(N,)`` (by source index): the choice of
     rows costs the lengths only; tokens are read for our rows only. ``at``: the fit plan's
     checkpoint to start from (``(first row, first document, carried keys)`` of a buffer)."""
