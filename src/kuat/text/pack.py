@@ -824,14 +824,18 @@ def _assemble(
             "dataset's length column disagrees with its documents)"
         )
     src = _segments(block.starts[inverse] + seg_off, seg_len)  # (T,) positions in the block
-    dst = _segments(seg_row * length + seg_col, seg_len)  # (T,) positions in the (R * L) rows
-    ids = np.full(nrows * length, pad_id, np.int64)
-    ids[dst] = block.ids[src]
-    labels = np.full(nrows * length, IGNORE_INDEX, np.int64)
-    labels[dst] = block.labels[src]
+    # each row's pieces fill its columns 0 .. fill - 1 in order: a mask places them all
+    filled = np.arange(length) < fills[:, None]  # (R, L) bool
+    ids = np.full((nrows, length), pad_id, np.int64)  # (R, L)
+    ids[filled] = block.ids[src]
+    if block.labels is block.ids:  # no loss mask: the labels are the tokens
+        labels = np.where(filled, ids, IGNORE_INDEX)  # (R, L) int64
+    else:
+        labels = np.full((nrows, length), IGNORE_INDEX, np.int64)  # (R, L)
+        labels[filled] = block.labels[src]
     return _rows(
-        ids.reshape(nrows, length),  # (R, L)
-        labels.reshape(nrows, length),  # (R, L)
+        ids,
+        labels,
         seg_row,
         seg_col,
         seg_len,
