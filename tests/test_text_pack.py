@@ -258,9 +258,14 @@ def test_first_row_reads_one_buffer_whatever_the_dataset_size(strategy):
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
 @pytest.mark.parametrize(
-    "workers", [(0, "thread", 2, "thread"), (2, "thread", 0, "thread"), (2, "process", 3, "thread")]
+    "workers, planned",
+    [
+        ((0, "thread", 2, "thread"), True),
+        ((2, "thread", 0, "thread"), True),
+        ((2, "process", 3, "thread"), True),
+        ((2, "thread", 2, "process"), False),  # no lengths: each consumer reads the stream
+    ],
 )
-@pytest.mark.parametrize("planned", [False, True])
 def test_loader_resume_is_exact(strategy, workers, planned):
     """kuat.DataLoader resumes a packer through its kuat_iter_from hook: exact at several points
     of two epochs, for rank 1 of 2, also with another number and type of workers."""
