@@ -623,13 +623,15 @@ class DataLoader(_TorchDataLoader):
 
         Keys: ``version``, ``seed``, ``epoch`` (the epoch the next batch belongs to),
         ``batches_served_in_epoch``, ``rank``, ``world_size``; ``source`` when the source has
-        ``state_dict()``; ``generator`` (a ``torch.uint8`` state tensor of ``generator=`` as it
+        ``kuat_state_at()`` (iterable sources) or ``state_dict()``; ``generator`` (a ``torch.uint8`` state tensor of ``generator=`` as it
         was when the epoch started, as torchdata's ``StatefulDataLoader`` saves it); for a user
         ``sampler``/``batch_sampler``, ``sampler``: what its order depends on
         (:func:`kuat.sampling.order_state`: its own ``state_dict()``, its generator's state,
         torch's global RNG state, its epoch), or ``None`` when kuat cannot tell. Taken mid-epoch
         it resumes after the last batch yielded; at the end of an epoch it points at the start
-        of the next one. Costs a few microseconds (plus a generator state copy, a few KiB).
+        of the next one. Costs a few microseconds (plus a generator state copy, a few KiB; for a
+        source with ``kuat_state_at``, its own cost: ``kuat.pack``'s fit strategies extend their
+        plan from the last point asked, lengths only, one plan of the epoch over all calls).
         Called with no arguments, as ``StatefulDataLoader.state_dict()``.
         """
         if self._pending is not None:
