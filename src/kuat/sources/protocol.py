@@ -193,9 +193,7 @@ class PlanState(Protocol):
     same wherever it is in the epoch (``kuat.pack``: the buffer of the packing plan that holds
     the next row)."""
 
-    def kuat_state_at(
-        self, epoch: int, batches_served: int, rank: int, world_size: int
-    ) -> Any: ...
+    def kuat_state_at(self, epoch: int, batches_served: int, rank: int, world_size: int) -> Any: ...
 
 
 def provides(source: object, protocol: type) -> bool:
