@@ -68,7 +68,7 @@ from kuat import sources as _sources
 from kuat._buffers import BufferPool
 from kuat.collate import default_collate
 from kuat.device import DeviceCopier, accelerator_available
-from kuat.engine.base import END, FAIL, OK, Task
+from kuat.engine.base import END, FAIL, OK, ResumeAt, Task
 from kuat.engine.inline import InlineEngine
 from kuat.engine.job import FetchJob, per_sample_getitems
 from kuat.engine.process import ProcessEngine
@@ -482,6 +482,7 @@ class DataLoader(_TorchDataLoader):
         self._iterator = None  # torch's attribute; kuat keeps persistent workers in _engine
         self._gradient_state = None  # Accelerate's GradientState, once prepared by Accelerate
         self._skip_first = 0  # batches the next epoch skips (skip_first_batches)
+        self._source_at: tuple = (None, None, None)  # (epoch, served, source state) loaded
         self._progress_owner = None  # weakref: the loader a skip_first_batches copy reports to
         self.__initialized = True
         self.check_worker_number_rationality()
@@ -604,13 +605,16 @@ class DataLoader(_TorchDataLoader):
 
         Keys: ``version``, ``seed``, ``epoch`` (the epoch the next batch belongs to),
         ``batches_served_in_epoch``, ``rank``, ``world_size``; ``source`` when the source has
-        ``state_dict()``; ``generator`` (a ``torch.uint8`` state tensor of ``generator=`` as it
-        was when the epoch started, as torchdata's ``StatefulDataLoader`` saves it); for a user
+        ``kuat_state_at()`` (iterable sources) or ``state_dict()``; ``generator`` (a
+        ``torch.uint8`` state tensor of ``generator=`` as it was when the epoch started, as
+        torchdata's ``StatefulDataLoader`` saves it); for a user
         ``sampler``/``batch_sampler``, ``sampler``: what its order depends on
         (:func:`kuat.sampling.order_state`: its own ``state_dict()``, its generator's state,
         torch's global RNG state, its epoch), or ``None`` when kuat cannot tell. Taken mid-epoch
         it resumes after the last batch yielded; at the end of an epoch it points at the start
-        of the next one. Costs a few microseconds (plus a generator state copy, a few KiB).
+        of the next one. Costs a few microseconds (plus a generator state copy, a few KiB; for a
+        source with ``kuat_state_at``, its own cost: ``kuat.pack``'s fit strategies extend their
+        plan from the last point asked, lengths only, one plan of the epoch over all calls).
         Called with no arguments, as ``StatefulDataLoader.state_dict()``.
         """
         if self._pending is not None:
@@ -634,7 +638,9 @@ class DataLoader(_TorchDataLoader):
             "world_size": world_size,
             **rng,
         }
-        if _protocol.provides(self._source, _protocol.Stateful):
+        if self._iterable and _protocol.provides(self._source, _protocol.PlanState):
+            state["source"] = self._source.kuat_state_at(epoch, served, rank, world_size)
+        elif _protocol.provides(self._source, _protocol.Stateful):
             state["source"] = self._source.state_dict()
         return state
 
@@ -685,6 +691,8 @@ class DataLoader(_TorchDataLoader):
         if self._engine is not None:  # persistent workers hold the old seed
             self._engine.close()
             self._engine = None
+        # the source's own point in its plan there, handed to kuat_iter_from (iterable sources)
+        self._source_at = (int(state["epoch"]), served, state.get("source"))
         self._pending = (next_request(), int(state["epoch"]), served, rng)
         if "source" in state and _protocol.provides(self._source, _protocol.Stateful):
             self._source.load_state_dict(state["source"])
@@ -821,7 +829,11 @@ class DataLoader(_TorchDataLoader):
                 torch.empty((), dtype=torch.int64).random_()
         if "sampler" not in at_start and not self._own_sampler and not self._iterable:
             at_start["sampler"] = order_state(self._index_sampler)  # as it starts: after base_seed
-        if self._iterable:
+        if self._iterable and skip and _protocol.provides(self._source, _protocol.ResumableIterable):
+            saved = self._source_at[2] if self._source_at[:2] == (epoch, skip) else None
+            at = ResumeAt(skip, saved)  # the source starts there itself
+            keys, discard = itertools.repeat(at), 0
+        elif self._iterable:
             keys, discard = itertools.repeat(None), skip
         else:
             keys, discard = self._keys(epoch, skip, restore.get("sampler")), 0

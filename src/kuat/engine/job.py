@@ -29,7 +29,7 @@ from kuat import _native
 from kuat import rng as krng
 from kuat.collate import batch_scope
 from kuat.engine import isolate
-from kuat.engine.base import EMPTY, END, OK, WorkStats
+from kuat.engine.base import EMPTY, END, OK, ResumeAt, WorkStats
 from kuat.sources import protocol
 
 __all__ = ["FetchJob", "WorkerCtx", "set_worker_info", "per_sample_getitems", "worker_dataset"]
@@ -276,7 +276,7 @@ class FetchJob:
     def stop(self, ctx: WorkerCtx) -> None:
         _clear_worker_info(ctx.method)
 
-    def _new_epoch(self, ctx: WorkerCtx, epoch: int, base_seed: int) -> None:
+    def _new_epoch(self, ctx: WorkerCtx, epoch: int, base_seed: int, key) -> None:
         ctx.epoch, ctx.ended = epoch, False
         if ctx.method != "inline" and base_seed != ctx.base_seed:
             ctx.base_seed = base_seed
@@ -287,7 +287,10 @@ class FetchJob:
         if self.iterable:
             if protocol.provides(ctx.dataset, protocol.EpochAware):
                 ctx.dataset.set_epoch(epoch)
-            ctx.iterator = iter(ctx.dataset)
+            if isinstance(key, ResumeAt):  # the source starts after the batches served
+                ctx.iterator = ctx.dataset.kuat_iter_from(epoch, key.batches, key.state)
+            else:
+                ctx.iterator = iter(ctx.dataset)
 
     # -- one task ---------------------------------------------------------------------------
     def run(self, ctx: WorkerCtx, epoch: int, key, base_seed: int):
@@ -302,7 +305,7 @@ class FetchJob:
         ``on_error="raise"``); the engine turns that into a ``FAIL`` result.
         """
         if ctx.epoch != epoch:
-            self._new_epoch(ctx, epoch, base_seed)
+            self._new_epoch(ctx, epoch, base_seed, key)
         st = WorkStats()
         # buffers kuat allocates while fetching this batch are its own: the collate may return
         # views of them; anything else it copies (collate.py)

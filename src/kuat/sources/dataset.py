@@ -171,6 +171,16 @@ class Dataset:
         (:meth:`kuat.format.Store.read_batch` documents each field's form)."""
         return self._store.read_batch(indices, fields)
 
+    def read_flat(self, indices: Sequence[int], field: str) -> tuple[np.ndarray, np.ndarray]:
+        """Sequence ``field`` of rows ``indices`` end to end, ``(lengths (B,), values (T,))``
+        (:meth:`kuat.format.Store.read_flat`)."""
+        return self._store.read_flat(indices, field)
+
+    def sequence_lengths(self, field: str) -> np.ndarray:
+        """``(N,) int64`` values of sequence ``field`` per row, from the shards' offsets
+        (:meth:`kuat.format.Store.sequence_lengths`)."""
+        return self._store.sequence_lengths(field)
+
     def raw(self, index: int) -> dict:
         """Sample ``index`` without decoding or transforms (images as
         :class:`kuat.format.EncodedImage` with ``bytes`` data)."""
