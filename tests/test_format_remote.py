@@ -263,6 +263,15 @@ def test_http_tabular_source_and_dataset(http_root, tmp_path):
     np.testing.assert_array_equal(ds.read_batch(idx)["x"], ref.read_batch(idx)["x"])
 
 
+def _assert_fetched_in_order(gets: list[str], first_use: list[str], depth: int) -> None:
+    """Each shard was fetched once, in the order the epoch first uses them, up to ``depth`` at
+    once (concurrent fetches reach the server in any order within that window)."""
+    fetched = [g for g in gets if g.endswith(".arrow")]
+    assert sorted(fetched) == sorted(first_use)
+    rank = {name: i for i, name in enumerate(first_use)}
+    assert all(rank[name] < i + depth for i, name in enumerate(fetched)), (fetched, first_use)
+
+
 def test_http_prefetch_follows_the_epoch_order(http_root, tmp_path):
     server, base = http_root
     www = Path(server.root)
@@ -278,8 +287,7 @@ def test_http_prefetch_follows_the_epoch_order(http_root, tmp_path):
     sid = np.searchsorted(starts, np.asarray(seen), side="right") - 1
     _, first = np.unique(sid, return_index=True)
     first_use = [ds.manifest.shards[k].file for k in sid[np.sort(first)]]
-    fetched = [g for g in server.gets if g.endswith(".arrow")]
-    assert fetched == first_use  # each shard once, in the order the epoch needs them
+    _assert_fetched_in_order(server.gets, first_use, depth=3)
 
 
 def test_transient_http_errors_are_retried_then_reported(http_root, tmp_path):
@@ -403,6 +411,6 @@ def test_shard_shuffle_sampler_prefetches_its_order(http_root, tmp_path):
     starts = np.cumsum([0] + [s.rows for s in ds.manifest.shards])[:-1]
     sid = np.searchsorted(starts, np.asarray(seen), side="right") - 1
     _, first = np.unique(sid, return_index=True)
-    assert [g for g in server.gets if g.endswith(".arrow")] == [
-        ds.manifest.shards[k].file for k in sid[np.sort(first)]
-    ]
+    _assert_fetched_in_order(
+        server.gets, [ds.manifest.shards[k].file for k in sid[np.sort(first)]], depth=2
+    )
