@@ -21,6 +21,7 @@ TITLES = {
     "batch 64",
     "ingest": "ingest: converting the ImageFolder into each format",
     "overhead": "overhead: the loop's own cost on cheap samples, batch 256, us per batch",
+    "remote": "remote: epoch throughput from an S3-compatible server (moto) against local disk",
 }
 
 
