@@ -240,6 +240,18 @@ def test_unreachable_endpoint_fails_clearly_and_writes_nothing(tmp_path, monkeyp
     assert sorted(os.listdir(tmp_path)) == before  # no local folder named "s3:"
 
 
+@pytest.mark.parametrize(
+    "command, applies_to",
+    [("merge", "every URL among SOURCES and --out"), ("verify", "the URL PATH"),
+     ("convert", "every URL among the sources and the destination")],
+)  # fmt: skip
+def test_help_says_which_urls_one_set_of_storage_options_serves(command, applies_to, capsys):
+    with pytest.raises(SystemExit):
+        cli([command, "--help"])
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
+    assert f"one set for {applies_to}" in text and "local paths ignore it" in text
+
+
 # -- HTTP ----------------------------------------------------------------------------------------
 def test_http_tabular_source_and_dataset(http_root, tmp_path):
     import pyarrow as pa
@@ -261,6 +273,29 @@ def test_http_tabular_source_and_dataset(http_root, tmp_path):
     ref = kuat.open(www / "d.kuat")
     idx = list(range(len(ds)))
     np.testing.assert_array_equal(ds.read_batch(idx)["x"], ref.read_batch(idx)["x"])
+
+
+@pytest.mark.parametrize(
+    "name, content, error",
+    [
+        ("bad.jsonl", b'{"a": 1}\n{"a": \n', FormatError),  # does not parse
+        ("items.json", b'[{"a": 1}, 2]', FormatError),  # an array item is no record
+        ("mixed.json", b'[{"a": 1}, {"a": "x"}]', ValueError),  # a column of two types
+        ("bad.parquet", b"PAR1 not parquet", FormatError),
+    ],
+)
+def test_http_tabular_errors_name_the_url_not_the_local_copy(http_root, tmp_path, name,
+                                                             content, error):  # fmt: skip
+    server, base = http_root
+    (Path(server.root) / name).write_bytes(content)
+    url = f"{base}/{name}"
+    convert = kuat.convert.from_parquet if name.endswith(".parquet") else kuat.convert.from_jsonl
+    with pytest.raises(error) as e:
+        convert(url, tmp_path / "t.kuat", progress=False)
+    assert url in str(e.value) and "kuat-sources-" not in str(e.value), str(e.value)
+    if getattr(e.value, "path", None) is not None:
+        assert e.value.path == url
+    assert e.value.__cause__ is not None  # the error as raised on the copy, chained
 
 
 def _assert_fetched_in_order(gets: list[str], first_use: list[str], depth: int) -> None:
