@@ -8,11 +8,13 @@ asserted is which fetches have started, never how long anything took.
 from __future__ import annotations
 
 import os
+import sys
 import threading
 from pathlib import Path
 
 import pytest
 
+import kuat.format.cache as cache_mod
 from kuat.format.cache import Prefetcher
 
 WAIT_S = 10.0  # bound on every wait for something that must happen
@@ -65,7 +67,14 @@ def test_depth_fetches_run_at_once_in_epoch_order(tmp_path):
     p.close()
 
 
-def test_use_by_another_process_is_seen_through_the_cache_entry(tmp_path):
+@pytest.mark.parametrize("inotify", [True, False])
+def test_use_by_another_process_is_seen_through_the_cache_entry(tmp_path, monkeypatch, inotify):
+    if not inotify:  # another platform: the window is re-checked every 50 ms instead
+
+        def unavailable(*args):
+            raise OSError("inotify is not available on this platform")
+
+        monkeypatch.setattr(cache_mod, "_AttribWatch", unavailable)
     fetches = Fetches(tmp_path)
     fetches.release()
     p = Prefetcher(fetches, depth=1)
@@ -83,6 +92,7 @@ def test_use_by_another_process_is_seen_through_the_cache_entry(tmp_path):
                 st = os.stat(entry)
                 os.utime(entry, ns=(st.st_atime_ns, st.st_mtime_ns + bump * 1_000_000))
     assert fetches.wait_started(2) == [3, 4]
+    assert (p._watch is not None) == (inotify and sys.platform == "linux")
     p.close()
 
 

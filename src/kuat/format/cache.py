@@ -269,6 +269,54 @@ class ShardCache:
                 total -= size
 
 
+class _AttribWatch:
+    """Notifies ``cond`` whenever a file in ``directory`` has its attributes changed (Linux
+    inotify ``IN_ATTRIB``: an ``os.utime``, which is how a reader in another process marks a
+    cache entry used). One daemon thread blocked in ``select``; :meth:`close` ends it.
+
+    Raises:
+        OSError: inotify is not available (not Linux, or out of watches or instances).
+    """
+
+    _IN_ATTRIB = 0x00000004
+    _CLOSE_CHECK_S = 1.0  # the thread notices close() at least this often
+
+    def __init__(self, directory: Path, cond: threading.Condition):
+        import ctypes
+        import ctypes.util
+
+        libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+        if not hasattr(libc, "inotify_init1"):
+            raise OSError("inotify is not available on this platform")
+        fd = libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
+        if fd < 0:
+            raise OSError(ctypes.get_errno(), "inotify_init1 failed")
+        if libc.inotify_add_watch(fd, os.fsencode(directory), self._IN_ATTRIB) < 0:
+            err = ctypes.get_errno()
+            os.close(fd)
+            raise OSError(err, f"inotify_add_watch({directory}) failed")
+        self._fd, self._cond, self._closed = fd, cond, False
+        threading.Thread(target=self._run, name="kuat-prefetch-watch", daemon=True).start()
+
+    def _run(self) -> None:
+        import select
+
+        try:
+            while not self._closed:
+                ready, _, _ = select.select([self._fd], [], [], self._CLOSE_CHECK_S)
+                if ready:
+                    with contextlib.suppress(BlockingIOError):
+                        while os.read(self._fd, 4096):  # drain: one wake-up per burst
+                            pass
+                    with self._cond:
+                        self._cond.notify_all()
+        finally:
+            os.close(self._fd)
+
+    def close(self) -> None:
+        self._closed = True
+
+
 class Prefetcher:
     """Fetches shards into a :class:`ShardCache` ahead of use, in the order an epoch needs them.
 
@@ -282,10 +330,10 @@ class Prefetcher:
 
     A shard counts as used when :meth:`used` is called for it (a reader in this process opened
     it) or when its cache entry was touched after the fetch (a reader in another process, a
-    process worker, hit it). The first is a notification; the second can only be seen by
-    looking, so a full window re-checks its entries' modification times every 50 ms (a
-    ``stat`` per pending shard, a few microseconds each), and only until the first
-    :meth:`used` of the epoch shows that readers are in this process.
+    process worker, hit it). Both wake the fetch threads at once: the first is a call, the
+    second an inotify ``IN_ATTRIB`` event on the cache directory (Linux). Where inotify is
+    unavailable a full window re-checks its entries every 50 ms instead, which may start each
+    fetch up to that much later than the use that made room for it.
 
     Args:
         fetch: ``fetch(k) -> Path``, fetches shard ``k`` into the cache (``ShardCache.get``);
@@ -312,6 +360,8 @@ class Prefetcher:
         self._pending: list[tuple[int, Path, int]] = []  # fetched, not yet seen used
         self._inflight = 0
         self._threads: list[threading.Thread] = []
+        self._watch: _AttribWatch | None = None  # started with the first fetched entry
+        self._watch_failed = False
         self._closed = False
 
     def start(self, order, used=()) -> None:
@@ -344,7 +394,19 @@ class Prefetcher:
         """Stop prefetching (downloads in progress finish). Idempotent."""
         with self._cond:
             self._closed = True
+            if self._watch is not None:
+                self._watch.close()
             self._cond.notify_all()
+
+    def _watch_entries(self, directory: Path) -> None:
+        """Under the lock: watch the cache directory for other processes' use (once)."""
+        if self._watch is None and not self._watch_failed:
+            try:
+                self._watch = _AttribWatch(directory, self._cond)
+            except OSError as e:
+                self._watch_failed = True
+                log.debug("no inotify on %s (%s): prefetch polls for other processes' use",
+                          directory, e)  # fmt: skip
 
     def _next(self) -> tuple[int, int] | None:
         """Under the lock: wait for a place in the window; ``(shard id, generation)`` to fetch,
@@ -360,7 +422,8 @@ class Prefetcher:
                 self._pos += 1
                 self._inflight += 1
                 return k, self._generation
-            poll = self._pending and not self._local_use  # only another process's use is unseen
+            # another process's use is seen by inotify, else only by looking again
+            poll = self._pending and not self._local_use and self._watch is None
             self._cond.wait(self._POLL_S if poll else None)
 
     def _run(self) -> None:
@@ -382,6 +445,7 @@ class Prefetcher:
             with self._cond:
                 self._inflight -= 1
                 if path is not None and generation == self._generation and k not in self._used:
+                    self._watch_entries(path.parent)
                     self._pending.append((k, path, mtime))
                 self._cond.notify_all()
 
