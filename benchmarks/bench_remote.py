@@ -18,8 +18,9 @@ last batch (``kuat.open``, which reads the manifest once per training run, is ti
 - ``S3, cold cache``: an empty cache directory (a fresh one per measurement);
 - ``S3, cold cache, +50 ms``: the same through the proxy, which holds each request 50 ms.
 
-Rounds are interleaved (every cell once per round, in the same order), so drift on a shared
-machine hits every cell alike; cells report the median samples/s over rounds with the min-max,
+Rounds are interleaved, every cell once per round, in the order A B C D, then D C B A (so a
+linear drift on a shared machine cancels over each pair of rounds, and the two cells of each
+ratio run side by side); cells report the median samples/s over rounds with the min-max,
 and a ratio is the median (min-max) of the per-round ratios. Targets (issue #14): warm cache
 >= 0.95x local disk; cold cache with 50 ms >= 0.8x cold cache without. The machine's load
 average at the start and the end is part of the result: the server, the proxy and the loader
@@ -244,7 +245,9 @@ def run(rows: int = 65536, shard_mib: float = 4.0, rounds: int = 3, num_workers:
         runs: dict[str, list[float]] = {c: [] for c in CELLS}
         opens: dict[str, list[float]] = {c: [] for c in CELLS}
         for rnd in range(rounds):
-            for cell in CELLS:
+            # A B C D, then D C B A: drift cancels over each pair of rounds, and the cells of
+            # each ratio (local/warm, cold/cold + 50 ms) always run side by side
+            for cell in CELLS if rnd % 2 == 0 else CELLS[::-1]:
                 r = measure(cell)
                 runs[cell].append(r["samples"] / r["epoch_s"])
                 opens[cell].append(r["open_s"] * 1000)

@@ -270,9 +270,10 @@ class ShardCache:
 
 
 class _AttribWatch:
-    """Notifies ``cond`` whenever a file in ``directory`` has its attributes changed (Linux
-    inotify ``IN_ATTRIB``: an ``os.utime``, which is how a reader in another process marks a
-    cache entry used). One daemon thread blocked in ``select``; :meth:`close` ends it.
+    """Calls ``on_change()`` whenever files in ``directory`` have their attributes changed
+    (Linux inotify ``IN_ATTRIB``: an ``os.utime``, which is how a reader in another process
+    marks a cache entry used), once per burst of events. One daemon thread blocked in
+    ``select``; :meth:`close` ends it.
 
     Raises:
         OSError: inotify is not available (not Linux, or out of watches or instances).
@@ -281,7 +282,7 @@ class _AttribWatch:
     _IN_ATTRIB = 0x00000004
     _CLOSE_CHECK_S = 1.0  # the thread notices close() at least this often
 
-    def __init__(self, directory: Path, cond: threading.Condition):
+    def __init__(self, directory: Path, on_change):
         import ctypes
         import ctypes.util
 
@@ -295,7 +296,7 @@ class _AttribWatch:
             err = ctypes.get_errno()
             os.close(fd)
             raise OSError(err, f"inotify_add_watch({directory}) failed")
-        self._fd, self._cond, self._closed = fd, cond, False
+        self._fd, self._on_change, self._closed = fd, on_change, False
         threading.Thread(target=self._run, name="kuat-prefetch-watch", daemon=True).start()
 
     def _run(self) -> None:
@@ -308,8 +309,7 @@ class _AttribWatch:
                     with contextlib.suppress(BlockingIOError):
                         while os.read(self._fd, 4096):  # drain: one wake-up per burst
                             pass
-                    with self._cond:
-                        self._cond.notify_all()
+                    self._on_change()
         finally:
             os.close(self._fd)
 
@@ -388,7 +388,17 @@ class Prefetcher:
         with self._cond:
             self._used.add(k)
             self._local_use = True
-            self._cond.notify_all()
+            if self._watch is not None:  # readers are here: no need to watch the directory
+                self._watch.close()
+                self._watch = None
+            self._cond.notify()  # one fetch thread; it wakes the next if there is more room
+
+    def _entries_touched(self) -> None:
+        """inotify: a cache entry's attributes changed; a reader in another process may have
+        used one of ours (readers in this process call :meth:`used` instead)."""
+        with self._cond:
+            if self._pending and not self._local_use:
+                self._cond.notify()
 
     def close(self) -> None:
         """Stop prefetching (downloads in progress finish). Idempotent."""
@@ -399,10 +409,11 @@ class Prefetcher:
             self._cond.notify_all()
 
     def _watch_entries(self, directory: Path) -> None:
-        """Under the lock: watch the cache directory for other processes' use (once)."""
+        """Under the lock: watch the cache directory for other processes' use, from when a
+        full window waits on it until a reader in this process shows up (:meth:`used`)."""
         if self._watch is None and not self._watch_failed:
             try:
-                self._watch = _AttribWatch(directory, self._cond)
+                self._watch = _AttribWatch(directory, self._entries_touched)
             except OSError as e:
                 self._watch_failed = True
                 log.debug("no inotify on %s (%s): prefetch polls for other processes' use",
@@ -421,8 +432,12 @@ class Prefetcher:
                 k = self._order[self._pos]
                 self._pos += 1
                 self._inflight += 1
+                if len(self._pending) + self._inflight < self.depth:
+                    self._cond.notify()  # more room: wake one more thread (not all: a herd)
                 return k, self._generation
             # another process's use is seen by inotify, else only by looking again
+            if self._pending and not self._local_use:
+                self._watch_entries(self._pending[0][1].parent)
             poll = self._pending and not self._local_use and self._watch is None
             self._cond.wait(self._POLL_S if poll else None)
 
@@ -445,13 +460,14 @@ class Prefetcher:
             with self._cond:
                 self._inflight -= 1
                 if path is not None and generation == self._generation and k not in self._used:
-                    self._watch_entries(path.parent)
                     self._pending.append((k, path, mtime))
-                self._cond.notify_all()
+                self._cond.notify()
 
     def _was_used(self, k: int, path: Path, mtime_ns: int) -> bool:
         if k in self._used:
             return True
+        if self._local_use:  # readers here call used(): no stat (a syscall, a GIL hand-off)
+            return False
         try:
             return os.stat(path).st_mtime_ns != mtime_ns
         except FileNotFoundError:  # evicted
