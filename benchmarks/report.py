@@ -240,7 +240,7 @@ def markdown(results: dict, title: str = "# kuat bench results") -> str:
         from benchmarks.runner import TABLE_WORKLOADS
 
         module = importlib.import_module(f"benchmarks.{TABLE_WORKLOADS[workload]}")
-        lines += [f"## {TITLES.get(workload, workload)}", "", module.markdown(table)]
+        lines += [f"{level} {TITLES.get(workload, workload)}", "", module.markdown(table)]
     if results.get("unavailable"):
         lines += [f"{level} Not measured", "", "| loader | why |", "|---|---|"]
         for k, v in results["unavailable"].items():
