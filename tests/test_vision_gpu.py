@@ -164,7 +164,12 @@ def test_cuda_batch_falls_back_for_cmyk_and_png_and_reports_corrupt():
     out = c.apply_encoded_batch(datas, [120] * 3, [100] * 3, rngs)
     for k, data in enumerate(datas):
         ref = c.apply_encoded(data, 120, 100, np.random.default_rng(k))
-        assert _diff(out[k], torch.from_numpy(ref))[1] < 2.0
+        mx, mean = _diff(out[k], torch.from_numpy(ref))
+        # k=0 went through nvJPEG, whose chroma upsampling differs from libjpeg-turbo's fancy
+        # upsampling on this sharp synthetic photo (measured on an H200, CUDA 13: mean 2.42);
+        # the CMYK JPEG and the PNG were decoded on the CPU by the same code as the reference
+        bound = 3.0 if k == 0 else 0.5
+        assert mean < bound, (k, mx, mean)
     bad = datas[0][: len(datas[0]) // 2]
     with pytest.raises(DecodeError) as ei:
         c.apply_encoded_batch([datas[0], bad], [120] * 2, [100] * 2, rngs[:2], indices=[10, 11])

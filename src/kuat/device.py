@@ -1,7 +1,8 @@
 """Pinning and host-to-device copies on a side CUDA stream, one batch ahead of use.
 
-:func:`pin_batch` pins every tensor of a batch with torch's own ``pin_memory`` walk (same
-container types as torch's DataLoader). :class:`DeviceCopier` starts a batch's copy on its own
+:func:`pin_batch` pins every CPU tensor of a batch (same container types as torch's
+DataLoader); tensors already on an accelerator (a batch decoded there, e.g. by
+``Compose(decode_device="cuda")``) pass through. :class:`DeviceCopier` starts a batch's copy on its own
 CUDA stream (``stage``) while the previous batch is in use, and ``wait`` makes the consumer's
 current stream wait for that copy only (an event, not a host synchronisation), recording the
 tensors on the current stream so the caching allocator does not reuse them early.
@@ -10,6 +11,9 @@ Thread-safety: one copier per loader iterator, used from the consumer thread onl
 """
 
 from __future__ import annotations
+
+import copy
+from collections import abc
 
 import torch
 
@@ -27,10 +31,46 @@ def accelerator_available() -> bool:
 
 
 def pin_batch(batch):
-    """Every tensor of ``batch`` in pinned (page-locked) host memory, containers preserved."""
-    from torch.utils.data._utils.pin_memory import pin_memory
+    """Every CPU tensor of ``batch`` in pinned (page-locked) host memory.
 
-    return pin_memory(batch)
+    The walk is torch's ``torch.utils.data._utils.pin_memory.pin_memory`` (same order of
+    checks: an object's own ``pin_memory()`` method first, then mappings, tuples, namedtuples
+    and sequences, rebuilt as torch rebuilds them), except that a tensor on another device
+    passes through unchanged where torch raises ``RuntimeError: cannot pin
+    'torch.cuda.ByteTensor'``: a batch decoded on the GPU (``Compose(decode_device="cuda")``)
+    meets the pinning the loader does whenever ``device`` is CUDA.
+    """
+    if isinstance(batch, torch.Tensor):
+        return batch.pin_memory() if batch.device.type == "cpu" else batch
+    if hasattr(batch, "pin_memory"):
+        return batch.pin_memory()
+    if isinstance(batch, (str, bytes)):
+        return batch
+    if isinstance(batch, abc.Mapping):
+        items = {k: pin_batch(v) for k, v in batch.items()}
+        try:
+            if isinstance(batch, abc.MutableMapping):
+                clone = copy.copy(batch)  # keeps the mapping type's own attributes
+                clone.update(items)
+                return clone
+            return type(batch)(items)
+        except TypeError:
+            return items
+    if isinstance(batch, tuple):
+        if hasattr(batch, "_fields"):  # namedtuple
+            return type(batch)(*(pin_batch(x) for x in batch))
+        return type(batch)(pin_batch(x) for x in batch)
+    if isinstance(batch, abc.Sequence):
+        try:
+            if isinstance(batch, abc.MutableSequence):
+                clone = copy.copy(batch)
+                for i, x in enumerate(batch):
+                    clone[i] = pin_batch(x)
+                return clone
+            return type(batch)([pin_batch(x) for x in batch])
+        except TypeError:  # no copy()/__setitem__/__init__(iterable), e.g. range
+            return [pin_batch(x) for x in batch]
+    return batch
 
 
 class DeviceCopier:

@@ -323,10 +323,10 @@ class FetchJob:
                 batch = self.collate_fn(data)
                 st.collate_s = time.perf_counter() - t1
         if self.pin and ctx.method != "process":
-            from torch.utils.data._utils.pin_memory import pin_memory
+            from kuat.device import pin_batch
 
             t2 = time.perf_counter()
-            batch = pin_memory(batch)
+            batch = pin_batch(batch)
             st.pin_s = time.perf_counter() - t2
         return OK, batch, st
 

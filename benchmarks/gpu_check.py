@@ -1,0 +1,439 @@
+"""GPU checks (issue 12): nvJPEG batch decode against the CPU path, and whether the loader's
+device prefetch hides the host-to-device copy behind a ResNet-50 training step.
+
+Run on a machine with a CUDA device (it refuses to run without one, except ``--smoke``, which
+runs every CPU part at toy sizes so the script itself can be tested anywhere)::
+
+    python -m benchmarks.gpu_check --out gpu.json            # about 3-4 minutes on 16 cores
+
+What it measures, every loader over the same generated ImageNet-like JPEGs
+(:func:`kuat.cli.demo_data.build_demo_imagefolder`: ImageNet's size and bytes per pixel), with
+the same work per image (RandomResizedCrop(224) + horizontal flip, uint8 ``(B, 3, 224, 224)``
+on the GPU at the end of each step):
+
+* ``decode``: images/s into GPU memory, no model. ``torch-pil`` (torchvision ImageFolder + PIL +
+  ``transforms.v2``, process workers, ``pin_memory=True``, non-blocking copy: the stock
+  pipeline), ``torch-nvjpeg`` (torchvision's documented GPU path: file bytes from the
+  workers, ``torchvision.io.decode_jpeg(list, device="cuda")``, ``v2.RandomResizedCrop`` and flip
+  per image on the GPU), ``kuat-cpu`` (fused region decode in thread workers, ``device="cuda"``),
+  ``kuat-cpu-processes`` (the same in process workers over shared memory) and ``kuat-nvjpeg`` (``Compose(..., decode_device="cuda")``). Medians and min-max over
+  ``--rounds`` interleaved rounds of ``--epochs`` epochs after one warm-up epoch.
+* ``resnet50``: a ResNet-50 training step (bf16 autocast, channels_last, SGD with momentum,
+  normalisation on the GPU) fed by: ``synthetic`` (one batch already on the GPU: the step's own
+  rate, the ceiling), ``pageable-sync`` (pre-decoded uint8 batches in pageable host memory,
+  copied with a blocking ``.cuda()`` before each step: the copy is not hidden),
+  ``kuat-prefetch`` (the same pre-decoded batches through ``kuat.DataLoader(device="cuda")``:
+  pinned, copied on a side stream one batch ahead), and the decode pipelines above end to end.
+  Reported: images/s, step-time ratio to ``synthetic`` and, for kuat, ``stats()``'s
+  ``input_bound_fraction`` (the fraction of the loop's time spent waiting for input).
+
+Results: a JSON file (``--out``) with the device, versions, corpus statistics and every
+measurement; a Markdown table on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+SIZE = 224
+TORCH_TIMEOUT_S = 60  # torch's DataLoader(timeout=): a dead worker becomes an error, not a hang
+
+
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def _env(device: str) -> dict:
+    from kuat.vision import decode as kdecode
+
+    info = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cpu_count": os.cpu_count(),
+        "roi_decoder_built": kdecode._roi is not None,
+    }
+    try:
+        import torchvision
+
+        info["torchvision"] = torchvision.__version__
+    except ImportError:  # pragma: no cover - the script needs it; reported before failing
+        info["torchvision"] = None
+    if device == "cuda":
+        p = torch.cuda.get_device_properties(0)
+        info.update(
+            device=torch.cuda.get_device_name(0),
+            device_memory_gib=round(p.total_memory / 2**30, 1),
+            cuda=torch.version.cuda,
+        )
+    return info
+
+
+# --- the loaders: each yields uint8 (B, 3, 224, 224) batches on `device` -------------------------
+
+
+class _FileBytes(torch.utils.data.Dataset):
+    """(file bytes as a uint8 tensor, label) per sample: torchvision's GPU-decode input."""
+
+    def __init__(self, samples):
+        self.samples = samples
+
+    def __len__(self):
+        return len(self.samples)
+
+    def __getitem__(self, i):
+        import torchvision.io
+
+        path, label = self.samples[i]
+        return torchvision.io.read_file(path), label
+
+
+def _list_collate(batch):
+    return [b[0] for b in batch], torch.tensor([b[1] for b in batch])
+
+
+def torch_pil(root, batch_size, workers, device):
+    import torchvision
+    from torchvision.transforms import v2
+
+    tf = v2.Compose([v2.RandomResizedCrop(SIZE), v2.RandomHorizontalFlip(), v2.PILToTensor()])
+    ds = torchvision.datasets.ImageFolder(root, transform=tf)
+    dl = torch.utils.data.DataLoader(
+        ds,
+        batch_size=batch_size,
+        shuffle=True,
+        drop_last=True,
+        num_workers=workers,
+        persistent_workers=workers > 0,
+        pin_memory=device == "cuda",
+        timeout=TORCH_TIMEOUT_S if workers > 0 else 0,
+    )
+
+    def batches():
+        for x, y in dl:
+            yield x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+
+    return batches, None
+
+
+def torch_nvjpeg(root, batch_size, workers, device):
+    import torchvision
+    from torchvision.io import ImageReadMode, decode_jpeg
+    from torchvision.transforms import v2
+
+    samples = torchvision.datasets.ImageFolder(root).samples
+    dl = torch.utils.data.DataLoader(
+        _FileBytes(samples),
+        batch_size=batch_size,
+        shuffle=True,
+        drop_last=True,
+        num_workers=workers,
+        persistent_workers=workers > 0,
+        collate_fn=_list_collate,
+        timeout=TORCH_TIMEOUT_S if workers > 0 else 0,
+    )
+    tf = v2.Compose([v2.RandomResizedCrop(SIZE), v2.RandomHorizontalFlip()])
+
+    def batches():
+        for datas, y in dl:
+            imgs = decode_jpeg(datas, mode=ImageReadMode.RGB, device=device)  # B x (3, H, W) u8
+            yield torch.stack([tf(im) for im in imgs]), y.to(device, non_blocking=True)
+
+    return batches, None
+
+
+def _kuat_loader(path, batch_size, workers, device, decode_device, worker_type=None):
+    import kuat
+    from kuat import vision as kv
+
+    c = kv.Compose(
+        [kv.RandomResizedCrop(SIZE), kv.RandomHorizontalFlip()], decode_device=decode_device
+    )
+    ds = kuat.open(path).with_transform({"image": c})
+    return kuat.DataLoader(
+        ds,
+        batch_size=batch_size,
+        shuffle=True,
+        drop_last=True,
+        num_workers=workers,
+        persistent_workers=workers > 0,
+        device=device,
+        worker_type=worker_type,
+    )
+
+
+def kuat_cpu(path, batch_size, workers, device):
+    dl = _kuat_loader(path, batch_size, workers, device, "cpu")
+    return (lambda: ((b["image"], b["label"]) for b in dl)), dl
+
+
+def kuat_cpu_processes(path, batch_size, workers, device):
+    dl = _kuat_loader(path, batch_size, workers, device, "cpu", worker_type="process")
+    return (lambda: ((b["image"], b["label"]) for b in dl)), dl
+
+
+def kuat_nvjpeg(path, batch_size, workers, device):
+    dl = _kuat_loader(path, batch_size, workers, device, device)
+    return (lambda: ((b["image"], b["label"]) for b in dl)), dl
+
+
+# --- measurements -----------------------------------------------------------------------------
+
+
+def _epoch_rate(batches) -> tuple[float, int]:
+    n = 0
+    _sync()
+    t0 = time.perf_counter()
+    for x, _ in batches():
+        assert x.shape[1:] == (3, SIZE, SIZE) and x.dtype == torch.uint8, (x.shape, x.dtype)
+        n += x.shape[0]
+    _sync()
+    return n / (time.perf_counter() - t0), n
+
+
+def measure_decode(makers: dict, rounds: int, epochs: int) -> dict:
+    """Images/s per loader: one warm-up epoch, then ``rounds`` interleaved rounds of ``epochs``
+    epochs each; median and min-max of the per-round rates."""
+    built, failed = {}, {}
+    for name, make in makers.items():
+        try:
+            built[name] = make()
+            _epoch_rate(built[name][0])  # warm-up: workers start, caches fill, nvJPEG starts
+        except Exception as e:  # reported in the results; the other loaders still run
+            failed[name] = {"error": f"{type(e).__name__}: {e}"[:500]}
+            built.pop(name, None)
+            print(f"{name} failed: {failed[name]['error']}", file=sys.stderr)
+    rates = {name: [] for name in built}
+    for _ in range(rounds):
+        for name, (batches, _) in built.items():
+            total_n, total_t = 0, 0.0
+            for _ in range(epochs):
+                _sync()
+                t0 = time.perf_counter()
+                _, n = _epoch_rate(batches)
+                total_t += time.perf_counter() - t0
+                total_n += n
+            rates[name].append(total_n / total_t)
+    return {name: _summary(r) for name, r in rates.items()} | failed
+
+
+def _summary(values: list[float]) -> dict:
+    return {
+        "median": statistics.median(values),
+        "min": min(values),
+        "max": max(values),
+        "rounds": values,
+    }
+
+
+def _resnet(device: str, tiny: bool = False):
+    import torchvision
+
+    if tiny:  # --smoke: the same step on a model small enough for a loaded CPU
+        model = torch.nn.Sequential(
+            torch.nn.Conv2d(3, 8, 7, stride=8),
+            torch.nn.Flatten(),
+            torch.nn.Linear(8 * 28 * 28, 1000),
+        )
+    else:
+        model = torchvision.models.resnet50(weights=None, num_classes=1000)
+    model = model.to(device, memory_format=torch.channels_last)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4)
+    mean = torch.tensor([0.485, 0.456, 0.406], device=device).view(1, 3, 1, 1) * 255
+    std = torch.tensor([0.229, 0.224, 0.225], device=device).view(1, 3, 1, 1) * 255
+    amp = torch.autocast(device, dtype=torch.bfloat16, enabled=device == "cuda")
+
+    def step(x_u8, y):
+        x = ((x_u8.float() - mean) / std).contiguous(memory_format=torch.channels_last)
+        with amp:
+            loss = torch.nn.functional.cross_entropy(model(x), y % 1000)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+
+    return step
+
+
+def measure_training(feeds: dict, steps: int, warmup: int, device: str, tiny: bool) -> dict:
+    """ResNet-50 training images/s per feed (``steps`` timed steps after ``warmup``)."""
+    step = _resnet(device, tiny)
+    out = {}
+    for name, (make, loader) in feeds.items():
+        try:
+            out[name] = _train(step, make, loader, steps, warmup)
+        except Exception as e:  # reported in the results; the other feeds still run
+            out[name] = {"error": f"{type(e).__name__}: {e}"[:500]}
+            print(f"{name} failed: {out[name]['error']}", file=sys.stderr)
+    base = out.get("synthetic", {}).get("images_per_s")
+    for rec in out.values():
+        if base and "images_per_s" in rec:
+            rec["vs_synthetic"] = rec["images_per_s"] / base
+    return out
+
+
+def _train(step, make, loader, steps: int, warmup: int) -> dict:
+    """One feed: ``warmup`` untimed steps, then ``steps`` timed ones."""
+    it = _cycle(make)
+    for _ in range(warmup):
+        step(*next(it))
+    _sync()
+    before = loader.stats() if loader is not None else None  # stats are cumulative
+    n = 0
+    wait = 0.0
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        tw = time.perf_counter()
+        x, y = next(it)
+        wait += time.perf_counter() - tw
+        step(x, y)
+        n += x.shape[0]
+    _sync()
+    dt = time.perf_counter() - t0
+    rec = {"images_per_s": n / dt, "step_ms": dt / steps * 1e3, "host_wait_fraction": wait / dt}
+    if loader is not None:
+        after = loader.stats()
+        waited = after["consumer_wait_s"] - before["consumer_wait_s"]
+        elapsed = after["elapsed_s"] - before["elapsed_s"]
+        rec["input_bound_fraction"] = waited / elapsed if elapsed > 0 else None
+    return rec
+
+
+def _cycle(batches):
+    while True:
+        yield from batches()
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, default=Path("gpu.json"))
+    ap.add_argument("--images", type=int, default=4096)
+    ap.add_argument("--batch-size", type=int, default=256)
+    ap.add_argument("--workers", type=int, default=None, help="default: one per core")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--epochs", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--work-dir", type=Path, default=None)
+    ap.add_argument(
+        "--torch-sharing-strategy",
+        default=None,
+        help="torch.multiprocessing sharing strategy for torch's worker processes (recorded)",
+    )
+    ap.add_argument("--smoke", action="store_true", help="CPU only, toy sizes (tests the script)")
+    args = ap.parse_args(argv)
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device != "cuda" and not args.smoke:
+        print(
+            "no CUDA device: nothing to measure (use --smoke to test the script)", file=sys.stderr
+        )
+        return 2
+    if args.smoke:
+        args.images, args.batch_size, args.rounds, args.epochs, args.steps = 96, 16, 1, 1, 2
+    workers = args.workers or os.cpu_count() or 2
+    torch.backends.cudnn.benchmark = True
+    if args.torch_sharing_strategy:
+        torch.multiprocessing.set_sharing_strategy(args.torch_sharing_strategy)
+
+    import kuat.convert
+    from kuat.cli.demo_data import build_demo_imagefolder, corpus_stats
+
+    work = args.work_dir or Path(tempfile.mkdtemp(prefix="kuat-gpu-"))
+    t0 = time.perf_counter()
+    root = build_demo_imagefolder(
+        work / "corpus", num_images=args.images, seed=0, progress=False, num_workers=workers
+    )
+    path = work / "train.kuat"
+    kuat.convert.from_imagefolder(root, path, overwrite=True, progress=False, num_workers=workers)
+    print(f"corpus of {args.images} JPEGs built and converted in {time.perf_counter() - t0:.1f} s")
+    result = {
+        "env": _env(device),
+        "config": {k: str(v) for k, v in vars(args).items()} | {"workers": workers},
+        "corpus": corpus_stats(root),
+    }
+
+    bs, w = args.batch_size, workers
+    decode_makers = {
+        "torch-pil": lambda: torch_pil(root, bs, w, device),
+        "kuat-cpu": lambda: kuat_cpu(path, bs, w, device),
+        "kuat-cpu-processes": lambda: kuat_cpu_processes(path, bs, w, device),
+    }
+    if device == "cuda":
+        decode_makers["torch-nvjpeg"] = lambda: torch_nvjpeg(root, bs, w, device)
+        decode_makers["kuat-nvjpeg"] = lambda: kuat_nvjpeg(path, bs, w, device)
+    result["decode"] = measure_decode(decode_makers, args.rounds, args.epochs)
+    args.out.write_text(json.dumps(result, indent=1))  # partial results survive a later failure
+    _print_decode(result)
+
+    # pre-decoded batches for the copy-hiding question: 8 distinct batches, pageable memory
+    g = torch.Generator().manual_seed(0)
+    pre = [
+        (torch.randint(0, 256, (bs, 3, SIZE, SIZE), dtype=torch.uint8, generator=g),
+         torch.randint(0, 1000, (bs,), generator=g))
+        for _ in range(8)
+    ]  # fmt: skip
+    resident = (pre[0][0].to(device), pre[0][1].to(device))
+    flat = torch.utils.data.TensorDataset(
+        torch.cat([x for x, _ in pre]), torch.cat([y for _, y in pre])
+    )
+
+    import kuat
+
+    pre_loader = kuat.DataLoader(
+        flat, batch_size=bs, num_workers=2, persistent_workers=True, device=device
+    )
+    feeds = {
+        "synthetic": (lambda: iter([resident] * 8), None),
+        "pageable-sync": (lambda: ((x.to(device), y.to(device)) for x, y in pre), None),
+        "kuat-prefetch": (lambda: iter(pre_loader), pre_loader),
+    }
+    for name in ("kuat-cpu", "kuat-cpu-processes", "kuat-nvjpeg", "torch-pil", "torch-nvjpeg"):
+        if name in decode_makers and "error" not in result["decode"][name]:
+            batches, loader = decode_makers[name]()
+            feeds[name] = (batches, loader)
+    result["resnet50"] = measure_training(
+        feeds, args.steps, warmup=1 if args.smoke else 5, device=device, tiny=args.smoke
+    )
+    _print_training(result)
+    args.out.write_text(json.dumps(result, indent=1))
+    print(f"wrote {args.out}")
+    return 0
+
+
+def _print_decode(result: dict) -> None:
+    d = result["decode"]
+    base = d.get("torch-pil", {}).get("median")
+    print("\n| decode to GPU memory | images/s, median (min-max) | vs torch-pil |")
+    print("|---|---:|---:|")
+    for name, s in d.items():
+        if "error" in s:
+            print(f"| {name} | failed: {s['error'][:80]} | |")
+            continue
+        ratio = f"{s['median'] / base:.2f}x" if base else "-"
+        print(f"| {name} | {s['median']:,.0f} ({s['min']:,.0f}-{s['max']:,.0f}) | {ratio} |")
+
+
+def _print_training(result: dict) -> None:
+    print("\n| ResNet-50 step fed by | images/s | ms/step | vs synthetic | waiting for input |")
+    print("|---|---:|---:|---:|---:|")
+    for name, r in result["resnet50"].items():
+        if "error" in r:
+            print(f"| {name} | failed: {r['error'][:80]} | | | |")
+            continue
+        print(
+            f"| {name} | {r['images_per_s']:,.0f} | {r['step_ms']:.1f} | "
+            f"{r.get('vs_synthetic', float('nan')):.2f}x | {r['host_wait_fraction']:.1%} |"
+        )
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
