@@ -93,22 +93,28 @@ class Servers:
         repo = str(Path(__file__).resolve().parent.parent)
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (repo, env.get("PYTHONPATH")) if p)
+        self._stderr = tempfile.TemporaryFile()  # a file, not a pipe nobody drains
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "benchmarks.bench_remote", "serve", "--delay-ms",
              str(delay_ms)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr, env=env,
             text=True,
         )  # fmt: skip
         ready, _, _ = select.select([self.proc.stdout], [], [], _SERVER_START_S)
         line = self.proc.stdout.readline() if ready else ""
         if not line:
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait()
+            self._stderr.seek(0)
+            err = self._stderr.read().decode(errors="replace")[-2000:]
             self.close()
-            err = self.proc.stderr.read()[-2000:]
             raise RuntimeError(f"the S3 server child did not start within {_SERVER_START_S} s: {err}")
         urls = json.loads(line)
         self.endpoint, self.proxy = urls["endpoint"], urls["proxy"]
 
     def close(self) -> None:
+        """Stop the child (idempotent)."""
         if self.proc.poll() is None:
             self.proc.stdin.close()
             try:
@@ -116,6 +122,8 @@ class Servers:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        for f in (self.proc.stdin, self.proc.stdout, self._stderr):
+            f.close()  # idempotent
 
     def __enter__(self) -> Servers:
         return self

@@ -360,7 +360,7 @@ class Prefetcher:
         self._pending: list[tuple[int, Path, int]] = []  # fetched, not yet seen used
         self._inflight = 0
         self._threads: list[threading.Thread] = []
-        self._watch: _AttribWatch | None = None  # started with the first fetched entry
+        self._watch: _AttribWatch | None = None  # while a full window waits on another process
         self._watch_failed = False
         self._closed = False
 
