@@ -1,10 +1,14 @@
 """Only the optional C extension lives here; all metadata is in pyproject.toml.
 
 ``kuat.vision._roijpeg`` decodes just the rows and columns of a JPEG that a crop needs
-(libjpeg-turbo's skip/crop scanline API). It needs a C compiler and libjpeg(-turbo) headers
-(Debian: libjpeg62-turbo-dev). Where it cannot be built, the install goes on without it and
-kuat decodes through simplejpeg instead (same pixels, slower on large crops).
+(libjpeg-turbo's skip/crop scanline API). It compiles against libjpeg-turbo's public headers
+vendored in ``src/kuat/vision/_libjpeg_turbo`` and links no libjpeg: at import it loads
+Pillow's bundled libjpeg-turbo (or the system's; see ``kuat/vision/_libjpeg.py``), so a C
+compiler is all it needs. Where even that is missing, the install goes on without it and kuat
+decodes through simplejpeg instead (same pixels, slower on large crops).
 """
+
+import sys
 
 from setuptools import Extension, setup
 
@@ -13,7 +17,13 @@ setup(
         Extension(
             "kuat.vision._roijpeg",
             ["src/kuat/vision/_roijpeg.c"],
-            libraries=["jpeg"],
+            include_dirs=["src/kuat/vision/_libjpeg_turbo/include"],
+            depends=[
+                f"src/kuat/vision/_libjpeg_turbo/include/{h}"
+                for h in ("jpeglib.h", "jconfig.h", "jmorecfg.h", "jerror.h")
+            ],
+            # dlopen/dlsym: in libc from glibc 2.34 and on macOS; libdl before that
+            libraries=["dl"] if sys.platform.startswith("linux") else [],
             extra_compile_args=["-O2"],
             optional=True,
         )

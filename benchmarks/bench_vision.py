@@ -139,7 +139,9 @@ def main(argv=None) -> int:
     from kuat.vision import decode as kdecode
 
     if kdecode._roi is None:
-        print("note: the ROI decoder is not built (python -m kuat.vision._build_roijpeg)")
+        print("note: the ROI decoder is not in use (not built, or no usable libjpeg-turbo)")
+    else:
+        print(f"ROI decoder on {kdecode._roi_libjpeg.describe()}")
 
     corpus = make_corpus(args.images)
     small = resize_shorter(corpus)
@@ -249,7 +251,8 @@ def _breakdown(corpus, fused, passes: int) -> None:
 
     from kuat.vision import Compose, _exif
     from kuat.vision import decode as kdecode
-    from kuat.vision.transforms import _resize_aa, _snap, _taps
+    from kuat.vision.geometry import snap, stored_crop_box
+    from kuat.vision.transforms import _resize_aa, _taps
 
     torch.set_num_threads(1)
     n = len(corpus)
@@ -259,9 +262,9 @@ def _breakdown(corpus, fused, passes: int) -> None:
         hdr = kdecode.roi_header(data)
         scale_num = kdecode._pick_scale(plan.min_scale())
         ph, pw = -(-hdr.height * scale_num // 8), -(-hdr.width * scale_num // 8)
-        top, left, bh, bw = fused._stored_box(plan, hdr, w, h)
-        y0, y1 = _snap(top, bh, scale_num / 8, ph)
-        x0, x1 = _snap(left, bw, scale_num / 8, pw)
+        top, left, bh, bw = stored_crop_box(plan, hdr.orientation, hdr.height, hdr.width, w, h)
+        y0, y1 = snap(top, bh, scale_num / 8, ph)
+        x0, x1 = snap(left, bw, scale_num / 8, pw)
         boxes.append((scale_num, y0, y1, x0, x1))
         crops.append(kdecode.decode_jpeg_roi(data, *boxes[-1]).copy())  # (h, w, 3)
         crops4.append(kdecode.decode_jpeg_roi(data, *boxes[-1], 4).copy())  # (h, w, 4) RGBX
@@ -299,7 +302,8 @@ def _breakdown(corpus, fused, passes: int) -> None:
     def plan_header(k):
         data, w, h = corpus[k]
         plan = fused.plan(w, h, np.random.default_rng(k))
-        fused._stored_box(plan, kdecode.roi_header(data), w, h)
+        hdr = kdecode.roi_header(data)
+        stored_crop_box(plan, hdr.orientation, hdr.height, hdr.width, w, h)
 
     def whole(k):
         data, w, h = corpus[k]

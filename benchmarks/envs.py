@@ -16,6 +16,12 @@ Why separate environments (facts measured on this project's machine, late 2026):
 - ``text``: torchtune 0.6.1 (imports with torch 2.14 only beside ``torchao==0.10.0``, newer
   torchao fails at import) and TRL 1.16 with the ``datasets`` it brings, for the text
   benchmark's packing peers (``benchmarks/text_peers.py``).
+- ``mds``: an *overlay*, not a venv: Mosaic Streaming's writer (``MDSWriter``) and the few
+  modules it imports, ``pip install --target``-ed with ``--no-deps`` and appended to the
+  running interpreter's ``sys.path`` (after its own packages, so nothing is shadowed): the
+  ``mds`` ingest row runs on exactly the project's torch/numpy, with no torch download. Writing
+  MDS shards works with numpy 2.x despite Streaming's ``numpy<2.2`` pin (reading is what the
+  full ``streaming`` environment is for).
 - ``peers``: SPDL 0.8 (needs Debian's ``libavdevice59 libavfilter8`` at run time), DALI (CPU
   pipeline) and LitData, which co-install, but not into the project's environment.
 
@@ -56,6 +62,22 @@ ENVS: dict[str, dict] = {
     "streaming": {
         "apt": [],
         "steps": {"streaming": ["mosaicml-streaming==0.13.0"]},
+    },
+    "mds": {
+        "apt": [],
+        "overlay": True,
+        "steps": {
+            "mds": [
+                "--no-deps",
+                "mosaicml-streaming==0.13.0",
+                # what `from streaming import MDSWriter` imports beyond the project's packages
+                "Brotli",
+                "python-snappy",
+                "cramjam",
+                "zstd",
+                "catalogue",
+            ]
+        },
     },
     "ffcv": {
         "apt": ["libturbojpeg0-dev", "libopencv-dev", "pkg-config"],
@@ -100,7 +122,27 @@ def _torch_pins() -> list[str]:
 def recipe(name: str) -> dict:
     if name not in ENVS:
         raise ValueError(f"unknown bench environment name={name!r}; known: {sorted(ENVS)}")
+    if ENVS[name].get("overlay"):  # installs beside the running interpreter's packages
+        return {"base": [], **ENVS[name]}
     return {"base": _torch_pins() + BASE, **ENVS[name]}
+
+
+def overlay_dir(name: str) -> Path:
+    """The ``--target`` folder of overlay environment ``name``."""
+    return envs_root() / name / "site"
+
+
+def use_overlay(name: str) -> bool:
+    """Append overlay environment ``name`` to ``sys.path`` (after the interpreter's own
+    packages) if it was set up; returns whether it was."""
+    import sys
+
+    d = str(overlay_dir(name))
+    if marker(name) is None or not os.path.isdir(d):
+        return False
+    if d not in sys.path:
+        sys.path.append(d)
+    return True
 
 
 def _digest(r: dict) -> str:
@@ -108,6 +150,10 @@ def _digest(r: dict) -> str:
 
 
 def python_path(name: str) -> Path:
+    if ENVS.get(name, {}).get("overlay"):
+        import sys
+
+        return Path(sys.executable)
     return envs_root() / name / "bin" / "python"
 
 
@@ -168,11 +214,14 @@ def ensure(name: str, *, create: bool, log_path: Path, force: bool = False) -> P
             status["apt"] = "ok" if rc == 0 else f"failed (rc={rc}): apt-get install {missing}"
         d = envs_root() / name
         py = python_path(name)
-        if not py.exists():
+        pip = [str(py), "-m", "pip", "install", "--disable-pip-version-check"]
+        if r.get("overlay"):
+            overlay_dir(name).mkdir(parents=True, exist_ok=True)
+            pip += ["--target", str(overlay_dir(name)), "--upgrade"]
+        elif not py.exists():
             if _run(["python3", "-m", "venv", str(d)], log):
                 raise EnvUnavailable(f"python3 -m venv {d} failed; see {log_path}")
-        pip = [str(py), "-m", "pip", "install", "--disable-pip-version-check"]
-        if _run([*pip, *r["base"]], log):
+        if r["base"] and _run([*pip, *r["base"]], log):
             raise EnvUnavailable(f"installing {r['base']} into {d} failed; see {log_path}")
         for step, args in r["steps"].items():
             rc = _run([*pip, *args], log)

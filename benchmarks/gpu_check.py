@@ -62,6 +62,8 @@ def _env(device: str) -> dict:
         "torch": torch.__version__,
         "cpu_count": os.cpu_count(),
         "roi_decoder_built": kdecode._roi is not None,
+        # which libjpeg-turbo it runs on (Pillow's bundled copy or the system's), or None
+        "roi_libjpeg": kdecode._roi_libjpeg.describe() if kdecode._roi_libjpeg else None,
     }
     try:
         import torchvision

@@ -32,6 +32,7 @@ INGEST_LABELS = {
     "kuat-ray-2": "kuat convert --engine ray, 2 local nodes (incl. Ray start-up)",
     "ffcv": "FFCV DatasetWriter (re-encodes)",
     "streaming": "Mosaic MDSWriter",
+    "mds": "Mosaic MDSWriter (original bytes)",
     "litdata": "LitData optimize",
     "webdataset": "WebDataset ShardWriter",
 }

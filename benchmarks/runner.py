@@ -71,6 +71,7 @@ DEFAULT_LOADERS = (
     "dali",
     "ffcv",
     "streaming",
+    "mds",
     "litdata",
     "webdataset",
     "hf",

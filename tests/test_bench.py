@@ -86,7 +86,8 @@ def test_bench_rates_without_sampler_memory_apart_and_every_baseline(tmp_path: P
         == runs[("run", "tokens", "kuat")]["batch_check"]
         == {"tokens": "Tensor(8, 1025):torch.int64"}
     )
-    assert results["versions"]["kuat"]["kuat ROI decoder"] in ("built", "not built")
+    roi = results["versions"]["kuat"]["kuat ROI decoder"]
+    assert roi.startswith(("built, on ", "built, but no usable", "not built")), roi
 
     s = results["summary"]
     assert s["imagenet-jpeg"]["baselines"] == ["torch-decode-jpeg"]
@@ -338,3 +339,30 @@ def test_overhead_table_measures_every_row_and_mode():
                 assert cell["median_us"] > 0 and len(cell["runs_us"]) == 1
     table = bench_overhead.markdown(res)
     assert table.count("\n| ") == 5 and "kuat, 2 processes" in table
+
+
+def test_overlay_environment_extends_the_running_interpreter(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The ``mds`` environment is an overlay: no torch of its own, the running interpreter,
+    and its folder goes after the interpreter's own packages (nothing is shadowed) once its
+    marker says it was set up. The ``mds`` row is the only MDSWriter ingest."""
+    from benchmarks import envs
+    from benchmarks.adapters import LOADERS
+
+    monkeypatch.setenv("KUAT_BENCH_ENVS", str(tmp_path))
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    r = envs.recipe("mds")
+    assert r["base"] == [] and r["overlay"]
+    assert "--no-deps" in r["steps"]["mds"]
+    assert envs.python_path("mds") == Path(sys.executable)
+    assert envs.recipe("streaming")["base"][0].startswith("torch==")  # a venv: its own torch
+    assert not envs.use_overlay("mds")  # not set up: nothing added
+    site = envs.overlay_dir("mds")
+    site.mkdir(parents=True)
+    (tmp_path / "mds" / "kuat-bench-env.json").write_text(json.dumps({"status": {}}))
+    before = list(sys.path)
+    assert envs.use_overlay("mds") and envs.use_overlay("mds")
+    assert sys.path == [*before, str(site)]  # appended once, after everything else
+    assert LOADERS["mds"]["env"] == "mds" and "ingest" in LOADERS["streaming"]["skip"]
+    assert report.INGEST_LABELS["mds"].startswith("Mosaic MDSWriter")

@@ -365,7 +365,7 @@ def test_verify_reports_a_shard_it_cannot_read_and_goes_on(tmp_path, monkeypatch
 
     ds = _write(tmp_path / "d")
     assert ds.num_shards >= 3
-    real_open, calls = verify_mod._open_shard, []
+    real_open, calls = verify_mod.open_shard, []
 
     def flaky_open(path, *args, **kwargs):
         calls.append(path)
@@ -373,7 +373,7 @@ def test_verify_reports_a_shard_it_cannot_read_and_goes_on(tmp_path, monkeypatch
             raise OSError(5, "Input/output error")
         return real_open(path, *args, **kwargs)
 
-    monkeypatch.setattr(verify_mod, "_open_shard", flaky_open)
+    monkeypatch.setattr(verify_mod, "open_shard", flaky_open)
     seen = []
     root = f"file://{tmp_path}/d" if remote else tmp_path / "d"
     report = kf.verify(root, on_shard=lambda k, where: seen.append((k, where)))

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import kuat
-from kuat.sources.mix import MapMix, MixStream
+from kuat.sources.mixture import MapMix, MixStream
 
 
 class Stream(torch.utils.data.IterableDataset):
@@ -196,7 +196,7 @@ def test_mix_carries_the_sources_batch_transform(caplog):
     batches = list(kuat.DataLoader(m, batch_size=6))
     assert sorted(batches[0].tolist()) == [0, 2, 4, 20, 22, 24]  # applied by the loader
     assert kuat.mix([[1], [2]]).kuat_batch_transform is None
-    with caplog.at_level("WARNING", logger="kuat.sources.mix"):
+    with caplog.at_level("WARNING", logger="kuat.sources.mixture"):
         both = kuat.mix([WithStep([1], double), WithStep([2], abs)])
     assert both.kuat_batch_transform is double and "sources [0, 1]" in caplog.text
 

@@ -1,8 +1,9 @@
 """The optional ROI JPEG decoder (kuat.vision._roijpeg): only the crop's rows and columns are
 reconstructed, and the pixels are exactly those of a full decode at the same DCT scale.
 
-The extension is built by the test itself (C compiler + libjpeg-turbo headers) when it is not
-already importable; where it cannot be built the tests skip with the compiler's reason.
+The extension is built by the test itself (a C compiler; the libjpeg headers are vendored) when
+it is not already importable; where it cannot be built the tests skip with the compiler's
+reason. Which libjpeg it runs on is tested in test_vision_libjpeg.py.
 """
 
 from __future__ import annotations
@@ -22,13 +23,10 @@ from kuat.vision import transforms as kt
 
 @pytest.fixture(scope="module")
 def roi(tmp_path_factory):
-    try:
-        from kuat.vision import _roijpeg
-
-        return _roijpeg
-    except ImportError:
-        pass
+    if kdecode._roi is not None:  # built, with a libjpeg-turbo loaded at import
+        return kdecode._roi
     from kuat.vision._build_roijpeg import build
+    from kuat.vision._libjpeg import load_into
 
     try:
         path = build(tmp_path_factory.mktemp("roijpeg"))
@@ -37,6 +35,8 @@ def roi(tmp_path_factory):
     spec = importlib.util.spec_from_file_location("_roijpeg", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
+    if load_into(mod, None) is None:
+        pytest.skip("no usable libjpeg-turbo for the ROI decoder here (see the warning)")
     return mod
 
 

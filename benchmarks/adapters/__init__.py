@@ -81,7 +81,13 @@ LOADERS: dict[str, dict] = {
     "spdl": {"adapter": "spdl", "env": "peers", "label": "SPDL"},
     "dali": {"adapter": "dali", "env": "peers", "label": "DALI (CPU)"},
     "ffcv": {"adapter": "ffcv", "env": "ffcv", "label": "FFCV"},
-    "streaming": {"adapter": "streaming", "env": "streaming", "label": "Mosaic Streaming"},
+    "streaming": {
+        "adapter": "streaming",
+        "env": "streaming",
+        "skip": ("ingest",),  # the same MDSWriter as "mds", which needs no torch install
+        "label": "Mosaic Streaming",
+    },
+    "mds": {"adapter": "mds", "env": "mds", "label": "Mosaic MDSWriter"},
     "litdata": {"adapter": "litdata", "env": "peers", "label": "LitData"},
     "webdataset": {"adapter": "webdataset", "env": "main", "label": "WebDataset"},
     "hf": {"adapter": "hf", "env": "main", "label": "HF datasets"},

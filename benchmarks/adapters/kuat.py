@@ -42,9 +42,20 @@ def versions() -> dict[str, str]:
     return {
         "kuat": kuat.__version__,
         "torch": torch.__version__,
-        # the optional region (ROI) JPEG decoder; without it kuat decodes whole images
-        "kuat ROI decoder": "built" if decode._roi is not None else "not built",
+        # the optional region (ROI) JPEG decoder and the libjpeg-turbo it runs on; without it
+        # kuat decodes whole images (simplejpeg)
+        "kuat ROI decoder": _roi_decoder(decode),
     }
+
+
+def _roi_decoder(decode) -> str:
+    import importlib.util
+
+    if decode._roi is not None:
+        return f"built, on {decode._roi_libjpeg.describe()}"
+    if importlib.util.find_spec("kuat.vision._roijpeg") is not None:
+        return "built, but no usable libjpeg-turbo (simplejpeg decodes instead)"
+    return "not built"
 
 
 def _convert(root: str, dst: Path, workers: int, resize_shorter: int | None) -> int:

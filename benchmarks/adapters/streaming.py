@@ -37,7 +37,9 @@ def versions() -> dict[str, str]:
     return {"mosaicml-streaming": version("mosaicml-streaming"), "torch": torch.__version__}
 
 
-def _write(root: str, out_dir: Path) -> int:
+def write_mds(root: str, out_dir: Path) -> int:
+    """Convert the ImageFolder at ``root`` into MDS shards in ``out_dir``; returns images
+    written. Also the ``mds`` adapter's ingest."""
     from PIL import Image
     from streaming import MDSWriter
 
@@ -57,12 +59,12 @@ def _write(root: str, out_dir: Path) -> int:
 def prepare(workload: str, data: dict, cache_dir: Path) -> dict:
     out = cache_dir / "mds" / cache_key(data["root"])
     if not (out / "index.json").exists():
-        _write(data["root"], out)
+        write_mds(data["root"], out)
     return {"mds_dir": str(out)}
 
 
 def ingest(data: dict, out_dir: Path, workers: int) -> int:
-    return _write(data["root"], out_dir)
+    return write_mds(data["root"], out_dir)
 
 
 def build(workload: str, data: dict, spec: dict) -> Loader:

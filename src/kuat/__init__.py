@@ -14,7 +14,7 @@ import importlib
 
 __version__ = "0.1.0"
 
-# public name -> module that defines it
+# public name -> module that defines it, or (module, its name there)
 _EXPORTS = {
     # errors
     "KuatError": "kuat.errors",
@@ -28,10 +28,10 @@ _EXPORTS = {
     # randomness
     "sample_rng": "kuat.rng",
     "SampleRNG": "kuat.rng",
-    # format
+    # format (storage) and the kuat source (what kuat.open returns)
     "Writer": "kuat.format",
-    "Dataset": "kuat.format",
-    "open": "kuat.format",
+    "Dataset": "kuat.sources.dataset",
+    "open": ("kuat.sources.dataset", "open_dataset"),
     "Schema": "kuat.format",
     "Field": "kuat.format",
     # loader
@@ -61,7 +61,8 @@ def __getattr__(name: str):
         module = _EXPORTS[name]
     except KeyError:
         raise AttributeError(f"module 'kuat' has no attribute {name!r}") from None
-    value = getattr(importlib.import_module(module), name)
+    module, attr = module if isinstance(module, tuple) else (module, name)
+    value = getattr(importlib.import_module(module), attr)
     globals()[name] = value
     return value
 

@@ -1,4 +1,4 @@
-"""Pinning and host-to-device copies on a side CUDA stream, one batch ahead of use.
+"""The device stage: pinning, host-to-device copies on a side CUDA stream, batch steps.
 
 :func:`pin_batch` pins every CPU tensor of a batch (same container types as torch's
 DataLoader); tensors already on an accelerator (a batch decoded there, e.g. by
@@ -6,6 +6,11 @@ DataLoader); tensors already on an accelerator (a batch decoded there, e.g. by
 CUDA stream (``stage``) while the previous batch is in use, and ``wait`` makes the consumer's
 current stream wait for that copy only (an event, not a host synchronisation), recording the
 tensors on the current stream so the caching allocator does not reuse them early.
+
+After the copy the loader applies the source's batch step (``kuat_batch_transform``, see
+:mod:`kuat.sources.protocol`) to the batch where it now lives: :class:`FieldSteps` is the step a
+kuat dataset declares for its fused image transforms (``Normalize`` on the ``(B, 3, H, W)``
+uint8 image field), so normalisation runs once per batch on the device, not per sample.
 
 Thread-safety: one copier per loader iterator, used from the consumer thread only.
 """
@@ -19,7 +24,7 @@ import torch
 
 from kuat.collate import map_structure
 
-__all__ = ["accelerator_available", "pin_batch", "DeviceCopier"]
+__all__ = ["accelerator_available", "pin_batch", "DeviceCopier", "FieldSteps"]
 
 
 def accelerator_available() -> bool:
@@ -113,3 +118,35 @@ class DeviceCopier:
 
         map_structure(record, out)
         return out
+
+
+class FieldSteps:
+    """A batch step per field of a collated dict batch: ``{field: fn}``, each ``fn`` applied to
+    its field's batch where the batch is (on the loader's device after the copy).
+
+    What :attr:`kuat.sources.dataset.Dataset.kuat_batch_transform` returns for fused image
+    transforms with a ``batch_transform()`` (``Normalize``: ``(B, 3, H, W)`` uint8 ->
+    ``(B, 3, H, W)`` float32 on the same device). Other fields pass through unchanged; the
+    input dict is not modified (a new dict is returned).
+
+    Raises:
+        TypeError: the batch is not a mapping (a whole-sample transform changed its structure).
+    """
+
+    def __init__(self, fns: dict[str, abc.Callable]):
+        self.fns = fns
+
+    def __call__(self, batch):
+        if not isinstance(batch, abc.Mapping):
+            raise TypeError(
+                f"kuat_batch_transform expects the collated batch to be a dict with fields "
+                f"{sorted(self.fns)}, got {type(batch).__name__} (a whole-sample transform "
+                "changed the sample's structure; apply the batch step yourself)"
+            )
+        batch = dict(batch)
+        for name, fn in self.fns.items():
+            batch[name] = fn(batch[name])
+        return batch
+
+    def __repr__(self) -> str:
+        return f"FieldSteps({self.fns!r})"

@@ -18,29 +18,10 @@ returns (``loader.dataset`` stays the object the user passed). A source is eithe
 * iterable: an instance of ``torch.utils.data.IterableDataset``; each worker iterates it and
   shards itself with ``torch.utils.data.get_worker_info()`` (per thread in thread mode).
 
-Optional attributes the loader honours on the source:
-
-* ``kuat_uses_sample_rng = True``: the source draws randomness only from ``kuat.sample_rng``,
-  so global RNGs need no per-sample isolation (see ``isolate_global_rng``).
-* ``kuat_batch_transform``: a callable applied to each collated batch after pinning / the
-  device copy (on the device when there is one), or ``None``.
-* ``set_epoch(epoch)`` (iterable sources): called in each worker, on that worker's copy, before
-  iterating each epoch (also with persistent workers).
-* ``kuat_set_distributed(rank, world_size)`` (iterable sources): called when each epoch starts,
-  with the rank and world size resolved then; ``kuat_set_batching(batch_size, drop_last)``:
-  called once at construction. The source takes its rank's share and
-  splits workers by whole batches (then batch ``k`` is the same whatever the worker count,
-  which makes replay-based resume exact; with ``drop_last`` rank shares are truncated instead
-  of padded). Map-style sources are sharded by the loader's sampler and need nothing.
-* ``kuat_prefetch(indices)`` (map-style sources): called at the start of each epoch, when the
-  loader owns the sampler, with this rank's sample indices in the order the epoch reads them
-  (after a resume, from the resume point), so remote storage can prefetch in that order.
-* ``kuat_set_epoch(epoch)`` on a user's sampler or batch sampler: called with the loader's epoch
-  before each epoch (so a resumed loader resumes the sampler's epoch too); torch's samplers,
-  which lack it, are left to the user's ``set_epoch`` as in torch.
-* ``state_dict()`` / ``load_state_dict(state)``: the source's own resumable state, stored
-  under ``"source"`` in the loader's state. For iterable sources without it, resuming replays
-  (fetches and drops) the batches already served in the epoch.
+Every optional hook the loader honours on a source (``kuat_fetch_collated``, ``kuat_prefetch``,
+``kuat_batch_transform``, ``kuat_set_distributed``, ``state_dict``, ...) is named, with when it is
+called, its shapes and its thread-safety, in one place: :mod:`kuat.sources.protocol`; the loader
+checks sources against those protocols and accessors only.
 
 Seams with frameworks
 ---------------------
@@ -100,6 +81,7 @@ from kuat.sampling import (
     restore_order,
     sampler_generator,
 )
+from kuat.sources import protocol as _protocol
 
 __all__ = ["DataLoader"]
 
@@ -410,7 +392,7 @@ class DataLoader(_TorchDataLoader):
         if sampler is None:
             if iterable:
                 sampler = _InfiniteSampler()
-                if hasattr(source, "kuat_set_batching"):  # kuat streams: workers take whole batches
+                if _protocol.provides(source, _protocol.Batching):  # workers take whole batches
                     source.kuat_set_batching(batch_size, drop_last)
             elif batch_sampler is None:
                 sampler = EpochSampler(
@@ -435,10 +417,11 @@ class DataLoader(_TorchDataLoader):
         self.persistent_workers = persistent_workers
 
         # --- what workers run, decided once ---------------------------------------------------
-        use_getitems = (auto_collation and not iterable and hasattr(source, "__getitems__")
-                        and bool(source.__getitems__) and not per_sample_getitems(source))
+        use_getitems = (auto_collation and not iterable
+                        and _protocol.provides(source, _protocol.BatchFetch)
+                        and not per_sample_getitems(source))
         if isolate_global_rng is None:
-            isolate_global_rng = not getattr(source, "kuat_uses_sample_rng", False)
+            isolate_global_rng = not _protocol.uses_sample_rng(source)
         if not isinstance(isolate_global_rng, bool):
             raise TypeError(f"isolate_global_rng should be a bool or None, got {isolate_global_rng=!r}")
         self.isolate_global_rng = isolate_global_rng
@@ -474,11 +457,11 @@ class DataLoader(_TorchDataLoader):
             worker_init_fn=worker_init_fn,
             use_getitems=use_getitems,
             fetch_collated=(use_getitems and job_collate is default_collate and on_error == "raise"
-                            and callable(getattr(source, "kuat_fetch_collated", None))),
+                            and _protocol.provides(source, _protocol.CollatedFetch)),
             pin=self._pin and worker_type == "thread" or (self._pin and num_workers == 0),
         )
         self._job_bytes: bytes | None = None
-        self._batch_transform = getattr(source, "kuat_batch_transform", None)
+        self._batch_transform = _protocol.batch_transform(source)
         self._stats = _Stats()
         self._warned: set[tuple[str, str]] = set()
         self._advised = False
@@ -542,7 +525,7 @@ class DataLoader(_TorchDataLoader):
         if isinstance(self.sampler, EpochSampler):
             self.sampler.set_distributed(rank, world_size)
         if (rank, world_size) != self._dist_applied:
-            if self._iterable and hasattr(self._source, "kuat_set_distributed"):
+            if self._iterable and _protocol.provides(self._source, _protocol.Distributed):
                 self._source.kuat_set_distributed(rank, world_size)
                 self._job_bytes = None  # spawned workers get the source with its new share
                 if self._engine is not None:  # persistent workers hold the old share
@@ -644,9 +627,8 @@ class DataLoader(_TorchDataLoader):
             "world_size": world_size,
             **rng,
         }
-        source_state = getattr(self._source, "state_dict", None)
-        if callable(source_state):
-            state["source"] = source_state()
+        if _protocol.provides(self._source, _protocol.Stateful):
+            state["source"] = self._source.state_dict()
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -700,7 +682,7 @@ class DataLoader(_TorchDataLoader):
             self._engine.close()
             self._engine = None
         self._pending = (next_request(), int(state["epoch"]), served, rng)
-        if "source" in state and hasattr(self._source, "load_state_dict"):
+        if "source" in state and _protocol.provides(self._source, _protocol.Stateful):
             self._source.load_state_dict(state["source"])
 
     # --- statistics -------------------------------------------------------------------------
@@ -837,10 +819,9 @@ class DataLoader(_TorchDataLoader):
 
     def _keys(self, epoch: int, skip: int, sampler_state: dict | None):
         if self._own_sampler:
-            prefetch = getattr(self._source, "kuat_prefetch", None)
-            if prefetch is not None:  # remote storage fetches shards in this order (drawn whole)
-                indices = self.sampler.indices(epoch)
-                prefetch(indices[skip * (self.batch_size or 1):])
+            if _protocol.provides(self._source, _protocol.Prefetching):
+                indices = self.sampler.indices(epoch)  # drawn whole: remote shards in this order
+                self._source.kuat_prefetch(indices[skip * (self.batch_size or 1):])
             else:  # drawn lazily, as torch's RandomSampler draws from a generator
                 indices = self.sampler.iter_epoch(epoch)
             if self.batch_size is not None:

@@ -28,6 +28,7 @@ import torch
 from torch.utils.data import Sampler
 
 from kuat.sampling import shuffle_seed
+from kuat.sources.protocol import Prefetching, provides
 
 __all__ = ["ShardShuffleSampler"]
 
@@ -108,7 +109,6 @@ class ShardShuffleSampler(Sampler[int]):
 
     def __iter__(self) -> Iterator[int]:
         order = self.indices(self.epoch)
-        prefetch = getattr(self.dataset, "kuat_prefetch", None)
-        if prefetch is not None:
-            prefetch(order)
+        if provides(self.dataset, Prefetching):
+            self.dataset.kuat_prefetch(order)
         return iter(order)

@@ -29,6 +29,7 @@ from kuat import rng as krng
 from kuat.collate import batch_scope
 from kuat.engine import isolate
 from kuat.engine.base import EMPTY, END, OK, WorkStats
+from kuat.sources import protocol
 
 __all__ = ["FetchJob", "WorkerCtx", "set_worker_info", "per_sample_getitems", "worker_dataset"]
 
@@ -247,7 +248,7 @@ class FetchJob:
         ``worker_init_fn``): pure sequences, or a source declaring ``kuat_thread_agnostic``."""
         return (not self.iterable and self.worker_init_fn is None
                 and (_never_draws(self.dataset)
-                     or getattr(self.dataset, "kuat_thread_agnostic", False) is True))
+                     or protocol.thread_agnostic(self.dataset)))
 
     def __post_init__(self):
         if self.isolate_rng and _never_draws(self.dataset):
@@ -281,9 +282,8 @@ class FetchJob:
                 krng.seed_global_rngs(seed)
             set_worker_info(ctx.method, ctx.worker_id, ctx.num_workers, seed, ctx.dataset)
         if self.iterable:
-            set_epoch = getattr(ctx.dataset, "set_epoch", None)
-            if callable(set_epoch):
-                set_epoch(epoch)
+            if protocol.provides(ctx.dataset, protocol.EpochAware):
+                ctx.dataset.set_epoch(epoch)
             ctx.iterator = iter(ctx.dataset)
 
     # -- one task ---------------------------------------------------------------------------

@@ -15,9 +15,9 @@ from pathlib import Path
 
 from kuat.errors import DecodeError, FormatError
 from kuat.format.cache import ShardCache
-from kuat.format.dataset import _open_shard
 from kuat.format.fs import is_url, local_path, open_remote
 from kuat.format.manifest import check_regular_file, file_checksum, member_path, read_manifest
+from kuat.format.shard import open_shard
 
 __all__ = ["VerifyReport", "verify"]
 
@@ -142,7 +142,7 @@ def verify(
                     f"{info.checksum} (the file was modified or corrupted)",
                     path=shard_path,
                 )
-            shard = _open_shard(shard_path, info, schema, arrow_schema)
+            shard = open_shard(shard_path, info, schema, arrow_schema)
             if images or decode:
                 _check_images(shard, schema, decode=decode)
     return report
@@ -191,7 +191,7 @@ def _verify_remote(url, images, on_shard, storage_options) -> VerifyReport:
                 except FileNotFoundError as e:
                     raise FormatError(f"shard {shard_url} is missing", path=shard_url) from e
                 try:
-                    shard = _open_shard(str(local), info, schema, arrow_schema)
+                    shard = open_shard(str(local), info, schema, arrow_schema)
                     shard.path = shard_url  # errors of the image check name the URL
                     if images:
                         _check_images(shard, schema)

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from kuat.sources.protocol import batch_transform
 from kuat.sources.stream import Stream, stream_of
 
 __all__ = ["shuffle_buffer", "ShuffleBuffer"]
@@ -61,7 +62,7 @@ class ShuffleBuffer(Stream):
     @property
     def kuat_batch_transform(self):
         """The source's batch step (applied by the loader to every batch), or ``None``."""
-        return getattr(self.source, "kuat_batch_transform", None)
+        return batch_transform(self.source)
 
     def samples(self, epoch: int) -> Iterator:
         words = [self.seed & _MASK64, epoch & _MASK64, _SHUFFLE_BUFFER_SALT]

@@ -29,6 +29,8 @@ from collections.abc import Iterator
 
 import torch
 
+from kuat.sources.protocol import EpochAware, provides
+
 __all__ = ["Stream", "rank_share", "worker_share", "stream_of"]
 
 _log = logging.getLogger("kuat.sources.stream")
@@ -150,9 +152,8 @@ def stream_of(source, epoch: int, chunk: int = 64) -> Iterator:
     if isinstance(source, Stream):
         return source.samples(epoch)
     if isinstance(source, torch.utils.data.IterableDataset):
-        set_epoch = getattr(source, "set_epoch", None)
-        if callable(set_epoch):
-            set_epoch(epoch)
+        if provides(source, EpochAware):
+            source.set_epoch(epoch)
         return iter(source)
     return _map_stream(source, epoch, chunk)
 

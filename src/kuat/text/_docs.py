@@ -195,7 +195,7 @@ class Documents:
     def _columns(self) -> list[str] | None:
         """The fields to read column-wise (token field, then ``labels`` or ``loss_mask``), or
         ``None`` when the source is not a kuat dataset of integer sequences without transforms."""
-        from kuat.format import Dataset
+        from kuat.sources.dataset import Dataset
 
         src = self.source
         if type(src) is not Dataset or src.has_transform:

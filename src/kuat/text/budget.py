@@ -213,7 +213,7 @@ def lengths_of(dataset, field: str = "input_ids") -> np.ndarray:
                 f"rows first (e.g. dataset.filter(lambda r: r[{field!r}] is not None))"
             )
         return pc.list_value_length(col).to_numpy(zero_copy_only=False).astype(np.int64)
-    from kuat.format import Dataset
+    from kuat.sources.dataset import Dataset
 
     if isinstance(dataset, Dataset):
         n, step = len(dataset), 1 << 16

@@ -6,8 +6,10 @@
 * ``transforms.py``: ``Compose``, ``RandomResizedCrop``, ``Resize``, ``CenterCrop``,
   ``RandomHorizontalFlip``, ``Normalize``; a ``Compose`` fuses plan -> reduced decode -> crop ->
   resize -> flip straight into the batch buffer (``protocol.FusedImageTransform``).
-* ``_roijpeg.c`` (optional, built by ``python -m kuat.vision._build_roijpeg``): decodes only
-  a crop's rows and columns (libjpeg-turbo skip/crop scanlines), used by the fused path.
+* ``_roijpeg.c`` (optional, built by pip or ``python -m kuat.vision._build_roijpeg`` against
+  the headers vendored in ``_libjpeg_turbo/``): decodes only a crop's rows and columns
+  (libjpeg-turbo skip/crop scanlines), used by the fused path. ``_libjpeg.py`` loads the
+  libjpeg-turbo it runs on at import (Pillow's bundled copy, else the system's).
 * ``gpu.py``: nvJPEG batch decode for ``Compose(..., decode_device="cuda")``.
 * ``_exif.py``: EXIF orientation read from the bytes and applied as views.
 

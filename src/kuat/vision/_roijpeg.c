@@ -33,7 +33,18 @@
  * are torch's. Fused here: the interleaved -> planar layout change and the flip, which
  * otherwise cost a strided copy of the output. The GIL is released.
  *
- * Build: cc -O2 -shared -fPIC $(python3-config --includes) _roijpeg.c -ljpeg
+ * load(path) -> (copyright, file)
+ *   dlopen a libjpeg-turbo (the 62 ABI) and route every jpeg_* call below through it; returns
+ *   the library's copyright line and the file it was loaded from. Raises OSError if it cannot be loaded, lacks a symbol, or
+ *   refuses our JPEG_LIB_VERSION / struct size (an ABI mismatch); the previous library, if
+ *   any, stays in use then. decode_crop raises RuntimeError until a load succeeded. Not safe
+ *   to call while another thread decodes (kuat.vision._libjpeg calls it once, at import).
+ *
+ * Build: cc -O2 -shared -fPIC $(python3-config --includes) -I _libjpeg_turbo/include
+ *        _roijpeg.c -ldl (python -m kuat.vision._build_roijpeg does this; setup.py the same).
+ *        No -ljpeg and no system headers: the module compiles against libjpeg-turbo 3.1.2's
+ *        vendored public headers and finds a libjpeg-turbo at run time (Pillow's bundled copy
+ *        or the system's; kuat/vision/_libjpeg.py).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -42,7 +53,38 @@
 #include <stdlib.h>
 #include <stdint.h>
 #include <string.h>
-#include <jpeglib.h>
+#include <dlfcn.h>
+#include <jpeglib.h> /* the vendored _libjpeg_turbo/include comes first on the include path */
+
+/* libjpeg is not linked. load() dlopens one (RTLD_LOCAL: its symbols never interpose on
+ * another copy in the process, such as torchvision's or simplejpeg's) and fills this table;
+ * the macros below send the decoder's jpeg_* calls through it, so the decode code reads as
+ * plain libjpeg. The types come from the vendored prototypes (a mismatch does not compile). */
+typedef struct {
+    __typeof__(jpeg_std_error) *std_error;
+    __typeof__(jpeg_CreateDecompress) *CreateDecompress;
+    __typeof__(jpeg_destroy_decompress) *destroy_decompress;
+    __typeof__(jpeg_abort_decompress) *abort_decompress;
+    __typeof__(jpeg_mem_src) *mem_src;
+    __typeof__(jpeg_read_header) *read_header;
+    __typeof__(jpeg_start_decompress) *start_decompress;
+    __typeof__(jpeg_crop_scanline) *crop_scanline;
+    __typeof__(jpeg_skip_scanlines) *skip_scanlines;
+    __typeof__(jpeg_read_scanlines) *read_scanlines;
+} kuat_libjpeg;
+
+static kuat_libjpeg kj; /* all NULL until load() succeeds */
+
+#define jpeg_std_error (kj.std_error)
+#define jpeg_CreateDecompress (kj.CreateDecompress)
+#define jpeg_destroy_decompress (kj.destroy_decompress)
+#define jpeg_abort_decompress (kj.abort_decompress)
+#define jpeg_mem_src (kj.mem_src)
+#define jpeg_read_header (kj.read_header)
+#define jpeg_start_decompress (kj.start_decompress)
+#define jpeg_crop_scanline (kj.crop_scanline)
+#define jpeg_skip_scanlines (kj.skip_scanlines)
+#define jpeg_read_scanlines (kj.read_scanlines)
 
 typedef struct {
     struct jpeg_error_mgr pub;
@@ -65,6 +107,8 @@ static void kuat_emit_message(j_common_ptr cinfo, int msg_level) {
 }
 
 static PyObject *decode_crop(PyObject *self, PyObject *args) {
+    if (kj.read_scanlines == NULL)
+        return PyErr_Format(PyExc_RuntimeError, "no libjpeg loaded: call load(path) first");
     Py_buffer data, out;
     int scale_num, channels = 3;
     unsigned int y0, y1, x0, x1;
@@ -468,7 +512,75 @@ static PyObject *resize_planar(PyObject *self, PyObject *args) {
     return result;
 }
 
+static PyObject *load(PyObject *self, PyObject *args) {
+    const char *path;
+    if (!PyArg_ParseTuple(args, "s", &path))
+        return NULL;
+    void *handle = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (handle == NULL)
+        return PyErr_Format(PyExc_OSError, "cannot load %s: %s", path, dlerror());
+    kuat_libjpeg t;
+    const char *missing = NULL;
+#define KUAT_SYM(field, name)                                                  \
+    if (missing == NULL && (*(void **)&t.field = dlsym(handle, name)) == NULL) \
+        missing = name;
+    KUAT_SYM(std_error, "jpeg_std_error")
+    KUAT_SYM(CreateDecompress, "jpeg_CreateDecompress")
+    KUAT_SYM(destroy_decompress, "jpeg_destroy_decompress")
+    KUAT_SYM(abort_decompress, "jpeg_abort_decompress")
+    KUAT_SYM(mem_src, "jpeg_mem_src")
+    KUAT_SYM(read_header, "jpeg_read_header")
+    KUAT_SYM(start_decompress, "jpeg_start_decompress")
+    KUAT_SYM(crop_scanline, "jpeg_crop_scanline")  /* libjpeg-turbo >= 1.5 only */
+    KUAT_SYM(skip_scanlines, "jpeg_skip_scanlines")
+    KUAT_SYM(read_scanlines, "jpeg_read_scanlines")
+#undef KUAT_SYM
+    if (missing != NULL) {
+        dlclose(handle);
+        return PyErr_Format(PyExc_OSError,
+                            "%s has no %s: not a libjpeg-turbo >= 1.5 with the libjpeg 6.2 API",
+                            path, missing);
+    }
+    /* The ABI check libjpeg itself makes: jpeg_CreateDecompress refuses a caller whose
+     * JPEG_LIB_VERSION or sizeof(struct jpeg_decompress_struct) differs from its own. */
+    struct jpeg_decompress_struct cinfo;
+    kuat_error_mgr jerr;
+    char copyright[JMSG_LENGTH_MAX] = "";
+    cinfo.err = t.std_error(&jerr.pub);
+    jerr.pub.error_exit = kuat_error_exit;
+    jerr.pub.emit_message = kuat_emit_message;
+    jerr.message[0] = '\0';
+    if (setjmp(jerr.jump)) {
+        dlclose(handle); /* nothing was allocated: the check precedes the memory manager */
+        return PyErr_Format(PyExc_OSError, "%s refused kuat's libjpeg ABI (JPEG_LIB_VERSION %d, "
+                            "struct of %zu bytes): %s", path, JPEG_LIB_VERSION,
+                            sizeof(struct jpeg_decompress_struct), jerr.message);
+    }
+    t.CreateDecompress(&cinfo, JPEG_LIB_VERSION, sizeof(struct jpeg_decompress_struct));
+    t.destroy_decompress(&cinfo);
+    /* the library's own message table (message codes differ between versions: search it) */
+    for (int i = 0; jerr.pub.jpeg_message_table != NULL && i <= jerr.pub.last_jpeg_message; i++) {
+        const char *m = jerr.pub.jpeg_message_table[i];
+        if (m != NULL && strncmp(m, "Copyright", 9) == 0) {
+            snprintf(copyright, sizeof copyright, "%s", m);
+            break;
+        }
+    }
+    /* the file the dynamic linker chose (a soname may resolve to a copy already loaded) */
+    Dl_info where;
+    const char *file = dladdr(*(void **)&t.read_scanlines, &where) && where.dli_fname != NULL
+                           ? where.dli_fname
+                           : path;
+    kj = t; /* the handle stays open for the life of the process */
+    return Py_BuildValue("(Ns)",
+                         PyUnicode_DecodeLatin1(copyright, (Py_ssize_t)strcspn(copyright, "\n"),
+                                                NULL),
+                         file);
+}
+
 static PyMethodDef methods[] = {
+    {"load", load, METH_VARARGS,
+     "load(path) -> (copyright, file): dlopen the libjpeg-turbo every decode uses"},
     {"resize_planar", resize_planar, METH_VARARGS,
      "resize_planar(src, h, w, channels, out, out_h, out_w, flip, x_start, x_weights, x_taps, "
      "x_precision, y_start, y_weights, y_taps, y_precision) -> None"},

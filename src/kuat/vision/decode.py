@@ -36,6 +36,7 @@ import numpy as np
 
 from kuat.errors import DecodeError
 from kuat.vision import _exif
+from kuat.vision._libjpeg import load_roi
 from kuat.vision.probe import describe_pil_error
 
 __all__ = ["decode_image", "DEFAULT_MAX_PIXELS"]
@@ -54,10 +55,10 @@ _PIL_JPEG_COLORSPACES = ("CMYK", "YCCK")  # simplejpeg cannot convert these to R
 
 _local = threading.local()
 
-try:  # the optional ROI decoder (C, libjpeg-turbo); see _roijpeg.c and _build_roijpeg.py
-    from kuat.vision import _roijpeg as _roi
-except ImportError:  # not built: full-size/DCT-scaled decodes through simplejpeg only
-    _roi = None
+# The optional ROI decoder (C; see _roijpeg.c) with the libjpeg-turbo _libjpeg chose for it
+# (Pillow's bundled copy, the system's, or KUAT_LIBJPEG's); None: not built or no usable
+# libjpeg, and JPEGs decode through simplejpeg only (full size or DCT-scaled).
+_roi, _roi_libjpeg = load_roi()
 
 
 class Decoded(NamedTuple):

@@ -21,7 +21,7 @@ from kuat.collate import new_batch_buffer
 from kuat.errors import DecodeError, KuatError
 from kuat.vision import _exif
 from kuat.vision.decode import _check_pixels, decode_stored
-from kuat.vision.transforms import _snap
+from kuat.vision.geometry import snap, stored_crop_box
 
 __all__ = ["check_cuda", "decode_batch_cuda"]
 
@@ -159,13 +159,9 @@ def finish_batch(transform, images, orientations, widths, heights, rngs, indices
                 index=indices[k],
                 source=sources[k],
             )
-        top, left, bh, bw = plan.top, plan.left, plan.height, plan.width
-        if (full_w, full_h) != (int(widths[k]), int(heights[k])):
-            fy, fx = full_h / int(heights[k]), full_w / int(widths[k])
-            top, left, bh, bw = top * fy, left * fx, bh * fy, bw * fx
-        top, left, bh, bw = _exif.stored_box(o, sh, sw, top, left, bh, bw)
-        y0, y1 = _snap(top, bh, 1.0, sh)
-        x0, x1 = _snap(left, bw, 1.0, sw)
+        top, left, bh, bw = stored_crop_box(plan, o, sh, sw, int(widths[k]), int(heights[k]))
+        y0, y1 = snap(top, bh, 1.0, sh)
+        x0, x1 = snap(left, bw, 1.0, sw)
         grid = (plan.res_w, plan.res_h) if transposed else (plan.res_h, plan.res_w)  # stored
         crop = img[None, :, y0:y1, x0:x1]  # (1, 3, h, w)
         if crop.shape[-2:] != grid:

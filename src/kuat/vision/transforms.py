@@ -7,7 +7,7 @@
    generator: a source box resampled to a grid, an integer window of that grid, a flip
    (``_Plan``), with no pixel touched yet;
 2. picks the smallest DCT scale (1/8, 1/4, 1/2, 1) at which the box still has at least the
-   grid's pixels, and snaps the box to that scale's pixel grid (``_snap``: exact at scale 1;
+   grid's pixels, and snaps the box to that scale's pixel grid (``geometry.snap``: exact at scale 1;
    at scale ``1/k`` each edge moves by at most ``k/2`` source pixels);
 3. decodes only that box: with the optional ROI decoder (``_roijpeg.c``, libjpeg-turbo's
    skip/crop scanlines) just its rows and columns are reconstructed and nothing below it is
@@ -82,6 +82,7 @@ from kuat.vision.decode import (
     resize_rgbx_planar,
     roi_header,
 )
+from kuat.vision.geometry import snap, stored_crop_box
 
 __all__ = [
     "Compose",
@@ -321,26 +322,12 @@ def _resize_tensor(img: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
     return y.reshape(*lead, *y.shape[-3:])
 
 
-def _snap(start: float, length: float, scale: float, size: int) -> tuple[int, int]:
-    """Rows (or columns) ``[a, b)`` of a decode at ``scale`` that the source span
-    ``[start, start + length)`` covers: each edge rounded to the nearest decoded pixel edge.
-
-    At scale 1 this is torchvision's integer box. At a reduced scale ``1/k`` it moves each
-    edge of the box by at most ``k/2`` source pixels (the crop is then at least ``k`` times the
-    output, so < 1/4 of an output pixel): cheaper than a sub-pixel resampler, and the pixels
-    equal torchvision's ``resized_crop`` of that snapped box (same filter, same quality).
-    """
-    a = min(max(round(start * scale), 0), size - 1)
-    b = min(max(round((start + length) * scale), a + 1), size)
-    return a, b
-
-
 def _execute(img: torch.Tensor, plan: _Plan) -> torch.Tensor:
     """Run a plan on a decoded ``(..., 3, H, W)`` tensor (the unfused path, scale 1)."""
     if not plan.fusable:
         raise RuntimeError("internal: _execute on an unfusable plan")
-    y0, y1 = _snap(plan.top, plan.height, 1.0, img.shape[-2])
-    x0, x1 = _snap(plan.left, plan.width, 1.0, img.shape[-1])
+    y0, y1 = snap(plan.top, plan.height, 1.0, img.shape[-2])
+    x0, x1 = snap(plan.left, plan.width, 1.0, img.shape[-1])
     out = _resize_tensor(img[..., y0:y1, x0:x1], (plan.res_h, plan.res_w))
     win = plan.window()
     if win is not None:
@@ -712,9 +699,11 @@ class Compose(_Transform):
             k = _pick_scale(plan.min_scale())
             s = k / 8
             ph, pw = -(-hdr.height * k // 8), -(-hdr.width * k // 8)  # libjpeg's scaled size
-            top, left, bh, bw = self._stored_box(plan, hdr, width, height)
-            y0, y1 = _snap(top, bh, s, ph)
-            x0, x1 = _snap(left, bw, s, pw)
+            top, left, bh, bw = stored_crop_box(
+                plan, hdr.orientation, hdr.height, hdr.width, width, height
+            )
+            y0, y1 = snap(top, bh, s, ph)
+            x0, x1 = snap(left, bw, s, pw)
             try:
                 return decode_jpeg_roi(data, k, y0, y1, x0, x1, channels), hdr.orientation
             except ValueError as e:  # corrupt or libjpeg warnings: the full path decides
@@ -727,23 +716,11 @@ class Compose(_Transform):
             source=source,
             reuse_buffer=True,
         )
-        top, left, bh, bw = self._stored_box(plan, d, width, height)
+        top, left, bh, bw = stored_crop_box(plan, d.orientation, d.height, d.width, width, height)
         pixels = d.pixels  # (ph, pw, 3) at scale d.scale, stored orientation
-        y0, y1 = _snap(top, bh, d.scale, pixels.shape[0])  # box edges on the decoded grid
-        x0, x1 = _snap(left, bw, d.scale, pixels.shape[1])
+        y0, y1 = snap(top, bh, d.scale, pixels.shape[0])  # box edges on the decoded grid
+        x0, x1 = snap(left, bw, d.scale, pixels.shape[1])
         return pixels[y0:y1, x0:x1], d.orientation
-
-    @staticmethod
-    def _stored_box(plan, hdr, width, height):
-        """The plan's box in the stored orientation at full size (``hdr``: height, width,
-        orientation of the bytes; ``width``/``height``: the oriented size from the index)."""
-        transposed = hdr.orientation in _exif.TRANSPOSED
-        full_w, full_h = (hdr.height, hdr.width) if transposed else (hdr.width, hdr.height)
-        top, left, bh, bw = plan.top, plan.left, plan.height, plan.width
-        if (full_w, full_h) != (width, height):  # the index disagrees: keep the relative box
-            fy, fx = full_h / height, full_w / width
-            top, left, bh, bw = top * fy, left * fx, bh * fy, bw * fx
-        return _exif.stored_box(hdr.orientation, hdr.height, hdr.width, top, left, bh, bw)
 
     def _apply_unfused(self, data, rng, out, index, source):
         """Full decode, then the transforms one by one (for plans that need padding)."""

@@ -41,11 +41,12 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 import torch
 
+from kuat.sources.protocol import MapSource, batch_transform
 from kuat.sources.stream import Stream, stream_of
 
 __all__ = ["mix", "MapMix", "MixStream"]
 
-_log = logging.getLogger("kuat.sources.mix")
+_log = logging.getLogger("kuat.sources.mixture")
 _MASK64 = (1 << 64) - 1
 _MIX_SALT = 0x4D4958  # "MIX": keeps mix draws apart from shuffles and per-sample seeds
 _STOPPING = ("first_exhausted", "all_exhausted")
@@ -127,7 +128,7 @@ def _batch_transform(sources: list, weights: list[float]):
     found = [
         (k, t)
         for k, s in enumerate(sources)
-        if weights[k] > 0 and (t := getattr(s, "kuat_batch_transform", None)) is not None
+        if weights[k] > 0 and (t := batch_transform(s)) is not None
     ]
     if len(found) > 1:
         _log.warning(
@@ -142,8 +143,7 @@ def _batch_transform(sources: list, weights: list[float]):
 def _is_map_style(source) -> bool:
     return (
         not isinstance(source, torch.utils.data.IterableDataset)
-        and hasattr(source, "__len__")
-        and hasattr(source, "__getitem__")
+        and isinstance(source, MapSource)
     )
 
 

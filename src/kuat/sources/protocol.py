@@ -1,0 +1,212 @@
+"""What :class:`kuat.DataLoader` may ask of a source: the one list of hooks.
+
+A *source* is what the loader reads (``kuat.sources.as_source(dataset)``): a kuat dataset, a
+torch map-style or iterable dataset, a Hugging Face dataset, a mix, a shuffle buffer, a text
+packer. It is one of (:data:`Source`):
+
+* map-style (:class:`MapSource`): ``__len__`` and ``__getitem__(index)``; the loader's sampler
+  chooses, shards (by rank) and resumes the indices, so a map-style source needs nothing else;
+* iterable: an instance of ``torch.utils.data.IterableDataset``; each worker iterates its own
+  copy and shards itself with ``torch.utils.data.get_worker_info()`` (per thread in thread
+  mode), unless it takes the loader's rank and batching through the hooks below.
+
+Every hook below is optional; the loader looks for each with :func:`provides` (methods) or the
+accessor named here (attributes), and nowhere else (``grep kuat_ src/kuat`` finds the
+providers: ``sources.dataset``, ``sources.mixture``, ``sources.shuffle``, ``sources.stream``,
+``sources.hf``). Each capability is its own ``runtime_checkable`` protocol, which type checkers
+and ``isinstance`` understand; :func:`provides` is the loader's exact test (every method of the
+protocol is callable on the object, so a hook set to ``None`` on an instance is absent, which
+``isinstance`` does not see when the class defines it). The loader checks hooks when it is
+built or when an epoch starts, never per batch.
+
+==========================  =====================  =============================================
+hook                        protocol / accessor    when the loader calls or reads it
+==========================  =====================  =============================================
+``__getitems__``            :class:`BatchFetch`    per batch, in a worker (torch's contract)
+``kuat_fetch_collated``     :class:`CollatedFetch` per batch, in a worker, with the default collate
+``kuat_thread_agnostic``    :func:`thread_agnostic` construction: may fetch in the consumer thread
+``kuat_uses_sample_rng``    :func:`uses_sample_rng` construction: default of ``isolate_global_rng``
+``kuat_batch_transform``    :func:`batch_transform` construction; applied per batch after the copy
+``kuat_prefetch``           :class:`Prefetching`   each epoch start (map-style, loader's sampler)
+``set_epoch``               :class:`EpochAware`    each epoch start, in every worker (iterable)
+``kuat_set_distributed``    :class:`Distributed`   each epoch start whose rank/world size changed
+``kuat_set_batching``       :class:`Batching`      construction (iterable, loader's sampler)
+``state_dict``/``load_…``   :class:`Stateful`      ``loader.state_dict()`` / ``load_state_dict()``
+==========================  =====================  =============================================
+
+Samplers have one hook of their own, ``kuat_set_epoch(epoch)`` (see :mod:`kuat.sampling`).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, Union, runtime_checkable
+
+if TYPE_CHECKING:
+    from torch.utils.data import IterableDataset
+
+__all__ = [
+    "Source",
+    "Batching",
+    "BatchFetch",
+    "CollatedFetch",
+    "Distributed",
+    "EpochAware",
+    "MapSource",
+    "Prefetching",
+    "Stateful",
+    "batch_transform",
+    "provides",
+    "thread_agnostic",
+    "uses_sample_rng",
+]
+
+
+@runtime_checkable
+class MapSource(Protocol):
+    """A map-style source: ``len(source)`` samples, ``source[i]`` for ``0 <= i < len``.
+
+    Thread-safety: in thread mode every worker holds its own shallow copy of the source
+    (``copy.copy``), so ``__getitem__`` may run in several threads at once on copies that
+    share the source's attributes; it must not mutate shared state without a lock.
+    """
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, index: int) -> Any: ...
+
+
+#: What the loader reads: a map-style source or a torch ``IterableDataset``, either with any of
+#: the optional hooks below. (A name for annotations; this module imports no torch.)
+Source = Union[MapSource, "IterableDataset"]
+
+
+@runtime_checkable
+class BatchFetch(Protocol):
+    """``__getitems__(indices)``: torch's batched fetch, one call per batch of B indices.
+
+    Called in a worker with a ``list`` of B ints (the batch sampler's batch); returns a list of
+    B samples, which the collate function assembles (as ``torch.utils.data.DataLoader`` does).
+    Same thread-safety as ``__getitem__``.
+    """
+
+    def __getitems__(self, indices: list[int]) -> list: ...
+
+
+@runtime_checkable
+class CollatedFetch(Protocol):
+    """``kuat_fetch_collated(indices)``: a whole batch, already collated.
+
+    Called instead of ``__getitems__`` when the loader's collate is the default one
+    (``kuat.default_collate`` or torch's) and ``on_error="raise"``. It must return exactly
+    ``default_collate(self.__getitems__(indices))`` (same structures, dtypes, shapes and
+    values, e.g. ``{field: (B, ...) tensor}``) and may skip building per-sample objects.
+    Same thread-safety as ``__getitems__``.
+    """
+
+    def kuat_fetch_collated(self, indices: Sequence[int]) -> Any: ...
+
+
+@runtime_checkable
+class Prefetching(Protocol):
+    """``kuat_prefetch(indices)``: the epoch's order, told in advance (map-style sources).
+
+    Called once at the start of each epoch when the loader owns the sampler (and by
+    ``kuat.ShardShuffleSampler`` on each ``iter()``), on the loader's copy of the source, with
+    this rank's sample indices (a sequence of N ints) in the order the epoch reads them (after
+    a resume, from the resume point). Remote storage starts fetching shards in that order. Must
+    return at once (work in the background) and be safe to call from any thread.
+    """
+
+    def kuat_prefetch(self, indices: Sequence[int]) -> None: ...
+
+
+@runtime_checkable
+class EpochAware(Protocol):
+    """``set_epoch(epoch)`` (iterable sources): called in every worker, on that worker's copy,
+    before it iterates epoch ``epoch`` (persistent workers included); the epoch's order may
+    depend on it."""
+
+    def set_epoch(self, epoch: int) -> None: ...
+
+
+@runtime_checkable
+class Distributed(Protocol):
+    """``kuat_set_distributed(rank, world_size)`` (iterable sources): called on the loader's
+    source when an epoch starts and the resolved rank or world size differs from the last
+    call; the source then yields only rank ``rank``'s share (equal shares, padded as
+    ``DistributedSampler`` pads, truncated with ``drop_last``). Workers started before get a
+    new copy."""
+
+    def kuat_set_distributed(self, rank: int, world_size: int) -> None: ...
+
+
+@runtime_checkable
+class Batching(Protocol):
+    """``kuat_set_batching(batch_size, drop_last)`` (iterable sources): called once at
+    construction (``batch_size`` ``None`` when auto-batching is off). The source then splits
+    workers by whole batches, so batch ``k`` of an epoch is the same whatever the number of
+    workers, and the loader can resume it exactly by replaying the epoch's first batches."""
+
+    def kuat_set_batching(self, batch_size: int | None, drop_last: bool) -> None: ...
+
+
+@runtime_checkable
+class Stateful(Protocol):
+    """``state_dict()`` / ``load_state_dict(state)``: the source's own resumable state, saved
+    under ``"source"`` in ``loader.state_dict()`` and given back by
+    ``loader.load_state_dict()``, from the caller's thread. Iterable sources without it are
+    resumed by replaying (fetching and dropping) the batches already served in the epoch."""
+
+    def state_dict(self) -> dict: ...
+
+    def load_state_dict(self, state: dict) -> None: ...
+
+
+def provides(source: object, protocol: type) -> bool:
+    """Whether every method ``protocol`` names is callable on ``source`` (``None`` is absent).
+
+    ``protocol`` is one of this module's protocols; ``provides(ds, Prefetching)`` is what the
+    loader asks before calling ``ds.kuat_prefetch``. Cheap (a few ``getattr``), thread-safe.
+    """
+    return all(callable(getattr(source, name, None)) for name in _methods(protocol))
+
+
+@functools.cache
+def _methods(protocol: type) -> tuple[str, ...]:
+    """The methods a protocol of this module declares (not those ``typing`` adds)."""
+    names = tuple(
+        name
+        for name, value in vars(protocol).items()
+        if inspect.isfunction(value) and value.__module__ == __name__
+    )
+    if not names:
+        raise TypeError(f"{protocol!r} is not a protocol of kuat.sources.protocol")
+    return names
+
+
+# -- flags and attributes: their value matters, not only their presence --------------------
+def thread_agnostic(source: object) -> bool:
+    """``source.kuat_thread_agnostic is True``: a batch depends only on its indices (and the
+    loader's seed and epoch), never on which thread fetches it or on per-worker state, so the
+    loader may fetch cheap batches in the consumer thread instead of handing them to a worker.
+    """
+    return getattr(source, "kuat_thread_agnostic", False) is True
+
+
+def uses_sample_rng(source: object) -> bool:
+    """``source.kuat_uses_sample_rng`` is true: the source draws randomness only from
+    ``kuat.sample_rng`` (seeded by seed, epoch and sample index), so the loader's default is
+    not to isolate global RNGs per sample (``isolate_global_rng=False``)."""
+    return bool(getattr(source, "kuat_uses_sample_rng", False))
+
+
+def batch_transform(source: object) -> Callable[[Any], Any] | None:
+    """``source.kuat_batch_transform``: a callable the loader applies to every collated batch
+    after pinning and the host-to-device copy (on ``device`` when the loader has one, on the
+    host otherwise), in the consumer thread, e.g. a fused image transform's ``Normalize`` on
+    ``(B, 3, H, W)`` uint8 -> float32. ``None`` (or absent): no batch step. Read once, when
+    the loader is built."""
+    return getattr(source, "kuat_batch_transform", None)
