@@ -2,7 +2,9 @@
 job by ``worker_process_setup_hook`` (the library has no test hooks of its own).
 
 It wraps :meth:`kuat.Writer.close` in the worker processes, keyed on the directory a part
-task writes (``.<dst name>.kuat-ray/part-NNNNN``):
+task writes (``.<dst name>.kuat-ray/part-NNNNN``), or on the URL of one
+(``<scheme>://.../<dst name>/part-NNNNN``) when the job's workers have ``KUAT_TEST_GATES``
+(a local folder that stands in for the destination's parent below) in their environment:
 
 - a destination whose name contains ``flaky``: the first close of each part raises
   ``OSError`` (a storage hiccup), so Ray must retry the task; ``<staging>/../<dst>.failed``
@@ -21,8 +23,11 @@ import time
 from pathlib import Path
 
 
-def _dst_of(part_dir: Path) -> Path | None:
-    staging = part_dir.parent
+def _dst_of(part_dir: Path | str) -> Path | None:
+    if "://" in str(part_dir):  # a part written in place at a URL destination
+        gates = os.environ.get("KUAT_TEST_GATES")
+        return Path(gates, str(part_dir).rstrip("/").split("/")[-2]) if gates else None
+    staging = Path(part_dir).parent
     if not (staging.name.startswith(".") and staging.name.endswith(".kuat-ray")):
         return None
     return staging.parent / staging.name[1 : -len(".kuat-ray")]
@@ -34,9 +39,9 @@ def install() -> None:
     original = writer.Writer.close
 
     def close(self):
-        dst = _dst_of(Path(self.path))
+        dst = _dst_of(self.path)
         if dst is not None and not self._closed:
-            part = self.path.name
+            part = str(self.path).rstrip("/").rsplit("/", 1)[-1]
             if "flaky" in dst.name:
                 failed = dst.parent / f"{dst.name}.failed"
                 failed.mkdir(exist_ok=True)

@@ -1,5 +1,6 @@
 """Conversion on a two-node Ray cluster on this machine (loopback only), against the local
-engine. The one-node tests and the helpers are in ``test_convert_ray.py``.
+engine, into a local path and into an S3 URL (moto's S3 server on 127.0.0.1, the fixture of
+``test_format_remote.py``). The one-node tests and the helpers are in ``test_convert_ray.py``.
 
 The cluster is Ray's own ``ray.cluster_utils.Cluster``: a head and a second node, each a
 raylet with its own CPU, started and stopped by this fixture; it is what
@@ -11,20 +12,28 @@ Ray process on the machine by name.
 from __future__ import annotations
 
 import json
+import logging
+import re
+import uuid
 
 import pytest
+import test_format_remote
 from test_convert_ray import (
     N_IMAGES,
+    _resumed,
     check_same_dataset,
     make_imagefolder,
     workers_import_tests,
 )
 
 import kuat.convert
+from kuat.errors import DecodeError
 
 ray = pytest.importorskip("ray")  # test_convert_ray set Ray's environment before importing it
 
 pytestmark = pytest.mark.slow
+
+s3_endpoint = test_format_remote.s3_endpoint  # a moto S3 server on 127.0.0.1 (module scope)
 
 
 @pytest.fixture(scope="module")
@@ -77,3 +86,67 @@ def test_two_nodes_same_rows_as_local(two_nodes, tmp_path):
     kuat.convert.from_jsonl(src, tmp_path / "jl-local", progress=False)
     kuat.convert.from_jsonl(src, tmp_path / "jl-ray", engine="ray", progress=False)
     check_same_dataset(tmp_path / "jl-ray", tmp_path / "jl-local")
+
+
+def test_url_destination_same_rows_resume_and_refusals(
+    two_nodes, s3_endpoint, tmp_path, caplog, monkeypatch
+):
+    import s3fs
+
+    monkeypatch.setenv("KUAT_CACHE_DIR", str(tmp_path / "cache"))
+    # the tasks get the credentials with the storage options (Ray's workers did not inherit
+    # the fixture's AWS_* environment)
+    so = {"endpoint_url": s3_endpoint, "key": "testing", "secret": "testing"}
+    fs = s3fs.S3FileSystem(**so)
+    bucket = f"b-{uuid.uuid4().hex[:12]}"
+    fs.mkdir(bucket)
+    url, prefix = f"s3://{bucket}/train.kuat", f"{bucket}/train.kuat"
+    src = make_imagefolder(tmp_path / "train", n=120, broken=1)  # part 1 starts with it
+    kw = dict(engine="ray", rows_per_task=30, progress=False, storage_options=so)
+    caplog.set_level(logging.INFO, logger="kuat.convert.ray")
+
+    # a failed run leaves the finished parts' records at the URL, and no manifest
+    with pytest.raises(DecodeError, match=r"broken0\.jpg"):
+        kuat.convert.from_imagefolder(src, url, **kw)
+    fs.invalidate_cache()
+    assert not fs.exists(f"{prefix}/manifest.json")
+    assert fs.exists(f"{prefix}/part-00000/manifest.json")
+    # the input fixed, the same command resumes and ends as an uninterrupted run would
+    (src / "class1" / "broken0.jpg").unlink()
+    caplog.clear()
+    report = kuat.convert.from_imagefolder(src, url, **kw)
+    assert _resumed(caplog) >= 1 and report.rows == 120
+    kuat.convert.from_imagefolder(src, tmp_path / "local", progress=False)
+    check_same_dataset(url, tmp_path / "local", storage_options=so)
+    # written in place under part-based names (no copy); the part records are gone
+    shards = kuat.open(url, storage_options=so).manifest.shards
+    assert all(re.fullmatch(r"part-\d{5}/shard-\d{5}\.arrow", s.file) for s in shards)
+    fs.invalidate_cache()
+    assert fs.glob(f"{prefix}/part-*/manifest.json") == []
+    # an existing dataset is refused; --overwrite --restart writes every part again
+    with pytest.raises(FileExistsError, match="already a kuat dataset"):
+        kuat.convert.from_imagefolder(src, url, **kw)
+    caplog.clear()
+    kuat.convert.from_imagefolder(src, url, overwrite=True, restart=True, **kw)
+    assert _resumed(caplog) == 0
+    check_same_dataset(url, tmp_path / "local", storage_options=so)
+    # a prefix holding something else is refused, as by kuat.Writer
+    fs.pipe_file(f"{bucket}/other.kuat/notes.txt", b"mine")
+    with pytest.raises(FileExistsError, match="not a kuat dataset"):
+        kuat.convert.from_imagefolder(src, f"s3://{bucket}/other.kuat", **kw)
+
+    # tables: the types are inferred by the tasks, the shards written straight to the URL
+    lines = [{"id": i, "text": f"line {i}", "score": i / 7} for i in range(90)]
+    files = []
+    for k in range(3):
+        files.append(tmp_path / f"lines-{k}.jsonl")
+        files[-1].write_text("".join(json.dumps(r) + "\n" for r in lines[k::3]))
+    kuat.convert.from_jsonl(files, tmp_path / "jl-local", progress=False)
+    kuat.convert.from_jsonl(files, f"s3://{bucket}/jl.kuat", **{**kw, "rows_per_task": 1000})
+    check_same_dataset(f"s3://{bucket}/jl.kuat", tmp_path / "jl-local", storage_options=so)
+    # and tables at a URL, each downloaded by its own tasks, into a local path
+    for f in files:
+        fs.put_file(str(f), f"{bucket}/src/{f.name}")
+    urls = [f"s3://{bucket}/src/{f.name}" for f in files]
+    kuat.convert.from_jsonl(urls, tmp_path / "jl-from-s3", **{**kw, "rows_per_task": 1000})
+    check_same_dataset(tmp_path / "jl-from-s3", tmp_path / "jl-local")

@@ -201,6 +201,20 @@ def test_jsonl_and_csv(tmp_path):
     assert ds[8] == {"a": 8, "b": "s8", "c": 4.0}
 
 
+def test_url_source_with_storage_options_into_a_local_path(tmp_path):
+    # storage_options serve the URL source; the local destination's Writer must not get them
+    import fsspec
+
+    fsspec.filesystem("memory").pipe("/kuat-src-test/a.jsonl", b'{"a": 1}\n{"a": 2}\n')
+    report = kuat.convert.from_jsonl(
+        "memory://kuat-src-test/a.jsonl",
+        tmp_path / "o",
+        storage_options={"skip_instance_cache": True},
+        progress=False,
+    )
+    assert report.rows == 2 and [kuat.open(tmp_path / "o")[i]["a"] for i in (0, 1)] == [1, 2]
+
+
 def test_nulls_are_refused_naming_column_and_row(tmp_path):
     pq.write_table(pa.table({"v": [1, None, 3]}), tmp_path / "n.parquet")
     with pytest.raises(SchemaError, match=r"'v' of .*n.parquet has a null at row 1"):

@@ -99,6 +99,9 @@ def test_datasets_that_do_not_draw_are_not_isolated_and_the_callers_streams_are_
     torch.manual_seed(3)
     np.random.seed(3)
     random.seed(3)
+    # torch's loader draws its base_seed and its RandomSampler's seed from torch's generator
+    # (kuat makes the same two draws: test_parity_rng_stream.py); nothing else may draw
+    list(torch.utils.data.DataLoader(PerSample(64, first_drawing=64), batch_size=8, shuffle=True))
     want = _draws()
     torch.manual_seed(3)
     np.random.seed(3)

@@ -289,3 +289,104 @@ def test_exact_resize_validated():
     with pytest.raises(TypeError, match="exact_resize"):
         Compose([RandomResizedCrop(8)], exact_resize=1)
     assert "exact_resize=True" in repr(Compose([RandomResizedCrop(8)], exact_resize=True))
+
+
+# --- one call per batch (decode_resize_batch) -----------------------------------------------
+
+
+def _mixed_batch():
+    """JPEGs of every kind the batch call takes or hands back: ImageNet-like photos, 4:4:4,
+    progressive, grayscale, EXIF mirror (2, batched) and rotation (6, per image), a CMYK JPEG,
+    a PNG, small images a 224 crop upsamples, and one a 1/2-scale decode covers."""
+    from kuat.cli.demo_data import load_source_photos, make_jpeg
+
+    photos = load_source_photos()
+    names = sorted(photos)
+    items = []
+    for k in range(6):
+        data, _ = make_jpeg(photos[names[k % len(names)]], 2000 + k)
+        with Image.open(io.BytesIO(data)) as im:
+            items.append((data, *im.size))
+    src = _photo(300, 400, seed=5)
+    items.append((_jpeg(src, quality=90, subsampling=0), 400, 300))
+    items.append((_jpeg(src, quality=85, progressive=True), 400, 300))
+    items.append((_jpeg(np.asarray(Image.fromarray(src).convert("L")), quality=85), 400, 300))
+    for orientation, (w, h) in ((2, (400, 300)), (6, (300, 400))):
+        exif = Image.Exif()
+        exif[0x0112] = orientation
+        items.append((_jpeg(src, quality=90, exif=exif.tobytes()), w, h))
+    b = io.BytesIO()
+    Image.fromarray(src).convert("CMYK").save(b, "JPEG", quality=90)
+    items.append((b.getvalue(), 400, 300))
+    b = io.BytesIO()
+    Image.fromarray(src).save(b, "PNG")
+    items.append((b.getvalue(), 400, 300))
+    items.append((_jpeg(_photo(90, 120, seed=7), quality=90), 120, 90))
+    items.append((_jpeg(_photo(1200, 1600, seed=8), quality=90), 1600, 1200))
+    return items
+
+
+@pytest.mark.parametrize("exact", [False, True])
+def test_batch_call_equals_per_image_calls(roi, monkeypatch, exact):
+    """apply_encoded_many == apply_encoded per sample, pixel for pixel, for every kind of
+    image (batched, handed back, per image), flips, scales, and exact mode (all per image)."""
+    monkeypatch.setattr(kdecode, "_roi", roi)
+    items = _mixed_batch() * 2
+    c = Compose([RandomResizedCrop(96), RandomHorizontalFlip()], exact_resize=exact)
+    datas, widths, heights = zip(*items)
+    out = np.full((len(items), 3, 96, 96), 7, np.uint8)
+    calls = []
+    real = roi.decode_resize_batch
+
+    def counted(jobs, *a):
+        calls.append(len(jobs))
+        return real(jobs, *a)
+
+    monkeypatch.setattr(roi, "decode_resize_batch", counted, raising=False)
+    rngs = [np.random.default_rng(k) for k in range(len(items))]
+    c.apply_encoded_many(datas, widths, heights, rngs, out)
+    for k, (d, w, h) in enumerate(items):
+        ref = c.apply_encoded(d, w, h, np.random.default_rng(k))
+        np.testing.assert_array_equal(out[k], ref, err_msg=f"sample {k}")
+    # fast mode: one call for all batchable samples (not the CMYK, PNG or rotated ones)
+    assert calls == ([] if exact else [len(items) - 3 * 2])
+
+
+def test_batch_call_reports_the_first_bad_sample_as_the_per_image_path_does(roi, monkeypatch):
+    from kuat.errors import DecodeError
+
+    monkeypatch.setattr(kdecode, "_roi", roi)
+    good = _jpeg(_photo(200, 300), quality=90)
+    truncated = good[: len(good) // 3]
+    sos = good.index(b"\xff\xda")
+    recoverable = good[:sos] + b"\x00\x00" + good[sos:]  # libjpeg warns: Pillow decodes it
+    c = Compose([RandomResizedCrop(64)])
+    datas = [good, recoverable, good, truncated, b"not an image", good]
+    out = np.zeros((len(datas), 3, 64, 64), np.uint8)
+    rngs = [np.random.default_rng(k) for k in range(len(datas))]
+    with pytest.raises(DecodeError) as ei:
+        c.apply_encoded_many(datas, [300] * 6, [200] * 6, rngs, out, indices=range(10, 16))
+    assert ei.value.index == 13
+    # without the bad ones, the recoverable JPEG takes the per-image path's Pillow fallback
+    datas = [good, recoverable, good]
+    out = np.zeros((3, 3, 64, 64), np.uint8)
+    c.apply_encoded_many(datas, [300] * 3, [200] * 3, [np.random.default_rng(k) for k in range(3)], out)
+    for k, d in enumerate(datas):
+        np.testing.assert_array_equal(out[k], c.apply_encoded(d, 300, 200, np.random.default_rng(k)))
+
+
+def test_batch_call_validates_out_and_jobs(roi, monkeypatch):
+    monkeypatch.setattr(kdecode, "_roi", roi)
+    c = Compose([RandomResizedCrop(32)])
+    data = _jpeg(_photo(100, 120), quality=90)
+    with pytest.raises(ValueError, match="out must be"):
+        c.apply_encoded_many([data], [120], [100], [np.random.default_rng(0)], np.zeros((1, 3, 16, 16), np.uint8))
+    out = np.zeros((1, 3, 32, 32), np.uint8)
+    taps = kt._taps(64, 32)
+    with pytest.raises(ValueError, match="slot"):
+        roi.decode_resize_batch([(data, 8, 0, 64, 0, 64, 1, 0, *taps, *taps)], out, 1, 32, 32)
+    with pytest.raises(ValueError, match="tap window|taps"):
+        roi.decode_resize_batch([(data, 8, 0, 16, 0, 64, 0, 0, *taps, *taps)], out, 1, 32, 32)
+    with pytest.raises(ValueError, match="cannot hold"):
+        roi.decode_resize_batch([], out, 2, 32, 32)
+    assert roi.decode_resize_batch([], out, 1, 32, 32) == []

@@ -65,6 +65,7 @@ def ingest(data: dict, out_dir: Path, workers: int, nodes: int = 1) -> int:
             rows_per_task=ROWS_PER_TASK,
             progress=False,
             overwrite=True,
+            restart=True,  # time a whole conversion, never a resume of an interrupted run
         )
         return len(kuat.open(dst))
     finally:

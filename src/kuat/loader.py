@@ -196,9 +196,13 @@ class DataLoader(_TorchDataLoader):
             error or Ctrl-C, control comes back at once: busy process workers are terminated,
             busy thread workers are left to finish their current sample and end.
         seed: the run seed; shuffle order depends only on ``(seed, epoch, rank, world_size)``
-            and each sample's randomness on ``(seed, epoch, index)``. ``None`` draws one at
-            construction from torch's default generator (so ``torch.manual_seed`` makes runs
-            reproducible). Pass the same seed on every rank.
+            and each sample's randomness on ``(seed, epoch, index)``. ``None`` (default): the
+            first epoch's ``base_seed`` becomes the seed (``seed`` reads ``None`` until then),
+            so ``torch.manual_seed`` makes runs reproducible. Whatever the seed, the loader
+            draws from torch's default generator (or ``generator``) exactly as torch's
+            DataLoader does, one int64 per epoch (the first epoch only with
+            ``persistent_workers``), so code that shares that generator gets torch's numbers.
+            Pass the same seed on every rank.
         device: ``None``, ``"cpu"`` or a CUDA device: batches are copied there on a side
             stream, one batch ahead. ``ValueError`` at construction when CUDA is absent.
         on_error: ``"raise"`` (default) or ``"skip"``: drop samples whose fetch raises (the
@@ -315,9 +319,7 @@ class DataLoader(_TorchDataLoader):
             )
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer))):
             raise TypeError(f"seed should be an int or None, got {seed=!r}")
-        seed_was_none = seed is None
-        if seed is None:  # drawn once, like torch's base_seed, so torch.manual_seed reproduces it
-            seed = int(torch.empty((), dtype=torch.int64).random_().item())
+        seed_was_none = seed is None  # then the first epoch's base_seed draw becomes the seed
         if snapshot_every_n_steps is not None and (
             isinstance(snapshot_every_n_steps, bool) or not isinstance(snapshot_every_n_steps, int)
             or snapshot_every_n_steps < 1
@@ -341,7 +343,8 @@ class DataLoader(_TorchDataLoader):
         self.in_order = in_order
         self.worker_type = worker_type
         self._auto_worker_type = auto_worker_type and num_workers > 0
-        self.seed = int(seed)
+        self.seed = None if seed is None else int(seed)
+        self._torch_base_seed: int | None = None  # the last base_seed drawn as torch draws it
         self.device = self._device
         self.on_error = on_error
         self.snapshot_every_n_steps = snapshot_every_n_steps
@@ -673,11 +676,8 @@ class DataLoader(_TorchDataLoader):
                     f"the {served} batches served, exact only if its order repeats",
                     stacklevel=2,
                 )
-        self.seed = int(state["seed"])
-        self._job.seed = self.seed
-        self._job_bytes = None
-        if isinstance(self.sampler, EpochSampler):
-            self.sampler.seed = self.seed
+        if state["seed"] is not None:  # None: saved before the first epoch drew it
+            self._set_seed(state["seed"])
         if self._engine is not None:  # persistent workers hold the old seed
             self._engine.close()
             self._engine = None
@@ -789,11 +789,19 @@ class DataLoader(_TorchDataLoader):
         elif callable(getattr(self.sampler, "kuat_set_epoch", None)):  # inside a BatchSampler
             self.sampler.kuat_set_epoch(epoch)  # e.g. kuat.ShardShuffleSampler
         at_start: dict[str, Any] = dict(restore)
-        if self.generator is not None:  # as torch: one base_seed draw per epoch, then the sampler's
+        if self.generator is not None:
             at_start.setdefault("generator", self.generator.get_state())
-            base_seed = int(torch.empty((), dtype=torch.int64).random_(generator=self.generator).item())
-        else:
+        base_seed = self._draw_base_seed()  # then the sampler's draws, as torch
+        if self.seed is None:  # seed=None: the run seed is the first epoch's torch base_seed
+            self._set_seed(base_seed)
+        if self.generator is None:
             base_seed = _base_seed(self.seed, epoch)
+            sampler = self.sampler
+            if isinstance(sampler, EpochSampler) and sampler.shuffle and sampler.num_replicas == 1:
+                # in torch, shuffle=True is a RandomSampler, which draws its own seed from the
+                # default generator every epoch; kuat's order comes from (seed, epoch), but the
+                # draw is made all the same (see _draw_base_seed)
+                torch.empty((), dtype=torch.int64).random_()
         if "sampler" not in at_start and not self._own_sampler and not self._iterable:
             at_start["sampler"] = order_state(self._index_sampler)  # as it starts: after base_seed
         if self._iterable:
@@ -813,6 +821,8 @@ class DataLoader(_TorchDataLoader):
         owner = self._progress_owner() if self._progress_owner is not None else None
         if owner is not None:  # the loader this copy skips for follows on from its position
             owner._progress, owner._pending = self._progress, None
+            if owner.seed is None:  # and from the seed the copy's first epoch drew
+                owner._set_seed(self.seed)
         if self.persistent_workers:
             self._live_iter = weakref.ref(it)
         it._setup(engine, owned, epoch, base_seed, keys, discard, self._progress)
@@ -832,6 +842,26 @@ class DataLoader(_TorchDataLoader):
         else:
             keys = iter(self._index_sampler)
         return itertools.islice(keys, skip, None)
+
+    def _draw_base_seed(self) -> int:
+        """torch's ``base_seed``: one int64 from ``generator`` (torch's default generator
+        without one) each time torch creates an iterator, i.e. every epoch, but only for the
+        first epoch with ``persistent_workers`` (torch then keeps one iterator and resets
+        it). Drawn exactly so, so that swapping torch's DataLoader for kuat's leaves every
+        other user of those generators (model initialisation, a ``RandomSampler`` without a
+        generator, augmentations in the loop) with the numbers it had."""
+        if self.persistent_workers and self._torch_base_seed is not None:
+            return self._torch_base_seed
+        drawn = torch.empty((), dtype=torch.int64).random_(generator=self.generator)
+        self._torch_base_seed = int(drawn.item())
+        return self._torch_base_seed
+
+    def _set_seed(self, seed: int) -> None:
+        self.seed = int(seed)
+        self._job.seed = self.seed
+        self._job_bytes = None
+        if isinstance(self.sampler, EpochSampler):
+            self.sampler.seed = self.seed
 
     def _make_engine(self, base_seed: int):
         if self.num_workers == 0:

@@ -28,6 +28,8 @@ examples:
   kuat convert data.parquet table.kuat --image-field picture
   kuat convert data.txt table.kuat --format csv --delimiter '|'
   kuat convert imagenet21k/train in21k.kuat --engine ray    (on the cluster RAY_ADDRESS names)
+  kuat convert imagenet21k/train s3://bucket/in21k.kuat --engine ray
+      (tasks write shards straight to the bucket; rerun the same command to resume)
 """
 
 
@@ -132,8 +134,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         choices=("local", "ray"),
         default="local",
         help="local: this machine's threads (default); ray: Ray Data tasks on the cluster "
-        "ray.init() finds (RAY_ADDRESS), writing shards into DST on a file system every node "
-        "mounts (ImageFolder, Parquet, JSONL, CSV; needs kuat[ray])",
+        "ray.init() finds (RAY_ADDRESS), writing shards into DST: a path every node mounts, or "
+        "a URL (s3://...); a rerun resumes (ImageFolder, Parquet, JSONL, CSV; needs kuat[ray])",
     )
     p.add_argument(
         "--rows-per-task",
@@ -142,6 +144,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         metavar="N",
         help="(--engine ray, ImageFolder) images one Ray task converts (default 1000, about "
         "one 128M shard of ImageNet JPEGs); tables take one task per input file",
+    )
+    p.add_argument(
+        "--restart",
+        action="store_true",
+        help="(--engine ray) start over instead of resuming the parts an interrupted run of "
+        "the same conversion finished",
     )
     p.add_argument("--split", default=None, help="(hf) the split of a DatasetDict")
     p.add_argument(
@@ -189,7 +197,9 @@ def run(args) -> int:
         storage_options=storage_options(args),
     )
     if args.engine != "local":  # only the converters with a Ray engine take these
-        options.update(engine=args.engine, rows_per_task=args.rows_per_task)
+        options.update(
+            engine=args.engine, rows_per_task=args.rows_per_task, restart=args.restart
+        )
     drop = _DropSkippedSummary()
     logging.getLogger("kuat.convert").addFilter(drop)
     try:

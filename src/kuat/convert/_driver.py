@@ -67,6 +67,9 @@ class ConvertOptions:
             take one task per input file.
         storage_options: fsspec options (credentials, ``endpoint_url``) for URL sources and
             destinations (``s3://...``; see :mod:`kuat.format.fs`).
+        restart: (``engine="ray"``) start over, deleting the finished parts an earlier,
+            interrupted run left; by default a rerun resumes from them (see
+            ``kuat.convert._ray``).
     """
 
     num_workers: int | None = None
@@ -81,12 +84,15 @@ class ConvertOptions:
     engine: str = "local"
     rows_per_task: int = 1000
     storage_options: dict | None = None
+    restart: bool = False
 
     def __post_init__(self):
         if self.on_error not in ON_ERROR:
             raise ValueError(f"on_error={self.on_error!r} must be one of {ON_ERROR}")
         if self.engine not in ENGINES:
             raise ValueError(f"engine={self.engine!r} must be one of {ENGINES}")
+        if not isinstance(self.restart, bool):
+            raise ValueError(f"restart={self.restart!r} must be a bool")
         if not isinstance(self.rows_per_task, int) or self.rows_per_task < 1:
             raise ValueError(f"rows_per_task={self.rows_per_task!r} must be a positive int")
         if self.num_workers is not None and (
@@ -108,11 +114,16 @@ class ConvertOptions:
     def workers(self) -> int:
         return self.num_workers or os.cpu_count() or 1
 
-    def writer_kwargs(self) -> dict:
+    def writer_kwargs(self, dst: str | os.PathLike) -> dict:
+        """The :class:`kuat.Writer` options for the destination ``dst``: ``storage_options``
+        only when ``dst`` is a URL (they may be there for URL sources alone, and a Writer
+        refuses them for a local path)."""
+        from kuat.format.fs import is_url
+
         kw = {"overwrite": self.overwrite}
         if self.shard_bytes is not None:
             kw["shard_bytes"] = self.shard_bytes
-        if self.storage_options:
+        if self.storage_options and is_url(os.fspath(dst)):
             kw["storage_options"] = self.storage_options
         return kw
 
@@ -340,7 +351,7 @@ def converting(dst, schema, opts: ConvertOptions, metadata: dict | None = None):
         )
     t0 = time.perf_counter()
     report = ConvertReport(str(dst))
-    with Writer(dst, schema, metadata=metadata, **opts.writer_kwargs()) as w:
+    with Writer(dst, schema, metadata=metadata, **opts.writer_kwargs(dst)) as w:
         yield w, report
         report.rows = w.num_rows
     report.seconds = time.perf_counter() - t0

@@ -134,7 +134,9 @@ def from_imagefolder(
 
         n = opts.rows_per_task
         parts = [samples[i : i + n] for i in range(0, len(samples), n)]
-        return convert_on_ray(dst, Schema(fields), metadata, opts, parts, write_part)
+        return convert_on_ray(
+            dst, Schema(fields), metadata, opts, parts, write_part, _paths_of_part
+        )
 
     with converting(dst, Schema(fields), opts, metadata) as (w, report):
         for row in parallel_map(
@@ -149,3 +151,8 @@ def from_imagefolder(
         ):
             w.write(row)
     return report
+
+
+def _paths_of_part(part: list[tuple[str, int]]) -> list[str]:
+    """The image files of one Ray part (their sizes and times go into its fingerprint)."""
+    return [path for path, _ in part]

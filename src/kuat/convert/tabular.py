@@ -33,6 +33,7 @@ column, file and row, or the row is skipped with ``on_error="skip"``.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import glob
 import io
@@ -343,34 +344,49 @@ class _Files:
         u = TypeUnifier()
         first_names = None
         for path in self.files:
-            names: dict[str, None] = {}
-            try:
-                if self.kind == "csv":
-                    names.update(dict.fromkeys(self._csv_types(path, u)))
-                elif self.kind == "parquet":
-                    names.update(dict.fromkeys(self._parquet_types(path, u)))
-                else:
-                    row, kept = 0, _Kept(self.kept_bytes)
-                    for batch in self.batches(path):
-                        names.update(dict.fromkeys(batch.schema.names))
-                        u.add(batch, path, row)
-                        row += batch.num_rows
-                        kept.append(batch)
-                    self._keep(path, kept)
-            except (pa.ArrowException, OSError) as e:
-                if isinstance(e, FileNotFoundError):
-                    raise
-                raise FormatError(
-                    f"{path} is not a readable {self.kind} file: {e}", path=path
-                ) from e
-            if first_names is None:
-                first_names = list(names)
-            elif self.kind != "jsonl" and set(names) != set(first_names):
-                raise SchemaError(
-                    f"{path} has columns {list(names)}, but {self.files[0]} has {first_names}"
-                )
+            names = self.infer_file(path, u)
+            first_names = self.check_columns(path, names, first_names)
         self.types = dict(u.types)
         return u
+
+    def infer_file(self, path: str, u: TypeUnifier) -> list[str]:
+        """Pass 1 over one file: its types folded into ``u``; returns its column names.
+
+        Raises:
+            kuat.FormatError: the file does not parse (names it).
+            kuat.SchemaError: a column's values conflict (names the file and row).
+        """
+        names: dict[str, None] = {}
+        try:
+            if self.kind == "csv":
+                names.update(dict.fromkeys(self._csv_types(path, u)))
+            elif self.kind == "parquet":
+                names.update(dict.fromkeys(self._parquet_types(path, u)))
+            else:
+                row, kept = 0, _Kept(self.kept_bytes)
+                for batch in self.batches(path):
+                    names.update(dict.fromkeys(batch.schema.names))
+                    u.add(batch, path, row)
+                    row += batch.num_rows
+                    kept.append(batch)
+                self._keep(path, kept)
+        except (pa.ArrowException, OSError) as e:
+            if isinstance(e, FileNotFoundError):
+                raise
+            raise FormatError(f"{path} is not a readable {self.kind} file: {e}", path=path) from e
+        return list(names)
+
+    def check_columns(self, path: str, names: list[str], first: list[str] | None) -> list[str]:
+        """Every file but JSON Lines (whose records may omit keys) has the first's columns.
+
+        Raises:
+            kuat.SchemaError: ``path``'s columns differ from the first file's.
+        """
+        if first is None:
+            return names
+        if self.kind != "jsonl" and set(names) != set(first):
+            raise SchemaError(f"{path} has columns {names}, but {self.files[0]} has {first}")
+        return first
 
     def table_batches(self) -> Iterator[TableBatch]:
         """Pass 2: the batches of every file, with where they come from."""
@@ -394,6 +410,8 @@ def _from_tables(
     delimiter: str | None = None,
 ) -> ConvertReport:
     files = expand_paths(paths, opts.storage_options)
+    if opts.engine == "ray":
+        return _convert_files_on_ray(kind, files, dst, image_fields, batch_size, opts, delimiter)
     with tempfile.TemporaryDirectory(prefix="kuat-sources-") as stage:
         local = [download(f, stage, opts.storage_options) if is_url(f) else f for f in files]
         try:
@@ -435,6 +453,15 @@ def _convert_files(kind, files, local, dst, image_fields, batch_size, opts, deli
     resolved next to the local file."""
     src = _Files(kind, local, batch_size, delimiter)
     unifier = src.infer()
+    fields, metadata = _plan(kind, files, unifier, src.schema_metadata(local[0]), image_fields)
+    with converting(dst, Schema([f for f, _ in fields]), opts, metadata) as (w, report):
+        write_batches(w, fields, src.table_batches(), opts, report, desc=f"convert {kind}")
+    return report
+
+
+def _plan(kind, files, unifier: TypeUnifier, first_metadata: dict, image_fields):
+    """The kuat fields ``[(Field, arrow type)]`` and the dataset metadata of a conversion,
+    from the unified column types (both engines)."""
     if not unifier.types:
         raise ValueError(f"{files[0]} holds no rows (cannot infer the columns)")
     unknown = [n for n in image_fields if n not in unifier.types]
@@ -442,7 +469,7 @@ def _convert_files(kind, files, local, dst, image_fields, batch_size, opts, deli
         raise ValueError(
             f"image field {unknown[0]!r} is not a column of {files[0]} ({list(unifier.types)})"
         )
-    hf_features = hf_features_of(src.schema_metadata(local[0]))
+    hf_features = hf_features_of(first_metadata)
     fields = []
     for name, t in unifier.types.items():
         md, is_image = hf_metadata((hf_features or {}).get(name))
@@ -456,22 +483,67 @@ def _convert_files(kind, files, local, dst, image_fields, batch_size, opts, deli
     metadata = {"source": kind, "files": [os.path.basename(f) for f in files]}
     if hf_features is not None:
         metadata["hf_features"] = hf_features
-    if opts.engine == "ray":  # one task per file; the tasks re-read what pass 1 kept
-        from kuat.convert._ray import convert_on_ray
+    return fields, metadata
 
-        plan = copy.copy(src)
-        plan.kept, plan.kept_bytes = {}, 0
+
+def _convert_files_on_ray(kind, files, dst, image_fields, batch_size, opts, delimiter):
+    """The Ray engine: one task per input file infers its column types (the driver reads no
+    rows; it unifies the files' types in file order, as the local engine does over the
+    whole input), then one task per file converts it."""
+    from kuat.convert._ray import convert_on_ray, map_on_ray, ray_session
+
+    with ray_session():  # one Ray instance for both passes
+        plan = _Files(kind, files, batch_size, delimiter)
+        found = map_on_ray(_infer_task, files, opts, fn_kwargs={"plan": plan, "opts": opts})
+        unifier, first_names = TypeUnifier(), None
+        for path, (types, names, block, _) in zip(files, found):
+            unifier.update(types)  # a conflict between files names both (file and row)
+            first_names = plan.check_columns(path, names, first_names)
+            if block is not None:
+                plan.csv_block[path] = block
+        plan.types = dict(unifier.types)
+        fields, metadata = _plan(kind, files, unifier, found[0][3], image_fields)
 
         def write_part(w, path: str, part_opts: ConvertOptions, report: ConvertReport) -> None:
-            one = copy.copy(plan)
-            one.files = [path]
-            write_batches(w, fields, one.table_batches(), part_opts, report, desc=f"convert {kind}")
+            with _local_copy(path, part_opts) as local:
+                one = copy.copy(plan)
+                one.files, one.kept, one.kept_bytes = [local], {}, 0
+                one.csv_block = {local: plan.csv_block.get(path, _CSV_BLOCK)}
+                write_batches(
+                    w, fields, one.table_batches(), part_opts, report, desc=f"convert {kind}"
+                )
 
         schema = Schema([f for f, _ in fields])
-        return convert_on_ray(dst, schema, metadata, opts, files, write_part)
-    with converting(dst, Schema([f for f, _ in fields]), opts, metadata) as (w, report):
-        write_batches(w, fields, src.table_batches(), opts, report, desc=f"convert {kind}")
-    return report
+        return convert_on_ray(dst, schema, metadata, opts, files, write_part, _path_of_part)
+
+
+def _path_of_part(path: str) -> list[str]:
+    """The one input file of a Ray part (its size and time go into its fingerprint)."""
+    return [path]
+
+
+def _infer_task(path: str, k: int, payload: bytes, *, plan: _Files, opts: ConvertOptions):
+    """Ray task: pass 1 over one file -> ``(its TypeUnifier, its column names, its CSV block
+    size or None, the first file's schema metadata)``."""
+    with _local_copy(path, opts) as local:
+        one = copy.copy(plan)
+        # kept_bytes past the budget: pass 1 keeps no batches in memory (pass 2 is another task)
+        one.files, one.kept, one.kept_bytes, one.csv_block = [local], {}, _KEEP_BYTES + 1, {}
+        u = TypeUnifier()
+        names = one.infer_file(local, u)
+        for name in list(u.seen_at):  # name the file as the user did, not its local copy
+            u.seen_at[name] = u.seen_at[name].replace(local, path, 1)
+        return u, names, one.csv_block.get(local), one.schema_metadata(local) if k == 0 else {}
+
+
+@contextlib.contextmanager
+def _local_copy(path: str, opts: ConvertOptions):
+    """``path`` itself, or a URL downloaded into a temporary directory for the block."""
+    if not is_url(path):
+        yield path
+        return
+    with tempfile.TemporaryDirectory(prefix="kuat-sources-") as stage:
+        yield download(path, stage, opts.storage_options)
 
 
 def _opts(kw: dict) -> ConvertOptions:

@@ -46,6 +46,12 @@ def _decodes_batches(t: object) -> bool:
     return hasattr(t, "apply_encoded_batch") and str(getattr(t, "decode_device", "cpu")) != "cpu"
 
 
+def _fills_buffers(t: object) -> bool:
+    """A fused transform that fills a whole batch buffer in one call
+    (``kuat.vision.protocol.BufferBatchTransform``: ``apply_encoded_many``)."""
+    return callable(getattr(t, "apply_encoded_many", None))
+
+
 _LOCATION_KW: dict[type, bool] = {}
 
 
@@ -284,6 +290,13 @@ class Dataset:
                 from kuat.collate import new_batch_buffer
 
                 buf = new_batch_buffer((len(index_list), 3, h, w), torch.uint8)  # (B, 3, H, W)
+                if _fills_buffers(t):  # the whole batch in one call (GIL released once)
+                    rngs = [sample_rng(i).numpy for i in index_list]
+                    t.apply_encoded_many(
+                        c.data, widths, heights, rngs, buf.numpy(), indices=index_list,
+                        sources=sources,
+                    )  # fmt: skip
+                    return list(buf.unbind(0))  # B views: collate returns buf without copying
                 for j, (d, wd, ht, i, s) in enumerate(
                     zip(c.data, widths, heights, index_list, sources)
                 ):

@@ -33,6 +33,17 @@
  * are torch's. Fused here: the interleaved -> planar layout change and the flip, which
  * otherwise cost a strided copy of the output. The GIL is released.
  *
+ * decode_resize_batch(jobs, out, n_slots, out_h, out_w) -> [(job_index, message), ...]
+ *   jobs   sequence of (data, scale_num, y0, y1, x0, x1, slot, flip, x_start, x_weights,
+ *          x_taps, x_precision, y_start, y_weights, y_taps, y_precision): decode_crop's
+ *          arguments (RGBX) and resize_planar's, the output going to out[slot]
+ *   out    writable C-contiguous (n_slots, 3, out_h, out_w) uint8: the batch buffer
+ * Every job of a batch in one call with the GIL released once (a thread worker then holds
+ * the GIL only to plan the batch: per-image calls made 16 decoding threads contend for it
+ * twice per image). Returns the jobs that could not be decoded with the reason (their slots
+ * are left unwritten: the caller decodes them one by one, which reports or falls back);
+ * malformed jobs (slot, box, taps) raise ValueError before anything is decoded.
+ *
  * load(path) -> (copyright, file)
  *   dlopen a libjpeg-turbo (the 62 ABI) and route every jpeg_* call below through it; returns
  *   the library's copyright line and the file it was loaded from. Raises OSError if it cannot be loaded, lacks a symbol, or
@@ -106,29 +117,23 @@ static void kuat_emit_message(j_common_ptr cinfo, int msg_level) {
     }
 }
 
-static PyObject *decode_crop(PyObject *self, PyObject *args) {
-    if (kj.read_scanlines == NULL)
-        return PyErr_Format(PyExc_RuntimeError, "no libjpeg loaded: call load(path) first");
-    Py_buffer data, out;
-    int scale_num, channels = 3;
-    unsigned int y0, y1, x0, x1;
-    if (!PyArg_ParseTuple(args, "y*iIIIIw*|i", &data, &scale_num, &y0, &y1, &x0, &x1, &out,
-                          &channels))
-        return NULL;
-    if (channels != 3 && channels != 4) {
-        PyBuffer_Release(&data);
-        PyBuffer_Release(&out);
-        return PyErr_Format(PyExc_ValueError, "channels must be 3 or 4, got %d", channels);
-    }
+/* The decode of one crop, without the GIL: rows [y0, y1) and columns [x0, x1) of the JPEG at
+ * scale_num / 8 into `out` (out_len bytes, rows of (x1 - x0) * channels bytes). Returns
+ * ROI_OK, ROI_CORRUPT (libjpeg failed or warned: corrupt or truncated data) or ROI_BAD_ARGS
+ * (unsupported colour space, box outside the image, buffer too small, out of memory); the
+ * reason is written to msg (ROI_MSG bytes). Calls no Python API. */
+enum { ROI_OK = 0, ROI_CORRUPT = 1, ROI_BAD_ARGS = 2, ROI_MSG = 160 };
 
+static int roi_decode(const unsigned char *buf, size_t len, int scale_num, unsigned int y0,
+                      unsigned int y1, unsigned int x0, unsigned int x1, unsigned char *out,
+                      size_t out_len, int channels, char *msg) {
     struct jpeg_decompress_struct cinfo;
     kuat_error_mgr jerr;
     volatile int failed = 0, bad_args = 0; /* volatile: read after a longjmp */
-    char arg_message[160] = "";
     JDIMENSION xoff = 0, width = 0;
     unsigned char *volatile row_free = NULL; /* volatile: survives longjmp */
+    msg[0] = '\0';
 
-    Py_BEGIN_ALLOW_THREADS
     cinfo.err = jpeg_std_error(&jerr.pub);
     jerr.pub.error_exit = kuat_error_exit;
     jerr.pub.emit_message = kuat_emit_message;
@@ -137,12 +142,12 @@ static PyObject *decode_crop(PyObject *self, PyObject *args) {
         failed = 1;
     } else {
         jpeg_create_decompress(&cinfo);
-        jpeg_mem_src(&cinfo, (const unsigned char *)data.buf, (unsigned long)data.len);
+        jpeg_mem_src(&cinfo, buf, (unsigned long)len);
         jpeg_read_header(&cinfo, TRUE);
         if (cinfo.jpeg_color_space != JCS_YCbCr && cinfo.jpeg_color_space != JCS_GRAYSCALE &&
             cinfo.jpeg_color_space != JCS_RGB) {
             bad_args = 1;
-            snprintf(arg_message, sizeof arg_message, "unsupported JPEG colour space %d",
+            snprintf(msg, ROI_MSG, "unsupported JPEG colour space %d",
                      (int)cinfo.jpeg_color_space);
         } else {
             /* RGBX: 4 bytes per pixel, the layout torch's uint8 resize kernel works in */
@@ -154,7 +159,7 @@ static PyObject *decode_crop(PyObject *self, PyObject *args) {
             jpeg_start_decompress(&cinfo);
             if (y0 >= y1 || y1 > cinfo.output_height || x0 >= x1 || x1 > cinfo.output_width) {
                 bad_args = 1;
-                snprintf(arg_message, sizeof arg_message,
+                snprintf(msg, ROI_MSG,
                          "crop rows [%u, %u) cols [%u, %u) outside the %ux%u scaled image",
                          y0, y1, x0, x1, cinfo.output_width, cinfo.output_height);
             } else {
@@ -174,23 +179,21 @@ static PyObject *decode_crop(PyObject *self, PyObject *args) {
                 row_free = row_buf;
                 if (row_buf == NULL) {
                     bad_args = 1;
-                    snprintf(arg_message, sizeof arg_message, "out of memory");
-                } else if ((size_t)out.len < out_stride * (y1 - y0)) {
+                    snprintf(msg, ROI_MSG, "out of memory");
+                } else if (out_len < out_stride * (y1 - y0)) {
                     bad_args = 1;
-                    snprintf(arg_message, sizeof arg_message,
-                             "out buffer of %zd bytes is smaller than %zu", out.len,
-                             out_stride * (y1 - y0));
+                    snprintf(msg, ROI_MSG, "out buffer of %zu bytes is smaller than %zu",
+                             out_len, out_stride * (y1 - y0));
                 } else {
                     if (y0 > 0)
                         jpeg_skip_scanlines(&cinfo, y0);
-                    unsigned char *dst = (unsigned char *)out.buf;
                     const unsigned char *src = row_buf + (size_t)(x0 - xoff) * channels;
                     JSAMPROW row = row_buf;
                     /* the row stays in L1; only the crop's columns reach `out`, contiguous */
                     while (cinfo.output_scanline < y1) {
                         size_t r = cinfo.output_scanline - y0;
                         jpeg_read_scanlines(&cinfo, &row, 1);
-                        memcpy(dst + out_stride * r, src, out_stride);
+                        memcpy(out + out_stride * r, src, out_stride);
                     }
                 }
             }
@@ -199,16 +202,37 @@ static PyObject *decode_crop(PyObject *self, PyObject *args) {
     }
     jpeg_destroy_decompress(&cinfo);
     free(row_free);
-    Py_END_ALLOW_THREADS
+    if (failed) {
+        snprintf(msg, ROI_MSG, "JPEG decode failed: %s", jerr.message);
+        return ROI_CORRUPT;
+    }
+    return bad_args ? ROI_BAD_ARGS : ROI_OK;
+}
 
+static PyObject *decode_crop(PyObject *self, PyObject *args) {
+    if (kj.read_scanlines == NULL)
+        return PyErr_Format(PyExc_RuntimeError, "no libjpeg loaded: call load(path) first");
+    Py_buffer data, out;
+    int scale_num, channels = 3;
+    unsigned int y0, y1, x0, x1;
+    if (!PyArg_ParseTuple(args, "y*iIIIIw*|i", &data, &scale_num, &y0, &y1, &x0, &x1, &out,
+                          &channels))
+        return NULL;
+    if (channels != 3 && channels != 4) {
+        PyBuffer_Release(&data);
+        PyBuffer_Release(&out);
+        return PyErr_Format(PyExc_ValueError, "channels must be 3 or 4, got %d", channels);
+    }
+    char msg[ROI_MSG];
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = roi_decode((const unsigned char *)data.buf, (size_t)data.len, scale_num, y0, y1, x0,
+                    x1, (unsigned char *)out.buf, (size_t)out.len, channels, msg);
+    Py_END_ALLOW_THREADS
     PyBuffer_Release(&data);
     PyBuffer_Release(&out);
-    if (failed) {
-        PyErr_Format(PyExc_ValueError, "JPEG decode failed: %s", jerr.message);
-        return NULL;
-    }
-    if (bad_args) {
-        PyErr_SetString(PyExc_ValueError, arg_message);
+    if (rc != ROI_OK) {
+        PyErr_SetString(PyExc_ValueError, msg);
         return NULL;
     }
     Py_RETURN_NONE;
@@ -578,12 +602,144 @@ static PyObject *load(PyObject *self, PyObject *args) {
                          file);
 }
 
+/* One job of decode_resize_batch: a crop decoded and resized into one batch slot. */
+typedef struct {
+    Py_buffer data, xs, xw, ys, yw;
+    int scale_num, slot, flip, xt, xp, yt, yp;
+    unsigned int y0, y1, x0, x1;
+    int held; /* buffers to release */
+} roi_job;
+
+static void release_job(roi_job *j) {
+    if (!j->held)
+        return;
+    PyBuffer_Release(&j->data);
+    PyBuffer_Release(&j->xs);
+    PyBuffer_Release(&j->xw);
+    PyBuffer_Release(&j->ys);
+    PyBuffer_Release(&j->yw);
+    j->held = 0;
+}
+
+static PyObject *decode_resize_batch(PyObject *self, PyObject *args) {
+    if (kj.read_scanlines == NULL)
+        return PyErr_Format(PyExc_RuntimeError, "no libjpeg loaded: call load(path) first");
+    PyObject *jobs_obj;
+    Py_buffer out;
+    int n_slots, out_h, out_w;
+    if (!PyArg_ParseTuple(args, "Ow*iii", &jobs_obj, &out, &n_slots, &out_h, &out_w))
+        return NULL;
+    PyObject *result = NULL, *seq = NULL;
+    roi_job *jobs = NULL;
+    int *codes = NULL;
+    char *msgs = NULL;
+    Py_ssize_t n = 0, parsed = 0;
+    const size_t slot_bytes = (size_t)3 * (size_t)(out_h > 0 ? out_h : 0) * (out_w > 0 ? out_w : 0);
+    if (out_h <= 0 || out_w <= 0 || n_slots < 0 || (size_t)out.len < slot_bytes * n_slots) {
+        PyErr_Format(PyExc_ValueError, "out of %zd bytes cannot hold %d slots of 3x%dx%d",
+                     out.len, n_slots, out_h, out_w);
+        goto done;
+    }
+    seq = PySequence_Fast(jobs_obj, "jobs must be a sequence of tuples");
+    if (seq == NULL)
+        goto done;
+    n = PySequence_Fast_GET_SIZE(seq);
+    jobs = (roi_job *)calloc(n > 0 ? n : 1, sizeof(roi_job));
+    codes = (int *)calloc(n > 0 ? n : 1, sizeof(int));
+    msgs = (char *)calloc(n > 0 ? n : 1, ROI_MSG);
+    if (jobs == NULL || codes == NULL || msgs == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    size_t max_crop = 0, max_tmp = 0;
+    for (; parsed < n; parsed++) {
+        roi_job *j = &jobs[parsed];
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, parsed), "y*iIIIIiiy*y*iiy*y*ii",
+                              &j->data, &j->scale_num, &j->y0, &j->y1, &j->x0, &j->x1,
+                              &j->slot, &j->flip, &j->xs, &j->xw, &j->xt, &j->xp, &j->ys,
+                              &j->yw, &j->yt, &j->yp))
+            goto done;
+        j->held = 1;
+        if (j->slot < 0 || j->slot >= n_slots || j->y0 >= j->y1 || j->x0 >= j->x1 ||
+            (j->scale_num != 1 && j->scale_num != 2 && j->scale_num != 4 && j->scale_num != 8)) {
+            PyErr_Format(PyExc_ValueError, "job %zd: slot %d of %d, rows [%u, %u), cols [%u, %u), "
+                         "scale %d/8", parsed, j->slot, n_slots, j->y0, j->y1, j->x0, j->x1,
+                         j->scale_num);
+            goto done;
+        }
+        int h = (int)(j->y1 - j->y0), w = (int)(j->x1 - j->x0);
+        if (check_taps(&j->xs, &j->xw, out_w, j->xt, j->xp, w, "column") != 0 ||
+            check_taps(&j->ys, &j->yw, out_h, j->yt, j->yp, h, "row") != 0)
+            goto done;
+        size_t crop = (size_t)h * w * 4, tmp = (size_t)3 * h * out_w;
+        if (crop > max_crop)
+            max_crop = crop;
+        if (tmp > max_tmp)
+            max_tmp = tmp;
+    }
+    unsigned char *crop_buf = NULL, *tmp_buf = NULL;
+    int32_t *acc = NULL;
+    int oom = 0;
+    Py_BEGIN_ALLOW_THREADS
+    crop_buf = (unsigned char *)malloc(max_crop ? max_crop : 1);
+    tmp_buf = (unsigned char *)malloc(max_tmp ? max_tmp : 1);
+    acc = (int32_t *)malloc((size_t)out_w * sizeof(int32_t));
+    if (crop_buf == NULL || tmp_buf == NULL || acc == NULL) {
+        oom = 1;
+    } else {
+        for (Py_ssize_t i = 0; i < n; i++) {
+            roi_job *j = &jobs[i];
+            int h = (int)(j->y1 - j->y0), w = (int)(j->x1 - j->x0);
+            codes[i] = roi_decode((const unsigned char *)j->data.buf, (size_t)j->data.len,
+                                  j->scale_num, j->y0, j->y1, j->x0, j->x1, crop_buf, max_crop,
+                                  4, msgs + (size_t)i * ROI_MSG);
+            if (codes[i] != ROI_OK)
+                continue;
+            horizontal_pass(crop_buf, h, w, 4, tmp_buf, out_w, j->flip,
+                            (const int32_t *)j->xs.buf, (const int16_t *)j->xw.buf, j->xt, j->xp);
+            vertical_pass(tmp_buf, h, (unsigned char *)out.buf + slot_bytes * j->slot, out_h,
+                          out_w, acc, (const int32_t *)j->ys.buf, (const int16_t *)j->yw.buf,
+                          j->yt, j->yp);
+        }
+    }
+    free(crop_buf);
+    free(tmp_buf);
+    free(acc);
+    Py_END_ALLOW_THREADS
+    if (oom) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    result = PyList_New(0);
+    for (Py_ssize_t i = 0; result != NULL && i < n; i++) {
+        if (codes[i] == ROI_OK)
+            continue;
+        PyObject *item = Py_BuildValue("(ns)", i, msgs + (size_t)i * ROI_MSG);
+        if (item == NULL || PyList_Append(result, item) != 0)
+            Py_CLEAR(result);
+        Py_XDECREF(item);
+    }
+done:
+    for (Py_ssize_t i = 0; jobs != NULL && i < n; i++)
+        release_job(&jobs[i]);
+    free(jobs);
+    free(codes);
+    free(msgs);
+    Py_XDECREF(seq);
+    PyBuffer_Release(&out);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"load", load, METH_VARARGS,
      "load(path) -> (copyright, file): dlopen the libjpeg-turbo every decode uses"},
     {"resize_planar", resize_planar, METH_VARARGS,
      "resize_planar(src, h, w, channels, out, out_h, out_w, flip, x_start, x_weights, x_taps, "
      "x_precision, y_start, y_weights, y_taps, y_precision) -> None"},
+    {"decode_resize_batch", decode_resize_batch, METH_VARARGS,
+     "decode_resize_batch(jobs, out, n_slots, out_h, out_w) -> [(job, message), ...]: each job "
+     "(data, scale_num, y0, y1, x0, x1, slot, flip, x_start, x_weights, x_taps, x_precision, "
+     "y_start, y_weights, y_taps, y_precision) decoded and resized into out[slot]"},
     {"decode_crop", decode_crop, METH_VARARGS,
      "decode_crop(data, scale_num, y0, y1, x0, x1, out, channels=3) -> None: the crop, contiguous"},
     {NULL, NULL, 0, NULL}};

@@ -224,6 +224,35 @@ def resize_rgbx_planar(src: np.ndarray, out: np.ndarray, flip: bool, x_taps, y_t
     return True
 
 
+def roi_batch_available() -> bool:
+    """Whether the ROI decoder can decode and resize a whole batch in one call
+    (:func:`decode_resize_batch`). Internal."""
+    return getattr(_roi, "decode_resize_batch", None) is not None
+
+
+def decode_resize_batch(jobs: list[tuple], out: np.ndarray) -> list[tuple[int, str]]:
+    """Decode and resize every job into its slot of ``out`` in one C call, the GIL released
+    once for the whole batch (see ``decode_resize_batch`` in ``_roijpeg.c``).
+
+    Args:
+        jobs: per image ``(data, scale_num, y0, y1, x0, x1, slot, flip, *x_taps, *y_taps)``:
+            :func:`decode_jpeg_roi`'s region (RGBX) and :func:`resize_rgbx_planar`'s taps.
+        out: ``(B, 3, H, W)`` uint8, C-contiguous: the batch buffer; job ``k`` writes
+            ``out[slot]`` only.
+
+    Returns:
+        ``(job_index, reason)`` for each job that could not be decoded (corrupt data,
+        libjpeg warnings): its slot is left as it was, for the caller's per-image path.
+
+    Raises:
+        ValueError: a malformed job (slot, box or taps out of range), before any decode.
+    """
+    b, c, h, w = out.shape
+    if c != 3 or out.dtype != np.uint8 or not out.flags.c_contiguous:
+        raise ValueError(f"out must be C-contiguous (B, 3, H, W) uint8, got {out.shape} {out.dtype}")
+    return _roi.decode_resize_batch(jobs, out, b, h, w)
+
+
 def _decode_pil(data, min_scale, max_pixels, index, source) -> Decoded:
     from PIL import Image
 

@@ -13,7 +13,9 @@ What the kuat source (:mod:`kuat.sources.dataset`) relies on, and nothing else:
 * ``output_size()`` (optional): a fixed size gives the batch one ``(B, 3, H, W)`` buffer;
 * ``batch_transform()`` (optional): the per-batch step the loader's device stage applies;
 * :class:`BatchDecodingTransform` (optional): ``decode_device`` other than ``"cpu"`` and
-  ``apply_encoded_batch``, called once per batch instead of ``apply_encoded`` per sample.
+  ``apply_encoded_batch``, called once per batch instead of ``apply_encoded`` per sample;
+* :class:`BufferBatchTransform` (optional, with a fixed ``output_size()``):
+  ``apply_encoded_many``, which fills the whole batch buffer in one call.
 """
 
 from __future__ import annotations
@@ -108,4 +110,37 @@ class BatchDecodingTransform(FusedImageTransform, Protocol):
 
         Raises:
             kuat.DecodeError: an image cannot be decoded (names its index and source).
+        """
+
+
+@runtime_checkable
+class BufferBatchTransform(FusedImageTransform, Protocol):
+    """A fused transform that fills a whole ``(B, 3, H, W)`` batch buffer in one call (the
+    CPU decode of ``kuat.vision.Compose``: one GIL-free C call per batch), used instead of
+    ``apply_encoded`` per sample when ``output_size()`` is fixed."""
+
+    def apply_encoded_many(
+        self,
+        datas: list,
+        widths: list[int],
+        heights: list[int],
+        rngs: list[np.random.Generator],
+        out: np.ndarray,
+        *,
+        indices: list[int] | None = None,
+        sources: list[str] | None = None,
+    ) -> np.ndarray:
+        """Write sample ``j``'s pixels into ``out[j]`` for every ``j``: the same pixels as
+        ``apply_encoded(datas[j], widths[j], heights[j], rngs[j], out=out[j])``.
+
+        Args:
+            datas: B encoded images; widths, heights: their oriented sizes (B ints each);
+            rngs: the B samples' generators; indices, sources: for error messages.
+            out: ``(B, 3, H, W)`` uint8, C-contiguous, ``(H, W) == output_size()``.
+
+        Returns:
+            ``out``.
+
+        Raises:
+            kuat.DecodeError: an image cannot be decoded (the first such sample, by position).
         """

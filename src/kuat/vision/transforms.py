@@ -78,8 +78,10 @@ from kuat.vision.decode import (
     _pick_scale,
     decode_image,
     decode_jpeg_roi,
+    decode_resize_batch,
     decode_stored,
     resize_rgbx_planar,
+    roi_batch_available,
     roi_header,
 )
 from kuat.vision.geometry import snap, stored_crop_box
@@ -640,6 +642,97 @@ class Compose(_Transform):
         if width <= 0 or height <= 0:
             raise ValueError(f"width and height must be positive, got {width}x{height}")
         plan = self.plan(width, height, rng)
+        return self._apply_planned(data, width, height, plan, rng, out, index, source)
+
+    def apply_encoded_many(self, datas, widths, heights, rngs, out, *, indices=None, sources=None):
+        """:meth:`apply_encoded` for a batch, into the batch buffer: ``out[j]`` gets sample
+        ``j``'s pixels, the same as ``apply_encoded(datas[j], ..., rngs[j], out=out[j])``.
+
+        The JPEGs the fused path takes (ROI decoder built, EXIF orientation 1 or 2, no padding
+        window, ``exact_resize=False``) are decoded and resized in one C call that releases the
+        GIL once for the whole batch: a thread worker then holds the GIL only while it plans the
+        boxes, where one call per image made many decoding threads (16 on a GPU host) queue for
+        it twice per image. The other samples, and any the batch call could not decode, go
+        through :meth:`apply_encoded`'s per-image path, in sample order (so an error names the
+        same sample it would name there).
+
+        Args:
+            datas: B encoded images (bytes-like).
+            widths, heights: B sizes after EXIF orientation (from the dataset's index).
+            rngs: B ``numpy.random.Generator`` s, one per sample (as ``apply_encoded``'s).
+            out: ``(B, 3, H, W)`` uint8 NumPy array, C-contiguous, with ``(H, W) ==
+                output_size()``.
+            indices, sources: B sample indices and shards/files, for error messages only.
+
+        Returns:
+            ``out``.
+
+        Raises:
+            kuat.DecodeError: a sample cannot be decoded (the lowest such ``j``).
+            ValueError: ``out`` has the wrong shape, dtype or layout, or the output size is
+                not fixed.
+        """
+        _single_threaded_torch()
+        n = len(datas)
+        size = self._output_size
+        if size is None or out.shape != (n, 3, *size) or out.dtype != np.uint8:
+            raise ValueError(
+                f"out must be ({n}, 3, H, W) uint8 with (H, W) = output_size() = {size}, "
+                f"got {out.shape} {out.dtype}"
+            )
+        indices = list(indices) if indices is not None else [None] * n
+        sources = list(sources) if sources is not None else [None] * n
+        batched = roi_batch_available() and not self.exact_resize and out.flags.c_contiguous
+        jobs, job_samples, later = [], [], []  # later: (j, plan) for the per-image path
+        for j in range(n):
+            width, height = int(widths[j]), int(heights[j])
+            if width <= 0 or height <= 0:
+                raise ValueError(f"width and height must be positive, got {width}x{height}")
+            plan = self.plan(width, height, rngs[j])
+            job = self._batch_job(datas[j], width, height, plan, j, size) if batched else None
+            if job is None:
+                later.append((j, plan))
+            else:
+                jobs.append(job)
+                job_samples.append((j, plan))
+        if jobs:
+            for k, reason in decode_resize_batch(jobs, out):
+                logger.debug("batch decode skipped sample %s: %s", indices[job_samples[k][0]], reason)
+                later.append(job_samples[k])
+        for j, plan in sorted(later, key=lambda jp: jp[0]):
+            self._apply_planned(
+                datas[j], int(widths[j]), int(heights[j]), plan, rngs[j], out[j],
+                indices[j], sources[j],
+            )  # fmt: skip
+        return out
+
+    def _batch_job(self, data, width, height, plan, slot, size) -> tuple | None:
+        """``decode_resize_batch``'s job for one sample, or ``None`` when it needs the
+        per-image path (not fusable, not a JPEG the ROI decoder takes, rotated by EXIF, a
+        padding window, over ``max_pixels``: the per-image path raises that error)."""
+        if not plan.fusable or plan.window() is not None or (plan.res_h, plan.res_w) != size:
+            return None
+        hdr = roi_header(data)
+        if hdr is None or hdr.orientation in _UNFUSED_ORIENTATIONS:
+            return None
+        if self.max_pixels is not None and hdr.width * hdr.height > self.max_pixels:
+            return None
+        k = _pick_scale(plan.min_scale())
+        s = k / 8
+        ph, pw = -(-hdr.height * k // 8), -(-hdr.width * k // 8)  # libjpeg's scaled size
+        top, left, bh, bw = stored_crop_box(
+            plan, hdr.orientation, hdr.height, hdr.width, width, height
+        )
+        y0, y1 = snap(top, bh, s, ph)
+        x0, x1 = snap(left, bw, s, pw)
+        flip = plan.flip != (hdr.orientation == 2)  # EXIF 2 is a mirror: one more flip
+        return (
+            data, k, y0, y1, x0, x1, slot, int(flip),
+            *_taps(x1 - x0, size[1]), *_taps(y1 - y0, size[0]),
+        )  # fmt: skip
+
+    def _apply_planned(self, data, width, height, plan, rng, out, index, source):
+        """:meth:`apply_encoded` after the plan is drawn."""
         if not plan.fusable:
             return self._apply_unfused(data, rng, out, index, source)
         oh, ow = plan.cur_h, plan.cur_w
