@@ -21,8 +21,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("sources", nargs="+", help="kuat dataset directories, in order")
-    p.add_argument("-o", "--out", required=True, help="the merged dataset directory")
+    p.add_argument("sources", nargs="+", help="kuat dataset directories or URLs, in order")
+    p.add_argument("-o", "--out", required=True, help="the merged dataset directory or URL")
     p.add_argument(
         "--link",
         choices=("auto", "hardlink", "copy"),
@@ -30,7 +30,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         help="hard-link shards (falling back to copies: auto), or only one of them",
     )
     p.add_argument("--overwrite", action="store_true", help="replace an existing dataset at OUT")
-    add_storage_options(p)
+    add_storage_options(
+        p,
+        "every URL among SOURCES and --out (stores that need different options: merge in "
+        "two steps)",
+    )
     return p
 
 
