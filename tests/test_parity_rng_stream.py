@@ -99,3 +99,35 @@ def test_a_skip_first_batches_copy_hands_its_drawn_seed_to_the_loader_it_skips_f
     first = [[b.tolist() for b in whole] for _ in range(2)]
     assert tail == first[0][2:]
     assert [b.tolist() for b in dl] == first[1]  # the next epoch: the same seed, epoch 1
+
+
+@pytest.mark.parametrize("num_workers,worker_type,persistent", MODES)
+@pytest.mark.parametrize("order_from", ["shuffle-generator", "user-RandomSampler-generator"])
+@pytest.mark.parametrize("take", [1, 10, 13])
+def test_an_epoch_left_early_leaves_the_generator_as_torchs(order_from, take, num_workers, worker_type, persistent):
+    """A loop that leaves an epoch after ``take`` of its 16 batches (``limit_train_batches``,
+    ``break``): torch's iterator has pulled ``prefetch_factor * num_workers + take`` batches from
+    the sampler, and the pull that exhausts a ``RandomSampler`` draws one more ``randperm`` from
+    its generator; kuat pulls on demand (and further ahead for cheap batches), so it paces the
+    pulls to torch's. The next epoch's order and the generator's draws after it equal torch's."""
+
+    def run(cls):
+        torch.manual_seed(0)
+        g = torch.Generator().manual_seed(7)
+        kw = dict(batch_size=4, num_workers=num_workers, persistent_workers=persistent)
+        if cls is kuat.DataLoader and worker_type is not None:
+            kw["worker_type"] = worker_type
+        if order_from == "shuffle-generator":
+            dl = cls(range(64), shuffle=True, generator=g, **kw)
+        else:
+            dl = cls(range(64), sampler=RandomSampler(range(64), generator=g), **kw)
+        out = []
+        for _ in range(3):
+            it = iter(dl)
+            out.append([next(it).tolist() for _ in range(take)])
+            del it
+            out.append(torch.randint(0, 2**31, (2,), generator=g).tolist())
+            out.append(torch.randint(0, 2**31, (2,)).tolist())
+        return out
+
+    assert run(kuat.DataLoader) == run(TorchDataLoader)

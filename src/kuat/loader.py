@@ -53,7 +53,7 @@ import threading
 import time
 import warnings
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import numpy as np
@@ -1087,6 +1087,65 @@ def _batched(indices, batch_size: int, drop_last: bool):
         yield batch
 
 
+class _PacedKeys:
+    """An epoch's keys (batches of indices, or one index), pulled from the sampler no later
+    than torch's multi-worker iterator pulls them: ``prefetch_factor * num_workers`` when the
+    epoch starts, then one more per batch it returns (``_try_put_index``). kuat's dispatch pulls
+    on demand and may pull fewer (or, for cheap batches, more); the pull that exhausts the
+    sampler draws from its generator (``RandomSampler``'s trailing ``randperm``), so a loop that
+    leaves an epoch early (``limit_train_batches``, ``break``) would otherwise leave that
+    generator one draw behind torch's. :meth:`keep_up` pulls the missing keys into a queue that
+    dispatch takes first; :meth:`may_pull` keeps dispatch (which may run further ahead, by
+    ``_CHEAP_PREFETCH``) from making the exhausting pull before torch would, when the number of
+    keys is known. Not thread-safe (the consumer thread's)."""
+
+    __slots__ = ("_keys", "_queue", "_ahead", "_count", "pulled", "exhausted")
+
+    def __init__(self, keys: Iterator, ahead: int, count: int | None):
+        self._keys = keys
+        self._queue: collections.deque = collections.deque()
+        self._ahead = ahead
+        self._count = count  # keys in the epoch (len of the batch sampler), None if unknown
+        self.pulled = 0
+        self.exhausted = False
+
+    def may_pull(self, returned: int, in_flight: int) -> bool:
+        """False when the next pull would be the exhausting one (all ``count`` keys pulled)
+        and torch would not make it yet; never False with nothing in flight (a sampler whose
+        ``len`` is short of its keys still ends its epoch only when it is exhausted)."""
+        if self._queue or self.exhausted or in_flight == 0 or self._count is None:
+            return True
+        return self.pulled < self._count or self.pulled < self._ahead + returned
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self._queue:
+            return self._queue.popleft()
+        return self._pull()
+
+    def _pull(self):
+        if self.exhausted:
+            raise StopIteration
+        try:
+            key = next(self._keys)
+        except StopIteration:
+            self.exhausted = True
+            raise
+        self.pulled += 1
+        return key
+
+    def keep_up(self, returned: int) -> None:
+        """Pull (and queue) keys until torch would have pulled as many after ``returned``
+        batches."""
+        while not self.exhausted and self.pulled < self._ahead + returned:
+            try:
+                self._queue.append(self._pull())
+            except StopIteration:
+                return
+
+
 class _LoaderIter:
     """One epoch of a :class:`DataLoader`: dispatches tasks, restores order, yields batches.
 
@@ -1106,7 +1165,17 @@ class _LoaderIter:
         self._engine = engine
         self._owned = owned
         self._epoch, self._base_seed = epoch, base_seed
-        self._keys = keys
+        # torch pulls ahead only with workers (its single-process iterator pulls per batch,
+        # as kuat's inline engine does)
+        nw = loader.num_workers
+        count = None
+        if nw and not loader._iterable and progress[1] == 0:
+            try:
+                count = loader._len()
+            except (TypeError, NotImplementedError):
+                count = None
+        self._keys = _PacedKeys(keys, loader.prefetch_factor * nw, count) if nw else keys
+        self._returned = 0
         self._keys_done = False
         self._discard = discard
         self._progress = progress
@@ -1169,6 +1238,9 @@ class _LoaderIter:
         finally:  # every second inside next() is a second the training loop waited for input
             self._account_time(t0)
         self._progress[1] += 1
+        self._returned += 1
+        if isinstance(self._keys, _PacedKeys):
+            self._keys.keep_up(self._returned)
         if self._epoch_batches is not None and self._progress[1] >= self._epoch_batches:
             self._loader.end_of_dataloader = True
         with self._stats.lock:
@@ -1262,6 +1334,10 @@ class _LoaderIter:
             w = self._next_worker()
             if w is None:
                 return
+            if isinstance(self._keys, _PacedKeys) and not self._keys.may_pull(
+                self._returned, len(self._tasks) + len(self._ready)
+            ):
+                return  # torch would not pull the sampler's end yet (see _PacedKeys)
             try:
                 key = next(self._keys)
             except StopIteration:
