@@ -35,7 +35,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "--cache-dir",
         type=Path,
         default=None,
-        help="where the demo images and dataset are kept (default $KUAT_CACHE or ~/.cache/kuat)",
+        help="cache root: the demo images and dataset are kept in DIR/demo (default $KUAT_CACHE "
+        "or ~/.cache/kuat)",
     )
     p.add_argument(
         "--workers",
@@ -50,14 +51,14 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         default=60.0,
         help="time budget of the training run in seconds; 0 skips it (default 60)",
     )
-    p.add_argument("--seed", type=int, default=0, help="seed of the data and the loaders")
+    p.add_argument("--seed", type=int, default=0, help="seed of the data and the loaders (default 0)")
     p.add_argument("--json", type=Path, default=None, help="also write the results to this file")
     p.add_argument(
         "--text",
         action="store_true",
         help="the language-model demo instead: tokenize, pack, train a small transformer",
     )
-    p.add_argument("--seq-len", type=int, default=512, help="(--text) packed row length")
+    p.add_argument("--seq-len", type=int, default=512, help="(--text) packed row length in tokens (default 512)")
     return p
 
 
