@@ -21,8 +21,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("sources", nargs="+", help="kuat dataset directories, in order")
-    p.add_argument("-o", "--out", required=True, help="the merged dataset directory")
+    p.add_argument("sources", nargs="+", help="kuat dataset directories or URLs, in order")
+    p.add_argument("-o", "--out", required=True, help="the merged dataset directory or URL")
     p.add_argument(
         "--link",
         choices=("auto", "hardlink", "copy"),
