@@ -301,6 +301,12 @@ def _table(rows: list[list[str]]) -> str:
 
 
 def run(args) -> int:
+    if args.workers < 0 or args.batch_size < 1 or args.train_seconds < 0 or args.seq_len < 2:
+        raise SystemExit(  # both demos: a traceback from deep inside is no answer
+            f"kuat demo: need --workers >= 0, --batch-size >= 1, --train-seconds >= 0 and "
+            f"--seq-len >= 2; got --workers {args.workers}, --batch-size {args.batch_size}, "
+            f"--train-seconds {args.train_seconds:g}, --seq-len {args.seq_len}"
+        )
     if args.text:
         from kuat.cli.demo_text import run_text
 

@@ -41,7 +41,9 @@ def run_text(args) -> int:
     out["tokenizer_train_s"] = time.perf_counter() - t0
     dst = cache / "text-demo.kuat"
     t0 = time.perf_counter()
-    kuat.convert.from_text(texts, dst, tok, eos_id=eos, overwrite=True, num_workers=args.workers)
+    kuat.convert.from_text(
+        texts, dst, tok, eos_id=eos, overwrite=True, num_workers=max(1, args.workers)
+    )
     out["ingest_s"] = time.perf_counter() - t0
     ds = kuat.open(dst)
     lengths = kuat.text.lengths_of(ds)
