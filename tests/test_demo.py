@@ -78,7 +78,6 @@ def test_kuat_loader_sees_every_demo_image_once(demo_tree, worker_type):
 
 
 def test_kuat_demo_command_end_to_end(tmp_path, capsys):
-
     out = tmp_path / "demo.json"
     status = main(
         [
