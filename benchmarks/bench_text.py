@@ -25,7 +25,12 @@ loaders interleaved (A B C A B C ...), medians and min-max spread reported:
 * **memory**: bytes per stored token on disk; peak traced bytes per token (``tracemalloc``,
   which NumPy reports to) held while packing a pass, against a list of all rows (what an eager
   packer keeps);
-* **resume**: ms from a packer state at 10%, 50% and 90% of the epoch to the next row.
+* **resume**: ms from a packer state at 10%, 50% and 90% of the epoch to the next row; and
+  through ``kuat.DataLoader`` (rank 0 of 2, 2 thread workers, batches of 8): ms from
+  ``load_state_dict`` at 10%, 50%, 90% of the epoch to the first batch, per strategy;
+* **shares**: per-consumer work at 2 ranks x 2 workers: ms and tokens read by each consumer
+  when it plans from the lengths and reads its own rows, against packing the whole epoch
+  (what every consumer does without the lengths).
 
 Not a test; prints a table::
 
@@ -166,6 +171,97 @@ def resume_ms(data: dict, seq_len: int, repeats: int) -> dict:
     return out
 
 
+def _consumer(packed, rank: int, worker: int, batch: int = 8) -> tuple[float, int, int]:
+    """``(CPU seconds, rows, tokens read)`` of consumer (``rank`` of 2, ``worker`` of 2) of
+    ``packed``, run in its own thread with the worker info the loader's thread workers see."""
+    import threading
+
+    from kuat.engine.job import set_worker_info
+
+    out = []
+
+    def run():
+        set_worker_info("thread", worker, 2, 0, packed)
+        packed.kuat_set_distributed(rank, 2)
+        packed.kuat_set_batching(batch, False)
+        t0 = time.thread_time()  # CPU time: other processes on the machine do not count
+        rows = sum(1 for _ in packed.kuat_iter_from(0, 0))
+        out.append((time.thread_time() - t0, rows, packed.stats()["read_tokens"]))
+
+    t = threading.Thread(target=run)
+    t.start()
+    t.join()
+    return out[0]
+
+
+def shares(data: dict, seq_len: int, repeats: int) -> dict:
+    """Per-consumer CPU ms and tokens read at 2 ranks x 2 workers, planned vs whole epoch."""
+    import kuat
+    from kuat.text import pack
+
+    ds = kuat.open(data["path"])
+    out = {}
+    for strategy in ("concat", "first_fit", "best_fit"):
+        whole, planned, reads = [], [], []
+        for _ in range(repeats):  # interleaved
+            p = pack(ds, seq_len, strategy, buffer_size=1024)
+            t0 = time.thread_time()
+            for _ in p.iter_rows(0):  # what each consumer did before: pack the whole epoch
+                pass
+            whole.append(time.thread_time() - t0)
+            per = [_consumer(pack(ds, seq_len, strategy, buffer_size=1024), r, w)
+                   for r in range(2) for w in range(2)]  # fmt: skip
+            planned.append(max(x[0] for x in per))
+            reads = [x[2] for x in per]
+        out[strategy] = {
+            "whole_epoch_ms": [1000 * statistics.median(whole), 1000 * min(whole), 1000 * max(whole)],
+            "planned_ms_slowest_consumer": [1000 * statistics.median(planned),
+                                            1000 * min(planned), 1000 * max(planned)],
+            "planned_tokens_read_per_consumer": reads,
+            "whole_epoch_tokens_read": p.stats()["read_tokens"],
+        }  # fmt: skip
+    return out
+
+
+def loader_resume_ms(data: dict, seq_len: int, repeats: int) -> dict:
+    """Wall and CPU (this process, all threads) ms from ``load_state_dict`` to the first batch,
+    through ``kuat.DataLoader``."""
+    import kuat
+    from kuat.text import pack, pack_collate
+
+    ds = kuat.open(data["path"])
+    out = {}
+    for strategy in ("concat", "first_fit", "best_fit"):
+
+        def make(s=strategy):
+            return kuat.DataLoader(pack(ds, seq_len, s, buffer_size=1024), batch_size=8,
+                                   num_workers=2, collate_fn=pack_collate(), rank=0,
+                                   world_size=2)  # fmt: skip
+
+        loader = make()
+        n = len(list(loader))
+        state = loader.state_dict()  # the start of epoch 1: rewind it into epoch 0
+        planner = pack(ds, seq_len, strategy, buffer_size=1024)
+        planner.kuat_set_batching(8, False)
+        row = {}
+        for frac in (0.0, 0.1, 0.5, 0.9):
+            served = int(frac * n)  # what state_dict() says after that many batches:
+            state.update(epoch=0, batches_served_in_epoch=served,
+                         source=planner.kuat_state_at(0, served, 0, 2))  # fmt: skip
+            times, cpu = [], []
+            for _ in range(repeats):
+                resumed = make()
+                t0, c0 = time.perf_counter(), time.process_time()
+                resumed.load_state_dict(state)
+                next(iter(resumed))
+                times.append(1000 * (time.perf_counter() - t0))
+                cpu.append(1000 * (time.process_time() - c0))
+                resumed.close()
+            row[f"{int(frac * 100)}%"] = [statistics.median(times), statistics.median(cpu)]
+        out[strategy] = row
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--docs", type=int, default=20_000)
@@ -218,6 +314,17 @@ def main(argv=None) -> int:
               f"{runs_[0][2]:6d}")  # fmt: skip
         result["pack"][name] = {"docs_per_s": rate, "tokens_per_s": tokens / med,
                                 "first_row_s": first, "rows": runs_[0][2]}  # fmt: skip
+    ref = samples.get("torchtune PackedDataset") or []
+    if len(ref) == args.repeats:  # ratios within each interleaved round, then their median
+        print("\nx torchtune PackedDataset (docs/s ratio per interleaved round, median (min-max)):")
+        result["x_torchtune"] = {}
+        for name, runs_ in samples.items():
+            if not name.startswith("kuat") or len(runs_) != len(ref):
+                continue
+            ratios = [t[0] / k[0] for k, t in zip(runs_, ref)]
+            med = statistics.median(ratios)
+            print(f"  {name:34s} {med:6.1f}x ({min(ratios):.1f}-{max(ratios):.1f})")
+            result["x_torchtune"][name] = [med, min(ratios), max(ratios)]
     print(f"peers ran in {peers['python']}: {peers['versions'] or 'none'}")
     for name, why in peers["unavailable"].items():
         print(f"  {name}: unavailable: {why}")
@@ -245,6 +352,23 @@ def main(argv=None) -> int:
     print("\nresume (best_fit, buffer 1024): ms to the next row from a state at "
           + ", ".join(f"{k} {v:.1f}" for k, v in res.items()))  # fmt: skip
     result["resume_ms"] = res
+    lres = loader_resume_ms(data, args.seq_len, args.repeats)
+    print("resume through kuat.DataLoader (rank 0 of 2, 2 thread workers): wall / CPU ms from "
+          "load_state_dict to the first batch, at 0% (a fresh start) / 10% / 50% / 90% of the epoch")  # fmt: skip
+    for strategy, row in lres.items():
+        print(
+            f"  {strategy:10s} "
+            + "  ".join(f"{k} {w:6.1f} / {c:5.1f}" for k, (w, c) in row.items())
+        )
+    result["loader_resume_ms"] = lres
+    sh = shares(data, args.seq_len, args.repeats)
+    print("\nper consumer at 2 ranks x 2 workers: CPU ms (median, min-max) and tokens read")
+    for strategy, row in sh.items():
+        w, p = row["whole_epoch_ms"], row["planned_ms_slowest_consumer"]
+        print(f"  {strategy:10s} whole epoch per consumer {w[0]:7.1f} ({w[1]:.1f}-{w[2]:.1f}) ms, "
+              f"{row['whole_epoch_tokens_read']} tokens;  planned, slowest consumer {p[0]:7.1f} "
+              f"({p[1]:.1f}-{p[2]:.1f}) ms, tokens read {row['planned_tokens_read_per_consumer']}")  # fmt: skip
+    result["shares"] = sh
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=2, default=float))

@@ -3,6 +3,8 @@
     python -m benchmarks.readme                  # README section from benchmarks/results.json
     python -m benchmarks.readme RESULTS.json     # copy RESULTS.json there first, then the same
     python -m benchmarks.readme --check          # exit 1 if the README is not what it would write
+    python -m benchmarks.readme TABLES.json      # a run of table workloads only (overhead,
+                                                 # remote): its tables join the committed ones
     kuat bench --setup-envs --update-readme      # the full run, then both steps above
 
 Everything between :data:`BEGIN` and :data:`END` in ``README.md`` is replaced by
@@ -55,6 +57,13 @@ def caveats(results: dict) -> list[str]:
     return out
 
 
+def merge_tables(committed: dict, partial: dict) -> dict:
+    """``committed`` with the tables of ``partial`` (a run of table workloads only, such as
+    ``kuat bench --workloads remote``) added or replaced; everything else is kept. Each table
+    carries its own machine and load, so the loader tables' caveats stay those of their run."""
+    return {**committed, "tables": {**(committed.get("tables") or {}), **partial["tables"]}}
+
+
 def section(results: dict) -> str:
     """The README's results section (without the markers) for ``results``."""
     lines = [
@@ -98,7 +107,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--check", action="store_true", help="exit 1 if the README is out of date")
     args = p.parse_args(argv)
     if args.results is not None and args.results.resolve() != RESULTS.resolve():
-        shutil.copyfile(args.results, RESULTS)
+        new_results = json.loads(args.results.read_text())
+        if not new_results.get("runs") and new_results.get("tables"):  # tables only: merge
+            merged = merge_tables(json.loads(RESULTS.read_text()), new_results)
+            RESULTS.write_text(json.dumps(merged, indent=1, default=str))
+        else:
+            shutil.copyfile(args.results, RESULTS)
     results = json.loads(RESULTS.read_text())
     old = README.read_text()
     new = update(old, results)

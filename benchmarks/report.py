@@ -21,6 +21,7 @@ TITLES = {
     "batch 64",
     "ingest": "ingest: converting the ImageFolder into each format",
     "overhead": "overhead: the loop's own cost on cheap samples, batch 256, us per batch",
+    "remote": "remote: epoch throughput from an S3-compatible server (moto) against local disk",
 }
 
 
@@ -240,7 +241,7 @@ def markdown(results: dict, title: str = "# kuat bench results") -> str:
         from benchmarks.runner import TABLE_WORKLOADS
 
         module = importlib.import_module(f"benchmarks.{TABLE_WORKLOADS[workload]}")
-        lines += [f"## {TITLES.get(workload, workload)}", "", module.markdown(table)]
+        lines += [f"{level} {TITLES.get(workload, workload)}", "", module.markdown(table)]
     if results.get("unavailable"):
         lines += [f"{level} Not measured", "", "| loader | why |", "|---|---|"]
         for k, v in results["unavailable"].items():

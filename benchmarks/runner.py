@@ -44,7 +44,7 @@ from benchmarks.adapters import LOADERS
 
 # Workloads measured in this process by their own module (a table of their own, not one run
 # per loader): name -> module under benchmarks/ with run(quick, progress) and markdown(result).
-TABLE_WORKLOADS = {"overhead": "bench_overhead"}
+TABLE_WORKLOADS = {"overhead": "bench_overhead", "remote": "bench_remote"}
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 # workload -> the configurations every other loader is compared with; the first is the stock
@@ -190,9 +190,10 @@ def run_child(
     spec_path.write_text(json.dumps(spec, indent=1))
     out_path.unlink(missing_ok=True)
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), env.get("PYTHONPATH", "")]).rstrip(
-        os.pathsep
-    )
+    # absolute entries: the child runs in work_dir, where a relative PYTHONPATH=src would miss
+    # the checkout and import whatever kuat the interpreter has installed instead
+    inherited = [os.path.abspath(p) for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), *inherited])
     env.setdefault("TQDM_DISABLE", "1")
     with open(log_path, "w") as log:
         t0 = measure.now()
@@ -378,7 +379,9 @@ def run_bench(cfg: BenchConfig, progress: Callable[[str], None] = lambda s: None
     # 1. Interpreters: the running one for "main", the peer environments otherwise.
     pythons: dict[str, Path] = {}
     announced: set[str] = set()
-    for loader in cfg.loaders:
+    # table workloads alone (overhead, remote) measure in this process: no peer is needed
+    run_loaders = () if all(w in TABLE_WORKLOADS for w in cfg.workloads) else cfg.loaders
+    for loader in run_loaders:
         env = LOADERS[loader]["env"]
         if env == "main":
             pythons[loader] = Path(sys.executable)
@@ -397,7 +400,7 @@ def run_bench(cfg: BenchConfig, progress: Callable[[str], None] = lambda s: None
     import importlib
 
     plan: dict[str, list[str]] = {w: [] for w in cfg.workloads if w not in TABLE_WORKLOADS}
-    for loader in cfg.loaders:
+    for loader in run_loaders:
         if loader in unavailable:
             progress(f"skip {loader}: {unavailable[loader]}")
             continue
@@ -483,7 +486,12 @@ def run_bench(cfg: BenchConfig, progress: Callable[[str], None] = lambda s: None
     for w in cfg.workloads:
         if w in TABLE_WORKLOADS and cfg.runs:
             module = importlib.import_module(f"benchmarks.{TABLE_WORKLOADS[w]}")
-            tables[w] = module.run_for_bench(cfg.quick, cfg.runs, progress)
+            try:
+                tables[w] = module.run_for_bench(cfg.quick, cfg.runs, progress)
+            except Exception as e:  # moto or s3fs missing, a server that did not start: the
+                # table is reported as not measured, as a workload whose data cannot be made is
+                unavailable[f"workload:{w}"] = f"{type(e).__name__}: {e}"
+                progress(f"skip workload {w}: {type(e).__name__}: {e}")
 
 
     # 5. Rate rounds, interleaved, nothing sampling memory; then the memory runs.

@@ -368,6 +368,26 @@ def test_detect_format(tmp_path):
         kuat.convert.detect_format(tmp_path / "k")
 
 
+def test_detect_format_never_opens_a_special_manifest(tmp_path):
+    """A FIFO named manifest.json is neither a kuat manifest nor a JSON table: detection goes
+    on without opening it (an open would block until a writer came)."""
+    import threading
+
+    d = tmp_path / "fifo"
+    d.mkdir()
+    (d / "rows.jsonl").write_text('{"a": 1}\n')
+    os.mkfifo(d / "manifest.json")
+    result = []
+    t = threading.Thread(target=lambda: result.append(kuat.convert.detect_format(d)), daemon=True)
+    t.start()
+    t.join(30)
+    if t.is_alive():  # unblock the reader before failing
+        fd = os.open(d / "manifest.json", os.O_WRONLY | os.O_NONBLOCK)
+        os.close(fd)
+        t.join(5)
+    assert result == [("jsonl", [str(d / "rows.jsonl")])]
+
+
 def test_unreadable_table_files_are_named(tmp_path):
     cases = {
         "bad.jsonl": '{"a": 1}\n{"a": \n',

@@ -257,33 +257,117 @@ def test_first_row_reads_one_buffer_whatever_the_dataset_size(strategy):
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
-@pytest.mark.parametrize("num_workers", [0, 2])
-def test_loader_resume_is_exact(strategy, num_workers):
+@pytest.mark.parametrize(
+    "workers, planned",
+    [
+        ((0, "thread", 2, "thread"), True),
+        ((2, "thread", 0, "thread"), True),
+        ((2, "process", 3, "thread"), True),
+        ((2, "thread", 2, "process"), False),  # no lengths: each consumer reads the stream
+    ],
+)
+def test_loader_resume_is_exact(strategy, workers, planned):
+    """kuat.DataLoader resumes a packer through its kuat_iter_from hook: exact at several points
+    of two epochs, for rank 1 of 2, also with another number and type of workers."""
     docs = make_docs(50, seed=4)
+    lengths = [len(d["input_ids"]) for d in docs] if planned else None
+    num_workers, worker_type, resumed_workers, resumed_type = workers
 
-    def make():
+    def make(n=num_workers, kind=worker_type):
         return kuat.DataLoader(
-            pack(MapDocs(docs), 16, strategy, buffer_size=6),
+            pack(MapDocs(docs), 16, strategy, buffer_size=6, lengths=lengths),
             batch_size=3,
-            num_workers=num_workers,
+            num_workers=n,
+            worker_type=kind,
+            collate_fn=pack_collate(),
+            rank=1,
+            world_size=2,
+        )
+
+    per_epoch = len(list(make(0)))
+    ref = check_resume(
+        make,
+        midpoints=[0, 1, 4, per_epoch - 1, per_epoch + 2],
+        epochs=2,
+        make_resumed=lambda: make(resumed_workers, resumed_type),
+    )
+    assert len(ref) == 2 * per_epoch and per_epoch > 4
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_loader_resume_reads_only_what_follows(strategy):
+    """Resumed at the epoch's last batch, a planned packer reads only that batch's documents
+    (not the epoch's first batches again, as a replay would)."""
+    docs = make_docs(200, seed=8)
+    lengths = [len(d["input_ids"]) for d in docs]
+
+    def make(source):
+        return kuat.DataLoader(
+            pack(source, 16, strategy, buffer_size=6, lengths=lengths),
+            batch_size=2,
+            num_workers=2,
             collate_fn=pack_collate(),
         )
 
-    ref = check_resume(make, midpoints=[0, 1, 4, 9], epochs=2)
-    assert len(ref) > 9
+    full = MapDocs(docs)
+    batches = list(make(full))
+    loader = make(MapDocs(docs))
+    it = iter(loader)
+    for _ in range(len(batches) - 1):
+        next(it)
+    state = loader.state_dict()
+    del it, loader
+    # fit strategies: the plan's checkpoint (the buffer holding the next row); concat: nothing
+    assert (state["source"] is None) == (strategy == "concat")
+    source = MapDocs(docs)
+    resumed = make(source)
+    resumed.load_state_dict(state)
+    rest = list(resumed)
+    assert len(rest) == 1
+    kuat.testing.assert_same_batch(rest[0], batches[-1])
+    assert 0 < source.reads <= int(batches[-1]["document_lengths"].numel()) < full.reads // 10
+
+
+@pytest.mark.parametrize("strategy", ["first_fit", "best_fit"])
+def test_plan_checkpoints_do_not_depend_on_the_order_asked(strategy):
+    """kuat_state_at continues its plan from the last point asked: asked in any order, it
+    says what a fresh packer says, and the rows from there are the uninterrupted rows."""
+    docs = make_docs(300, seed=9)
+    lengths = [len(d["input_ids"]) for d in docs]
+    packed = pack(MapDocs(docs), 32, strategy, buffer_size=10, lengths=lengths)
+    packed.kuat_set_batching(2, False)
+    rows = list(packed)
+    for served in (40, 3, 0, 41, 90, 200, 7):
+        fresh = pack(MapDocs(docs), 32, strategy, buffer_size=10, lengths=lengths)
+        fresh.kuat_set_batching(2, False)
+        state = packed.kuat_state_at(1, served, 1, 3)
+        assert state == fresh.kuat_state_at(1, served, 1, 3)
+        if state is not None:
+            assert state["first_row"] <= 1 + 3 * 2 * served
+        rest = list(fresh.kuat_iter_from(0, served, packed.kuat_state_at(0, served, 0, 1)))
+        assert len(rest) == max(0, len(rows) - 2 * served)
+        for got, want in zip(rest, rows[2 * served :]):
+            kuat.testing.assert_same_batch(got, want)
+    with pytest.raises(ValueError, match="plan state of epoch 2"):
+        next(packed.kuat_iter_from(2, 5, packed.kuat_state_at(1, 5, 0, 1)))
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
 @pytest.mark.parametrize("world_size", [2, 3])
 @pytest.mark.parametrize("drop_last", [False, True])
-def test_every_token_once_across_ranks_and_workers(strategy, world_size, drop_last):
+@pytest.mark.parametrize("planned", [False, True])
+def test_every_token_once_across_ranks_and_workers(strategy, world_size, drop_last, planned):
+    """Rank and worker shares; ``planned``: with the documents' lengths, where each consumer
+    plans from the lengths and reads only the documents of its own rows."""
     docs = make_docs(70, seed=6)
+    lengths = [len(d["input_ids"]) for d in docs] if planned else None
     packed = pack(MapDocs(docs), 32, strategy, buffer_size=8)
     unsplit = list(packed)
     per_rank = []
     for rank in range(world_size):
+        source = MapDocs(docs)
         loader = kuat.DataLoader(
-            pack(MapDocs(docs), 32, strategy, buffer_size=8),
+            pack(source, 32, strategy, buffer_size=8, lengths=lengths),
             batch_size=2,
             num_workers=2,
             collate_fn=pack_collate(),
@@ -296,6 +380,14 @@ def test_every_token_once_across_ranks_and_workers(strategy, world_size, drop_la
         for batch in loader:
             rows.extend(batch["input_ids"])
         per_rank.append(rows)
+        if planned:  # each document piece of the rank's rows read at most once; nothing else
+            pieces = sum(
+                len(unsplit[p % len(unsplit)]["document_lengths"])
+                for p in range(rank, len(unsplit) + world_size, world_size)
+            )
+            assert 0 < source.reads <= pieces < len(docs)
+        else:  # the rank's two workers each read the whole epoch
+            assert source.reads == 2 * len(docs)
     counts = {len(rows) for rows in per_rank}
     assert len(counts) == 1  # equal shares: the same number of rows (and batches) per rank
     # rank r holds rows r, r + W, ... of the unsplit epoch (DistributedSampler's split)
@@ -423,15 +515,23 @@ def test_concat_matches_a_per_token_reference():
         assert row["document_lengths"].tolist() == lengths
 
 
+def _sizes(rng, capacity):
+    """Random item sizes in [1, capacity]: uniform, or mostly small with many repeats."""
+    n = int(rng.integers(0, 200))
+    if rng.random() < 0.5:
+        return rng.integers(1, capacity + 1, n).tolist()
+    return np.minimum(rng.geometric(0.15, n), capacity).tolist()
+
+
 def test_first_fit_against_a_linear_scan():
-    """The segment-tree first fit (sized by first fit's bound on bins) against the plain
-    definition: each item into the lowest-numbered bin with room."""
+    """The bin-by-bin first fit against the plain definition: each item, in arrival order,
+    into the lowest-numbered bin with room."""
     from kuat.text.pack import _first_fit
 
     rng = np.random.default_rng(6)
     for capacity in (1, 7, 64):
-        for _ in range(30):
-            sizes = rng.integers(1, capacity + 1, rng.integers(0, 200)).tolist()
+        for _ in range(60):
+            sizes = _sizes(rng, capacity)
             free, want = [], []
             for i, s in enumerate(sizes):
                 b = next((b for b, f in enumerate(free) if f >= s), len(free))
@@ -440,8 +540,32 @@ def test_first_fit_against_a_linear_scan():
                     want.append([])
                 free[b] -= s
                 want[b].append(i)
-            bins, fills = _first_fit(sizes, capacity)
+            bins, fills = _first_fit(np.asarray(sizes, np.int64), capacity)
             assert bins == want
+            assert fills == [capacity - f for f in free]
+
+
+def test_best_fit_against_one_item_at_a_time():
+    """The run-at-a-time best-fit decreasing against the plain definition: longest first
+    (ties by arrival), each into the bin with the least room that holds it (ties: the
+    lowest-numbered), else a new one; each bin lists its items in arrival order."""
+    from kuat.text.pack import _best_fit
+
+    rng = np.random.default_rng(7)
+    for capacity in (1, 7, 64):
+        for _ in range(60):
+            sizes = _sizes(rng, capacity)
+            free, want = [], []
+            for i in sorted(range(len(sizes)), key=lambda i: -sizes[i]):
+                fits = [(f, b) for b, f in enumerate(free) if f >= sizes[i]]
+                b = min(fits)[1] if fits else len(free)
+                if b == len(free):
+                    free.append(capacity)
+                    want.append([])
+                free[b] -= sizes[i]
+                want[b].append(i)
+            bins, fills = _best_fit(np.asarray(sizes, np.int64), capacity)
+            assert bins == [sorted(w) for w in want]
             assert fills == [capacity - f for f in free]
 
 

@@ -36,7 +36,9 @@ def versions() -> dict[str, str]:
     import kuat
     import kuat.convert.imagefolder  # noqa: F401  (imported before ingest is timed)
     import kuat.loader  # noqa: F401
+    import kuat.sources.hf  # noqa: F401  (as_source's lookup; torch imports its v2 here too)
     import kuat.vision  # noqa: F401
+    import kuat.vision.transforms  # noqa: F401  (kuat.vision imports it lazily)
     from kuat.vision import decode
 
     return {

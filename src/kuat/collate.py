@@ -31,6 +31,8 @@ import torch
 from torch.utils.data._utils.collate import collate as _torch_collate
 from torch.utils.data._utils.collate import default_collate_fn_map as _torch_collate_map
 
+from kuat._buffers import MIN_POOLED_BYTES
+
 __all__ = [
     "default_collate", "describe_elements", "map_structure", "batch_scope", "new_batch_buffer",
     "own_batch_buffer",
@@ -43,6 +45,7 @@ class _Owned(threading.local):
     # Tensors allocated for the batch being built in this thread (strong references, so their
     # memory cannot be freed and reused while the batch is built), or None outside a scope.
     buffers: list | None = None
+    pool = None  # the loader's kuat._buffers.BufferPool for large CPU buffers, if any
 
 
 _owned = _Owned()
@@ -52,18 +55,23 @@ class batch_scope:  # noqa: N801 (used like a function: ``with batch_scope():``)
     """Context in which :func:`new_batch_buffer` allocations count as the batch's own.
 
     Nestable; thread-local. Opened by the loader's workers around one batch's fetch and
-    collate; buffers allocated outside any scope are never returned without a copy.
+    collate; buffers allocated outside any scope are never returned without a copy. ``pool``
+    (a ``kuat._buffers.BufferPool``, the loader's): large CPU buffers come from it and go
+    back to it when the batch and every view of it are freed.
     """
 
-    __slots__ = ("_prev",)
+    __slots__ = ("_prev", "_pool")
+
+    def __init__(self, pool=None):
+        self._pool = pool
 
     def __enter__(self):
-        self._prev = _owned.buffers
-        _owned.buffers = []
+        self._prev = (_owned.buffers, _owned.pool)
+        _owned.buffers, _owned.pool = [], self._pool
         return self
 
     def __exit__(self, *exc) -> None:
-        _owned.buffers = self._prev
+        _owned.buffers, _owned.pool = self._prev
 
 
 def own_batch_buffer(t: torch.Tensor) -> torch.Tensor:
@@ -77,7 +85,18 @@ def own_batch_buffer(t: torch.Tensor) -> torch.Tensor:
 
 def new_batch_buffer(shape, dtype: torch.dtype, device=None) -> torch.Tensor:
     """``torch.empty(shape, dtype=dtype, device=device)``, owned by the current batch (see
-    :func:`batch_scope`): the collate returns views of it without copying."""
+    :func:`batch_scope`): the collate returns views of it without copying. Inside a scope with
+    a pool, a CPU buffer of at least ``kuat._buffers.MIN_POOLED_BYTES`` is a reused one
+    (uninitialised, as ``torch.empty``'s)."""
+    pool = _owned.pool
+    if pool is not None and (device is None or torch.device(device).type == "cpu"):
+        shape = tuple(int(d) for d in shape)
+        nbytes = dtype.itemsize
+        for d in shape:
+            nbytes *= d
+        if nbytes >= MIN_POOLED_BYTES:
+            raw = torch.from_numpy(pool.take(nbytes))  # (nbytes,) uint8, keeps the lease alive
+            return own_batch_buffer(raw.view(dtype).view(shape))
     return own_batch_buffer(torch.empty(shape, dtype=dtype, device=device))
 
 

@@ -65,9 +65,10 @@ from torch.utils.data._utils.collate import default_convert
 from torch.utils.data.dataloader import _DatasetKind
 
 from kuat import sources as _sources
+from kuat._buffers import BufferPool
 from kuat.collate import default_collate
 from kuat.device import DeviceCopier, accelerator_available
-from kuat.engine.base import END, FAIL, OK, Task
+from kuat.engine.base import END, FAIL, OK, ResumeAt, Task
 from kuat.engine.inline import InlineEngine
 from kuat.engine.job import FetchJob, per_sample_getitems
 from kuat.engine.process import ProcessEngine
@@ -124,6 +125,7 @@ class _Stats:
 
     def reset(self):
         self.fetch_s = self.fetch_cpu_s = self.collate_s = self.pin_s = self.rng_wait_s = 0.0
+        self.native_s = 0.0
         self.device_s = self.transform_s = self.wait_s = self.worker_wait_s = self.elapsed_s = 0.0
         self.batches = self.samples = self.skipped = 0
 
@@ -462,6 +464,8 @@ class DataLoader(_TorchDataLoader):
             fetch_collated=(use_getitems and job_collate is default_collate and on_error == "raise"
                             and _protocol.provides(source, _protocol.CollatedFetch)),
             pin=self._pin and worker_type == "thread" or (self._pin and num_workers == 0),
+            # batch-sized buffers reused once freed, outside malloc's arenas (kuat/_buffers.py)
+            buffer_pool=BufferPool(),
         )
         self._job_bytes: bytes | None = None
         self._batch_transform = _protocol.batch_transform(source)
@@ -478,6 +482,7 @@ class DataLoader(_TorchDataLoader):
         self._iterator = None  # torch's attribute; kuat keeps persistent workers in _engine
         self._gradient_state = None  # Accelerate's GradientState, once prepared by Accelerate
         self._skip_first = 0  # batches the next epoch skips (skip_first_batches)
+        self._source_at: tuple = (None, None, None)  # (epoch, served, source state) loaded
         self._progress_owner = None  # weakref: the loader a skip_first_batches copy reports to
         self.__initialized = True
         self.check_worker_number_rationality()
@@ -600,13 +605,16 @@ class DataLoader(_TorchDataLoader):
 
         Keys: ``version``, ``seed``, ``epoch`` (the epoch the next batch belongs to),
         ``batches_served_in_epoch``, ``rank``, ``world_size``; ``source`` when the source has
-        ``state_dict()``; ``generator`` (a ``torch.uint8`` state tensor of ``generator=`` as it
-        was when the epoch started, as torchdata's ``StatefulDataLoader`` saves it); for a user
+        ``kuat_state_at()`` (iterable sources) or ``state_dict()``; ``generator`` (a
+        ``torch.uint8`` state tensor of ``generator=`` as it was when the epoch started, as
+        torchdata's ``StatefulDataLoader`` saves it); for a user
         ``sampler``/``batch_sampler``, ``sampler``: what its order depends on
         (:func:`kuat.sampling.order_state`: its own ``state_dict()``, its generator's state,
         torch's global RNG state, its epoch), or ``None`` when kuat cannot tell. Taken mid-epoch
         it resumes after the last batch yielded; at the end of an epoch it points at the start
-        of the next one. Costs a few microseconds (plus a generator state copy, a few KiB).
+        of the next one. Costs a few microseconds (plus a generator state copy, a few KiB; for a
+        source with ``kuat_state_at``, its own cost: ``kuat.pack``'s fit strategies extend their
+        plan from the last point asked, lengths only, one plan of the epoch over all calls).
         Called with no arguments, as ``StatefulDataLoader.state_dict()``.
         """
         if self._pending is not None:
@@ -630,7 +638,9 @@ class DataLoader(_TorchDataLoader):
             "world_size": world_size,
             **rng,
         }
-        if _protocol.provides(self._source, _protocol.Stateful):
+        if self._iterable and _protocol.provides(self._source, _protocol.PlanState):
+            state["source"] = self._source.kuat_state_at(epoch, served, rank, world_size)
+        elif _protocol.provides(self._source, _protocol.Stateful):
             state["source"] = self._source.state_dict()
         return state
 
@@ -681,6 +691,8 @@ class DataLoader(_TorchDataLoader):
         if self._engine is not None:  # persistent workers hold the old seed
             self._engine.close()
             self._engine = None
+        # the source's own point in its plan there, handed to kuat_iter_from (iterable sources)
+        self._source_at = (int(state["epoch"]), served, state.get("source"))
         self._pending = (next_request(), int(state["epoch"]), served, rng)
         if "source" in state and _protocol.provides(self._source, _protocol.Stateful):
             self._source.load_state_dict(state["source"])
@@ -704,7 +716,14 @@ class DataLoader(_TorchDataLoader):
         ``loader_overhead_us_per_batch``: microseconds per batch that ``next()`` spent in kuat's
         own machinery (dispatch, ordering, hand-off, bookkeeping): ``consumer_wait_s`` minus the
         dataset's fetch, collate and pinning (with ``num_workers=0``) or minus ``worker_wait_s``
-        (with workers), minus device copies and batch transforms, per batch.
+        (with workers), minus device copies and batch transforms, per batch;
+        ``loader_overhead_fraction``: the same seconds over ``elapsed_s`` (the share of the
+        loop's time, i.e. of the mean batch time, that this machinery costs).
+        ``busy_s["native"]``: of ``fetch``, the seconds inside native kernels that release the
+        GIL and report themselves (``kuat.vision``'s JPEG decodes and resizes);
+        ``fetch_python_fraction``: ``(fetch - native) / fetch``, the share of the dataset calls
+        spent around those kernels (per-sample Python, generators, allocation, wrapping,
+        waiting for the GIL); ``None`` when no kernel reported (other sources).
         """
         s = self._stats
         with s.lock:
@@ -717,6 +736,7 @@ class DataLoader(_TorchDataLoader):
                 "busy_s": {
                     "fetch": s.fetch_s,
                     "fetch_cpu": s.fetch_cpu_s,
+                    "native": s.native_s,
                     "collate": s.collate_s,
                     "pin": s.pin_s,
                     "rng_lock_wait": s.rng_wait_s,
@@ -732,6 +752,11 @@ class DataLoader(_TorchDataLoader):
                 if el > 0 else 0.0,
                 "loader_overhead_us_per_batch": self._overhead_s(s) / s.batches * 1e6
                 if s.batches else 0.0,
+                "loader_overhead_fraction": self._overhead_s(s) / el if el > 0 else 0.0,
+                # of the dataset calls, the part outside GIL-releasing kernels that report
+                # themselves (kuat.vision's decodes and resizes); None when none reported
+                "fetch_python_fraction": max(0.0, s.fetch_s - s.native_s) / s.fetch_s
+                if s.native_s > 0 and s.fetch_s > 0 else None,
             }
 
     def _overhead_s(self, s: _Stats) -> float:
@@ -804,7 +829,11 @@ class DataLoader(_TorchDataLoader):
                 torch.empty((), dtype=torch.int64).random_()
         if "sampler" not in at_start and not self._own_sampler and not self._iterable:
             at_start["sampler"] = order_state(self._index_sampler)  # as it starts: after base_seed
-        if self._iterable:
+        if self._iterable and skip and _protocol.provides(self._source, _protocol.ResumableIterable):
+            saved = self._source_at[2] if self._source_at[:2] == (epoch, skip) else None
+            at = ResumeAt(skip, saved)  # the source starts there itself
+            keys, discard = itertools.repeat(at), 0
+        elif self._iterable:
             keys, discard = itertools.repeat(None), skip
         else:
             keys, discard = self._keys(epoch, skip, restore.get("sampler")), 0
@@ -891,6 +920,7 @@ class DataLoader(_TorchDataLoader):
         if self._engine is not None:
             self._engine.close()
             self._engine = None
+        self._job.buffer_pool.clear(close=True)  # idle batch buffers go back to the OS
 
     def __getstate__(self) -> dict[str, Any]:
         """Everything but live workers: persistent ones are started again after unpickling."""
@@ -1369,6 +1399,7 @@ class _LoaderIter:
         with s.lock:
             s.fetch_s += st.fetch_s
             s.fetch_cpu_s += st.fetch_cpu_s
+            s.native_s += st.native_s
             s.collate_s += st.collate_s
             s.pin_s += st.pin_s
             s.rng_wait_s += st.rng_wait_s

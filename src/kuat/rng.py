@@ -19,12 +19,17 @@ import random
 import threading
 
 import numpy as np
+from numpy.random.bit_generator import ISpawnableSeedSequence
+
+from kuat import _seedseq
 
 __all__ = [
-    "SampleRNG", "sample_rng", "sample_seed", "epoch_context", "sample_context", "map_samples",
+    "SampleRNG", "sample_rng", "sample_rngs", "sample_seed", "epoch_context", "sample_context",
+    "map_samples",
 ]
 
 _MASK64 = (1 << 64) - 1
+_MASK32 = (1 << 32) - 1
 
 
 class _Current:
@@ -66,18 +71,24 @@ class SampleRNG:
         python: a ``random.Random``, created on first use.
     """
 
-    __slots__ = ("seed", "_numpy", "_torch", "_python")
+    __slots__ = ("seed", "_numpy", "_torch", "_python", "_pcg_words")
 
-    def __init__(self, seed: int):
+    def __init__(self, seed: int, _pcg_words: np.ndarray | None = None):
         self.seed = seed
         self._numpy = None
         self._torch = None
         self._python = None
+        self._pcg_words = _pcg_words  # PCG64's seeding words when precomputed (sample_rngs)
 
     @property
     def numpy(self) -> np.random.Generator:
         if self._numpy is None:
-            self._numpy = np.random.Generator(np.random.PCG64(self.seed))
+            if self._pcg_words is None:
+                self._numpy = np.random.Generator(np.random.PCG64(self.seed))
+            else:  # the same generator, without hashing the seed again
+                self._numpy = np.random.Generator(
+                    np.random.PCG64(_PrecomputedSeedSequence(self.seed, self._pcg_words))
+                )
         return self._numpy
 
     @property
@@ -129,6 +140,86 @@ def sample_rng(index: int | None = None) -> SampleRNG:
             )
     seed, epoch = _context()
     return SampleRNG(sample_seed(seed, epoch, index))
+
+
+def sample_rngs(indices) -> list[SampleRNG]:
+    """``[sample_rng(i) for i in indices]``, hashed for the whole batch at once.
+
+    Equal generators (same seeds, same streams) at about a quarter of the cost: both of
+    ``SeedSequence``'s hashes run as NumPy arithmetic over the batch (``kuat._seedseq``), and
+    each ``.numpy`` generator is seeded from the precomputed words (measured for a batch of 64,
+    generators included: 14 instead of 52 us per sample on a loaded 2-core machine). Its
+    ``bit_generator.seed_seq`` is a stand-in that answers like ``SeedSequence(seed)``
+    (``generate_state``, ``spawn``, ``entropy``... from a real one made on first use).
+
+    Args:
+        indices: sample indices (ints >= 0, any iterable; NumPy integer arrays too).
+
+    Returns:
+        one :class:`SampleRNG` per index, in order.
+
+    Raises:
+        ValueError: an index is negative.
+    """
+    idx = np.asarray(indices, dtype=np.int64).reshape(-1)  # (B,)
+    if idx.size == 0:
+        return []
+    if int(idx.min()) < 0:
+        raise ValueError(f"sample indices must be >= 0, got {int(idx.min())}")
+    seed, epoch = _context()
+    prefix = _seedseq.int_words(seed & _MASK64) + _seedseq.int_words(epoch & _MASK64)
+    seeds = _hash_batch(prefix, idx.astype(np.uint64), 2).view("<u8")[:, 0]  # (B,) uint64
+    words = _hash_batch([], seeds, 8).view("<u8")  # (B, 4) uint64: PCG64's generate_state(4)
+    return [SampleRNG(s, w) for s, w in zip(seeds.tolist(), words)]
+
+
+def _hash_batch(prefix: list[int], last: np.ndarray, n_words: int) -> np.ndarray:
+    """``SeedSequence(prefix + [v]).generate_state(n_words)`` for each ``v`` of ``last``
+    ``(B,)`` uint64: ``(B, n_words)`` uint32. Values of one and of two 32-bit words hash
+    separately (their entropy lengths differ)."""
+    lo = (last & np.uint64(_MASK32)).astype(np.uint32)  # (B,)
+    hi = (last >> np.uint64(32)).astype(np.uint32)
+    out = np.empty((len(last), n_words), np.uint32)
+    consts = [np.full(len(last), w, np.uint32) for w in prefix]
+    one = hi == 0
+    if one.all():
+        return _seedseq.generate_state(consts + [lo], n_words)
+    for mask, cols in ((one, [lo]), (~one, [lo, hi])):
+        if mask.any():
+            out[mask] = _seedseq.generate_state([c[mask] for c in consts + cols], n_words)
+    return out
+
+
+class _PrecomputedSeedSequence(ISpawnableSeedSequence):
+    """``SeedSequence(seed)`` whose ``generate_state(4, np.uint64)`` (what PCG64 asks for) is
+    already known; anything else is answered by a real ``SeedSequence(seed)``, made on first
+    use (so ``spawn`` and its children match an ordinary ``PCG64(seed)``)."""
+
+    def __init__(self, seed: int, pcg_words: np.ndarray):
+        self._seed = seed
+        self._words = pcg_words  # (4,) uint64
+        self._real = None
+
+    def _seq(self) -> np.random.SeedSequence:
+        if self._real is None:
+            self._real = np.random.SeedSequence(self._seed)
+        return self._real
+
+    def generate_state(self, n_words, dtype=np.uint32):
+        if n_words == 4 and np.dtype(dtype) == np.uint64:
+            return self._words.copy()
+        return self._seq().generate_state(n_words, dtype)
+
+    def spawn(self, n_children):
+        return self._seq().spawn(n_children)
+
+    def __getattr__(self, name):  # entropy, spawn_key, pool, n_children_spawned, ...
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self._seq(), name)
+
+    def __repr__(self) -> str:
+        return repr(self._seq())
 
 
 class epoch_context:  # noqa: N801 (a context manager used like a function)

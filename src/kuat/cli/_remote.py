@@ -16,15 +16,21 @@ def _pair(text: str) -> tuple[str, object]:
         return key, value
 
 
-def add_storage_options(p: argparse.ArgumentParser) -> None:
+def add_storage_options(p: argparse.ArgumentParser, applies_to: str = "the URL argument") -> None:
+    """``--storage-option KEY=VALUE`` (repeatable). One set of options serves every URL of a
+    command (``applies_to`` says which arguments, in ``--help``), as one ``storage_options``
+    dict does in the library; local paths ignore it. URLs of stores that need different
+    options (two endpoints, two sets of keys) take two commands, or each backend's own
+    configuration (``AWS_*``/``~/.aws`` profiles for S3, ``gcloud`` credentials for GCS)."""
     p.add_argument(
         "--storage-option",
         metavar="KEY=VALUE",
         type=_pair,
         action="append",
         default=[],
-        help="fsspec storage option for URL paths, repeatable (endpoint_url=http://..., "
-        "anon=true); credentials also come from the backend's environment (AWS_*)",
+        help=f"fsspec storage option, repeatable (endpoint_url=http://..., anon=true); one set "
+        f"for {applies_to}, local paths ignore it; credentials also come from the backend's "
+        "environment (AWS_*)",
     )
 
 

@@ -12,6 +12,7 @@ Examples:
     kuat bench --setup-envs --update-readme # the same, then commit-ready results.json + README
     kuat bench --workloads imagenet-jpeg --loaders torch kuat decode-only
     kuat bench --workloads overhead --loaders torch   # the loop-cost table (issue 17)
+    kuat bench --workloads remote --update-readme     # S3 (moto) vs local disk, README table
     kuat bench --table bench-results/results.json   # print the README table again
 """
 
@@ -55,7 +56,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         nargs="+",
         default=None,
         metavar="NAME",
-        help="imagenet-jpeg imagenet-jpeg-256 tokens hf-rows ingest overhead (default: all)",
+        help="imagenet-jpeg imagenet-jpeg-256 tokens hf-rows ingest overhead remote "
+        "(default: all)",
     )
     p.add_argument(
         "--runs",
@@ -219,7 +221,7 @@ def run(args: argparse.Namespace) -> int:
     print()
     print(report.markdown(results))
     print(f"wrote {cfg.out_dir / 'results.json'}, results.md, results.png")
-    ok = any(r.get("ok") for r in results["runs"])
+    ok = any(r.get("ok") for r in results["runs"]) or bool(results.get("tables"))
     if args.update_readme and ok:
         from benchmarks import readme
 

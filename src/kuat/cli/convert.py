@@ -184,7 +184,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="seconds between progress lines when stderr is not a terminal (default 30)",
     )
-    add_storage_options(p)
+    add_storage_options(p, "every URL among the sources and the destination")
     return p
 
 

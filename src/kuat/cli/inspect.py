@@ -21,7 +21,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("path", help="the kuat dataset directory or URL")
-    add_storage_options(p)
+    add_storage_options(p, "the URL PATH")
     p.add_argument("-n", "--rows", type=int, default=3, help="sample rows to show (default 3)")
     p.add_argument("--json", action="store_true", help="print the manifest summary as JSON")
     return p

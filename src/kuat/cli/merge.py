@@ -30,7 +30,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         help="hard-link shards (falling back to copies: auto), or only one of them",
     )
     p.add_argument("--overwrite", action="store_true", help="replace an existing dataset at OUT")
-    add_storage_options(p)
+    add_storage_options(
+        p,
+        "every URL among SOURCES and --out (stores that need different options: merge in "
+        "two steps)",
+    )
     return p
 
 

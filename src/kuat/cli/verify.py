@@ -21,7 +21,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("path", help="the kuat dataset directory or URL")
-    add_storage_options(p)
+    add_storage_options(p, "the URL PATH")
     p.add_argument(
         "--images",
         action="store_true",

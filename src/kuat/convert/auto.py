@@ -8,7 +8,9 @@ import os
 from collections.abc import Sequence
 
 from kuat.convert.imagefolder import IMG_EXTENSIONS
+from kuat.errors import FormatError
 from kuat.format.fs import is_url
+from kuat.format.manifest import check_regular_file
 
 __all__ = ["FORMATS", "RAY_FORMATS", "detect_format", "convert"]
 
@@ -49,10 +51,13 @@ def _expand(sources: Sequence[str]) -> list[str]:
 
 
 def _is_kuat_manifest(path: str) -> bool:
+    """Whether ``path`` is a kuat ``manifest.json``. Anything but a regular file is not one
+    and is never opened (opening a FIFO would block detection forever)."""
     try:
+        check_regular_file(path, "manifest")
         with open(path, "rb") as f:
             obj = json.load(f)
-    except (OSError, ValueError, RecursionError):
+    except (OSError, ValueError, RecursionError, FormatError):
         return False
     return isinstance(obj, dict) and obj.get("format") == "kuat"
 
@@ -71,7 +76,12 @@ def _dir_format(d: str) -> tuple[str, list[str]]:
         for _, _, fnames in os.walk(os.path.join(d, sub), followlinks=True):
             if any(f.lower().endswith(IMG_EXTENSIONS) for f in fnames):
                 return "imagefolder", [d]
-    files = sorted(os.path.join(d, n) for n in names if _ext(n) in _BY_EXT)
+    # regular files only: a FIFO or device that happens to be named x.json is no table
+    files = sorted(
+        os.path.join(d, n)
+        for n in names
+        if _ext(n) in _BY_EXT and os.path.isfile(os.path.join(d, n))
+    )
     kinds = {_BY_EXT[_ext(f)] for f in files}
     if len(kinds) == 1:
         return kinds.pop(), files

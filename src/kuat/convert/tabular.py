@@ -53,7 +53,7 @@ from kuat.convert._table import (
     hf_metadata,
     write_batches,
 )
-from kuat.errors import FormatError, SchemaError
+from kuat.errors import FormatError, KuatError, SchemaError
 from kuat.format import Schema
 from kuat.format.fs import download, is_url, open_remote
 
@@ -414,7 +414,37 @@ def _from_tables(
         return _convert_files_on_ray(kind, files, dst, image_fields, batch_size, opts, delimiter)
     with tempfile.TemporaryDirectory(prefix="kuat-sources-") as stage:
         local = [download(f, stage, opts.storage_options) if is_url(f) else f for f in files]
-        return _convert_files(kind, files, local, dst, image_fields, batch_size, opts, delimiter)
+        try:
+            return _convert_files(
+                kind, files, local, dst, image_fields, batch_size, opts, delimiter
+            )
+        except (KuatError, ValueError) as e:
+            named = _named_as_given(e, {c: f for c, f in zip(local, files) if c != f})
+            if named is None:
+                raise
+            raise named from e
+
+
+def _named_as_given(e: Exception, urls: dict[str, str]) -> Exception | None:
+    """``e`` again, its message and ``path``/``source`` naming each URL the user gave where
+    they named the temporary local copy it was parsed from (the copy is gone when the error
+    is read, and the user never named it); ``None`` when ``e`` names no copy.
+
+    Every parse, inference and conversion error of a staged file passes through here, so no
+    error site needs to know whether its file was downloaded."""
+    message = str(e)
+    copies = [c for c in urls if c in message]
+    if not copies:
+        return None
+    for c in copies:
+        message = message.replace(c, urls[c])
+    named = copy.copy(e)  # same type and attributes (row, field, index ...)
+    named.args = (message, *e.args[1:])
+    for attr in ("path", "source"):
+        value = getattr(named, attr, None)
+        if isinstance(value, str) and value in urls:
+            setattr(named, attr, urls[value])
+    return named
 
 
 def _convert_files(kind, files, local, dst, image_fields, batch_size, opts, delimiter):

@@ -70,7 +70,9 @@ OK, END, FAIL, EMPTY = 0, 1, 2, 3  # result kinds: batch, iterable exhausted, er
 class Task(NamedTuple):
     task_id: int
     epoch: int
-    key: object  # list[int] (batch of indices) | int (batch_size=None) | None (iterable)
+    # list[int] (batch of indices) | int (batch_size=None) | None (iterable) | ResumeAt (an
+    # iterable resumed through its kuat_iter_from hook)
+    key: object
     base_seed: int  # per-worker global RNG seeds are base_seed + worker_id (as in torch)
 
 
@@ -82,11 +84,12 @@ class WorkStats:
     (``False`` means every worker yields every item); ``None`` when not applicable.
     """
 
-    __slots__ = ("fetch_s", "fetch_cpu_s", "collate_s", "pin_s", "rng_wait_s", "samples",
-                 "skipped", "worker_info_consulted")
+    __slots__ = ("fetch_s", "fetch_cpu_s", "native_s", "collate_s", "pin_s", "rng_wait_s",
+                 "samples", "skipped", "worker_info_consulted")
 
     def __init__(self):
         self.fetch_s = self.fetch_cpu_s = self.collate_s = self.pin_s = self.rng_wait_s = 0.0
+        self.native_s = 0.0  # of fetch_s: inside GIL-releasing kernels (kuat._native)
         self.samples = 0
         self.skipped: list[tuple[object, str, str]] = []  # (index, type name, message)
         self.worker_info_consulted: bool | None = None
@@ -113,9 +116,21 @@ class Result:
         self.task_id, self.worker_id, self.kind, self.value, self.stats = state
 
 
+class ResumeAt(NamedTuple):
+    """Task key of an iterable source resumed mid-epoch: each worker starts its iterator with
+    ``dataset.kuat_iter_from(epoch, batches, state)`` (``batches``: the rank's batches of the
+    epoch already served; ``state``: what the source's ``kuat_state_at`` said there, or
+    ``None``) instead of ``iter(dataset)``; otherwise as ``None``."""
+
+    batches: int
+    state: object = None
+
+
 def describe_key(key: object) -> str:
     if key is None:
         return "the next batch of its IterableDataset"
+    if isinstance(key, ResumeAt):
+        return f"the next batch of its IterableDataset (resumed after {key.batches} batches)"
     if isinstance(key, list):
         return f"sample indices {key}"
     return f"sample index {key}"
@@ -124,6 +139,8 @@ def describe_key(key: object) -> str:
 def key_indices(key: object) -> list[int] | None:
     if isinstance(key, list):
         return list(key)
+    if isinstance(key, ResumeAt):
+        return None
     return None if key is None else [key]
 
 

@@ -25,10 +25,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from kuat import _native
 from kuat import rng as krng
 from kuat.collate import batch_scope
 from kuat.engine import isolate
-from kuat.engine.base import EMPTY, END, OK, WorkStats
+from kuat.engine.base import EMPTY, END, OK, ResumeAt, WorkStats
 from kuat.sources import protocol
 
 __all__ = ["FetchJob", "WorkerCtx", "set_worker_info", "per_sample_getitems", "worker_dataset"]
@@ -241,6 +242,8 @@ class FetchJob:
     # the source collates its own batches (``kuat_fetch_collated(indices)``, same result as the
     # default collate of its ``__getitems__``): set when the collate is the default one
     fetch_collated: bool = False
+    # the loader's pool of large batch buffers (kuat._buffers; pickles to an empty one)
+    buffer_pool: object = None
 
     @property
     def thread_agnostic(self) -> bool:
@@ -273,7 +276,7 @@ class FetchJob:
     def stop(self, ctx: WorkerCtx) -> None:
         _clear_worker_info(ctx.method)
 
-    def _new_epoch(self, ctx: WorkerCtx, epoch: int, base_seed: int) -> None:
+    def _new_epoch(self, ctx: WorkerCtx, epoch: int, base_seed: int, key) -> None:
         ctx.epoch, ctx.ended = epoch, False
         if ctx.method != "inline" and base_seed != ctx.base_seed:
             ctx.base_seed = base_seed
@@ -284,7 +287,10 @@ class FetchJob:
         if self.iterable:
             if protocol.provides(ctx.dataset, protocol.EpochAware):
                 ctx.dataset.set_epoch(epoch)
-            ctx.iterator = iter(ctx.dataset)
+            if isinstance(key, ResumeAt):  # the source starts after the batches served
+                ctx.iterator = ctx.dataset.kuat_iter_from(epoch, key.batches, key.state)
+            else:
+                ctx.iterator = iter(ctx.dataset)
 
     # -- one task ---------------------------------------------------------------------------
     def run(self, ctx: WorkerCtx, epoch: int, key, base_seed: int):
@@ -299,18 +305,19 @@ class FetchJob:
         ``on_error="raise"``); the engine turns that into a ``FAIL`` result.
         """
         if ctx.epoch != epoch:
-            self._new_epoch(ctx, epoch, base_seed)
+            self._new_epoch(ctx, epoch, base_seed, key)
         st = WorkStats()
         # buffers kuat allocates while fetching this batch are its own: the collate may return
         # views of them; anything else it copies (collate.py)
-        with batch_scope():
-            t0, c0 = time.perf_counter(), time.thread_time()
+        with batch_scope(self.buffer_pool):
+            t0, c0, n0 = time.perf_counter(), time.thread_time(), _native.seconds()
             with krng.epoch_context(self.seed, epoch):
                 if self.iterable:
                     data = self._next_items(ctx, st)
                 else:
                     data = self._fetch_indices(ctx, epoch, key, st)
             st.fetch_s, st.fetch_cpu_s = time.perf_counter() - t0, time.thread_time() - c0
+            st.native_s = _native.seconds() - n0
             if self.iterable and ctx.num_workers > 1:  # all workers iterating all items? (#11.6)
                 st.worker_info_consulted = worker_info_consulted()
             if data is None:

@@ -186,7 +186,10 @@ class ShardCache:
         try:
             with open(tmp, "wb") as f:
                 if size <= CHUNK_BYTES:
-                    data = retry(lambda: fs.cat_file(fspath), what=what(), url=url)
+                    # the size is known: a ranged GET is one request, where a plain cat_file
+                    # costs s3fs a HEAD first (to decide on chunking), a second round trip
+                    rng = {"start": 0, "end": size} if size else {}
+                    data = retry(lambda: fs.cat_file(fspath, **rng), what=what(), url=url)
                     f.write(data)
                 else:  # parallel ranges, each written at its offset
                     f.truncate(size)
@@ -266,19 +269,76 @@ class ShardCache:
                 total -= size
 
 
+class _AttribWatch:
+    """Calls ``on_change()`` whenever files in ``directory`` have their attributes changed
+    (Linux inotify ``IN_ATTRIB``: an ``os.utime``, which is how a reader in another process
+    marks a cache entry used), once per burst of events. One daemon thread blocked in
+    ``select``; :meth:`close` ends it.
+
+    Raises:
+        OSError: inotify is not available (not Linux, or out of watches or instances).
+    """
+
+    _IN_ATTRIB = 0x00000004
+    _CLOSE_CHECK_S = 1.0  # the thread notices close() at least this often
+
+    def __init__(self, directory: Path, on_change):
+        import ctypes
+        import ctypes.util
+
+        libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+        if not hasattr(libc, "inotify_init1"):
+            raise OSError("inotify is not available on this platform")
+        fd = libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
+        if fd < 0:
+            raise OSError(ctypes.get_errno(), "inotify_init1 failed")
+        if libc.inotify_add_watch(fd, os.fsencode(directory), self._IN_ATTRIB) < 0:
+            err = ctypes.get_errno()
+            os.close(fd)
+            raise OSError(err, f"inotify_add_watch({directory}) failed")
+        self._fd, self._on_change, self._closed = fd, on_change, False
+        threading.Thread(target=self._run, name="kuat-prefetch-watch", daemon=True).start()
+
+    def _run(self) -> None:
+        import select
+
+        try:
+            while not self._closed:
+                ready, _, _ = select.select([self._fd], [], [], self._CLOSE_CHECK_S)
+                if ready:
+                    with contextlib.suppress(BlockingIOError):
+                        while os.read(self._fd, 4096):  # drain: one wake-up per burst
+                            pass
+                    self._on_change()
+        finally:
+            os.close(self._fd)
+
+    def close(self) -> None:
+        self._closed = True
+
+
 class Prefetcher:
     """Fetches shards into a :class:`ShardCache` ahead of use, in the order an epoch needs them.
 
     :meth:`start` is given the shard ids in order of first use (from the sampler's order for
-    the epoch); one background thread fetches them, at most ``depth`` shards ahead of use. A
-    shard counts as used when :meth:`used` is called for it (a reader in this process opened
-    it) or when its cache entry was touched after the fetch (a reader in another process, a
-    process worker, hit it). The depth bounds the cache space prefetch takes:
+    the epoch); up to ``depth`` background threads fetch them concurrently, at most ``depth``
+    shards ahead of use (fetched but unused, or in flight). Concurrent fetches are what hide
+    a store's per-request latency: one fetch at a time pays the round trip once per shard
+    (50 ms x 32 shards is 1.6 s of an epoch that may take 1 s to read), ``depth`` at once pay
+    it once per ``depth`` shards. The depth bounds the cache space prefetch takes:
     ``depth * shard_bytes``.
 
+    A shard counts as used when :meth:`used` is called for it (a reader in this process opened
+    it) or when its cache entry was touched after the fetch (a reader in another process, a
+    process worker, hit it). Both wake the fetch threads at once: the first is a call, the
+    second an inotify ``IN_ATTRIB`` event on the cache directory (Linux). Where inotify is
+    unavailable a full window re-checks its entries every 50 ms instead, which may start each
+    fetch up to that much later than the use that made room for it.
+
     Args:
-        fetch: ``fetch(k) -> Path``, fetches shard ``k`` into the cache (``ShardCache.get``).
-        depth: shards fetched ahead of the first unused one (>= 1).
+        fetch: ``fetch(k) -> Path``, fetches shard ``k`` into the cache (``ShardCache.get``);
+            called from several threads at once.
+        depth: shards fetched ahead of the first unused one (>= 1), and fetches in flight.
 
     Thread-safety: all methods may be called from any thread. A fetch error is logged and left
     for the reader, which fetches the shard itself and raises with the shard and URL.
@@ -287,15 +347,21 @@ class Prefetcher:
     _POLL_S = 0.05  # how often a full window re-checks other processes' use of its entries
 
     def __init__(self, fetch, depth: int):
-        if not isinstance(depth, int) or depth < 1:
+        if not isinstance(depth, int) or isinstance(depth, bool) or depth < 1:
             raise ValueError(f"prefetch depth={depth!r} must be a positive int")
         self._fetch = fetch
         self.depth = depth
         self._cond = threading.Condition()
         self._order: list[int] = []
+        self._pos = 0  # next position of _order to fetch
         self._generation = 0
         self._used: set[int] = set()
-        self._thread: threading.Thread | None = None
+        self._local_use = False  # a used() this epoch: readers notify, no need to look
+        self._pending: list[tuple[int, Path, int]] = []  # fetched, not yet seen used
+        self._inflight = 0
+        self._threads: list[threading.Thread] = []
+        self._watch: _AttribWatch | None = None  # while a full window waits on another process
+        self._watch_failed = False
         self._closed = False
 
     def start(self, order, used=()) -> None:
@@ -305,58 +371,103 @@ class Prefetcher:
             if self._closed:
                 return
             self._order = [int(k) for k in order]
+            self._pos = 0
             self._generation += 1
             self._used = {int(k) for k in used}
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(
-                    target=self._run, name="kuat-prefetch", daemon=True
-                )
-                self._thread.start()
+            self._local_use = False
+            self._pending = []
+            self._threads = [t for t in self._threads if t.is_alive()]
+            for i in range(len(self._threads), min(self.depth, len(self._order))):
+                t = threading.Thread(target=self._run, name=f"kuat-prefetch-{i}", daemon=True)
+                t.start()
+                self._threads.append(t)
             self._cond.notify_all()
 
     def used(self, k: int) -> None:
         """Shard ``k`` was opened by a reader (frees a place in the window)."""
         with self._cond:
             self._used.add(k)
-            self._cond.notify_all()
+            self._local_use = True
+            if self._watch is not None:  # readers are here: no need to watch the directory
+                self._watch.close()
+                self._watch = None
+            self._cond.notify()  # one fetch thread; it wakes the next if there is more room
+
+    def _entries_touched(self) -> None:
+        """inotify: a cache entry's attributes changed; a reader in another process may have
+        used one of ours (readers in this process call :meth:`used` instead)."""
+        with self._cond:
+            if self._pending and not self._local_use:
+                self._cond.notify()
 
     def close(self) -> None:
-        """Stop prefetching (a download in progress finishes). Idempotent."""
+        """Stop prefetching (downloads in progress finish). Idempotent."""
         with self._cond:
             self._closed = True
+            if self._watch is not None:
+                self._watch.close()
             self._cond.notify_all()
 
+    def _watch_entries(self, directory: Path) -> None:
+        """Under the lock: watch the cache directory for other processes' use, from when a
+        full window waits on it until a reader in this process shows up (:meth:`used`)."""
+        if self._watch is None and not self._watch_failed:
+            try:
+                self._watch = _AttribWatch(directory, self._entries_touched)
+            except OSError as e:
+                self._watch_failed = True
+                log.debug("no inotify on %s (%s): prefetch polls for other processes' use",
+                          directory, e)  # fmt: skip
+
+    def _next(self) -> tuple[int, int] | None:
+        """Under the lock: wait for a place in the window; ``(shard id, generation)`` to fetch,
+        or ``None`` when closed."""
+        while True:
+            if self._closed:
+                return None
+            self._pending = [p for p in self._pending if not self._was_used(*p)]
+            while self._pos < len(self._order) and self._order[self._pos] in self._used:
+                self._pos += 1
+            if self._pos < len(self._order) and len(self._pending) + self._inflight < self.depth:
+                k = self._order[self._pos]
+                self._pos += 1
+                self._inflight += 1
+                if len(self._pending) + self._inflight < self.depth:
+                    self._cond.notify()  # more room: wake one more thread (not all: a herd)
+                return k, self._generation
+            # another process's use is seen by inotify, else only by looking again
+            if self._pending and not self._local_use:
+                self._watch_entries(self._pending[0][1].parent)
+            poll = self._pending and not self._local_use and self._watch is None
+            self._cond.wait(self._POLL_S if poll else None)
+
     def _run(self) -> None:
-        pending: list[tuple[int, Path, int]] = []  # fetched, not yet seen used
-        generation, pos = -1, 0
         while True:
             with self._cond:
-                while True:
-                    if self._closed:
-                        return
-                    if generation != self._generation:
-                        generation, pos, pending = self._generation, 0, []
-                    pending = [p for p in pending if not self._was_used(*p)]
-                    if pos < len(self._order) and len(pending) < self.depth:
-                        break
-                    self._cond.wait(self._POLL_S if pending else None)
-                k = self._order[pos]
-                pos += 1
-                if k in self._used:
-                    continue
+                job = self._next()
+            if job is None:
+                return
+            k, generation = job
+            path = None
             try:
                 path = self._fetch(k)
+                mtime = os.stat(path).st_mtime_ns
+            except FileNotFoundError:  # evicted already: nothing pending
+                path = None
             except Exception as e:  # the reader fetches again and raises with context
                 log.warning("prefetching shard %d failed: %s", k, e)
-                continue
-            try:
-                pending.append((k, path, os.stat(path).st_mtime_ns))
-            except FileNotFoundError:
-                continue
+                path = None
+            with self._cond:
+                self._inflight -= 1
+                if path is not None and generation == self._generation and k not in self._used:
+                    self._pending.append((k, path, mtime))
+                self._cond.notify()
 
     def _was_used(self, k: int, path: Path, mtime_ns: int) -> bool:
         if k in self._used:
             return True
+        if self._local_use:  # readers here call used(): no stat (a syscall, a GIL hand-off)
+            return False
         try:
             return os.stat(path).st_mtime_ns != mtime_ns
         except FileNotFoundError:  # evicted

@@ -374,6 +374,50 @@ class Store:
                 raise ValueError(f"no field {name!r} in {self.schema}")
         return self.gather(idx, fields)[1]
 
+    def sequence_lengths(self, field: str) -> np.ndarray:
+        """``(N,) int64``: the number of values of sequence ``field`` in every row, from the
+        shards' offsets (no values read; maps every shard, so a remote dataset fetches them).
+
+        Raises:
+            ValueError: ``field`` is not a sequence field of the schema.
+        """
+        self._check_sequence(field)
+        parts = [np.diff(self.shard(k).columns[field].offsets) for k in range(len(self.starts))]
+        if not parts:
+            return np.empty(0, np.int64)
+        return np.concatenate(parts).astype(np.int64, copy=False)  # (N,) int32 -> int64
+
+    def read_flat(self, indices: Sequence[int], field: str) -> tuple[np.ndarray, np.ndarray]:
+        """Sequence ``field`` of rows ``indices``, end to end: ``(lengths (B,) int64, values
+        (T,))`` in the field's dtype, ``T = lengths.sum()``, with one gather per shard (no
+        per-row views; consecutive rows of one shard are one read-only view of it).
+
+        Raises:
+            ValueError: ``field`` is not a sequence field of the schema.
+            IndexError: an index out of range.
+        """
+        self._check_sequence(field)
+        idx = self.indices(indices)
+        _, groups = self._groups(idx)
+        if len(groups) == 1:
+            shard, _, rows = groups[0]
+            return _flat_rows(shard.columns[field], np.asarray(rows, np.int64))
+        lengths = np.empty(len(idx), np.int64)
+        parts = []
+        for shard, pos, rows in groups:
+            n, values = _flat_rows(shard.columns[field], np.asarray(rows, np.int64))
+            lengths[pos] = n
+            parts.append((np.asarray(pos, np.int64), n, values))
+        out = np.empty(int(lengths.sum()), self.schema[field].type.np_dtype)  # (T,)
+        at = np.cumsum(lengths) - lengths  # (B,) where each row goes
+        for pos, n, values in parts:
+            out[_span_positions(at[pos], n)] = values
+        return lengths, out
+
+    def _check_sequence(self, field: str) -> None:
+        if field not in self.schema or self.schema[field].type.kind != "sequence":
+            raise ValueError(f"{field!r} is not a sequence field of {self.schema}")
+
     def raw(self, index: int) -> dict:
         """Sample ``index`` without decoding or transforms (images as :class:`EncodedImage`
         with ``bytes`` data)."""
@@ -398,6 +442,21 @@ class Store:
             else:
                 out[f.name] = c[0]
         return out
+
+
+def _span_positions(start: np.ndarray, size: np.ndarray) -> np.ndarray:
+    """``(sum(size),) int64``: ``start[0], start[0] + 1, ..., start[1], ...``."""
+    offsets = np.cumsum(size) - size  # (m,)
+    return np.repeat(start - offsets, size) + np.arange(int(size.sum()))
+
+
+def _flat_rows(col, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(lengths (B,) int64, values (T,))`` of a sequence column's ``rows``, end to end."""
+    start = col.offsets[rows].astype(np.int64)  # (B,)
+    lengths = col.offsets[rows + 1] - start  # (B,) int64
+    if len(rows) and rows[-1] - rows[0] == len(rows) - 1 and (np.diff(rows) == 1).all():
+        return lengths, col.data[start[0] : start[0] + int(lengths.sum())]  # consecutive: a view
+    return lengths, col.data[_span_positions(start, lengths)]
 
 
 def open_store(

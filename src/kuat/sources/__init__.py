@@ -43,6 +43,10 @@ def as_source(dataset):
 
     ``datasets`` is never imported unless ``dataset`` comes from it.
     """
+    import sys
+
+    if "datasets" not in sys.modules:  # an HF dataset object implies its library is loaded
+        return dataset  # (and kuat.sources.hf need not be imported: a first batch sooner)
     from kuat.sources.hf import is_hf_iterable_dataset, is_hf_map_dataset
 
     if is_hf_map_dataset(dataset):

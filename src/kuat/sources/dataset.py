@@ -24,7 +24,7 @@ import numpy as np
 from kuat.format.manifest import Manifest
 from kuat.format.schema import Schema
 from kuat.format.store import ImageBatch, Store, open_store
-from kuat.rng import map_samples, sample_context, sample_rng
+from kuat.rng import map_samples, sample_context, sample_rngs
 
 __all__ = ["Dataset", "open_dataset"]
 
@@ -171,6 +171,16 @@ class Dataset:
         (:meth:`kuat.format.Store.read_batch` documents each field's form)."""
         return self._store.read_batch(indices, fields)
 
+    def read_flat(self, indices: Sequence[int], field: str) -> tuple[np.ndarray, np.ndarray]:
+        """Sequence ``field`` of rows ``indices`` end to end, ``(lengths (B,), values (T,))``
+        (:meth:`kuat.format.Store.read_flat`)."""
+        return self._store.read_flat(indices, field)
+
+    def sequence_lengths(self, field: str) -> np.ndarray:
+        """``(N,) int64`` values of sequence ``field`` per row, from the shards' offsets
+        (:meth:`kuat.format.Store.sequence_lengths`)."""
+        return self._store.sequence_lengths(field)
+
     def raw(self, index: int) -> dict:
         """Sample ``index`` without decoding or transforms (images as
         :class:`kuat.format.EncodedImage` with ``bytes`` data)."""
@@ -276,11 +286,13 @@ class Dataset:
 
         widths, heights = c.width.tolist(), c.height.tolist()
         if _is_fused(t):
+            # the batch's generators, both SeedSequence hashes done at once (kuat._seedseq)
+            rngs = sample_rngs(index_list)
             if _decodes_batches(t):  # e.g. Compose(decode_device="cuda"): nvJPEG, one call
-                rngs = [sample_rng(i).numpy for i in index_list]
                 out = t.apply_encoded_batch(
-                    c.data, widths, heights, rngs, indices=index_list, sources=sources
-                )
+                    c.data, widths, heights, [r.numpy for r in rngs], indices=index_list,
+                    sources=sources,
+                )  # fmt: skip
                 return list(out)  # (B, 3, H, W) on the device -> B views, or B tensors
             loc = _takes_location(t)
             size = t.output_size() if hasattr(t, "output_size") else None
@@ -290,11 +302,11 @@ class Dataset:
                 from kuat.collate import new_batch_buffer
 
                 buf = new_batch_buffer((len(index_list), 3, h, w), torch.uint8)  # (B, 3, H, W)
+                slots = buf.numpy()  # (B, 3, H, W) array view: slots[j] costs no tensor op
                 if _fills_buffers(t):  # the whole batch in one call (GIL released once)
-                    rngs = [sample_rng(i).numpy for i in index_list]
                     t.apply_encoded_many(
-                        c.data, widths, heights, rngs, buf.numpy(), indices=index_list,
-                        sources=sources,
+                        c.data, widths, heights, [r.numpy for r in rngs], slots,
+                        indices=index_list, sources=sources,
                     )  # fmt: skip
                     return list(buf.unbind(0))  # B views: collate returns buf without copying
                 for j, (d, wd, ht, i, s) in enumerate(
@@ -302,13 +314,14 @@ class Dataset:
                 ):
                     kw = {"index": i, "source": s} if loc else {}
                     with sample_context(i):
-                        t.apply_encoded(d, wd, ht, sample_rng(i).numpy, out=buf[j].numpy(), **kw)
-                    values.append(buf[j])  # a view: collate returns buf without copying
-                return values
-            for d, wd, ht, i, s in zip(c.data, widths, heights, index_list, sources):
+                        t.apply_encoded(d, wd, ht, rngs[j].numpy, out=slots[j], **kw)
+                return list(buf.unbind(0))  # B views: collate returns buf without copying
+            for j, (d, wd, ht, i, s) in enumerate(
+                zip(c.data, widths, heights, index_list, sources)
+            ):
                 kw = {"index": i, "source": s} if loc else {}
                 with sample_context(i):
-                    arr = t.apply_encoded(d, wd, ht, sample_rng(i).numpy, **kw)
+                    arr = t.apply_encoded(d, wd, ht, rngs[j].numpy, **kw)
                 values.append(torch.from_numpy(np.ascontiguousarray(arr)))  # (3, H, W) uint8
             return values
         values = []

@@ -13,7 +13,7 @@ packer. It is one of (:data:`Source`):
 Every hook below is optional; the loader looks for each with :func:`provides` (methods) or the
 accessor named here (attributes), and nowhere else (``grep kuat_ src/kuat`` finds the
 providers: ``sources.dataset``, ``sources.mixture``, ``sources.shuffle``, ``sources.stream``,
-``sources.hf``). Each capability is its own ``runtime_checkable`` protocol, which type checkers
+``sources.hf``, ``text.pack``). Each capability is its own ``runtime_checkable`` protocol, which type checkers
 and ``isinstance`` understand; :func:`provides` is the loader's exact test (every method of the
 protocol is callable on the object, so a hook set to ``None`` on an instance is absent, which
 ``isinstance`` does not see when the class defines it). The loader checks hooks when it is
@@ -32,6 +32,9 @@ hook                        protocol / accessor    when the loader calls or read
 ``kuat_set_distributed``    :class:`Distributed`   each epoch start whose rank/world size changed
 ``kuat_set_batching``       :class:`Batching`      construction (iterable, loader's sampler)
 ``state_dict``/``load_…``   :class:`Stateful`      ``loader.state_dict()`` / ``load_state_dict()``
+``kuat_iter_from``          :class:`ResumableIterable` epoch start after ``load_state_dict()``, in
+                                                   every worker, instead of ``iter()`` (iterable)
+``kuat_state_at``           :class:`PlanState`     ``loader.state_dict()`` (iterable)
 ==========================  =====================  =============================================
 
 Samplers have one hook of their own, ``kuat_set_epoch(epoch)`` (see :mod:`kuat.sampling`).
@@ -55,7 +58,9 @@ __all__ = [
     "Distributed",
     "EpochAware",
     "MapSource",
+    "PlanState",
     "Prefetching",
+    "ResumableIterable",
     "Stateful",
     "batch_transform",
     "provides",
@@ -163,6 +168,32 @@ class Stateful(Protocol):
     def state_dict(self) -> dict: ...
 
     def load_state_dict(self, state: dict) -> None: ...
+
+
+@runtime_checkable
+class ResumableIterable(Protocol):
+    """``kuat_iter_from(epoch, batches_served, state)`` (iterable sources): resuming mid-epoch,
+    each worker starts its iterator with this instead of ``iter(source)`` (after
+    ``set_epoch``), on its own copy: this rank's and this worker's share of ``epoch`` after the
+    rank's first ``batches_served`` batches (split as :class:`Batching` says; batch
+    ``batches_served`` goes to worker 0, the next to worker 1, ...), found without reading
+    what precedes it. ``state``: what :class:`PlanState`'s ``kuat_state_at`` returned when the
+    loader's state was taken, or ``None`` (the source finds the point itself). Iterable
+    sources without it are resumed by replaying the served batches."""
+
+    def kuat_iter_from(self, epoch: int, batches_served: int, state: Any = None) -> Any: ...
+
+
+@runtime_checkable
+class PlanState(Protocol):
+    """``kuat_state_at(epoch, batches_served, rank, world_size)`` (iterable sources with
+    :class:`ResumableIterable`): called on the loader's source, from the caller's thread, by
+    ``loader.state_dict()``; returns a small picklable value (or ``None``) saved under
+    ``"source"`` and handed to ``kuat_iter_from`` on resume, so that the resume costs the
+    same wherever it is in the epoch (``kuat.pack``: the buffer of the packing plan that holds
+    the next row)."""
+
+    def kuat_state_at(self, epoch: int, batches_served: int, rank: int, world_size: int) -> Any: ...
 
 
 def provides(source: object, protocol: type) -> bool:

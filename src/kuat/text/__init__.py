@@ -3,7 +3,7 @@
 | module | what it is | when it runs |
 |---|---|---|
 | `_docs.py` | documents of an epoch by ordinal (token ids, labels / loss mask), fetched again by ordinal | inside the packer |
-| `pack.py` | `pack()`: concat / first-fit / best-fit packing over a bounded buffer, a `Stream` with a small resumable state | each `iter()`, in the loader's workers |
+| `pack.py` | `pack()`: concat / first-fit / best-fit packing over a bounded buffer, a `Stream` with a small resumable state; with the documents' lengths every consumer plans the same rows and reads only its own; `kuat_state_at` / `kuat_iter_from`: the loader's resume hooks | each `iter()`, in the loader's workers; `kuat_state_at` in `loader.state_dict()` |
 | `collate.py` | `pack_collate()`: rows -> batch with `cu_seqlens`, `max_seqlen`, `document_ids`; `document_mask`, `flex_block_mask` | every batch (masks: on the device) |
 | `tokenize.py` | one interface over `tokenizers` / `transformers` / `tiktoken`; chat samples with a loss mask; `tokenize()`: a stream tokenized on the fly | ingest (`kuat.convert.from_text`) or each `iter()` |
 | `budget.py` | `TokenBudgetBatchSampler`: batches bounded by padded tokens, length-bucketed, equal counts per rank | each epoch, in the loader's main thread |

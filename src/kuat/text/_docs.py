@@ -165,32 +165,42 @@ class Documents:
 
     def fetch_block(self, start: int, stop: int) -> Block:
         """Documents ``start .. stop - 1`` (a map-style source) as one :class:`Block`."""
+        return self.fetch_ordinals(np.arange(start, stop, dtype=np.int64), start)
+
+    def fetch_ordinals(self, ordinals: np.ndarray, first: int = 0) -> Block:
+        """The documents at ``ordinals (k,) int64`` (a map-style source; any order) as one
+        :class:`Block` in that order (``first``: its ``first`` attribute)."""
         fields = self._columns()
         if fields is None:
-            return Block.of_docs(start, self.fetch(range(start, stop)))
-        indices = self.order[start:stop]
-        cols = self.source.read_batch(indices, fields)
-        ids_views = cols[self.field]  # k read-only 1-d views of the mapped shard
-        lengths = np.fromiter(map(len, ids_views), np.int64, len(ids_views))  # (k,)
-        if not len(ids_views):
-            empty = np.empty(0, np.int64)
-            return Block(start, lengths, empty, empty)
-        ids = np.concatenate(ids_views, dtype=np.int64, casting="safe")  # (T,) uint -> int64
+            return Block.of_docs(first, self.fetch(ordinals.tolist()))
+        indices = self.order[ordinals]
+        lengths, flat = self.source.read_flat(indices, self.field)  # (k,), (T,) stored dtype
+        ids = flat.astype(np.int64, casting="safe")  # (T,) uint16/uint32 -> int64
         if len(fields) == 1:
-            return Block(start, lengths, ids, ids)
-        extra = cols[fields[1]]
-        extra_lengths = np.fromiter(map(len, extra), np.int64, len(extra))
+            return Block(first, lengths, ids, ids)
+        extra_lengths, extra = self.source.read_flat(indices, fields[1])
         bad = np.flatnonzero(extra_lengths != lengths)
         if len(bad):
-            o = start + int(bad[0])
+            o = int(ordinals[bad[0]])
             raise ValueError(
                 f"document {o} (source index {int(indices[bad[0]])}): {fields[1]} has "
                 f"{int(extra_lengths[bad[0]])} values, {self.field} {int(lengths[bad[0]])}"
             )
-        values = np.concatenate(extra, dtype=np.int64, casting="same_kind")  # (T,) int64
+        values = extra.astype(np.int64, casting="same_kind")  # (T,) int64
         if fields[1] == "loss_mask":
             values = np.where(values != 0, ids, IGNORE_INDEX)  # (T,) int64
-        return Block(start, lengths, ids, values)
+        return Block(first, lengths, ids, values)
+
+    def lengths(self) -> np.ndarray | None:
+        """``(N,) int64``: the tokens of each document by source index, found without reading
+        the tokens (a local kuat dataset without transforms: its shards' offsets), or ``None``
+        when that is not possible (iterable sources, transforms, remote datasets, whose shards
+        would all be fetched first, other sources)."""
+        from pathlib import Path
+
+        if self.iterable or self._columns() is None or not isinstance(self.source.path, Path):
+            return None
+        return self.source.sequence_lengths(self.field)
 
     def _columns(self) -> list[str] | None:
         """The fields to read column-wise (token field, then ``labels`` or ``loss_mask``), or

@@ -190,8 +190,8 @@ def lengths_of(dataset, field: str = "input_ids") -> np.ndarray:
     """``(N,) int64``: the length of ``field`` in every sample of ``dataset``.
 
     A ``datasets.Dataset`` is read from its Arrow column's offsets (no per-row Python); a kuat
-    dataset with column-wise ``read_batch`` gathers (no decoding, no transforms); anything else
-    is indexed sample by sample.
+    dataset from its shards' offsets (a sequence field) or column-wise ``read_batch`` gathers
+    (no decoding, no transforms); anything else is indexed sample by sample.
 
     Raises:
         KeyError: ``field`` is not a column / key of the samples.
@@ -219,6 +219,8 @@ def lengths_of(dataset, field: str = "input_ids") -> np.ndarray:
         n, step = len(dataset), 1 << 16
         if field not in dataset.schema:
             raise KeyError(f"{field!r} is not a field of the dataset ({dataset.schema.names})")
+        if dataset.schema[field].type.kind == "sequence":
+            return dataset.sequence_lengths(field)  # from the shards' offsets
         out = np.empty(n, np.int64)  # (N,)
         for lo in range(0, n, step):
             rows = dataset.read_batch(range(lo, min(n, lo + step)), [field])[field]

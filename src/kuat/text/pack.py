@@ -28,12 +28,22 @@ Each row (Hugging Face's packed-row conventions, as ``DataCollatorWithFlattening
 * ``document_lengths (D,) int32``: the lengths of the row's document pieces, in order (padding
   not included).
 
-Resume: :meth:`Packed.iter_rows` returns an iterator whose ``state_dict()`` is a handful of
-integers (``concat``: the document and token offset where the next row starts; fit strategies:
-the first document of the current buffer, the ``(document, piece)`` keys of the carried row, and
-rows already emitted from the buffer). Resuming refetches one buffer and repacks it: the cost
-is that of one buffer, independent of the position in the epoch (for map-style sources; an
-iterable source is re-read, not repacked, up to the buffer).
+Who packs what: with the documents' lengths (a kuat dataset, or ``lengths=``), every consumer
+(each rank's each loader worker) computes the same *plan* from the lengths alone and reads and
+builds only its own rows: ``concat`` rows are token ranges of the epoch, found by arithmetic;
+the fit strategies run the bin choice over every buffer's lengths (no tokens read). Without
+lengths (iterable sources, other map-style sources) each consumer reads and packs the whole
+epoch and keeps its rows.
+
+Resume: through ``kuat.DataLoader``, its ``kuat_iter_from(epoch, batches_served)`` hook starts
+each worker at the first batch not yet served: with a plan this costs the plan up to there
+(``concat``: one binary search; fit strategies: the bin choice over the lengths before it),
+no reading. On its own, :meth:`Packed.iter_rows` returns an iterator whose ``state_dict()`` is a
+handful of integers (``concat``: the document and token offset where the next row starts; fit
+strategies: the first document of the current buffer, the ``(document, piece)`` keys of the
+carried row, and rows already emitted from the buffer). Resuming from it refetches one buffer
+and repacks it: the cost is that of one buffer, independent of the position in the epoch (for
+map-style sources; an iterable source is re-read, not repacked, up to the buffer).
 """
 
 from __future__ import annotations
@@ -41,13 +51,15 @@ from __future__ import annotations
 import bisect
 import itertools
 import logging
+import math
 import numbers
+import threading
 from collections.abc import Iterator
 
 import numpy as np
 import torch
 
-from kuat.sources.stream import Stream
+from kuat.sources.stream import Stream, rank_share
 from kuat.text._docs import CHUNK, IGNORE_INDEX, Block, Documents
 
 __all__ = ["pack", "Packed", "PackIterator", "STRATEGIES"]
@@ -56,6 +68,9 @@ _log = logging.getLogger("kuat.text.pack")
 
 STRATEGIES = ("concat", "first_fit", "best_fit")
 _STATE_VERSION = 1
+_PLAN_CHUNK = 16  # concat rows built per read: one gather serves several batches
+_EMPTY = np.empty(0, np.int64)
+_START = (0, 0, ())  # the fit plan's checkpoint at the start of an epoch
 
 
 def pack(
@@ -69,6 +84,7 @@ def pack(
     pad_id: int = 0,
     shuffle: bool = False,
     seed: int = 0,
+    lengths=None,
 ) -> Packed:
     """Pack the documents of ``source`` into rows of ``seq_len`` tokens, on the fly.
 
@@ -89,22 +105,39 @@ def pack(
         shuffle: read a map-style source in a permuted order, a new one each epoch (seeded by
             ``(seed, epoch)`` as the loader's sampler is); iterable sources keep their order.
         seed: the run seed for ``shuffle``.
+        lengths: ``(N,)`` ints, the tokens of each document of a map-style source, by source
+            index (e.g. :func:`kuat.text.lengths_of`); read from the source when it is a kuat
+            dataset without transforms. Each document read is checked against it.
 
     Returns:
-        A :class:`Packed` stream (a ``torch.utils.data.IterableDataset``): each rank and each
-        worker of the loader packs the whole epoch (deterministically) and keeps its rows by
-        position, so ranks get equal shares and a row goes to exactly one rank and worker
-        (without ``drop_last``, ranks are padded by wrapping around to the first rows, as
-        ``DistributedSampler`` does). Batch rows with :func:`kuat.text.pack_collate`.
-        Packing work is therefore multiplied by ranks x workers (each pass is vectorised:
-        NumPy over flat token blocks, Python only to choose bins, so this costs a few
-        microseconds per document per consumer).
+        A :class:`Packed` stream (a ``torch.utils.data.IterableDataset``). Rows are split by
+        position: rank ``r`` of ``W`` takes rows ``r, r + W, ...`` (without ``drop_last``,
+        ranks are padded by wrapping around to the first rows, as ``DistributedSampler``
+        does), so ranks get equal shares and a row goes to exactly one rank and worker; a
+        rank's loader workers take whole batches in turn. Batch rows with
+        :func:`kuat.text.pack_collate`.
+
+        With the documents' lengths (a map-style source with ``lengths`` or a kuat dataset),
+        each consumer (rank x worker) computes the same packing plan from the lengths alone
+        (concat: arithmetic on their running sum; fit strategies: the bin choice over every
+        buffer, no tokens read) and reads and builds only its own rows. Otherwise (iterable
+        sources, other map-style sources) each consumer reads and packs the whole epoch and
+        keeps its rows.
 
     Raises:
         ValueError: ``seq_len`` or ``buffer_size`` not an int >= 1; an unknown ``strategy`` or
-            ``too_long``.
+            ``too_long``; ``lengths`` not 1-d ints >= 0. When iterating: ``lengths`` of another
+            size than the source, or a document of another length than ``lengths`` says.
         TypeError: ``pad_id`` or ``seed`` not an int, ``field`` not a string.
     """
+    if lengths is not None:
+        arr = lengths.numpy() if isinstance(lengths, torch.Tensor) else np.asarray(lengths)
+        if arr.ndim != 1 or (arr.size and (arr.dtype.kind not in "iu" or arr.min() < 0)):
+            raise ValueError(
+                f"lengths should be a 1-d sequence of ints >= 0, got shape {arr.shape} "
+                f"dtype {arr.dtype}"
+            )
+        lengths = arr.astype(np.int64)
     for name, v in (("seq_len", seq_len), ("buffer_size", buffer_size)):
         if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:
             raise ValueError(f"{name} should be an int >= 1, got {v!r}")
@@ -127,6 +160,7 @@ def pack(
         int(pad_id),
         bool(shuffle),
         int(seed),
+        lengths,
     )
 
 
@@ -141,6 +175,8 @@ class PackStats:
         "split_documents",
         "dropped_documents",
         "dropped_tokens",
+        "read_documents",
+        "read_tokens",
     )
     __slots__ = _COUNTS + ("seq_len",)
 
@@ -165,7 +201,17 @@ class Packed(Stream):
     """
 
     def __init__(
-        self, source, seq_len, strategy, buffer_size, too_long, field, pad_id, shuffle, seed
+        self,
+        source,
+        seq_len,
+        strategy,
+        buffer_size,
+        too_long,
+        field,
+        pad_id,
+        shuffle,
+        seed,
+        lengths=None,
     ):
         super().__init__()
         from kuat.sources import as_source
@@ -180,6 +226,10 @@ class Packed(Stream):
         self.shuffle = shuffle
         self.seed = seed
         self._stats = PackStats(seq_len)
+        # (N,) document lengths by source index, found once and shared by the shallow copies
+        # the loader's thread workers get; None: unknown (read the whole stream)
+        self._lengths = {"value": lengths, "known": lengths is not None, "lock": threading.Lock()}
+        self._checkpoints: dict = {}  # kuat_state_at's plan checkpoints of one epoch
         if shuffle and isinstance(self.source, torch.utils.data.IterableDataset):
             _log.warning(
                 "pack(shuffle=True) over an iterable source keeps the stream's order; shuffle "
@@ -191,6 +241,111 @@ class Packed(Stream):
             f"Packed({self.source!r:.60}, seq_len={self.seq_len}, strategy={self.strategy!r}, "
             f"buffer_size={self.buffer_size}, too_long={self.too_long!r})"
         )
+
+    def __iter__(self) -> Iterator[dict]:
+        return self.kuat_iter_from(self._epoch, 0)
+
+    def kuat_state_at(
+        self, epoch: int, batches_served: int, rank: int, world_size: int
+    ) -> dict | None:
+        """Where the plan of ``epoch`` stands after the first ``batches_served`` batches of
+        rank ``rank`` of ``world_size``: a small dict (the checkpoint of the fit strategies' buffer holding the next
+        row: its first row and document and the ``(document, piece)`` keys carried into it),
+        or ``None`` when there is nothing to say (``concat``, whose rows are found by
+        arithmetic; the start of an epoch; unknown lengths). ``kuat.DataLoader.state_dict``
+        saves it and hands it back to :meth:`kuat_iter_from`.
+
+        Costs the plan (lengths only) from the last point asked in this epoch: checkpoints
+        taken in order cost one plan of the epoch in all. Not thread-safe (the loader calls it
+        from its own thread)."""
+        if self.strategy == "concat" or not batches_served:
+            return None
+        lengths = self._doc_lengths()
+        if lengths is None:
+            return None
+        row = rank + world_size * batches_served * (self._batch_size or 1)
+        cache = self._checkpoints
+        if cache.get("epoch") != epoch:
+            cache.clear()
+            cache.update(epoch=epoch, points=[_START], complete=False)
+        points = cache["points"]
+        if row >= points[-1][0] and not cache["complete"]:
+            lens = _epoch_lengths(self, epoch, lengths)[1]
+            cache["complete"] = True
+            for first, buf in _fit_plan(lens, self, PackStats(self.seq_len), points[-1]):
+                if first > points[-1][0]:
+                    points.append((first, buf.start, buf.carried_keys))
+                if first > row:
+                    cache["complete"] = False
+                    break
+        first, start, keys = points[bisect.bisect_right(points, (row, math.inf)) - 1]
+        return {
+            "version": _STATE_VERSION,
+            "strategy": self.strategy,
+            "epoch": epoch,
+            "first_row": first,
+            "start": start,
+            "carried": [list(k) for k in keys],
+        }
+
+    def kuat_iter_from(
+        self, epoch: int, batches_served: int, state: dict | None = None
+    ) -> Iterator[dict]:
+        """This rank's and this worker's rows of ``epoch`` after the rank's first
+        ``batches_served`` batches (``kuat.DataLoader``'s resume hook; see the module
+        docstring of :mod:`kuat.loader`): batch ``batches_served`` goes to worker 0, the next
+        to worker 1, and so on. ``state``: what :meth:`kuat_state_at` said for this point,
+        with which the fit strategies plan from the buffer holding the next row (one buffer's
+        bin choice, nothing read before it); without it they plan from the start of the
+        epoch (lengths only). Without known lengths the stream is read and packed up to there.
+
+        Raises:
+            ValueError: ``state`` is not a state of this strategy and epoch.
+        """
+        at = None
+        if state is not None:
+            if (
+                not isinstance(state, dict)
+                or state.get("version") != _STATE_VERSION
+                or state.get("strategy") != self.strategy
+                or state.get("epoch") != epoch
+            ):
+                raise ValueError(
+                    f"not a {self.strategy!r} plan state of epoch {epoch}, version "
+                    f"{_STATE_VERSION}: {state!r:.200}"
+                )
+            keys = tuple((int(o), int(p)) for o, p in state["carried"])
+            at = (int(state["first_row"]), int(state["start"]), keys)
+        rank, world = self._rank_and_world()
+        info = torch.utils.data.get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        share = _Share(
+            rank, world, self._batch_size or 1, worker, workers, self._drop_last, batches_served
+        )
+        lengths = self._doc_lengths()
+        if lengths is None:
+            self._stats = PackStats(self.seq_len)  # (the pass below replaces it)
+            return share.filter(self.samples(epoch))
+        return _plan_rows(self, epoch, lengths, share, at)
+
+    def _doc_lengths(self) -> np.ndarray | None:
+        holder = self._lengths
+        if not holder["known"]:
+            with holder["lock"]:
+                if not holder["known"]:
+                    docs = Documents(self.source, self.field, 0, False, 0)
+                    holder["value"], holder["known"] = docs.lengths(), True
+        return holder["value"]
+
+    def __getstate__(self):  # picklable for process workers (a lock is not)
+        state = self.__dict__.copy()
+        state["_lengths"] = {k: v for k, v in self._lengths.items() if k != "lock"}
+        state["_checkpoints"] = {}
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._lengths["lock"] = threading.Lock()
 
     def samples(self, epoch: int) -> Iterator[dict]:
         """Every packed row of ``epoch``, in order (unsplit by ranks and workers)."""
@@ -209,8 +364,11 @@ class Packed(Stream):
         """Counts of the most recent pass over this object: ``documents`` read, ``tokens`` in
         them, ``rows`` emitted, ``pad_tokens``, ``split_documents`` (longer than ``seq_len``,
         split), ``dropped_documents`` and ``dropped_tokens`` (``too_long="drop"``), and
-        ``padding_fraction`` (pad tokens / row tokens). A resumed pass counts from the resume
-        point. With a loader's workers, each worker's copy counts its own pass."""
+        ``padding_fraction`` (pad tokens / row tokens): the packing of the epoch as far as this
+        pass decided it (with a plan, every consumer decides every row; ``concat`` decides the
+        whole epoch at once); ``read_documents`` and ``read_tokens``: what this pass read (with
+        a plan, only its own rows' documents). A resumed pass counts from the resume point's
+        buffer. With a loader's workers, each worker's copy counts its own pass."""
         return self._stats.as_dict()
 
 
@@ -292,6 +450,8 @@ def _concat(docs: Documents, packed: Packed, stats: PackStats, pos) -> Iterator:
             break
         stats.documents += k
         stats.tokens += int(block.lengths.sum())
+        stats.read_documents += k
+        stats.read_tokens += int(block.lengths.sum())
         b_ids, b_labels, b_starts = block.ids, block.labels, block.starts
         b_off = np.zeros(k, np.int64)
         if block.first == first and offset:  # resuming inside document ``first``
@@ -365,9 +525,7 @@ def _concat_rows(ids, labels, seg_start, seg_len, nrows, length, filled, pad_id)
 def _fit(docs: Documents, packed: Packed, stats: PackStats, pos) -> Iterator:
     """First-fit or best-fit decreasing over buffers. ``pos``: (first document of the buffer,
     keys of the row carried into it, rows already emitted from it)."""
-    length, size = packed.seq_len, packed.buffer_size
-    drop = packed.too_long == "drop"
-    binpack = _first_fit if packed.strategy == "first_fit" else _best_fit
+    length = packed.seq_len
     start, carried_keys, skip = pos
     carried = _Items.empty()
     if carried_keys:
@@ -379,11 +537,45 @@ def _fit(docs: Documents, packed: Packed, stats: PackStats, pos) -> Iterator:
             (o, p): i for i, (o, p) in enumerate(zip(pieces.ord.tolist(), pieces.piece.tolist()))
         }
         carried = pieces.take(np.array([where[k] for k in carried_keys], np.int64))
-    for block in docs.blocks(start, size):
+    buffers = _fit_buffers(docs.blocks(start, packed.buffer_size), packed, stats, carried, True)
+    for buf in buffers:
+        out_keys = (buf.start, buf.carried_keys)
+        if len(buf.bins) > skip:
+            emit = buf.bins[skip:]
+            fills = buf.fills[skip:]
+            rows = _fit_rows(buf.items, emit, fills, length, packed.pad_id)
+            for e, row in enumerate(rows, skip + 1):
+                yield row, (*out_keys, e)
+        skip = 0
+
+
+class _Buffer:
+    """One buffer's packing decision: the rows it emits (``bins``: positions in ``items``, each
+    in arrival order; ``fills``: their tokens), the first document ``start`` of the buffer and
+    the keys of the row carried into it."""
+
+    __slots__ = ("items", "bins", "fills", "start", "carried_keys")
+
+    def __init__(self, items, bins, fills, start, carried_keys):
+        self.items, self.bins, self.fills = items, bins, fills
+        self.start, self.carried_keys = start, carried_keys
+
+
+def _fit_buffers(blocks, packed: Packed, stats: PackStats, carried, tokens: bool):
+    """The packing decisions of consecutive buffers (:class:`_Buffer`), from ``blocks`` of
+    ``buffer_size`` documents: with their tokens (``tokens``), or lengths only (the plan every
+    consumer computes alike). ``carried``: the row carried into the first buffer."""
+    length, size = packed.seq_len, packed.buffer_size
+    drop = packed.too_long == "drop"
+    binpack = _first_fit if packed.strategy == "first_fit" else _best_fit
+    for block in blocks:
         last = len(block) < size
         lengths = block.lengths
         stats.documents += len(block)
         stats.tokens += int(lengths.sum())
+        if tokens:
+            stats.read_documents += len(block)
+            stats.read_tokens += int(lengths.sum())
         too_long = lengths > length
         if drop:
             stats.dropped_documents += int(too_long.sum())
@@ -393,29 +585,262 @@ def _fit(docs: Documents, packed: Packed, stats: PackStats, pos) -> Iterator:
         ordinals = block.first + np.arange(len(block))
         new = _Items.cut(block, ordinals, length, keep=~too_long if drop else None)
         items = _Items.concat(carried, new)
-        bins, fills = binpack(items.size.tolist(), length)
+        bins, fills = binpack(items.size, length)
         keep_back = None
         if not last and bins:
             emptiest = min(range(len(bins)), key=lambda b: (fills[b], -b))
             if fills[emptiest] < length:
                 keep_back = emptiest
         out = [b for b in range(len(bins)) if b != keep_back]
-        out_keys = tuple(zip(carried.ord.tolist(), carried.piece.tolist()))
-        if len(out) > skip:
-            emit = out[skip:]
-            rows = _fit_rows(
-                items, [bins[b] for b in emit], [fills[b] for b in emit], length, packed.pad_id
-            )
-            stats.rows += len(emit)
-            stats.pad_tokens += length * len(emit) - sum(fills[b] for b in emit)
-            for e, row in enumerate(rows, skip + 1):
-                yield row, (start, out_keys, e)
+        carried_keys = tuple(zip(carried.ord.tolist(), carried.piece.tolist()))
+        emit_bins = [bins[b] for b in out]
+        emit_fills = [fills[b] for b in out]
+        stats.rows += len(out)
+        stats.pad_tokens += length * len(out) - sum(emit_fills)
+        yield _Buffer(items, emit_bins, emit_fills, block.first, carried_keys)
         if last:
             return
-        skip = 0
         keep = [] if keep_back is None else bins[keep_back]
-        carried = items.take(np.array(keep, np.int64)).compact()
-        start += size
+        carried = items.take(np.array(keep, np.int64))
+        if tokens:
+            carried = carried.compact()
+
+
+# --- the plan: rows decided from document lengths, so each consumer reads only its own rows -----
+
+
+class _Share:
+    """Which rows of an epoch one consumer (a rank's worker) yields, and from which batch on.
+
+    Ranks take rows ``rank, rank + world_size, ...`` (``rank_share``); workers take whole
+    batches of the rank's rows, batch ``start + j`` going to worker ``j % workers``
+    (``worker_share``, shifted by the ``start`` batches already served)."""
+
+    __slots__ = ("rank", "world", "batch", "worker", "workers", "drop_last", "start")
+
+    def __init__(self, rank, world, batch, worker, workers, drop_last, start):
+        self.rank, self.world, self.batch = rank, world, batch
+        self.worker, self.workers = worker, workers
+        self.drop_last, self.start = drop_last, start
+
+    def mine(self, positions: np.ndarray) -> np.ndarray:
+        """``(R,) bool``: which global row positions (padding positions included) are ours."""
+        k = positions // self.world // self.batch - self.start  # (R,) batch, from the start
+        return (positions % self.world == self.rank) & (k >= 0) & (k % self.workers == self.worker)
+
+    def served(self, n: int) -> int:
+        """Positions an epoch of ``n`` rows has across ranks (padded or truncated)."""
+        if self.drop_last:
+            return n // self.world * self.world
+        return -(-n // self.world) * self.world
+
+    def filter(self, rows: Iterator[dict]) -> Iterator[dict]:
+        """Our rows of the unsplit ``rows`` (what the stream path reads whole)."""
+        if self.world > 1:
+            rows = rank_share(rows, self.rank, self.world, self.drop_last)
+        for q, row in enumerate(rows):
+            k = q // self.batch - self.start
+            if k >= 0 and k % self.workers == self.worker:
+                yield row
+
+
+def _epoch_lengths(packed: Packed, epoch: int, lengths: np.ndarray) -> tuple[Documents, np.ndarray]:
+    """The epoch's documents and ``(N,) int64`` lengths by ordinal (``lengths`` by index)."""
+    docs = Documents(packed.source, packed.field, epoch, packed.shuffle, packed.seed)
+    if len(lengths) != len(docs.order):
+        raise ValueError(
+            f"pack(lengths=...) has {len(lengths)} lengths, the source {len(docs.order)} documents"
+        )
+    return docs, lengths[docs.order]
+
+
+def _plan_rows(
+    packed: Packed, epoch: int, lengths: np.ndarray, share: _Share, at
+) -> Iterator[dict]:
+    """Our rows of ``epoch``, planned from ``lengths`` ``(N,)`` (by source index): the choice of
+    rows costs the lengths only; tokens are read for our rows only. ``at``: the fit plan's
+    checkpoint to start from (``(first row, first document, carried keys)`` of a buffer)."""
+    docs, lens = _epoch_lengths(packed, epoch, lengths)
+    stats = packed._stats = PackStats(packed.seq_len)
+    if packed.strategy == "concat":
+        return _concat_planned(docs, lens, packed, stats, share)
+    return _fit_planned(docs, lens, packed, stats, share, at)
+
+
+def _fit_plan(lens: np.ndarray, packed: Packed, stats: PackStats, at) -> Iterator:
+    """``(first row, _Buffer)`` of each buffer of an epoch's fit plan (lengths only), from the
+    checkpoint ``at = (first row, first document, carried keys)`` of a buffer."""
+    first, start, keys = at
+    size, length, n = packed.buffer_size, packed.seq_len, len(lens)
+    blocks = (
+        Block(lo, lens[lo : lo + size], _EMPTY, _EMPTY)
+        for lo in range(start, n + 1, size)
+        if lo < n or (n - start) % size == 0  # (as Documents.blocks: a last, empty block)
+    )
+    ords = np.array([o for o, _ in keys], np.int64)
+    pieces = np.array([p for _, p in keys], np.int64)
+    sizes = np.minimum(length, lens[ords] - pieces * length)  # (c,) as _Items.cut cuts them
+    carried = _Items(ords, pieces, np.zeros_like(ords), sizes, _EMPTY, _EMPTY)
+    for buf in _fit_buffers(blocks, packed, stats, carried, False):
+        yield first, buf
+        first += len(buf.bins)
+
+
+def _concat_planned(docs, lens, packed, stats, share) -> Iterator[dict]:
+    """Concat-split rows are token ranges ``[p L, (p + 1) L)`` of the epoch: ours are found by
+    arithmetic, each from a binary search over the documents' starts."""
+    length = packed.seq_len
+    cum = np.concatenate([[0], np.cumsum(lens)])  # (N + 1,) where each document starts
+    total = int(cum[-1])
+    n = -(-total // length)
+    stats.documents, stats.tokens, stats.rows = len(lens), total, n
+    stats.pad_tokens = n * length - total
+    if not n:
+        return
+    positions = np.arange(share.rank, share.served(n), share.world)  # (Q,) our rank's positions
+    positions = positions[share.mine(positions)]
+    rows = np.where(positions < n, positions, (positions - n) % n)  # (Q,) wrap-around padding
+    doc_starts = cum[:-1][lens > 0]  # (N',) starts of non-empty documents
+    for lo in range(0, len(rows), _PLAN_CHUNK):
+        p = rows[lo : lo + _PLAN_CHUNK]  # (R,) rows to build
+        begin = p * length  # (R,) first token of each row in the epoch
+        end = np.minimum(begin + length, total)  # (R,)
+        a = np.searchsorted(doc_starts, begin, "right")  # documents starting inside the row
+        b = np.searchsorted(doc_starts, end, "left")
+        count = b - a + 1  # (R,) pieces per row: the row's start, then each document start
+        seg_row = np.repeat(np.arange(len(p)), count)  # (S,)
+        j = np.arange(len(seg_row)) - np.repeat(np.cumsum(count) - count, count)  # (S,)
+        inner = doc_starts[np.maximum(a[seg_row] + j - 1, 0)]
+        point = np.where(j == 0, begin[seg_row], inner)  # (S,) first token of each piece
+        nxt = np.append(point[1:], 0)
+        last = np.append(seg_row[1:] != seg_row[:-1], True)  # (S,) the row's last piece
+        seg_len = np.where(last, end[seg_row], nxt) - point
+        seg_ord = np.searchsorted(cum, point, "right") - 1  # (S,) the non-empty document there
+        yield from _assemble(
+            docs,
+            lens,
+            stats,
+            seg_row,
+            point - begin[seg_row],
+            seg_ord,
+            point - cum[seg_ord],
+            seg_len,
+            end - begin,
+            length,
+            packed.pad_id,
+        )
+
+
+def _fit_planned(docs, lens, packed, stats, share, at) -> Iterator[dict]:
+    """Fit rows: every consumer runs the bin choice over the lengths (no tokens read) from
+    ``at`` (a buffer's checkpoint, ``None``: the start), then reads and builds only its rows.
+    With ``drop_last``, a row is yielded once its round of ``world_size`` rows is known to be
+    complete."""
+    world = share.world
+    pending: list = []  # our rows whose round may still be incomplete (drop_last)
+    planned = 0
+    for first, buf in _fit_plan(lens, packed, stats, at or _START):
+        planned = first + len(buf.bins)
+        positions = first + np.arange(len(buf.bins))  # (R,)
+        sel = np.flatnonzero(share.mine(positions))
+        if len(sel):
+            rows = _fit_assemble(docs, lens, stats, buf, sel.tolist(), packed)
+            pending.extend(zip(positions[sel].tolist(), rows))
+        complete = planned // world * world if share.drop_last else planned
+        ready = 0
+        while ready < len(pending) and pending[ready][0] < complete:
+            ready += 1
+        for _, row in pending[:ready]:
+            yield row
+        del pending[:ready]
+    n = planned
+    if share.drop_last or not n or n % world == 0:
+        return
+    wrap = np.arange(n, share.served(n))  # padding positions: rows 0, 1, ... again
+    wrap = wrap[share.mine(wrap)]
+    if not len(wrap):
+        return
+    want = ((wrap - n) % n).tolist()
+    got: dict[int, dict] = {}
+    again = PackStats(packed.seq_len)  # (not counted twice)
+    for first, buf in _fit_plan(lens, packed, again, _START):  # rows < world_size again
+        sel = [r - first for r in want if first <= r < first + len(buf.bins)]
+        if sel:
+            rows = _fit_assemble(docs, lens, stats, buf, sel, packed)
+            got.update(zip((first + s for s in sel), rows))
+        if first + len(buf.bins) > max(want):
+            break
+    for r in want:
+        yield got[r]
+
+
+def _fit_assemble(docs, lens, stats, buf: _Buffer, sel: list[int], packed) -> list[dict]:
+    """Rows ``sel`` (positions in ``buf.bins``) of one buffer, read and built."""
+    length, items = packed.seq_len, buf.items
+    bins = [buf.bins[i] for i in sel]
+    counts = np.fromiter(map(len, bins), np.int64, len(bins))  # (R,)
+    order = np.fromiter(itertools.chain.from_iterable(bins), np.int64, int(counts.sum()))
+    seg_row = np.repeat(np.arange(len(bins)), counts)  # (S,)
+    seg_len = items.size[order]  # (S,)
+    before = np.cumsum(seg_len) - seg_len
+    seg_col = before - np.repeat(before[np.cumsum(counts) - counts], counts)  # (S,)
+    return _assemble(
+        docs,
+        lens,
+        stats,
+        seg_row,
+        seg_col,
+        items.ord[order],
+        items.piece[order] * length,
+        seg_len,
+        np.asarray([buf.fills[i] for i in sel], np.int64),
+        length,
+        packed.pad_id,
+    )
+
+
+def _assemble(
+    docs, lens, stats, seg_row, seg_col, seg_ord, seg_off, seg_len, fills, length, pad_id
+) -> list[dict]:
+    """Read the documents of the planned pieces and build their rows (see :func:`_rows`).
+
+    Pieces ``(S,)``, sorted by row and column: row ``seg_row``, column ``seg_col``, tokens
+    ``seg_off .. seg_off + seg_len`` of document ``seg_ord``; ``fills (R,)``: tokens per row.
+
+    Raises:
+        ValueError: a document read has another length than the plan's (names it).
+    """
+    nrows = len(fills)
+    wanted, inverse = np.unique(seg_ord, return_inverse=True)  # (K,) documents, (S,) which
+    block = docs.fetch_ordinals(wanted)
+    stats.read_documents += len(wanted)
+    stats.read_tokens += int(block.lengths.sum())
+    bad = np.flatnonzero(block.lengths != lens[wanted])
+    if len(bad):
+        o = int(wanted[bad[0]])
+        raise ValueError(
+            f"document {o} (source index {int(docs.order[o])}) has {int(block.lengths[bad[0]])} "
+            f"tokens, but the packing plan was made for {int(lens[o])} (pack(lengths=) or the "
+            "dataset's length column disagrees with its documents)"
+        )
+    src = _segments(block.starts[inverse] + seg_off, seg_len)  # (T,) positions in the block
+    # each row's pieces fill its columns 0 .. fill - 1 in order: a mask places them all
+    filled = np.arange(length) < fills[:, None]  # (R, L) bool
+    ids = np.full((nrows, length), pad_id, np.int64)  # (R, L)
+    ids[filled] = block.ids[src]
+    if block.labels is block.ids:  # no loss mask: the labels are the tokens
+        labels = np.where(filled, ids, IGNORE_INDEX)  # (R, L) int64
+    else:
+        labels = np.full((nrows, length), IGNORE_INDEX, np.int64)  # (R, L)
+        labels[filled] = block.labels[src]
+    return _rows(
+        ids,
+        labels,
+        seg_row,
+        seg_col,
+        seg_len,
+        fills,
+    )
 
 
 class _Items:
@@ -540,57 +965,79 @@ def _rows(ids, labels, seg_row, seg_col, seg_len, fills) -> list[dict]:
     ]
 
 
-def _first_fit(sizes: list[int], capacity: int) -> tuple[list[list[int]], list[int]]:
+def _first_fit(sizes, capacity: int) -> tuple[list[list[int]], list[int]]:
     """Greedy first-fit in arrival order: each item into the lowest-numbered bin with room.
-    Returns the bins (item positions) and their fills.
+    ``sizes``: ``(n,)`` ints in ``[1, capacity]``. Returns the bins (item positions, in
+    arrival order) and their fills.
 
-    A max-segment-tree over the bins' free space finds that bin in O(log n)."""
-    # First-fit leaves at most one bin at most half full (an item that opens a bin did not
-    # fit in any earlier one), so it opens at most 2 * sum(sizes) // capacity + 1 bins: a
-    # tree that wide (not one leaf per item) keeps the descent short.
-    n = min(len(sizes), 2 * sum(sizes) // capacity + 2)
-    leaves = 1
-    while leaves < max(n, 1):
-        leaves *= 2
-    tree = [capacity] * (2 * leaves)  # free space; unopened bins are empty (capacity)
-    bins: list[list[int]] = []
-    for i, s in enumerate(sizes):
-        node = 1
-        while node < leaves:  # leftmost leaf with free space >= s (the root always has one)
-            node = 2 * node if tree[2 * node] >= s else 2 * node + 1
-        b = node - leaves
-        if b == len(bins):
-            bins.append([])
-        bins[b].append(i)
-        tree[node] -= s
-        node //= 2
-        while node:
-            tree[node] = max(tree[2 * node], tree[2 * node + 1])
-            node //= 2
-    return bins, [capacity - tree[leaves + b] for b in range(len(bins))]
-
-
-def _best_fit(sizes: list[int], capacity: int) -> tuple[list[list[int]], list[int]]:
-    """Best-fit decreasing: longest first (ties in arrival order), each into the open bin with
-    the least free space that still holds it, else a new bin. Returns the bins (item
-    positions, each in arrival order) and their fills."""
-    order = sorted(range(len(sizes)), key=lambda i: -sizes[i])
-    free: list[tuple[int, int]] = []  # sorted (free space, bin) of bins that are not full
+    Computed bin by bin, which gives the same bins: an item goes to bin ``b`` exactly when it
+    fits there and in no earlier bin, and a bin's room depends only on its own items, so bin
+    ``b`` is a greedy in-order pass over the items the earlier bins left. Each pass takes the
+    longest prefix that fits with one ``cumsum`` and then, in Python, only the later items no
+    larger than the room left (few: the room is smaller than the item that ended the prefix).
+    """
+    left = np.arange(len(sizes))  # (m,) items in no bin yet, in arrival order
+    rest = np.asarray(sizes, np.int64)  # (m,) their sizes
     bins: list[list[int]] = []
     fills: list[int] = []
-    for i in order:
-        s = sizes[i]
-        j = bisect.bisect_left(free, (s, -1))
-        if j < len(free):
-            space, b = free.pop(j)
-        else:
-            space, b = capacity, len(bins)
-            bins.append([])
-            fills.append(0)
-        bins[b].append(i)
-        fills[b] += s
-        if space - s:
-            bisect.insort(free, (space - s, b))
-    for members in bins:  # each row keeps its documents in arrival order
-        members.sort()
+    while len(left):
+        total = np.cumsum(rest)  # (m,)
+        j = int(np.searchsorted(total, capacity, "right"))  # items 0 .. j - 1 fit together
+        room = capacity - int(total[j - 1])
+        take = list(range(j))
+        if j < len(rest) and room:
+            later = np.flatnonzero(rest[j + 1 :] <= room) + j + 1  # the only ones that may fit
+            for c, size in zip(later.tolist(), rest[later].tolist()):
+                if size <= room:
+                    take.append(c)
+                    room -= size
+                    if not room:
+                        break
+        bins.append(left[take].tolist())
+        fills.append(capacity - room)
+        keep = np.ones(len(left), bool)
+        keep[take] = False
+        left, rest = left[keep], rest[keep]
     return bins, fills
+
+
+def _best_fit(sizes, capacity: int) -> tuple[list[list[int]], list[int]]:
+    """Best-fit decreasing: longest first (ties in arrival order), each into the open bin with
+    the least free space that still holds it (ties: the lowest-numbered), else a new bin.
+    ``sizes``: ``(n,)`` ints in ``[1, capacity]``. Returns the bins (item positions, each in
+    arrival order) and their fills.
+
+    Items of equal size are placed a run at a time, with the same result as one at a time:
+    the bin that takes an item of size ``s`` with ``f`` free stays the tightest for the next
+    one while ``f - s >= s``, so it takes ``min(k, f // s)`` of a run of ``k``. The Python loop
+    runs once per distinct size and bin filled, not once per item.
+    """
+    sizes = np.asarray(sizes, np.int64)
+    n = len(sizes)
+    order = np.argsort(-sizes, kind="stable")  # (n,) longest first, ties in arrival order
+    ordered = sizes[order]
+    run_start = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]]) if n else order
+    run_len = np.diff(np.r_[run_start, n])
+    owner = np.empty(n, np.int64)  # (n,) the bin of each item, in ``order``
+    free: list[tuple[int, int]] = []  # sorted (free space, bin) of bins that are not full
+    fills: list[int] = []
+    for pos, k, s in zip(run_start.tolist(), run_len.tolist(), ordered[run_start].tolist()):
+        while k:
+            j = bisect.bisect_left(free, (s, -1))
+            if j < len(free):
+                space, b = free.pop(j)
+            else:
+                space, b = capacity, len(fills)
+                fills.append(0)
+            m = min(k, space // s)
+            owner[pos : pos + m] = b
+            pos, k = pos + m, k - m
+            fills[b] += m * s
+            if space - m * s:
+                bisect.insort(free, (space - m * s, b))
+    item_bin = np.empty(n, np.int64)
+    item_bin[order] = owner  # (n,) bin of each item, by arrival
+    by_bin = np.argsort(item_bin, kind="stable")  # (n,) items by bin, then arrival
+    cuts = np.searchsorted(item_bin[by_bin], np.arange(len(fills) + 1)).tolist()
+    members = by_bin.tolist()
+    return [members[cuts[b] : cuts[b + 1]] for b in range(len(fills))], fills

@@ -64,6 +64,7 @@
 #include <stdlib.h>
 #include <stdint.h>
 #include <string.h>
+#include <math.h>
 #include <dlfcn.h>
 #include <jpeglib.h> /* the vendored _libjpeg_turbo/include comes first on the include path */
 
@@ -536,6 +537,107 @@ static PyObject *resize_planar(PyObject *self, PyObject *args) {
     return result;
 }
 
+/* numpy's pairwise summation of n doubles (numpy/_core/src/umath/loops_utils.h.src), so
+ * that the weights' normalisation rounds exactly as kuat.vision.transforms._taps's NumPy
+ * reference (w.sum(axis=1)) does. */
+static double pairwise_sum(const double *a, Py_ssize_t n) {
+    if (n < 8) {
+        double res = 0.;
+        for (Py_ssize_t i = 0; i < n; i++)
+            res += a[i];
+        return res;
+    } else if (n <= 128) {
+        double r[8], res;
+        Py_ssize_t i;
+        for (int k = 0; k < 8; k++)
+            r[k] = a[k];
+        for (i = 8; i < n - (n % 8); i += 8)
+            for (int k = 0; k < 8; k++)
+                r[k] += a[i + k];
+        res = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]));
+        for (; i < n; i++)
+            res += a[i];
+        return res;
+    } else {
+        Py_ssize_t n2 = n / 2;
+        n2 -= n2 % 8;
+        return pairwise_sum(a, n2) + pairwise_sum(a + n2, n - n2);
+    }
+}
+
+/* taps(in_size, out_size) -> (start bytes (out,) int32, weights bytes (out, taps) int16, taps,
+ * precision): kuat.vision.transforms._taps computed in C (the same float64 operations in the
+ * same order; tests compare the two over thousands of sizes). */
+static PyObject *taps_py(PyObject *self, PyObject *args) {
+    int in_size, out_size;
+    if (!PyArg_ParseTuple(args, "ii", &in_size, &out_size))
+        return NULL;
+    if (in_size <= 0 || out_size <= 0)
+        return PyErr_Format(PyExc_ValueError, "taps: sizes must be positive, got %d -> %d",
+                            in_size, out_size);
+    double scale = (double)in_size / (double)out_size;
+    double support = scale >= 1.0 ? scale : 1.0;
+    double invscale = scale >= 1.0 ? 1.0 / scale : 1.0;
+    int64_t *xmin = (int64_t *)malloc(sizeof(int64_t) * out_size * 2);
+    if (xmin == NULL)
+        return PyErr_NoMemory();
+    int64_t *xsize = xmin + out_size;
+    int64_t taps = 0;
+    for (int i = 0; i < out_size; i++) {
+        double center = scale * ((double)i + 0.5);
+        int64_t lo = (int64_t)(center - support + 0.5);
+        int64_t hi = (int64_t)(center + support + 0.5);
+        xmin[i] = lo > 0 ? lo : 0;
+        xsize[i] = (hi < in_size ? hi : in_size) - xmin[i];
+        if (xsize[i] > taps)
+            taps = xsize[i];
+    }
+    double *w = (double *)malloc(sizeof(double) * (size_t)out_size * (size_t)taps);
+    PyObject *start_b = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)out_size * 4);
+    PyObject *weights_b = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)out_size * taps * 2);
+    if (w == NULL || start_b == NULL || weights_b == NULL) {
+        free(xmin);
+        free(w);
+        Py_XDECREF(start_b);
+        Py_XDECREF(weights_b);
+        return PyErr_NoMemory();
+    }
+    double w_max = 0.0;
+    for (int i = 0; i < out_size; i++) {
+        double center = scale * ((double)i + 0.5);
+        double *row = w + (size_t)i * taps;
+        for (int64_t j = 0; j < taps; j++) {
+            double v = 1.0 - fabs((((double)(j + xmin[i])) - center + 0.5) * invscale);
+            row[j] = (j < xsize[i] && v > 0.0) ? v : 0.0;
+        }
+        double total = pairwise_sum(row, taps);
+        if (total == 0.0)
+            total = 1.0;
+        for (int64_t j = 0; j < taps; j++) {
+            row[j] = row[j] / total;
+            if (row[j] > w_max)
+                w_max = row[j];
+        }
+    }
+    int precision = 0;
+    while (precision < 22 && (int64_t)(0.5 + w_max * (double)(1 << (precision + 1))) < (1 << 15))
+        precision++;
+    int32_t *start = (int32_t *)PyBytes_AS_STRING(start_b);
+    int16_t *weights = (int16_t *)PyBytes_AS_STRING(weights_b);
+    memset(weights, 0, (size_t)out_size * taps * 2);
+    for (int i = 0; i < out_size; i++) {
+        int64_t st = xmin[i] < in_size - taps ? xmin[i] : in_size - taps;
+        int64_t shift = xmin[i] - st;
+        start[i] = (int32_t)st;
+        for (int64_t j = 0; j + shift < taps; j++)
+            weights[(size_t)i * taps + j + shift] =
+                (int16_t)floor(0.5 + w[(size_t)i * taps + j] * (double)(1 << precision));
+    }
+    free(xmin);
+    free(w);
+    return Py_BuildValue("NNii", start_b, weights_b, (int)taps, precision);
+}
+
 static PyObject *load(PyObject *self, PyObject *args) {
     const char *path;
     if (!PyArg_ParseTuple(args, "s", &path))
@@ -733,6 +835,9 @@ done:
 static PyMethodDef methods[] = {
     {"load", load, METH_VARARGS,
      "load(path) -> (copyright, file): dlopen the libjpeg-turbo every decode uses"},
+    {"taps", taps_py, METH_VARARGS,
+     "taps(in_size, out_size) -> (start, weights, taps, precision): the fixed-point weights "
+     "of kuat.vision.transforms._taps, as bytes"},
     {"resize_planar", resize_planar, METH_VARARGS,
      "resize_planar(src, h, w, channels, out, out_h, out_w, flip, x_start, x_weights, x_taps, "
      "x_precision, y_start, y_weights, y_taps, y_precision) -> None"},

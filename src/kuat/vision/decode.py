@@ -30,10 +30,12 @@ from __future__ import annotations
 import io
 import logging
 import threading
+import time
 from typing import NamedTuple
 
 import numpy as np
 
+from kuat import _native
 from kuat.errors import DecodeError
 from kuat.vision import _exif
 from kuat.vision._libjpeg import load_roi
@@ -145,6 +147,7 @@ def decode_stored(
             min_w = -(-width * k // 8)  # ceil: libjpeg's scaled size, so simplejpeg picks k/8
             min_h = -(-height * k // 8)
             try:
+                t0 = time.perf_counter()
                 if reuse_buffer:
                     out = _scratch(min_w * min_h * 3)
                     pixels = simplejpeg.decode_jpeg(
@@ -152,6 +155,7 @@ def decode_stored(
                     )
                 else:
                     pixels = simplejpeg.decode_jpeg(data, min_width=min_w, min_height=min_h)
+                _native.add(time.perf_counter() - t0)
                 return Decoded(pixels, height, width, k / 8, _exif.jpeg_orientation(data))
             except ValueError as e:
                 # Truncated files fail again in Pillow (and are reported there); files with
@@ -202,7 +206,9 @@ def decode_jpeg_roi(
     """
     n = (y1 - y0) * (x1 - x0) * channels
     buf = _scratch(n)
+    t0 = time.perf_counter()
     _roi.decode_crop(data, scale_num, y0, y1, x0, x1, buf, channels)
+    _native.add(time.perf_counter() - t0)
     return buf[:n].reshape(y1 - y0, x1 - x0, channels)  # (rows, cols, channels)
 
 
@@ -220,7 +226,9 @@ def resize_rgbx_planar(src: np.ndarray, out: np.ndarray, flip: bool, x_taps, y_t
     if fn is None:
         return False
     h, w = src.shape[:2]
+    t0 = time.perf_counter()
     fn(src, h, w, 4, out, out.shape[1], out.shape[2], int(flip), *x_taps, *y_taps)
+    _native.add(time.perf_counter() - t0)
     return True
 
 
@@ -250,7 +258,10 @@ def decode_resize_batch(jobs: list[tuple], out: np.ndarray) -> list[tuple[int, s
     b, c, h, w = out.shape
     if c != 3 or out.dtype != np.uint8 or not out.flags.c_contiguous:
         raise ValueError(f"out must be C-contiguous (B, 3, H, W) uint8, got {out.shape} {out.dtype}")
-    return _roi.decode_resize_batch(jobs, out, b, h, w)
+    t0 = time.perf_counter()
+    failed = _roi.decode_resize_batch(jobs, out, b, h, w)
+    _native.add(time.perf_counter() - t0)  # kernel seconds for stats()["busy_s"]["native"]
+    return failed
 
 
 def _decode_pil(data, min_scale, max_pixels, index, source) -> Decoded:

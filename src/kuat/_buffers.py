@@ -1,0 +1,93 @@
+"""A loader's pool of batch buffers: reuse a batch's memory once nothing views it any more.
+
+A decoded image batch is one large buffer (``(64, 3, 224, 224)`` uint8 is 9.2 MiB) per batch.
+Allocated with ``malloc``, such buffers end up in glibc's per-thread arenas (its mmap
+threshold rises to the size of the first freed one), which keep freed memory resident: with
+2 worker threads the loader's anonymous memory grew to about twice what the batches in flight
+need (measured: +86 MiB over 2 epochs at batch 64, +39 MiB with buffers that go back to the OS
+on free). The pool instead maps each buffer with ``mmap`` (never part of an arena) and, when
+the last tensor viewing it is freed, keeps it for the next batch of the same size: no page
+faults, no zeroing, and at most ``max_free`` idle buffers per size. ``clear()`` (the loader's
+``close()``) unmaps the idle ones; buffers still in use go back to the OS when freed.
+
+How a buffer comes back: :meth:`take` returns a fresh NumPy array object viewing the mapping;
+``torch.from_numpy`` keeps that array alive for as long as any tensor (the batch, a view of
+it, a slice the user keeps) uses the memory; when it dies, a ``weakref.finalize`` callback puts
+the mapping back on the free list. So reuse can never overwrite memory the user still holds.
+
+Thread-safety: :meth:`take` and the callbacks may run in any thread (a lock guards the lists).
+Pickling gives an empty pool (process workers each keep their own).
+"""
+
+from __future__ import annotations
+
+import mmap
+import threading
+import weakref
+
+import numpy as np
+
+__all__ = ["BufferPool", "MIN_POOLED_BYTES"]
+
+# Below this, malloc is cheap and its arenas hold little: the pool is for batch-sized buffers.
+MIN_POOLED_BYTES = 1 << 20
+
+
+class BufferPool:
+    """Reusable, mmap-backed uint8 buffers, by exact byte size.
+
+    Args:
+        max_free: idle buffers kept per size (more are unmapped when freed).
+    """
+
+    def __init__(self, max_free: int = 4):
+        if not isinstance(max_free, int) or max_free < 0:
+            raise ValueError(f"max_free must be an int >= 0, got {max_free!r}")
+        self.max_free = max_free
+        # reentrant: a collection triggered inside the lock may free a lease, whose callback
+        # (_give_back) then runs in this same thread
+        self._lock = threading.RLock()
+        self._free: dict[int, list[mmap.mmap]] = {}
+        self._closed = False
+        self.created = self.reused = 0  # counters, for tests and stats
+
+    def take(self, nbytes: int) -> np.ndarray:
+        """A ``(nbytes,)`` uint8 array, uninitialised, that returns to the pool when freed."""
+        with self._lock:
+            free = self._free.get(nbytes)
+            mm = free.pop() if free else None
+            if mm is None:
+                self.created += 1
+            else:
+                self.reused += 1
+        if mm is None:
+            # private anonymous pages (Python's default, MAP_SHARED, would be shmem: the same
+            # memory, but counted as shared); munmap'ed when the last reference dies
+            mm = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        lease = np.frombuffer(mm, np.uint8)  # (nbytes,) writable view (mmap is read-write)
+        weakref.finalize(lease, self._give_back, mm).atexit = False
+        return lease
+
+    def _give_back(self, mm: mmap.mmap) -> None:
+        new_list = []  # allocated outside the lock
+        with self._lock:
+            if self._closed:
+                return
+            free = self._free.setdefault(len(mm), new_list)
+            if len(free) < self.max_free:
+                free.append(mm)
+
+    def idle_bytes(self) -> int:
+        """Bytes held by idle buffers."""
+        with self._lock:
+            return sum(len(m) for free in self._free.values() for m in free)
+
+    def clear(self, close: bool = False) -> None:
+        """Drop the idle buffers (their memory goes back to the OS); ``close=True`` also stops
+        taking freed buffers back."""
+        with self._lock:
+            self._free.clear()
+            self._closed = self._closed or close
+
+    def __reduce__(self):
+        return (BufferPool, (self.max_free,))

@@ -1,0 +1,101 @@
+"""kuat._buffers.BufferPool: batch buffers reused only once nothing views them (#12 B)."""
+
+from __future__ import annotations
+
+import gc
+import pickle
+
+import numpy as np
+import pytest
+import torch
+
+import kuat
+from kuat._buffers import MIN_POOLED_BYTES, BufferPool
+from kuat.collate import batch_scope, default_collate, new_batch_buffer
+
+SHAPE = (4, 3, 512, 512)  # 3 MiB: pooled
+
+
+def _batch(pool, fill: int) -> torch.Tensor:
+    with batch_scope(pool):
+        buf = new_batch_buffer(SHAPE, torch.uint8)  # (B, C, H, W)
+        buf.fill_(fill)
+        out = default_collate(list(buf.unbind(0)))
+    assert out.data_ptr() == buf.data_ptr()  # the collate returned the buffer, no copy
+    return out
+
+
+def test_freed_batches_are_reused_held_ones_never():
+    pool = BufferPool(max_free=2)
+    a = _batch(pool, 1)
+    kept = a[2, 1]  # the user keeps a view of one sample's channel
+    del a
+    gc.collect()
+    b = _batch(pool, 2)  # a's memory is still viewed: a new buffer
+    assert pool.created == 2 and pool.reused == 0
+    assert int(kept.min()) == int(kept.max()) == 1  # untouched by b
+    del kept, b
+    gc.collect()
+    assert pool.idle_bytes() == 2 * int(np.prod(SHAPE))
+    c = _batch(pool, 3)
+    assert pool.reused == 1 and int(c.min()) == 3
+    del c
+    for _ in range(3):  # more idle buffers than max_free are unmapped
+        _batch(pool, 4)
+    gc.collect()
+    assert pool.idle_bytes() <= 2 * int(np.prod(SHAPE))
+
+
+def test_small_gpu_and_unscoped_buffers_are_not_pooled():
+    pool = BufferPool()
+    with batch_scope(pool):
+        small = new_batch_buffer((MIN_POOLED_BYTES // 8 - 1,), torch.float64)
+        assert small.numel() and pool.created == 0
+        big = new_batch_buffer((MIN_POOLED_BYTES // 4,), torch.float32)
+        assert pool.created == 1 and big.dtype == torch.float32 and big.shape == (MIN_POOLED_BYTES // 4,)
+        big.copy_(torch.arange(big.numel(), dtype=torch.float32))  # writable, dtype-viewed
+        assert float(big[-1]) == big.numel() - 1
+    new_batch_buffer((MIN_POOLED_BYTES,), torch.uint8)  # no scope: torch.empty
+    assert pool.created == 1
+
+
+def test_clear_close_pickle_and_validation():
+    pool = BufferPool()
+    x = pool.take(MIN_POOLED_BYTES)
+    x[:] = 7
+    del x
+    gc.collect()
+    assert pool.idle_bytes() == MIN_POOLED_BYTES
+    assert pickle.loads(pickle.dumps(pool)).idle_bytes() == 0  # process workers: their own
+    pool.clear(close=True)
+    assert pool.idle_bytes() == 0
+    y = pool.take(MIN_POOLED_BYTES)
+    del y
+    gc.collect()
+    assert pool.idle_bytes() == 0  # closed: freed buffers go back to the OS
+    with pytest.raises(ValueError, match="max_free"):
+        BufferPool(max_free=-1)
+
+
+def test_loader_reuses_batch_buffers_and_releases_them_on_close():
+    class Images(torch.utils.data.Dataset):
+        def __len__(self):
+            return 32
+
+        def __getitems__(self, indices):
+            buf = new_batch_buffer((len(indices), 3, 256, 256), torch.uint8)  # 1.5 MiB
+            for j, i in enumerate(indices):
+                buf[j].fill_(i)
+            return list(buf.unbind(0))
+
+    for workers in (0, 2):
+        loader = kuat.DataLoader(Images(), batch_size=8, num_workers=workers)
+        for _ in range(3):
+            for b in loader:
+                assert [int(b[j, 0, 0, 0]) for j in range(len(b))] == [int(b[j].max()) for j in
+                                                                        range(len(b))]
+        pool = loader._job.buffer_pool
+        assert pool.reused > 0 and pool.created <= 8  # 12 batches from a few buffers
+        del b
+        loader.close()
+        assert pool.idle_bytes() == 0
