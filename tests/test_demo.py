@@ -11,6 +11,7 @@ import torch
 import kuat
 import kuat.convert
 from kuat import vision as kv
+from kuat.cli import main
 from kuat.cli.demo_data import build_demo_imagefolder
 
 
@@ -77,8 +78,6 @@ def test_kuat_loader_sees_every_demo_image_once(demo_tree, worker_type):
 
 
 def test_kuat_demo_command_end_to_end(tmp_path, capsys):
-    from kuat.cli import main
-
     out = tmp_path / "demo.json"
     status = main(
         [
@@ -128,3 +127,16 @@ def test_demo_measures_after_importing_both_sides(demo_tree, monkeypatch):
     assert out["images"] == 40 and out["added_mib"]["pss"] == pytest.approx(
         sum(out["added_mib"][k] for k in ("anon", "file", "shmem")), abs=1.0
     )
+
+
+@pytest.mark.parametrize("text", [False, True])
+@pytest.mark.parametrize(
+    "bad", [["--workers", "-1"], ["--batch-size", "0"], ["--train-seconds", "-1"], ["--seq-len", "1"]]
+)
+def test_demo_rejects_bad_options_in_one_line(tmp_path, bad, text):
+    argv = ["demo", "--cache-dir", str(tmp_path), *bad] + (["--text"] if text else [])
+    with pytest.raises(SystemExit) as info:  # before any work: nothing built, no traceback
+        main(argv)
+    message = str(info.value.code)
+    assert message.startswith("kuat demo: need") and f"{bad[0]} {bad[1]}" in message
+    assert not any(tmp_path.iterdir())

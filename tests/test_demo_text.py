@@ -18,6 +18,7 @@ def test_demo_text_runs_and_reports(tmp_path, capsys):
          "--batch-size", "4", "--workers", "1", "--json", str(out)]
     )  # fmt: skip
     assert status == 0
+    assert (tmp_path / "demo" / "text-demo.kuat" / "manifest.json").exists()  # as --help says
     printed = capsys.readouterr().out
     assert "padding waste" in printed and "trained tokens/s" in printed
     result = json.loads(out.read_text())

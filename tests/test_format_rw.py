@@ -736,3 +736,16 @@ def test_add_shard_moves_finished_shards_in_without_rewriting(tmp_path):
     assert [ds[i]["x"] for i in range(len(ds))] == [-1, *range(20)]
     assert [s.checksum for s in ds.manifest.shards[1:]] == checksums
     assert kf.verify(tmp_path / "out").ok
+
+
+def test_an_image_transform_for_the_whole_sample_is_refused_naming_the_field(dataset_dir):
+    from kuat import vision as kv
+
+    ds = kuat.open(dataset_dir)
+    crop = kv.RandomResizedCrop(8)
+    for t in (crop, kv.Compose([crop, kv.RandomHorizontalFlip()]), kv.RandomHorizontalFlip()):
+        # it would get the sample dict and fail at iteration ("expected a torch.Tensor ...")
+        with pytest.raises(TypeError, match=r"per field: with_transform\(\{'image': \.\.\.\}\)"):
+            ds.with_transform(t)
+        assert ds.with_transform({"image": t})[3]["image"].shape[0] == 3  # (3, H, W) uint8
+    assert ds.with_transform(lambda s: s["label"])[3] == ds[3]["label"]  # a plain callable

@@ -86,7 +86,7 @@ def test_end_of_epoch_state_points_at_the_next_epoch():
 
 
 def test_resume_changes_the_seed_to_the_saved_one():
-    a = kuat.DataLoader(list(range(30)), batch_size=3, shuffle=True)
+    a = kuat.DataLoader(list(range(30)), batch_size=3, shuffle=True, seed=5)
     order = [b.tolist() for b in a]
     b = kuat.DataLoader(list(range(30)), batch_size=3, shuffle=True, seed=a.seed + 1)
     b.load_state_dict({**a.state_dict(), "epoch": 0})

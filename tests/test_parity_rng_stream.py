@@ -53,12 +53,7 @@ def test_random_streams_and_orders_equal_torchs(order_from, generator, num_worke
     t_orders, t_stream = _run(TorchDataLoader, order_from, generator, num_workers, None, persistent)
     k_orders, k_stream = _run(kuat.DataLoader, order_from, generator, num_workers, worker_type, persistent)
     assert k_stream == t_stream  # the default generator's (and generator's) draws after each epoch
-    if order_from == "shuffle" and not generator:
-        # documented difference: kuat's own shuffle is a function of (seed, epoch, rank,
-        # world_size) (exact resume, equal orders on every rank); generator= gives torch's
-        assert sorted(k_orders[0]) == list(range(16))
-    else:
-        assert k_orders == t_orders
+    assert k_orders == t_orders
 
 
 def test_seed_none_is_the_first_epochs_base_seed_and_reproducible():
@@ -90,15 +85,52 @@ def test_state_saved_before_the_first_epoch_resumes_from_the_start():
 
 def test_a_skip_first_batches_copy_hands_its_drawn_seed_to_the_loader_it_skips_for():
     torch.manual_seed(9)
+    whole = kuat.DataLoader(range(24), batch_size=4, shuffle=True)
+    first = [b.tolist() for b in whole]
+    rng_after_first = torch.get_rng_state()
+    second = [b.tolist() for b in whole]
+
+    torch.manual_seed(9)
     dl = kuat.DataLoader(range(24), batch_size=4, shuffle=True)
     skipping = dl._skip_first_batches(2)  # what Accelerate's skip_first_batches returns
-    tail = [b.tolist() for b in skipping]
-    assert len(tail) == 4 and dl.seed == skipping.seed is not None
-    torch.manual_seed(9)
-    whole = kuat.DataLoader(range(24), batch_size=4, shuffle=True)
-    first = [[b.tolist() for b in whole] for _ in range(2)]
-    assert tail == first[0][2:]
-    assert [b.tolist() for b in dl] == first[1]  # the next epoch: the same seed, epoch 1
+    assert [b.tolist() for b in skipping] == first[2:]
+    assert dl.seed == skipping.seed == whole.seed  # the run seed: the first epoch's draw
+    assert torch.equal(torch.get_rng_state(), rng_after_first)  # torch's draws, no more
+    assert [b.tolist() for b in dl] == second  # the loader it skipped for goes on as the run
+
+
+def test_explicit_seed_keeps_kuats_order_and_torchs_stream():
+    """seed= asks for kuat's order, a function of (seed, epoch) whatever the global generator;
+    the draws torch makes are made all the same."""
+
+    def run(pre_draws):
+        torch.manual_seed(0)
+        torch.rand(pre_draws)
+        dl = kuat.DataLoader(range(16), batch_size=16, shuffle=True, seed=123)
+        return [next(iter(dl)).tolist() for _ in range(2)]
+
+    assert run(0) == run(5) and run(0)[0] != run(0)[1]
+    torch.manual_seed(0)
+    list(kuat.DataLoader(range(16), batch_size=16, shuffle=True, seed=123))
+    after_kuat = torch.rand(2)
+    torch.manual_seed(0)
+    list(TorchDataLoader(range(16), batch_size=16, shuffle=True))
+    assert torch.equal(after_kuat, torch.rand(2))
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_torch_order_resumes_mid_epoch_from_the_saved_sampler_seed(num_workers):
+    torch.manual_seed(4)
+    want = [b.tolist() for b in TorchDataLoader(range(40), batch_size=4, shuffle=True)]
+    torch.manual_seed(4)
+    dl = kuat.DataLoader(range(40), batch_size=4, shuffle=True, num_workers=num_workers)
+    it = iter(dl)
+    head = [next(it).tolist() for _ in range(3)]
+    state = dl.state_dict()
+    torch.manual_seed(99)  # another global state: the resumed order comes from the saved seed
+    resumed = kuat.DataLoader(range(40), batch_size=4, shuffle=True, num_workers=num_workers)
+    resumed.load_state_dict(state)
+    assert head + [b.tolist() for b in resumed] == want
 
 
 @pytest.mark.parametrize("num_workers,worker_type,persistent", MODES)

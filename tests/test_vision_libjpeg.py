@@ -9,7 +9,6 @@ so the copy kuat imported is never touched.
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import os
 import shutil
@@ -21,19 +20,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import simplejpeg
+from _roi import build_roi_module
 
 from kuat.vision import _build_roijpeg, _libjpeg
 
 
 def _build(out_dir: Path, include: Path = _build_roijpeg.INCLUDE):
-    try:
-        path = _build_roijpeg.build(out_dir, include=include)
-    except RuntimeError as e:
-        pytest.skip(f"cannot build the optional ROI decoder here: {e}")
-    spec = importlib.util.spec_from_file_location("_roijpeg", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return build_roi_module(out_dir, include=include)
 
 
 @pytest.fixture(scope="module")

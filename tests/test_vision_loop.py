@@ -150,22 +150,13 @@ def test_stats_without_native_kernels_report_none():
 @pytest.fixture(scope="module")
 def roi(tmp_path_factory):
     """The ROI decoder with ``taps``: the built one, else built here from source."""
-    import importlib.util
+    from _roi import build_roi_module
 
     from kuat.vision import decode as kdecode
 
     if hasattr(kdecode._roi, "taps"):
         return kdecode._roi
-    from kuat.vision._build_roijpeg import build
-
-    try:
-        path = build(tmp_path_factory.mktemp("roijpeg"))
-    except RuntimeError as e:
-        pytest.skip(f"cannot build the optional ROI decoder here: {e}")
-    spec = importlib.util.spec_from_file_location("_roijpeg", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return build_roi_module(tmp_path_factory.mktemp("roijpeg"))
 
 
 def test_c_taps_equal_the_numpy_reference(roi, monkeypatch):

@@ -8,12 +8,12 @@ reason. Which libjpeg it runs on is tested in test_vision_libjpeg.py.
 
 from __future__ import annotations
 
-import importlib.util
 import io
 
 import numpy as np
 import pytest
 import simplejpeg
+from _roi import build_roi_module
 from PIL import Image
 
 from kuat.vision import Compose, RandomHorizontalFlip, RandomResizedCrop
@@ -25,16 +25,9 @@ from kuat.vision import transforms as kt
 def roi(tmp_path_factory):
     if kdecode._roi is not None:  # built, with a libjpeg-turbo loaded at import
         return kdecode._roi
-    from kuat.vision._build_roijpeg import build
     from kuat.vision._libjpeg import load_into
 
-    try:
-        path = build(tmp_path_factory.mktemp("roijpeg"))
-    except RuntimeError as e:
-        pytest.skip(f"cannot build the optional ROI decoder here: {e}")
-    spec = importlib.util.spec_from_file_location("_roijpeg", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = build_roi_module(tmp_path_factory.mktemp("roijpeg"))
     if load_into(mod, None) is None:
         pytest.skip("no usable libjpeg-turbo for the ROI decoder here (see the warning)")
     return mod

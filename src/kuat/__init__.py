@@ -25,6 +25,7 @@ _EXPORTS = {
     "LoaderTimeoutError": "kuat.errors",
     "SharedMemoryError": "kuat.errors",
     "RemoteError": "kuat.errors",
+    "MissingDependencyError": "kuat.errors",
     # randomness
     "sample_rng": "kuat.rng",
     "SampleRNG": "kuat.rng",

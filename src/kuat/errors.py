@@ -7,6 +7,8 @@ original exception (``raise ... from e``).
 
 from __future__ import annotations
 
+import importlib
+
 __all__ = [
     "KuatError",
     "FormatError",
@@ -15,6 +17,9 @@ __all__ = [
     "WorkerError",
     "LoaderTimeoutError",
     "SharedMemoryError",
+    "RemoteError",
+    "MissingDependencyError",
+    "require",
 ]
 
 
@@ -110,3 +115,46 @@ class RemoteError(KuatError, OSError):
     def __init__(self, message: str, *, url: str | None = None):
         super().__init__(message)
         self.url = url
+
+
+class MissingDependencyError(KuatError, ModuleNotFoundError):
+    """An optional package that a feature needs is not installed.
+
+    A ``ModuleNotFoundError`` (so ``except ImportError`` keeps working) whose message names the
+    feature, the package and the ``pip install 'kuat[extra]'`` that brings it; the ``kuat``
+    command prints it as one line instead of a traceback.
+
+    Attributes:
+        name: the top-level package that failed to import (``"ray"`` for ``ray.data``).
+        extra: the kuat extra that installs it (``"text"``, ``"remote"``, ...).
+    """
+
+    def __init__(self, message: str, *, name: str | None = None, extra: str | None = None):
+        super().__init__(message)
+        self.name = name
+        self.extra = extra
+
+
+def require(module: str, *, extra: str, needed_for: str):
+    """Import and return ``module``, or raise :class:`MissingDependencyError` naming it.
+
+    Args:
+        module: the module to import (``"tokenizers"``, ``"ray.data"``).
+        extra: the kuat extra that installs it (``pip install 'kuat[<extra>]'``).
+        needed_for: what needs it, for the message (``"kuat.text.corpus.train_bpe"``).
+
+    Raises:
+        MissingDependencyError: ``module`` (or a package it imports) is not installed; chains
+            the original ``ModuleNotFoundError``. Other import failures (a broken install)
+            propagate unchanged.
+    """
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        missing = (e.name or module).partition(".")[0]  # the package to install
+        raise MissingDependencyError(
+            f"{needed_for} needs the {missing!r} package, which is not installed: "
+            f"pip install 'kuat[{extra}]'",
+            name=missing,
+            extra=extra,
+        ) from e

@@ -200,7 +200,10 @@ class DataLoader(_TorchDataLoader):
         seed: the run seed; shuffle order depends only on ``(seed, epoch, rank, world_size)``
             and each sample's randomness on ``(seed, epoch, index)``. ``None`` (default): the
             first epoch's ``base_seed`` becomes the seed (``seed`` reads ``None`` until then),
-            so ``torch.manual_seed`` makes runs reproducible. Whatever the seed, the loader
+            so ``torch.manual_seed`` makes runs reproducible; and on one process
+            ``shuffle=True`` shuffles as torch's ``RandomSampler`` does, from the seed it draws
+            from torch's default generator each epoch (saved by :meth:`state_dict`), so the
+            batches are torch's. Whatever the seed, the loader
             draws from torch's default generator (or ``generator``) exactly as torch's
             DataLoader does, one int64 per epoch (the first epoch only with
             ``persistent_workers``), so code that shares that generator gets torch's numbers.
@@ -351,6 +354,7 @@ class DataLoader(_TorchDataLoader):
         self.on_error = on_error
         self.snapshot_every_n_steps = snapshot_every_n_steps
         self._seed_was_none = seed_was_none
+        self._torch_order = seed_was_none  # shuffle=True on one process shuffles as torch's
         self._dist_applied: tuple[int, int] | None = None  # (rank, world_size) of the last epoch
 
         source = _sources.as_source(dataset)
@@ -603,8 +607,10 @@ class DataLoader(_TorchDataLoader):
     def state_dict(self) -> dict[str, Any]:
         """The position to resume from: a small dict of ints (plus the source's own state).
 
-        Keys: ``version``, ``seed``, ``epoch`` (the epoch the next batch belongs to),
-        ``batches_served_in_epoch``, ``rank``, ``world_size``; ``source`` when the source has
+        Keys: ``version``, ``seed``, ``torch_order`` (``shuffle=True`` shuffles as torch's
+        ``RandomSampler``: ``seed=None``), ``epoch`` (the epoch the next batch belongs to),
+        ``batches_served_in_epoch``, ``rank``, ``world_size``; ``sampler_seed`` (mid-epoch,
+        with ``torch_order``: the seed that epoch's shuffle drew); ``source`` when the source has
         ``kuat_state_at()`` (iterable sources) or ``state_dict()``; ``generator`` (a
         ``torch.uint8`` state tensor of ``generator=`` as it was when the epoch started, as
         torchdata's ``StatefulDataLoader`` saves it); for a user
@@ -632,6 +638,7 @@ class DataLoader(_TorchDataLoader):
         state = {
             "version": _STATE_VERSION,
             "seed": self.seed,
+            "torch_order": self._torch_order,
             "epoch": epoch,
             "batches_served_in_epoch": served,
             "rank": rank,
@@ -675,6 +682,9 @@ class DataLoader(_TorchDataLoader):
                           "the order of the resumed epoch is not the saved one", stacklevel=2)
         elif self.generator is not None:
             rng["generator"] = state["generator"]
+        if state.get("sampler_seed") is not None:  # the epoch's torch-style shuffle seed
+            rng["sampler_seed"] = state["sampler_seed"]
+        self._torch_order = bool(state.get("torch_order", self._torch_order))
         if not self._own_sampler and not self._iterable:
             if "sampler" in state and state["sampler"] is not None:
                 rng["sampler"] = state["sampler"]
@@ -824,9 +834,13 @@ class DataLoader(_TorchDataLoader):
             sampler = self.sampler
             if isinstance(sampler, EpochSampler) and sampler.shuffle and sampler.num_replicas == 1:
                 # in torch, shuffle=True is a RandomSampler, which draws its own seed from the
-                # default generator every epoch; kuat's order comes from (seed, epoch), but the
-                # draw is made all the same (see _draw_base_seed)
-                torch.empty((), dtype=torch.int64).random_()
+                # default generator every epoch and shuffles with it: kuat makes the same draw
+                # and, with seed=None, shuffles as torch does (saved at the epoch's start for
+                # resume); with seed= the order stays a function of (seed, epoch)
+                drawn = int(torch.empty((), dtype=torch.int64).random_().item())
+                if self._torch_order:
+                    at_start.setdefault("sampler_seed", drawn)
+                    sampler.torch_seed = (epoch, int(at_start["sampler_seed"]))
         if "sampler" not in at_start and not self._own_sampler and not self._iterable:
             at_start["sampler"] = order_state(self._index_sampler)  # as it starts: after base_seed
         if self._iterable and skip and _protocol.provides(self._source, _protocol.ResumableIterable):

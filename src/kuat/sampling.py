@@ -109,6 +109,9 @@ class EpochSampler(DistributedSampler):
         self.set_distributed(rank, world_size)
         self.shuffle = shuffle
         self.seed = seed
+        # (epoch, seed): shuffle that epoch as torch's RandomSampler does with that seed (the
+        # loader sets it with seed=None on one process); None: the order is (seed, epoch)'s
+        self.torch_seed: tuple[int, int] | None = None
         self.drop_last = drop_last
         self.generator = generator
         self.epoch = 0
@@ -183,6 +186,12 @@ class EpochSampler(DistributedSampler):
         if self.shuffle and n > 0:
             if self.generator is not None:
                 order = list(self._lazy_random(n))
+            elif self.torch_seed is not None and self.torch_seed[0] == epoch:
+                # torch.utils.data.RandomSampler.__iter__ with the seed it drew (replacement=
+                # False, num_samples=n): a generator seeded with it, one randperm
+                g = torch.Generator()
+                g.manual_seed(self.torch_seed[1])
+                order = torch.randperm(n, generator=g).tolist()
             else:
                 g = torch.Generator()
                 g.manual_seed(shuffle_seed(self.seed, epoch))

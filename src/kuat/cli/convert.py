@@ -83,7 +83,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("src", nargs="+", help="source directory, file(s) or glob(s)")
-    p.add_argument("dst", help="the kuat dataset directory to write")
+    p.add_argument("dst", help="the kuat dataset directory or URL (s3://...) to write")
     p.add_argument(
         "--format", choices=FORMATS, default="auto", help="source type (default: detect)"
     )
@@ -165,8 +165,16 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         help="(text) tokenize JSONL/Parquet/.txt records at ingest with this tokenizer.json "
         "(or a local transformers tokenizer directory) into token sequences",
     )
-    p.add_argument("--text-field", default="text", help="(text) the field holding the text")
-    p.add_argument("--eos-id", type=_int_in(0), default=None, help="(text) the eos token id")
+    p.add_argument(
+        "--text-field", default="text", help="(text) the field holding the text (default text)"
+    )
+    p.add_argument(
+        "--eos-id",
+        type=_int_in(0),
+        default=None,
+        help="(text) the eos token id appended to each document (default: the tokenizer's "
+        "own, if it names one; else none)",
+    )
     p.add_argument("--overwrite", action="store_true", help="replace an existing dataset at DST")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument(

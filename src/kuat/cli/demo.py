@@ -35,7 +35,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "--cache-dir",
         type=Path,
         default=None,
-        help="where the demo images and dataset are kept (default $KUAT_CACHE or ~/.cache/kuat)",
+        help="cache root: the demo images and dataset are kept in DIR/demo (default $KUAT_CACHE "
+        "or ~/.cache/kuat)",
     )
     p.add_argument(
         "--workers",
@@ -50,14 +51,14 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         default=60.0,
         help="time budget of the training run in seconds; 0 skips it (default 60)",
     )
-    p.add_argument("--seed", type=int, default=0, help="seed of the data and the loaders")
+    p.add_argument("--seed", type=int, default=0, help="seed of the data and the loaders (default 0)")
     p.add_argument("--json", type=Path, default=None, help="also write the results to this file")
     p.add_argument(
         "--text",
         action="store_true",
         help="the language-model demo instead: tokenize, pack, train a small transformer",
     )
-    p.add_argument("--seq-len", type=int, default=512, help="(--text) packed row length")
+    p.add_argument("--seq-len", type=int, default=512, help="(--text) packed row length in tokens (default 512)")
     return p
 
 
@@ -300,6 +301,12 @@ def _table(rows: list[list[str]]) -> str:
 
 
 def run(args) -> int:
+    if args.workers < 0 or args.batch_size < 1 or args.train_seconds < 0 or args.seq_len < 2:
+        raise SystemExit(  # both demos: a traceback from deep inside is no answer
+            f"kuat demo: need --workers >= 0, --batch-size >= 1, --train-seconds >= 0 and "
+            f"--seq-len >= 2; got --workers {args.workers}, --batch-size {args.batch_size}, "
+            f"--train-seconds {args.train_seconds:g}, --seq-len {args.seq_len}"
+        )
     if args.text:
         from kuat.cli.demo_text import run_text
 

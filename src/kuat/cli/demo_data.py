@@ -31,6 +31,8 @@ from pathlib import Path
 
 import numpy as np
 
+from kuat.errors import MissingDependencyError
+
 log = logging.getLogger("kuat.demo")
 
 # class name -> (package, path inside the package)
@@ -63,8 +65,11 @@ def default_cache_dir() -> Path:
 def _source_path(package: str, rel: str) -> Path:
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
-        raise ModuleNotFoundError(
-            f"the demo photos come from the {package!r} package; install kuat[demo]"
+        raise MissingDependencyError(
+            f"the demo photos come from the {package!r} package, which is not installed: "
+            "pip install 'kuat[demo]'",
+            name=package,
+            extra="demo",
         )
     path = Path(next(iter(spec.submodule_search_locations))) / rel
     if not path.exists():
@@ -143,7 +148,8 @@ def build_demo_imagefolder(
 
     Raises:
         ValueError: ``num_images`` is smaller than the number of classes.
-        ModuleNotFoundError: scikit-image, scikit-learn or matplotlib is not installed.
+        kuat.MissingDependencyError: scikit-image, scikit-learn or matplotlib is not installed
+            (a ``ModuleNotFoundError`` naming ``pip install 'kuat[demo]'``).
     """
     if num_images < len(SOURCES):
         raise ValueError(f"num_images={num_images} must be >= the {len(SOURCES)} classes")

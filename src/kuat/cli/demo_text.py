@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import time
 from pathlib import Path
 
@@ -24,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import kuat
+from kuat.cli.demo_data import default_cache_dir
 from kuat.text import pack, pack_collate
 from kuat.text.corpus import EOS, python_docs_corpus, train_bpe
 
@@ -31,7 +31,8 @@ from kuat.text.corpus import EOS, python_docs_corpus, train_bpe
 def run_text(args) -> int:
     """``kuat demo --text``: see the module docstring. Prints; returns the exit status."""
     seq_len = args.seq_len
-    cache = Path(args.cache_dir) if args.cache_dir else _default_cache()
+    cache = Path(args.cache_dir or default_cache_dir()) / "demo"  # beside the image demo's
+    cache.mkdir(parents=True, exist_ok=True)
     out = {}
     t0 = time.perf_counter()
     texts = python_docs_corpus()
@@ -40,7 +41,9 @@ def run_text(args) -> int:
     out["tokenizer_train_s"] = time.perf_counter() - t0
     dst = cache / "text-demo.kuat"
     t0 = time.perf_counter()
-    kuat.convert.from_text(texts, dst, tok, eos_id=eos, overwrite=True, num_workers=args.workers)
+    kuat.convert.from_text(
+        texts, dst, tok, eos_id=eos, overwrite=True, num_workers=max(1, args.workers)
+    )
     out["ingest_s"] = time.perf_counter() - t0
     ds = kuat.open(dst)
     lengths = kuat.text.lengths_of(ds)
@@ -98,12 +101,6 @@ def run_text(args) -> int:
     if args.json is not None:
         Path(args.json).write_text(json.dumps(out, indent=2, default=float))
     return 0
-
-
-def _default_cache() -> Path:
-    path = Path(os.environ.get("KUAT_CACHE") or Path.home() / ".cache" / "kuat")
-    path.mkdir(parents=True, exist_ok=True)
-    return path
 
 
 def _naive_waste(lengths, batch_size: int, max_length: int) -> float:

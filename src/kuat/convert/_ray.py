@@ -62,7 +62,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from kuat.convert._driver import ConvertOptions, ConvertReport, log_skipped
-from kuat.errors import FormatError, KuatError
+from kuat.errors import FormatError, KuatError, require
 from kuat.format import Schema, Writer
 from kuat.format.fs import is_url, local_path, open_remote, retry
 from kuat.format.manifest import (
@@ -340,11 +340,9 @@ def _pickle_error(e: KuatError) -> bytes:
 
 
 def _import_ray():
-    try:
-        import ray
-        import ray.data
-    except ImportError as e:
-        raise ImportError("engine='ray' needs Ray Data: pip install 'kuat[ray]'") from e
+    require("ray.data", extra="ray", needed_for="engine='ray' (Ray Data)")
+    import ray
+
     return ray
 
 

@@ -37,6 +37,7 @@ from kuat.convert._table import (
     logical_type,
     write_batches,
 )
+from kuat.errors import require
 from kuat.format import Field, FieldType, Schema
 from kuat.format import schema as fs
 
@@ -92,7 +93,7 @@ def hf_field(name: str, feature) -> Field:
 
 
 def _load(src, split: str | None):
-    import datasets
+    datasets = require("datasets", extra="hf", needed_for="converting a Hugging Face dataset")
 
     if isinstance(src, (str, os.PathLike)):
         src = datasets.load_from_disk(os.fspath(src))
@@ -137,6 +138,7 @@ def from_hf(
     Raises:
         ValueError: a feature has no kuat equivalent (names the column).
         kuat.DecodeError: an image is unreadable and ``on_error="raise"`` (names the row).
+        kuat.MissingDependencyError: ``datasets`` is not installed (``pip install 'kuat[hf]'``).
     """
     opts = ConvertOptions(**options)
     ds = _load(src, split)

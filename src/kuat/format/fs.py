@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from kuat.errors import FormatError, RemoteError
+from kuat.errors import FormatError, MissingDependencyError, RemoteError, require
 
 __all__ = [
     "Remote",
@@ -92,14 +92,7 @@ def local_path(path: str | os.PathLike) -> str:
 
 
 def _import_fsspec():
-    try:
-        import fsspec
-    except ImportError as e:
-        raise ImportError(
-            "kuat reads and writes URLs through fsspec, which is not installed: "
-            "pip install 'kuat[remote]' (or pip install fsspec and the backend for your scheme)"
-        ) from e
-    return fsspec
+    return require("fsspec", extra="remote", needed_for="reading and writing URLs")
 
 
 @dataclass(frozen=True)
@@ -162,9 +155,11 @@ def open_remote(url: str, storage_options: Mapping | None = None) -> Remote:
         fs, path = fsspec.core.url_to_fs(url, **options)
     except ImportError as e:
         package = _BACKENDS.get(scheme, f"the fsspec backend for {scheme}://")
-        raise ImportError(
+        raise MissingDependencyError(
             f"cannot open {url}: {scheme}:// needs the {package} package, which is not "
-            f"installed (pip install {package})"
+            f"installed (pip install {package})",
+            name=getattr(e, "name", None),
+            extra="remote",
         ) from e
     except ValueError as e:
         if "Protocol not known" in str(e) or "not known" in str(e):

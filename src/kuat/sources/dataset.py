@@ -355,7 +355,8 @@ class Dataset:
 
         Raises:
             ValueError: a key is not a field of the schema.
-            TypeError: a transform is not callable / has no ``apply_encoded``.
+            TypeError: a transform is not callable / has no ``apply_encoded``, or a
+                ``kuat.vision`` transform is given for the whole sample instead of for a field.
         """
         view = Dataset(self.path, _store=self._store)
         if transform is None:
@@ -374,6 +375,14 @@ class Dataset:
                         "fused image transforms apply to image fields only"
                     )
             view._field_transforms = dict(transform)
+        elif _is_fused(transform) or type(transform).__module__.startswith("kuat.vision."):
+            # a kuat.vision transform would get the whole sample dict and fail at iteration
+            images = [f.name for f in self.schema if f.type.kind == "image"] or ["image"]
+            raise TypeError(
+                f"with_transform: {type(transform).__name__} is an image transform, which "
+                f"applies to one image field, not to the whole sample; pass it per field: "
+                f"with_transform({{{images[0]!r}: ...}}) (image fields: {images})"
+            )
         elif callable(transform):
             view._sample_transform = transform
         else:

@@ -31,8 +31,12 @@ def train_bpe(texts: list[str], vocab_size: int = 4096):
     token 0. Takes about a second on the whole corpus.
 
     Raises:
-        ImportError: the ``tokenizers`` package is missing (``pip install kuat[text]``).
+        kuat.MissingDependencyError: the ``tokenizers`` package is missing (an
+            ``ImportError`` naming ``pip install 'kuat[text]'``).
     """
+    from kuat.errors import require
+
+    require("tokenizers", extra="text", needed_for="kuat.text.corpus.train_bpe")
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())

@@ -89,18 +89,22 @@ def load_tokenizer(path: str) -> object:
 
     Raises:
         FileNotFoundError: ``path`` does not exist.
+        kuat.MissingDependencyError: ``transformers`` (for a directory) or ``tokenizers`` (for
+            a file) is not installed (an ``ImportError`` naming the pip install).
     """
     import os
+
+    from kuat.errors import require
 
     if not os.path.exists(path):
         raise FileNotFoundError(f"no tokenizer at {path}")
     if os.path.isdir(path):
-        from transformers import AutoTokenizer
-
-        return AutoTokenizer.from_pretrained(path, local_files_only=True)
-    from tokenizers import Tokenizer as HFTokenizer
-
-    return HFTokenizer.from_file(path)
+        transformers = require(
+            "transformers", extra="frameworks", needed_for=f"the tokenizer directory {path}"
+        )
+        return transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
+    tokenizers = require("tokenizers", extra="text", needed_for=f"the tokenizer file {path}")
+    return tokenizers.Tokenizer.from_file(path)
 
 
 def token_dtype(vocab_size: int) -> np.dtype:

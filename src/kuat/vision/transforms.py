@@ -738,6 +738,19 @@ class Compose(_Transform):
             return None
         if self.max_pixels is not None and hdr.width * hdr.height > self.max_pixels:
             return None
+        k, y0, y1, x0, x1 = self._roi_region(plan, hdr, width, height)
+        flip = plan.flip != (hdr.orientation == 2)  # EXIF 2 is a mirror: one more flip
+        return (
+            data, k, y0, y1, x0, x1, slot, int(flip),
+            *_taps(x1 - x0, size[1]), *_taps(y1 - y0, size[0]),
+        )  # fmt: skip
+
+    @staticmethod
+    def _roi_region(plan, hdr, width, height) -> tuple[int, int, int, int, int]:
+        """``(scale_num, y0, y1, x0, x1)``: the smallest sufficient DCT scale (``scale_num``/8)
+        and the plan's box on that scaled grid in the stored orientation, for the ROI
+        decoder (``hdr``: the JPEG's stored size and orientation; ``width``/``height``: its
+        oriented size from the dataset's index)."""
         k = _pick_scale(plan.min_scale())
         s = k / 8
         ph, pw = -(-hdr.height * k // 8), -(-hdr.width * k // 8)  # libjpeg's scaled size
@@ -746,11 +759,7 @@ class Compose(_Transform):
         )
         y0, y1 = snap(top, bh, s, ph)
         x0, x1 = snap(left, bw, s, pw)
-        flip = plan.flip != (hdr.orientation == 2)  # EXIF 2 is a mirror: one more flip
-        return (
-            data, k, y0, y1, x0, x1, slot, int(flip),
-            *_taps(x1 - x0, size[1]), *_taps(y1 - y0, size[0]),
-        )  # fmt: skip
+        return k, y0, y1, x0, x1
 
     def _apply_planned(self, data, width, height, plan, rng, out, index, source):
         """:meth:`apply_encoded` after the plan is drawn."""
@@ -810,14 +819,7 @@ class Compose(_Transform):
         hdr = roi_header(data)
         if hdr is not None:
             _check_pixels(hdr.width, hdr.height, self.max_pixels, index, source)
-            k = _pick_scale(plan.min_scale())
-            s = k / 8
-            ph, pw = -(-hdr.height * k // 8), -(-hdr.width * k // 8)  # libjpeg's scaled size
-            top, left, bh, bw = stored_crop_box(
-                plan, hdr.orientation, hdr.height, hdr.width, width, height
-            )
-            y0, y1 = snap(top, bh, s, ph)
-            x0, x1 = snap(left, bw, s, pw)
+            k, y0, y1, x0, x1 = self._roi_region(plan, hdr, width, height)
             try:
                 return decode_jpeg_roi(data, k, y0, y1, x0, x1, channels), hdr.orientation
             except ValueError as e:  # corrupt or libjpeg warnings: the full path decides
