@@ -325,6 +325,22 @@ def test_http_prefetch_follows_the_epoch_order(http_root, tmp_path):
     _assert_fetched_in_order(server.gets, first_use, depth=3)
 
 
+def test_a_warm_epoch_fetches_nothing_and_starts_no_prefetch_threads(http_root, tmp_path):
+    server, base = http_root
+    _write(Path(server.root) / "d.kuat", n=200, shard_bytes=600)
+    cold = kuat.open(f"{base}/d.kuat", cache_dir=tmp_path / "c", prefetch_shards=3)
+    first = _batches(kuat.DataLoader(cold, batch_size=10, shuffle=True, seed=7, num_workers=2))
+    cold.close()
+    server.gets.clear()
+    warm = kuat.open(f"{base}/d.kuat", cache_dir=tmp_path / "c", prefetch_shards=3)
+    before = {t for t in threading.enumerate() if t.name.startswith("kuat-prefetch")}
+    again = _batches(kuat.DataLoader(warm, batch_size=10, shuffle=True, seed=7, num_workers=2))
+    started = {t for t in threading.enumerate() if t.name.startswith("kuat-prefetch")} - before
+    _equal(first, again)
+    assert [g for g in server.gets if g.endswith(".arrow")] == []  # every shard from the cache
+    assert not started
+
+
 def test_transient_http_errors_are_retried_then_reported(http_root, tmp_path):
     server, base = http_root
     _write(Path(server.root) / "d.kuat")
