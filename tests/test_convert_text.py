@@ -247,3 +247,22 @@ def test_progress_lines_when_stderr_is_not_a_terminal(corpus, tok, tmp_path, cap
         )
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("tokenize:")]
     assert lines and "50 samples" in lines[-1] and "samples/s" in lines[-1]
+
+
+def test_a_tokenizer_without_eos_warns_that_documents_get_no_boundary(tmp_path):
+    import warnings
+
+    from kuat.text import tokenize
+    from kuat.text.corpus import python_docs_corpus, train_bpe
+
+    texts = python_docs_corpus()[:20]
+    tok = train_bpe(texts, vocab_size=300)  # a tokenizers.Tokenizer: it names no eos itself
+    with pytest.warns(UserWarning, match="no eos token"):
+        kuat.convert.from_text(texts, tmp_path / "a", tok, progress=False)
+    with pytest.warns(UserWarning, match="no eos token"):
+        tokenize([{"text": t} for t in texts], tok)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # an eos_id, or add_eos=False on purpose: no warning
+        kuat.convert.from_text(texts, tmp_path / "b", tok, eos_id=0, progress=False)
+        kuat.convert.from_text(texts, tmp_path / "c", tok, add_eos=False, progress=False)
+        tokenize([{"text": t} for t in texts], tok, eos_id=0)

@@ -73,9 +73,10 @@ def from_text(
         TypeError: an unsupported tokenizer.
     """
     from kuat.sources.hf import is_hf_map_dataset
-    from kuat.text.tokenize import as_tokenizer, encode_chat, token_dtype
+    from kuat.text.tokenize import as_tokenizer, encode_chat, token_dtype, warn_if_no_eos
 
     tok = as_tokenizer(tokenizer, eos_id)
+    warn_if_no_eos(tok, add_eos)
     opts = ConvertOptions(**options)
     skip = opts.on_error == "skip"
     dtype = token_dtype(tok.vocab_size)

@@ -77,6 +77,22 @@ class Tokenizer:
         return f"Tokenizer({self.kind}, vocab_size={self.vocab_size}, eos_id={self.eos_id})"
 
 
+def warn_if_no_eos(tok: Tokenizer, add_eos: bool, stacklevel: int = 3) -> None:
+    """Warn (``UserWarning``) when documents are to end with an eos token but the tokenizer
+    names none and no ``eos_id`` was given: packed documents would then run into each other
+    with nothing marking the boundary in the token stream."""
+    if add_eos and tok.eos_id is None:
+        import warnings
+
+        warnings.warn(
+            f"{tok!r} names no eos token and no eos_id was given: documents get no "
+            "end-of-document token, so packed documents run into each other in the token "
+            "stream; pass eos_id= (kuat convert: --eos-id), or add_eos=False to mean it",
+            UserWarning,
+            stacklevel=stacklevel,
+        )
+
+
 def as_tokenizer(tok, eos_id: int | None = None) -> Tokenizer:
     """``tok`` as a :class:`Tokenizer` (unchanged if it is one)."""
     return tok if isinstance(tok, Tokenizer) else Tokenizer(tok, eos_id)
@@ -253,9 +269,11 @@ def tokenize(
         or batch_size < 1
     ):
         raise ValueError(f"batch_size should be an int >= 1, got {batch_size!r}")
+    tok = as_tokenizer(tokenizer, eos_id)
+    warn_if_no_eos(tok, bool(add_eos))
     return Tokenize(
         source,
-        as_tokenizer(tokenizer, eos_id),
+        tok,
         text_field,
         messages_field,
         int(batch_size),
