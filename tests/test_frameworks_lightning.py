@@ -30,7 +30,12 @@ def _run_script(mode: str, out: Path) -> dict:
     env["PYTHONPATH"] = os.pathsep.join([str(SRC), env.get("PYTHONPATH", "")])
     proc = subprocess.run([sys.executable, str(SCRIPT), mode, str(out)], env=env, cwd=out,
                           capture_output=True, text=True, timeout=240)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    # Seen once in about a dozen full runs: a ddp_spawn rank aborts in C++ teardown after fit()
+    # returned ("terminate called without an active exception": a joinable std::thread destroyed
+    # at exit, gloo's or torch's, not a Python thread). Every rank's record is written before
+    # that, and the assertions on them below still decide; any other failure fails here.
+    teardown_abort = mode == "spawn" and "terminate called without an active exception" in proc.stderr
+    assert proc.returncode == 0 or teardown_abort, proc.stderr[-4000:]
     runs: dict = {}
     for f in out.glob("*_[01].json"):
         run, rank = f.stem.rsplit("_", 1)
