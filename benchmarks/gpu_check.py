@@ -104,22 +104,28 @@ def _list_collate(batch):
     return [b[0] for b in batch], torch.tensor([b[1] for b in batch])
 
 
-def torch_pil(root, batch_size, workers, device):
-    import torchvision
-    from torchvision.transforms import v2
-
-    tf = v2.Compose([v2.RandomResizedCrop(SIZE), v2.RandomHorizontalFlip(), v2.PILToTensor()])
-    ds = torchvision.datasets.ImageFolder(root, transform=tf)
-    dl = torch.utils.data.DataLoader(
+def _torch_loader(ds, batch_size, workers, **kw):
+    """torch's DataLoader as every torch row uses it: shuffled, whole batches, persistent
+    workers, ``timeout`` so that a dead worker is an error."""
+    return torch.utils.data.DataLoader(
         ds,
         batch_size=batch_size,
         shuffle=True,
         drop_last=True,
         num_workers=workers,
         persistent_workers=workers > 0,
-        pin_memory=device == "cuda",
         timeout=TORCH_TIMEOUT_S if workers > 0 else 0,
+        **kw,
     )
+
+
+def torch_pil(root, batch_size, workers, device):
+    import torchvision
+    from torchvision.transforms import v2
+
+    tf = v2.Compose([v2.RandomResizedCrop(SIZE), v2.RandomHorizontalFlip(), v2.PILToTensor()])
+    ds = torchvision.datasets.ImageFolder(root, transform=tf)
+    dl = _torch_loader(ds, batch_size, workers, pin_memory=device == "cuda")
 
     def batches():
         for x, y in dl:
@@ -134,16 +140,7 @@ def torch_nvjpeg(root, batch_size, workers, device):
     from torchvision.transforms import v2
 
     samples = torchvision.datasets.ImageFolder(root).samples
-    dl = torch.utils.data.DataLoader(
-        _FileBytes(samples),
-        batch_size=batch_size,
-        shuffle=True,
-        drop_last=True,
-        num_workers=workers,
-        persistent_workers=workers > 0,
-        collate_fn=_list_collate,
-        timeout=TORCH_TIMEOUT_S if workers > 0 else 0,
-    )
+    dl = _torch_loader(_FileBytes(samples), batch_size, workers, collate_fn=_list_collate)
     tf = v2.Compose([v2.RandomResizedCrop(SIZE), v2.RandomHorizontalFlip()])
 
     def batches():
@@ -174,19 +171,21 @@ def _kuat_loader(path, batch_size, workers, device, decode_device, worker_type=N
     )
 
 
-def kuat_cpu(path, batch_size, workers, device):
-    dl = _kuat_loader(path, batch_size, workers, device, "cpu")
+def _kuat_feed(dl):
+    """``(batches, loader)``: ``batches()`` yields one epoch's ``(image, label)`` pairs."""
     return (lambda: ((b["image"], b["label"]) for b in dl)), dl
+
+
+def kuat_cpu(path, batch_size, workers, device):
+    return _kuat_feed(_kuat_loader(path, batch_size, workers, device, "cpu"))
 
 
 def kuat_cpu_processes(path, batch_size, workers, device):
-    dl = _kuat_loader(path, batch_size, workers, device, "cpu", worker_type="process")
-    return (lambda: ((b["image"], b["label"]) for b in dl)), dl
+    return _kuat_feed(_kuat_loader(path, batch_size, workers, device, "cpu", worker_type="process"))
 
 
 def kuat_nvjpeg(path, batch_size, workers, device):
-    dl = _kuat_loader(path, batch_size, workers, device, device)
-    return (lambda: ((b["image"], b["label"]) for b in dl)), dl
+    return _kuat_feed(_kuat_loader(path, batch_size, workers, device, device))
 
 
 # --- measurements -----------------------------------------------------------------------------
