@@ -251,28 +251,15 @@ static inline unsigned char clip8(int32_t v, int precision) {
  * pairs (c, c') of neighbouring pixels times the weight pair (k0, k1)), 4 rows sharing each
  * weight pair, as torch's and Pillow-SIMD's kernels do. Stores the 4 pixels' R, G, B into the
  * three planes at offsets d + r * out_w. */
-#define KUAT_PAIR(px) _mm_unpacklo_epi16((px), _mm_srli_si128((px), 8)) /* c c' pairs */
-static inline void rgbx_column4(const unsigned char *const rows[4], size_t off,
-                                const int16_t *k, int taps, int precision, unsigned char *t0,
-                                unsigned char *t1, unsigned char *t2, size_t d, int out_w) {
+/* The end every 4-row kernel shares: tap t (the odd last one, when taps is odd), then the 4
+ * accumulators rounded, clamped and stored as R, G, B into the three planes (SSE2 only, so the
+ * SSSE3 kernel inlines it too). */
+static inline __attribute__((always_inline)) void rgbx_finish4(
+    const unsigned char *p0, const unsigned char *p1, const unsigned char *p2,
+    const unsigned char *p3, const int16_t *k, int t, int taps, int precision, __m128i a0,
+    __m128i a1, __m128i a2, __m128i a3, unsigned char *t0, unsigned char *t1, unsigned char *t2,
+    size_t d, int out_w) {
     const __m128i zero = _mm_setzero_si128();
-    const unsigned char *p0 = rows[0] + off, *p1 = rows[1] + off, *p2 = rows[2] + off,
-                        *p3 = rows[3] + off;
-    __m128i a0 = _mm_set1_epi32((int32_t)1 << (precision - 1)), a1 = a0, a2 = a0, a3 = a0;
-    int t = 0;
-    for (; t + 2 <= taps; t += 2) {
-        uint32_t kk = (uint16_t)k[t] | ((uint32_t)(uint16_t)k[t + 1] << 16);
-        __m128i kv = _mm_set1_epi32((int32_t)kk);
-        size_t o = 4 * (size_t)t;
-        __m128i x0 = _mm_unpacklo_epi8(_mm_loadl_epi64((const __m128i *)(p0 + o)), zero);
-        __m128i x1 = _mm_unpacklo_epi8(_mm_loadl_epi64((const __m128i *)(p1 + o)), zero);
-        __m128i x2 = _mm_unpacklo_epi8(_mm_loadl_epi64((const __m128i *)(p2 + o)), zero);
-        __m128i x3 = _mm_unpacklo_epi8(_mm_loadl_epi64((const __m128i *)(p3 + o)), zero);
-        a0 = _mm_add_epi32(a0, _mm_madd_epi16(KUAT_PAIR(x0), kv));
-        a1 = _mm_add_epi32(a1, _mm_madd_epi16(KUAT_PAIR(x1), kv));
-        a2 = _mm_add_epi32(a2, _mm_madd_epi16(KUAT_PAIR(x2), kv));
-        a3 = _mm_add_epi32(a3, _mm_madd_epi16(KUAT_PAIR(x3), kv));
-    }
     if (t < taps) { /* odd tap: one pixel, weight pair (k, 0) */
         __m128i kv = _mm_set1_epi32((uint16_t)k[t]);
         size_t o = 4 * (size_t)t;
@@ -307,12 +294,36 @@ static inline void rgbx_column4(const unsigned char *const rows[4], size_t off,
     KUAT_PUT(3, (uint32_t)(hi >> 32));
 #undef KUAT_PUT
 }
+
+#define KUAT_PAIR(px) _mm_unpacklo_epi16((px), _mm_srli_si128((px), 8)) /* c c' pairs */
+static inline void rgbx_column4(const unsigned char *const rows[4], size_t off,
+                                const int16_t *k, int taps, int precision, unsigned char *t0,
+                                unsigned char *t1, unsigned char *t2, size_t d, int out_w) {
+    const __m128i zero = _mm_setzero_si128();
+    const unsigned char *p0 = rows[0] + off, *p1 = rows[1] + off, *p2 = rows[2] + off,
+                        *p3 = rows[3] + off;
+    __m128i a0 = _mm_set1_epi32((int32_t)1 << (precision - 1)), a1 = a0, a2 = a0, a3 = a0;
+    int t = 0;
+    for (; t + 2 <= taps; t += 2) {
+        uint32_t kk = (uint16_t)k[t] | ((uint32_t)(uint16_t)k[t + 1] << 16);
+        __m128i kv = _mm_set1_epi32((int32_t)kk);
+        size_t o = 4 * (size_t)t;
+        __m128i x0 = _mm_unpacklo_epi8(_mm_loadl_epi64((const __m128i *)(p0 + o)), zero);
+        __m128i x1 = _mm_unpacklo_epi8(_mm_loadl_epi64((const __m128i *)(p1 + o)), zero);
+        __m128i x2 = _mm_unpacklo_epi8(_mm_loadl_epi64((const __m128i *)(p2 + o)), zero);
+        __m128i x3 = _mm_unpacklo_epi8(_mm_loadl_epi64((const __m128i *)(p3 + o)), zero);
+        a0 = _mm_add_epi32(a0, _mm_madd_epi16(KUAT_PAIR(x0), kv));
+        a1 = _mm_add_epi32(a1, _mm_madd_epi16(KUAT_PAIR(x1), kv));
+        a2 = _mm_add_epi32(a2, _mm_madd_epi16(KUAT_PAIR(x2), kv));
+        a3 = _mm_add_epi32(a3, _mm_madd_epi16(KUAT_PAIR(x3), kv));
+    }
+    rgbx_finish4(p0, p1, p2, p3, k, t, taps, precision, a0, a1, a2, a3, t0, t1, t2, d, out_w);
+}
 #undef KUAT_PAIR
 #include <tmmintrin.h>
 __attribute__((target("ssse3"))) static inline void rgbx_column4_ssse3(const unsigned char *const rows[4], size_t off,
                                 const int16_t *k, int taps, int precision, unsigned char *t0,
                                 unsigned char *t1, unsigned char *t2, size_t d, int out_w) {
-    const __m128i zero = _mm_setzero_si128();
     const unsigned char *p0 = rows[0] + off, *p1 = rows[1] + off, *p2 = rows[2] + off,
                         *p3 = rows[3] + off;
     __m128i a0 = _mm_set1_epi32((int32_t)1 << (precision - 1)), a1 = a0, a2 = a0, a3 = a0;
@@ -332,39 +343,7 @@ __attribute__((target("ssse3"))) static inline void rgbx_column4_ssse3(const uns
         a2 = _mm_add_epi32(a2, _mm_madd_epi16(x2, kv));
         a3 = _mm_add_epi32(a3, _mm_madd_epi16(x3, kv));
     }
-    if (t < taps) { /* odd tap: one pixel, weight pair (k, 0) */
-        __m128i kv = _mm_set1_epi32((uint16_t)k[t]);
-        size_t o = 4 * (size_t)t;
-        int32_t v0, v1, v2, v3;
-        memcpy(&v0, p0 + o, 4);
-        memcpy(&v1, p1 + o, 4);
-        memcpy(&v2, p2 + o, 4);
-        memcpy(&v3, p3 + o, 4);
-#define KUAT_ONE(v) _mm_unpacklo_epi16(_mm_unpacklo_epi8(_mm_cvtsi32_si128(v), zero), zero)
-        a0 = _mm_add_epi32(a0, _mm_madd_epi16(KUAT_ONE(v0), kv));
-        a1 = _mm_add_epi32(a1, _mm_madd_epi16(KUAT_ONE(v1), kv));
-        a2 = _mm_add_epi32(a2, _mm_madd_epi16(KUAT_ONE(v2), kv));
-        a3 = _mm_add_epi32(a3, _mm_madd_epi16(KUAT_ONE(v3), kv));
-#undef KUAT_ONE
-    }
-    __m128i p01 = _mm_packs_epi32(_mm_srai_epi32(a0, precision), _mm_srai_epi32(a1, precision));
-    __m128i p23 = _mm_packs_epi32(_mm_srai_epi32(a2, precision), _mm_srai_epi32(a3, precision));
-    __m128i px = _mm_packus_epi16(p01, p23); /* 4 RGBX pixels, rows 0..3 */
-    /* registers, not a stack round trip (a 16-byte store read back bytewise stalls) */
-    uint64_t lo = (uint64_t)_mm_cvtsi128_si64(px);
-    uint64_t hi = (uint64_t)_mm_cvtsi128_si64(_mm_srli_si128(px, 8));
-#define KUAT_PUT(r, q)                                        \
-    do {                                                      \
-        size_t at = d + (size_t)(r) * out_w;                  \
-        t0[at] = (unsigned char)(q);                          \
-        t1[at] = (unsigned char)((q) >> 8);                   \
-        t2[at] = (unsigned char)((q) >> 16);                  \
-    } while (0)
-    KUAT_PUT(0, (uint32_t)lo);
-    KUAT_PUT(1, (uint32_t)(lo >> 32));
-    KUAT_PUT(2, (uint32_t)hi);
-    KUAT_PUT(3, (uint32_t)(hi >> 32));
-#undef KUAT_PUT
+    rgbx_finish4(p0, p1, p2, p3, k, t, taps, precision, a0, a1, a2, a3, t0, t1, t2, d, out_w);
 }
 
 
