@@ -3,8 +3,14 @@
 Each lives in ``~/.cache/kuat/bench-envs/<name>`` (``$KUAT_BENCH_ENVS`` overrides), is created
 with ``python3 -m venv`` and filled by pip from the package index only, and is reused while its
 recipe is unchanged (a marker file records the recipe and what installed). Every environment
-gets exactly the torch and torchvision of the running interpreter (``torch==X``), so pip never
-fetches another torch and every loader runs the same kernels.
+gets exactly the torch and torchvision of the running interpreter, by path, never by download:
+the venv is made by the running interpreter (same Python, same ABI), and a ``.pth`` file puts a
+folder of symlinks to torch, torchvision and everything they require (the CUDA libraries,
+triton, numpy, pillow...: :func:`shared_dir`) at the end of its ``sys.path``. pip then finds
+``torch==X`` already installed and copies nothing (the CUDA wheels alone are 3 GiB per
+environment); a package the environment pins differently (Streaming's ``numpy<2.2``) is
+installed into the environment itself, which comes first on ``sys.path``, and pip never
+uninstalls the shared copy (it is outside the environment). Every loader runs the same kernels.
 
 Why separate environments (facts measured on this project's machine, late 2026):
 
@@ -36,6 +42,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from importlib import metadata
 from pathlib import Path
 
@@ -135,8 +142,6 @@ def overlay_dir(name: str) -> Path:
 def use_overlay(name: str) -> bool:
     """Append overlay environment ``name`` to ``sys.path`` (after the interpreter's own
     packages) if it was set up; returns whether it was."""
-    import sys
-
     d = str(overlay_dir(name))
     if marker(name) is None or not os.path.isdir(d):
         return False
@@ -145,14 +150,78 @@ def use_overlay(name: str) -> bool:
     return True
 
 
+def _requirement_closure(roots: tuple[str, ...]) -> dict[str, metadata.Distribution]:
+    """The installed distributions ``roots`` require, transitively (markers evaluated, extras
+    followed), keyed by normalised name; the running interpreter's metadata."""
+    from packaging.requirements import Requirement
+
+    found: dict[str, tuple[metadata.Distribution, set[str]]] = {}
+    todo: list[tuple[str, frozenset[str]]] = [(name, frozenset()) for name in roots]
+    while todo:
+        name, extras = todo.pop()
+        key = name.lower().replace("_", "-")
+        if key in found and extras <= found[key][1]:
+            continue
+        try:
+            dist = metadata.distribution(name)
+        except metadata.PackageNotFoundError:
+            continue  # an optional requirement this interpreter lacks: pip resolves it
+        asked = found.get(key, (dist, set()))[1] | extras
+        found[key] = (dist, asked)
+        for line in dist.requires or []:
+            req = Requirement(line)
+            marker_envs = [{"extra": e} for e in (asked or {""})]
+            if req.marker is None or any(req.marker.evaluate(e) for e in marker_envs):
+                todo.append((req.name, frozenset(req.extras)))
+    return {k: d for k, (d, _) in found.items()}
+
+
+def shared_dir() -> Path:
+    """A folder of symlinks to the running interpreter's torch and torchvision and every
+    distribution they require (each distribution's top-level files and its ``.dist-info``),
+    named by a digest of what it links, under :func:`envs_root`; created once.
+
+    Environments put it at the end of their ``sys.path`` (a ``.pth`` file), so ``torch==X``
+    resolves to these very files: nothing is downloaded or copied. Shared libraries resolve
+    ``$ORIGIN``-relative paths inside the folder, where every top-level name sits side by side.
+    Raises EnvUnavailable when this interpreter has no torch.
+    """
+    dists = _requirement_closure(("torch", "torchvision"))
+    if "torch" not in dists:
+        raise EnvUnavailable("the interpreter running kuat bench has no torch to share")
+    links: dict[str, Path] = {}
+    for dist in dists.values():
+        site = Path(dist.locate_file(""))
+        for f in dist.files or []:
+            top = f.parts[0]
+            if top in ("..", "__pycache__") or top.endswith(".pth"):
+                continue  # console scripts outside site-packages; interpreter hooks
+            links[top] = site / top
+    key = sorted(f"{d.metadata['Name']}=={d.version}@{d.locate_file('')}" for d in dists.values())
+    d = envs_root() / f"_shared-torch-{_digest({'dists': key})}"
+    if not (d / ".complete").exists():
+        tmp = d.with_name(d.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        for top, target in sorted(links.items()):
+            if target.exists():
+                (tmp / top).symlink_to(target)
+        (tmp / ".complete").write_text("\n".join(key) + "\n")
+        shutil.rmtree(d, ignore_errors=True)
+        tmp.rename(d)
+    return d
+
+
+def _site_packages(venv: Path) -> Path:
+    return venv / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / "site-packages"
+
+
 def _digest(r: dict) -> str:
     return hashlib.sha256(json.dumps(r, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def python_path(name: str) -> Path:
     if ENVS.get(name, {}).get("overlay"):
-        import sys
-
         return Path(sys.executable)
     return envs_root() / name / "bin" / "python"
 
@@ -218,9 +287,13 @@ def ensure(name: str, *, create: bool, log_path: Path, force: bool = False) -> P
         if r.get("overlay"):
             overlay_dir(name).mkdir(parents=True, exist_ok=True)
             pip += ["--target", str(overlay_dir(name)), "--upgrade"]
-        elif not py.exists():
-            if _run(["python3", "-m", "venv", str(d)], log):
-                raise EnvUnavailable(f"python3 -m venv {d} failed; see {log_path}")
+        else:
+            # the running interpreter makes the venv: the shared torch needs the same Python
+            if not py.exists() and _run([sys.executable, "-m", "venv", str(d)], log):
+                raise EnvUnavailable(f"{sys.executable} -m venv {d} failed; see {log_path}")
+            pth = _site_packages(d) / "kuat-bench-shared-torch.pth"
+            pth.write_text(f"{shared_dir()}\n")
+            log.write(f"# {pth}: {shared_dir()} (torch and its requirements, by path)\n")
         if r["base"] and _run([*pip, *r["base"]], log):
             raise EnvUnavailable(f"installing {r['base']} into {d} failed; see {log_path}")
         for step, args in r["steps"].items():

@@ -13,8 +13,10 @@ from pathlib import Path
 
 TITLES = {
     "imagenet-jpeg": "imagenet-jpeg: RandomResizedCrop(224) + flip, uint8 (64, 3, 224, 224) out",
-    "imagenet-jpeg-256": "imagenet-jpeg-256: kuat on the dataset converted with "
-    "--resize-shorter 256 (the torch baselines read the original files)",
+    "smooth-jpeg": "smooth-jpeg: the same work on smooth JPEGs (no grain, about 0.19 bytes per "
+    "pixel)",
+    "imagenet-jpeg-256": "imagenet-jpeg-256: the corpus converted with --resize-shorter 256 "
+    "(each row names the files it reads)",
     "tokens": "tokens: random windows of 1,025 uint16 tokens from one memmap, batch 32, int64 "
     "out, the same dataset for every loader",
     "hf-rows": "hf-rows: datasets.Dataset of variable-length int32 lists, padding collate, "
@@ -38,7 +40,8 @@ INGEST_LABELS = {
 }
 CHART_TITLES = {
     "imagenet-jpeg": "imagenet-jpeg: RandomResizedCrop(224) + flip, uint8 out",
-    "imagenet-jpeg-256": "imagenet-jpeg-256: kuat on --resize-shorter 256, torch on originals",
+    "smooth-jpeg": "smooth-jpeg: RandomResizedCrop(224) + flip on smooth JPEGs",
+    "imagenet-jpeg-256": "imagenet-jpeg-256: --resize-shorter 256 files",
     "tokens": "tokens: random 1,025-token windows, batch 32",
     "hf-rows": "hf-rows: variable-length rows, padding collate, batch 64",
     "ingest": "ingest: ImageFolder into each format",
@@ -89,11 +92,16 @@ def describe_images(stats: dict | None) -> str:
     if not stats:
         return "no image workload ran"
     mp, bpp = stats["megapixels"], stats["bytes_per_pixel"]
-    if stats["source"] == "generated":
+    corpus = stats.get("corpus", "ImageNet-like")
+    if stats["source"] == "generated" and corpus == "ImageNet-like":
         what = (
             "the generated ImageNet-like corpus (`kuat.cli.demo_data`: crops of photographs "
             "that installed packages ship, with grain, at ImageNet's size and bytes per pixel)"
         )
+    elif stats["source"] == "generated" and corpus == "smooth":
+        what = "the generated smooth corpus (the same crops and sizes without grain, quality 75-85)"
+    elif corpus != "ImageNet-like":  # e.g. the --resize-shorter 256 export of the corpus
+        what = f"{corpus} (kuat's stored bytes, exported once as files)"
     else:
         what = f"the user's ImageFolder `{stats['root']}`"
     return (
@@ -226,6 +234,9 @@ def markdown(results: dict, title: str = "# kuat bench results") -> str:
         if not s["rows"]:
             continue
         lines += [f"{level} {TITLES.get(workload, workload)}", ""]
+        own = (results.get("workload_images") or {}).get(workload)
+        if own:  # a workload reading other files than the header's corpus
+            lines += [f"Images: {describe_images(own)}.", ""]
         lines += _headline(results, workload, s)
         lines += _table(results, workload, s)
         for loader, r in s["rows"].items():

@@ -51,17 +51,32 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 # one, and the headline ratio is against whichever has the highest median rate in the run
 BASELINES = {
     "imagenet-jpeg": ("torch", "torch-decode-jpeg"),
-    "imagenet-jpeg-256": ("torch", "torch-decode-jpeg"),
+    "smooth-jpeg": ("torch", "torch-decode-jpeg"),
+    # torch + PIL on the original files (what a user of torch reads without converting), then
+    # torch + PIL and torch + decode_jpeg on the same resized files kuat decodes
+    "imagenet-jpeg-256": ("torch-originals", "torch", "torch-decode-jpeg"),
     "tokens": ("torch", "torch-w0"),
     "hf-rows": ("torch", "torch-w0"),
     "ingest": ("kuat",),
 }
 # workload -> a row reported as a reference point, not a loader and not a limit
-REFERENCE = {"imagenet-jpeg": "decode-only"}
+REFERENCE = {
+    "imagenet-jpeg": "decode-only",
+    "smooth-jpeg": "decode-only",
+    "imagenet-jpeg-256": "decode-only",  # the same resized files, decoded at full size
+}
+# workload -> the only loaders that run it (others: every loader that supports it). The smooth
+# corpus measures the smooth-image target: the torch baselines, kuat, the full-size
+# decode reference and LitData (the strongest peer in the smooth-image measurement),
+# not every peer again, which would add about as much time as imagenet-jpeg itself takes.
+ONLY = {
+    "smooth-jpeg": ("torch", "torch-decode-jpeg", "kuat", "kuat-proc", "decode-only", "litdata")
+}
 DEFAULT_LOADERS = (
     "torch",
     "torch-decode-jpeg",
     "torch-w0",
+    "torch-originals",
     "kuat",
     "kuat-proc",
     "kuat-ray",
@@ -423,18 +438,33 @@ def run_bench(cfg: BenchConfig, progress: Callable[[str], None] = lambda s: None
             f"benchmarks.adapters.{LOADERS[loader]['adapter']}"
         ).WORKLOADS
         for w in plan:
-            if w in supported and w not in LOADERS[loader].get("skip", ()):
+            if (
+                workloads.kind(w) in supported
+                and w not in LOADERS[loader].get("skip", ())
+                and loader in ONLY.get(w, (loader,))
+            ):
                 plan[w].append(loader)
         progress(f"{loader}: {res['versions']}")
 
     # 3. Data.
     data: dict[str, dict] = {}
-    image_data: dict | None = None
+    image_data: dict | None = None  # the main corpus (imagenet-jpeg, ingest)
+    workload_images: dict[str, dict] = {}  # workloads that read other files: their statistics
     for w in plan:
         if not plan[w]:
             continue
         try:
-            if w in workloads.IMAGE_WORKLOADS:
+            if w == "smooth-jpeg":
+                if cfg.image_root is not None:
+                    raise ValueError(
+                        "smooth-jpeg measures a generated corpus; with --imagefolder the image "
+                        "workloads read the user's files instead"
+                    )
+                progress(f"data for {w}: smooth ImageFolder of {cfg.num_images} JPEGs")
+                data[w] = workloads.smooth_jpeg(cfg.num_images, progress=False)
+                workload_images[w] = workloads.image_stats(data[w]["root"], True, "smooth")
+                progress(f"images for {w}: " + report.describe_images(workload_images[w]))
+            elif w in workloads.IMAGE_WORKLOADS:
                 if cfg.image_root is not None:
                     data[w] = {"root": str(cfg.image_root)}
                 else:
@@ -445,6 +475,15 @@ def run_bench(cfg: BenchConfig, progress: Callable[[str], None] = lambda s: None
                         data[w]["root"], generated=cfg.image_root is None
                     )
                     progress("images: " + report.describe_images(image_data))
+                if w == "imagenet-jpeg-256":  # every loader but torch-originals: kuat's bytes
+                    progress(f"data for {w}: kuat --resize-shorter 256, exported as files")
+                    data[w] = workloads.resized_imagefolder(data[w]["root"], cfg.cache_dir)
+                    workload_images[w] = workloads.image_stats(
+                        data[w]["root"],
+                        cfg.image_root is None,
+                        f"--resize-shorter {workloads.RESIZE_SHORTER} of the corpus above",
+                    )
+                    progress(f"images for {w}: " + report.describe_images(workload_images[w]))
             elif w == "tokens":
                 progress(f"data for tokens: {cfg.num_tokens:,} uint16 tokens")
                 data[w] = workloads.tokens(
@@ -465,11 +504,11 @@ def run_bench(cfg: BenchConfig, progress: Callable[[str], None] = lambda s: None
             continue
         for loader in list(loaders):
             adapter = importlib.import_module(f"benchmarks.adapters.{LOADERS[loader]['adapter']}")
-            if w not in getattr(adapter, "PREPARE", ()):
+            if workloads.kind(w) not in getattr(adapter, "PREPARE", ()):
                 continue
             progress(f"prepare {loader} for {w}")
             if LOADERS[loader]["env"] == "main":  # same interpreter: convert right here
-                res = _prepare_here(adapter, w, data[w], cfg.cache_dir)
+                res = _prepare_here(adapter, workloads.kind(w), data[w], cfg.cache_dir)
             else:
                 spec = _spec(cfg, loader, w, "prepare", data[w])
                 res = run_child(pythons[loader], spec, logs, cfg.timeout_s)
@@ -492,7 +531,6 @@ def run_bench(cfg: BenchConfig, progress: Callable[[str], None] = lambda s: None
                 # table is reported as not measured, as a workload whose data cannot be made is
                 unavailable[f"workload:{w}"] = f"{type(e).__name__}: {e}"
                 progress(f"skip workload {w}: {type(e).__name__}: {e}")
-
 
     # 5. Rate rounds, interleaved, nothing sampling memory; then the memory runs.
     schedule = [
@@ -536,6 +574,7 @@ def run_bench(cfg: BenchConfig, progress: Callable[[str], None] = lambda s: None
             k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(cfg).items()
         },
         "images": image_data,
+        "workload_images": workload_images,
         "labels": {k: v["label"] for k, v in LOADERS.items()},
         "workload_labels": {
             k: v["workload_labels"] for k, v in LOADERS.items() if v.get("workload_labels")
@@ -604,6 +643,7 @@ def _spec(
         "adapter": info["adapter"],
         "options": info.get("options", {}),
         "workload": workload,
+        "kind": workloads.kind(workload),  # what the adapter runs (smooth-jpeg: imagenet-jpeg)
         "data": data or {},
         "batch_size": cfg.batch_sizes.get(workload, 0),
         "num_workers": cfg.num_workers,

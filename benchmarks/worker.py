@@ -4,7 +4,8 @@ Run as ``python -m benchmarks.worker SPEC.json OUT.json`` with the repository ro
 ``PYTHONPATH`` and the peer's own interpreter. ``SPEC.json`` holds:
 
 ``adapter`` (module name under ``benchmarks.adapters``), ``options`` (adapter keywords,
-e.g. kuat's ``worker_type``), ``mode``: ``probe`` (import the peer, report versions),
+e.g. kuat's ``worker_type``), ``kind`` (what the adapter runs: ``smooth-jpeg`` is
+``imagenet-jpeg`` on other files; default ``workload``), ``mode``: ``probe`` (import the peer, report versions),
 ``prepare`` (convert the workload's data into the peer's format, cached), ``run`` (time the
 loader; nothing samples memory meanwhile), ``memory`` (the same loop while the parent samples
 the PSS of this process tree; its times are not reported as rates), ``ingest`` (time a fresh
@@ -61,7 +62,7 @@ def _run(adapter, spec: dict) -> dict:
 
     versions = adapter.versions()  # imports the peer: counted in the baseline
     baseline = measure.pss_breakdown(os.getpid())
-    workload, data = spec["workload"], spec["data"]
+    workload, data = spec.get("kind", spec["workload"]), spec["data"]
     t0 = measure.now()
     loader = adapter.build(workload, data, spec)
     setup_s = measure.now() - t0
@@ -143,7 +144,8 @@ def main(argv: list[str]) -> int:
             result.update(versions=adapter.versions(), workloads=list(adapter.WORKLOADS))
         elif mode == "prepare":
             t0 = time.perf_counter()
-            extra = adapter.prepare(spec["workload"], spec["data"], Path(spec["cache_dir"]))
+            kind = spec.get("kind", spec["workload"])
+            extra = adapter.prepare(kind, spec["data"], Path(spec["cache_dir"]))
             result.update(data=extra or {}, prepare_s=time.perf_counter() - t0)
         elif mode in ("run", "memory"):
             result.update(_run(adapter, spec))

@@ -7,7 +7,14 @@ reused across runs; nothing is downloaded.
   (:func:`kuat.cli.demo_data.build_demo_imagefolder`: JPEGs cut from the photos that
   scikit-image, scikit-learn and matplotlib ship, at ImageNet's size and bytes per pixel), or
   the user's ``--imagefolder``; :func:`image_stats` describes whichever was measured.
-- ``imagenet-jpeg-256``: the same tree; kuat converts it with ``resize_shorter=256``.
+- ``smooth-jpeg``: the same generator without grain (:func:`smooth_jpeg`): ImageNet's sizes at
+  about 0.19 bytes per pixel, the smooth photographs the issue's first measurements used. The
+  loaders do exactly what they do in ``imagenet-jpeg`` (:data:`KIND`); only the files differ.
+- ``imagenet-jpeg-256``: the ``imagenet-jpeg`` tree converted by kuat with
+  ``resize_shorter=256``, and those very JPEG bytes exported once as an ImageFolder
+  (:func:`resized_imagefolder`), so torch, torch + ``decode_jpeg`` and the full-size decode
+  reference decode the same files kuat stores; ``original_root`` keeps the original tree for
+  the one row that reads it (torch + PIL on the original files).
 - ``tokens``: one flat ``uint16`` memmap of ``num_tokens`` ids (GPT-2 vocabulary size 50,257,
   so uint16 holds every id, as in nanoGPT), plus the random window start offsets of one epoch,
   read by every loader through the same :class:`TokenWindows` dataset.
@@ -17,16 +24,21 @@ reused across runs; nothing is downloaded.
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import numpy as np
 
 TOKEN_WINDOW = 1025  # 1,024 inputs + 1 shifted target, as nanoGPT reads them
 VOCAB = 50257
-IMAGE_WORKLOADS = ("imagenet-jpeg", "imagenet-jpeg-256", "ingest")
-ALL = ("imagenet-jpeg", "imagenet-jpeg-256", "tokens", "hf-rows", "ingest")
+IMAGE_WORKLOADS = ("imagenet-jpeg", "smooth-jpeg", "imagenet-jpeg-256", "ingest")
+ALL = ("imagenet-jpeg", "smooth-jpeg", "imagenet-jpeg-256", "tokens", "hf-rows", "ingest")
+# workload -> what the adapters run for it: smooth-jpeg is imagenet-jpeg on other files
+KIND = {"smooth-jpeg": "imagenet-jpeg"}
+RESIZE_SHORTER = 256  # imagenet-jpeg-256's --resize-shorter
 BATCH_SIZE = {
     "imagenet-jpeg": 64,
+    "smooth-jpeg": 64,
     "imagenet-jpeg-256": 64,
     "tokens": 32,
     "hf-rows": 64,
@@ -43,14 +55,73 @@ def imagenet_jpeg(num_images: int, progress: bool) -> dict:
     return {"root": str(root), "num_images": num_images}
 
 
-def image_stats(root: str | Path, generated: bool) -> dict:
-    """What the image workloads measured: ``{"source", "root", **corpus_stats(root)}`` where
-    ``source`` is ``"generated"`` (the ImageNet-like corpus) or ``"imagefolder"`` (the
-    user's ``--imagefolder``); see :func:`kuat.cli.demo_data.corpus_stats`."""
+def kind(workload: str) -> str:
+    """What the adapters run for ``workload`` (``smooth-jpeg`` -> ``imagenet-jpeg``)."""
+    return KIND.get(workload, workload)
+
+
+def smooth_jpeg(num_images: int, progress: bool) -> dict:
+    """The ImageNet-like ImageFolder without grain: the same photographs, crops, sizes and
+    quality, about 0.19 bytes per pixel (built once, then reused): ``{"root", "num_images"}``."""
+    from kuat.cli.demo_data import build_demo_imagefolder
+
+    root = build_demo_imagefolder(num_images=num_images, seed=0, progress=progress, grain=False)
+    return {"root": str(root), "num_images": num_images}
+
+
+def resized_imagefolder(original_root: str | Path, cache_dir: Path) -> dict:
+    """imagenet-jpeg-256's data: kuat's ``resize_shorter=256`` conversion of
+    ``original_root`` (the kuat adapter's cached copy, converted here if missing) and its
+    image bytes written once as an ImageFolder beside it, byte for byte what kuat stores.
+
+    Returns ``{"root": exported tree, "original_root", "kuat_path"}``. The export is named
+    after the converted dataset's manifest checksum, so a reconverted dataset is exported
+    again. Raises ValueError when the dataset has no ``image`` and ``label`` fields.
+    """
+    import hashlib
+
+    from benchmarks.adapters import kuat as kuat_adapter
+    from kuat.format import open_store
+
+    converted = kuat_adapter.prepare("imagenet-jpeg-256", {"root": str(original_root)}, cache_dir)
+    kuat_path = converted["kuat_path"]
+    manifest = (Path(kuat_path) / "manifest.json").read_bytes()
+    out = cache_dir / "resized" / f"{Path(kuat_path).stem}-{hashlib.sha1(manifest).hexdigest()[:8]}"
+    if not (out / ".complete").exists():
+        store = open_store(kuat_path)
+        if "image" not in store.schema or "label" not in store.schema:
+            raise ValueError(f"{kuat_path} has no image and label fields: {store.schema}")
+        from benchmarks.adapters import list_imagefolder
+
+        classes = list_imagefolder(original_root)[2]
+        tmp = out.with_name(out.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        for c in classes:
+            (tmp / c).mkdir(parents=True)
+        n, step = store.num_rows, 256
+        for start in range(0, n, step):
+            rows = list(range(start, min(n, start + step)))
+            cols = store.read_batch(rows, ["image", "label"])
+            images = cols["image"]
+            for i, data, codec, label in zip(rows, images.data, images.codec, cols["label"]):
+                suffix = "jpg" if codec == "jpeg" else codec
+                (tmp / classes[int(label)] / f"{i:07d}.{suffix}").write_bytes(data)
+        (tmp / ".complete").write_text(f"{n} images exported from {kuat_path}\n")
+        shutil.rmtree(out, ignore_errors=True)
+        tmp.rename(out)
+    return {"root": str(out), "original_root": str(original_root), "kuat_path": kuat_path}
+
+
+def image_stats(root: str | Path, generated: bool, corpus: str = "ImageNet-like") -> dict:
+    """What an image workload measured: ``{"source", "corpus", "root", **corpus_stats(root)}``
+    where ``source`` is ``"generated"`` (``corpus`` names which generated corpus) or
+    ``"imagefolder"`` (the user's ``--imagefolder``); see
+    :func:`kuat.cli.demo_data.corpus_stats`."""
     from kuat.cli.demo_data import corpus_stats
 
     return {
         "source": "generated" if generated else "imagefolder",
+        "corpus": corpus,
         "root": str(root),
         **corpus_stats(root),
     }

@@ -20,6 +20,8 @@ environment they run in (``main`` = the interpreter running ``kuat bench``; othe
 created by :mod:`benchmarks.envs`), adapter ``options`` (``num_workers`` there overrides the
 run's worker count: ``torch-w0``), workloads to ``skip``, the report's ``label`` and
 per-workload ``workload_labels`` (``{workers}`` there is replaced by the run's worker count).
+A workload of another ``kind`` (:data:`benchmarks.workloads.KIND`: ``smooth-jpeg`` is
+``imagenet-jpeg`` on other files) reaches ``build`` and ``prepare`` as that kind.
 """
 
 from __future__ import annotations
@@ -34,7 +36,8 @@ LOADERS: dict[str, dict] = {
         "label": "torch DataLoader, {workers} workers",
         "workload_labels": {
             "imagenet-jpeg": "torch + PIL",
-            "imagenet-jpeg-256": "torch + PIL (original files)",
+            "smooth-jpeg": "torch + PIL",
+            "imagenet-jpeg-256": "torch + PIL (same resized files)",
         },
     },
     "torch-decode-jpeg": {
@@ -44,14 +47,23 @@ LOADERS: dict[str, dict] = {
         "skip": ("tokens", "hf-rows"),
         "label": "torch + decode_jpeg + v2 on tensors",
         "workload_labels": {
-            "imagenet-jpeg-256": "torch + decode_jpeg + v2 on tensors (original files)",
+            "imagenet-jpeg-256": "torch + decode_jpeg + v2 on tensors (same resized files)",
         },
+    },
+    # imagenet-jpeg-256 only: what torch reads when nobody converts the data (the same run as
+    # imagenet-jpeg's "torch" row, repeated so its ratios pair with this workload's rounds)
+    "torch-originals": {
+        "adapter": "torch",
+        "env": "main",
+        "options": {"files": "original"},
+        "skip": ("imagenet-jpeg", "smooth-jpeg", "tokens", "hf-rows"),
+        "label": "torch + PIL (original files)",
     },
     "torch-w0": {
         "adapter": "torch",
         "env": "main",
         "options": {"num_workers": 0},
-        "skip": ("imagenet-jpeg", "imagenet-jpeg-256"),
+        "skip": ("imagenet-jpeg", "smooth-jpeg", "imagenet-jpeg-256"),
         "label": "torch DataLoader, 0 workers",
     },
     "kuat": {
@@ -95,6 +107,9 @@ LOADERS: dict[str, dict] = {
         "adapter": "decode_only",
         "env": "main",
         "label": "full-size decode reference (simplejpeg, nothing else)",
+        "workload_labels": {
+            "imagenet-jpeg-256": "full-size decode reference (same resized files, simplejpeg)",
+        },
     },
 }
 

@@ -4,14 +4,15 @@ Each epoch reads and decodes every JPEG of the ImageFolder to ``(H, W, 3)`` uint
 simplejpeg (libjpeg-turbo, GIL released) in a thread pool of ``os.cpu_count()`` threads: no
 crop, resize, flip, collate or loader. A loader that decodes full-size images cannot beat this
 rate on the same cores; one that decodes at a reduced DCT scale or only the crop can, so it
-is a reference point, not a limit.
+is a reference point, not a limit. In ``imagenet-jpeg-256`` it decodes the resized files kuat
+stores (exported once by :func:`benchmarks.workloads.resized_imagefolder`).
 """
 
 from __future__ import annotations
 
 from benchmarks.adapters import Loader, list_imagefolder, num_workers
 
-WORKLOADS = ("imagenet-jpeg",)
+WORKLOADS = ("imagenet-jpeg", "imagenet-jpeg-256")  # -256: the exported resized files
 CHUNK = 64
 
 

@@ -5,7 +5,8 @@
   Compose([RandomResizedCrop(224), RandomHorizontalFlip()])})``: the crop is planned from the
   stored size, the JPEG decoded at the smallest DCT scale covering it, resized (antialiased
   bilinear) and flipped straight into the batch buffer.
-- imagenet-jpeg-256: the same, converted with ``resize_shorter=256``.
+- imagenet-jpeg-256: the same, converted with ``resize_shorter=256`` (from ``original_root``
+  when the data has one: the workload's ``root`` is then the export of this very dataset).
 - tokens: :class:`benchmarks.workloads.TokenWindows`, the dataset every loader reads (its
   ``__getitems__`` gathers a batch of windows in one NumPy indexing operation).
 - hf-rows: ``benchmarks.bench_hf.kuat_loader`` (the HF area's configuration): the
@@ -78,10 +79,11 @@ def prepare(workload: str, data: dict, cache_dir: Path) -> dict:
     if workload == "tokens":
         return {}
     shorter = 256 if workload == "imagenet-jpeg-256" else None
-    name = cache_key(data["root"]) + (f"-short{shorter}" if shorter else "")
+    root = data.get("original_root", data["root"]) if shorter else data["root"]
+    name = cache_key(root) + (f"-short{shorter}" if shorter else "")
     dst = cache_dir / "kuat" / f"{name}.kuat"
     if not (dst / "manifest.json").exists():
-        _convert(data["root"], dst, os.cpu_count() or 1, shorter)
+        _convert(root, dst, os.cpu_count() or 1, shorter)
     return {"kuat_path": str(dst)}
 
 

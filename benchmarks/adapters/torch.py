@@ -9,8 +9,10 @@
   ``torchvision.io.read_file`` and decoding it with ``torchvision.io.decode_image(...,
   mode=RGB)`` (``decode_jpeg`` for JPEGs, libjpeg-turbo), then the same v2 transforms on
   ``(3, H, W)`` uint8 tensors (about twice the PIL path per image).
-  For ``imagenet-jpeg-256`` both still read the original files: they are the reference kuat's
-  resized dataset is compared with.
+  For ``imagenet-jpeg-256`` both read the resized files kuat stores, exported once as an
+  ImageFolder (:func:`benchmarks.workloads.resized_imagefolder`); loader ``torch-originals``
+  (option ``files="original"``) reads the original files with PIL, what a torch user reads
+  without converting anything.
 - tokens: :class:`benchmarks.workloads.TokenWindows`, the same dataset kuat reads (torch calls
   its ``__getitems__``), and ``default_collate`` stacking. Loader ``torch-w0`` runs it with
   ``num_workers=0`` (in the main process, no inter-process copy), often the fastest torch
@@ -59,6 +61,9 @@ def build(workload: str, data: dict, spec: dict) -> Loader:
     g.manual_seed(spec.get("seed", 0))
     workers = num_workers(spec)
     decoder = spec.get("options", {}).get("decoder", "pil")
+    files = spec.get("options", {}).get("files", "workload")
+    if files not in ("workload", "original"):
+        raise ValueError(f"torch adapter: files={files!r} must be 'workload' or 'original'")
     common = dict(
         batch_size=spec["batch_size"],
         shuffle=True,
@@ -72,10 +77,11 @@ def build(workload: str, data: dict, spec: dict) -> Loader:
         from torchvision.transforms import v2
 
         augment = [v2.RandomResizedCrop(IMAGE_SIZE, antialias=True), v2.RandomHorizontalFlip()]
+        root = data["original_root"] if files == "original" else data["root"]
         if decoder == "pil":
-            folder = ImageFolder(data["root"], transform=v2.Compose([*augment, v2.PILToTensor()]))
+            folder = ImageFolder(root, transform=v2.Compose([*augment, v2.PILToTensor()]))
         elif decoder == "torchvision":
-            folder = ImageFolder(data["root"], transform=v2.Compose(augment), loader=_tv_decode)
+            folder = ImageFolder(root, transform=v2.Compose(augment), loader=_tv_decode)
         else:
             raise ValueError(f"torch adapter: decoder={decoder!r} must be 'pil' or 'torchvision'")
         loader = DataLoader(folder, **common)

@@ -56,7 +56,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         nargs="+",
         default=None,
         metavar="NAME",
-        help="imagenet-jpeg imagenet-jpeg-256 tokens hf-rows ingest overhead remote "
+        help="imagenet-jpeg smooth-jpeg imagenet-jpeg-256 tokens hf-rows ingest overhead remote "
         "(default: all)",
     )
     p.add_argument(
