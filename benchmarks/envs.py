@@ -212,8 +212,13 @@ def shared_dir() -> Path:
     return d
 
 
-def _site_packages(venv: Path) -> Path:
-    return venv / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / "site-packages"
+def share_torch(venv: Path) -> Path:
+    """Put :func:`shared_dir` at the end of ``sys.path`` in ``venv`` (made by this
+    interpreter: the same Python version) with a ``.pth`` file; returns that file."""
+    major, minor = sys.version_info[:2]
+    pth = venv / "lib" / f"python{major}.{minor}" / "site-packages" / "kuat-bench-shared-torch.pth"
+    pth.write_text(f"{shared_dir()}\n")
+    return pth
 
 
 def _digest(r: dict) -> str:
@@ -291,9 +296,8 @@ def ensure(name: str, *, create: bool, log_path: Path, force: bool = False) -> P
             # the running interpreter makes the venv: the shared torch needs the same Python
             if not py.exists() and _run([sys.executable, "-m", "venv", str(d)], log):
                 raise EnvUnavailable(f"{sys.executable} -m venv {d} failed; see {log_path}")
-            pth = _site_packages(d) / "kuat-bench-shared-torch.pth"
-            pth.write_text(f"{shared_dir()}\n")
-            log.write(f"# {pth}: {shared_dir()} (torch and its requirements, by path)\n")
+            pth = share_torch(d)
+            log.write(f"# {pth}: {pth.read_text().strip()} (torch and its requirements)\n")
         if r["base"] and _run([*pip, *r["base"]], log):
             raise EnvUnavailable(f"installing {r['base']} into {d} failed; see {log_path}")
         for step, args in r["steps"].items():

@@ -356,7 +356,7 @@ def test_overlay_environment_extends_the_running_interpreter(
     assert r["base"] == [] and r["overlay"]
     assert "--no-deps" in r["steps"]["mds"]
     assert envs.python_path("mds") == Path(sys.executable)
-    assert envs.recipe("streaming")["base"][0].startswith("torch==")  # a venv: its own torch
+    assert envs.recipe("streaming")["base"][0].startswith("torch==")  # a venv: the same torch
     assert not envs.use_overlay("mds")  # not set up: nothing added
     site = envs.overlay_dir("mds")
     site.mkdir(parents=True)
@@ -366,3 +366,145 @@ def test_overlay_environment_extends_the_running_interpreter(
     assert sys.path == [*before, str(site)]  # appended once, after everything else
     assert LOADERS["mds"]["env"] == "mds" and "ingest" in LOADERS["streaming"]["skip"]
     assert report.INGEST_LABELS["mds"].startswith("Mosaic MDSWriter")
+
+
+def test_environments_share_the_running_torch_by_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A peer venv imports this interpreter's very torch and torchvision (same files, same
+    version, visible to pip as installed, so ``torch==X`` downloads nothing), and a package the
+    venv installs itself comes first on its ``sys.path``."""
+    import subprocess
+
+    from benchmarks import envs
+
+    monkeypatch.setenv("KUAT_BENCH_ENVS", str(tmp_path / "envs"))
+    shared = envs.shared_dir()
+    assert envs.shared_dir() == shared  # created once, then reused
+    assert (shared / "torch").resolve() == Path(torch.__file__).parent.resolve()
+    for name in ("torch", "torchvision", "numpy"):  # numpy: torchvision's requirement
+        from importlib import metadata
+
+        assert any(shared.glob(f"{name}-{metadata.version(name)}.dist-info")), name
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    envs.share_torch(venv)
+    probe = (
+        "import importlib.metadata as m, json, torch, torchvision; print(json.dumps("
+        "[torch.__file__, torch.__version__, torchvision.__version__, m.version('torch')]))"
+    )
+    out = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", probe], capture_output=True, text=True, check=True
+    )
+    torch_file, version, tv_version, dist_version = json.loads(out.stdout)
+    assert Path(torch_file).resolve() == Path(torch.__file__).resolve()
+    assert Path(torch_file).is_relative_to(shared)  # found through the shared folder
+    import torchvision
+
+    assert (version, tv_version) == (torch.__version__, torchvision.__version__)
+    assert f"torch=={dist_version}" in envs.recipe("peers")["base"]  # the pin pip finds
+    shadow = next((venv / "lib").glob("python*/site-packages"))
+    (shadow / "numpy").mkdir()  # a package of the venv's own shadows the shared one
+    (shadow / "numpy" / "__init__.py").write_text("OWN = True\n")
+    own = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", "import numpy; print(numpy.OWN)"],
+        capture_output=True,
+        text=True,
+    )
+    assert own.stdout.strip() == "True", own.stderr
+
+
+def test_smooth_corpus_keeps_the_crops_and_drops_the_grain(tmp_path: Path) -> None:
+    from kuat.cli.demo_data import build_demo_imagefolder, corpus_stats
+
+    grainy = build_demo_imagefolder(tmp_path, num_images=24, progress=False)
+    smooth = build_demo_imagefolder(tmp_path, num_images=24, progress=False, grain=False)
+    assert smooth != grainy and smooth.name.endswith("-smooth")
+    sizes = [
+        sorted((f.name, Image.open(f).size) for f in root.glob("*/*.jpg"))
+        for root in (grainy, smooth)
+    ]
+    assert sizes[0] == sizes[1]  # the same files, crops and sizes
+    g, s = corpus_stats(grainy), corpus_stats(smooth)
+    assert 0.12 < s["bytes_per_pixel"]["median"] < 0.26  # the issue's smooth images: ~0.19
+    assert g["bytes_per_pixel"]["median"] > 2 * s["bytes_per_pixel"]["median"]
+
+
+def test_smooth_and_resized_workloads_compare_the_same_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """smooth-jpeg runs the imagenet-jpeg loaders on the smooth corpus; imagenet-jpeg-256 gives
+    torch, torch + decode_jpeg and the full-size decode reference kuat's own resized bytes,
+    and torch + PIL the original files."""
+    from kuat.format import open_store
+
+    monkeypatch.setenv("KUAT_CACHE", str(tmp_path / "kuat-cache"))  # the generated corpora
+    cfg = runner.BenchConfig(
+        out_dir=tmp_path / "out",
+        quick=True,
+        loaders=("torch-originals", "torch-decode-jpeg", "kuat", "decode-only"),
+        workloads=("smooth-jpeg", "imagenet-jpeg-256"),
+        runs=1,
+        epochs=2,
+        memory_runs=0,
+        num_workers=1,
+        num_images=24,
+        cache_dir=tmp_path / "cache",
+        batch_sizes={"smooth-jpeg": 4, "imagenet-jpeg-256": 4},
+        timeout_s=240,
+    )
+    lines: list[str] = []
+    results = runner.run_bench(cfg, lines.append)
+    assert not results["unavailable"], results["unavailable"]
+    runs = {(r["workload"], r["loader"]): r for r in results["runs"]}
+    assert set(runs) == {
+        ("smooth-jpeg", "torch-decode-jpeg"),
+        ("smooth-jpeg", "kuat"),
+        ("smooth-jpeg", "decode-only"),
+        ("imagenet-jpeg-256", "torch-originals"),
+        ("imagenet-jpeg-256", "torch-decode-jpeg"),
+        ("imagenet-jpeg-256", "kuat"),
+        ("imagenet-jpeg-256", "decode-only"),
+    }, lines
+    for key, r in runs.items():
+        assert r["ok"], (key, r.get("error"), r.get("traceback"))
+        assert r["epochs"][-1]["samples"] == 24, key  # every loader served every image
+    smooth = results["workload_images"]["smooth-jpeg"]
+    assert smooth["corpus"] == "smooth" and smooth["bytes_per_pixel"]["median"] < 0.3
+
+    def data_of(loader: str) -> dict:  # what the child was given (its spec beside its log)
+        log = Path(runs[("imagenet-jpeg-256", loader)]["log"])
+        return json.loads(log.with_name(log.stem + ".spec.json").read_text())["data"]
+
+    # imagenet-jpeg-256: the exported files are byte for byte what kuat decodes
+    data = data_of("kuat")
+    store = open_store(data["kuat_path"])
+    stored = store.read_batch(list(range(store.num_rows)), ["image", "label"])
+    exported = sorted(Path(data["root"]).glob("*/*.jpg"))
+    assert len(exported) == store.num_rows == 24
+    classes = sorted(p.name for p in Path(data["original_root"]).iterdir() if p.is_dir())
+    resized = 0
+    for f in exported:
+        i = int(f.stem)
+        assert f.read_bytes() == bytes(stored["image"].data[i])
+        assert f.parent.name == classes[int(stored["label"][i])]
+        assert min(Image.open(f).size) <= workloads.RESIZE_SHORTER
+        resized += min(Image.open(f).size) == workloads.RESIZE_SHORTER
+    assert resized > 0  # the corpus has images larger than that: the rows differ in files
+    for loader in ("torch-decode-jpeg", "decode-only"):
+        assert data_of(loader)["root"] == data["root"]  # the same resized files
+    assert data_of("torch-originals")["original_root"] == data["original_root"]
+    s256 = results["summary"]["imagenet-jpeg-256"]
+    assert s256["baselines"] == ["torch-originals", "torch-decode-jpeg"]
+    assert s256["reference"] == "decode-only"
+    assert set(s256["rows"]["kuat"]["vs"]) == {
+        "torch-originals",
+        "torch-decode-jpeg",
+        "decode-only",
+    }
+    md = (tmp_path / "out" / "results.md").read_text()
+    assert "| torch + PIL (original files) |" in md
+    assert "| torch + decode_jpeg + v2 on tensors (same resized files) |" in md
+    assert "| full-size decode reference (same resized files, simplejpeg) |" in md
+    assert "Images: the generated smooth corpus" in md
+    assert "Images: --resize-shorter 256 of the corpus above" in md
