@@ -72,6 +72,9 @@ REFERENCE = {
 ONLY = {
     "smooth-jpeg": ("torch", "torch-decode-jpeg", "kuat", "kuat-proc", "decode-only", "litdata")
 }
+# workloads without memory runs: ingest (a writer, not a loader) and smooth-jpeg (the same
+# loaders and buffers as imagenet-jpeg, whose memory runs already measure them)
+NO_MEMORY_RUNS = ("ingest", "smooth-jpeg")
 DEFAULT_LOADERS = (
     "torch",
     "torch-decode-jpeg",
@@ -539,7 +542,7 @@ def run_bench(cfg: BenchConfig, progress: Callable[[str], None] = lambda s: None
         for rnd in range(rounds)
         for w, loaders in plan.items()
         for loader in loaders
-        if not (mode == "memory" and w == "ingest")
+        if not (mode == "memory" and w in NO_MEMORY_RUNS)
     ]
     runs: list[dict] = []
     for done, (mode, rnd, w, loader) in enumerate(schedule, 1):
