@@ -460,8 +460,9 @@ def _concat(docs: Documents, packed: Packed, stats: PackStats, pos) -> Iterator:
             b_starts = np.maximum(b_starts - cut, 0)
             b_off[0] = cut
         base = len(ids)
+        same = labels is ids and b_labels is b_ids  # no loss mask: one buffer serves both
         ids = np.concatenate([ids, b_ids])  # (T,)
-        labels = np.concatenate([labels, b_labels])  # (T,)
+        labels = ids if same else np.concatenate([labels, b_labels])  # (T,)
         seg_start = np.concatenate([seg_start, b_starts + base])
         seg_ord = np.concatenate([seg_ord, block.first + np.arange(k)])
         seg_off = np.concatenate([seg_off, b_off])
@@ -489,7 +490,8 @@ def _concat(docs: Documents, packed: Packed, stats: PackStats, pos) -> Iterator:
         seg_off[0] += cut_at - seg_start[j0]
         seg_start = np.maximum(seg_start[j0:] - cut_at, 0)
         seg_ord, seg_full = seg_ord[j0:], seg_full[j0:]
-        ids, labels = ids[cut_at:], labels[cut_at:]
+        ids, labels = ids[cut_at:], (None if labels is ids else labels[cut_at:])
+        labels = ids if labels is None else labels
     if len(ids):
         filled = len(ids)
         stats.rows += 1
@@ -506,20 +508,9 @@ def _concat_rows(ids, labels, seg_start, seg_len, nrows, length, filled, pad_id)
     live = (seg_len > 0) & (seg_start < filled)
     starts = np.union1d(seg_start[live], np.arange(nrows) * length)  # (S,) pieces, sorted
     piece_len = np.diff(np.append(starts, filled))  # (S,)
-    ids_mat = np.full(nrows * length, pad_id, np.int64)
-    ids_mat[:filled] = ids[:filled]
-    labels_mat = np.full(nrows * length, IGNORE_INDEX, np.int64)
-    labels_mat[:filled] = labels[:filled]
-    fills = np.full(nrows, length, np.int64)
+    fills = np.full(nrows, length, np.int64)  # (R,)
     fills[-1] = filled - (nrows - 1) * length
-    return _rows(
-        ids_mat.reshape(nrows, length),  # (R, L)
-        labels_mat.reshape(nrows, length),  # (R, L)
-        starts // length,
-        starts % length,
-        piece_len,
-        fills,
-    )
+    return _gather_rows(ids, labels, starts, piece_len, starts // length, fills, length, pad_id)
 
 
 def _fit(docs: Documents, packed: Packed, stats: PackStats, pos) -> Iterator:
@@ -721,7 +712,6 @@ def _concat_planned(docs, lens, packed, stats, share) -> Iterator[dict]:
             lens,
             stats,
             seg_row,
-            point - begin[seg_row],
             seg_ord,
             point - cum[seg_ord],
             seg_len,
@@ -780,37 +770,30 @@ def _fit_assemble(docs, lens, stats, buf: _Buffer, sel: list[int], packed) -> li
     bins = [buf.bins[i] for i in sel]
     counts = np.fromiter(map(len, bins), np.int64, len(bins))  # (R,)
     order = np.fromiter(itertools.chain.from_iterable(bins), np.int64, int(counts.sum()))
-    seg_row = np.repeat(np.arange(len(bins)), counts)  # (S,)
-    seg_len = items.size[order]  # (S,)
-    before = np.cumsum(seg_len) - seg_len
-    seg_col = before - np.repeat(before[np.cumsum(counts) - counts], counts)  # (S,)
     return _assemble(
         docs,
         lens,
         stats,
-        seg_row,
-        seg_col,
+        np.repeat(np.arange(len(bins)), counts),  # (S,) the row of each piece
         items.ord[order],
         items.piece[order] * length,
-        seg_len,
+        items.size[order],
         np.asarray([buf.fills[i] for i in sel], np.int64),
         length,
         packed.pad_id,
     )
 
 
-def _assemble(
-    docs, lens, stats, seg_row, seg_col, seg_ord, seg_off, seg_len, fills, length, pad_id
-) -> list[dict]:
-    """Read the documents of the planned pieces and build their rows (see :func:`_rows`).
+def _assemble(docs, lens, stats, seg_row, seg_ord, seg_off, seg_len, fills, length, pad_id):
+    """Read the documents of the planned pieces and build their rows (see
+    :func:`_gather_rows`): a list of row dicts.
 
-    Pieces ``(S,)``, sorted by row and column: row ``seg_row``, column ``seg_col``, tokens
+    Pieces ``(S,)``, sorted by row and column: in row ``seg_row``, tokens
     ``seg_off .. seg_off + seg_len`` of document ``seg_ord``; ``fills (R,)``: tokens per row.
 
     Raises:
         ValueError: a document read has another length than the plan's (names it).
     """
-    nrows = len(fills)
     wanted, inverse = np.unique(seg_ord, return_inverse=True)  # (K,) documents, (S,) which
     block = docs.fetch_ordinals(wanted)
     stats.read_documents += len(wanted)
@@ -823,23 +806,15 @@ def _assemble(
             f"tokens, but the packing plan was made for {int(lens[o])} (pack(lengths=) or the "
             "dataset's length column disagrees with its documents)"
         )
-    src = _segments(block.starts[inverse] + seg_off, seg_len)  # (T,) positions in the block
-    # each row's pieces fill its columns 0 .. fill - 1 in order: a mask places them all
-    filled = np.arange(length) < fills[:, None]  # (R, L) bool
-    ids = np.full((nrows, length), pad_id, np.int64)  # (R, L)
-    ids[filled] = block.ids[src]
-    if block.labels is block.ids:  # no loss mask: the labels are the tokens
-        labels = np.where(filled, ids, IGNORE_INDEX)  # (R, L) int64
-    else:
-        labels = np.full((nrows, length), IGNORE_INDEX, np.int64)  # (R, L)
-        labels[filled] = block.labels[src]
-    return _rows(
-        ids,
-        labels,
-        seg_row,
-        seg_col,
+    return _gather_rows(
+        block.ids,
+        block.labels,
+        block.starts[inverse] + seg_off,  # (S,) where each piece starts in the block
         seg_len,
+        seg_row,
         fills,
+        length,
+        pad_id,
     )
 
 
@@ -880,26 +855,23 @@ class _Items:
     def compact(self) -> _Items:
         """The same pieces with buffers holding only their tokens (what is carried)."""
         src = _segments(self.start, self.size)
-        return _Items(
-            self.ord,
-            self.piece,
-            np.cumsum(self.size) - self.size,
-            self.size,
-            self.ids[src],
-            self.labels[src],
-        )
+        ids = self.ids[src]
+        labels = ids if self.labels is self.ids else self.labels[src]
+        return _Items(self.ord, self.piece, np.cumsum(self.size) - self.size, self.size, ids, labels)
 
     @staticmethod
     def concat(a: _Items, b: _Items) -> _Items:
         if not len(a.ord):
             return b
+        ids = np.concatenate([a.ids, b.ids])
+        same = a.labels is a.ids and b.labels is b.ids  # no loss mask: one buffer serves both
         return _Items(
             np.concatenate([a.ord, b.ord]),
             np.concatenate([a.piece, b.piece]),
             np.concatenate([a.start, b.start + len(a.ids)]),
             np.concatenate([a.size, b.size]),
-            np.concatenate([a.ids, b.ids]),
-            np.concatenate([a.labels, b.labels]),
+            ids,
+            ids if same else np.concatenate([a.labels, b.labels]),
         )
 
 
@@ -911,57 +883,58 @@ def _segments(start: np.ndarray, size: np.ndarray) -> np.ndarray:
 
 
 def _fit_rows(items: _Items, bins: list[list[int]], fills: list[int], length: int, pad_id: int):
-    """One row per bin: its pieces in arrival order, then padding; one gather per field."""
+    """One row per bin: its pieces in arrival order, then padding."""
     counts = np.fromiter(map(len, bins), np.int64, len(bins))  # (R,)
-    order = np.fromiter(itertools.chain.from_iterable(bins), np.int64, int(counts.sum()))
-    row = np.repeat(np.arange(len(bins)), counts)  # (S,) the row of each piece
-    size = items.size[order]  # (S,)
-    before = np.cumsum(size) - size  # (S,) tokens of the group before each piece
-    col = before - np.repeat(before[np.cumsum(counts) - counts], counts)  # (S,) column in its row
-    src = _segments(items.start[order], size)  # (T,) token positions in items' buffers
-    dst = _segments(row * length + col, size)  # (T,) positions in the (R * L) rows
-    ids = np.full(len(bins) * length, pad_id, np.int64)
-    ids[dst] = items.ids[src]
-    labels = np.full(len(bins) * length, IGNORE_INDEX, np.int64)
-    labels[dst] = items.labels[src]
-    return _rows(
-        ids.reshape(len(bins), length),  # (R, L)
-        labels.reshape(len(bins), length),  # (R, L)
-        row,
-        col,
-        size,
+    order = np.fromiter(itertools.chain.from_iterable(bins), np.int64, int(counts.sum()))  # (S,)
+    return _gather_rows(
+        items.ids,
+        items.labels,
+        items.start[order],
+        items.size[order],
+        np.repeat(np.arange(len(bins)), counts),  # (S,) the row of each piece
         np.asarray(fills, np.int64),
+        length,
+        pad_id,
     )
 
 
-def _rows(ids, labels, seg_row, seg_col, seg_len, fills) -> list[dict]:
-    """Row dicts (see the module docstring) from ``ids``/``labels`` ``(R, L) int64`` (padding
-    already in place) and their document pieces ``seg_row``/``seg_col``/``seg_len`` ``(S,)``,
-    sorted by row and column; ``fills (R,)``: tokens of each row before its padding.
+def _gather_rows(ids, labels, src, seg_len, seg_row, fills, length, pad_id) -> list[dict]:
+    """Row dicts (see the module docstring) gathered from the flat token buffers ``ids`` and
+    ``labels`` ``(T,) int64``: document pieces ``(S,)`` sorted by row then column, piece ``s``
+    being ``ids[src[s] : src[s] + seg_len[s]]`` in row ``seg_row[s]``; each row's pieces fill its
+    columns ``0 .. fills[r] - 1`` in order and padding the rest (``fills (R,)``).
 
-    Sets ``labels`` to -100 at every piece's first token. The rows are views of one
-    ``(R, L)`` tensor per field, which this group of rows alone owns."""
-    nrows, length = ids.shape
-    labels[seg_row, seg_col] = IGNORE_INDEX  # nothing predicts a document's first token
-    is_start = np.zeros((nrows, length), bool)  # (R, L)
-    is_start[seg_row, seg_col] = True
-    padded = np.flatnonzero(fills < length)
-    is_start[padded, fills[padded]] = True  # the padding is a segment too
-    cols = np.arange(length)  # (L,)
-    seg_first = np.maximum.accumulate(np.where(is_start, cols, 0), axis=1)  # (R, L)
-    positions = cols - seg_first  # (R, L) int64, 0 at every piece's first token
-    counts = np.bincount(seg_row, minlength=nrows)  # (R,)
-    doc_lengths = np.split(seg_len.astype(np.int32), np.cumsum(counts)[:-1])  # R x (D,)
-    t_ids, t_labels = torch.from_numpy(ids), torch.from_numpy(labels)
-    t_pos = torch.from_numpy(positions)
+    All rows are built at once, as one ``(R, L)`` block per field: the padding of every row
+    that is not full is one more segment, so the segments tile the ``R * L`` slots in order and
+    a slot's position id is its offset in its segment (``arange - repeat(segment starts)``) and
+    its token the one at ``src + position`` (one ``np.take``). Labels are -100 at every piece's
+    first token (nothing predicts across a document boundary) and on the padding. The rows are
+    views of these blocks, which this group of rows alone owns."""
+    nrows = len(fills)
+    counts = np.bincount(seg_row, minlength=nrows)  # (R,) pieces per row
+    padded = np.flatnonzero(fills < length)  # (P,) rows with padding
+    at = np.cumsum(counts)[padded]  # (P,) where each padding segment goes among the pieces
+    seg_src = np.insert(src, at, 0)  # (S + P,) (padding gathers token 0, then is overwritten)
+    sizes = np.insert(seg_len, at, length - fills[padded])  # (S + P,)
+    seg_dst = np.cumsum(sizes) - sizes  # (S + P,) first slot of each segment in the R * L
+    positions = np.arange(nrows * length) - np.repeat(seg_dst, sizes)  # (R * L,) int64
+    gather = positions + np.repeat(seg_src, sizes)  # (R * L,) token index in ids / labels
+    # (a padding segment may run past the buffer's end: clip, then overwrite it)
+    out_ids = np.take(ids, gather, mode="clip")  # (R * L,) int64
+    out_labels = out_ids.copy() if labels is ids else np.take(labels, gather, mode="clip")
+    pad_slots = _segments(padded * length + fills[padded], length - fills[padded])  # (pads,)
+    out_ids[pad_slots] = pad_id
+    out_labels[pad_slots] = IGNORE_INDEX
+    is_pad = np.zeros(len(sizes), bool)  # (S + P,)
+    is_pad[at + np.arange(len(at))] = True  # (np.insert put padding segment i at at[i] + i)
+    out_labels[seg_dst[~is_pad]] = IGNORE_INDEX  # nothing predicts a document's first token
+    t_ids = torch.from_numpy(out_ids.reshape(nrows, length)).unbind(0)  # R x (L,) int64
+    t_labels = torch.from_numpy(out_labels.reshape(nrows, length)).unbind(0)  # R x (L,) int64
+    t_pos = torch.from_numpy(positions.reshape(nrows, length)).unbind(0)  # R x (L,) int64
+    t_docs = torch.from_numpy(seg_len.astype(np.int32)).split(counts.tolist())  # R x (D,) int32
     return [
-        {
-            "input_ids": t_ids[r],  # (L,) int64
-            "labels": t_labels[r],  # (L,) int64
-            "position_ids": t_pos[r],  # (L,) int64
-            "document_lengths": torch.from_numpy(doc_lengths[r]),  # (D,) int32
-        }
-        for r in range(nrows)
+        {"input_ids": i, "labels": y, "position_ids": p, "document_lengths": d}
+        for i, y, p, d in zip(t_ids, t_labels, t_pos, t_docs)
     ]
 
 
