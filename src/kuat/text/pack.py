@@ -857,7 +857,9 @@ class _Items:
         src = _segments(self.start, self.size)
         ids = self.ids[src]
         labels = ids if self.labels is self.ids else self.labels[src]
-        return _Items(self.ord, self.piece, np.cumsum(self.size) - self.size, self.size, ids, labels)
+        return _Items(
+            self.ord, self.piece, np.cumsum(self.size) - self.size, self.size, ids, labels
+        )
 
     @staticmethod
     def concat(a: _Items, b: _Items) -> _Items:
