@@ -948,31 +948,41 @@ def _first_fit(sizes, capacity: int) -> tuple[list[list[int]], list[int]]:
     Computed bin by bin, which gives the same bins: an item goes to bin ``b`` exactly when it
     fits there and in no earlier bin, and a bin's room depends only on its own items, so bin
     ``b`` is a greedy in-order pass over the items the earlier bins left. Each pass takes the
-    longest prefix that fits with one ``cumsum`` and then, in Python, only the later items no
-    larger than the room left (few: the room is smaller than the item that ended the prefix).
+    longest prefix that fits with one ``cumsum``, then the later items that still fit, each
+    found as the first later item no larger than the room left (one vectorised search per item
+    taken: few, as the room is smaller than the item that ended the prefix).
     """
     left = np.arange(len(sizes))  # (m,) items in no bin yet, in arrival order
     rest = np.asarray(sizes, np.int64)  # (m,) their sizes
     bins: list[list[int]] = []
     fills: list[int] = []
     while len(left):
-        total = np.cumsum(rest)  # (m,)
-        j = int(np.searchsorted(total, capacity, "right"))  # items 0 .. j - 1 fit together
+        total = np.cumsum(rest[:capacity])  # (<= capacity,): a bin holds at most that many
+        j = int(total.searchsorted(capacity, "right"))  # items 0 .. j - 1 fit together
         room = capacity - int(total[j - 1])
-        take = list(range(j))
-        if j < len(rest) and room:
-            later = np.flatnonzero(rest[j + 1 :] <= room) + j + 1  # the only ones that may fit
-            for c, size in zip(later.tolist(), rest[later].tolist()):
-                if size <= room:
-                    take.append(c)
-                    room -= size
-                    if not room:
-                        break
-        bins.append(left[take].tolist())
+        after = j + 1 + np.flatnonzero(rest[j + 1 :] <= room)  # (c,) the only later ones that may
+        if not len(after):  # fit: the prefix is the bin
+            bins.append(left[:j].tolist())
+            left, rest = left[j:], rest[j:]
+            fills.append(capacity - room)
+            continue
+        later = rest[after]  # (c,)
+        picked = []
+        k = 0  # position in ``after`` to search from
+        while room and k < len(later):
+            fits = later[k:] <= room  # (c - k,)
+            hit = int(fits.argmax())
+            if not fits[hit]:
+                break
+            picked.append(k + hit)
+            room -= int(later[k + hit])
+            k += hit + 1
+        take = after[picked]  # (t,) positions in ``left`` of the later items taken
+        bins.append(left[:j].tolist() + left[take].tolist())
         fills.append(capacity - room)
-        keep = np.ones(len(left), bool)
-        keep[take] = False
-        left, rest = left[keep], rest[keep]
+        keep = np.ones(len(left) - j, bool)  # (m - j,)
+        keep[take - j] = False
+        left, rest = left[j:][keep], rest[j:][keep]
     return bins, fills
 
 
