@@ -171,6 +171,11 @@ def test_collate_masks_block_documents(strategy):
     starts = torch.nonzero(batch["position_ids"].reshape(-1) == 0).flatten()
     assert batch["cu_seqlens"][:-1].tolist() == starts.tolist()
     assert batch["max_seqlen"] == int(torch.diff(batch["cu_seqlens"]).max())
+    # document ids: segment s repeated over its slots, as torch.repeat_interleave gives them
+    segments = torch.diff(batch["cu_seqlens"])
+    want = torch.repeat_interleave(torch.arange(len(segments), dtype=torch.int32), segments)
+    assert batch["document_ids"].dtype == torch.int32
+    assert torch.equal(batch["document_ids"], want.reshape(B, L))
     mask = batch["attention_mask"]  # (B, 1, L, L)
     doc = torch.where(batch["labels"] == -100, -1, ids // STRIDE)  # for the brute force below
     for b in range(B):
