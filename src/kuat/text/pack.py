@@ -230,6 +230,9 @@ class Packed(Stream):
         # the loader's thread workers get; None: unknown (read the whole stream)
         self._lengths = {"value": lengths, "known": lengths is not None, "lock": threading.Lock()}
         self._checkpoints: dict = {}  # kuat_state_at's plan checkpoints of one epoch
+        # the fit plan being read by this process's consumers (thread workers hold shallow
+        # copies of this object, so they share it): see _SharedPlan
+        self._plans = {"lock": threading.Lock(), "key": None, "plan": None}
         if shuffle and isinstance(self.source, torch.utils.data.IterableDataset):
             _log.warning(
                 "pack(shuffle=True) over an iterable source keeps the stream's order; shuffle "
@@ -337,15 +340,25 @@ class Packed(Stream):
                     holder["value"], holder["known"] = docs.lengths(), True
         return holder["value"]
 
+    def __copy__(self) -> Packed:
+        # what a loader's thread worker gets (copy.copy): its own attributes, but the same
+        # lengths and plan holders (copy.copy would otherwise go through __getstate__ below,
+        # which gives each copy new ones, so every worker found the lengths and planned alone)
+        new = object.__new__(type(self))
+        new.__dict__.update(self.__dict__)
+        return new
+
     def __getstate__(self):  # picklable for process workers (a lock is not)
         state = self.__dict__.copy()
         state["_lengths"] = {k: v for k, v in self._lengths.items() if k != "lock"}
         state["_checkpoints"] = {}
+        state["_plans"] = {"key": None, "plan": None}
         return state
 
     def __setstate__(self, state):
         self.__dict__.update(state)
         self._lengths["lock"] = threading.Lock()
+        self._plans["lock"] = threading.Lock()
 
     def samples(self, epoch: int) -> Iterator[dict]:
         """Every packed row of ``epoch``, in order (unsplit by ranks and workers)."""
@@ -677,6 +690,101 @@ def _fit_plan(lens: np.ndarray, packed: Packed, stats: PackStats, at) -> Iterato
         first += len(buf.bins)
 
 
+def _shared_plan(packed: Packed, epoch: int, lens: np.ndarray, at) -> _SharedPlan:
+    """The fit plan of ``epoch`` (lengths ``lens`` by ordinal) from ``at`` that this consumer
+    reads: the one the other thread workers of its loader read (they iterate shallow copies of
+    one :class:`Packed`, whose ``_plans`` they share), or a new one."""
+    info = torch.utils.data.get_worker_info()
+    threads = info is not None and getattr(info, "worker_method", None) == "thread"
+    readers = info.num_workers if threads else 1
+    holder = packed._plans
+    key = (epoch, at, readers)
+    with holder["lock"]:
+        plan = holder["plan"]
+        if holder["key"] != key or plan.full():  # (full: a new pass over the same epoch)
+            plan = _SharedPlan(lambda stats: _fit_plan(lens, packed, stats, at), readers)
+            holder["key"], holder["plan"] = key, plan
+        return plan
+
+
+class _SharedPlan:
+    """One pass's fit plan, computed once for the ``readers`` consumers of one process (a
+    loader's thread workers), each of which reads every buffer of it: a buffer is planned when
+    the first reader needs it (under a lock: the others wait rather than plan it again) and
+    dropped once all ``readers`` have joined and passed it, so memory holds the buffers between
+    the slowest and the fastest reader. A reader that joins after buffers were dropped (one
+    more than expected) plans alone. Each reader's stats count the whole plan, as a plan of its
+    own would. Thread-safe."""
+
+    def __init__(self, make, readers: int):
+        self._make = make  # stats -> iterator of (first row, _Buffer)
+        self._readers = readers
+        self._lock = threading.Lock()
+        self._stats = PackStats()  # what planning the buffers counted, per buffer below
+        self._plan = None
+        self._buffers: list[tuple] = []  # (first, buf, counts) of buffers base, base + 1, ...
+        self._base = 0
+        self._done = False
+        self._joined = 0
+        self._at: dict[int, int] = {}  # reader -> the next buffer it reads
+
+    def full(self) -> bool:
+        with self._lock:
+            return self._joined >= self._readers
+
+    def read(self, stats: PackStats) -> Iterator:
+        """``(first row, _Buffer)`` of every buffer in order, each buffer's counts added to
+        ``stats``."""
+        with self._lock:
+            alone = self._base > 0
+            me = self._joined
+            self._joined += 1
+            if not alone:
+                self._at[me] = 0
+        if alone:
+            yield from self._make(stats)
+            return
+        try:
+            i = 0
+            while True:
+                with self._lock:
+                    while i - self._base == len(self._buffers) and not self._done:
+                        self._plan_next()
+                    if i - self._base == len(self._buffers):
+                        return
+                    first, buf, counts = self._buffers[i - self._base]
+                    self._at[me] = i = i + 1
+                    self._drop()
+                for name, n in counts:
+                    setattr(stats, name, getattr(stats, name) + n)
+                yield first, buf
+        finally:
+            with self._lock:
+                del self._at[me]
+                self._drop()
+
+    def _plan_next(self) -> None:  # (under the lock)
+        if self._plan is None:
+            self._plan = self._make(self._stats)
+        before = self._stats.as_dict()
+        try:
+            first, buf = next(self._plan)
+        except StopIteration:
+            self._done = True
+            return
+        after = self._stats.as_dict()
+        counts = [(k, after[k] - before[k]) for k in PackStats._COUNTS if after[k] != before[k]]
+        self._buffers.append((first, buf, counts))
+
+    def _drop(self) -> None:  # (under the lock) buffers every reader has passed
+        if self._joined < self._readers:
+            return
+        passed = min(self._at.values(), default=self._base + len(self._buffers))
+        if passed > self._base:
+            del self._buffers[: passed - self._base]
+            self._base = passed
+
+
 def _concat_planned(docs, lens, packed, stats, share) -> Iterator[dict]:
     """Concat-split rows are token ranges ``[p L, (p + 1) L)`` of the epoch: ours are found by
     arithmetic, each from a binary search over the documents' starts."""
@@ -729,7 +837,7 @@ def _fit_planned(docs, lens, packed, stats, share, at) -> Iterator[dict]:
     world = share.world
     pending: list = []  # our rows whose round may still be incomplete (drop_last)
     planned = 0
-    for first, buf in _fit_plan(lens, packed, stats, at or _START):
+    for first, buf in _shared_plan(packed, docs.epoch, lens, at or _START).read(stats):
         planned = first + len(buf.bins)
         positions = first + np.arange(len(buf.bins))  # (R,)
         sel = np.flatnonzero(share.mine(positions))
