@@ -31,9 +31,15 @@ Each row (Hugging Face's packed-row conventions, as ``DataCollatorWithFlattening
 Who packs what: with the documents' lengths (a kuat dataset, or ``lengths=``), every consumer
 (each rank's each loader worker) computes the same *plan* from the lengths alone and reads and
 builds only its own rows: ``concat`` rows are token ranges of the epoch, found by arithmetic;
-the fit strategies run the bin choice over every buffer's lengths (no tokens read). Without
-lengths (iterable sources, other map-style sources) each consumer reads and packs the whole
-epoch and keeps its rows.
+the fit strategies run the bin choice over every buffer's lengths (no tokens read), once per
+process: the thread workers of one loader read one plan, each buffer's bin choice made by the
+first worker to need it. Without lengths (iterable sources, other map-style sources) each
+consumer reads and packs the whole epoch and keeps its rows.
+
+How rows are built: a group of rows (a buffer's, or a chunk of ``concat`` rows) is one
+``(R, L)`` block per field, filled by one gather over the documents' flat tokens (position ids
+are ``arange - repeat(segment starts)``, the token index is the piece's start plus that); the
+rows are views of these blocks.
 
 Resume: through ``kuat.DataLoader``, its ``kuat_iter_from(epoch, batches_served)`` hook starts
 each worker at the first batch not yet served: with a plan this costs the plan up to there
@@ -766,14 +772,15 @@ class _SharedPlan:
     def _plan_next(self) -> None:  # (under the lock)
         if self._plan is None:
             self._plan = self._make(self._stats)
-        before = self._stats.as_dict()
+        names = PackStats._COUNTS
+        before = [getattr(self._stats, k) for k in names]
         try:
             first, buf = next(self._plan)
         except StopIteration:
             self._done = True
             return
-        after = self._stats.as_dict()
-        counts = [(k, after[k] - before[k]) for k in PackStats._COUNTS if after[k] != before[k]]
+        after = [getattr(self._stats, k) for k in names]
+        counts = [(k, b - a) for k, a, b in zip(names, before, after) if b != a]
         self._buffers.append((first, buf, counts))
 
     def _drop(self) -> None:  # (under the lock) buffers every reader has passed
@@ -1064,16 +1071,22 @@ def _first_fit(sizes, capacity: int) -> tuple[list[list[int]], list[int]]:
     rest = np.asarray(sizes, np.int64)  # (m,) their sizes
     bins: list[list[int]] = []
     fills: list[int] = []
+    # (ndarray methods rather than np.* functions: this loop runs once per row, and NumPy's
+    # Python-level wrappers cost as much as the work on ~1,000 sizes)
     while len(left):
-        total = np.cumsum(rest[:capacity])  # (<= capacity,): a bin holds at most that many
+        total = rest[:capacity].cumsum()  # (<= capacity,): a bin holds at most that many
         j = int(total.searchsorted(capacity, "right"))  # items 0 .. j - 1 fit together
         room = capacity - int(total[j - 1])
-        after = j + 1 + np.flatnonzero(rest[j + 1 :] <= room)  # (c,) the only later ones that may
-        if not len(after):  # fit: the prefix is the bin
+        if room and j + 1 < len(rest):
+            after = (rest[j + 1 :] <= room).nonzero()[0]  # (c,) the only later ones that may
+        else:  # fit, from j + 1 on
+            after = _EMPTY
+        if not len(after):  # the prefix is the bin
             bins.append(left[:j].tolist())
-            left, rest = left[j:], rest[j:]
             fills.append(capacity - room)
+            left, rest = left[j:], rest[j:]
             continue
+        after += j + 1  # (c,) positions in ``left``
         later = rest[after]  # (c,)
         picked = []
         k = 0  # position in ``after`` to search from
@@ -1085,12 +1098,12 @@ def _first_fit(sizes, capacity: int) -> tuple[list[list[int]], list[int]]:
             picked.append(k + hit)
             room -= int(later[k + hit])
             k += hit + 1
-        take = after[picked]  # (t,) positions in ``left`` of the later items taken
+        take = after[picked].tolist()  # (t,) positions in ``left`` of the later items taken
         bins.append(left[:j].tolist() + left[take].tolist())
         fills.append(capacity - room)
-        keep = np.ones(len(left) - j, bool)  # (m - j,)
-        keep[take - j] = False
-        left, rest = left[j:][keep], rest[j:][keep]
+        starts, ends = [j, *(t + 1 for t in take)], [*take, len(left)]  # what stays: slices
+        left = np.concatenate([left[a:b] for a, b in zip(starts, ends)])
+        rest = np.concatenate([rest[a:b] for a, b in zip(starts, ends)])
     return bins, fills
 
 
