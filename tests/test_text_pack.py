@@ -487,6 +487,12 @@ def test_kuat_dataset_read_column_wise_gives_the_same_rows(tmp_path, strategy, t
         got = list(pack(ds, 64, strategy, **kw))
         _same_rows(got, list(pack(MapDocs(plain), 64, strategy, **kw)))
         assert len(got) > 10
+        # one consumer of a kuat dataset packs in order; with lengths given it follows the
+        # plan (documents fetched per buffer, checked against the lengths): the same rows
+        lengths = kuat.text.lengths_of(ds)
+        planned = pack(ds, 64, strategy, lengths=lengths, **kw)
+        _same_rows(got, list(planned))
+        assert planned.stats()["read_documents"] < len(ds)  # (only the non-empty are fetched)
 
 
 def test_concat_matches_a_per_token_reference():
