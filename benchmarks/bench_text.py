@@ -12,7 +12,9 @@ loaders interleaved (A B C A B C ...), medians and min-max spread reported:
   ``wrapped``) on the same token lists, run by ``benchmarks/text_peers.py`` in the bench
   environment ``text`` (``benchmarks/envs.py``: torchtune 0.6.1 imports with torch 2.14 only
   beside ``torchao==0.10.0``; trl 1.16), created by ``--setup-envs``, one child per round so
-  the rounds interleave with kuat's. Without that environment the child runs in this
+  the rounds interleave with kuat's. Reported: each packer's rate, CPU seconds and time to
+  its first row, and each kuat packer's time ratio to each peer within every round (wall and
+  CPU), median and min-max of the rounds. Without that environment the child runs in this
   interpreter, and the peers are reported where they import (for example from a directory
   on ``PYTHONPATH``)::
 
@@ -54,6 +56,7 @@ import numpy as np
 
 SEQ_LEN = 2048
 NAIVE_BATCH = 8
+PEERS = ("torchtune PackedDataset", "trl pack_dataset bfd", "trl pack_dataset wrapped")
 
 
 def prepare(cache_dir: Path, num_docs: int) -> dict:
@@ -303,28 +306,39 @@ def main(argv=None) -> int:
     result = {"docs": docs, "tokens": tokens, "seq_len": args.seq_len, "pack": {}}
     print(f"text: {docs} documents, {tokens} tokens, rows of {args.seq_len}, "
           f"median of {args.repeats} (min-max)\n")  # fmt: skip
-    print(f"{'packer':34s} {'docs/s':>18s} {'tokens/s':>12s} {'first row s':>12s} {'rows':>6s}")
+    print(f"{'packer':34s} {'docs/s':>18s} {'tokens/s':>12s} {'CPU s':>8s} {'first row s':>12s} "
+          f"{'rows':>6s}")  # fmt: skip
     for name, runs_ in samples.items():
         secs = [r[0] for r in runs_]
         med = statistics.median(secs)
         rate = docs / med
         spread = f"({docs / max(secs):.0f}-{docs / min(secs):.0f})"
         first = statistics.median(r[1] for r in runs_)
-        print(f"{name:34s} {rate:8.0f} {spread:>9s} {tokens / med:12.0f} {first:12.4f} "
-              f"{runs_[0][2]:6d}")  # fmt: skip
-        result["pack"][name] = {"docs_per_s": rate, "tokens_per_s": tokens / med,
+        cpu = statistics.median(r[4] for r in runs_)
+        print(f"{name:34s} {rate:8.0f} {spread:>9s} {tokens / med:12.0f} {cpu:8.4f} "
+              f"{first:12.4f} {runs_[0][2]:6d}")  # fmt: skip
+        result["pack"][name] = {"docs_per_s": rate, "tokens_per_s": tokens / med, "cpu_s": cpu,
                                 "first_row_s": first, "rows": runs_[0][2]}  # fmt: skip
-    ref = samples.get("torchtune PackedDataset") or []
-    if len(ref) == args.repeats:  # ratios within each interleaved round, then their median
-        print("\nx torchtune PackedDataset (docs/s ratio per interleaved round, median (min-max)):")
-        result["x_torchtune"] = {}
+    result["ratios"] = {}
+    for peer in PEERS:  # per interleaved round, then the median and min-max of the rounds
+        ref = samples.get(peer) or []
+        if len(ref) != args.repeats:
+            continue
+        print(f"\nx {peer}: time ratio (peer / kuat) per interleaved round, median (min-max), "
+              "wall and CPU:")  # fmt: skip
+        result["ratios"][peer] = {}
         for name, runs_ in samples.items():
             if not name.startswith("kuat") or len(runs_) != len(ref):
                 continue
-            ratios = [t[0] / k[0] for k, t in zip(runs_, ref)]
-            med = statistics.median(ratios)
-            print(f"  {name:34s} {med:6.1f}x ({min(ratios):.1f}-{max(ratios):.1f})")
-            result["x_torchtune"][name] = [med, min(ratios), max(ratios)]
+            wall = [t[0] / k[0] for k, t in zip(runs_, ref)]
+            cpu = [t[4] / k[4] for k, t in zip(runs_, ref)]
+            print(f"  {name:34s} wall {statistics.median(wall):6.1f}x ({min(wall):.1f}-"
+                  f"{max(wall):.1f})   CPU {statistics.median(cpu):6.1f}x ({min(cpu):.1f}-"
+                  f"{max(cpu):.1f})")  # fmt: skip
+            result["ratios"][peer][name] = {
+                "wall": [statistics.median(wall), min(wall), max(wall)],
+                "cpu": [statistics.median(cpu), min(cpu), max(cpu)],
+            }
     print(f"peers ran in {peers['python']}: {peers['versions'] or 'none'}")
     for name, why in peers["unavailable"].items():
         print(f"  {name}: unavailable: {why}")

@@ -117,10 +117,13 @@ def envs_root() -> Path:
 
 
 def _torch_pins() -> list[str]:
+    # the public version without its local label: ``torch==2.14.1+cu130`` matches no wheel an
+    # index serves (pip: ResolutionImpossible), while ``torch==2.14.1`` is the same build (the
+    # package index's default CUDA wheel) and resolves to the copy on this machine's disk
     pins = []
     for name in ("torch", "torchvision"):
         try:
-            pins.append(f"{name}=={metadata.version(name)}")
+            pins.append(f"{name}=={metadata.version(name).split('+')[0]}")
         except metadata.PackageNotFoundError:
             continue
     return pins

@@ -6,7 +6,8 @@ imports nothing from kuat or ``benchmarks``, so the peers' environment needs no 
 * ``TOKENS``: a ``.npz`` with ``tokens (T,)`` and ``offsets (N + 1,) int64``, the documents
   end to end, written by :func:`write_tokens` from the same kuat dataset kuat packs;
 * ``OUT``: a JSON file written with ``{"versions": {...}, "runs": {name: [seconds, seconds
-  to the first row, rows, tokens]}, "unavailable": {name: reason}}``, one timed pass of each
+  to the first row, rows, tokens, CPU seconds]}, "unavailable": {name: reason}}``, one timed
+  pass of each
   peer (the parent calls it once per round, so rounds interleave with kuat's).
 
 Peers: torchtune's ``PackedDataset`` (eager: its first row comes after its whole pass;
@@ -35,8 +36,11 @@ def write_tokens(path: Path, docs: list[np.ndarray]) -> None:
 
 
 def timed(make_rows) -> list:
-    """``[seconds, seconds to the first row, rows, tokens]`` of ``make_rows()`` and iterating
-    what it returns: an eager packer's construction is inside the time, as it is for a user."""
+    """``[seconds, seconds to the first row, rows, tokens, CPU seconds]`` of ``make_rows()``
+    and iterating what it returns: an eager packer's construction is inside the time, as it is
+    for a user. CPU seconds are this process's (all its threads: ``time.process_time``), which
+    other processes on a loaded machine do not inflate."""
+    c0 = time.process_time()
     t0 = time.perf_counter()
     first = None
     n = tokens = 0
@@ -45,7 +49,7 @@ def timed(make_rows) -> list:
             first = time.perf_counter() - t0
         n += 1
         tokens += len(row["input_ids"] if "input_ids" in row else row["tokens"])
-    return [time.perf_counter() - t0, first or 0.0, n, tokens]
+    return [time.perf_counter() - t0, first or 0.0, n, tokens, time.process_time() - c0]
 
 
 def run(tokens_path: Path, seq_len: int) -> dict:

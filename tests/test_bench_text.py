@@ -33,6 +33,11 @@ def test_bench_text_reports_every_workload(tmp_path, capsys):
     peers = result["peers"]
     for name in ("torchtune PackedDataset", "trl pack_dataset bfd", "trl pack_dataset wrapped"):
         assert name in pack or name in peers["unavailable"]
+        if name in pack:  # per-round time ratios, wall and CPU, of every kuat packer to it
+            ratios = result["ratios"][name]
+            assert set(ratios) == {k for k in pack if k.startswith("kuat")}
+            for r in ratios.values():
+                assert r["wall"][1] <= r["wall"][0] <= r["wall"][2] and r["cpu"][0] > 0
 
 
 def test_text_peers_child_reports_runs_or_why_not(tmp_path):
@@ -60,5 +65,6 @@ def test_text_peers_child_reports_runs_or_why_not(tmp_path):
     names = {"torchtune PackedDataset", "trl pack_dataset bfd", "trl pack_dataset wrapped"}
     assert set(got["runs"]) | set(got["unavailable"]) == names
     total = sum(len(d) for d in docs)
-    for name, (secs, first, rows, tokens) in got["runs"].items():
+    for name, (secs, first, rows, tokens, cpu) in got["runs"].items():
         assert rows >= -(-total // 64) and tokens >= total and secs >= first >= 0, name
+        assert cpu > 0, name

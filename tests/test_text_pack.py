@@ -171,6 +171,11 @@ def test_collate_masks_block_documents(strategy):
     starts = torch.nonzero(batch["position_ids"].reshape(-1) == 0).flatten()
     assert batch["cu_seqlens"][:-1].tolist() == starts.tolist()
     assert batch["max_seqlen"] == int(torch.diff(batch["cu_seqlens"]).max())
+    # document ids: segment s repeated over its slots, as torch.repeat_interleave gives them
+    segments = torch.diff(batch["cu_seqlens"])
+    want = torch.repeat_interleave(torch.arange(len(segments), dtype=torch.int32), segments)
+    assert batch["document_ids"].dtype == torch.int32
+    assert torch.equal(batch["document_ids"], want.reshape(B, L))
     mask = batch["attention_mask"]  # (B, 1, L, L)
     doc = torch.where(batch["labels"] == -100, -1, ids // STRIDE)  # for the brute force below
     for b in range(B):
@@ -482,6 +487,12 @@ def test_kuat_dataset_read_column_wise_gives_the_same_rows(tmp_path, strategy, t
         got = list(pack(ds, 64, strategy, **kw))
         _same_rows(got, list(pack(MapDocs(plain), 64, strategy, **kw)))
         assert len(got) > 10
+        # one consumer of a kuat dataset packs in order; with lengths given it follows the
+        # plan (documents fetched per buffer, checked against the lengths): the same rows
+        lengths = kuat.text.lengths_of(ds)
+        planned = pack(ds, 64, strategy, lengths=lengths, **kw)
+        _same_rows(got, list(planned))
+        assert planned.stats()["read_documents"] < len(ds)  # (only the non-empty are fetched)
 
 
 def test_concat_matches_a_per_token_reference():
@@ -603,3 +614,67 @@ def test_map_style_mix_reads_the_packers_epoch_outside_the_loader(strategy):
         packed.set_epoch(epoch)
         got = list(b["input_ids"] for b in loader)
         assert len(got) == len(want[epoch]) and all(map(torch.equal, got, want[epoch]))
+
+
+@pytest.mark.parametrize("strategy", ["first_fit", "best_fit"])
+def test_thread_workers_share_one_plan_per_epoch(strategy, monkeypatch):
+    """A loader's thread workers read one fit plan per epoch: the bin choice runs once per
+    buffer, not once per worker, and the batches are those of a loader without workers."""
+    import copy
+    import sys
+
+    mod = sys.modules["kuat.text.pack"]
+    real, calls = getattr(mod, f"_{strategy}"), []
+    monkeypatch.setattr(mod, f"_{strategy}", lambda s, c: calls.append(len(s)) or real(s, c))
+    docs = make_docs(300, seed=9)
+    lengths = [len(d["input_ids"]) for d in docs]
+
+    def make(n):
+        return kuat.DataLoader(
+            pack(MapDocs(docs), 16, strategy, buffer_size=20, lengths=lengths),
+            batch_size=3,
+            num_workers=n,
+            worker_type="thread",
+            collate_fn=pack_collate(),
+        )
+
+    want = [b["input_ids"] for b in make(0)]
+    per_epoch, calls[:] = list(calls), []
+    loader = make(3)
+    for _epoch in range(2):
+        got = [b["input_ids"] for b in loader]
+        assert len(got) == len(want) and all(map(torch.equal, got, want))
+        assert calls == per_epoch  # every buffer's bin choice once, for all 3 workers
+        calls.clear()
+    packed = pack(MapDocs(docs), 16, strategy, lengths=lengths)
+    assert copy.copy(packed)._plans is packed._plans  # what a thread worker gets
+    import pickle
+
+    assert pickle.loads(pickle.dumps(packed))._plans is not packed._plans  # a process worker
+
+
+def test_shared_plan_drops_what_every_reader_passed_and_a_late_reader_plans_alone():
+    from kuat.text.pack import _START, PackStats, _fit_plan, _SharedPlan
+
+    docs = make_docs(200, seed=3)
+    lens = np.array([len(d["input_ids"]) for d in docs], np.int64)
+    packed = pack(docs, 16, "best_fit", buffer_size=10, lengths=lens)
+
+    def make(stats):
+        return _fit_plan(lens, packed, stats, _START)
+
+    alone_stats = PackStats(16)
+    alone = [(first, buf.bins) for first, buf in make(alone_stats)]
+    plan = _SharedPlan(make, readers=2)
+    stats = [PackStats(16), PackStats(16)]
+    readers = [plan.read(s) for s in stats]
+    got = [[], []]
+    for a, b in zip(*readers, strict=True):  # in step: each buffer is dropped once both read it
+        got[0].append((a[0], a[1].bins))
+        got[1].append((b[0], b[1].bins))
+        assert len(plan._buffers) <= 1
+    assert got[0] == got[1] == alone and len(alone) > 5
+    assert stats[0].as_dict() == stats[1].as_dict() == alone_stats.as_dict()
+    late = PackStats(16)  # a third reader, after buffers were dropped: plans on its own
+    assert [(first, buf.bins) for first, buf in plan.read(late)] == alone
+    assert late.as_dict() == alone_stats.as_dict()

@@ -1,6 +1,8 @@
 """kuat demo --text: the language-model path, end to end, on text that every Python ships.
 
-1. the corpus: the ~2,000 paragraphs of Python's offline documentation (``pydoc_data``);
+1. the corpus (``kuat.text.corpus.demo_corpus``): the ~2,000 paragraphs of Python's offline
+   documentation (``pydoc_data``) and the docstrings of 34 standard-library modules, ~5,800
+   paragraphs that every Python ships;
 2. train a byte-level BPE tokenizer on it (``tokenizers``) and tokenize it at ingest into a
    kuat dataset of uint16 token sequences;
 3. padding waste of naive per-sample padding against packing (concat, first-fit, best-fit),
@@ -25,7 +27,7 @@ from torch import nn
 import kuat
 from kuat.cli.demo_data import default_cache_dir
 from kuat.text import pack, pack_collate
-from kuat.text.corpus import EOS, python_docs_corpus, train_bpe
+from kuat.text.corpus import EOS, demo_corpus, train_bpe
 
 
 def run_text(args) -> int:
@@ -35,7 +37,7 @@ def run_text(args) -> int:
     cache.mkdir(parents=True, exist_ok=True)
     out = {}
     t0 = time.perf_counter()
-    texts = python_docs_corpus()
+    texts = demo_corpus()
     tok = train_bpe(texts, vocab_size=8192)
     eos = tok.token_to_id(EOS)
     out["tokenizer_train_s"] = time.perf_counter() - t0

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+import numpy as np
 import torch
 
 __all__ = ["pack_collate", "PackCollate", "document_mask", "flex_block_mask"]
@@ -95,7 +96,16 @@ class PackCollate:
         cu = torch.zeros(len(segments) + 1, dtype=torch.int32)  # (S + 1,)
         torch.cumsum(segments, 0, out=cu[1:])
         shape = out["input_ids"].shape
-        ids = torch.repeat_interleave(torch.arange(len(segments), dtype=torch.int32), segments)
+        if segments.device.type == "cpu":
+            # NumPy, not torch.repeat_interleave: torch splits these ~B * L elements over its
+            # intra-op threads, and on a busy machine their barrier cost 16 ms a batch, not
+            # 0.01 ms (B = 8, L = 2048, 2 threads, 2 loaded cores; 0.04 ms with one thread)
+            index = np.arange(len(segments), dtype=np.int32)  # (S,)
+            ids = torch.from_numpy(np.repeat(index, segments.numpy()))  # (B * L,) int32
+        else:
+            ids = torch.repeat_interleave(
+                torch.arange(len(segments), dtype=torch.int32, device=segments.device), segments
+            )
         out["cu_seqlens"] = cu
         out["max_seqlen"] = int(segments.max()) if len(segments) else 0
         out["document_ids"] = ids.reshape(shape)  # (B * L,) -> (B, L) int32
