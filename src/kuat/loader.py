@@ -98,6 +98,9 @@ _MASK63 = (1 << 63) - 1
 _CHEAP_BATCH_S = 0.5e-3
 _CHEAP_PREFETCH = 8
 _INLINE_PROBE = 16  # batches observed before deciding to fetch cheap batches in the consumer
+# ... and only while the training loop's own time per batch (between next() calls) is under this
+# share of the batch's fetch + collate work: worker threads could hide at most that much
+_INLINE_MAX_LOOP_SHARE = 0.25
 
 
 def _base_seed(seed: int, epoch: int) -> int:
@@ -167,10 +170,13 @@ class DataLoader(_TorchDataLoader):
             it is not given, thread workers keep up to 8 per worker in flight while batches take
             under 0.5 ms of work, so that each worker wakes once per several cheap batches
             instead of once per batch (the attribute still reads 2); and when most of the
-            first 16 batches are that cheap and the training loop waited for them, a source
-            whose batches do not depend on the thread fetching them (kuat datasets, pure
-            sequences; no ``worker_init_fn``) is fetched in the training loop's thread for the
-            rest of the epoch, as with ``num_workers=0`` (a hand-off costs more than the work).
+            first 16 batches are that cheap, the training loop waited for them and its own
+            time between batches is under a quarter of their work, a map-style dataset is
+            fetched in the training loop's thread for the rest of the epoch, as with
+            ``num_workers=0`` (a hand-off costs more than the work), from a shallow copy of its
+            own, as a worker's. Never with a ``worker_init_fn`` or when a worker's dataset
+            called ``get_worker_info()`` (its batches may depend on the worker), unless the
+            source declares ``kuat_thread_agnostic`` (kuat datasets; pure sequences).
         persistent_workers: keep workers between epochs.
         pin_memory_device: deprecated in torch; ignored with torch's warning.
         in_order: yield batches in sampler order (``True``) or as they complete.
@@ -1198,10 +1204,12 @@ class _LoaderIter:
         self._max_inflight = 1 if self._inline else max(1, loader.prefetch_factor * self._nw)
         self._base_inflight = self._max_inflight
         self._adapt = loader._adaptive_prefetch and isinstance(engine, ThreadEngine)
-        # cheap batches of a thread-agnostic source, with the consumer waiting for them: fetch
-        # them in the consumer thread instead (the hand-off would cost more than the work)
-        self._may_go_inline = self._adapt and loader._job.thread_agnostic
+        # cheap batches of a map-style source, with the consumer waiting for them: fetch them
+        # in the consumer thread instead (the hand-off would cost more than the work)
+        self._may_go_inline = self._adapt and loader._job.consumer_may_fetch
+        self._agnostic = loader._job.thread_agnostic
         self._seen = self._cheap = self._blocked = 0
+        self._work_s = self._loop_s = 0.0  # of the batches seen: their work; the loop's own time
         self._active = [True] * self._nw
         self._rr = 0
         self._tasks: dict[int, int] = {}  # task id -> worker id, in flight
@@ -1247,6 +1255,8 @@ class _LoaderIter:
             self._loader._begin_epoch(self)
         if self._t_mark is None:
             self._t_mark = t0
+        elif self._may_go_inline:
+            self._loop_s += t0 - self._t_mark  # the training loop's own time since the last batch
         try:
             batch = self._next_looking_ahead() if self._look_ahead else self._produce()
         finally:  # every second inside next() is a second the training loop waited for input
@@ -1385,13 +1395,15 @@ class _LoaderIter:
         return False
 
     def _to_inline(self) -> bool:
-        """After ``_INLINE_PROBE`` batches, most of them cheap and waited for by the consumer:
-        let the workers' batches in flight finish (True while they do), then fetch the rest
-        of the epoch in this thread (the thread workers are released, or kept when
-        persistent)."""
+        """After ``_INLINE_PROBE`` batches, most of them cheap and waited for by the consumer,
+        whose own time between batches is small next to their work: let the workers' batches
+        in flight finish (True while they do), then fetch the rest of the epoch in this thread
+        (the thread workers are released, or kept when persistent). Its shallow copy of the
+        dataset is its own, as a worker's, unless the source is thread-agnostic."""
         if not (self._may_go_inline and self._seen >= _INLINE_PROBE):
             return False
-        if self._cheap < 0.75 * self._seen or self._blocked < 0.75 * self._seen:
+        if (self._cheap < 0.75 * self._seen or self._blocked < 0.75 * self._seen
+                or self._loop_s > _INLINE_MAX_LOOP_SHARE * self._work_s):
             self._may_go_inline = False
             return False
         if self._tasks:
@@ -1400,7 +1412,8 @@ class _LoaderIter:
             self._engine.close()
         log.debug("kuat.DataLoader: batches take under %.1f ms of work and the training loop "
                   "waits for them: fetching them in its thread", _CHEAP_BATCH_S * 1e3)
-        self._engine = InlineEngine(self._loader._job, self._base_seed)
+        self._engine = InlineEngine(self._loader._job, self._base_seed,
+                                    own_copy=not self._agnostic)
         self._owned = True  # the inline engine; persistent thread workers stay with the loader
         self._inline, self._nw, self._active, self._rr = True, 1, [True], 0
         self._max_inflight, self._adapt, self._may_go_inline = 1, False, False
@@ -1481,10 +1494,14 @@ class _LoaderIter:
         if self._adapt:
             # Cheap batches (the work takes less than a worker hand-off and wake-up costs many
             # times over): keep more in flight so each worker wakes once per several batches.
-            cheap = st.fetch_s + st.collate_s < _CHEAP_BATCH_S
+            work = st.fetch_s + st.collate_s
+            cheap = work < _CHEAP_BATCH_S
             self._max_inflight = self._nw * _CHEAP_PREFETCH if cheap else self._base_inflight
             self._seen += 1
             self._cheap += cheap
+            self._work_s += work
+            if st.worker_info_consulted and not self._agnostic:
+                self._may_go_inline = False  # its batches may depend on the worker
         s = self._stats
         with s.lock:
             s.fetch_s += st.fetch_s
@@ -1500,7 +1517,7 @@ class _LoaderIter:
             warn = self._warn()
             if warn is not None:
                 warn(st.skipped)
-        if st.worker_info_consulted is False:
+        if st.worker_info_consulted is False and self._loader._iterable:
             self._loader._warn_unsplit_iterable()
 
     def _account_time(self, t0: float) -> None:
