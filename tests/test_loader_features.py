@@ -360,3 +360,21 @@ def test_cheap_batches_of_any_map_dataset_are_taken_over_from_a_copy_of_its_own(
     else:  # (on a machine loaded enough to make most 0.1 ms batches cost 0.5 ms, not every epoch)
         assert any(taken_over)
     dl.close()
+
+
+def test_cheap_batches_deepen_process_workers_prefetch_without_changing_the_epoch():
+    # process workers, prefetch_factor not given: up to 8 cheap batches per worker in flight
+    # (each worker wakes once per several batches; its shared-memory ring grows to match);
+    # never taken over by the consumer (a worker process reads a full copy of the dataset)
+    want = [b.tolist() for b in kuat.DataLoader(LazyRows(2048), batch_size=32, seed=3,
+                                                shuffle=True)]
+    dl = kuat.DataLoader(LazyRows(2048), batch_size=32, shuffle=True, seed=3, num_workers=2,
+                         worker_type="process")
+    it = iter(dl)
+    assert [b.tolist() for b in it] == want
+    assert it._adapt and it._cheap > 0 and not it._inline  # seen cheap: 16 in flight then
+    dl8 = kuat.DataLoader(LazyRows(256), batch_size=32, num_workers=2, worker_type="process",
+                          prefetch_factor=2)
+    it = iter(dl8)
+    list(it)
+    assert not it._adapt and it._max_inflight == 4  # an explicit prefetch_factor is kept

@@ -167,9 +167,10 @@ class DataLoader(_TorchDataLoader):
             it as it was when the epoch started (as torchdata's ``StatefulDataLoader`` does),
             so resume stays exact.
         prefetch_factor: batches in flight per worker (default 2 with workers, as torch). When
-            it is not given, thread workers keep up to 8 per worker in flight while batches take
-            under 0.5 ms of work, so that each worker wakes once per several cheap batches
-            instead of once per batch (the attribute still reads 2); and when most of the
+            it is not given, workers (threads or processes) keep up to 8 per worker in flight
+            while batches take under 0.5 ms of work, so that each worker wakes once per several
+            cheap batches instead of once per batch (the attribute still reads 2); and, with
+            thread workers, when most of the
             first 16 batches are that cheap, the training loop waited for them and its own
             time between batches is under a quarter of their work, a map-style dataset is
             fetched in the training loop's thread for the rest of the epoch, as with
@@ -196,9 +197,9 @@ class DataLoader(_TorchDataLoader):
             wherever the work releases the GIL (NumPy, torch ops, image decoding, Arrow
             gathers); pure-Python per-sample work is GIL-bound (``stats()``: ``fetch_cpu`` far
             below ``fetch`` and a high ``input_bound_fraction``). Process workers send each
-            batch's tensors through a reused ring of nameless shared-memory slots (about
-            ``prefetch_factor`` per worker; nothing is left in ``/dev/shm`` even when a process
-            is killed); tensors of 256 KiB and more reach the training loop as views of their
+            batch's tensors through a reused ring of nameless shared-memory slots (about as
+            many per worker as it has batches in flight; nothing is left in ``/dev/shm`` even
+            when a process is killed); tensors of 256 KiB and more reach the training loop as views of their
             slot (no copy; the slot is reused once they are gone), smaller ones are copied,
             and with pinning the batch is copied once into pinned memory. On a time-out, an
             error or Ctrl-C, control comes back at once: busy process workers are terminated,
@@ -306,7 +307,7 @@ class DataLoader(_TorchDataLoader):
                 "prefetch_factor option could only be specified in multiprocessing."
                 "let num_workers > 0 to enable multiprocessing, otherwise set prefetch_factor to None."
             )
-        adaptive_prefetch = prefetch_factor is None and worker_type != "process"
+        adaptive_prefetch = prefetch_factor is None
         if num_workers > 0 and prefetch_factor is None:
             prefetch_factor = 2
         elif prefetch_factor is not None and prefetch_factor < 0:
@@ -345,7 +346,7 @@ class DataLoader(_TorchDataLoader):
         self.dataset = dataset
         self.num_workers = num_workers
         self.prefetch_factor = prefetch_factor
-        self._adaptive_prefetch = adaptive_prefetch  # thread workers, prefetch_factor not given
+        self._adaptive_prefetch = adaptive_prefetch  # workers, prefetch_factor not given
         self.pin_memory = pin_memory
         self.pin_memory_device = pin_memory_device
         self.timeout = timeout
@@ -1203,10 +1204,13 @@ class _LoaderIter:
         self._inline = isinstance(engine, InlineEngine)
         self._max_inflight = 1 if self._inline else max(1, loader.prefetch_factor * self._nw)
         self._base_inflight = self._max_inflight
-        self._adapt = loader._adaptive_prefetch and isinstance(engine, ThreadEngine)
+        self._adapt = loader._adaptive_prefetch and not self._inline
         # cheap batches of a map-style source, with the consumer waiting for them: fetch them
         # in the consumer thread instead (the hand-off would cost more than the work)
-        self._may_go_inline = self._adapt and loader._job.consumer_may_fetch
+        # (thread workers only: a process worker's dataset is a full copy, the consumer's
+        # would share what its attributes point to with the user's object)
+        self._may_go_inline = (self._adapt and isinstance(engine, ThreadEngine)
+                               and loader._job.consumer_may_fetch)
         self._agnostic = loader._job.thread_agnostic
         self._seen = self._cheap = self._blocked = 0
         self._work_s = self._loop_s = 0.0  # of the batches seen: their work; the loop's own time
@@ -1390,7 +1394,7 @@ class _LoaderIter:
         if not self._owned:
             lo._engine = new
         self._engine, self._nw = new, new.num_workers
-        self._active, self._rr, self._adapt = [True] * self._nw, 0, False
+        self._active, self._rr, self._may_go_inline = [True] * self._nw, 0, False
         self._max_inflight = self._base_inflight = max(1, lo.prefetch_factor * self._nw)
         return False
 
