@@ -91,11 +91,14 @@ log = logging.getLogger("kuat.loader")
 _STATE_VERSION = 1
 _TASK_IDS = itertools.count()  # unique across iterators, so stale results are recognised
 _MASK63 = (1 << 63) - 1
-# Thread workers with the default prefetch_factor: batches whose fetch + collate take less than
-# this are "cheap", and up to _CHEAP_PREFETCH per worker are kept in flight (benchmarks/
-# bench_overhead.py: a no-op batch costs ~48 us inline, ~80 us with 2 threads at depth 2, ~55 us
-# at depth 8, on a loaded 2-core machine).
+# Workers with the default prefetch_factor: batches whose fetch + collate take less than this
+# of CPU (the worker thread's own time: waiting for the GIL held by the other threads inflates
+# wall times several-fold on a busy machine) and less than _CHEAP_WALL_FACTOR times it of wall
+# time (a batch waiting on I/O is not cheap) are "cheap", and up to _CHEAP_PREFETCH per worker
+# are kept in flight (benchmarks/bench_overhead.py: a no-op batch costs ~48 us inline, ~80 us
+# with 2 threads at depth 2, ~55 us at depth 8, on a loaded 2-core machine).
 _CHEAP_BATCH_S = 0.5e-3
+_CHEAP_WALL_FACTOR = 4
 _CHEAP_PREFETCH = 8
 _INLINE_PROBE = 16  # batches observed before deciding to fetch cheap batches in the consumer
 # ... and only while the training loop's own time per batch (between next() calls) is under this
@@ -1214,6 +1217,7 @@ class _LoaderIter:
         self._agnostic = loader._job.thread_agnostic
         self._seen = self._cheap = self._blocked = 0
         self._work_s = self._loop_s = 0.0  # of the batches seen: their work; the loop's own time
+        self._loop_mark: float | None = None  # thread_time() when next() last returned
         self._active = [True] * self._nw
         self._rr = 0
         self._tasks: dict[int, int] = {}  # task id -> worker id, in flight
@@ -1259,12 +1263,16 @@ class _LoaderIter:
             self._loader._begin_epoch(self)
         if self._t_mark is None:
             self._t_mark = t0
-        elif self._may_go_inline:
-            self._loop_s += t0 - self._t_mark  # the training loop's own time since the last batch
+        if self._may_go_inline and self._loop_mark is not None:
+            # the training loop's own CPU time since the last batch (its wall time would count
+            # the time the workers held the GIL)
+            self._loop_s += time.thread_time() - self._loop_mark
         try:
             batch = self._next_looking_ahead() if self._look_ahead else self._produce()
         finally:  # every second inside next() is a second the training loop waited for input
             self._account_time(t0)
+        if self._may_go_inline:
+            self._loop_mark = time.thread_time()
         self._progress[1] += 1
         self._returned += 1
         if isinstance(self._keys, _PacedKeys):
@@ -1499,7 +1507,8 @@ class _LoaderIter:
             # Cheap batches (the work takes less than a worker hand-off and wake-up costs many
             # times over): keep more in flight so each worker wakes once per several batches.
             work = st.fetch_s + st.collate_s
-            cheap = work < _CHEAP_BATCH_S
+            cheap = (st.fetch_cpu_s + st.collate_s < _CHEAP_BATCH_S
+                     and work < _CHEAP_WALL_FACTOR * _CHEAP_BATCH_S)
             self._max_inflight = self._nw * _CHEAP_PREFETCH if cheap else self._base_inflight
             self._seen += 1
             self._cheap += cheap
