@@ -239,8 +239,9 @@ class DataLoader(_TorchDataLoader):
             batches are watched; see :mod:`kuat.engine.isolate`) runs each ``dataset[i]`` with
             those generators reseeded from ``(seed, epoch, i)``, or each ``__getitems__`` call
             from ``(seed, epoch, batch indices)``, under a process-wide lock, restoring the
-            caller's generator states after. Datasets that do not draw pay about 5 us per
-            batch (``range``, lists, tuples, arrays, tensors and ``TensorDataset``: nothing). In thread mode the samples of a drawing dataset run one at a time
+            caller's generator states after. Datasets that do not draw pay about 3 us per
+            batch (``range``, lists, tuples, arrays, tensors and ``TensorDataset``: nothing).
+            In thread mode the samples of a drawing dataset run one at a time
             (``stats()["busy_s"]["rng_lock_wait"]`` shows the cost). torch's ``Subset`` (and
             so ``random_split``) over a per-sample dataset is read per sample, so each sample
             is isolated. ``None`` (default): on unless the dataset sets

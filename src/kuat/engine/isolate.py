@@ -13,7 +13,7 @@ done only for datasets seen to draw:
    A change means the dataset draws: :attr:`RngUse.draws` becomes True for good.
 2. **Watch.** Later batches of a dataset not (yet) seen drawing run without reseeding, under
    the shared side of :data:`GLOBAL_RNG_LOCK`, with one fingerprint before and one after the
-   batch (about 2 us each). If they differ, something drew: the batch is fetched again,
+   batch (under 1 us each). If they differ, something drew: the batch is fetched again,
    isolated and probed (so its samples get exactly the draws isolation gives them) and its
    first result is dropped. Only a dataset whose own samples draw in that re-fetch is marked;
    draws of another thread (the training loop's) are not the dataset's.  In thread mode the
