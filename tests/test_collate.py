@@ -11,7 +11,7 @@ from kuat.collate import batch_scope, default_collate, map_structure, new_batch_
 Point = collections.namedtuple("Point", "x y")
 
 
-def test_structures_match_torch_default_collate():
+def test_structures_match_torch_collate():
     samples = [
         {
             "img": torch.arange(6, dtype=torch.uint8).reshape(2, 3) + i,
@@ -69,3 +69,26 @@ def test_map_structure_keeps_containers():
     out = map_structure(lambda x: x * 2 if isinstance(x, torch.Tensor) else x, data)
     assert isinstance(out["p"], Point) and out["a"][1] == "s"
     assert torch.equal(out["a"][0], torch.full((1,), 2.0))
+
+
+def test_tensor_and_dict_of_tensors_fast_paths_give_torchs_results_and_errors():
+    # B tensors and B dicts of tensors skip torch's type walk; what comes out (values, dtypes,
+    # key order, and the exception type when samples disagree) stays torch's
+    g = torch.Generator().manual_seed(0)
+    tensors = [torch.randint(0, 9, (5,), generator=g, dtype=torch.int64) for _ in range(4)]
+    dicts = [{"b": t.to(torch.uint8), "a": t.float()} for t in tensors]
+    for batch in (tensors, dicts, [{"a": t, "n": 1} for t in tensors]):
+        got, want = default_collate(batch), torch_collate(batch)
+        if isinstance(want, dict):
+            assert type(got) is dict and list(got) == list(want)
+            got, want = list(got.values()), list(want.values())
+        else:
+            got, want = [got], [want]
+        for x, y in zip(got, want):
+            assert x.dtype == y.dtype and torch.equal(x, y)
+    for bad in ([dicts[0], {"a": tensors[0]}], [dicts[0], {**dicts[1], "b": 3}],
+                [tensors[0], torch.zeros(6, dtype=torch.int64)]):
+        with pytest.raises(Exception) as want:
+            torch_collate(bad)
+        with pytest.raises(want.type):
+            default_collate(bad)

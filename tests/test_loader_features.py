@@ -315,3 +315,66 @@ def test_cheap_batches_give_the_same_epochs_whether_or_not_the_consumer_takes_th
     dl2 = kuat.DataLoader(range(6000), batch_size=64, shuffle=True, seed=4, num_workers=2,
                           worker_init_fn=lambda w: None)
     assert dl2._job.thread_agnostic is False  # per-worker set-up: never fetched elsewhere
+
+
+class LazyRows(torch.utils.data.Dataset):
+    """A plain map-style dataset kuat knows nothing of: a handle assigned on first use (per
+    worker, as a memory map opened lazily), one NumPy gather per batch of ~0.1 ms."""
+
+    def __init__(self, n, consult_worker_info=False):
+        self.data = np.arange(n * 4, dtype=np.int64).reshape(n, 4)  # (N, 4)
+        self.consult = consult_worker_info
+        self.handle = None
+
+    def __len__(self):
+        return len(self.data)
+
+    def __getitems__(self, indices):
+        if self.consult:
+            get_worker_info()
+        if self.handle is None:
+            self.handle = object()
+        time.sleep(1e-4)  # cheap, but more than the consumer's own cost per batch
+        return list(torch.from_numpy(self.data[indices]))  # B x (4,) views of one (B, 4) array
+
+
+@pytest.mark.parametrize("consult", [False, True])
+def test_cheap_batches_of_any_map_dataset_are_taken_over_from_a_copy_of_its_own(consult):
+    # the consumer may fetch cheap batches of a dataset that is not declared thread-agnostic,
+    # from its own shallow copy (the user's object stays as the workers leave it: untouched),
+    # and never when a worker's dataset consulted get_worker_info(): nothing observable changes
+    epochs = 3
+    inline = kuat.DataLoader(LazyRows(2048), batch_size=32, shuffle=True, seed=2)
+    want = [[b.tolist() for b in inline] for _ in range(epochs)]
+    ds = LazyRows(2048, consult_worker_info=consult)
+    dl = kuat.DataLoader(ds, batch_size=32, shuffle=True, seed=2, num_workers=2,
+                         persistent_workers=True)
+    taken_over = []
+    for e in range(epochs):
+        it = iter(dl)
+        assert [b.tolist() for b in it] == want[e]
+        taken_over.append(it._inline)
+    assert ds.handle is None
+    if consult:
+        assert not any(taken_over)
+    else:  # (on a machine loaded enough to make most 0.1 ms batches cost 0.5 ms, not every epoch)
+        assert any(taken_over)
+    dl.close()
+
+
+def test_cheap_batches_deepen_process_workers_prefetch_without_changing_the_epoch():
+    # process workers, prefetch_factor not given: up to 8 cheap batches per worker in flight
+    # (each worker wakes once per several batches; its shared-memory ring grows to match);
+    # never taken over by the consumer (a worker process reads a full copy of the dataset)
+    want = [b.tolist() for b in kuat.DataLoader(LazyRows(2048), batch_size=32, seed=3,
+                                                shuffle=True)]
+    dl = kuat.DataLoader(LazyRows(2048), batch_size=32, shuffle=True, seed=3, num_workers=2,
+                         worker_type="process")
+    it = iter(dl)
+    assert [b.tolist() for b in it] == want
+    assert it._adapt and it._cheap > 0 and not it._inline  # seen cheap: 16 in flight then
+    dl8 = kuat.DataLoader(LazyRows(256), batch_size=32, num_workers=2, worker_type="process",
+                          prefetch_factor=2)
+    it = iter(dl8)
+    list(it)
+    assert not it._adapt and it._max_inflight == 4  # an explicit prefetch_factor is kept

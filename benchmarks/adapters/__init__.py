@@ -69,7 +69,9 @@ LOADERS: dict[str, dict] = {
     "kuat": {
         "adapter": "kuat",
         "env": "main",
-        "options": {"worker_type": "thread"},
+        # no worker_type: kuat's default (None: thread workers, moved to processes only for a
+        # dataset seen drawing from the global RNGs), what a user who swaps the class gets
+        "options": {},
         "label": "kuat (threads)",
     },
     "kuat-proc": {

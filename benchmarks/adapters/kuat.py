@@ -16,8 +16,9 @@
 - ingest: ``from_imagefolder`` into a fresh directory.
 
 Loader settings: ``num_workers=cores``, ``persistent_workers=True``, ``drop_last=True``,
-``shuffle=True``, ``seed`` fixed; ``worker_type`` from the loader entry (``kuat`` /
-``kuat-proc``).
+``shuffle=True``, ``seed`` fixed; ``worker_type`` kuat's default (``kuat``: ``None``, thread
+workers for every workload here) or ``"process"`` (``kuat-proc``); ``prefetch_factor`` not
+given (kuat's adaptive depth).
 """
 
 from __future__ import annotations
@@ -124,7 +125,7 @@ def build(workload: str, data: dict, spec: dict) -> Loader:
         num_workers=workers,
         drop_last=True,
         persistent_workers=workers > 0,
-        worker_type=opts.get("worker_type", "thread"),
+        worker_type=opts.get("worker_type"),  # None: kuat's default
         seed=spec.get("seed", 0),
     )
 

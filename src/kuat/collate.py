@@ -204,6 +204,16 @@ def default_collate(batch: Sequence[object]):
             dtype).
         TypeError: an element type torch's ``default_collate`` does not handle.
     """
+    elem = batch[0] if len(batch) else None
+    # the two commonest batches, without torch's walk over its type map and abstract base
+    # classes (4-5 us of a 20 us collate of 32 samples): B tensors, B dicts of tensors
+    if type(elem) is torch.Tensor:
+        return _collate_tensors(batch)
+    if type(elem) is dict and all(type(v) is torch.Tensor for v in elem.values()):
+        try:
+            return {key: _collate_tensors([d[key] for d in batch]) for key in elem}
+        except (KeyError, TypeError):
+            pass  # not every sample a dict of tensors with these keys: torch's walk decides
     return _torch_collate(batch, collate_fn_map=_COLLATE_MAP)
 
 

@@ -91,13 +91,19 @@ log = logging.getLogger("kuat.loader")
 _STATE_VERSION = 1
 _TASK_IDS = itertools.count()  # unique across iterators, so stale results are recognised
 _MASK63 = (1 << 63) - 1
-# Thread workers with the default prefetch_factor: batches whose fetch + collate take less than
-# this are "cheap", and up to _CHEAP_PREFETCH per worker are kept in flight (benchmarks/
-# bench_overhead.py: a no-op batch costs ~48 us inline, ~80 us with 2 threads at depth 2, ~55 us
-# at depth 8, on a loaded 2-core machine).
+# Workers with the default prefetch_factor: batches whose fetch + collate take less than this
+# of CPU (the worker thread's own time: waiting for the GIL held by the other threads inflates
+# wall times several-fold on a busy machine) and less than _CHEAP_WALL_FACTOR times it of wall
+# time (a batch waiting on I/O is not cheap) are "cheap", and up to _CHEAP_PREFETCH per worker
+# are kept in flight (benchmarks/bench_overhead.py: a no-op batch costs ~48 us inline, ~80 us
+# with 2 threads at depth 2, ~55 us at depth 8, on a loaded 2-core machine).
 _CHEAP_BATCH_S = 0.5e-3
+_CHEAP_WALL_FACTOR = 4
 _CHEAP_PREFETCH = 8
 _INLINE_PROBE = 16  # batches observed before deciding to fetch cheap batches in the consumer
+# ... and only while the training loop's own time per batch (between next() calls) is under this
+# share of the batch's fetch + collate work: worker threads could hide at most that much
+_INLINE_MAX_LOOP_SHARE = 0.25
 
 
 def _base_seed(seed: int, epoch: int) -> int:
@@ -164,13 +170,17 @@ class DataLoader(_TorchDataLoader):
             it as it was when the epoch started (as torchdata's ``StatefulDataLoader`` does),
             so resume stays exact.
         prefetch_factor: batches in flight per worker (default 2 with workers, as torch). When
-            it is not given, thread workers keep up to 8 per worker in flight while batches take
-            under 0.5 ms of work, so that each worker wakes once per several cheap batches
-            instead of once per batch (the attribute still reads 2); and when most of the
-            first 16 batches are that cheap and the training loop waited for them, a source
-            whose batches do not depend on the thread fetching them (kuat datasets, pure
-            sequences; no ``worker_init_fn``) is fetched in the training loop's thread for the
-            rest of the epoch, as with ``num_workers=0`` (a hand-off costs more than the work).
+            it is not given, workers (threads or processes) keep up to 8 per worker in flight
+            while batches take under 0.5 ms of work, so that each worker wakes once per several
+            cheap batches instead of once per batch (the attribute still reads 2); and, with
+            thread workers, when most of the
+            first 16 batches are that cheap, the training loop waited for them and its own
+            time between batches is under a quarter of their work, a map-style dataset is
+            fetched in the training loop's thread for the rest of the epoch, as with
+            ``num_workers=0`` (a hand-off costs more than the work), from a shallow copy of its
+            own, as a worker's. Never with a ``worker_init_fn`` or when a worker's dataset
+            called ``get_worker_info()`` (its batches may depend on the worker), unless the
+            source declares ``kuat_thread_agnostic`` (kuat datasets; pure sequences).
         persistent_workers: keep workers between epochs.
         pin_memory_device: deprecated in torch; ignored with torch's warning.
         in_order: yield batches in sampler order (``True``) or as they complete.
@@ -190,9 +200,9 @@ class DataLoader(_TorchDataLoader):
             wherever the work releases the GIL (NumPy, torch ops, image decoding, Arrow
             gathers); pure-Python per-sample work is GIL-bound (``stats()``: ``fetch_cpu`` far
             below ``fetch`` and a high ``input_bound_fraction``). Process workers send each
-            batch's tensors through a reused ring of nameless shared-memory slots (about
-            ``prefetch_factor`` per worker; nothing is left in ``/dev/shm`` even when a process
-            is killed); tensors of 256 KiB and more reach the training loop as views of their
+            batch's tensors through a reused ring of nameless shared-memory slots (about as
+            many per worker as it has batches in flight; nothing is left in ``/dev/shm`` even
+            when a process is killed); tensors of 256 KiB and more reach the training loop as views of their
             slot (no copy; the slot is reused once they are gone), smaller ones are copied,
             and with pinning the batch is copied once into pinned memory. On a time-out, an
             error or Ctrl-C, control comes back at once: busy process workers are terminated,
@@ -229,8 +239,9 @@ class DataLoader(_TorchDataLoader):
             batches are watched; see :mod:`kuat.engine.isolate`) runs each ``dataset[i]`` with
             those generators reseeded from ``(seed, epoch, i)``, or each ``__getitems__`` call
             from ``(seed, epoch, batch indices)``, under a process-wide lock, restoring the
-            caller's generator states after. Datasets that do not draw pay about 5 us per
-            batch (``range``, lists, tuples, arrays, tensors and ``TensorDataset``: nothing). In thread mode the samples of a drawing dataset run one at a time
+            caller's generator states after. Datasets that do not draw pay about 3 us per
+            batch (``range``, lists, tuples, arrays, tensors and ``TensorDataset``: nothing).
+            In thread mode the samples of a drawing dataset run one at a time
             (``stats()["busy_s"]["rng_lock_wait"]`` shows the cost). torch's ``Subset`` (and
             so ``random_split``) over a per-sample dataset is read per sample, so each sample
             is isolated. ``None`` (default): on unless the dataset sets
@@ -300,7 +311,7 @@ class DataLoader(_TorchDataLoader):
                 "prefetch_factor option could only be specified in multiprocessing."
                 "let num_workers > 0 to enable multiprocessing, otherwise set prefetch_factor to None."
             )
-        adaptive_prefetch = prefetch_factor is None and worker_type != "process"
+        adaptive_prefetch = prefetch_factor is None
         if num_workers > 0 and prefetch_factor is None:
             prefetch_factor = 2
         elif prefetch_factor is not None and prefetch_factor < 0:
@@ -339,7 +350,7 @@ class DataLoader(_TorchDataLoader):
         self.dataset = dataset
         self.num_workers = num_workers
         self.prefetch_factor = prefetch_factor
-        self._adaptive_prefetch = adaptive_prefetch  # thread workers, prefetch_factor not given
+        self._adaptive_prefetch = adaptive_prefetch  # workers, prefetch_factor not given
         self.pin_memory = pin_memory
         self.pin_memory_device = pin_memory_device
         self.timeout = timeout
@@ -1197,11 +1208,17 @@ class _LoaderIter:
         self._inline = isinstance(engine, InlineEngine)
         self._max_inflight = 1 if self._inline else max(1, loader.prefetch_factor * self._nw)
         self._base_inflight = self._max_inflight
-        self._adapt = loader._adaptive_prefetch and isinstance(engine, ThreadEngine)
-        # cheap batches of a thread-agnostic source, with the consumer waiting for them: fetch
-        # them in the consumer thread instead (the hand-off would cost more than the work)
-        self._may_go_inline = self._adapt and loader._job.thread_agnostic
+        self._adapt = loader._adaptive_prefetch and not self._inline
+        # cheap batches of a map-style source, with the consumer waiting for them: fetch them
+        # in the consumer thread instead (the hand-off would cost more than the work)
+        # (thread workers only: a process worker's dataset is a full copy, the consumer's
+        # would share what its attributes point to with the user's object)
+        self._may_go_inline = (self._adapt and isinstance(engine, ThreadEngine)
+                               and loader._job.consumer_may_fetch)
+        self._agnostic = loader._job.thread_agnostic
         self._seen = self._cheap = self._blocked = 0
+        self._work_s = self._loop_s = 0.0  # of the batches seen: their work; the loop's own time
+        self._loop_mark: float | None = None  # thread_time() when next() last returned
         self._active = [True] * self._nw
         self._rr = 0
         self._tasks: dict[int, int] = {}  # task id -> worker id, in flight
@@ -1247,10 +1264,16 @@ class _LoaderIter:
             self._loader._begin_epoch(self)
         if self._t_mark is None:
             self._t_mark = t0
+        if self._may_go_inline and self._loop_mark is not None:
+            # the training loop's own CPU time since the last batch (its wall time would count
+            # the time the workers held the GIL)
+            self._loop_s += time.thread_time() - self._loop_mark
         try:
             batch = self._next_looking_ahead() if self._look_ahead else self._produce()
         finally:  # every second inside next() is a second the training loop waited for input
             self._account_time(t0)
+        if self._may_go_inline:
+            self._loop_mark = time.thread_time()
         self._progress[1] += 1
         self._returned += 1
         if isinstance(self._keys, _PacedKeys):
@@ -1380,18 +1403,20 @@ class _LoaderIter:
         if not self._owned:
             lo._engine = new
         self._engine, self._nw = new, new.num_workers
-        self._active, self._rr, self._adapt = [True] * self._nw, 0, False
+        self._active, self._rr, self._may_go_inline = [True] * self._nw, 0, False
         self._max_inflight = self._base_inflight = max(1, lo.prefetch_factor * self._nw)
         return False
 
     def _to_inline(self) -> bool:
-        """After ``_INLINE_PROBE`` batches, most of them cheap and waited for by the consumer:
-        let the workers' batches in flight finish (True while they do), then fetch the rest
-        of the epoch in this thread (the thread workers are released, or kept when
-        persistent)."""
+        """After ``_INLINE_PROBE`` batches, most of them cheap and waited for by the consumer,
+        whose own time between batches is small next to their work: let the workers' batches
+        in flight finish (True while they do), then fetch the rest of the epoch in this thread
+        (the thread workers are released, or kept when persistent). Its shallow copy of the
+        dataset is its own, as a worker's, unless the source is thread-agnostic."""
         if not (self._may_go_inline and self._seen >= _INLINE_PROBE):
             return False
-        if self._cheap < 0.75 * self._seen or self._blocked < 0.75 * self._seen:
+        if (self._cheap < 0.75 * self._seen or self._blocked < 0.75 * self._seen
+                or self._loop_s > _INLINE_MAX_LOOP_SHARE * self._work_s):
             self._may_go_inline = False
             return False
         if self._tasks:
@@ -1400,7 +1425,8 @@ class _LoaderIter:
             self._engine.close()
         log.debug("kuat.DataLoader: batches take under %.1f ms of work and the training loop "
                   "waits for them: fetching them in its thread", _CHEAP_BATCH_S * 1e3)
-        self._engine = InlineEngine(self._loader._job, self._base_seed)
+        self._engine = InlineEngine(self._loader._job, self._base_seed,
+                                    own_copy=not self._agnostic)
         self._owned = True  # the inline engine; persistent thread workers stay with the loader
         self._inline, self._nw, self._active, self._rr = True, 1, [True], 0
         self._max_inflight, self._adapt, self._may_go_inline = 1, False, False
@@ -1481,10 +1507,15 @@ class _LoaderIter:
         if self._adapt:
             # Cheap batches (the work takes less than a worker hand-off and wake-up costs many
             # times over): keep more in flight so each worker wakes once per several batches.
-            cheap = st.fetch_s + st.collate_s < _CHEAP_BATCH_S
+            work = st.fetch_s + st.collate_s
+            cheap = (st.fetch_cpu_s + st.collate_s < _CHEAP_BATCH_S
+                     and work < _CHEAP_WALL_FACTOR * _CHEAP_BATCH_S)
             self._max_inflight = self._nw * _CHEAP_PREFETCH if cheap else self._base_inflight
             self._seen += 1
             self._cheap += cheap
+            self._work_s += work
+            if st.worker_info_consulted and not self._agnostic:
+                self._may_go_inline = False  # its batches may depend on the worker
         s = self._stats
         with s.lock:
             s.fetch_s += st.fetch_s
@@ -1500,7 +1531,7 @@ class _LoaderIter:
             warn = self._warn()
             if warn is not None:
                 warn(st.skipped)
-        if st.worker_info_consulted is False:
+        if st.worker_info_consulted is False and self._loader._iterable:
             self._loader._warn_unsplit_iterable()
 
     def _account_time(self, t0: float) -> None:

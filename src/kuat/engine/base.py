@@ -79,9 +79,11 @@ class Task(NamedTuple):
 class WorkStats:
     """Seconds a worker spent on one task, and the samples it produced or skipped.
 
-    ``worker_info_consulted``: for an IterableDataset read by several workers, whether this
-    worker's dataset had called ``torch.utils.data.get_worker_info()`` by the end of the task
-    (``False`` means every worker yields every item); ``None`` when not applicable.
+    ``worker_info_consulted``: whether this worker's dataset (or collate) had called
+    ``torch.utils.data.get_worker_info()`` by the end of the task; set by thread and process
+    workers of a map-style dataset (``True``: its batches may depend on the worker, so the
+    consumer never fetches them in its place) and of an IterableDataset read by several workers
+    (``False``: every worker yields every item); ``None`` when not applicable.
     """
 
     __slots__ = ("fetch_s", "fetch_cpu_s", "native_s", "collate_s", "pin_s", "rng_wait_s",

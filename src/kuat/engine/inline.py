@@ -20,9 +20,11 @@ class InlineEngine:
     num_workers = 1
     name = "main thread"
 
-    def __init__(self, job, base_seed: int):
+    def __init__(self, job, base_seed: int, *, own_copy: bool = False):
         self._job = job
-        self._ctx = job.start(0, 1, "inline", base_seed)
+        # own_copy: the consumer takes over from thread workers and, like each of them, reads
+        # its own shallow copy of the dataset (FetchJob.start)
+        self._ctx = job.start(0, 1, "inline", base_seed, own_copy=own_copy)
         self._tasks: collections.deque[Task] = collections.deque()
 
     def submit(self, worker_id: int, task: Task) -> None:

@@ -13,7 +13,7 @@ done only for datasets seen to draw:
    A change means the dataset draws: :attr:`RngUse.draws` becomes True for good.
 2. **Watch.** Later batches of a dataset not (yet) seen drawing run without reseeding, under
    the shared side of :data:`GLOBAL_RNG_LOCK`, with one fingerprint before and one after the
-   batch (about 2 us each). If they differ, something drew: the batch is fetched again,
+   batch (under 1 us each). If they differ, something drew: the batch is fetched again,
    isolated and probed (so its samples get exactly the draws isolation gives them) and its
    first result is dropped. Only a dataset whose own samples draw in that re-fetch is marked;
    draws of another thread (the training loop's) are not the dataset's.  In thread mode the
@@ -26,10 +26,12 @@ done only for datasets seen to draw:
 The result is the same whatever the number and type of workers; the caller's own generator
 states are saved and restored around isolated runs in thread and inline mode.
 
-Fingerprints read the generators' position counters, not their 2.5-5 KB states: NumPy's
-through ``MT19937.ctypes`` (public), Python's ``random`` through its object's memory at an
-offset found once by calibration on CPython (falling back to ``random.getstate()``), torch's
-from the counters and cached normal samples in ``get_state()``.
+Fingerprints read the generators' states in place, without copying them through an accessor:
+NumPy's MT19937 through ``MT19937.ctypes`` (public); Python's ``random``, the legacy
+``RandomState``'s cached normal sample and torch's CPU generator (its MT19937 and cached
+normal samples) through their objects' memory at offsets found once by calibration on fresh
+instances of the same types, each falling back to its accessor (``random.getstate()``,
+``np.random.get_state()``, ``torch.default_generator.get_state()``) when calibration fails.
 """
 
 from __future__ import annotations
@@ -133,85 +135,179 @@ def restore(state: tuple) -> None:
 
 
 # -- fingerprints ---------------------------------------------------------------------------
-def _calibrate_python_random():
-    """``ctypes`` view of ``random._inst``'s (index, state[0]) words, or None.
+# Each generator's state is read in place, through a ctypes window over its C struct, found by
+# calibration on a fresh instance of the same type (never by touching the process's own
+# generators, which another thread may be drawing from) and checked there against draws of
+# every kind; where that fails, the generator's public accessor is read instead (slower).
+_MT_WORDS = 624  # MT19937's state, in 32-bit words (Python's random, NumPy, torch's CPU generator)
 
-    CPython's ``RandomObject`` is ``{PyObject_HEAD; int index; uint32_t state[624]; ...}``.
-    The offset of ``index`` is found, not assumed: after ``seed()`` it is 624, after one 32-bit
-    draw 1, after two 2 (the generator refills its block on the first draw).
-    """
-    if sys.implementation.name != "cpython":
+
+def _window(address: int, size: int):
+    return (ctypes.c_char * size).from_address(address)
+
+
+def _changes_on_every_draw(read, draws) -> bool:
+    """Whether ``read()`` gives different bytes after each of ``draws`` (calibration check)."""
+    for draw in draws:
+        before = read()
+        draw()
+        if read() == before:
+            return False
+    return True
+
+
+def _python_random_offset() -> int | None:
+    """Offset of ``index`` in CPython's ``RandomObject`` (``{PyObject_HEAD; int index; uint32_t
+    state[624]; ...}``), found on a fresh ``random.Random``: after ``seed()`` it is 624, after
+    one 32-bit draw 1, after two 2 (the generator refills its block on the first draw)."""
+    if sys.implementation.name != "cpython" or type(random._inst) is not random.Random:
         return None
-    inst = random._inst
-    saved = inst.getstate()
-    try:
-        base = id(inst)
-        offsets = range(8, 8 * 16, 4)
-        inst.seed(0x6B756174)
-        cands = [o for o in offsets if ctypes.c_int.from_address(base + o).value == 624]
-        for expected in (1, 2):
-            inst.getrandbits(32)
-            cands = [o for o in cands if ctypes.c_int.from_address(base + o).value == expected]
-        if len(cands) != 1:
-            return None
-        return (ctypes.c_int * 2).from_address(base + cands[0])  # (index, state[0] as int)
-    except Exception:  # any surprise: use getstate()
+    inst = random.Random()
+    base = id(inst)
+    size = _MT_WORDS * 4 + 4
+    inst.seed(0x6B756174)
+    cands = [o for o in range(8, 8 * 16, 4) if ctypes.c_int.from_address(base + o).value == 624]
+    for expected in (1, 2):
+        inst.getrandbits(32)
+        cands = [o for o in cands if ctypes.c_int.from_address(base + o).value == expected]
+    if len(cands) != 1 or cands[0] + size > type(inst).__basicsize__:
         return None
-    finally:
-        inst.setstate(saved)
+    w = _window(base + cands[0], size)
+    draws = (inst.random, lambda: inst.getrandbits(32 * _MT_WORDS), lambda: inst.seed(1))
+    return cands[0] if _changes_on_every_draw(lambda: w.raw, draws) else None
 
 
-def _numpy_words():
-    """``ctypes`` view of NumPy's legacy MT19937 ``(key[0], pos)``, or None."""
-    try:
-        bg = np.random.mtrand._rand._bit_generator
-        addr = bg.ctypes.state_address  # struct {uint32 key[624]; int pos;}
-        key0 = ctypes.c_uint32.from_address(addr)
-        pos = ctypes.c_int.from_address(addr + 624 * 4)
-        return bg, key0, pos
-    except Exception:
+def _numpy_gauss_offset() -> int | None:
+    """Offset of ``{int has_gauss; double gauss}`` (NumPy's ``aug_bitgen_t``: the legacy
+    ``RandomState``'s cached normal sample, outside the MT19937 state) in a ``RandomState``,
+    found on a fresh one from the cached value ``get_state()`` reports."""
+    import struct
+
+    rs = np.random.RandomState(0x6B7561)
+    if type(np.random.mtrand._rand) is not type(rs):
         return None
+    rs.standard_normal()
+    has_gauss, gauss = rs.get_state()[3:5]
+    blob = ctypes.string_at(id(rs), type(rs).__basicsize__)
+    at = blob.find(struct.pack("<d", gauss))
+    if has_gauss != 1 or at < 8 or blob.find(struct.pack("<d", gauss), at + 1) >= 0:
+        return None
+    if struct.unpack_from("<i", blob, at - 8)[0] != 1:
+        return None
+    w = _window(id(rs) + at - 8, 16)
+    draws = (rs.standard_normal, rs.standard_normal, lambda: rs.seed(1), rs.standard_normal)
+    return at - 8 if _changes_on_every_draw(lambda: w.raw, draws) else None
 
 
-_py_words = None
-_np_words = None
+def _torch_cpu_offset() -> int | None:
+    """Offset of ``mt19937 engine_`` and the cached normal samples that follow it in torch's
+    ``CPUGeneratorImpl`` (``{uint64 seed; int left; bool seeded; uint32 next; uint32
+    state[624]}``, ``optional<float>``, ``optional<double>``), found on a fresh
+    ``torch.Generator`` from its seed."""
+    import struct
+
+    g = torch.Generator()
+    seed = 0x6B7561746B756174
+    g.manual_seed(seed)
+    impl = ctypes.c_void_p.from_address(id(g) + object.__basicsize__).value
+    if not impl:
+        return None
+    blob = ctypes.string_at(impl, 512)
+    at = blob.find(struct.pack("<Q", seed))
+    if at < 0 or blob.find(struct.pack("<Q", seed), at + 1) >= 0:
+        return None
+    w = _window(impl + at, _TORCH_WINDOW)
+    draws = (lambda: torch.rand(1, generator=g), lambda: torch.randn(1, generator=g),
+             lambda: torch.randn(1, generator=g),  # the second: a cached normal sample
+             lambda: torch.randn(1, dtype=torch.float32, generator=g),
+             lambda: torch.randint(0, 10, (_MT_WORDS,), generator=g),
+             lambda: g.manual_seed(1), lambda: g.set_state(torch.Generator().get_state()))
+    return at if _changes_on_every_draw(lambda: w.raw, draws) else None
+
+
+# seed, left, seeded, next (20 bytes), state (2496), optional<float> (8), optional<double> (16)
+_TORCH_WINDOW = 20 + _MT_WORDS * 4 + 8 + 16
+
+_py_window = None  # ctypes windows over the process's generators (None: accessor fallback)
+_np_window = None  # (bit generator, MT19937 key + pos window, has_gauss + gauss window or None)
+_torch_window = None
 _init_lock = threading.Lock()
 _ready = False
 
 
+def _calibrated(find, what: str):
+    try:
+        return find()
+    except Exception as e:  # any surprise: the accessor fallback
+        log.debug("kuat.isolate: no in-place view of %s (%s: %s)", what, type(e).__name__, e)
+        return None
+
+
 def _init() -> None:
-    global _py_words, _np_words, _ready
+    global _py_window, _torch_window, _ready
     with _init_lock:
-        if not _ready:
-            _py_words = _calibrate_python_random()
-            _np_words = _numpy_words()
-            _ready = True
+        if _ready:
+            return
+        off = _calibrated(_python_random_offset, "random's state")
+        if off is not None:
+            _py_window = _window(id(random._inst) + off, _MT_WORDS * 4 + 4)
+        off = _calibrated(_torch_cpu_offset, "torch's CPU generator")
+        if off is not None:
+            impl = ctypes.c_void_p.from_address(
+                id(torch.default_generator) + object.__basicsize__).value
+            _torch_window = _window(impl + off, _TORCH_WINDOW)
+            if _torch_window.raw[:8] != torch.default_generator.initial_seed().to_bytes(8, "little"):
+                _torch_window = None  # not laid out as the fresh generator was
+        _refresh_numpy()
+        _ready = True
 
 
 def fingerprint() -> tuple:
     """Something that changes whenever any of the three global generators draws or is seeded.
 
-    About 3 us (torch's state is copied by ``get_state``; the others are read in place). Call it only
-    while holding :data:`GLOBAL_RNG_LOCK` (either side), so no reseeding runs meanwhile.
+    About 0.5 us (each generator's state is read in place: see the calibration above; up to
+    4 us where an accessor must copy it). Call it only while holding
+    :data:`GLOBAL_RNG_LOCK` (either side), so no reseeding runs meanwhile.
     """
     if not _ready:
         _init()
     # Python's gauss() caches its second sample in a Python attribute, not in the C state
-    py = (*_py_words, random._inst.gauss_next) if _py_words is not None else random.getstate()
-    npw = _np_words
+    inst = random._inst
+    py = _py_window.raw if _py_window is not None else inst.getstate()
+    npw = _np_window
     if npw is None or np.random.mtrand._rand._bit_generator is not npw[0]:
         npw = _refresh_numpy()
-    nps = (npw[1].value, npw[2].value) if npw is not None else np.random.get_state()[2]
-    st = torch.default_generator.get_state().numpy()  # (5056,) uint8, a fresh copy
-    # CPU generator state: seed, mt19937 left/next counters and state[0] (bytes 0-31, which
-    # change on every draw and refill), cached normal samples (the last 40 bytes)
-    return py, nps, st[:32].tobytes(), st[-40:].tobytes()
+    if npw is None:
+        nps = np.random.get_state()
+    else:  # legacy gauss cache: its accessor copies the whole state, so only without a window
+        nps = (npw[1].raw, npw[2].raw if npw[2] is not None else np.random.get_state()[3:])
+    if _torch_window is not None:
+        ts = _torch_window.raw
+    else:  # (5056,) uint8, a fresh copy: seed, counters and state[0] (bytes 0-31), cached
+        st = torch.default_generator.get_state().numpy()  # normal samples (the last 40 bytes)
+        ts = (st[:32].tobytes(), st[-40:].tobytes())
+    return py, inst.gauss_next, nps, ts
+
+
+_NP_GAUSS = None  # offset of has_gauss + gauss in a RandomState (found once)
 
 
 def _refresh_numpy():
-    global _np_words
-    _np_words = _numpy_words()  # a replaced global RandomState (np.random.mtrand._rand)
-    return _np_words
+    """Windows over the current global ``RandomState`` (``np.random.mtrand._rand``, which
+    ``np.random.set_state`` keeps but a user may replace) or None."""
+    global _np_window, _NP_GAUSS
+    try:
+        rs = np.random.mtrand._rand
+        bg = rs._bit_generator
+        mt = _window(bg.ctypes.state_address, _MT_WORDS * 4 + 4)  # {uint32 key[624]; int pos}
+        if _NP_GAUSS is None:
+            found = _calibrated(_numpy_gauss_offset, "NumPy's cached normal")
+            _NP_GAUSS = -1 if found is None else found
+        gauss = _window(id(rs) + _NP_GAUSS, 16) if _NP_GAUSS >= 0 else None
+        _np_window = (bg, mt, gauss)
+    except Exception:
+        _np_window = None
+    return _np_window
 
 
 class RngUse:

@@ -8,7 +8,7 @@ Global RNG isolation (``isolate_rng``): see :mod:`kuat.engine.isolate`. Map-styl
 are seen to draw from Python's ``random``, NumPy's legacy global generator or torch's default CPU
 generator run with those reseeded from ``(seed, epoch, index)`` per sample (``__getitem__``
 path) or from ``(seed, epoch, batch indices)`` per batch (``__getitems__`` path); datasets that
-do not draw pay two fingerprints per batch (about 5 us).
+do not draw pay two fingerprints and a shared lock per batch (about 3 us).
 """
 
 from __future__ import annotations
@@ -249,18 +249,30 @@ class FetchJob:
     def thread_agnostic(self) -> bool:
         """Whether any thread may fetch a batch with the same result (no per-worker state, no
         ``worker_init_fn``): pure sequences, or a source declaring ``kuat_thread_agnostic``."""
-        return (not self.iterable and self.worker_init_fn is None
-                and (_never_draws(self.dataset)
-                     or protocol.thread_agnostic(self.dataset)))
+        return (self.consumer_may_fetch
+                and (_never_draws(self.dataset) or protocol.thread_agnostic(self.dataset)))
+
+    @property
+    def consumer_may_fetch(self) -> bool:
+        """Whether the consumer thread may fetch batches in place of the thread workers, from
+        its own shallow copy of the dataset (:meth:`start` with ``own_copy=True``): map-style,
+        without ``worker_init_fn`` (per-worker set-up). The loader also requires that no worker
+        consulted ``get_worker_info()`` (``WorkStats.worker_info_consulted``) unless the source
+        is :attr:`thread_agnostic`."""
+        return not self.iterable and self.worker_init_fn is None
 
     def __post_init__(self):
         if self.isolate_rng and _never_draws(self.dataset):
             self.isolate_rng = False  # nothing to isolate: not even the watch's fingerprints
 
     # -- worker lifecycle -------------------------------------------------------------------
-    def start(self, worker_id: int, num_workers: int, method: str, base_seed: int) -> WorkerCtx:
-        ctx = WorkerCtx(worker_id, num_workers, method, base_seed,
-                        dataset=worker_dataset(self.dataset, method))
+    def start(self, worker_id: int, num_workers: int, method: str, base_seed: int, *,
+              own_copy: bool = False) -> WorkerCtx:
+        """Per-worker state of one worker. ``own_copy``: an inline worker reads its own shallow
+        copy of the dataset, as a thread worker does (the consumer taking over from thread
+        workers), instead of the dataset itself (``num_workers=0``, as torch)."""
+        dataset = worker_dataset(self.dataset, "thread" if own_copy else method)
+        ctx = WorkerCtx(worker_id, num_workers, method, base_seed, dataset=dataset)
         if method == "inline":
             return ctx
         seed = base_seed + worker_id
@@ -318,7 +330,9 @@ class FetchJob:
                     data = self._fetch_indices(ctx, epoch, key, st)
             st.fetch_s, st.fetch_cpu_s = time.perf_counter() - t0, time.thread_time() - c0
             st.native_s = _native.seconds() - n0
-            if self.iterable and ctx.num_workers > 1:  # all workers iterating all items? (#11.6)
+            # iterable: all workers iterating all items? (#11.6); map-style: may the consumer
+            # fetch in place of this worker? (consumer_may_fetch)
+            if ctx.method != "inline" and (ctx.num_workers > 1 or not self.iterable):
                 st.worker_info_consulted = worker_info_consulted()
             if data is None:
                 return (END if self.iterable else EMPTY), None, st
