@@ -1201,6 +1201,11 @@ class _LoaderIter:
         # cheap batches of a thread-agnostic source, with the consumer waiting for them: fetch
         # them in the consumer thread instead (the hand-off would cost more than the work)
         self._may_go_inline = self._adapt and loader._job.thread_agnostic
+        # An epoch's first batch, of a source whose batch kernel splits (kuat._parallel): fetched
+        # with every worker's core while the other workers wait for it (see _dispatch)
+        self._first_width = (self._nw if self._nw > 1 and not self._inline and not loader._iterable
+                             and _protocol.splits_batches(loader._source) else 1)
+        self._holding: int | None = None  # task id of that first batch while it is fetched
         self._seen = self._cheap = self._blocked = 0
         self._active = [True] * self._nw
         self._rr = 0
@@ -1341,8 +1346,17 @@ class _LoaderIter:
 
         A batch counts against the bound from submission until it is yielded (as in torch), so
         results waiting for their turn (``in_order``) hold no more memory than the bound.
+
+        An epoch's first batch, when the source splits batches (``kuat_splits_batches``), goes
+        alone, with a width of ``num_workers`` threads (:mod:`kuat._parallel`): nothing else is
+        submitted until it is back, so the cores of the waiting workers decode parts of it
+        instead of batches the loop does not need yet, and the loop gets it in about
+        ``1 / num_workers`` of a batch's time. The other workers start as soon as it is back,
+        before it is returned. Order, pixels (each sample's randomness comes from its own
+        generator, drawn in the fetching worker) and errors (the first failing sample, in
+        sample order) are those of an unsplit fetch.
         """
-        if self._to_processes() or self._to_inline():
+        if self._holding is not None or self._to_processes() or self._to_inline():
             return
         while len(self._tasks) + len(self._ready) < self._max_inflight and not self._keys_done:
             w = self._next_worker()
@@ -1361,7 +1375,13 @@ class _LoaderIter:
             self._tasks[tid] = w
             if self._in_order:
                 self._order.append(tid)
-            self._engine.submit(w, Task(tid, self._epoch, key, self._base_seed))
+            width = 1
+            if self._first_width > 1 and self._returned == 0 and len(self._tasks) == 1 \
+                    and not self._ready:
+                width, self._holding = self._first_width, tid
+            self._engine.submit(w, Task(tid, self._epoch, key, self._base_seed, width))
+            if width > 1:
+                return
 
     def _to_processes(self) -> bool:
         """``worker_type=None``: once the dataset is seen to draw from the global RNGs, let the
@@ -1431,6 +1451,9 @@ class _LoaderIter:
             if self._tasks.pop(r.task_id, None) is None:
                 continue  # stale: from an abandoned epoch of persistent workers
             self._ready[r.task_id] = r
+            if r.task_id == self._holding:  # the split first batch: start the other workers
+                self._holding = None
+                self._dispatch()
 
     def _get(self):
         t0 = time.perf_counter()
@@ -1525,6 +1548,7 @@ class _LoaderIter:
     def _abandon(self) -> None:
         """A newer iterator took over the persistent workers: this one yields nothing more."""
         self._keys_done = self._finished = True
+        self._holding = None
         self._tasks.clear()
         self._ready.clear()
         self._order.clear()
