@@ -50,6 +50,9 @@ class BufferPool:
         self._free: dict[int, list[mmap.mmap]] = {}
         self._closed = False
         self.created = self.reused = 0  # counters, for tests and stats
+        # bytes mapped now (leased + idle) and the most ever mapped at once: what the pool adds
+        # to the process's anonymous memory (benchmarks attribute a loader's memory with it)
+        self.mapped_bytes = self.peak_bytes = 0
 
     def take(self, nbytes: int) -> np.ndarray:
         """A ``(nbytes,)`` uint8 array, uninitialised, that returns to the pool when freed."""
@@ -58,6 +61,8 @@ class BufferPool:
             mm = free.pop() if free else None
             if mm is None:
                 self.created += 1
+                self.mapped_bytes += nbytes
+                self.peak_bytes = max(self.peak_bytes, self.mapped_bytes)
             else:
                 self.reused += 1
         if mm is None:
@@ -71,11 +76,11 @@ class BufferPool:
     def _give_back(self, mm: mmap.mmap) -> None:
         new_list = []  # allocated outside the lock
         with self._lock:
-            if self._closed:
-                return
-            free = self._free.setdefault(len(mm), new_list)
-            if len(free) < self.max_free:
+            free = None if self._closed else self._free.setdefault(len(mm), new_list)
+            if free is not None and len(free) < self.max_free:
                 free.append(mm)
+            else:  # dropped: unmapped once this last reference goes
+                self.mapped_bytes -= len(mm)
 
     def idle_bytes(self) -> int:
         """Bytes held by idle buffers."""
@@ -86,6 +91,7 @@ class BufferPool:
         """Drop the idle buffers (their memory goes back to the OS); ``close=True`` also stops
         taking freed buffers back."""
         with self._lock:
+            self.mapped_bytes -= sum(len(m) for free in self._free.values() for m in free)
             self._free.clear()
             self._closed = self._closed or close
 
