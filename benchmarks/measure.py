@@ -73,7 +73,8 @@ def anon_by_mapping(pid: int, batch_bytes: int | None = None) -> dict[str, int] 
     - ``stacks``: ``[stack]`` and thread stacks (a mapping right after a guard page);
     - ``batch_sized``: with ``batch_bytes``, anonymous mappings whose size is a multiple of
       it (one batch buffer each, or neighbours the kernel merged into one mapping);
-    - ``other``: every other anonymous mapping (large mallocs, tensors, NumPy arrays).
+    - ``other``: every other anonymous mapping (large mallocs, tensors, NumPy arrays, and a
+      batch buffer the kernel merged with a neighbour of another size).
 
     Diff two readings (before building a loader, after its epochs) to see what a loader added.
     """
@@ -92,7 +93,7 @@ def anon_by_mapping(pid: int, batch_bytes: int | None = None) -> dict[str, int] 
     except (FileNotFoundError, ProcessLookupError, PermissionError):
         return None
     out = dict.fromkeys(ANON_KINDS, 0)
-    for k, (lo, hi, perms, name, anon) in enumerate(rows):
+    for k, (lo, hi, _perms, name, anon) in enumerate(rows):
         if not anon:
             continue
         prev = rows[k - 1] if k else None
