@@ -255,3 +255,15 @@ def test_inline_loader_never_splits(jpegs, monkeypatch):
                              sampler=_good_indices())
     assert sum(len(b["label"]) for b in loader) == 39
     assert calls == []
+
+
+def test_which_kuat_datasets_split_batches(jpegs):
+    from kuat.sources import protocol as P
+
+    raw = kuat.open(jpegs)
+    assert not P.splits_batches(raw)  # decoded per sample, no fused batch kernel
+    exact = raw.with_transform({"image": Compose([RandomResizedCrop(40)], exact_resize=True)})
+    assert not P.splits_batches(exact)  # torch's resize per image
+    unfixed = raw.with_transform({"image": Compose([RandomHorizontalFlip()])})
+    assert not P.splits_batches(unfixed)  # no fixed output size: no batch buffer
+    assert P.splits_batches(_dataset(jpegs)) == kdecode.roi_batch_available()
