@@ -99,3 +99,19 @@ def test_loader_reuses_batch_buffers_and_releases_them_on_close():
         del b
         loader.close()
         assert pool.idle_bytes() == 0
+
+
+def test_mapped_and_peak_bytes_follow_leases_idle_buffers_and_clear():
+    nb = int(np.prod(SHAPE))
+    pool = BufferPool(max_free=1)
+    a, b = _batch(pool, 1), _batch(pool, 2)
+    assert pool.mapped_bytes == pool.peak_bytes == 2 * nb
+    del a, b  # one is kept idle (max_free=1), the other unmapped
+    gc.collect()
+    assert pool.mapped_bytes == pool.idle_bytes() == nb and pool.peak_bytes == 2 * nb
+    c = _batch(pool, 3)  # reuses the idle one
+    assert pool.mapped_bytes == nb
+    pool.clear(close=True)
+    del c  # after close, a freed buffer is unmapped, not kept
+    gc.collect()
+    assert pool.mapped_bytes == 0 and pool.idle_bytes() == 0 and pool.peak_bytes == 2 * nb

@@ -36,6 +36,7 @@ def test_kuat_dataset_implements_the_map_style_hooks(table):
     for proto in (P.EpochAware, P.Distributed, P.Batching, P.Stateful):
         assert not isinstance(ds, proto) and not P.provides(ds, proto), proto.__name__
     assert P.thread_agnostic(ds) and not P.uses_sample_rng(ds)
+    assert not P.splits_batches(ds)  # no fused image transform: nothing to split
     assert P.batch_transform(ds) is None
     # a fused transform with Normalize gives the loader a batch step for that field
     t = Compose([RandomResizedCrop(4), Normalize([0.5] * 3, [0.25] * 3)])

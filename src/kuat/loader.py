@@ -173,14 +173,22 @@ class DataLoader(_TorchDataLoader):
             it is not given, workers (threads or processes) keep up to 8 per worker in flight
             while batches take under 0.5 ms of work, so that each worker wakes once per several
             cheap batches instead of once per batch (the attribute still reads 2); and, with
-            thread workers, when most of the
-            first 16 batches are that cheap, the training loop waited for them and its own
-            time between batches is under a quarter of their work, a map-style dataset is
-            fetched in the training loop's thread for the rest of the epoch, as with
-            ``num_workers=0`` (a hand-off costs more than the work), from a shallow copy of its
-            own, as a worker's. Never with a ``worker_init_fn`` or when a worker's dataset
-            called ``get_worker_info()`` (its batches may depend on the worker), unless the
-            source declares ``kuat_thread_agnostic`` (kuat datasets; pure sequences).
+            thread workers, when most of the first 16 batches are that cheap, the training loop
+            waited for them and its own time between batches is under a quarter of their work,
+            a map-style dataset is fetched in the training loop's thread for the rest of the
+            epoch, as with ``num_workers=0`` (a hand-off costs more than the work), from a
+            shallow copy of its own, as a worker's. Never with a ``worker_init_fn`` or when a
+            worker's dataset called ``get_worker_info()`` (its batches may depend on the
+            worker), unless the source declares ``kuat_thread_agnostic`` (kuat datasets; pure
+            sequences).
+            An epoch's first batch of a source that splits batches (a kuat dataset with a fused
+            image transform, ``kuat_splits_batches``) is fetched alone, by all workers' cores
+            (thread or process workers), and the others start when it is back: the loop
+            gets it in about ``1 / num_workers`` of a batch's time. Memory: each batch in
+            flight holds its own buffer from the moment a worker starts it, so up to
+            ``prefetch_factor * num_workers`` batches plus the one the loop holds are resident
+            (``(64, 3, 224, 224)`` uint8: 9.2 MiB each); ``prefetch_factor=1`` trades prefetch
+            depth for memory.
         persistent_workers: keep workers between epochs.
         pin_memory_device: deprecated in torch; ignored with torch's warning.
         in_order: yield batches in sampler order (``True``) or as they complete.
@@ -1216,6 +1224,11 @@ class _LoaderIter:
         self._may_go_inline = (self._adapt and isinstance(engine, ThreadEngine)
                                and loader._job.consumer_may_fetch)
         self._agnostic = loader._job.thread_agnostic
+        # An epoch's first batch, of a source whose batch kernel splits (kuat._parallel): fetched
+        # with every worker's core while the other workers wait for it (see _dispatch)
+        self._first_width = (self._nw if self._nw > 1 and not self._inline and not loader._iterable
+                             and _protocol.splits_batches(loader._source) else 1)
+        self._holding: int | None = None  # task id of that first batch while it is fetched
         self._seen = self._cheap = self._blocked = 0
         self._work_s = self._loop_s = 0.0  # of the batches seen: their work; the loop's own time
         self._loop_mark: float | None = None  # thread_time() when next() last returned
@@ -1364,8 +1377,17 @@ class _LoaderIter:
 
         A batch counts against the bound from submission until it is yielded (as in torch), so
         results waiting for their turn (``in_order``) hold no more memory than the bound.
+
+        An epoch's first batch, when the source splits batches (``kuat_splits_batches``), goes
+        alone, with a width of ``num_workers`` threads (:mod:`kuat._parallel`): nothing else is
+        submitted until it is back, so the cores of the waiting workers decode parts of it
+        instead of batches the loop does not need yet, and the loop gets it in about
+        ``1 / num_workers`` of a batch's time. The other workers start as soon as it is back,
+        before it is returned. Order, pixels (each sample's randomness comes from its own
+        generator, drawn in the fetching worker) and errors (the first failing sample, in
+        sample order) are those of an unsplit fetch.
         """
-        if self._to_processes() or self._to_inline():
+        if self._holding is not None or self._to_processes() or self._to_inline():
             return
         while len(self._tasks) + len(self._ready) < self._max_inflight and not self._keys_done:
             w = self._next_worker()
@@ -1384,7 +1406,13 @@ class _LoaderIter:
             self._tasks[tid] = w
             if self._in_order:
                 self._order.append(tid)
-            self._engine.submit(w, Task(tid, self._epoch, key, self._base_seed))
+            width = 1
+            if self._first_width > 1 and self._returned == 0 and len(self._tasks) == 1 \
+                    and not self._ready:
+                width, self._holding = self._first_width, tid
+            self._engine.submit(w, Task(tid, self._epoch, key, self._base_seed, width))
+            if width > 1:
+                return
 
     def _to_processes(self) -> bool:
         """``worker_type=None``: once the dataset is seen to draw from the global RNGs, let the
@@ -1457,6 +1485,9 @@ class _LoaderIter:
             if self._tasks.pop(r.task_id, None) is None:
                 continue  # stale: from an abandoned epoch of persistent workers
             self._ready[r.task_id] = r
+            if r.task_id == self._holding:  # the split first batch: start the other workers
+                self._holding = None
+                self._dispatch()
 
     def _get(self):
         t0 = time.perf_counter()
@@ -1556,6 +1587,7 @@ class _LoaderIter:
     def _abandon(self) -> None:
         """A newer iterator took over the persistent workers: this one yields nothing more."""
         self._keys_done = self._finished = True
+        self._holding = None
         self._tasks.clear()
         self._ready.clear()
         self._order.clear()

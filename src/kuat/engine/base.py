@@ -74,6 +74,9 @@ class Task(NamedTuple):
     # iterable resumed through its kuat_iter_from hook)
     key: object
     base_seed: int  # per-worker global RNG seeds are base_seed + worker_id (as in torch)
+    # threads the fetch may use (kuat._parallel): above 1 for an epoch's first batch of a
+    # source that splits batches, while the loader holds the other workers back
+    width: int = 1
 
 
 class WorkStats:
@@ -227,7 +230,8 @@ def serve(
                 send(Result(task.task_id, worker_id, FAIL, init_failure, None))
                 continue
             try:
-                kind, value, stats = job.run(ctx, task.epoch, task.key, task.base_seed)
+                kind, value, stats = job.run(ctx, task.epoch, task.key, task.base_seed,
+                                             task.width)
             except Exception as e:
                 kind, value, stats = FAIL, Failure(e, name, task.key), None
             except BaseException as e:  # SystemExit, KeyboardInterrupt: report, then end

@@ -35,7 +35,8 @@ class InlineEngine:
             raise queue.Empty
         task = self._tasks.popleft()
         try:
-            kind, value, stats = self._job.run(self._ctx, task.epoch, task.key, task.base_seed)
+            kind, value, stats = self._job.run(self._ctx, task.epoch, task.key, task.base_seed,
+                                               task.width)
         except Exception as e:
             kind, value, stats = FAIL, Failure(e, self.name, task.key), None
         return Result(task.task_id, 0, kind, value, stats)

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from kuat import _native
+from kuat import _native, _parallel
 from kuat import rng as krng
 from kuat.collate import batch_scope
 from kuat.engine import isolate
@@ -305,8 +305,13 @@ class FetchJob:
                 ctx.iterator = iter(ctx.dataset)
 
     # -- one task ---------------------------------------------------------------------------
-    def run(self, ctx: WorkerCtx, epoch: int, key, base_seed: int):
+    def run(self, ctx: WorkerCtx, epoch: int, key, base_seed: int, width: int = 1):
         """Fetch and collate the batch of ``key`` in epoch ``epoch``.
+
+        ``width``: threads the fetch may use (:mod:`kuat._parallel`; the loader gives an
+        epoch's first batch its number of workers when the source splits batches). Work done
+        by helper threads is added to ``stats`` (``fetch_s`` and ``native_s``: their busy
+        seconds, ``fetch_cpu_s``: their CPU seconds), as if the worker had done it.
 
         Returns ``(kind, batch, stats)``: ``(OK, batch, stats)``; ``(EMPTY, None, stats)`` when
         ``on_error="skip"`` dropped every sample; ``(END, None, stats)`` when this worker's
@@ -323,13 +328,19 @@ class FetchJob:
         # views of them; anything else it copies (collate.py)
         with batch_scope(self.buffer_pool):
             t0, c0, n0 = time.perf_counter(), time.thread_time(), _native.seconds()
-            with krng.epoch_context(self.seed, epoch):
+            h0 = _parallel.helper_totals()
+            with krng.epoch_context(self.seed, epoch), _parallel.share(width):
                 if self.iterable:
                     data = self._next_items(ctx, st)
                 else:
                     data = self._fetch_indices(ctx, epoch, key, st)
             st.fetch_s, st.fetch_cpu_s = time.perf_counter() - t0, time.thread_time() - c0
             st.native_s = _native.seconds() - n0
+            if width > 1:  # what helper threads did for this fetch (kuat._parallel)
+                h1 = _parallel.helper_totals()
+                st.fetch_s += h1[0] - h0[0]
+                st.fetch_cpu_s += h1[1] - h0[1]
+                st.native_s += h1[2] - h0[2]
             # iterable: all workers iterating all items? (#11.6); map-style: may the consumer
             # fetch in place of this worker? (consumer_may_fetch)
             if ctx.method != "inline" and (ctx.num_workers > 1 or not self.iterable):

@@ -405,6 +405,15 @@ class Dataset:
         return bool(self._field_transforms) or self._sample_transform is not None
 
     @property
+    def kuat_splits_batches(self) -> bool:
+        """Whether a batch fetch can use several threads (``kuat._parallel.width()``): an image
+        field's fused transform fills the batch buffer in parts (``splits_batches``). The
+        loader then gives an epoch's first batch all its workers' cores."""
+        return any(_fills_buffers(t) and not _decodes_batches(t)
+                   and getattr(t, "splits_batches", False) is True
+                   for t in self._field_transforms.values())
+
+    @property
     def kuat_batch_transform(self) -> Callable | None:
         """Callable applying each fused image transform's ``batch_transform()`` to its field
         of the collated batch dict (the loader calls it after the device copy), or ``None``."""

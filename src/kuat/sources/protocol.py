@@ -26,6 +26,7 @@ hook                        protocol / accessor    when the loader calls or read
 ``kuat_fetch_collated``     :class:`CollatedFetch` per batch, in a worker, with the default collate
 ``kuat_thread_agnostic``    :func:`thread_agnostic` construction: may fetch in the consumer thread
 ``kuat_uses_sample_rng``    :func:`uses_sample_rng` construction: default of ``isolate_global_rng``
+``kuat_splits_batches``     :func:`splits_batches`  each epoch start: its first batch gets all workers
 ``kuat_batch_transform``    :func:`batch_transform` construction; applied per batch after the copy
 ``kuat_prefetch``           :class:`Prefetching`   each epoch start (map-style, loader's sampler)
 ``set_epoch``               :class:`EpochAware`    each epoch start, in every worker (iterable)
@@ -64,6 +65,7 @@ __all__ = [
     "Stateful",
     "batch_transform",
     "provides",
+    "splits_batches",
     "thread_agnostic",
     "uses_sample_rng",
 ]
@@ -225,6 +227,15 @@ def thread_agnostic(source: object) -> bool:
     loader may fetch cheap batches in the consumer thread instead of handing them to a worker.
     """
     return getattr(source, "kuat_thread_agnostic", False) is True
+
+
+def splits_batches(source: object) -> bool:
+    """``source.kuat_splits_batches is True``: a batch fetch can use more than one thread
+    (its GIL-free kernel runs in ``kuat._parallel.width()`` parts, same result at every
+    width). The loader then fetches an epoch's first batch with all its workers' width and
+    holds the other workers back until that batch is out (so the training loop gets its first
+    batch in about ``1 / num_workers`` of one batch's time)."""
+    return getattr(source, "kuat_splits_batches", False) is True
 
 
 def uses_sample_rng(source: object) -> bool:

@@ -119,6 +119,12 @@ class BufferBatchTransform(FusedImageTransform, Protocol):
     CPU decode of ``kuat.vision.Compose``: one GIL-free C call per batch), used instead of
     ``apply_encoded`` per sample when ``output_size()`` is fixed."""
 
+    @property
+    def splits_batches(self) -> bool:
+        """Whether ``apply_encoded_many`` splits a batch's GIL-free work into
+        ``kuat._parallel.width()`` parts on idle cores when the loader grants more than one
+        (an epoch's first batch), with the same pixels at every width."""
+
     def apply_encoded_many(
         self,
         datas: list,

@@ -72,7 +72,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from kuat import _native
+from kuat import _native, _parallel
 from kuat.vision import _exif
 from kuat.vision import decode as _decode
 from kuat.vision.decode import (
@@ -562,6 +562,25 @@ class Normalize(_Transform):
         return f"Normalize(mean={self.mean}, std={self.std}, dtype={self.dtype})"
 
 
+def _decode_resize_split(jobs: list[tuple], out: np.ndarray) -> list[tuple[int, str]]:
+    """:func:`decode_resize_batch` over ``jobs``, split into :func:`kuat._parallel.width`
+    contiguous parts of about equal decode work when the loader
+    lets this fetch use idle cores (an epoch's first batch); same pixels at every width: each
+    job writes only its own slot and draws nothing. Returns the failed jobs' indices into
+    ``jobs`` (as ``decode_resize_batch``)."""
+    n = _parallel.width()
+    if n <= 1 or len(jobs) < 2:
+        return decode_resize_batch(jobs, out)
+    # job: (data, scale_num, y0, y1, x0, x1, slot, flip, *taps), the box on the k/8 grid.
+    # Cost proxy: entropy decoding (about the encoded bytes) plus the region's pixels.
+    costs = [len(j[0]) + (j[3] - j[2]) * (j[5] - j[4]) // 4 for j in jobs]
+    ranges = _parallel.split_even(costs, n)
+    parts = _parallel.run_parts(
+        [lambda lo=lo, hi=hi: decode_resize_batch(jobs[lo:hi], out) for lo, hi in ranges]
+    )
+    return [(lo + k, reason) for (lo, _), failed in zip(ranges, parts) for k, reason in failed]
+
+
 class Compose(_Transform):
     """A chain of kuat transforms, fused into the decode on kuat datasets.
 
@@ -629,6 +648,14 @@ class Compose(_Transform):
     def batch_transform(self):
         """The ``Normalize`` step (callable on a ``(B, 3, H, W)`` uint8 batch), or ``None``."""
         return self._normalize
+
+    @property
+    def splits_batches(self) -> bool:
+        """Whether :meth:`apply_encoded_many` can split a batch's decode over idle cores
+        (:mod:`kuat._parallel`: an epoch's first batch): the fixed-size CPU path on the ROI
+        decoder's one-call-per-batch kernel."""
+        return (self._output_size is not None and not self.exact_resize
+                and str(self.decode_device) == "cpu" and roi_batch_available())
 
     def plan(self, width: int, height: int, rng: np.random.Generator) -> _Plan:
         """Draw this sample's geometry for an oriented ``width x height`` image."""
@@ -717,7 +744,7 @@ class Compose(_Transform):
                 jobs.append(job)
                 job_samples.append((j, plan))
         if jobs:
-            for k, reason in decode_resize_batch(jobs, out):
+            for k, reason in _decode_resize_split(jobs, out):
                 logger.debug("batch decode skipped sample %s: %s", indices[job_samples[k][0]], reason)
                 later.append(job_samples[k])
         for j, plan in sorted(later, key=lambda jp: jp[0]):
