@@ -110,8 +110,11 @@ def test_persistent_workers_end_on_close_and_with_block(worker_type):
 
 def test_ctrl_c_and_interpreter_exit_mid_epoch_leave_nothing():
     """Ctrl-C (SIGINT to the whole process group) while loaders are mid-epoch."""
+    # SIGINT as a terminal delivers it: a shell that starts the suite in the background (nohup,
+    # `cmd &` in a script) leaves SIGINT ignored, and the child would inherit that
     script = textwrap.dedent("""
-        import os, time, psutil, torch, kuat
+        import os, signal, time, psutil, torch, kuat
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         class D:
             def __len__(self): return 100
             def __getitem__(self, i):

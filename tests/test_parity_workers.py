@@ -329,6 +329,9 @@ def test_ctrl_c_returns_at_once_and_releases_the_workers(mode):
         signal.pthread_kill(main, signal.SIGINT)
 
     timer = threading.Timer(0.3, interrupt)
+    # Python's own Ctrl-C handler, whatever this process inherited (a suite started in the
+    # background by a non-interactive shell has SIGINT ignored)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     timer.start()
     try:
         with pytest.raises(KeyboardInterrupt):
@@ -341,6 +344,7 @@ def test_ctrl_c_returns_at_once_and_releases_the_workers(mode):
     finally:
         timer.cancel()
         release.set()
+        signal.signal(signal.SIGINT, previous)
     if mode["worker_type"] == "thread":
         for t in engine._threads:
             t.join(10)
