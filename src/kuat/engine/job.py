@@ -328,7 +328,7 @@ class FetchJob:
         # views of them; anything else it copies (collate.py)
         with batch_scope(self.buffer_pool):
             t0, c0, n0 = time.perf_counter(), time.thread_time(), _native.seconds()
-            h0 = _parallel.helper_totals()
+            h0 = _parallel.helper_totals() if width > 1 else None  # split fetches only
             with krng.epoch_context(self.seed, epoch), _parallel.share(width):
                 if self.iterable:
                     data = self._next_items(ctx, st)
