@@ -23,6 +23,8 @@ from torch._utils import ExceptionWrapper
 
 import kuat
 import kuat.format as kf
+from kuat import _parallel
+from kuat.vision.decode import roi_batch_available
 from kuat.vision.transforms import Compose, RandomHorizontalFlip, RandomResizedCrop
 
 MODES = [(0, "thread"), (2, "thread"), (2, "process")]
@@ -383,24 +385,31 @@ def _images(path):
 @pytest.mark.parametrize("num_workers,worker_type", MODES, ids=MODE_IDS)
 @pytest.mark.parametrize("first", [True, False], ids=["first batch", "later batch"])
 def test_decode_error_of_the_vision_batch_path_keeps_index_source_and_cause(
-        broken_jpegs, num_workers, worker_type, first):
-    order = [4, 5, 6, 7, 0, 1, 2, 3] if first else [0, 1, 2, 3, 4, 5, 6, 7]
+        broken_jpegs, num_workers, worker_type, first, monkeypatch):
+    # sample 5 in the second half of its batch: split in 2 parts, a helper thread raises it
+    bad_batch = [6, 7, 4, 5]
+    order = bad_batch + [0, 1, 2, 3] if first else [0, 1, 2, 3] + bad_batch
     ds = _images(broken_jpegs)
     try:
-        ds.__getitems__([4, 5, 6, 7])
+        ds.__getitems__(bad_batch)
     except kuat.DecodeError as e:
         want = e
+    parts = []
+    real = _parallel.run_parts
+    monkeypatch.setattr(_parallel, "run_parts", lambda fns: parts.append(len(fns)) or real(fns))
     dl = kuat.DataLoader(ds, batch_size=4, num_workers=num_workers, worker_type=worker_type,
                          sampler=order)
     it = iter(dl)
     if not first:
         assert next(it)["label"].tolist() == [0, 1, 2, 3]
     got = _raised(it)
+    if first and worker_type == "thread" and num_workers == 2 and roi_batch_available():
+        assert parts == [2]  # the first batch was split over both workers' cores
     _assert_equal(got, want)
     assert got.index == 5 and got.source == want.source and got.source.endswith(".arrow")
     assert type(got.__cause__) is type(want.__cause__)
     assert str(got.__cause__) == str(want.__cause__)
-    assert any("sample indices [4, 5, 6, 7]" in n for n in _kuat_notes(got))
+    assert any("sample indices [6, 7, 4, 5]" in n for n in _kuat_notes(got))
 
 
 @pytest.mark.skipif(sys.version_info < (3, 11), reason="notes need Python 3.11")

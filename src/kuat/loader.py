@@ -182,7 +182,8 @@ class DataLoader(_TorchDataLoader):
             worker), unless the source declares ``kuat_thread_agnostic`` (kuat datasets; pure
             sequences).
             An epoch's first batch of a source that splits batches (a kuat dataset with a fused
-            image transform, ``kuat_splits_batches``) is fetched alone, by all workers' cores
+            image transform, ``kuat_splits_batches``; a ``kuat.mix``, torch ``Subset`` or
+            ``random_split`` part of one) is fetched alone, by all workers' cores
             (thread or process workers), and the others start when it is back: the loop
             gets it in about ``1 / num_workers`` of a batch's time. Memory: each batch in
             flight holds its own buffer from the moment a worker starts it, so up to
