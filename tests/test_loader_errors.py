@@ -197,3 +197,31 @@ def test_system_exit_in_a_thread_worker_reaches_the_consumer_instead_of_hanging(
 
     with pytest.raises(SystemExit):
         next(iter(kuat.DataLoader(Exits(), num_workers=1)))
+
+
+class _ExitsAt5(torch.utils.data.Dataset):
+    def __init__(self, exc: BaseException):
+        self.exc = exc
+
+    def __len__(self):
+        return 16
+
+    def __getitem__(self, i):
+        if i == 5:
+            raise self.exc
+        return i
+
+
+@pytest.mark.parametrize("exc", [SystemExit(3), KeyboardInterrupt()], ids=repr)
+@pytest.mark.parametrize("worker_type", BOTH)
+def test_system_exit_and_keyboard_interrupt_in_a_worker_are_raised_with_worker_and_indices(
+        worker_type, exc):
+    # A process worker ends after reporting either one; the loader's next submit to it used to
+    # raise BrokenPipeError / ConnectionResetError, naming neither the worker nor the sample.
+    loader = kuat.DataLoader(_ExitsAt5(exc), batch_size=2, num_workers=2,
+                             worker_type=worker_type)
+    with pytest.raises(type(exc)) as info:
+        list(loader)
+    assert info.value.args == exc.args
+    note = "\n".join(getattr(info.value, "__notes__", []))
+    assert "kuat-worker-0" in note and "[4, 5]" in note, note

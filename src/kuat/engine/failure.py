@@ -208,6 +208,8 @@ class Failure:
         self.traceback = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
         self.worker = worker
         self.key = key
+        # SystemExit, KeyboardInterrupt: the worker stops after reporting it (engine/base.py)
+        self.ends_worker = not isinstance(exc, Exception)
         self.original = exc  # kept in thread mode, packed when pickled (process mode)
         self.packed: _Packed | None = None
 

@@ -142,6 +142,7 @@ class ProcessEngine(ClosedOnExit):
         self._conns, self._procs = [], []
         self._results: collections.deque[Result] = collections.deque()  # received, not yet taken
         self._dead: int | None = None  # a worker found dead while results were still queued
+        self._ended: dict[int, Failure] = {}  # worker -> the SystemExit/KeyboardInterrupt it ended on
         self._track()
         try:
             for i in range(num_workers):
@@ -171,7 +172,14 @@ class ProcessEngine(ClosedOnExit):
         free = self._free[worker_id]
         slot = free.pop() if free else None
         self._pending[worker_id].append((task, slot))
-        self._conns[worker_id].send((task, slot))
+        try:
+            self._conns[worker_id].send((task, slot))
+        except (BrokenPipeError, ConnectionResetError):
+            # The worker has ended: after a SystemExit or KeyboardInterrupt in its task it
+            # sends that failure and exits; a crash sends nothing. get() raises either one
+            # (the failure it finds in the pipe, else a WorkerError naming this pending task),
+            # not this BrokenPipeError, which names neither the worker nor the sample.
+            pass
 
     def get(self, timeout_s: float | None = None) -> Result:
         """The next result to arrive, its batch already mapped out of shared memory.
@@ -204,8 +212,8 @@ class ProcessEngine(ClosedOnExit):
                 if w is not None:
                     try:
                         self._results.append(self._receive(w))
-                    except EOFError:
-                        self._dead = w
+                    except (EOFError, ConnectionError):  # ConnectionResetError: it ended
+                        self._dead = w                    # with tasks of ours still unread
                 else:
                     w = self._by_sentinel[obj]
                     if not self._conns[w].poll():
@@ -216,6 +224,8 @@ class ProcessEngine(ClosedOnExit):
     def _receive(self, w: int) -> Result:
         r: Result = self._conns[w].recv()
         task, slot = self._pending[w].popleft()
+        if r.kind == FAIL and r.value.ends_worker:
+            self._ended[w] = r.value
         value = r.value
         if isinstance(value, shm.ShmBatch):
             if value.new:  # the worker made a new slot (none given, or too small)
@@ -246,6 +256,10 @@ class ProcessEngine(ClosedOnExit):
                 pass
 
     def _raise_dead(self, w: int):
+        ended = self._ended.get(w)
+        if ended is not None:  # it reported why it ended: raise that, not "exit code 0"
+            self.close()
+            raise ended.exception()
         p = self._procs[w]
         p.join(0.1)
         name, pid, code = p.name, p.pid, p.exitcode
