@@ -122,13 +122,28 @@ def test_worker_init_fn_runs_once_per_thread_worker_with_worker_info():
     assert sorted(s[3] for s in seen) == ["kuat-worker-0", "kuat-worker-1", "kuat-worker-2"]
 
 
-def test_worker_init_fn_error_is_raised_in_the_consumer():
-    def init(worker_id):
-        raise RuntimeError("init failed")
+def _init_fails(worker_id):
+    raise RuntimeError("init failed")
 
-    dl = kuat.DataLoader(list(range(4)), num_workers=1, worker_init_fn=init)
-    with pytest.raises(RuntimeError, match="init failed"):
-        next(iter(dl))
+
+def _init_exits(worker_id):
+    raise SystemExit(5)
+
+
+@pytest.mark.parametrize("init", [_init_fails, _init_exits])
+@pytest.mark.parametrize("worker_type", BOTH)
+def test_worker_init_fn_error_is_raised_in_the_consumer_naming_the_start(worker_type, init):
+    # A map-style dataset: the note used to say "while fetching the next batch of its
+    # IterableDataset"; a SystemExit in a thread worker's start used to end the thread silently
+    # and hang the loader.
+    dl = kuat.DataLoader(list(range(8)), batch_size=2, num_workers=2, worker_init_fn=init,
+                         worker_type=worker_type)
+    with pytest.raises((RuntimeError, SystemExit)) as info:
+        list(dl)
+    assert type(info.value) is (RuntimeError if init is _init_fails else SystemExit)
+    note = "\n".join(info.value.__notes__)
+    assert "kuat-worker-" in note and "starting (in worker_init_fn)" in note, note
+    assert "IterableDataset" not in note, note
 
 
 class Crashes:

@@ -128,7 +128,19 @@ class ResumeAt(NamedTuple):
     state: object = None
 
 
+class WorkerStart:
+    """The key of a failure in a worker's start (``worker_init_fn``), before any task ran."""
+
+    def __eq__(self, other):
+        return isinstance(other, WorkerStart)
+
+    def __hash__(self):
+        return hash(WorkerStart)
+
+
 def describe_key(key: object) -> str:
+    if isinstance(key, WorkerStart):
+        return "nothing: it was starting (in worker_init_fn)"
     if key is None:
         return "the next batch of its IterableDataset"
     if isinstance(key, ResumeAt):
@@ -141,7 +153,7 @@ def describe_key(key: object) -> str:
 def key_indices(key: object) -> list[int] | None:
     if isinstance(key, list):
         return list(key)
-    if isinstance(key, ResumeAt):
+    if isinstance(key, (ResumeAt, WorkerStart)):
         return None
     return None if key is None else [key]
 
@@ -159,14 +171,15 @@ def serve(
     """The loop of one worker: start the job, then run tasks until ``recv()`` returns None.
 
     An exception while starting (for example in ``worker_init_fn``) is reported as the result of
-    every task, so the consumer raises it on its next batch.
+    every task, so the consumer raises it on its next batch. A ``SystemExit`` or
+    ``KeyboardInterrupt``, while starting or in a task, is reported once and ends the loop.
     """
     init_failure = None
     ctx = None
     try:
         ctx = job.start(worker_id, num_workers, method, base_seed)
-    except Exception as e:
-        init_failure = Failure(e, name, None)
+    except BaseException as e:  # SystemExit too: a thread that died silently would hang the loader
+        init_failure = Failure(e, name, WorkerStart())
     try:
         while True:
             task = recv()
@@ -174,6 +187,8 @@ def serve(
                 return
             if init_failure is not None:
                 send(Result(task.task_id, worker_id, FAIL, init_failure, None))
+                if init_failure.ends_worker:
+                    return
                 continue
             try:
                 kind, value, stats = job.run(ctx, task.epoch, task.key, task.base_seed,
