@@ -37,6 +37,11 @@ from kuat.format.shard import Shard, open_shard
 
 __all__ = ["ImageBatch", "Store", "open_store"]
 
+# Binary/sequence/string rows are advised to the kernel (madvise WILLNEED) only when a batch's
+# rows average at least this: 16 pages, where the ~3.5 us system call per row is small beside
+# what reads such a row (a decode); image fields are always advised (see _Var.will_need).
+_ADVISE_MIN_MEAN_BYTES = 64 << 10
+
 
 class ImageBatch(NamedTuple):
     """The stored form of an image field for a batch of B rows (:meth:`Store.read_batch`).
@@ -345,7 +350,9 @@ class Store:
                     col = shard.columns[name]
                     p = range(b) if pos is None else pos
                     starts, ends = col.spans(rows)
-                    col.will_need(starts, ends)
+                    # rows a transform decodes (an image stored as bytes, audio) are worth a
+                    # hint; short rows (tokens, text) cost less to fault in than to advise
+                    col.will_need(starts, ends, min_mean_bytes=_ADVISE_MIN_MEAN_BYTES)
                     if kind == "bytes":
                         mv = col.mv
                         for j, s, e in zip(p, starts, ends):
