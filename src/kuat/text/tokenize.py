@@ -49,7 +49,6 @@ class Tokenizer:
         if hasattr(tok, "encode_batch") and hasattr(tok, "get_vocab_size"):  # tokenizers
             self.kind = "tokenizers"
             self.vocab_size = int(tok.get_vocab_size(with_added_tokens=True))
-            self._encode = getattr(tok, "encode_batch_fast", tok.encode_batch)
         elif hasattr(tok, "encode_ordinary_batch"):  # tiktoken
             self.kind = "tiktoken"
             self.vocab_size = int(tok.n_vocab)
@@ -71,7 +70,8 @@ class Tokenizer:
         """Token ids of each text, without special tokens (kuat adds ``eos_id`` itself)."""
         texts = list(texts)
         if self.kind == "tokenizers":
-            return [e.ids for e in self._encode(texts, add_special_tokens=False)]
+            encode = getattr(self.tok, "encode_batch_fast", self.tok.encode_batch)
+            return [e.ids for e in encode(texts, add_special_tokens=False)]
         if self.kind == "tiktoken":
             return self.tok.encode_ordinary_batch(texts)
         return self.tok(texts, add_special_tokens=False)["input_ids"]
