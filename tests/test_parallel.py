@@ -207,11 +207,11 @@ def test_first_batch_goes_alone_with_every_workers_width(jpegs, monkeypatch):
         assert spy.events[1] == ("result", first[1], None)
         assert all(e[2] == 1 for e in spy.events[2:] if e[0] == "submit")
         assert len(batches) == 7
-    # a source that does not split batches (a torch Subset of it): the usual dispatch, 2
-    # workers x prefetch 2 submitted before any result
-    ds = torch.utils.data.Subset(_dataset(jpegs), _good_indices())
+    # a source that does not split batches (a ConcatDataset of it: fetched per sample): the
+    # usual dispatch, 2 workers x prefetch 2 submitted before any result
+    ds = torch.utils.data.ConcatDataset([_dataset(jpegs)])
     spy.events.clear()
-    for _ in kuat.DataLoader(ds, batch_size=6, num_workers=2):
+    for _ in kuat.DataLoader(ds, batch_size=6, num_workers=2, sampler=_good_indices()):
         pass
     assert [e[2] for e in spy.events[:4]] == [1, 1, 1, 1]
     assert [e[0] for e in spy.events[:4]] == ["submit"] * 4
@@ -267,3 +267,71 @@ def test_which_kuat_datasets_split_batches(jpegs):
     unfixed = raw.with_transform({"image": Compose([RandomHorizontalFlip()])})
     assert not P.splits_batches(unfixed)  # no fixed output size: no batch buffer
     assert P.splits_batches(_dataset(jpegs)) == kdecode.roi_batch_available()
+
+
+# -- wrappers: the first batch of a Subset, random_split part, StackDataset or mix is split ------
+def _wrapped(jpegs, kind):
+    ds = _dataset(jpegs)
+    if kind == "Subset":
+        return torch.utils.data.Subset(ds, _good_indices()[::-1])
+    if kind == "random_split":
+        sub = torch.utils.data.Subset(ds, _good_indices())
+        return torch.utils.data.random_split(sub, [0.5, 0.5],
+                                             generator=torch.Generator().manual_seed(0))[1]
+    if kind == "StackDataset":
+        return torch.utils.data.StackDataset(
+            torch.utils.data.Subset(ds, _good_indices()), torch.arange(39))
+    if kind == "mix":  # one splitting source and one that is not (fetched per sample)
+        return kuat.mix([torch.utils.data.Subset(ds, _good_indices()),
+                         torch.utils.data.ConcatDataset([ds, ds])], [3, 1], seed=2)
+    raise AssertionError(kind)
+
+
+WRAPPERS = ["Subset", "random_split", "StackDataset", "mix"]
+
+
+def test_which_wrappers_split_batches(jpegs):
+    from kuat.sources import protocol as P
+
+    for kind in WRAPPERS:
+        assert P.splits_batches(_wrapped(jpegs, kind)) == kdecode.roi_batch_available(), kind
+    raw = kuat.open(jpegs)
+    assert not P.splits_batches(torch.utils.data.Subset(raw, [0, 1]))  # the inner one does not
+    assert not P.splits_batches(torch.utils.data.ConcatDataset([_dataset(jpegs)]))  # per sample
+
+    class PerSample(torch.utils.data.Subset):  # its own __getitems__: torch's forward is gone
+        def __getitems__(self, indices):
+            return [self[i] for i in indices]
+
+    assert not P.splits_batches(PerSample(_dataset(jpegs), [0, 1]))
+    # a mix splits only through a source it draws from
+    assert not P.splits_batches(kuat.mix([_dataset(jpegs), list(range(5))], [0, 1]))
+
+
+def _samples_of(batch):
+    if isinstance(batch, (list, tuple)):  # StackDataset: (dataset's batch, labels)
+        batch = batch[0]
+    return batch["image"], batch["label"]
+
+
+@needs_roi
+@pytest.mark.parametrize("kind", WRAPPERS)
+def test_wrappers_first_batch_is_split_with_the_unsplit_pixels(jpegs, kind, monkeypatch):
+    def epoch(nw):
+        loader = kuat.DataLoader(_wrapped(jpegs, kind), batch_size=6, num_workers=nw, seed=4)
+        return [tuple(t.clone() for t in _samples_of(b)) for b in loader]
+
+    want = epoch(0)
+    spy = _Spy(monkeypatch)
+    parts = []
+    real = _parallel.run_parts
+    monkeypatch.setattr(_parallel, "run_parts", lambda fns: parts.append(len(fns)) or real(fns))
+    got = epoch(2)
+    first = spy.events[0]
+    assert first[0] == "submit" and first[2] == 2  # the first batch gets both workers' width
+    assert spy.events[1] == ("result", first[1], None)  # and goes alone
+    assert parts and parts[0] == 2  # the inner kernel really ran in 2 parts
+    assert len(got) == len(want)
+    for (wi, wl), (gi, gl) in zip(want, got, strict=True):
+        torch.testing.assert_close(gl, wl, rtol=0, atol=0)
+        torch.testing.assert_close(gi, wi, rtol=0, atol=0)

@@ -182,7 +182,8 @@ class DataLoader(_TorchDataLoader):
             worker), unless the source declares ``kuat_thread_agnostic`` (kuat datasets; pure
             sequences).
             An epoch's first batch of a source that splits batches (a kuat dataset with a fused
-            image transform, ``kuat_splits_batches``) is fetched alone, by all workers' cores
+            image transform, ``kuat_splits_batches``; a ``kuat.mix``, torch ``Subset`` or
+            ``random_split`` part of one) is fetched alone, by all workers' cores
             (thread or process workers), and the others start when it is back: the loop
             gets it in about ``1 / num_workers`` of a batch's time. Memory: each batch in
             flight holds its own buffer from the moment a worker starts it, so up to
@@ -1310,7 +1311,7 @@ class _LoaderIter:
             self._finish()
             raise
         except _BatchError as e:  # a dataset error: the iterator stays usable, as in torch
-            failed = e.exc, e.cause
+            failed = e.exc
         except BaseException:  # time-out, dead worker, KeyboardInterrupt: release the workers
             self.close(broken=True)
             raise
@@ -1318,12 +1319,13 @@ class _LoaderIter:
             # Raised outside the except clause and without a local naming it: the exception then
             # holds no reference cycle (context -> _BatchError -> exception), so the iterator and
             # its workers go as soon as the caller drops the exception, not at the next gc run.
-            exc, cause = failed
-            failed = None
+            # Raised as it is: its __cause__ and __context__ are the worker's (a ``raise ...
+            # from`` here would replace them).
+            exc, failed = failed, None
             try:
-                raise exc from cause
+                raise exc
             finally:
-                del exc, cause
+                del exc
         return batch
 
     def _next_looking_ahead(self):
@@ -1368,8 +1370,8 @@ class _LoaderIter:
                     exc = failure.original
                     if hasattr(exc, "add_note"):
                         exc.add_note(f"kuat DataLoader: while fetching {_describe(failure.key)}")
-                    raise _BatchError(exc, None)
-                raise _BatchError(*failure.exception())
+                    raise _BatchError(exc)
+                raise _BatchError(failure.exception())
             # EMPTY: every sample of the batch was skipped; never yield an empty batch
 
     def _dispatch(self) -> None:
@@ -1636,11 +1638,11 @@ class _Raise:
 
 
 class _BatchError(Exception):
-    """Internal: carries a worker's exception (and its cause) out of the per-batch loop."""
+    """Internal: carries a worker's exception out of the per-batch loop."""
 
-    def __init__(self, exc: BaseException, cause: BaseException | None):
+    def __init__(self, exc: BaseException):
         super().__init__()
-        self.exc, self.cause = exc, cause
+        self.exc = exc
 
 
 def _describe(key) -> str:

@@ -3,22 +3,19 @@
 A *task* is ``(task_id, epoch, key)``: ``key`` is what to fetch (a list of sample indices, one
 index, or ``None`` for "the next batch of the iterable"). A :class:`Result` comes back with the
 task id, the worker id, a kind (``OK``/``END``/``FAIL``/``EMPTY``), the value and the work's
-timings. Exceptions travel as :class:`Failure` records (picklable) and are rebuilt in the
-consumer with their original type when possible (``type(e)(*e.args)``), with a note naming the
-worker, the sample indices and the worker's traceback.
+timings. Exceptions travel as :class:`~kuat.engine.failure.Failure` records (picklable) and are
+raised in the consumer as the original's equal (type, args, attributes, chain), with a note
+naming the worker and the sample indices (``failure.py``).
 """
 
 from __future__ import annotations
 
 import atexit
-import pickle
-import sys
-import traceback
 import weakref
 from collections.abc import Callable
 from typing import NamedTuple
 
-from kuat.errors import WorkerError
+from kuat.engine.failure import Failure
 
 _LIVE: weakref.WeakSet = weakref.WeakSet()
 
@@ -147,57 +144,6 @@ def key_indices(key: object) -> list[int] | None:
     if isinstance(key, ResumeAt):
         return None
     return None if key is None else [key]
-
-
-class Failure:
-    """A picklable description of an exception raised in a worker."""
-
-    def __init__(self, exc: BaseException, worker: str, key: object):
-        self.type = type(exc)
-        self.type_name = f"{type(exc).__module__}.{type(exc).__qualname__}"
-        self.args = exc.args
-        self.message = str(exc)
-        self.traceback = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-        self.worker = worker
-        self.key = key
-        self.original = exc  # kept in thread mode, dropped when pickled
-
-    def __getstate__(self):
-        state = dict(self.__dict__)
-        state["original"] = None
-        try:
-            pickle.loads(pickle.dumps((self.type, self.args)))
-        except Exception:
-            state["type"], state["args"] = None, None
-        return state
-
-    def exception(self) -> tuple[BaseException, BaseException | None]:
-        """``(exception to raise, its cause)``: the original type when it can be rebuilt.
-
-        The worker's traceback is shown once: in thread mode the cause is the original
-        exception, whose own traceback Python prints; from a process, where the original does
-        not survive pickling, the formatted traceback goes into the note and there is no cause.
-        """
-        note = f"Raised in kuat worker {self.worker} while fetching {describe_key(self.key)}."
-        if self.original is None:
-            note += f"\nWorker traceback:\n{self.traceback}"
-        exc = None
-        if self.type is not None and self.args is not None:
-            try:
-                exc = self.type(*self.args)
-            except Exception:
-                exc = None
-        if not isinstance(exc, BaseException) or sys.version_info < (3, 11):
-            exc = WorkerError(
-                f"{self.type_name}: {self.message}\n{note}",
-                original_type=self.type_name,
-                worker=self.worker,
-                indices=key_indices(self.key),
-                worker_traceback=self.traceback,
-            )
-        else:
-            exc.add_note(note)
-        return exc, self.original
 
 
 def serve(

@@ -243,6 +243,17 @@ class MapMix(torch.utils.data.Dataset):
 
         return current_epoch()[1]
 
+    @property
+    def kuat_splits_batches(self) -> bool:
+        """Whether a batch fetch can use several threads (``kuat.sources.protocol``): one of
+        the sources drawn from splits batches and is read with ``__getitems__``, which
+        :meth:`__getitems__` calls in the fetching thread for that source's share of the batch
+        (so its kernel splits that share; the other shares are fetched as usual)."""
+        from kuat.sources.protocol import splits_batches
+
+        return any(self.counts[k] > 0 and callable(getattr(s, "__getitems__", None))
+                   and splits_batches(s) for k, s in enumerate(self.sources))
+
     def __len__(self) -> int:
         return len(self.source_ids)
 

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, Union, runtime_checkable
 
@@ -234,8 +235,35 @@ def splits_batches(source: object) -> bool:
     (its GIL-free kernel runs in ``kuat._parallel.width()`` parts, same result at every
     width). The loader then fetches an epoch's first batch with all its workers' width and
     holds the other workers back until that batch is out (so the training loop gets its first
-    batch in about ``1 / num_workers`` of one batch's time)."""
-    return getattr(source, "kuat_splits_batches", False) is True
+    batch in about ``1 / num_workers`` of one batch's time).
+
+    torch's ``Subset`` (so ``random_split``'s parts) and ``StackDataset`` cannot carry the
+    flag; they split when a dataset they hand whole batches to splits
+    (:func:`_batch_forwarded_to`). kuat's own wrappers (``kuat.mix``) declare the flag."""
+    if getattr(source, "kuat_splits_batches", False) is True:
+        return True
+    return any(splits_batches(inner) for inner in _batch_forwarded_to(source))
+
+
+def _batch_forwarded_to(source: object) -> list:
+    """The datasets a torch wrapper hands each whole batch to, in one ``__getitems__`` call
+    each, in the calling thread: ``Subset`` (``random_split``) and ``StackDataset``, when the
+    wrapper's ``__getitems__`` is torch's own and the inner dataset has one (torch then calls
+    it; without one it calls ``__getitem__`` per sample, which splits nothing). Others: none.
+    ``ConcatDataset`` fetches per sample."""
+    data = sys.modules.get("torch.utils.data")  # a torch wrapper implies torch is imported
+    if data is None:
+        return []
+    cls = type(source)
+    if isinstance(source, data.Subset) and cls.__getitems__ is data.Subset.__getitems__:
+        inner = [source.dataset]
+    elif (isinstance(source, getattr(data, "StackDataset", ()))
+          and cls.__getitems__ is data.StackDataset.__getitems__):
+        d = source.datasets
+        inner = list(d.values()) if isinstance(d, dict) else list(d)
+    else:
+        return []
+    return [d for d in inner if callable(getattr(d, "__getitems__", None))]
 
 
 def uses_sample_rng(source: object) -> bool:
