@@ -186,7 +186,12 @@ def test_pss_breakdown_splits_anonymous_and_file_backed(tmp_path: Path) -> None:
         after = measure.pss_breakdown(pid)
     assert checksum == 32 * 2**20 // 4096
     assert after["anon"] - before["anon"] >= 60 * 2**20
-    assert after["file"] - before["file"] >= 28 * 2**20
+    # the 32 MiB mapping counts as file-backed, not anonymous; the bound is loose because PSS
+    # splits a shared library's pages between its mappers, so another process loading torch
+    # meanwhile lowers this process's file PSS (seen: +26.9 MiB while the suite ran beside
+    # another Python)
+    assert after["file"] - before["file"] >= 16 * 2**20
+    assert after["anon"] - before["anon"] < (64 + 16) * 2**20
     del anon
 
 
