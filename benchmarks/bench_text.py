@@ -5,18 +5,28 @@ paragraphs repeated to ``--docs`` documents, tokenized with a byte-level BPE (vo
 8,192) trained on it; nothing is downloaded. Workloads, each timed ``--repeats`` times with the
 loaders interleaved (A B C A B C ...), medians and min-max spread reported:
 
-* **pack**: documents/s and tokens/s of a full pass, and time to the first packed row, from
-  pre-tokenized data (a kuat dataset) and from raw text (``kuat.text.tokenize`` on the fly),
-  for kuat's ``concat``, ``first_fit`` and ``best_fit``; torchtune's ``PackedDataset`` (eager:
-  its first row comes after its whole pass) and TRL's ``pack_dataset`` (``bfd`` and
-  ``wrapped``) on the same token lists, run by ``benchmarks/text_peers.py`` in the bench
-  environment ``text`` (``benchmarks/envs.py``: torchtune 0.6.1 imports with torch 2.14 only
-  beside ``torchao==0.10.0``; trl 1.16), created by ``--setup-envs``, one child per round so
-  the rounds interleave with kuat's. Reported: each packer's rate, CPU seconds and time to
-  its first row, and each kuat packer's time ratio to each peer within every round (wall and
-  CPU), median and min-max of the rounds. Without that environment the child runs in this
-  interpreter, and the peers are reported where they import (for example from a directory
-  on ``PYTHONPATH``)::
+* **pack**: documents/s and tokens/s of a full pass, and time to the first packed row, in two
+  families compared only within themselves:
+
+  - *pre-tokenized*: kuat's ``concat``, ``first_fit`` and ``best_fit`` over a kuat dataset;
+    torchtune's ``PackedDataset`` (eager: its first row comes after its whole pass) and TRL's
+    ``pack_dataset`` (``bfd`` and ``wrapped``) over the same token lists;
+  - *from raw text*, the same texts and tokenizer (the bench's BPE, saved as a
+    ``tokenizer.json`` for the peers) and the same eos handling (ids, then eos): kuat's
+    ``best_fit`` over ``kuat.text.tokenize`` (batches tokenized on the fly); torchtune's
+    ``PackedDataset`` over a dataset whose ``__getitem__`` tokenizes one text with torchtune's
+    ``HuggingFaceBaseTokenizer`` (its ``TextCompletionDataset`` flow); TRL's
+    ``Dataset.map(tokenize, batched=True)`` then ``pack_dataset`` ``bfd``.
+
+  The peers run in ``benchmarks/text_peers.py`` in the bench environment ``text``
+  (``benchmarks/envs.py``: torchtune 0.6.1 imports with torch 2.14 only beside
+  ``torchao==0.10.0``; trl 1.16), created by ``--setup-envs``, one child per round so the
+  rounds interleave with kuat's. Every packer must put every token of the dataset in its
+  rows exactly once (padding excluded): the bench checks the totals and prints them. Reported:
+  each packer's rate, CPU seconds and time to its first row, and each kuat packer's time ratio
+  to each peer of its family within every round (wall and CPU), median and min-max of the
+  rounds. Without that environment the child runs in this interpreter, and the peers are
+  reported where they import (for example from a directory on ``PYTHONPATH``)::
 
       pip install --target PEERS --no-deps trl==1.16.0 torchtune==0.6.1 torchao==0.10.0 \
           omegaconf antlr4-python3-runtime==4.9.3 sentencepiece tiktoken blobfile
@@ -24,7 +34,10 @@ loaders interleaved (A B C A B C ...), medians and min-max spread reported:
 
 * **waste**: % of row tokens that are padding: naive per-sample padding (batches of 8 in order)
   and each packing strategy, at ``--seq-len``;
-* **memory**: bytes per stored token on disk; peak traced bytes per token (``tracemalloc``,
+* **memory**: bytes per stored token on disk, in parts (``kuat.text.token_storage``): token
+  values per token, list offsets per document, whole files per token; what nanoGPT (flat
+  uint16, no index) and Megatron's indexed dataset (20 bytes of index per document) would
+  store for the same documents; peak traced bytes per token (``tracemalloc``,
   which NumPy reports to) held while packing a pass, against a list of all rows (what an eager
   packer keeps);
 * **resume**: ms from a packer state at 10%, 50% and 90% of the epoch to the next row; and
@@ -57,12 +70,15 @@ import numpy as np
 SEQ_LEN = 2048
 NAIVE_BATCH = 8
 PEERS = ("torchtune PackedDataset", "trl pack_dataset bfd", "trl pack_dataset wrapped")
+RAW_PEERS = ("torchtune PackedDataset (raw text)", "trl map + pack_dataset bfd (raw text)")
+RAW = "(raw text)"  # the suffix of every packer name that tokenizes as it packs
 
 
 def prepare(cache_dir: Path, num_docs: int) -> dict:
     """Tokenize (once) the corpus repeated to ``num_docs`` documents into a kuat dataset.
 
-    Returns ``{"path", "texts", "tokenizer", "eos_id"}``."""
+    Returns ``{"path", "texts", "tokenizer", "tokenizer_path", "eos_id"}``
+    (``tokenizer_path``: the tokenizer saved as a ``tokenizer.json``, for the peers)."""
     import kuat
     from kuat.text.corpus import EOS, python_docs_corpus, train_bpe
 
@@ -73,7 +89,10 @@ def prepare(cache_dir: Path, num_docs: int) -> dict:
     path = Path(cache_dir) / f"text-{num_docs}.kuat"
     if not (path / "manifest.json").exists():
         kuat.convert.from_text(texts, path, tok, eos_id=eos, progress=False)
-    return {"path": path, "texts": texts, "tokenizer": tok, "eos_id": eos}
+    tok_path = Path(cache_dir) / "text-bpe-8192.json"
+    tok.save(str(tok_path))
+    return {"path": path, "texts": texts, "tokenizer": tok, "tokenizer_path": tok_path,
+            "eos_id": eos}  # fmt: skip
 
 
 def pack_runs(data: dict, seq_len: int) -> dict:
@@ -88,7 +107,7 @@ def pack_runs(data: dict, seq_len: int) -> dict:
             pack(ds, seq_len, s, buffer_size=1024)
         )
     texts = [{"text": t} for t in data["texts"]]
-    runs["kuat best_fit (raw text)"] = lambda: iter(
+    runs[f"kuat best_fit {RAW}"] = lambda: iter(
         pack(tokenize(texts, data["tokenizer"], eos_id=data["eos_id"]), seq_len, "best_fit")
     )
     return runs
@@ -106,13 +125,15 @@ def peers_python(setup_envs: bool, log_dir: Path) -> tuple[str, str]:
         return sys.executable, f"this interpreter ({e})"
 
 
-def peer_round(python: str, tokens: Path, seq_len: int, work: Path) -> dict:
+def peer_round(python: str, tokens: Path, seq_len: int, work: Path, texts: Path,
+               tokenizer: Path) -> dict:  # fmt: skip
     """One timed pass of every peer, in a child process of ``python`` (see text_peers.py)."""
     out = work / "peers.json"
     out.unlink(missing_ok=True)
     script = Path(__file__).with_name("text_peers.py")
+    raw = ["--texts", str(texts), "--tokenizer", str(tokenizer)]
     proc = subprocess.run(
-        [python, str(script), str(tokens), str(seq_len), str(out)],
+        [python, str(script), str(tokens), str(seq_len), str(out), *raw],
         capture_output=True,
         text=True,
         timeout=3600,
@@ -123,21 +144,57 @@ def peer_round(python: str, tokens: Path, seq_len: int, work: Path) -> dict:
     return json.loads(out.read_text())
 
 
+def _kuat_tokens(row) -> int:
+    return int(row["document_lengths"].sum())  # the row's documents (pieces); padding excluded
+
+
+def check_tokens(samples: dict, tokens: int) -> None:
+    """Raise ``RuntimeError`` naming the packer and round when a pass's rows did not hold
+    exactly the dataset's ``tokens`` (padding excluded): its rate would count other work."""
+    for name, runs in samples.items():
+        for k, run in enumerate(runs):
+            if run[3] != tokens:
+                raise RuntimeError(
+                    f"{name}, round {k}: its rows hold {run[3]} tokens, the dataset {tokens}: "
+                    "the packers did not pack the same documents"
+                )
+
+
 def naive_waste(lengths: np.ndarray, seq_len: int, batch: int = NAIVE_BATCH) -> float:
     cut = np.minimum(lengths, seq_len)
     padded = sum(len(c) * int(c.max()) for c in np.array_split(cut, -(-len(cut) // batch)))
     return 1 - cut.sum() / padded
 
 
+def disk(path: Path) -> dict:
+    """Bytes per stored token on disk, in parts, beside nanoGPT's and Megatron's layouts for
+    the same documents (``kuat.text.token_storage``)."""
+    from kuat.text import token_storage
+    from kuat.text.storage import MEGATRON_INDEX_BYTES_PER_DOCUMENT
+
+    s = token_storage(path)
+    tokens, docs = s["tokens"], s["documents"]
+    itemsize = s["token_bytes"] / tokens
+    return {
+        "token_bytes_per_token": itemsize,
+        "index_bytes_per_document": s["index_bytes"] / docs,
+        "framing_bytes": s["other_bytes"],
+        "disk_bytes_per_token": s["file_bytes"] / tokens,
+        "mean_tokens_per_document": tokens / docs,
+        "nanogpt_bytes_per_token": itemsize,  # one flat array of the tokens, no index
+        "megatron_bytes_per_token": itemsize + MEGATRON_INDEX_BYTES_PER_DOCUMENT * docs / tokens,
+    }
+
+
 def memory(data: dict, seq_len: int) -> dict:
-    """Disk bytes per token, and peak traced bytes per token: streaming vs holding every row."""
+    """Disk bytes per token (:func:`disk`), and peak traced bytes per token: streaming vs
+    holding every row."""
     import kuat
     from kuat.text import pack
 
     ds = kuat.open(data["path"])
-    stored = sum(f.stat().st_size for f in Path(data["path"]).iterdir() if f.suffix == ".arrow")
     tokens = int(kuat.text.lengths_of(ds).sum())
-    out = {"disk_bytes_per_token": stored / tokens}
+    out = disk(data["path"])
     for name, keep in (("streaming", False), ("all rows held", True)):
         tracemalloc.start()
         held = []
@@ -285,17 +342,19 @@ def main(argv=None) -> int:
     runs = pack_runs(data, args.seq_len)
     samples: dict[str, list] = {name: [] for name in runs}
     import kuat
-    from benchmarks.text_peers import timed, write_tokens
+    from benchmarks.text_peers import timed, write_texts, write_tokens
 
     work = Path(tempfile.mkdtemp(prefix="kuat-bench-text-"))
     ds = kuat.open(data["path"])
     write_tokens(work / "tokens.npz", ds.read_batch(range(len(ds)), ["input_ids"])["input_ids"])
+    write_texts(work / "texts.json", data["texts"], data["eos_id"])
     python, where = peers_python(args.setup_envs, args.cache_dir)
     peers = {"python": where, "versions": {}, "unavailable": {}}
     for _ in range(args.repeats):  # interleaved: A B C A B C ...
         for name, fn in runs.items():
-            samples[name].append(tuple(timed(fn)))
-        got = peer_round(python, work / "tokens.npz", args.seq_len, work)
+            samples[name].append(tuple(timed(fn, _kuat_tokens)))
+        got = peer_round(python, work / "tokens.npz", args.seq_len, work, work / "texts.json",
+                         data["tokenizer_path"])  # fmt: skip
         peers["versions"].update(got["versions"])
         peers["unavailable"].update(got["unavailable"])
         for name, run in got["runs"].items():
@@ -303,10 +362,13 @@ def main(argv=None) -> int:
 
     lengths = kuat.text.lengths_of(kuat.open(data["path"]))
     docs, tokens = len(lengths), int(lengths.sum())
+    check_tokens(samples, tokens)
     result = {"docs": docs, "tokens": tokens, "seq_len": args.seq_len, "pack": {}}
     print(f"text: {docs} documents, {tokens} tokens, rows of {args.seq_len}, "
           f"median of {args.repeats} (min-max)\n")  # fmt: skip
-    print(f"{'packer':34s} {'docs/s':>18s} {'tokens/s':>12s} {'CPU s':>8s} {'first row s':>12s} "
+    print(f"tokens in the rows (padding excluded), every packer, every round: {tokens} "
+          f"(the dataset's; checked)\n")  # fmt: skip
+    print(f"{'packer':40s} {'docs/s':>18s} {'tokens/s':>12s} {'CPU s':>8s} {'first row s':>12s} "
           f"{'rows':>6s}")  # fmt: skip
     for name, runs_ in samples.items():
         secs = [r[0] for r in runs_]
@@ -315,12 +377,13 @@ def main(argv=None) -> int:
         spread = f"({docs / max(secs):.0f}-{docs / min(secs):.0f})"
         first = statistics.median(r[1] for r in runs_)
         cpu = statistics.median(r[4] for r in runs_)
-        print(f"{name:34s} {rate:8.0f} {spread:>9s} {tokens / med:12.0f} {cpu:8.4f} "
+        print(f"{name:40s} {rate:8.0f} {spread:>9s} {tokens / med:12.0f} {cpu:8.4f} "
               f"{first:12.4f} {runs_[0][2]:6d}")  # fmt: skip
         result["pack"][name] = {"docs_per_s": rate, "tokens_per_s": tokens / med, "cpu_s": cpu,
-                                "first_row_s": first, "rows": runs_[0][2]}  # fmt: skip
+                                "first_row_s": first, "rows": runs_[0][2],
+                                "tokens": runs_[0][3]}  # fmt: skip
     result["ratios"] = {}
-    for peer in PEERS:  # per interleaved round, then the median and min-max of the rounds
+    for peer in PEERS + RAW_PEERS:  # per interleaved round, then median and min-max of rounds
         ref = samples.get(peer) or []
         if len(ref) != args.repeats:
             continue
@@ -328,11 +391,12 @@ def main(argv=None) -> int:
               "wall and CPU:")  # fmt: skip
         result["ratios"][peer] = {}
         for name, runs_ in samples.items():
-            if not name.startswith("kuat") or len(runs_) != len(ref):
+            same_family = name.endswith(RAW) == peer.endswith(RAW)
+            if not name.startswith("kuat") or not same_family or len(runs_) != len(ref):
                 continue
             wall = [t[0] / k[0] for k, t in zip(runs_, ref)]
             cpu = [t[4] / k[4] for k, t in zip(runs_, ref)]
-            print(f"  {name:34s} wall {statistics.median(wall):6.1f}x ({min(wall):.1f}-"
+            print(f"  {name:40s} wall {statistics.median(wall):6.1f}x ({min(wall):.1f}-"
                   f"{max(wall):.1f})   CPU {statistics.median(cpu):6.1f}x ({min(cpu):.1f}-"
                   f"{max(cpu):.1f})")  # fmt: skip
             result["ratios"][peer][name] = {
@@ -357,9 +421,16 @@ def main(argv=None) -> int:
         print(f"  {name:28s} {100 * w:6.2f}%")
     result["waste"] = waste
     mem = memory(data, args.seq_len)
-    print("\nmemory:")
-    for name, v in mem.items():
-        print(f"  {name:44s} {v:8.2f}")
+    print(f"\non disk (documents of {mem['mean_tokens_per_document']:.1f} tokens on average): "
+          f"token values {mem['token_bytes_per_token']:.2f} bytes per token + list offsets "
+          f"{mem['index_bytes_per_document']:.2f} bytes per document + {mem['framing_bytes']} "
+          f"bytes of Arrow framing = {mem['disk_bytes_per_token']:.3f} bytes per token; for the "
+          f"same documents nanoGPT (flat uint16, no index) {mem['nanogpt_bytes_per_token']:.2f}, "
+          f"Megatron (+ 20 bytes of .idx per document) {mem['megatron_bytes_per_token']:.3f}")  # fmt: skip
+    print("memory while packing (best_fit, buffer 1024):")
+    for held in ("streaming", "all rows held"):
+        name = f"resident_bytes_per_token ({held})"
+        print(f"  {name:44s} {mem[name]:8.2f}")
     print(f"  {'peak traced MB while streaming a pass':44s} {mem['peak_mb (streaming)']:8.1f}")
     result["memory"] = mem
     res = resume_ms(data, args.seq_len, args.repeats)

@@ -40,6 +40,28 @@ def _imagefolder(root: Path, classes: int = 2, per_class: int = 8) -> Path:
     return root
 
 
+def test_warm_page_cache_reads_every_named_file_but_the_cache_root(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    (cache / "peer").mkdir(parents=True)
+    (cache / "peer" / "a.bin").write_bytes(b"x" * 5000)
+    (cache / "peer" / "sub").mkdir()
+    (cache / "peer" / "sub" / "b.bin").write_bytes(b"y" * 300)
+    (cache / "other.bin").write_bytes(b"z" * 7)  # only under the skipped cache root
+    tokens = tmp_path / "tokens.npy"
+    tokens.write_bytes(b"t" * 1234)
+    data = {
+        "root": str(cache / "peer"),  # a directory: every file under it
+        "tokens_path": str(tokens),  # a file
+        "hf_cache": str(cache),  # the cache root a peer names: skipped, not read whole
+        "parent": str(tmp_path),  # above the cache root: skipped too
+        "missing": str(tmp_path / "nope"),
+        "window": 1025,
+        "name": "not-a-path",
+    }
+    assert runner.warm_page_cache(data, skip=cache) == 5000 + 300 + 1234
+    assert runner.warm_page_cache({"root": str(cache)}) == 5000 + 300 + 7  # no skip given
+
+
 def test_bench_rates_without_sampler_memory_apart_and_every_baseline(tmp_path: Path) -> None:
     images = _imagefolder(tmp_path / "images")
     cfg = runner.BenchConfig(
@@ -78,6 +100,11 @@ def test_bench_rates_without_sampler_memory_apart_and_every_baseline(tmp_path: P
             assert r["pss_samples"] >= 1
             assert set(r["added_pss"]) == set(measure.PSS_KINDS)
             assert r["peak_pss"]["pss"] >= r["baseline_pss"]["pss"] > 0
+    # every run started with the files it reads just read (in the page cache), loaders alike
+    folder_bytes = sum(f.stat().st_size for f in images.rglob("*") if f.is_file())
+    for (_mode, workload, loader), r in runs.items():
+        if workload == "imagenet-jpeg":
+            assert r["page_cache_warmed"]["bytes"] >= folder_bytes, (loader, r["page_cache_warmed"])
     img = runs[("run", "imagenet-jpeg", "torch-decode-jpeg")]["batch_check"]
     assert img["image"] == "Tensor(4, 3, 224, 224):torch.uint8"
     # the same dataset for every tokens loader: the same fields, shapes and dtypes
@@ -159,7 +186,12 @@ def test_pss_breakdown_splits_anonymous_and_file_backed(tmp_path: Path) -> None:
         after = measure.pss_breakdown(pid)
     assert checksum == 32 * 2**20 // 4096
     assert after["anon"] - before["anon"] >= 60 * 2**20
-    assert after["file"] - before["file"] >= 28 * 2**20
+    # the 32 MiB mapping counts as file-backed, not anonymous; the bound is loose because PSS
+    # splits a shared library's pages between its mappers, so another process loading torch
+    # meanwhile lowers this process's file PSS (seen: +26.9 MiB while the suite ran beside
+    # another Python)
+    assert after["file"] - before["file"] >= 16 * 2**20
+    assert after["anon"] - before["anon"] < (64 + 16) * 2**20
     del anon
 
 

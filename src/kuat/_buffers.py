@@ -74,7 +74,10 @@ class BufferPool:
                 # Transparent huge pages where the kernel allows them ("madvise" mode): a
                 # fresh 9.2 MiB buffer then costs 1.9 ms of CPU to fault in instead of 4.6
                 # (measured), most of it in an epoch's first batch; the memory is the same, as
-                # every byte of a batch buffer is written.
+                # every byte of a batch buffer is written. Checked again when first batches
+                # stalled (benchmarks/first_batch.py, a 2-core VM): 1.5-3.5 ms against 5-8 ms,
+                # an occasional 20 ms, no compaction or reclaim stall even with the page cache
+                # filling memory; the stalls were a cold page cache (format/shard.py).
                 try:
                     mm.madvise(_HUGEPAGE)
                 except OSError:

@@ -50,13 +50,22 @@ def run_text(args) -> int:
     ds = kuat.open(dst)
     lengths = kuat.text.lengths_of(ds)
     tokens = int(lengths.sum())
-    stored = sum(f.stat().st_size for f in dst.iterdir() if f.suffix == ".arrow")
-    out.update(documents=len(ds), tokens=tokens, stored_bytes_per_token=stored / tokens)
+    stored = kuat.text.token_storage(dst)
+    out.update(
+        documents=len(ds),
+        tokens=tokens,
+        token_bytes_per_token=stored["token_bytes"] / tokens,
+        index_bytes_per_document=stored["index_bytes"] / len(ds),
+        stored_bytes_per_token=stored["file_bytes"] / tokens,
+    )
     print(
-        f"corpus: {len(ds)} documents, {tokens} tokens; BPE trained in "
-        f"{out['tokenizer_train_s']:.2f} s, tokenized at ingest in {out['ingest_s']:.2f} s "
-        f"({tokens / out['ingest_s']:.0f} tokens/s), {out['stored_bytes_per_token']:.2f} bytes "
-        "per stored token"
+        f"corpus: {len(ds)} documents, {tokens} tokens ({tokens / len(ds):.1f} per document); "
+        f"BPE trained in {out['tokenizer_train_s']:.2f} s, tokenized at ingest in "
+        f"{out['ingest_s']:.2f} s ({tokens / out['ingest_s']:.0f} tokens/s)\n"
+        f"stored: token values {out['token_bytes_per_token']:.2f} bytes per token + list "
+        f"offsets {out['index_bytes_per_document']:.2f} bytes per document + "
+        f"{stored['other_bytes']} bytes of Arrow framing = {out['stored_bytes_per_token']:.3f} "
+        "bytes per stored token"
     )
 
     print(f"\npadding waste (% of row tokens that are padding), batch {args.batch_size}:")

@@ -6,6 +6,7 @@
 | `pack.py` | `pack()`: concat / first-fit / best-fit packing over a bounded buffer, a `Stream` with a small resumable state; with the documents' lengths every consumer plans the same rows and reads only its own; `kuat_state_at` / `kuat_iter_from`: the loader's resume hooks | each `iter()`, in the loader's workers; `kuat_state_at` in `loader.state_dict()` |
 | `collate.py` | `pack_collate()`: rows -> batch with `cu_seqlens`, `max_seqlen`, `document_ids`; `document_mask`, `flex_block_mask` | every batch (masks: on the device) |
 | `tokenize.py` | one interface over `tokenizers` / `transformers` / `tiktoken`; chat samples with a loss mask; `tokenize()`: a stream tokenized on the fly | ingest (`kuat.convert.from_text`) or each `iter()` |
+| `storage.py` | `token_storage()`: bytes per stored token, split into token values, per-document offsets and file framing | on demand (`kuat demo --text`, the text bench) |
 | `budget.py` | `TokenBudgetBatchSampler`: batches bounded by padded tokens, length-bucketed, equal counts per rank | each epoch, in the loader's main thread |
 
 ``kuat.pad_collate`` (``kuat/padding.py``) pads unpacked samples.
@@ -14,6 +15,7 @@
 from kuat.text.budget import TokenBudgetBatchSampler, lengths_of
 from kuat.text.collate import PackCollate, document_mask, flex_block_mask, pack_collate
 from kuat.text.pack import STRATEGIES, Packed, PackIterator, pack
+from kuat.text.storage import token_storage
 from kuat.text.tokenize import Tokenizer, as_tokenizer, encode_chat, load_tokenizer, tokenize
 
 __all__ = [
@@ -32,4 +34,5 @@ __all__ = [
     "lengths_of",
     "pack",
     "pack_collate",
+    "token_storage",
 ]
