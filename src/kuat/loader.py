@@ -1369,7 +1369,7 @@ class _LoaderIter:
                 if self._inline and failure.original is not None:
                     exc = failure.original
                     if hasattr(exc, "add_note"):
-                        exc.add_note(f"kuat DataLoader: while fetching {_describe(failure.key)}")
+                        exc.add_note(failure.note)
                     raise _BatchError(exc)
                 raise _BatchError(failure.exception())
             # EMPTY: every sample of the batch was skipped; never yield an empty batch
@@ -1643,9 +1643,3 @@ class _BatchError(Exception):
     def __init__(self, exc: BaseException):
         super().__init__()
         self.exc = exc
-
-
-def _describe(key) -> str:
-    from kuat.engine.base import describe_key
-
-    return describe_key(key)

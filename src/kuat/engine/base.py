@@ -59,7 +59,7 @@ def _close_live_engines() -> None:
     for engine in engines:
         engine._wait_stopped(deadline)
 
-__all__ = ["OK", "END", "FAIL", "EMPTY", "Task", "Result", "WorkStats", "Failure", "serve"]
+__all__ = ["OK", "END", "FAIL", "EMPTY", "Task", "Result", "WorkStats", "Failure", "failure", "serve"]
 
 OK, END, FAIL, EMPTY = 0, 1, 2, 3  # result kinds: batch, iterable exhausted, error, all skipped
 
@@ -158,6 +158,12 @@ def key_indices(key: object) -> list[int] | None:
     return None if key is None else [key]
 
 
+def failure(exc: BaseException, worker: str, key: object) -> Failure:
+    """The :class:`Failure` of ``exc``, raised in ``worker`` on the task of ``key``."""
+    note = f"Raised in kuat worker {worker} while fetching {describe_key(key)}."
+    return Failure(exc, worker, note, indices=key_indices(key))
+
+
 def serve(
     job,
     worker_id: int,
@@ -179,7 +185,7 @@ def serve(
     try:
         ctx = job.start(worker_id, num_workers, method, base_seed)
     except BaseException as e:  # SystemExit too: a thread that died silently would hang the loader
-        init_failure = Failure(e, name, WorkerStart())
+        init_failure = failure(e, name, WorkerStart())
     try:
         while True:
             task = recv()
@@ -194,9 +200,9 @@ def serve(
                 kind, value, stats = job.run(ctx, task.epoch, task.key, task.base_seed,
                                              task.width)
             except Exception as e:
-                kind, value, stats = FAIL, Failure(e, name, task.key), None
+                kind, value, stats = FAIL, failure(e, name, task.key), None
             except BaseException as e:  # SystemExit, KeyboardInterrupt: report, then end
-                send(Result(task.task_id, worker_id, FAIL, Failure(e, name, task.key), None))
+                send(Result(task.task_id, worker_id, FAIL, failure(e, name, task.key), None))
                 return
             send(Result(task.task_id, worker_id, kind, value, stats))
             del value

@@ -198,16 +198,25 @@ def _unpack(p: _Packed) -> BaseException | None:
 class Failure:
     """A picklable description of an exception raised in a worker (see the module docstring).
 
+    Args:
+        exc: the exception.
+        worker: the worker's name (``kuat.WorkerError.worker``).
+        note: where it was raised, one sentence, added to the exception in the consumer. The
+            engine writes it (``engine/base.py:failure``): this module knows nothing of tasks.
+        indices: the sample indices of the failed work, or None (``WorkerError.indices``).
+
     Thread-safety: made in the worker, read by the consumer after it is handed over; not
     shared otherwise.
     """
 
-    def __init__(self, exc: BaseException, worker: str, key: object):
+    def __init__(self, exc: BaseException, worker: str, note: str, *,
+                 indices: list | None = None):
         self.type_name = _type_name(type(exc))
         self.message = _message(exc)
         self.traceback = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-        self.worker = worker
-        self.key = key
+        self.worker = worker  # the worker's name (kuat.WorkerError.worker)
+        self.note = note  # where it was raised, as one sentence (the engine writes it)
+        self.indices = indices  # the sample indices of the failed task (WorkerError.indices)
         # SystemExit, KeyboardInterrupt: the worker stops after reporting it (engine/base.py)
         self.ends_worker = not isinstance(exc, Exception)
         self.original = exc  # kept in thread mode, packed when pickled (process mode)
@@ -229,9 +238,7 @@ class Failure:
         (the original's frames); from a process, where tracebacks do not survive pickling, as
         text in the note.
         """
-        from kuat.engine.base import describe_key, key_indices  # base imports this module
-
-        note = f"Raised in kuat worker {self.worker} while fetching {describe_key(self.key)}."
+        note = self.note
         if self.original is not None:
             exc = _copy(self.original)
         else:
@@ -245,7 +252,7 @@ class Failure:
                 f"{self.type_name}: {self.message}\n{note}",
                 original_type=self.type_name,
                 worker=self.worker,
-                indices=key_indices(self.key),
+                indices=self.indices,
                 worker_traceback=self.traceback,
             )
             exc.__cause__ = self.original

@@ -5,7 +5,7 @@ from __future__ import annotations
 import collections
 import queue
 
-from kuat.engine.base import FAIL, Failure, Result, Task
+from kuat.engine.base import FAIL, Result, Task, failure
 
 __all__ = ["InlineEngine"]
 
@@ -38,7 +38,7 @@ class InlineEngine:
             kind, value, stats = self._job.run(self._ctx, task.epoch, task.key, task.base_seed,
                                                task.width)
         except Exception as e:
-            kind, value, stats = FAIL, Failure(e, self.name, task.key), None
+            kind, value, stats = FAIL, failure(e, self.name, task.key), None
         return Result(task.task_id, 0, kind, value, stats)
 
     def close(self) -> None:

@@ -42,6 +42,7 @@ from kuat.engine.base import (
     Result,
     Task,
     describe_key,
+    failure,
     key_indices,
     serve,
 )
@@ -90,7 +91,7 @@ def _worker_main(payload, worker_id, num_workers, name, base_seed, conn, prefix,
         except (BrokenPipeError, EOFError, ConnectionError):
             raise
         except Exception as e:
-            conn.send(Result(result.task_id, worker_id, FAIL, Failure(e, name, current["task"].key), None))
+            conn.send(Result(result.task_id, worker_id, FAIL, failure(e, name, current["task"].key), None))
         finally:
             if fd is not None:
                 os.close(fd)
