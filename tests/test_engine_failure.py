@@ -1,8 +1,9 @@
 """Error transport (kuat/engine/failure.py): an exception raised in a worker reaches the consumer
-as the original's equal (type, args, attributes, chain) plus a note naming the worker and the
-sample indices, at 0 workers, with thread workers and with process workers, on every fetch path
-(map-style per sample, iterable, the vision batch kernel split over workers, the consumer's
-take-over of cheap batches, worker_init_fn); what cannot be rebuilt becomes kuat.WorkerError.
+as the original itself (0 workers, threads) or its equal (processes: type, args, attributes,
+chain) plus a note naming the worker, the stage (the dataset, collate_fn, worker_init_fn,
+pinning, the hand-over) and the sample indices, on every fetch path (map-style per sample,
+iterable, the vision batch kernel split over workers, the consumer's take-over of cheap
+batches, worker_init_fn); what cannot cross a process boundary becomes kuat.WorkerError.
 torch's DataLoader is the floor: its ExceptionWrapper keeps the type only when ``type(msg)``
 works, and then replaces args; kuat keeps the type in every one of those cases."""
 
@@ -57,6 +58,31 @@ class RefusesArgs(Exception):
         super().__init__(f"{a}/{b}")
 
 
+class ReduceRaises(Exception):
+    """``__reduce__`` raises (and so does ``__reduce_ex__``, which calls it)."""
+
+    def __reduce__(self):
+        raise TypeError("ReduceRaises refuses to be reduced")
+
+
+class ReduceExRaises(Exception):
+    """``__reduce_ex__`` itself raises."""
+
+    def __reduce_ex__(self, protocol):
+        raise TypeError("ReduceExRaises refuses to be reduced")
+
+
+def _no_rebuild(*args):
+    raise RuntimeError("this reduction cannot be rebuilt")
+
+
+class ReducesToNothing(Exception):
+    """Pickles, but its reduction cannot be called back into an exception."""
+
+    def __reduce__(self):
+        return _no_rebuild, self.args
+
+
 def _after(e, **attrs):
     for k, v in attrs.items():
         setattr(e, k, v)
@@ -101,9 +127,17 @@ KINDS = [
                                                           shard="s-3"), ()),
     ("note added in the dataset", lambda i: _noted(IndexError(f"row {i}"), "from the dataset"),
      ()),
+    # nothing needs pickling in the worker's own process: these come back as themselves from
+    # threads and at 0 workers, and as kuat.WorkerError only from a process
+    ("__reduce__ raises", lambda i: ReduceRaises(f"bad {i}"), ()),
+    ("__reduce_ex__ raises", lambda i: ReduceExRaises(f"bad {i}"), ()),
+    ("__reduce__ cannot be rebuilt", lambda i: ReducesToNothing(f"bad {i}"), ()),
+    ("__new__ refuses args", lambda i: RefusesArgs(i, "x"), ()),
 ]
 KIND_IDS = [k[0] for k in KINDS]
 MAKERS = {name: make for name, make, _ in KINDS}
+NO_PROCESS = {"__reduce__ raises", "__reduce_ex__ raises", "__reduce__ cannot be rebuilt",
+              "__new__ refuses args"}  # what cannot cross a process boundary
 
 
 def _cause(i):
@@ -111,10 +145,12 @@ def _cause(i):
 
 
 class Raises:
-    """Samples ``[i]``; sample ``bad`` raises ``MAKERS[kind](bad)`` from an OSError."""
+    """Samples ``[i]``; sample ``bad`` raises ``MAKERS[kind](bad)`` from an OSError, and keeps
+    it in ``raised`` (a list the thread workers' shallow copies share)."""
 
     def __init__(self, kind, bad=3, n=8):
         self.kind, self.bad, self.n = kind, bad, n
+        self.raised = []
 
     def __len__(self):
         return self.n
@@ -125,7 +161,8 @@ class Raises:
         try:
             raise _cause(i)
         except OSError as e:
-            raise MAKERS[self.kind](i) from e
+            self.raised.append(MAKERS[self.kind](i))
+            raise self.raised[-1] from e
 
 
 class RaisesIterable(torch.utils.data.IterableDataset):
@@ -173,11 +210,21 @@ def _raised(it):
 @pytest.mark.parametrize("kind,c_attrs", [(k[0], k[2]) for k in KINDS], ids=KIND_IDS)
 def test_worker_error_is_the_originals_equal_with_a_note(kind, c_attrs, num_workers,
                                                          worker_type):
-    dl = kuat.DataLoader(Raises(kind), batch_size=2, num_workers=num_workers,
-                         worker_type=worker_type)
+    ds = Raises(kind)
+    dl = kuat.DataLoader(ds, batch_size=2, num_workers=num_workers, worker_type=worker_type)
     it = iter(dl)
     assert next(it).tolist() == [[0], [1]]
     got, want = _raised(it), MAKERS[kind](3)
+    if worker_type == "thread":  # nothing crossed a process boundary: the object itself
+        assert got is ds.raised[-1]
+    elif kind in NO_PROCESS:
+        assert isinstance(got, kuat.WorkerError) and got.indices == [2, 3]
+        assert got.original_type == f"{__name__}.{type(want).__qualname__}"
+        assert got.stage == "fetch" and f"{type(want).__name__}: {want}" in str(got)
+        assert "raise self.raised[-1] from e" in got.worker_traceback
+        assert "sample indices [2, 3] from the dataset" in str(got)
+        assert next(it).tolist() == [[4], [5]]
+        return
     _assert_equal(got, want, c_attrs)
     # the chain survives (from a process: rebuilt without its traceback, whose text is in the
     # note)
@@ -186,12 +233,14 @@ def test_worker_error_is_the_originals_equal_with_a_note(kind, c_attrs, num_work
     # the notes the dataset added come first; then exactly one kuat note
     assert got.__notes__[: len(getattr(want, "__notes__", []))] == getattr(want, "__notes__", [])
     (note,) = _kuat_notes(got)
-    assert "sample indices [2, 3]" in note
+    assert "while fetching sample indices [2, 3] from the dataset" in note
     if num_workers:
-        assert re.search(r"kuat worker kuat-worker-\d", note)
+        assert re.search(rf"kuat worker kuat-worker-\d \({'thread' if worker_type == 'thread' else 'process'}", note)
+    else:
+        assert "the kuat DataLoader's own thread (num_workers=0)" in note
     shown = "".join(traceback.format_exception(got))
-    assert "raise MAKERS[self.kind](i) from e" in shown  # the worker's own line, once
-    assert shown.count("raise MAKERS[self.kind](i) from e") == 1
+    assert "raise self.raised[-1] from e" in shown  # the worker's own line, once
+    assert shown.count("raise self.raised[-1] from e") == 1
     # the iterator stays usable after a dataset error, as torch's does
     assert next(it).tolist() == [[4], [5]]
     del it
@@ -251,7 +300,54 @@ def test_iterable_worker_error_is_the_originals_equal(num_workers, worker_type):
             got = e
             break
     _assert_equal(got, KwOnly("bad item 3", code=3))
-    assert len(_kuat_notes(got)) == 1
+    (note,) = _kuat_notes(got)
+    assert "while fetching the next batch of its IterableDataset" in note
+
+
+def _collate_raising(batch):
+    raise ValueError(f"cannot collate {len(batch)} samples")
+
+
+@pytest.mark.parametrize("num_workers,worker_type", MODES, ids=MODE_IDS)
+def test_a_collate_fn_error_names_collate_fn_not_the_dataset(num_workers, worker_type):
+    dl = kuat.DataLoader(list(range(8)), batch_size=2, num_workers=num_workers,
+                         worker_type=worker_type, sampler=[2, 3, 4, 5],
+                         collate_fn=_collate_raising)
+    got = _raised(iter(dl))
+    assert type(got) is ValueError and got.args == ("cannot collate 2 samples",)
+    (note,) = _kuat_notes(got)
+    assert "in collate_fn, collating sample indices [2, 3]." in note
+    assert "fetching" not in note
+
+
+@pytest.mark.parametrize("num_workers", [0, 2], ids=["inline", "threads"])
+def test_a_pinning_error_names_pin_memory(num_workers, monkeypatch):
+    # pinned on the worker in threads and at 0 workers (process workers pin on read, in the
+    # consumer, where an error is raised as it is); no accelerator needed to fail it
+    from kuat import device, loader
+
+    def pin_fails(batch):
+        raise RuntimeError("cudaHostAlloc failed")
+
+    monkeypatch.setattr(loader, "accelerator_available", lambda: True)
+    monkeypatch.setattr(device, "pin_batch", pin_fails)
+    dl = kuat.DataLoader(list(range(8)), batch_size=2, num_workers=num_workers,
+                         pin_memory=True, sampler=[6, 7])
+    got = _raised(iter(dl))
+    assert type(got) is RuntimeError and got.args == ("cudaHostAlloc failed",)
+    (note,) = _kuat_notes(got)
+    assert "while pinning the batch of sample indices [6, 7] (pin_memory=True)" in note
+
+
+def test_a_batch_a_process_cannot_hand_over_names_that_stage():
+    # the batch pickles only when the worker sends it: that is the stage which fails
+    dl = kuat.DataLoader(list(range(8)), batch_size=2, num_workers=1, worker_type="process",
+                         sampler=[0, 1], collate_fn=lambda b: {"lock": threading.Lock()})
+    got = _raised(iter(dl))
+    assert type(got) is TypeError and "pickle" in str(got)
+    (note,) = _kuat_notes(got)
+    assert re.search(r"kuat worker kuat-worker-0 \(process \d+\) while handing the batch of "
+                     r"sample indices \[0, 1\] to the loader", note)
 
 
 class Opaque:
@@ -267,24 +363,6 @@ class Opaque:
         if i == 3:
             raise self.exc_of(i)
         return torch.tensor([i])
-
-
-def _refuses(i):
-    return RefusesArgs(i, "x")
-
-
-@pytest.mark.parametrize("num_workers,worker_type", MODES, ids=MODE_IDS)
-def test_what_cannot_be_rebuilt_is_a_worker_error_naming_it(num_workers, worker_type):
-    dl = kuat.DataLoader(Opaque(_refuses), batch_size=2, num_workers=num_workers,
-                         worker_type=worker_type, sampler=[2, 3])
-    got = _raised(iter(dl))
-    if num_workers == 0:  # the original itself, as torch's num_workers=0
-        assert type(got) is RefusesArgs and got.args == ("3/x",)
-        return
-    assert isinstance(got, kuat.WorkerError)
-    assert got.original_type.endswith("RefusesArgs") and got.indices == [2, 3]
-    assert got.worker.startswith("kuat-worker-") and "raise self.exc_of(i)" in got.worker_traceback
-    assert "RefusesArgs: 3/x" in str(got)
 
 
 def test_a_type_a_process_cannot_pickle_is_a_worker_error_a_thread_keeps_it():
@@ -335,7 +413,8 @@ def test_a_worker_init_fn_error_is_raised_for_every_batch_each_with_one_note(wor
         got = _raised(it)
         _assert_equal(got, KwOnly("init of worker 0 failed", code=0))
         (note,) = _kuat_notes(got)
-        assert "kuat-worker-0" in note
+        assert "kuat-worker-0" in note and "in worker_init_fn" in note
+        assert "sample" not in note  # no batch was being fetched
 
 
 def test_the_consumers_take_over_of_cheap_batches_raises_the_original():
@@ -417,5 +496,5 @@ def test_the_worker_traceback_is_shown_once_from_a_process():
     got = _raised(iter(kuat.DataLoader(Raises("KwOnly"), batch_size=2, num_workers=1,
                                        worker_type="process", sampler=[2, 3])))
     (note,) = _kuat_notes(got)
-    assert "Worker traceback:" in note and "raise MAKERS[self.kind](i) from e" in note
+    assert "Worker traceback:" in note and "raise self.raised[-1] from e" in note
     assert got.__cause__.__traceback__ is None  # tracebacks do not pickle: the note has it

@@ -75,6 +75,9 @@ class WorkerError(KuatError):
         worker: name of the worker thread or process.
         indices: the sample indices of the batch being fetched, or ``None``.
         worker_traceback: the formatted traceback from the worker.
+        stage: what the worker was doing: ``"worker_init_fn"``, ``"fetch"`` (the dataset),
+            ``"collate_fn"``, ``"pin_memory"``, ``"send"`` (handing the batch over), or
+            ``""`` when unknown (a worker that died).
     """
 
     def __init__(
@@ -85,12 +88,14 @@ class WorkerError(KuatError):
         worker: str = "",
         indices: list[int] | None = None,
         worker_traceback: str = "",
+        stage: str = "",
     ):
         super().__init__(message)
         self.original_type = original_type
         self.worker = worker
         self.indices = indices
         self.worker_traceback = worker_traceback
+        self.stage = stage
 
 
 class LoaderTimeoutError(KuatError, RuntimeError, TimeoutError):

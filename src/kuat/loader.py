@@ -1365,13 +1365,7 @@ class _LoaderIter:
             if r.kind == END:
                 self._active[r.worker_id] = False
             elif r.kind == FAIL:
-                failure = r.value
-                if self._inline and failure.original is not None:
-                    exc = failure.original
-                    if hasattr(exc, "add_note"):
-                        exc.add_note(failure.note)
-                    raise _BatchError(exc)
-                raise _BatchError(failure.exception())
+                raise _BatchError(r.value.exception())  # the original, in this process
             # EMPTY: every sample of the batch was skipped; never yield an empty batch
 
     def _dispatch(self) -> None:

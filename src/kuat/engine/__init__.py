@@ -9,8 +9,9 @@ The engine runs *any* work; it knows nothing of images or storage. Files, in lif
   ``torch``: probe, watch (generator fingerprints), reseed per sample or batch, one lock.
 * ``base.py``    the task/result records and the worker loop shared by every engine.
 * ``failure.py`` error transport: an exception captured in a worker is raised in the consumer
-  as the original's equal (type, args, attributes, chain) with a note naming the worker and the
-  sample indices; ``kuat.WorkerError`` for what cannot be rebuilt.
+  as the original (threads) or its equal (processes: type, args, attributes, chain) with a note
+  naming the worker, the stage and the sample indices; ``kuat.WorkerError`` for what cannot
+  cross a process boundary.
 * ``inline.py``  ``num_workers=0``: runs each task in the calling thread when its result is asked.
 * ``thread.py``  N daemon threads, one task queue each, one result queue; per-thread
   ``torch.utils.data.get_worker_info()``.

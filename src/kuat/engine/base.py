@@ -4,13 +4,15 @@ A *task* is ``(task_id, epoch, key)``: ``key`` is what to fetch (a list of sampl
 index, or ``None`` for "the next batch of the iterable"). A :class:`Result` comes back with the
 task id, the worker id, a kind (``OK``/``END``/``FAIL``/``EMPTY``), the value and the work's
 timings. Exceptions travel as :class:`~kuat.engine.failure.Failure` records (picklable) and are
-raised in the consumer as the original's equal (type, args, attributes, chain), with a note
-naming the worker and the sample indices (``failure.py``).
+raised in the consumer as the original (a thread) or its equal (a process: type, args,
+attributes, chain), with a note naming the worker, the stage that failed (``worker_init_fn``,
+the dataset, ``collate_fn``, pinning, the hand-over) and the sample indices (:func:`failure`).
 """
 
 from __future__ import annotations
 
 import atexit
+import os
 import weakref
 from collections.abc import Callable
 from typing import NamedTuple
@@ -59,7 +61,8 @@ def _close_live_engines() -> None:
     for engine in engines:
         engine._wait_stopped(deadline)
 
-__all__ = ["OK", "END", "FAIL", "EMPTY", "Task", "Result", "WorkStats", "Failure", "failure", "serve"]
+__all__ = ["OK", "END", "FAIL", "EMPTY", "Task", "Result", "WorkStats", "Failure", "failure", "serve",
+           "START", "FETCH", "COLLATE", "PIN", "SEND"]
 
 OK, END, FAIL, EMPTY = 0, 1, 2, 3  # result kinds: batch, iterable exhausted, error, all skipped
 
@@ -128,19 +131,8 @@ class ResumeAt(NamedTuple):
     state: object = None
 
 
-class WorkerStart:
-    """The key of a failure in a worker's start (``worker_init_fn``), before any task ran."""
-
-    def __eq__(self, other):
-        return isinstance(other, WorkerStart)
-
-    def __hash__(self):
-        return hash(WorkerStart)
-
-
 def describe_key(key: object) -> str:
-    if isinstance(key, WorkerStart):
-        return "nothing: it was starting (in worker_init_fn)"
+    """What the task of ``key`` fetches, in words: ``"sample indices [2, 3]"``."""
     if key is None:
         return "the next batch of its IterableDataset"
     if isinstance(key, ResumeAt):
@@ -151,17 +143,55 @@ def describe_key(key: object) -> str:
 
 
 def key_indices(key: object) -> list[int] | None:
+    """The sample indices of the task of ``key``; None for an iterable's next batch."""
     if isinstance(key, list):
         return list(key)
-    if isinstance(key, (ResumeAt, WorkerStart)):
+    if key is None or isinstance(key, ResumeAt):
         return None
-    return None if key is None else [key]
+    return [key]
 
 
-def failure(exc: BaseException, worker: str, key: object) -> Failure:
-    """The :class:`Failure` of ``exc``, raised in ``worker`` on the task of ``key``."""
-    note = f"Raised in kuat worker {worker} while fetching {describe_key(key)}."
-    return Failure(exc, worker, note, indices=key_indices(key))
+# The stage a worker was in when it failed (``Failure.stage``, ``kuat.WorkerError.stage``):
+# its start, then per task (``FetchJob.run`` keeps ``WorkerCtx.stage`` up to date) the fetch
+# (``__getitem__``/``__getitems__``, or ``next()`` of an IterableDataset), ``collate_fn``, the
+# pinning of thread workers' batches, and a process worker's hand-over of the batch (its
+# shared-memory slot and the pipe).
+START, FETCH, COLLATE, PIN, SEND = "worker_init_fn", "fetch", "collate_fn", "pin_memory", "send"
+
+
+def describe_failure(stage: str, key: object) -> str:
+    """What failed, for the note: ``"in collate_fn, collating sample indices [2, 3]"``."""
+    what = describe_key(key)
+    if stage == START:
+        return "while starting (in worker_init_fn), before its first batch"
+    if stage == COLLATE:
+        return f"in collate_fn, collating {what}"
+    if stage == PIN:
+        return f"while pinning the batch of {what} (pin_memory=True)"
+    if stage == SEND:
+        return f"while handing the batch of {what} to the loader (shared memory, pipe)"
+    if key is None or isinstance(key, ResumeAt):
+        return f"while fetching {what}"
+    return f"while fetching {what} from the dataset"
+
+
+def describe_worker(name: str, method: str) -> str:
+    """The worker called ``name`` in words: ``"kuat worker kuat-worker-1 (process 4242)"``."""
+    kind = "thread" if method == "thread" else f"process {os.getpid()}"
+    return f"kuat worker {name} ({kind})"
+
+
+def failure(exc: BaseException, worker: str, where: str, stage: str, key: object) -> Failure:
+    """The :class:`Failure` of ``exc``, raised in the worker named ``worker`` (described as
+    ``where``: ``"kuat worker kuat-worker-1 (thread)"``) in ``stage`` of the task of ``key``.
+
+    Its note, as torch's "Caught ValueError in DataLoader worker process 1" but naming the
+    stage and the batch: ``"Raised in kuat worker kuat-worker-1 (thread) in collate_fn,
+    collating sample indices [2, 3]."``
+    """
+    note = f"Raised in {where} {describe_failure(stage, key)}."
+    indices = None if stage == START else key_indices(key)
+    return Failure(exc, worker, note, indices=indices, stage=stage)
 
 
 def serve(
@@ -180,12 +210,13 @@ def serve(
     every task, so the consumer raises it on its next batch. A ``SystemExit`` or
     ``KeyboardInterrupt``, while starting or in a task, is reported once and ends the loop.
     """
+    where = describe_worker(name, method)
     init_failure = None
     ctx = None
     try:
         ctx = job.start(worker_id, num_workers, method, base_seed)
     except BaseException as e:  # SystemExit too: a thread that died silently would hang the loader
-        init_failure = failure(e, name, WorkerStart())
+        init_failure = failure(e, name, where, START, None)
     try:
         while True:
             task = recv()
@@ -200,9 +231,10 @@ def serve(
                 kind, value, stats = job.run(ctx, task.epoch, task.key, task.base_seed,
                                              task.width)
             except Exception as e:
-                kind, value, stats = FAIL, failure(e, name, task.key), None
+                kind, value, stats = FAIL, failure(e, name, where, ctx.stage, task.key), None
             except BaseException as e:  # SystemExit, KeyboardInterrupt: report, then end
-                send(Result(task.task_id, worker_id, FAIL, failure(e, name, task.key), None))
+                send(Result(task.task_id, worker_id, FAIL,
+                            failure(e, name, where, ctx.stage, task.key), None))
                 return
             send(Result(task.task_id, worker_id, kind, value, stats))
             del value

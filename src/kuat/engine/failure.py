@@ -1,11 +1,21 @@
-"""Error transport: an exception raised in a worker, raised again in the consumer as its equal.
+"""Error transport: an exception raised in a worker, raised again in the consumer.
 
-*Its equal* means the same type, the same ``args``, the same attributes (the instance
-``__dict__``, ``__notes__`` included, and what the type's own reduction carries, such as
-``OSError.filename`` or ``ImportError.name``) and the same chain (``__cause__``,
-``__context__``), plus one note naming the worker and the sample indices. A ``DecodeError``
-keeps its ``index`` and ``source``, a ``CalledProcessError`` its ``returncode`` and ``stderr``,
-at any number of workers and with either worker type.
+In the worker's own process (thread workers, ``num_workers=0``, the consumer's take-over of
+cheap batches) nothing needs pickling: the consumer raises the original object itself, as
+torch's ``num_workers=0`` does, whatever its ``__reduce__`` does, with its traceback (the
+worker's frames, shown under the consumer's) and its chain, plus one note.
+
+From a worker process it is raised as the original's *equal*: the same type, the same
+``args``, the same attributes (the instance ``__dict__``, ``__notes__`` included, and what the
+type's own reduction carries, such as ``OSError.filename`` or ``ImportError.name``) and the same
+chain (``__cause__``, ``__context__``), plus one note. A ``DecodeError`` keeps its ``index``
+and ``source``, a ``CalledProcessError`` its ``returncode`` and ``stderr``.
+
+The note is one sentence the caller writes (the engine: ``engine/base.py:failure`` names the
+worker, the stage that failed and the sample indices; the Ray converter names its task), and,
+from a process, the worker's formatted traceback (tracebacks do not pickle) and the attributes
+left behind. This module knows nothing of tasks, so anything that runs work in another process
+can use it.
 
 How an exception is rebuilt (:func:`_rebuild`): from its ``__reduce_ex__``, ``(callable, args,
 state)``, as ``copy.copy`` and ``pickle`` do: ``callable(*args)``, then ``__setstate__(state)``.
@@ -13,23 +23,16 @@ Where the type's ``__init__`` refuses its own ``args`` (a user exception with a 
 keyword argument, ``__init__(self, msg, *, code)``), the instance is made with
 ``type.__new__(type, *args)`` and given its state: pickle's own route for objects that do not
 reduce themselves, so the type and every attribute survive. ``args`` are set back to the
-original's when an ``__init__`` rewrote them (``super().__init__(f"code {code}")``).
+original's when an ``__init__`` rewrote them (``super().__init__(f"code {code}")``). The
+reduction is pickled in the worker (:class:`_Packed`) and checked there by rebuilding it once;
+attributes that do not pickle are dropped and named in the note. The chain is packed the same
+way, up to ``_CHAIN_DEPTH`` links. Everything is unpickled lazily in the consumer, so an
+exception type the consumer cannot import never breaks the result pipe.
 
-* Thread workers (:meth:`Failure.exception` with ``original`` kept): a copy of the original,
-  rebuilt as above in the consumer, carrying the original's traceback and chain; the
-  traceback shown is the worker's frames under the consumer's. A copy, not the original: one
-  failure (a ``worker_init_fn`` error) is raised for every task, each with its own note.
-* Process workers: the reduction is pickled in the worker (:class:`_Packed`) and checked
-  there by rebuilding it once; attributes that do not pickle are dropped and named in the
-  note. The chain is packed the same way, up to ``_CHAIN_DEPTH`` links; the worker's formatted
-  traceback goes into the note (tracebacks do not pickle). Everything is unpickled lazily in
-  the consumer, so an exception type the consumer cannot import never breaks the result pipe.
-* ``num_workers=0`` and the consumer's take-over of cheap batches raise the original itself
-  (``kuat/loader.py``), as torch's ``num_workers=0`` does.
-
-What cannot be rebuilt (an unpicklable or unimportable type, a ``__new__`` that refuses its
-``args``, Python < 3.11 where notes are not shown) becomes a :class:`kuat.WorkerError` that
-names the original type, the message, the worker, the indices and the worker's traceback.
+What cannot cross (an unpicklable or unimportable type, a ``__reduce__`` that raises or whose
+result cannot be rebuilt, a ``__new__`` that refuses its ``args``; every process exception on
+Python < 3.11, where notes are not shown) becomes a :class:`kuat.WorkerError` that names the
+original type, the message, the worker, the stage, the indices and the worker's traceback.
 
 For comparison, torch's DataLoader (``torch._utils.ExceptionWrapper.reraise``) raises
 ``type(msg)`` with the formatted traceback as the only argument, and ``RuntimeError`` when the
@@ -99,20 +102,6 @@ def _rebuild(fn, args: tuple, state, exc_args: tuple) -> BaseException:
     if not same:
         exc.args = exc_args
     return exc
-
-
-def _copy(exc: BaseException) -> BaseException | None:
-    """A copy of ``exc`` (type, args, attributes, chain, traceback), or None if none can be made."""
-    try:
-        fn, args, state = _reduce(exc)
-        clone = _rebuild(fn, args, state, exc.args)
-    except Exception:
-        return None
-    if type(clone) is not type(exc):
-        return None
-    clone.__cause__, clone.__context__ = exc.__cause__, exc.__context__
-    clone.__suppress_context__ = exc.__suppress_context__
-    return clone.with_traceback(exc.__traceback__)
 
 
 class _Packed(NamedTuple):
@@ -210,52 +199,72 @@ class Failure:
     """
 
     def __init__(self, exc: BaseException, worker: str, note: str, *,
-                 indices: list | None = None):
+                 indices: list | None = None, stage: str = ""):
         self.type_name = _type_name(type(exc))
         self.message = _message(exc)
         self.traceback = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-        self.worker = worker  # the worker's name (kuat.WorkerError.worker)
-        self.note = note  # where it was raised, as one sentence (the engine writes it)
-        self.indices = indices  # the sample indices of the failed task (WorkerError.indices)
+        self.worker = worker
+        self.note = note
+        self.indices = indices
+        self.stage = stage
         # SystemExit, KeyboardInterrupt: the worker stops after reporting it (engine/base.py)
         self.ends_worker = not isinstance(exc, Exception)
-        self.original = exc  # kept in thread mode, packed when pickled (process mode)
+        self.original = exc  # kept in the worker's process, packed when pickled (process mode)
+        self._tb = exc.__traceback__  # the worker's frames (raising it again adds others)
         self.packed: _Packed | None = None
 
     def __getstate__(self):
         state = dict(self.__dict__)
         if self.original is not None:
             state["packed"] = _pack(self.original)
-        state["original"] = None
+        state["original"] = state["_tb"] = None  # tracebacks do not pickle
         return state
 
     def exception(self) -> BaseException:
-        """The exception to raise in the consumer: the original's equal when it can be
-        rebuilt, with a note naming the worker and the sample indices, otherwise a
-        :class:`kuat.WorkerError`. Each call gives a new exception.
+        """The exception to raise in the consumer, with the note added.
 
-        The worker's traceback is shown once: from a thread, as the exception's own traceback
-        (the original's frames); from a process, where tracebacks do not survive pickling, as
-        text in the note.
+        In the worker's own process (thread workers, ``num_workers=0``, the consumer's
+        take-over): the original object itself, whatever its ``__reduce__`` does (nothing is
+        pickled), its traceback reset to the worker's frames, which show under the consumer's
+        when it is raised. A failure raised for several tasks (a ``worker_init_fn`` error) is
+        the same object each time, with its note once.
+
+        From a process: a new exception each call, the original's equal when it can be rebuilt
+        (its traceback, which does not pickle, as text in the note), otherwise a
+        :class:`kuat.WorkerError` naming its type, message, stage and traceback.
         """
-        note = self.note
         if self.original is not None:
-            exc = _copy(self.original)
-        else:
-            exc = _unpack(self.packed) if self.packed is not None else None
-            if exc is not None and self.packed.dropped:
-                note += (f"\nAttributes left in the worker (they do not pickle): "
-                         f"{', '.join(self.packed.dropped)}.")
-            note += f"\nWorker traceback:\n{self.traceback}"
+            exc = self.original.with_traceback(self._tb)
+            _add_note(exc, self.note)
+            return exc
+        note = self.note
+        exc = _unpack(self.packed) if self.packed is not None else None
+        if exc is not None and self.packed.dropped:
+            note += (f"\nAttributes left in the worker (they do not pickle): "
+                     f"{', '.join(self.packed.dropped)}.")
+        note += f"\nWorker traceback:\n{self.traceback}"
         if exc is None or sys.version_info < (3, 11):  # before 3.11 a note is not shown
-            exc = WorkerError(
+            return WorkerError(
                 f"{self.type_name}: {self.message}\n{note}",
                 original_type=self.type_name,
                 worker=self.worker,
                 indices=self.indices,
                 worker_traceback=self.traceback,
+                stage=self.stage,
             )
-            exc.__cause__ = self.original
-        else:
-            exc.add_note(note)
+        exc.add_note(note)
         return exc
+
+
+def _add_note(exc: BaseException, note: str) -> None:
+    """Add ``note`` to ``exc`` unless it is there already (the same failure raised again)."""
+    notes = getattr(exc, "__notes__", None)
+    if isinstance(notes, list) and note in notes:
+        return
+    try:
+        if hasattr(exc, "add_note"):
+            exc.add_note(note)
+        else:  # Python 3.10: kept where 3.11 keeps notes (not shown in the traceback)
+            exc.__notes__ = [*(notes or ()), note]
+    except Exception:  # a __notes__ that is not a list, an exception without a __dict__
+        pass

@@ -22,6 +22,8 @@ class InlineEngine:
 
     def __init__(self, job, base_seed: int, *, own_copy: bool = False):
         self._job = job
+        self._where = ("the kuat DataLoader's own thread (taking over from its worker threads)"
+                       if own_copy else "the kuat DataLoader's own thread (num_workers=0)")
         # own_copy: the consumer takes over from thread workers and, like each of them, reads
         # its own shallow copy of the dataset (FetchJob.start)
         self._ctx = job.start(0, 1, "inline", base_seed, own_copy=own_copy)
@@ -38,7 +40,7 @@ class InlineEngine:
             kind, value, stats = self._job.run(self._ctx, task.epoch, task.key, task.base_seed,
                                                task.width)
         except Exception as e:
-            kind, value, stats = FAIL, failure(e, self.name, task.key), None
+            kind, value, stats = FAIL, failure(e, self.name, self._where, self._ctx.stage, task.key), None
         return Result(task.task_id, 0, kind, value, stats)
 
     def close(self) -> None:

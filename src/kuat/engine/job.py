@@ -29,7 +29,7 @@ from kuat import _native, _parallel
 from kuat import rng as krng
 from kuat.collate import batch_scope
 from kuat.engine import isolate
-from kuat.engine.base import EMPTY, END, OK, ResumeAt, WorkStats
+from kuat.engine.base import COLLATE, EMPTY, END, FETCH, OK, PIN, ResumeAt, WorkStats
 from kuat.sources import protocol
 
 __all__ = ["FetchJob", "WorkerCtx", "set_worker_info", "per_sample_getitems", "worker_dataset"]
@@ -220,6 +220,7 @@ class WorkerCtx:
     ended: bool = False
     extra: dict = field(default_factory=dict)
     probed: bool = False  # this worker's first batch ran isolated and probed (isolate.py)
+    stage: str = FETCH  # what run() is doing: FETCH, COLLATE or PIN (names a failure's stage)
 
 
 @dataclass
@@ -319,8 +320,10 @@ class FetchJob:
         the global-RNG lock wait and the skipped samples. The batch is built inside a
         :class:`kuat.collate.batch_scope`, so it shares memory only with buffers allocated for
         it. Raises whatever the dataset, ``collate_fn`` or pinning raise (with
-        ``on_error="raise"``); the engine turns that into a ``FAIL`` result.
+        ``on_error="raise"``), ``ctx.stage`` then naming which of them (``FETCH``, ``COLLATE``,
+        ``PIN``); the engine turns that into a ``FAIL`` result.
         """
+        ctx.stage = FETCH
         if ctx.epoch != epoch:
             self._new_epoch(ctx, epoch, base_seed, key)
         st = WorkStats()
@@ -352,12 +355,14 @@ class FetchJob:
             else:
                 st.samples = len(data) if self.auto_collation else 1
                 t1 = time.perf_counter()
+                ctx.stage = COLLATE
                 batch = self.collate_fn(data)
                 st.collate_s = time.perf_counter() - t1
         if self.pin and ctx.method != "process":
             from kuat.device import pin_batch
 
             t2 = time.perf_counter()
+            ctx.stage = PIN
             batch = pin_batch(batch)
             st.pin_s = time.perf_counter() - t2
         return OK, batch, st

@@ -37,11 +37,13 @@ from kuat.engine import shm
 from kuat.engine.base import (
     FAIL,
     OK,
+    SEND,
     ClosedOnExit,
     Failure,
     Result,
     Task,
     describe_key,
+    describe_worker,
     failure,
     key_indices,
     serve,
@@ -91,7 +93,9 @@ def _worker_main(payload, worker_id, num_workers, name, base_seed, conn, prefix,
         except (BrokenPipeError, EOFError, ConnectionError):
             raise
         except Exception as e:
-            conn.send(Result(result.task_id, worker_id, FAIL, failure(e, name, current["task"].key), None))
+            conn.send(Result(result.task_id, worker_id, FAIL,
+                             failure(e, name, describe_worker(name, "process"), SEND,
+                                     current["task"].key), None))
         finally:
             if fd is not None:
                 os.close(fd)
