@@ -199,8 +199,13 @@ def test_edited_input_restarts_its_part(ray_local, tmp_path, caplog):
     src = make_imagefolder(tmp_path / "train", n=40, broken=1)  # part 1 holds the broken file
     dst = tmp_path / "out"
     kw = dict(engine="ray", rows_per_task=10, progress=False)
-    with pytest.raises(DecodeError):
+    with pytest.raises(DecodeError) as info:
         kuat.convert.from_imagefolder(src, dst, **kw)
+    # as the local engine raises it (its message names the file, its cause is PIL's), plus
+    # where it was raised
+    assert "broken0.jpg" in str(info.value) and info.value.__cause__ is not None
+    assert any(re.match(r"Raised in kuat's Ray task for item \d+ ", n)
+               for n in info.value.__notes__)
     first = src / "class0" / "img0000.jpg"
     first.write_bytes(_jpeg(33, 31, 99))  # part 0's input changed since its record
     (src / "class1" / "broken0.jpg").unlink()

@@ -498,3 +498,30 @@ def test_the_worker_traceback_is_shown_once_from_a_process():
     (note,) = _kuat_notes(got)
     assert "Worker traceback:" in note and "raise self.raised[-1] from e" in note
     assert got.__cause__.__traceback__ is None  # tracebacks do not pickle: the note has it
+
+
+# -- the Ray converter's tasks send their errors the same way -------------------------------
+def _conflicting_row(item, k, payload):
+    try:
+        int("one")
+    except ValueError as e:
+        raise kuat.SchemaError(f"{item} row 0: 'one' is not int64", field="v") from e
+
+
+def test_a_ray_conversion_task_error_keeps_its_chain_and_names_the_task():
+    import pickle
+
+    from kuat.convert import _ray
+
+    batch = {"item": [3], "payload": [pickle.dumps("c.jsonl")]}
+    row = _ray._task(batch, fn=_conflicting_row, fn_kwargs={}, marker=None)
+    got = pickle.loads(row["error"][0]).exception()  # what the driver raises (_ray._map)
+    try:
+        _conflicting_row("c.jsonl", 3, b"")
+    except kuat.SchemaError as e:
+        want = e
+    _assert_equal(got, want)  # the message names the file and row, as the local engine's
+    assert type(got.__cause__) is ValueError and str(got.__cause__) == str(want.__cause__)
+    (note,) = _kuat_notes(got)
+    assert re.match(r"Raised in kuat's Ray task for item 3 \(process \d+ on ", note)
+    assert "Worker traceback:" in note and "raise kuat.SchemaError" in note

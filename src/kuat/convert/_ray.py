@@ -56,12 +56,14 @@ import os
 import pickle
 import re
 import shutil
+import socket
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from kuat.convert._driver import ConvertOptions, ConvertReport, log_skipped
+from kuat.engine.failure import Failure
 from kuat.errors import FormatError, KuatError, require
 from kuat.format import Schema, Writer
 from kuat.format.fs import is_url, local_path, open_remote, retry
@@ -319,7 +321,9 @@ def _task(batch: dict, *, fn: Callable, fn_kwargs: dict, marker: _Parts | None) 
     ``{"item", "result", "error"}``, each pickled. ``error``: the ``KuatError`` the item
     raised (an unreadable sample with ``on_error="raise"``, a schema conflict): deterministic,
     so not for Ray to retry, and returned as data because Ray Data hands the driver only the
-    message of what a task raises."""
+    message of what a task raises. It travels as the loader's worker errors do
+    (:class:`kuat.engine.failure.Failure`): the driver raises its equal (type, args,
+    attributes, chain), with a note naming this task and its traceback."""
     (k,) = batch["item"]
     k = int(k)
     if marker is not None and marker.exists(_ABORTED):
@@ -328,15 +332,11 @@ def _task(batch: dict, *, fn: Callable, fn_kwargs: dict, marker: _Parts | None) 
     try:
         result = fn(pickle.loads(payload), k, payload, **fn_kwargs)
     except KuatError as e:
-        return {"item": [k], "result": [b""], "error": [_pickle_error(e)]}
+        where = f"process {os.getpid()} on {socket.gethostname()}"
+        failure = Failure(e, f"Ray task {k} ({where})",
+                          f"Raised in kuat's Ray task for item {k} ({where}).")
+        return {"item": [k], "result": [b""], "error": [pickle.dumps(failure)]}
     return {"item": [k], "result": [pickle.dumps(result)], "error": [b""]}
-
-
-def _pickle_error(e: KuatError) -> bytes:
-    try:
-        return pickle.dumps(e)
-    except Exception:  # an unpicklable attribute: keep the type's message at least
-        return pickle.dumps(KuatError(f"{type(e).__name__}: {e}"))
 
 
 def _import_ray():
@@ -427,7 +427,7 @@ def _map(ray, fn, items, opts, fn_kwargs, marker, on_result=None) -> list:
         # has returned.
         for row in ds.iter_rows():
             if error is None and row["error"]:
-                error = pickle.loads(row["error"])
+                error = pickle.loads(row["error"]).exception()
                 if marker is not None:
                     marker.touch(_ABORTED)
             elif error is None:
