@@ -18,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from _images import noise_image
 from PIL import Image
 
 import kuat
@@ -321,17 +322,12 @@ def test_tsv_is_detected_and_delimiter_is_an_option(tmp_path):
 
 # -- #11.9 truncated images ------------------------------------------------------------------
 def _jpeg(seed: int) -> bytes:
-    arr = np.random.default_rng(seed).integers(0, 255, (48, 64, 3), dtype=np.uint8)
-    b = io.BytesIO()
-    Image.fromarray(arr).save(b, "JPEG", quality=90)
-    return b.getvalue()
+    return noise_image(64, 48, seed, quality=90)
 
 
 def _png(seed: int) -> bytes:
-    arr = np.random.default_rng(seed).integers(0, 255, (48, 64, 3), dtype=np.uint8)
-    b = io.BytesIO()
-    Image.fromarray(arr).save(b, "PNG")
-    return b.getvalue()
+    return noise_image(64, 48, seed, "PNG")
+
 
 
 @pytest.mark.parametrize("fmt", ["jpg", "png"])

@@ -7,6 +7,7 @@ import logging
 
 import numpy as np
 import pytest
+from _images import noise_image
 from PIL import Image, ImageOps
 
 import kuat
@@ -15,23 +16,15 @@ from kuat.errors import DecodeError
 
 
 def _jpeg(w: int, h: int, seed: int, orientation: int | None = None) -> bytes:
-    arr = np.random.default_rng(seed).integers(0, 255, (h, w, 3), dtype=np.uint8)
-    buf = io.BytesIO()
-    im = Image.fromarray(arr)
     if orientation is None:
-        im.save(buf, "JPEG", quality=90)
-    else:
-        exif = Image.Exif()
-        exif[0x0112] = orientation
-        im.save(buf, "JPEG", quality=90, exif=exif)
-    return buf.getvalue()
+        return noise_image(w, h, seed, quality=90)
+    exif = Image.Exif()
+    exif[0x0112] = orientation  # EXIF Orientation
+    return noise_image(w, h, seed, quality=90, exif=exif)
 
 
 def _png(w: int, h: int, seed: int) -> bytes:
-    arr = np.random.default_rng(seed).integers(0, 255, (h, w, 3), dtype=np.uint8)
-    buf = io.BytesIO()
-    Image.fromarray(arr).save(buf, "PNG")
-    return buf.getvalue()
+    return noise_image(w, h, seed, "PNG")
 
 
 @pytest.fixture

@@ -11,26 +11,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from PIL import Image
+from _images import noise_image
 
 import kuat
 import kuat.convert
 from kuat import format as kf
 from kuat.errors import DecodeError, FormatError, SchemaError
-
-
-def _png(w: int, h: int, seed: int) -> bytes:
-    arr = np.random.default_rng(seed).integers(0, 255, (h, w, 3), dtype=np.uint8)
-    buf = io.BytesIO()
-    Image.fromarray(arr).save(buf, "PNG")
-    return buf.getvalue()
-
-
-def _jpeg(w: int, h: int, seed: int) -> bytes:
-    arr = np.random.default_rng(seed).integers(0, 255, (h, w, 3), dtype=np.uint8)
-    buf = io.BytesIO()
-    Image.fromarray(arr).save(buf, "JPEG")
-    return buf.getvalue()
 
 
 # -- Hugging Face ----------------------------------------------------------------------------
@@ -51,7 +37,7 @@ def hf_dataset():
     )
     n = 12
     data = {
-        "img": [{"bytes": _png(5 + i, 4, i), "path": None} for i in range(n)],
+        "img": [{"bytes": noise_image(5 + i, 4, i, "PNG"), "path": None} for i in range(n)],
         "label": [i % 3 for i in range(n)],
         "score": [i / 8 for i in range(n)],
         "ok": [i % 2 == 0 for i in range(n)],
@@ -160,7 +146,7 @@ def test_parquet_round_trip_across_files(tmp_path):
 
 
 def test_parquet_images_by_bytes_and_by_path(tmp_path):
-    imgs = [_jpeg(8 + i, 6, i) for i in range(4)]
+    imgs = [noise_image(8 + i, 6, i) for i in range(4)]
     for i, data in enumerate(imgs):
         (tmp_path / f"{i}.jpg").write_bytes(data)
     t = pa.table(
@@ -222,7 +208,7 @@ def test_nulls_are_refused_naming_column_and_row(tmp_path):
 
 
 def test_unreadable_image_in_a_table(tmp_path):
-    t = pa.table({"pic": pa.array([_jpeg(4, 4, 0), b"nope"], type=pa.binary())})
+    t = pa.table({"pic": pa.array([noise_image(4, 4, 0), b"nope"], type=pa.binary())})
     pq.write_table(t, tmp_path / "t.parquet")
     with pytest.raises(DecodeError, match="row 1"):
         kuat.convert.from_parquet(
@@ -296,12 +282,12 @@ def _wds_samples(start, n):
             (
                 f"part/{i:06d}",
                 {
-                    "jpg": _jpeg(6, 5 + i % 3, i),
+                    "jpg": noise_image(6, 5 + i % 3, i),
                     "cls": str(i % 4).encode(),
                     "txt": f"caption {i} \u00e9".encode(),
                     "json": json.dumps({"i": i}).encode(),
                     "npy": buf.getvalue(),
-                    "seg.png": _png(3, 3, i),
+                    "seg.png": noise_image(3, 3, i, "PNG"),
                 },
             )
         )

@@ -8,22 +8,20 @@ torch's DataLoader is the floor: its ExceptionWrapper keeps the type only when `
 works, and then replaces args; kuat keeps the type in every one of those cases."""
 
 import errno
-import io
 import re
 import subprocess
 import sys
 import threading
 import traceback
 
-import numpy as np
 import pyarrow as pa
 import pytest
 import torch
-from PIL import Image, UnidentifiedImageError
+from _images import jpeg_dataset, noise_image
+from PIL import UnidentifiedImageError
 from torch._utils import ExceptionWrapper
 
 import kuat
-import kuat.format as kf
 from kuat import _parallel
 from kuat.vision.decode import roi_batch_available
 from kuat.vision.transforms import Compose, RandomHorizontalFlip, RandomResizedCrop
@@ -438,22 +436,10 @@ def test_the_consumers_take_over_of_cheap_batches_raises_the_original():
 
 
 # -- the vision batch path: DecodeError from the fused batch kernel, first batch split ---------
-def _jpeg(seed: int) -> bytes:
-    g = np.random.default_rng(seed)
-    a = g.integers(0, 255, (60 + seed % 7, 80, 3), dtype=np.uint8)
-    out = io.BytesIO()
-    Image.fromarray(a).save(out, format="JPEG", quality=85)
-    return out.getvalue()
-
-
 @pytest.fixture(scope="module")
 def broken_jpegs(tmp_path_factory):
-    path = tmp_path_factory.mktemp("errattrs") / "ds"
-    imgs = [_jpeg(i) for i in range(12)]
-    imgs[5] = imgs[5][: len(imgs[5]) // 4]  # truncated: raises when decoded
-    with kuat.Writer(path, {"image": kf.image(), "label": kf.int64()}) as w:
-        w.write_batch({"image": imgs, "label": np.arange(12)})
-    return path
+    imgs = [noise_image(80, 60 + i % 7, i, quality=85) for i in range(12)]
+    return jpeg_dataset(tmp_path_factory.mktemp("errattrs") / "ds", imgs, truncated=[5])
 
 
 def _images(path):

@@ -5,13 +5,11 @@ these tests pin that it gives what ``default_collate(ds.__getitems__(indices))``
 ``default_collate``) give, for every field type, with and without transforms.
 """
 
-import io
-
 import numpy as np
 import pytest
 import torch
+from _images import noise_image
 from _same import assert_same
-from PIL import Image
 from torch.utils.data import default_collate as torch_collate
 
 import kuat
@@ -21,13 +19,6 @@ from kuat.vision import RandomResizedCrop
 
 N = 12
 INDICES = [5, 0, 11, 3, 3, 7, -1]
-
-
-def _jpeg(seed: int) -> bytes:
-    a = np.random.default_rng(seed).integers(0, 255, (24, 32, 3), dtype=np.uint8)
-    out = io.BytesIO()
-    Image.fromarray(a).save(out, format="JPEG", quality=90)
-    return out.getvalue()
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +51,7 @@ def every_type(tmp_path_factory):
         "text": [f"row {i} é" for i in range(N)],
         "blob": [bytes([i]) * 3 for i in range(N)],
         "seq": [np.arange(i, i + 3, dtype=np.int32) for i in range(N)],  # equal lengths: stackable
-        "image": [_jpeg(i) for i in range(N)],
+        "image": [noise_image(32, 24, i, quality=90) for i in range(N)],
     }
     path = tmp_path_factory.mktemp("every") / "ds"
     with kuat.Writer(path, schema, shard_bytes=4096) as w:  # several shards

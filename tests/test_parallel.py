@@ -10,12 +10,12 @@ import threading
 import numpy as np
 import pytest
 import torch
+from _images import jpeg_dataset, photo_jpeg
 from hypothesis import given
 from hypothesis import strategies as st
 from PIL import Image
 
 import kuat
-import kuat.format as kf
 from kuat import _parallel
 from kuat.engine.thread import ThreadEngine
 from kuat.errors import DecodeError
@@ -98,17 +98,6 @@ def test_width_is_per_thread_and_nests():
 
 
 # -- the vision batch kernel ---------------------------------------------------------------------
-def _photo_jpeg(seed: int, quality: int = 88) -> bytes:
-    g = np.random.default_rng(seed)
-    h, w = int(g.integers(120, 200)), int(g.integers(140, 260))
-    y, x = np.mgrid[0:h, 0:w]
-    a = np.stack([(x * 255 // w), (y * 255 // h), ((x + y) * 3) % 256], -1)
-    a = np.clip(a + g.normal(0, 12, a.shape), 0, 255).astype(np.uint8)  # grain
-    out = io.BytesIO()
-    Image.fromarray(a).save(out, format="JPEG", quality=quality)
-    return out.getvalue()
-
-
 def _size(data: bytes) -> tuple[int, int]:
     with Image.open(io.BytesIO(data)) as im:
         return im.size
@@ -121,7 +110,7 @@ needs_roi = pytest.mark.skipif(not kdecode.roi_batch_available(),
 @needs_roi
 @pytest.mark.parametrize("width", [2, 3, 5])
 def test_split_batch_kernel_writes_the_same_pixels(width):
-    datas = [_photo_jpeg(k) for k in range(13)]
+    datas = [photo_jpeg(k) for k in range(13)]
     sizes = [_size(d) for d in datas]
     c = Compose([RandomResizedCrop(48), RandomHorizontalFlip()])
     assert c.splits_batches
@@ -138,7 +127,7 @@ def test_split_batch_kernel_writes_the_same_pixels(width):
 
 @needs_roi
 def test_split_batch_kernel_raises_the_first_bad_sample_in_sample_order():
-    good = [_photo_jpeg(k) for k in range(8)]
+    good = [photo_jpeg(k) for k in range(8)]
     datas = list(good)
     datas[6] = b"not an image"  # in the last part
     datas[3] = good[3][: len(good[3]) // 3]  # truncated, in an earlier part
@@ -155,12 +144,8 @@ def test_split_batch_kernel_raises_the_first_bad_sample_in_sample_order():
 # -- the loader ----------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def jpegs(tmp_path_factory):
-    path = tmp_path_factory.mktemp("first") / "ds"
-    imgs = [_photo_jpeg(i) for i in range(40)]
-    imgs[21] = imgs[21][: len(imgs[21]) // 4]  # truncated: raises when decoded
-    with kuat.Writer(path, {"image": kf.image(), "label": kf.int64()}) as w:
-        w.write_batch({"image": imgs, "label": np.arange(40)})
-    return path
+    imgs = [photo_jpeg(i) for i in range(40)]
+    return jpeg_dataset(tmp_path_factory.mktemp("first") / "ds", imgs, truncated=[21])
 
 
 def _dataset(path):
