@@ -318,23 +318,27 @@ def test_a_collate_fn_error_names_collate_fn_not_the_dataset(num_workers, worker
     assert "fetching" not in note
 
 
-@pytest.mark.parametrize("num_workers", [0, 2], ids=["inline", "threads"])
-def test_a_pinning_error_names_pin_memory(num_workers, monkeypatch):
-    # pinned on the worker in threads and at 0 workers (process workers pin on read, in the
-    # consumer, where an error is raised as it is); no accelerator needed to fail it
+@pytest.mark.parametrize("num_workers,worker_type", MODES, ids=MODE_IDS)
+def test_a_pinning_error_names_pin_memory(num_workers, worker_type, monkeypatch):
+    # pinned in the worker with threads and at 0 workers, by the consumer as it copies the
+    # batch out of a process worker's shared memory; failed here without an accelerator
     from kuat import device, loader
+    from kuat.engine import shm
 
-    def pin_fails(batch):
+    def pin_fails(*args, **kwargs):
         raise RuntimeError("cudaHostAlloc failed")
 
     monkeypatch.setattr(loader, "accelerator_available", lambda: True)
     monkeypatch.setattr(device, "pin_batch", pin_fails)
+    monkeypatch.setattr(shm, "read_batch", pin_fails)  # the consumer's copy (process workers)
     dl = kuat.DataLoader(list(range(8)), batch_size=2, num_workers=num_workers,
-                         pin_memory=True, sampler=[6, 7])
+                         worker_type=worker_type, pin_memory=True, sampler=[6, 7])
     got = _raised(iter(dl))
     assert type(got) is RuntimeError and got.args == ("cudaHostAlloc failed",)
     (note,) = _kuat_notes(got)
     assert "while pinning the batch of sample indices [6, 7] (pin_memory=True)" in note
+    if worker_type == "process":
+        assert "own thread" in note and "from kuat worker kuat-worker-0" in note
 
 
 def test_a_batch_a_process_cannot_hand_over_names_that_stage():

@@ -37,11 +37,13 @@ from kuat.engine import shm
 from kuat.engine.base import (
     FAIL,
     OK,
+    PIN,
     SEND,
     ClosedOnExit,
     Failure,
     Result,
     Task,
+    describe_failure,
     describe_key,
     describe_worker,
     failure,
@@ -244,7 +246,14 @@ class ProcessEngine(ClosedOnExit):
                 slot = (value.slot, value.size)
             mm = self._maps[value.slot]
             if self.pin:  # one copy, straight into pinned memory
-                r.value = shm.read_batch(value, mm, pin=True)
+                try:
+                    r.value = shm.read_batch(value, mm, pin=True)
+                except Exception as e:  # pinned memory exhausted, no accelerator: which batch
+                    if hasattr(e, "add_note"):
+                        e.add_note(f"Raised in the kuat DataLoader's own thread "
+                                   f"{describe_failure(PIN, task.key)}, reading it from kuat "
+                                   f"worker {self._procs[w].name}.")
+                    raise
             else:  # zero-copy: the slot comes back when the batch's large tensors are gone
                 r.value = shm.view_batch(value, mm, functools.partial(self._free[w].append, slot))
                 return r
