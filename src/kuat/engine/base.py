@@ -61,8 +61,8 @@ def _close_live_engines() -> None:
     for engine in engines:
         engine._wait_stopped(deadline)
 
-__all__ = ["OK", "END", "FAIL", "EMPTY", "Task", "Result", "WorkStats", "Failure", "failure", "serve",
-           "START", "FETCH", "COLLATE", "PIN", "SEND"]
+__all__ = ["OK", "END", "FAIL", "EMPTY", "Task", "Result", "WorkStats", "Failure", "failure",
+           "serve", "START", "FETCH", "COLLATE", "PIN", "SEND"]
 
 OK, END, FAIL, EMPTY = 0, 1, 2, 3  # result kinds: batch, iterable exhausted, error, all skipped
 

@@ -193,6 +193,7 @@ class Failure:
         note: where it was raised, one sentence, added to the exception in the consumer. The
             engine writes it (``engine/base.py:failure``): this module knows nothing of tasks.
         indices: the sample indices of the failed work, or None (``WorkerError.indices``).
+        stage: what the worker was doing (``engine/base.py``'s stages; ``WorkerError.stage``).
 
     Thread-safety: made in the worker, read by the consumer after it is handed over; not
     shared otherwise.

@@ -40,7 +40,8 @@ class InlineEngine:
             kind, value, stats = self._job.run(self._ctx, task.epoch, task.key, task.base_seed,
                                                task.width)
         except Exception as e:
-            kind, value, stats = FAIL, failure(e, self.name, self._where, self._ctx.stage, task.key), None
+            value = failure(e, self.name, self._where, self._ctx.stage, task.key)
+            kind, stats = FAIL, None
         return Result(task.task_id, 0, kind, value, stats)
 
     def close(self) -> None:
