@@ -352,6 +352,30 @@ def test_a_batch_a_process_cannot_hand_over_names_that_stage():
                      r"sample indices \[0, 1\] to the loader", note)
 
 
+class RaisesOneObject:
+    """Every sample raises one stored exception object (as a dataset that failed to open)."""
+
+    def __init__(self):
+        self.error = OSError(errno.EIO, "cannot open /d/shard-00000.arrow")
+
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        raise self.error
+
+
+@pytest.mark.parametrize("num_workers", [0, 2], ids=["inline", "threads"])
+def test_one_exception_object_raised_again_has_the_note_of_this_raise_only(num_workers):
+    ds = RaisesOneObject()
+    it = iter(kuat.DataLoader(ds, batch_size=2, num_workers=num_workers, sampler=range(6)))
+    for indices in ([0, 1], [2, 3], [4, 5]):
+        got = _raised(it)
+        assert got is ds.error
+        (note,) = _kuat_notes(got)
+        assert f"sample indices {indices} from the dataset" in note
+
+
 class Opaque:
     """Samples ``[i]``; sample 3 raises ``exc_of(3)``."""
 

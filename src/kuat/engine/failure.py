@@ -228,7 +228,7 @@ class Failure:
         take-over): the original object itself, whatever its ``__reduce__`` does (nothing is
         pickled), its traceback reset to the worker's frames, which show under the consumer's
         when it is raised. A failure raised for several tasks (a ``worker_init_fn`` error) is
-        the same object each time, with its note once.
+        the same object each time, with one note.
 
         From a process: a new exception each call, the original's equal when it can be rebuilt
         (its traceback, which does not pickle, as text in the note), otherwise a
@@ -257,15 +257,21 @@ class Failure:
         return exc
 
 
+class _Note(str):
+    """A note this module added (a ``str``): replaced, not repeated, on the next raise."""
+
+
 def _add_note(exc: BaseException, note: str) -> None:
-    """Add ``note`` to ``exc`` unless it is there already (the same failure raised again)."""
-    notes = getattr(exc, "__notes__", None)
-    if isinstance(notes, list) and note in notes:
-        return
+    """Add ``note`` to ``exc`` in place of one this module added before: the same object raised
+    again (a ``worker_init_fn`` failure raised for every task, a dataset that raises one stored
+    exception for every batch) shows the note of this raise only."""
     try:
+        notes = getattr(exc, "__notes__", None)
+        if isinstance(notes, list):
+            notes[:] = [n for n in notes if not isinstance(n, _Note)]
         if hasattr(exc, "add_note"):
-            exc.add_note(note)
+            exc.add_note(_Note(note))
         else:  # Python 3.10: kept where 3.11 keeps notes (not shown in the traceback)
-            exc.__notes__ = [*(notes or ()), note]
+            exc.__notes__ = [*(notes or ()), _Note(note)]
     except Exception:  # a __notes__ that is not a list, an exception without a __dict__
         pass
