@@ -196,9 +196,9 @@ def _table(results: dict, workload: str, s: dict) -> list[str]:
     lines = [
         f"| loader | {unit} (min-max) | "
         + "".join(f"vs {label(results, b, workload)} | " for b in vs_cols)
-        + "CPU s / 1k | first batch s | set-up s | added anonymous MiB | added file-backed "
-        "MiB | added shared MiB | peak PSS MiB |",
-        "|---|---:|" + "---:|" * len(vs_cols) + "---:|---:|---:|---:|---:|---:|---:|",
+        + "CPU s / 1k | first batch s | set-up s | added anonymous MiB | added shared MiB | "
+        "added anonymous + shared MiB | added file-backed MiB | peak PSS MiB |",
+        "|---|---:|" + "---:|" * len(vs_cols) + "---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for loader, r in rows.items():
         added = r.get("added_mib") or {}
@@ -208,8 +208,8 @@ def _table(results: dict, workload: str, s: dict) -> list[str]:
             + "".join(f"{_ratio(r, b)} | " for b in vs_cols)
             + f"{_f(r['cpu_s_per_1k'], '{:.2f}')} | {_f(r.get('ttfb_s'), '{:.2f}')} | "
             f"{_f(r.get('setup_s'), '{:.2f}')} | {_f(added.get('anon'))} | "
-            f"{_f(added.get('file'))} | {_f(added.get('shmem'))} | "
-            f"{_f(r.get('peak_pss_mib'))} |"
+            f"{_f(added.get('shm_system'))} | {_f(added.get('anon_shared'))} | "
+            f"{_f(added.get('file'))} | {_f(r.get('peak_pss_mib'))} |"
         )
     return lines
 
@@ -227,7 +227,10 @@ def markdown(results: dict, title: str = "# kuat bench results") -> str:
         "same round. Memory comes from separate runs (the sampler never runs while a loader is "
         "timed): PSS summed over the loader's processes, each kind's peak minus that kind "
         "after imports; file-backed pages (a memory-mapped shard) are page cache the kernel can "
-        "reclaim, anonymous memory is what the loader really holds.",
+        "reclaim. Shared is the machine's shared memory in RAM (`Shmem` of /proc/meminfo), "
+        "mapped or not: torch's worker processes keep their prefetched batches in /dev/shm "
+        "files that no process maps until the loop takes them, which no PSS shows. Anonymous "
+        "+ shared (read together) is what the loader holds that the kernel cannot reclaim.",
         "",
     ]
     for workload, s in results["summary"].items():

@@ -262,12 +262,12 @@ def run_child(
     if sampler is not None:
         # the child's own readings (after imports, after the last epoch) count as samples too
         readings = [r for r in (result.get("baseline_pss"), result.get("end_pss")) if r]
-        peak = {k: max([sampler.peak[k], *(r[k] for r in readings)]) for k in measure.PSS_KINDS}
+        peak = {k: max([sampler.peak[k], *(r[k] for r in readings)]) for k in measure.MEMORY_KINDS}
         result["peak_pss"] = peak
         result["pss_samples"] = sampler.samples
         base = result.get("baseline_pss")
         if base is not None:
-            result["added_pss"] = {k: peak[k] - base[k] for k in measure.PSS_KINDS}
+            result["added_pss"] = {k: peak[k] - base[k] for k in measure.MEMORY_KINDS}
     return result
 
 
@@ -298,7 +298,9 @@ def _memory(mem_runs: list[dict]) -> dict:
         out["peak_pss_mib"] = _median([r["peak_pss"]["pss"] / 2**20 for r in ok])
         out["baseline_pss_mib"] = _median([r["baseline_pss"]["pss"] / 2**20 for r in ok])
         out["added_mib"] = {
-            k: _median([r["added_pss"][k] / 2**20 for r in ok]) for k in measure.PSS_KINDS
+            # kinds a run lacks (results of an older harness) stay None
+            k: _median([r["added_pss"][k] / 2**20 if k in r["added_pss"] else None for r in ok])
+            for k in measure.MEMORY_KINDS
         }
     errors = sorted({r.get("error", "") for r in mem_runs if not r.get("ok")})
     if errors:

@@ -18,7 +18,7 @@ conversion), plus ``loader``, ``workload``, ``data`` (paths from the parent), ``
 What ``run`` measures (all wall times from ``time.perf_counter``):
 
 - ``baseline_pss``: PSS of this process by kind (``pss``, ``anon``, ``file``, ``shmem``,
-  bytes) after importing the peer and before building the loader (in ``memory`` runs the
+  bytes) and the machine's shared memory (``shm_system``: see :mod:`benchmarks.measure`) after importing the peer and before building the loader (in ``memory`` runs the
   parent samples the peak over the whole process tree and subtracts this);
 - ``end_pss``: in ``memory`` runs, the tree's PSS by kind after the last epoch with the loader
   still open (the parent's peak includes it and the baseline, so a run shorter than one
@@ -61,7 +61,7 @@ def _run(adapter, spec: dict) -> dict:
     from benchmarks import checks, measure
 
     versions = adapter.versions()  # imports the peer: counted in the baseline
-    baseline = measure.pss_breakdown(os.getpid())
+    baseline = measure.tree_pss(os.getpid())
     workload, data = spec.get("kind", spec["workload"]), spec["data"]
     t0 = measure.now()
     loader = adapter.build(workload, data, spec)

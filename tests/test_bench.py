@@ -98,7 +98,7 @@ def test_bench_rates_without_sampler_memory_apart_and_every_baseline(tmp_path: P
         else:
             assert [e["samples"] for e in r["epochs"]] == [samples]
             assert r["pss_samples"] >= 1
-            assert set(r["added_pss"]) == set(measure.PSS_KINDS)
+            assert set(r["added_pss"]) == set(measure.MEMORY_KINDS)
             assert r["peak_pss"]["pss"] >= r["baseline_pss"]["pss"] > 0
     # every run started with the files it reads just read (in the page cache), loaders alike
     folder_bytes = sum(f.stat().st_size for f in images.rglob("*") if f.is_file())
@@ -227,9 +227,12 @@ def _run(loader: str, rnd: int, rate: float | None, mode: str = "run", added: in
     if mode == "memory":
         mib = 2**20
         r.update(
-            baseline_pss={"pss": 100 * mib, "anon": 60 * mib, "file": 40 * mib, "shmem": 0},
-            peak_pss={"pss": (100 + added) * mib, "anon": 70 * mib, "file": 90 * mib, "shmem": 0},
-            added_pss={"pss": added * mib, "anon": 10 * mib, "file": 50 * mib, "shmem": 0},
+            baseline_pss={"pss": 100 * mib, "anon": 60 * mib, "file": 40 * mib, "shmem": 0,
+                          "shm_system": 5 * mib, "anon_shared": 65 * mib},
+            peak_pss={"pss": (100 + added) * mib, "anon": 70 * mib, "file": 90 * mib, "shmem": 0,
+                      "shm_system": 9 * mib, "anon_shared": 79 * mib},
+            added_pss={"pss": added * mib, "anon": 10 * mib, "file": 50 * mib, "shmem": 0,
+                       "shm_system": 4 * mib, "anon_shared": 14 * mib},
         )
     return r
 
@@ -304,7 +307,8 @@ def test_summary_ratios_to_every_baseline_with_spread_and_memory_apart() -> None
     assert k["ratio_to_strongest"] == 1.5
     assert k["vs"]["decode-only"]["median"] == pytest.approx(0.5)
     # memory comes from the memory run only, by kind
-    assert k["added_mib"] == {"pss": 15.0, "anon": 10.0, "file": 50.0, "shmem": 0.0}
+    assert k["added_mib"] == {"pss": 15.0, "anon": 10.0, "file": 50.0, "shmem": 0.0,
+                              "shm_system": 4.0, "anon_shared": 14.0}
     assert k["memory_runs"] == 1 and k["runs"] == 3
     assert s["rows"]["ffcv"]["rate"] is None
     assert s["rows"]["ffcv"]["errors"] == ["ImportError: no peer"]
@@ -318,6 +322,9 @@ def test_summary_ratios_to_every_baseline_with_spread_and_memory_apart() -> None
     assert "| kuat (threads) | 250 (200-300) | 3.00 (2.50-4.00) | 1.50 (1.00-2.00) |" in md
     assert "**kuat (threads): 1.50x (1.00-2.00) the strongest torch configuration here, " in md
     assert "reference, not a limit" in md
+    # added MiB: anonymous | shared (system-wide, mapped or not) | anonymous + shared | file
+    assert "added anonymous MiB | added shared MiB | added anonymous + shared MiB |" in md
+    assert "| 10 | 4 | 14 | 50 |" in md
     assert "| dali | ModuleNotFoundError: No module named 'nvidia' |" in md
 
 

@@ -241,3 +241,38 @@ def test_a_draw_by_another_thread_during_a_batch_is_a_false_alarm_not_a_draw():
     dl = kuat.DataLoader(DrawsElsewhere(), batch_size=8, seed=1)
     assert [int(v) for b in dl for v in b[0]] == list(range(48))
     assert not dl._job.rng_use.draws and dl._job.rng_use.false_alarms == 1
+
+
+class DrawsOutsideWorker0(PerSample):
+    """Draws in every worker but worker 0 (whose first batch is the one probed)."""
+
+    def __getitem__(self, i):
+        wid = torch.utils.data.get_worker_info().id
+        return (i, wid, *(_draws() if wid else (0.0, 0.0, 0.0)))
+
+
+def test_only_the_first_thread_batch_is_probed_and_the_watch_catches_the_others(monkeypatch):
+    # a dataset that does not draw: one batch runs under the exclusive lock, not one per
+    # worker (each would stall every other worker for a whole batch at the epoch's start)
+    # (workers that start together wait for that one probe, then run side by side)
+    reseeded = []  # the thread of every sample fetched isolated (reseeded)
+    seed = isolate.seed_globals_cpu
+    monkeypatch.setattr(isolate, "seed_globals_cpu",
+                        lambda s: (reseeded.append(threading.current_thread().name), seed(s)))
+    rows, dl = _rows(PerSample(64, first_drawing=64), 4, "thread", shuffle=True)
+    assert sorted(rows) == list(range(64)) and not dl._job.rng_use.draws
+    assert len(reseeded) == 4 and len(set(reseeded)) == 1, reseeded  # one batch of 4 samples
+    monkeypatch.setattr(isolate, "seed_globals_cpu", seed)
+
+    # workers other than the probed one draw from their first batch on: the watch sees it,
+    # and their batches are fetched again isolated (draws seeded from (seed, epoch, index))
+    dl = kuat.DataLoader(DrawsOutsideWorker0(), batch_size=4, num_workers=4, worker_type="thread",
+                         seed=SEED, shuffle=True)
+    seen = {}
+    for batch in dl:
+        for i, wid, *vals in zip(*(t.tolist() for t in batch)):
+            seen[i] = (wid, tuple(vals))
+    assert sorted(seen) == list(range(48)) and dl._job.rng_use.draws
+    assert {wid for wid, _ in seen.values()} == {0, 1, 2, 3}
+    for i, (wid, vals) in seen.items():
+        assert vals == ((0.0, 0.0, 0.0) if wid == 0 else pytest.approx(_expected(i))), (i, wid)

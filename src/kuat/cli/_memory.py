@@ -5,7 +5,15 @@ processes (torch's libraries mapped by every worker, fork copy-on-write pages) a
 among them instead of being counted once per process, as RSS would. It is split by kind
 (Linux >= 5.7): ``anon`` (heaps, tensors: what a loader really holds), ``file`` (file-backed
 pages such as a memory-mapped dataset shard: page cache the kernel can reclaim) and ``shmem``
-(shared memory, e.g. process workers' batch pools in ``/dev/shm``).
+(shared memory that the tree maps, e.g. process workers' batch pools in ``/dev/shm``).
+
+PSS only sees pages some process maps. torch's worker processes put each batch in a
+``/dev/shm`` file and send its descriptor; the prefetched batches waiting for the training loop
+are mapped by no process, so no PSS shows them. Two more kinds therefore read the machine:
+``shm_system`` (``Shmem`` of ``/proc/meminfo``: every ``/dev/shm``, ``memfd`` and tmpfs page in
+RAM, mapped or not; system-wide, so meaningful on an otherwise quiet machine) and
+``anon_shared`` (``anon + shm_system`` read together): what a loader holds that the kernel
+cannot reclaim.
 
 The sampler costs CPU (a quarter to half of a core on 2 cores); never time a loader while it runs.
 """
@@ -17,7 +25,7 @@ import threading
 
 import psutil
 
-KINDS = ("pss", "anon", "file", "shmem")
+KINDS = ("pss", "anon", "file", "shmem", "shm_system", "anon_shared")
 _FIELDS = {b"Pss:": "pss", b"Pss_Anon:": "anon", b"Pss_File:": "file", b"Pss_Shmem:": "shmem"}
 
 
@@ -42,8 +50,22 @@ def pss_bytes(pid: int) -> dict[str, int]:
     return out
 
 
+def system_shmem_bytes() -> int:
+    """The machine's shared memory in RAM in bytes (``Shmem`` of ``/proc/meminfo``: ``/dev/shm``
+    files, ``memfd``, tmpfs; mapped by a process or not); 0 where unreadable."""
+    try:
+        with open("/proc/meminfo", "rb") as f:
+            for line in f:
+                if line.startswith(b"Shmem:"):
+                    return int(line.split()[1]) * 1024  # kB -> bytes
+    except OSError:
+        pass
+    return 0
+
+
 def tree_pss_bytes(pid: int | None = None) -> dict[str, int]:
-    """:func:`pss_bytes` summed over ``pid`` (default: this process) and all its descendants."""
+    """:func:`pss_bytes` summed over ``pid`` (default: this process) and all its descendants,
+    with ``shm_system`` (:func:`system_shmem_bytes`) and ``anon_shared`` (``anon`` + it)."""
     root = psutil.Process(pid or os.getpid())
     try:
         pids = [root.pid] + [c.pid for c in root.children(recursive=True)]
@@ -53,6 +75,8 @@ def tree_pss_bytes(pid: int | None = None) -> dict[str, int]:
     for p in pids:
         for kind, v in pss_bytes(p).items():
             total[kind] += v
+    total["shm_system"] = system_shmem_bytes()
+    total["anon_shared"] = total["anon"] + total["shm_system"]
     return total
 
 

@@ -88,7 +88,7 @@ def _measure(which: str, path: str, workers: int, batch_size: int, seed: int, me
     """One epoch of ``which`` ("torch" or "kuat"); returns the measurements as a dict.
 
     With ``memory`` the PSS of this process tree is sampled during the epoch (``added_mib``
-    by kind: ``pss``, ``anon``, ``file``, ``shmem``) and the times are not reported; without
+    by kind: see :mod:`kuat.cli._memory`) and the times are not reported; without
     it nothing runs beside the loader.
     """
     import contextlib
@@ -362,15 +362,19 @@ def run(args) -> int:
         raise RuntimeError("the two loaders yielded different label counts")
     t, k = res["torch"], res["kuat"]
     rows = [
-        ["loader", "images/s", "first batch (s)", "added MiB: anonymous", "file-backed", "shared"],
+        [
+            "loader", "images/s", "first batch (s)", "added MiB: anonymous", "shared",
+            "anonymous + shared", "file-backed",
+        ],
         *(
             [
                 LOADERS[w],
                 f"{res[w]['images_per_s']:,.0f}",
                 f"{res[w]['first_batch_s']:.2f}",
                 f"{mem[w]['added_mib']['anon']:,.0f}",
+                f"{mem[w]['added_mib']['shm_system']:,.0f}",
+                f"{mem[w]['added_mib']['anon_shared']:,.0f}",
                 f"{mem[w]['added_mib']['file']:,.0f}",
-                f"{mem[w]['added_mib']['shmem']:,.0f}",
             ]
             for w in LOADERS
         ),
@@ -380,8 +384,9 @@ def run(args) -> int:
         f"  against {LOADERS['torch']}, over one cold epoch: kuat "
         f"{k['images_per_s'] / t['images_per_s']:.2f}x the images/s, "
         f"{k['first_batch_s'] / t['first_batch_s']:.2f}x the time to first batch. Memory "
-        "from separate runs; file-backed pages (kuat's memory-mapped shard) are page cache "
-        "the kernel can reclaim. For steady-state rates against the strongest torch "
+        "from separate runs; shared is the machine's /dev/shm and memfd pages, mapped or not "
+        "(torch's prefetched batches wait there); file-backed pages (kuat's memory-mapped "
+        "shard) are page cache the kernel can reclaim. For steady-state rates against the strongest torch "
         "configuration (torch + decode_jpeg), run `kuat bench`."
     )
 

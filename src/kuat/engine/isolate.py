@@ -10,7 +10,9 @@ done only for datasets seen to draw:
 
 1. **Probe.** Each worker's first batch runs isolated (reseeded per sample under the
    exclusive lock) and each sample's :func:`fingerprint` is compared before and after it.
-   A change means the dataset draws: :attr:`RngUse.draws` becomes True for good.
+   A change means the dataset draws: :attr:`RngUse.draws` becomes True for good. In one
+   process only the first batch is probed while the watch is on: other threads' first
+   batches are watched (the probe's exclusive lock would stall them all for a batch).
 2. **Watch.** Later batches of a dataset not (yet) seen drawing run without reseeding, under
    the shared side of :data:`GLOBAL_RNG_LOCK`, with one fingerprint before and one after the
    batch (under 1 us each). If they differ, something drew: the batch is fetched again,
@@ -318,11 +320,15 @@ class RngUse:
         self.draws = False
         self.false_alarms = 0
         self.watch = True
+        # a batch ran isolated and probed in this process: later thread workers' first batches
+        # may be watched instead of probed (job.py); not pickled: each process probes itself
+        self.probed = False
 
     def __getstate__(self):
         return {"draws": self.draws, "false_alarms": self.false_alarms, "watch": self.watch}
 
     def __setstate__(self, state):
+        self.probed = False
         self.__dict__.update(state)
 
     def false_alarm(self) -> None:

@@ -118,6 +118,7 @@ def _clear_worker_info(method: str) -> None:
 
 
 _M64 = (1 << 64) - 1
+_WATCH = object()  # FetchJob._isolated: fetch this first batch watched, not probed
 
 
 def _splitmix64(x: int) -> int:
@@ -434,7 +435,16 @@ class FetchJob:
         use = self.rng_use
         if use.draws or not ctx.probed:
             ctx.probed = True
-            return self._isolated(ctx, epoch, key, st)
+            # Once a probe in this process saw no draw, a thread's first batch is watched
+            # instead: probing it would hold the exclusive lock for a whole batch and stall
+            # every other worker (measured: ~80 ms at an epoch's start, after which one worker
+            # ran a batch behind and the loader held one more batch buffer). The watch catches
+            # a draw all the same and re-fetches the batch isolated. Without the watch (false
+            # alarms) and in worker processes (their own generators) each worker still probes.
+            if use.draws or ctx.method == "process" or not (use.probed and use.watch):
+                data = self._isolated(ctx, epoch, key, st, probe=True)
+                if data is not _WATCH:
+                    return data
         if not use.watch:
             return self._get(ctx, key)
         lock = isolate.GLOBAL_RNG_LOCK
@@ -453,14 +463,19 @@ class FetchJob:
             use.false_alarm()
         return data
 
-    def _isolated(self, ctx: WorkerCtx, epoch: int, key, st: WorkStats) -> list:
+    def _isolated(self, ctx: WorkerCtx, epoch: int, key, st: WorkStats, probe: bool = False):
         """The samples of ``key`` with the global RNGs reseeded per sample (``__getitem__``)
         or per batch (``__getitems__``), under the exclusive lock; probes whether the dataset
-        draws until that is known."""
+        draws until that is known. With ``probe`` (a worker's first batch), returns ``_WATCH``
+        instead when, by the time the lock is had, another thread of this process has probed a
+        batch and seen no draw (workers that started together then watch side by side instead
+        of probing one after another)."""
         ds, use = ctx.dataset, self.rng_use
         t0 = time.perf_counter()
         with isolate.GLOBAL_RNG_LOCK:
             st.rng_wait_s += time.perf_counter() - t0
+            if probe and ctx.method != "process" and use.probed and use.watch and not use.draws:
+                return _WATCH
             saved = isolate.save() if ctx.method != "process" else None
             try:
                 if self.use_getitems:
@@ -469,6 +484,7 @@ class FetchJob:
                     out = self._get(ctx, key)
                     if probe is not None and isolate.fingerprint() != probe:
                         use.draws = True
+                    use.probed = True
                     return out
                 out = []
                 for i in key:
@@ -477,6 +493,7 @@ class FetchJob:
                     out += krng.map_samples(ds.__getitem__, (i,))
                     if probe is not None and isolate.fingerprint() != probe:
                         use.draws = True
+                use.probed = True
                 return out
             finally:
                 if saved is not None:
