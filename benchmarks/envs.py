@@ -1,6 +1,7 @@
 """Virtual environments for peers that cannot share the interpreter running ``kuat bench``.
 
-Each lives in ``~/.cache/kuat/bench-envs/<name>`` (``$KUAT_BENCH_ENVS`` overrides), is created
+Each lives in ``bench-envs/<name>`` under kuat's cache root (``~/.cache/kuat`` unless
+``$KUAT_CACHE`` or ``$XDG_CACHE_HOME`` says otherwise; ``$KUAT_BENCH_ENVS`` overrides), is created
 with ``python3 -m venv`` and filled by pip from the package index only, and is reused while its
 recipe is unchanged (a marker file records the recipe and what installed). Every environment
 gets exactly the torch and torchvision of the running interpreter, by path, never by download:
@@ -113,7 +114,12 @@ class EnvUnavailable(RuntimeError):
 
 
 def envs_root() -> Path:
-    return Path(os.environ.get("KUAT_BENCH_ENVS", Path.home() / ".cache" / "kuat" / "bench-envs"))
+    """``$KUAT_BENCH_ENVS``, else ``bench-envs`` under kuat's cache root (``$KUAT_CACHE``, else
+    ``$XDG_CACHE_HOME/kuat``, else ``~/.cache/kuat``)."""
+    from kuat._dirs import cache_root  # lazily: this module is read in peer environments too
+
+    env = os.environ.get("KUAT_BENCH_ENVS")
+    return Path(env).expanduser() if env else cache_root() / "bench-envs"
 
 
 def _torch_pins() -> list[str]:

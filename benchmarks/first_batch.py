@@ -250,7 +250,9 @@ def _run_child(cfg: dict) -> dict:
 
 
 def _default_dataset() -> str:
-    bench = Path.home() / ".cache/kuat/bench/kuat/imagefolder-v2-n2000-s0-4afc0d92.kuat"
+    from kuat._dirs import cache_root
+
+    bench = cache_root() / "bench/kuat/imagefolder-v2-n2000-s0-4afc0d92.kuat"
     if (bench / "manifest.json").exists():
         return str(bench)
     raise SystemExit(f"no dataset at {bench}: run kuat bench once or pass --dataset")

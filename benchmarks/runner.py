@@ -121,7 +121,7 @@ class BenchConfig:
     hf_rows: int | None = None  # default 200,000 (quick 50,000)
     num_workers: int | None = None  # default os.cpu_count()
     setup_envs: bool | None = None  # create missing peer environments; default: not quick
-    cache_dir: Path | None = None  # default ~/.cache/kuat/bench
+    cache_dir: Path | None = None  # default kuat._dirs.cache_root() / "bench"
     image_root: Path | None = None  # an existing ImageFolder instead of the demo images
     batch_sizes: dict[str, int] | None = None  # per-workload override of the batch size
     timeout_s: float = 900.0  # per child process
@@ -158,7 +158,11 @@ class BenchConfig:
         if self.num_workers is None:
             self.num_workers = os.cpu_count() or 1
         self.setup_envs = (not q) if self.setup_envs is None else self.setup_envs
-        self.cache_dir = Path(self.cache_dir or Path.home() / ".cache" / "kuat" / "bench").resolve()
+        if self.cache_dir is None:
+            from kuat._dirs import cache_root
+
+            self.cache_dir = cache_root() / "bench"
+        self.cache_dir = Path(self.cache_dir).resolve()
         self.out_dir = Path(self.out_dir).resolve()  # children run in another directory
         self.batch_sizes = {**workloads.BATCH_SIZE, **(self.batch_sizes or {})}
         if self.image_root is not None:

@@ -25,7 +25,7 @@ def _imports(path: Path) -> set[str]:
 
 
 def test_the_format_is_storage_only():
-    allowed = ("kuat.format", "kuat.errors", "kuat.__version__")
+    allowed = ("kuat.format", "kuat.errors", "kuat.__version__", "kuat._dirs")
     # the exceptions, both lazy: the writer reads each image's header for the per-row
     # width/height the index stores; verify(images=True / decode=True) checks and decodes
     exceptions = {

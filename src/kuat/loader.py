@@ -74,6 +74,7 @@ from kuat.engine.job import FetchJob, per_sample_getitems
 from kuat.engine.process import ProcessEngine
 from kuat.engine.thread import ThreadEngine
 from kuat.errors import LoaderTimeoutError
+from kuat.rng import epoch_context
 from kuat.sampling import (
     EpochSampler,
     describe_sampler,
@@ -180,7 +181,8 @@ class DataLoader(_TorchDataLoader):
             shallow copy of its own, as a worker's. Never with a ``worker_init_fn`` or when a
             worker's dataset called ``get_worker_info()`` (its batches may depend on the
             worker), unless the source declares ``kuat_thread_agnostic`` (kuat datasets; pure
-            sequences).
+            sequences; torch's ``Subset``, ``random_split``, ``StackDataset``,
+            ``ConcatDataset`` and ``kuat.mix`` of those: ``kuat.sources.protocol``).
             An epoch's first batch of a source that splits batches (a kuat dataset with a fused
             image transform, ``kuat_splits_batches``; a ``kuat.mix``, torch ``Subset`` or
             ``random_split`` part of one) is fetched alone, by all workers' cores
@@ -254,7 +256,8 @@ class DataLoader(_TorchDataLoader):
             (``stats()["busy_s"]["rng_lock_wait"]`` shows the cost). torch's ``Subset`` (and
             so ``random_split``) over a per-sample dataset is read per sample, so each sample
             is isolated. ``None`` (default): on unless the dataset sets
-            ``kuat_uses_sample_rng = True``; never for iterable datasets (process workers still
+            ``kuat_uses_sample_rng = True`` (or every dataset a torch wrapper or a ``kuat.mix``
+            reads does); never for iterable datasets (process workers still
             seed the global RNGs per worker, as torch does; thread workers share the process's).
         snapshot_every_n_steps: accepted for torchdata ``StatefulDataLoader`` compatibility
             (a positive int or ``None``) and stored; kuat's state is a few integers taken at
@@ -486,7 +489,7 @@ class DataLoader(_TorchDataLoader):
             worker_init_fn=worker_init_fn,
             use_getitems=use_getitems,
             fetch_collated=(use_getitems and job_collate is default_collate and on_error == "raise"
-                            and _protocol.provides(source, _protocol.CollatedFetch)),
+                            and _protocol.fetch_collated(source) is not None),
             pin=self._pin and worker_type == "thread" or (self._pin and num_workers == 0),
             # batch-sized buffers reused once freed, outside malloc's arenas (kuat/_buffers.py)
             buffer_pool=BufferPool(),
@@ -892,9 +895,11 @@ class DataLoader(_TorchDataLoader):
 
     def _keys(self, epoch: int, skip: int, sampler_state: dict | None):
         if self._own_sampler:
-            if _protocol.provides(self._source, _protocol.Prefetching):
+            prefetch = _protocol.prefetcher(self._source)  # the source's, or a torch wrapper's
+            if prefetch is not None:
                 indices = self.sampler.indices(epoch)  # drawn whole: remote shards in this order
-                self._source.kuat_prefetch(indices[skip * (self.batch_size or 1):])
+                with epoch_context(self._job.seed, epoch):  # a mix reads this epoch's window
+                    prefetch(indices[skip * (self.batch_size or 1):])
             else:  # drawn lazily, as torch's RandomSampler draws from a generator
                 indices = self.sampler.iter_epoch(epoch)
             if self.batch_size is not None:

@@ -28,7 +28,7 @@ import torch
 from torch.utils.data import Sampler
 
 from kuat.sampling import shuffle_seed
-from kuat.sources.protocol import Prefetching, provides
+from kuat.sources.protocol import prefetcher
 
 __all__ = ["ShardShuffleSampler"]
 
@@ -109,6 +109,7 @@ class ShardShuffleSampler(Sampler[int]):
 
     def __iter__(self) -> Iterator[int]:
         order = self.indices(self.epoch)
-        if provides(self.dataset, Prefetching):
-            self.dataset.kuat_prefetch(order)
+        prefetch = prefetcher(self.dataset)  # the dataset's, or through a torch wrapper
+        if prefetch is not None:
+            prefetch(order)
         return iter(order)

@@ -117,7 +117,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "--cache-dir",
         type=Path,
         default=None,
-        help="where converted copies and generated data are kept (default ~/.cache/kuat/bench)",
+        help="where converted copies and generated data are kept (default bench/ under kuat's "
+        "cache root: $KUAT_CACHE, else $XDG_CACHE_HOME/kuat, else ~/.cache/kuat)",
     )
     p.add_argument(
         "--timeout",

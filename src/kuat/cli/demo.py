@@ -35,8 +35,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "--cache-dir",
         type=Path,
         default=None,
-        help="cache root: the demo images and dataset are kept in DIR/demo (default $KUAT_CACHE "
-        "or ~/.cache/kuat)",
+        help="cache root: the demo images and dataset are kept in DIR/demo (default $KUAT_CACHE, "
+        "else $XDG_CACHE_HOME/kuat, else ~/.cache/kuat)",
     )
     p.add_argument(
         "--workers",

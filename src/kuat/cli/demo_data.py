@@ -33,6 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
+from kuat._dirs import cache_root
 from kuat.errors import MissingDependencyError
 
 log = logging.getLogger("kuat.demo")
@@ -61,8 +62,9 @@ GRAIN_SIGMA = (9.0, 15.0)  # luma grain, grey levels; each channel gets half as 
 
 
 def default_cache_dir() -> Path:
-    """``$KUAT_CACHE`` or ``~/.cache/kuat``."""
-    return Path(os.environ.get("KUAT_CACHE", Path.home() / ".cache" / "kuat"))
+    """kuat's cache root (the demo keeps its data in ``demo`` under it): ``$KUAT_CACHE``, else
+    ``$XDG_CACHE_HOME/kuat``, else ``~/.cache/kuat`` (:func:`kuat._dirs.cache_root`)."""
+    return cache_root()
 
 
 def _source_path(package: str, rel: str) -> Path:

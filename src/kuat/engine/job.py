@@ -250,7 +250,8 @@ class FetchJob:
     @property
     def thread_agnostic(self) -> bool:
         """Whether any thread may fetch a batch with the same result (no per-worker state, no
-        ``worker_init_fn``): pure sequences, or a source declaring ``kuat_thread_agnostic``."""
+        ``worker_init_fn``): pure sequences, or a source declaring ``kuat_thread_agnostic``
+        (through torch's wrappers and ``kuat.mix``: ``kuat.sources.protocol.thread_agnostic``)."""
         return (self.consumer_may_fetch
                 and (_never_draws(self.dataset) or protocol.thread_agnostic(self.dataset)))
 
@@ -426,8 +427,8 @@ class FetchJob:
     def _get(self, ctx: WorkerCtx, key) -> list:
         """The samples of ``key``: one ``__getitems__`` call, or ``dataset[i]`` per sample (or
         the collated batch, with ``fetch_collated``)."""
-        if self.fetch_collated:
-            return ctx.dataset.kuat_fetch_collated(key)
+        if self.fetch_collated:  # the source's kuat_fetch_collated (or a torch Subset's, mapped)
+            return protocol.fetch_collated(ctx.dataset)(key)
         if self.use_getitems:
             return ctx.dataset.__getitems__(key)
         return krng.map_samples(ctx.dataset.__getitem__, key)

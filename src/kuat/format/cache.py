@@ -4,7 +4,8 @@ A remote shard is fetched whole (in parallel byte ranges when it is large), its 
 checksum are checked against the manifest, and only then is it renamed into the cache, so a
 cache entry is always a complete, verified shard and can be memory-mapped like a local one.
 
-Layout of ``cache_dir`` (default ``~/.cache/kuat/shards``, ``KUAT_CACHE_DIR``)::
+Layout of ``cache_dir`` (default :func:`default_cache_dir`: ``$KUAT_CACHE_DIR``, else
+``$KUAT_CACHE/shards``, else ``$XDG_CACHE_HOME/kuat/shards``, else ``~/.cache/kuat/shards``)::
 
     <key>.arrow             a verified shard; key = xxh3(shard URL) + its checksum, so a
                             shard rewritten at the same URL is a new entry
@@ -35,6 +36,7 @@ from pathlib import Path
 
 import xxhash
 
+from kuat._dirs import shard_cache_dir
 from kuat.errors import FormatError
 from kuat.format.fs import Remote, retry
 from kuat.format.manifest import ShardInfo, file_checksum
@@ -51,12 +53,10 @@ CHUNK_THREADS = 8
 
 
 def default_cache_dir() -> Path:
-    """``KUAT_CACHE_DIR``, else ``$XDG_CACHE_HOME/kuat/shards``, else ``~/.cache/kuat/shards``."""
-    env = os.environ.get("KUAT_CACHE_DIR")
-    if env:
-        return Path(env)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "kuat" / "shards"
+    """Where remote shards are cached by default: ``$KUAT_CACHE_DIR`` (the shard directory
+    itself), else ``shards`` under kuat's cache root (``$KUAT_CACHE``, else
+    ``$XDG_CACHE_HOME/kuat``, else ``~/.cache/kuat``; see :mod:`kuat._dirs`)."""
+    return shard_cache_dir()
 
 
 def default_cache_limit() -> int:

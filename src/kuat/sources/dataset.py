@@ -457,8 +457,10 @@ def open_dataset(
             ``gs://``, ``az://``, ``http(s)://``, ``memory://``).
         storage_options: fsspec options for a URL (``{"endpoint_url": ..., "key": ...,
             "secret": ...}`` for s3fs; see :mod:`kuat.format.fs`).
-        cache_dir: where remote shards are cached (``KUAT_CACHE_DIR``, default
-            ``~/.cache/kuat/shards``); shared safely by every loader and process.
+        cache_dir: where remote shards are cached; shared safely by every loader and process.
+            Default: ``$KUAT_CACHE_DIR`` (the shard directory itself), else ``shards`` under
+            kuat's cache root (``$KUAT_CACHE``, else ``$XDG_CACHE_HOME/kuat``, else
+            ``~/.cache/kuat``).
         cache_limit_bytes: the cache's size limit in bytes (``KUAT_CACHE_LIMIT_BYTES``,
             default 50 GiB); least recently used shards are evicted beyond it.
         prefetch_shards: remote shards fetched ahead of use, in the epoch's order, when a

@@ -41,7 +41,14 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 import torch
 
-from kuat.sources.protocol import MapSource, batch_transform
+from kuat.sources.protocol import (
+    MapSource,
+    all_use_sample_rng,
+    common_batch_transform,
+    prefetcher,
+    splits_batches,
+    thread_agnostic,
+)
 from kuat.sources.stream import Stream, stream_of
 
 __all__ = ["mix", "MapMix", "MixStream"]
@@ -122,22 +129,11 @@ def _batch_transform(sources: list, weights: list[float]):
     """The ``kuat_batch_transform`` of the mix: the first drawn source's that has one.
 
     A batch mixes samples of every source, so one batch step (e.g. on-device ``Normalize``)
-    applies to all of them: the sources must agree on it. kuat cannot compare two such
-    callables, so it warns when several sources have one.
+    applies to all of them: the sources must agree on it (kuat warns when several have one;
+    ``kuat.sources.protocol.common_batch_transform``). Sources of weight 0 are never read.
     """
-    found = [
-        (k, t)
-        for k, s in enumerate(sources)
-        if weights[k] > 0 and (t := batch_transform(s)) is not None
-    ]
-    if len(found) > 1:
-        _log.warning(
-            "mix: sources %s each have a kuat_batch_transform; the one of source %d is applied "
-            "to every batch (they must do the same thing)",
-            [k for k, _ in found],
-            found[0][0],
-        )
-    return found[0][1] if found else None
+    return common_batch_transform([s if w > 0 else None for s, w in zip(sources, weights,
+                                                                         strict=True)], "mix")
 
 
 def _is_map_style(source) -> bool:
@@ -193,6 +189,10 @@ class MapMix(torch.utils.data.Dataset):
     DataLoader) call :meth:`set_epoch` before each epoch, as with ``DistributedSampler``.
     ``__getitems__`` fetches each source's share of a batch in one call.
 
+    Loader hooks (``kuat.sources.protocol``), from the sources drawn from: thread-agnostic and
+    sample RNG when all of them are, splits batches when one does, prefetch (each source is
+    told its samples, in reading order), the batch transform of :func:`mix`.
+
     Attributes:
         sources: the sources (after ``kuat.sources.as_source``).
         source_ids: ``(L,) int32``, the source of each position.
@@ -243,16 +243,50 @@ class MapMix(torch.utils.data.Dataset):
 
         return current_epoch()[1]
 
+    def _drawn(self) -> list:
+        """The sources that fill at least one position (the others are never read)."""
+        return [s for k, s in enumerate(self.sources) if self.counts[k] > 0]
+
     @property
     def kuat_splits_batches(self) -> bool:
         """Whether a batch fetch can use several threads (``kuat.sources.protocol``): one of
         the sources drawn from splits batches and is read with ``__getitems__``, which
         :meth:`__getitems__` calls in the fetching thread for that source's share of the batch
         (so its kernel splits that share; the other shares are fetched as usual)."""
-        from kuat.sources.protocol import splits_batches
+        return any(callable(getattr(s, "__getitems__", None)) and splits_batches(s)
+                   for s in self._drawn())
 
-        return any(self.counts[k] > 0 and callable(getattr(s, "__getitems__", None))
-                   and splits_batches(s) for k, s in enumerate(self.sources))
+    @property
+    def kuat_thread_agnostic(self) -> bool:
+        """Whether any thread may fetch a batch with the same result (``kuat.sources.protocol``):
+        every source drawn from is thread-agnostic (the mix's own state, the schedule and the
+        epoch, is read-only or set per thread by the loader)."""
+        return all(thread_agnostic(s) for s in self._drawn())
+
+    @property
+    def kuat_uses_sample_rng(self) -> bool:
+        """Whether the mix draws randomness only from ``kuat.sample_rng`` (so the loader need
+        not isolate global generators): every source drawn from does (or is a plain sequence);
+        the mix's own schedule is drawn once, from its seed."""
+        return all_use_sample_rng(self._drawn())
+
+    def kuat_prefetch(self, indices) -> None:
+        """Loader hook (``kuat.sources.protocol.Prefetching``): tell each source that has one
+        which of its samples the mix positions ``indices`` (a sequence of N ints, in reading
+        order) read, in that order, in the current epoch's window (:meth:`set_epoch`, else the
+        epoch of the calling thread's loader context). Returns at once."""
+        hooks = [prefetcher(s) for s in self.sources]
+        if not any(hooks) or not len(indices):
+            return
+        idx = np.asarray(indices, dtype=np.int64).reshape(-1) % max(len(self), 1)  # (N,)
+        ks = self.source_ids[idx]  # (N,)
+        js = (self.positions[idx] + self._window_epoch() * self.counts[ks]) % np.maximum(
+            self.lengths[ks], 1)  # (N,)
+        for k, hook in enumerate(hooks):
+            if hook is not None:
+                share = js[ks == k]
+                if len(share):
+                    hook(share.tolist())
 
     def __len__(self) -> int:
         return len(self.source_ids)

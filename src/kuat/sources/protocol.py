@@ -23,12 +23,12 @@ built or when an epoch starts, never per batch.
 hook                        protocol / accessor    when the loader calls or reads it
 ==========================  =====================  =============================================
 ``__getitems__``            :class:`BatchFetch`    per batch, in a worker (torch's contract)
-``kuat_fetch_collated``     :class:`CollatedFetch` per batch, in a worker, with the default collate
+``kuat_fetch_collated``     :func:`fetch_collated` per batch, in a worker, with the default collate
 ``kuat_thread_agnostic``    :func:`thread_agnostic` construction: may fetch in the consumer thread
 ``kuat_uses_sample_rng``    :func:`uses_sample_rng` construction: default of ``isolate_global_rng``
 ``kuat_splits_batches``     :func:`splits_batches`  each epoch start: its first batch gets all workers
 ``kuat_batch_transform``    :func:`batch_transform` construction; applied per batch after the copy
-``kuat_prefetch``           :class:`Prefetching`   each epoch start (map-style, loader's sampler)
+``kuat_prefetch``           :func:`prefetcher`      each epoch start (map-style, loader's sampler)
 ``set_epoch``               :class:`EpochAware`    each epoch start, in every worker (iterable)
 ``kuat_set_distributed``    :class:`Distributed`   each epoch start whose rank/world size changed
 ``kuat_set_batching``       :class:`Batching`      construction (iterable, loader's sampler)
@@ -39,6 +39,32 @@ hook                        protocol / accessor    when the loader calls or read
 ==========================  =====================  =============================================
 
 Samplers have one hook of their own, ``kuat_set_epoch(epoch)`` (see :mod:`kuat.sampling`).
+
+Wrappers. torch's map-style wrappers cannot carry kuat's hooks, so the accessors above see
+through them, whenever their indexing methods are torch's own (a subclass that overrides
+``__getitem__``/``__getitems__`` may do anything, and is read only for its own hooks):
+
+==========================  =====================================================================
+wrapper                     what passes through (to the wrapped dataset(s))
+==========================  =====================================================================
+``Subset``, so              every map-style hook: thread-agnostic, sample RNG, splits batches,
+``random_split``'s parts    batch transform, prefetch (indices mapped through ``indices``),
+                            collated fetch (same)
+``StackDataset``            thread-agnostic, sample RNG and collated fetch when every part has
+                            it; splits batches when a part does; prefetch (each part gets the
+                            same indices); the parts' batch transforms, each on its own part
+``ConcatDataset``           thread-agnostic and sample RNG when every part has it; prefetch (each
+                            part gets its own indices, in order); one batch transform (as a mix:
+                            the first part's that has one); read per sample: never split, never a
+                            collated fetch
+==========================  =====================================================================
+
+kuat's wrappers declare their hooks themselves with the same rules: :class:`kuat.mix`'s map-style
+``MapMix`` as ``ConcatDataset`` (splitting and prefetch through its schedule), the iterable
+``MixStream`` and :func:`kuat.shuffle_buffer` (batch transform), ``Dataset.with_transform``
+views (a kuat dataset, with the view's transforms). Iterable hooks (``set_epoch``,
+``kuat_set_distributed``, ``kuat_set_batching``, resume) are not passed through torch's
+``ChainDataset``: each kuat stream splits and resumes itself.
 """
 
 from __future__ import annotations
@@ -64,7 +90,11 @@ __all__ = [
     "Prefetching",
     "ResumableIterable",
     "Stateful",
+    "all_use_sample_rng",
     "batch_transform",
+    "common_batch_transform",
+    "fetch_collated",
+    "prefetcher",
     "provides",
     "splits_batches",
     "thread_agnostic",
@@ -225,9 +255,56 @@ def _methods(protocol: type) -> tuple[str, ...]:
 def thread_agnostic(source: object) -> bool:
     """``source.kuat_thread_agnostic is True``: a batch depends only on its indices (and the
     loader's seed and epoch), never on which thread fetches it or on per-worker state, so the
-    loader may fetch cheap batches in the consumer thread instead of handing them to a worker.
-    """
-    return getattr(source, "kuat_thread_agnostic", False) is True
+    loader may fetch cheap batches in the consumer thread instead of handing them to a worker
+    (from the source itself, not a copy of its own), even when a worker consulted
+    ``get_worker_info()``. Also true of plain sequences (``range``, ``list``, ``tuple``, NumPy
+    arrays, tensors, ``TensorDataset``: these exact types) and of torch's wrappers (see the
+    module docstring) whose every wrapped dataset is.
+
+    Not about global random generators: a thread-agnostic source that draws from them is
+    still isolated (``isolate_global_rng``, see :func:`uses_sample_rng`)."""
+    if getattr(source, "kuat_thread_agnostic", False) is True or _pure(source):
+        return True
+    wrapped = _torch_wrapper(source)
+    return wrapped is not None and all(thread_agnostic(d) for d in wrapped[1])
+
+
+def _pure(source: object) -> bool:
+    """Plain sequences whose indexing runs no user code: ``range``, ``list``, ``tuple``, NumPy
+    arrays, tensors and torch's ``TensorDataset`` (exactly these types, not subclasses)."""
+    cls = type(source)
+    if cls in (range, list, tuple):
+        return True
+    np_ = sys.modules.get("numpy")
+    torch_ = sys.modules.get("torch")
+    data = sys.modules.get("torch.utils.data")
+    return ((np_ is not None and cls is np_.ndarray) or (torch_ is not None and cls is torch_.Tensor)
+            or (data is not None and cls is data.TensorDataset))
+
+
+def _torch_wrapper(source: object) -> tuple[str, list] | None:
+    """``(kind, wrapped datasets)`` for torch's ``Subset`` (``"subset"``), ``StackDataset``
+    (``"stack"``) and ``ConcatDataset`` (``"concat"``) when the class's indexing methods are
+    torch's own; ``None`` for anything else."""
+    data = sys.modules.get("torch.utils.data")  # a torch wrapper implies torch is imported
+    if data is None:
+        return None
+    cls = type(source)
+
+    def torchs(base: type, *names: str) -> bool:
+        return all(getattr(cls, n, None) is getattr(base, n, None) for n in names)
+
+    if isinstance(source, data.Subset) and torchs(data.Subset, "__getitem__", "__getitems__"):
+        return "subset", [source.dataset]
+    stack = getattr(data, "StackDataset", None)
+    if stack is not None and isinstance(source, stack) and torchs(stack, "__getitem__",
+                                                                  "__getitems__"):
+        d = source.datasets
+        return "stack", list(d.values()) if isinstance(d, dict) else list(d)
+    if isinstance(source, data.ConcatDataset) and torchs(data.ConcatDataset, "__getitem__",
+                                                         "__getitems__"):
+        return "concat", list(source.datasets)
+    return None
 
 
 def splits_batches(source: object) -> bool:
@@ -247,30 +324,104 @@ def splits_batches(source: object) -> bool:
 
 def _batch_forwarded_to(source: object) -> list:
     """The datasets a torch wrapper hands each whole batch to, in one ``__getitems__`` call
-    each, in the calling thread: ``Subset`` (``random_split``) and ``StackDataset``, when the
-    wrapper's ``__getitems__`` is torch's own and the inner dataset has one (torch then calls
+    each, in the calling thread: ``Subset`` (``random_split``) and ``StackDataset`` (their
+    ``__getitems__`` is torch's own) to each inner dataset that has one (torch then calls
     it; without one it calls ``__getitem__`` per sample, which splits nothing). Others: none.
     ``ConcatDataset`` fetches per sample."""
-    data = sys.modules.get("torch.utils.data")  # a torch wrapper implies torch is imported
-    if data is None:
+    wrapped = _torch_wrapper(source)
+    if wrapped is None or wrapped[0] == "concat":
         return []
-    cls = type(source)
-    if isinstance(source, data.Subset) and cls.__getitems__ is data.Subset.__getitems__:
-        inner = [source.dataset]
-    elif (isinstance(source, getattr(data, "StackDataset", ()))
-          and cls.__getitems__ is data.StackDataset.__getitems__):
-        d = source.datasets
-        inner = list(d.values()) if isinstance(d, dict) else list(d)
-    else:
-        return []
-    return [d for d in inner if callable(getattr(d, "__getitems__", None))]
+    return [d for d in wrapped[1] if callable(getattr(d, "__getitems__", None))]
+
+
+def fetch_collated(source: object) -> Callable[[Sequence[int]], Any] | None:
+    """The source's :class:`CollatedFetch` as a callable ``fetch(indices) -> batch``, or
+    ``None``: ``source.kuat_fetch_collated``; through a torch ``Subset`` (``random_split``)
+    the wrapped dataset's, with the indices mapped (``default_collate(subset.__getitems__(i))``
+    is exactly that); through a ``StackDataset`` whose every part has one, each part's, as
+    ``default_collate`` assembles tuple samples (a list of the parts' batches) or dict samples
+    (a dict). Called per batch on the worker's own copy of the source."""
+    if provides(source, CollatedFetch):
+        return source.kuat_fetch_collated
+    wrapped = _torch_wrapper(source)
+    if wrapped is None or wrapped[0] == "concat":
+        return None
+    if any(fetch_collated(d) is None for d in wrapped[1]):
+        return None
+    if wrapped[0] == "stack":
+        def fetch_stack(indices: Sequence[int]) -> Any:
+            d = source.datasets
+            if isinstance(d, dict):
+                return {k: fetch_collated(part)(indices) for k, part in d.items()}
+            return [fetch_collated(part)(indices) for part in d]
+
+        return fetch_stack
+
+    def fetch(indices: Sequence[int]) -> Any:  # read at each call: a worker_init_fn may narrow
+        return fetch_collated(source.dataset)([source.indices[i] for i in indices])
+
+    return fetch
+
+
+def prefetcher(source: object) -> Callable[[Sequence[int]], None] | None:
+    """The source's :class:`Prefetching` hook as a callable ``prefetch(indices)``, or ``None``:
+    ``source.kuat_prefetch``, or through torch's wrappers the wrapped datasets' with the
+    indices each reads, in the order it reads them (``Subset``: mapped through ``indices``;
+    ``StackDataset``: the same; ``ConcatDataset``: each part its own share, made local).
+    Returns at once, as the hooks it calls."""
+    if provides(source, Prefetching):
+        return source.kuat_prefetch
+    wrapped = _torch_wrapper(source)
+    if wrapped is None:
+        return None
+    kind, parts = wrapped
+    hooks = [prefetcher(d) for d in parts]
+    if not any(h is not None for h in hooks):
+        return None
+    if kind == "subset":
+        return lambda indices: hooks[0]([source.indices[i] for i in indices])
+    if kind == "stack":
+        def stack(indices: Sequence[int]) -> None:
+            for h in hooks:
+                if h is not None:
+                    h(indices)
+
+        return stack
+
+    def concat(indices: Sequence[int]) -> None:
+        import bisect
+
+        ends = source.cumulative_sizes  # ends[k]: samples in parts 0..k
+        n = ends[-1] if ends else 0
+        shares: list[list[int]] = [[] for _ in parts]
+        for i in indices:
+            i = i + n if i < 0 else i
+            k = bisect.bisect_right(ends, i)
+            if k < len(parts):
+                shares[k].append(i - (ends[k - 1] if k else 0))
+        for h, share in zip(hooks, shares, strict=True):
+            if h is not None and share:
+                h(share)
+
+    return concat
 
 
 def uses_sample_rng(source: object) -> bool:
     """``source.kuat_uses_sample_rng`` is true: the source draws randomness only from
     ``kuat.sample_rng`` (seeded by seed, epoch and sample index), so the loader's default is
-    not to isolate global RNGs per sample (``isolate_global_rng=False``)."""
-    return bool(getattr(source, "kuat_uses_sample_rng", False))
+    not to isolate global RNGs per sample (``isolate_global_rng=False``). Through torch's
+    wrappers (module docstring): when every wrapped dataset uses it or is a plain sequence."""
+    if getattr(source, "kuat_uses_sample_rng", False):
+        return True
+    wrapped = _torch_wrapper(source)
+    return wrapped is not None and all_use_sample_rng(wrapped[1])
+
+
+def all_use_sample_rng(sources: Sequence) -> bool:
+    """Whether every one of ``sources`` draws only from ``kuat.sample_rng``
+    (:func:`uses_sample_rng`) or draws nothing (a plain sequence): the rule of every wrapper
+    that reads them (torch's, ``kuat.mix``)."""
+    return all(uses_sample_rng(s) or _pure(s) for s in sources)
 
 
 def batch_transform(source: object) -> Callable[[Any], Any] | None:
@@ -278,5 +429,57 @@ def batch_transform(source: object) -> Callable[[Any], Any] | None:
     after pinning and the host-to-device copy (on ``device`` when the loader has one, on the
     host otherwise), in the consumer thread, e.g. a fused image transform's ``Normalize`` on
     ``(B, 3, H, W)`` uint8 -> float32. ``None`` (or absent): no batch step. Read once, when
-    the loader is built."""
-    return getattr(source, "kuat_batch_transform", None)
+    the loader is built.
+
+    Through torch's wrappers (module docstring): a ``Subset``'s is its dataset's; a
+    ``StackDataset``'s applies each part's to that part of the batch (a tuple's parts collate
+    to a list, a dict's to a dict); a ``ConcatDataset``'s is :func:`common_batch_transform`
+    of its parts."""
+    own = getattr(source, "kuat_batch_transform", None)
+    if own is not None:
+        return own
+    wrapped = _torch_wrapper(source)
+    if wrapped is None:
+        return None
+    kind, parts = wrapped
+    if kind == "subset":
+        return batch_transform(parts[0])
+    if kind == "concat":
+        return common_batch_transform(parts, "ConcatDataset")
+    fns = [batch_transform(d) for d in parts]
+    if all(fn is None for fn in fns):
+        return None
+    keys = list(source.datasets) if isinstance(source.datasets, dict) else None
+    return _StackTransform(fns, keys)
+
+
+class _StackTransform:
+    """A ``StackDataset``'s batch step: part ``k``'s transform on part ``k`` of the batch."""
+
+    def __init__(self, fns: list, keys: list | None):
+        self.fns, self.keys = fns, keys
+
+    def __call__(self, batch):
+        if self.keys is not None:  # {key: part's batch}
+            fns = dict(zip(self.keys, self.fns, strict=True))
+            return {k: v if fns.get(k) is None else fns[k](v) for k, v in batch.items()}
+        # a list (default_collate turns tuple samples into a list of parts)
+        return type(batch)(part if fn is None else fn(part)
+                           for fn, part in zip(self.fns, batch, strict=True))
+
+
+def common_batch_transform(sources: Sequence, what: str = "mix") -> Callable[[Any], Any] | None:
+    """The one batch step of a source whose batches mix samples of ``sources`` (``kuat.mix``,
+    ``ConcatDataset``): the first source's that has one. kuat cannot compare two such
+    callables, so it warns (the ``kuat.sources`` logger) when several sources have one: they
+    must do the same thing."""
+    found = [(k, t) for k, s in enumerate(sources) if (t := batch_transform(s)) is not None]
+    if len(found) > 1:
+        import logging
+
+        logging.getLogger("kuat.sources").warning(
+            "%s: sources %s each have a kuat_batch_transform; the one of source %d is applied "
+            "to every batch (they must do the same thing)", what, [k for k, _ in found],
+            found[0][0],
+        )
+    return found[0][1] if found else None
