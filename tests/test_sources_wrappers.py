@@ -14,12 +14,10 @@ DataLoader over the same wrapper (same seed, same sampler) where torch defines t
 
 from __future__ import annotations
 
-import io
-
 import numpy as np
 import pytest
 import torch
-from PIL import Image
+from _images import jpeg_dataset, noise_image
 from torch.utils.data import ConcatDataset, StackDataset, Subset, random_split
 
 import kuat
@@ -39,14 +37,7 @@ def paths(tmp_path_factory):
     rng = np.random.default_rng(0)
     with kuat.Writer(root / "tab", {"x": kf.tensor((3,), "float32"), "y": kf.int64()}) as w:
         w.write_batch({"x": rng.random((N, 3), dtype=np.float32), "y": np.arange(N)})
-    jpegs = []
-    for i in range(N):
-        buf = io.BytesIO()
-        Image.fromarray(rng.integers(0, 256, (20 + i % 5, 28, 3), dtype=np.uint8)).save(
-            buf, "JPEG", quality=90)
-        jpegs.append(buf.getvalue())
-    with kuat.Writer(root / "img", {"image": kf.image(), "label": kf.int64()}) as w:
-        w.write_batch({"image": jpegs, "label": np.arange(N)})
+    jpeg_dataset(root / "img", [noise_image(28, 20 + i % 5, i, quality=90) for i in range(N)])
     return root
 
 
