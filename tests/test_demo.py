@@ -119,12 +119,17 @@ def test_demo_measures_after_importing_both_sides(demo_tree, monkeypatch):
 
     def spy(self):
         seen.update({m: m in sys.modules for m in ("torchvision.datasets", "kuat.vision")})
+        seen["before"] = set(sys.modules)
         return enter(self)
 
     monkeypatch.setattr(_memory.PeakMemory, "__enter__", spy)
     src, dst = demo_tree
     out = demo._measure("kuat", str(dst), workers=0, batch_size=8, seed=0, memory=True)
+    before = seen.pop("before")
     assert seen == {"torchvision.datasets": True, "kuat.vision": True}
+    # nothing the epoch needs is imported on the clock (kuat.open's kuat.format and pyarrow were)
+    late = sorted(m for m in set(sys.modules) - before if m.split(".")[0] in ("kuat", "pyarrow"))
+    assert not late, late
     assert out["images"] == 40 and out["added_mib"]["pss"] == pytest.approx(
         sum(out["added_mib"][k] for k in ("anon", "file", "shmem")), abs=1.0
     )

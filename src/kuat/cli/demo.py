@@ -72,16 +72,21 @@ LOADERS = {  # what the demo races, and the name its table gives each
 
 def _import_both_sides() -> None:
     """Import every library either loader uses, before anything is timed or measured, so that
-    neither side's imports (torchvision's take 1.8-2.6 s and about 400 MiB) land in its own
-    or the other side's numbers."""
+    neither side's imports (torchvision's take 1.8-2.6 s and about 400 MiB; kuat.open's
+    pyarrow ~70 ms) land in its own or the other side's numbers (tests/test_demo.py checks
+    that the epoch imports no kuat or pyarrow module)."""
     import torch  # noqa: F401
     import torchvision.datasets  # noqa: F401
     import torchvision.transforms.v2  # noqa: F401
+    from PIL import JpegImagePlugin  # noqa: F401  (PIL's JPEG decoder, imported at first open)
     from tqdm.auto import tqdm  # noqa: F401
 
     import kuat  # noqa: F401
     import kuat.loader  # noqa: F401
+    import kuat.sources.dataset  # noqa: F401  (kuat.open's module: kuat.format and pyarrow, ~70 ms)
     import kuat.vision  # noqa: F401
+    import kuat.vision.decode  # noqa: F401  (loads the ROI decoder and its libjpeg-turbo)
+    import kuat.vision.transforms  # noqa: F401
 
 
 def _measure(which: str, path: str, workers: int, batch_size: int, seed: int, memory: bool) -> dict:
