@@ -131,17 +131,22 @@ def anon_by_mapping(pid: int, batch_bytes: int | None = None) -> dict[str, int] 
     return out
 
 
-def system_shmem_bytes() -> int:
-    """The machine's shared memory in RAM in bytes (``Shmem`` of ``/proc/meminfo``: ``/dev/shm``
-    files, ``memfd``, tmpfs, SysV segments; mapped by a process or not); 0 where unreadable."""
-    try:
-        with open("/proc/meminfo", "rb") as f:
-            for line in f:
-                if line.startswith(b"Shmem:"):
-                    return int(line.split()[1]) * 1024  # kB -> bytes
-    except OSError:
-        pass
-    return 0
+def _load_kuat_memory():
+    """``kuat.cli._memory`` (kuat's own PSS sampler: standard library and psutil only), loaded
+    from this checkout by path: peers run in interpreters where kuat is not installed."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "src" / "kuat" / "cli" / "_memory.py"
+    spec = importlib.util.spec_from_file_location("_kuat_bench_memory", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# The machine's shared memory in RAM in bytes (``Shmem`` of ``/proc/meminfo``: ``/dev/shm``
+# files, ``memfd``, tmpfs, SysV segments; mapped by a process or not); 0 where unreadable.
+system_shmem_bytes = _load_kuat_memory().system_shmem_bytes
 
 
 def tree_pss(pid: int) -> dict[str, int]:
