@@ -123,12 +123,15 @@ def _measure(loader, check: list | None, check_batches: int, max_batches: int):
 
 
 def main(argv: list[str] | None = None) -> int:
+    from kuat._dirs import cache_root  # kuat is imported lazily throughout this module
+
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rows", type=int, default=200_000)
     p.add_argument("--workers", type=int, nargs="+", default=[0, 2])
     p.add_argument("--batches", type=int, default=400, help="timed batches per run")
     p.add_argument("--check", type=int, default=20, help="batches compared to the baseline")
-    p.add_argument("--cache-dir", type=Path, default=Path.home() / ".cache" / "kuat" / "bench")
+    p.add_argument("--cache-dir", type=Path, default=cache_root() / "bench",
+                   help="default: bench/ under kuat's cache root ($KUAT_CACHE, ...)")
     p.add_argument("--process", action="store_true", help="also run kuat in process mode")
     args = p.parse_args(argv)
 

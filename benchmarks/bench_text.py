@@ -323,11 +323,14 @@ def loader_resume_ms(data: dict, seq_len: int, repeats: int) -> dict:
 
 
 def main(argv=None) -> int:
+    from kuat._dirs import cache_root  # kuat is imported lazily throughout this module
+
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--docs", type=int, default=20_000)
     ap.add_argument("--seq-len", type=int, default=SEQ_LEN)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--cache-dir", type=Path, default=Path.home() / ".cache" / "kuat" / "bench")
+    ap.add_argument("--cache-dir", type=Path, default=cache_root() / "bench",
+                    help="default: bench/ under kuat's cache root ($KUAT_CACHE, ...)")
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument(
         "--setup-envs",

@@ -118,8 +118,8 @@ def envs_root() -> Path:
     ``$XDG_CACHE_HOME/kuat``, else ``~/.cache/kuat``)."""
     from kuat._dirs import cache_root  # lazily: this module is read in peer environments too
 
-    env = os.environ.get("KUAT_BENCH_ENVS")
-    return Path(env).expanduser() if env else cache_root() / "bench-envs"
+    env = os.environ.get("KUAT_BENCH_ENVS")  # absolute: peers' interpreters run elsewhere
+    return Path(os.path.abspath(Path(env).expanduser())) if env else cache_root() / "bench-envs"
 
 
 def _torch_pins() -> list[str]:

@@ -3,6 +3,7 @@ still names the shard directory itself; then ``XDG_CACHE_HOME``, then ``~/.cache
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +29,12 @@ CASES = [
     ({"KUAT_CACHE": "", "KUAT_CACHE_DIR": "", "XDG_CACHE_HOME": ""}, "~/.cache/kuat",
      "~/.cache/kuat/shards"),
     ({"KUAT_CACHE": "~/big"}, "~/big", "~/big/shards"),
+    # relative: KUAT_CACHE* against the working directory ("./" here), made absolute; a
+    # relative XDG_CACHE_HOME is invalid (XDG specification) and ignored
+    ({"KUAT_CACHE": "rel"}, "./rel", "./rel/shards"),
+    ({"KUAT_CACHE_DIR": "rel/s"}, "~/.cache/kuat", "./rel/s"),
+    ({"XDG_CACHE_HOME": "relxdg"}, "~/.cache/kuat", "~/.cache/kuat/shards"),
+    ({"XDG_CACHE_HOME": "relxdg", "KUAT_CACHE": "../up"}, "./../up", "./../up/shards"),
 ]
 
 
@@ -35,6 +42,8 @@ CASES = [
 def env(monkeypatch, tmp_path):
     home = tmp_path / "home"
     monkeypatch.setenv("HOME", str(home))
+    (tmp_path / "cwd").mkdir()
+    monkeypatch.chdir(tmp_path / "cwd")
     for name in _VARS:
         monkeypatch.delenv(name, raising=False)
 
@@ -47,6 +56,8 @@ def env(monkeypatch, tmp_path):
 
 
 def _p(spec: str, home: Path) -> Path:
+    if spec.startswith("./"):
+        return Path(os.path.abspath(spec))  # relative to the (test's) working directory
     return home / spec[2:] if spec.startswith("~/") else Path(spec)
 
 
@@ -71,6 +82,27 @@ def test_bench_envs_override(env, tmp_path):
     from benchmarks import envs
 
     assert envs.envs_root() == tmp_path / "envs"
+    env({"KUAT_BENCH_ENVS": "rel-envs"})  # made absolute: peers' interpreters run elsewhere
+    assert envs.envs_root() == Path(os.path.abspath("rel-envs"))
+
+
+def test_bench_scripts_default_under_the_root(env, tmp_path, monkeypatch):
+    """The standalone bench scripts (``python -m benchmarks.bench_hf``, ``.bench_text``) keep
+    their data under the same root as ``kuat bench``."""
+    env({"KUAT_CACHE": str(tmp_path / "big")})
+    from benchmarks import bench_hf, bench_text
+
+    class Prepared(Exception):
+        pass
+
+    def prepare(cache_dir, *args, **kwargs):
+        raise Prepared(cache_dir)
+
+    for mod in (bench_hf, bench_text):
+        monkeypatch.setattr(mod, "prepare", prepare)
+        with pytest.raises(Prepared) as got:
+            mod.main([])
+        assert got.value.args[0] == tmp_path / "big" / "bench"
 
 
 def test_remote_shards_land_under_kuat_cache(env, tmp_path):

@@ -14,7 +14,10 @@ demo images and datasets    ``--cache-dir DIR`` (a root: ``DIR/demo``); ``<root>
 ==========================  ======================================================================
 
 An empty variable counts as unset (as the XDG Base Directory specification says of
-``XDG_CACHE_HOME``), and a leading ``~`` is expanded. Nothing here creates a directory; each
+``XDG_CACHE_HOME``), and a leading ``~`` is expanded. A relative ``KUAT_CACHE`` or
+``KUAT_CACHE_DIR`` is taken against the working directory at the call and returned absolute
+(a process or a peer interpreter that starts elsewhere then still finds the same cache); a
+relative ``XDG_CACHE_HOME`` is ignored, as the specification says it must be. Nothing here creates a directory; each
 user creates its own when it first writes. Temporary work (conversion and merge staging, upload
 buffers) goes to ``tempfile``'s directory (``$TMPDIR``), not to the cache: it is deleted when
 the work ends. Process workers' shared memory lives in ``/dev/shm`` (or ``tempfile``'s directory
@@ -33,19 +36,25 @@ __all__ = ["cache_root", "shard_cache_dir"]
 
 
 def _env_path(name: str) -> Path | None:
+    """``$name`` as an absolute path (``~`` expanded, a relative one against the working
+    directory), or None where it is unset or empty."""
     value = os.environ.get(name)
-    return Path(value).expanduser() if value else None
+    return Path(os.path.abspath(Path(value).expanduser())) if value else None
 
 
 def cache_root() -> Path:
-    """kuat's cache root: ``$KUAT_CACHE``, else ``$XDG_CACHE_HOME/kuat``, else ``~/.cache/kuat``.
+    """kuat's cache root: ``$KUAT_CACHE``, else ``$XDG_CACHE_HOME/kuat`` (where absolute), else
+    ``~/.cache/kuat``; an absolute path.
 
     Read from the environment at each call (a test or a launcher may set it late).
     """
     root = _env_path("KUAT_CACHE")
     if root is not None:
         return root
-    xdg = _env_path("XDG_CACHE_HOME")
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    xdg = Path(xdg).expanduser() if xdg else None
+    if xdg is not None and not xdg.is_absolute():
+        xdg = None  # "a relative path ... should be considered invalid and ignored" (XDG spec)
     return (xdg if xdg is not None else Path.home() / ".cache") / "kuat"
 
 
