@@ -146,3 +146,37 @@ def test_demo_rejects_bad_options_in_one_line(tmp_path, bad, text):
     message = str(info.value.code)
     assert message.startswith("kuat demo: need") and f"{bad[0]} {bad[1]}" in message
     assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("text", [False, True])
+@pytest.mark.parametrize("via", ["--cache-dir", "KUAT_CACHE"])
+def test_demo_names_an_unusable_cache_in_one_line(tmp_path, monkeypatch, capsys, text, via):
+    """A cache root under a file (or, alike, read-only): one line naming the path, exit 1,
+    as ``kuat convert`` answers an unwritable destination; no traceback."""
+    blocker = tmp_path / "a-file"
+    blocker.write_bytes(b"")
+    root = blocker / "cache"
+    argv = ["demo", "--num-images", "12", "--batch-size", "4", "--train-seconds", "0"]
+    if via == "KUAT_CACHE":
+        monkeypatch.setenv("KUAT_CACHE", str(root))
+    else:
+        argv += ["--cache-dir", str(root)]
+    assert main(argv + (["--text"] if text else [])) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("kuat demo: error: [Errno 20]")
+    assert str(root / "demo") in err[0]
+
+
+def test_cli_raises_an_oserror_that_names_no_path(monkeypatch):
+    """Only a file-system error naming a path is the user's; any other keeps its traceback."""
+    import argparse
+
+    from kuat import cli
+
+    def fail(args):
+        raise OSError(5, "Input/output error")
+
+    ns = argparse.Namespace(command="x", verbose=False, _run=fail)
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", lambda self, argv: ns)
+    with pytest.raises(OSError, match="Input/output"):
+        cli.main([])

@@ -61,6 +61,14 @@ def main(argv: list[str] | None = None) -> int:
     except KuatError as e:
         print(f"kuat {args.command}: error: {e}", file=sys.stderr)
         return 1
+    except OSError as e:
+        if e.filename is None:
+            raise  # no path named: not the user's file system, a traceback helps more
+        # a path the command line or the environment named (a cache root in a read-only or
+        # missing place, a file where a directory should be): say which, as cp or tar would
+        logging.getLogger("kuat").debug("kuat %s failed", args.command, exc_info=True)
+        print(f"kuat {args.command}: error: {e}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
