@@ -111,3 +111,32 @@ def test_a_new_epoch_replaces_the_order_and_skips_open_shards(tmp_path):
 def test_depth_must_be_a_positive_int(depth):
     with pytest.raises(ValueError, match="depth"):
         Prefetcher(lambda k: Path("x"), depth)
+
+
+@pytest.mark.parametrize("via", ["cache_dir", "KUAT_CACHE"])
+def test_an_unusable_shard_cache_names_itself_the_shard_and_the_url(tmp_path, monkeypatch, via):
+    """A cache directory that cannot be made (here under a file; read-only alike) raises the
+    OSError subclass of its errno naming the cache, the shard and the URL, chained, at the
+    first read; ``os.utime``'s own error named nothing."""
+    import numpy as np
+
+    import kuat
+    import kuat.format as kf
+
+    url = f"memory://kuat-test-cache-unusable-{tmp_path.name}-{via}/d.kuat"
+    with kuat.Writer(url, kuat.Schema({"y": kf.int64()})) as w:
+        w.write_batch({"y": np.arange(10)})
+    blocker = tmp_path / "a-file"
+    blocker.write_bytes(b"")
+    if via == "KUAT_CACHE":
+        monkeypatch.delenv("KUAT_CACHE_DIR", raising=False)
+        monkeypatch.setenv("KUAT_CACHE", str(blocker / "root"))
+        ds, where = kuat.open(url), blocker / "root" / "shards"
+    else:
+        ds, where = kuat.open(url, cache_dir=blocker / "c"), blocker / "c"
+    with pytest.raises(NotADirectoryError) as info:
+        ds[3]
+    message = str(info.value)
+    assert f"shard cache {where} " in message and "shard-00000.arrow" in message
+    assert f"{url}/shard-00000.arrow" in message
+    assert isinstance(info.value.__cause__, NotADirectoryError)

@@ -150,13 +150,27 @@ class ShardCache:
                 (names the URL; nothing is kept).
             RemoteError: the download failed after retries (names the shard and URL).
             FileNotFoundError: the shard does not exist (names the URL).
+            OSError: the cache directory cannot be created or written (its subclass by errno:
+                ``PermissionError``, ``NotADirectoryError``...; names the cache, the shard and
+                the URL, chained).
         """
         url = remote.url_of(name)
         final = self.entry(url, info)
-        if self._touch(final):
-            return final
-        self.dir.mkdir(parents=True, exist_ok=True)
-        with _lock_file(final.with_name(f".{final.stem}.lock")):
+        lock = final.with_name(f".{final.stem}.lock")
+        try:
+            if self._touch(final):
+                return final
+            self.dir.mkdir(parents=True, exist_ok=True)
+            os.close(os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644))  # writable?
+        except OSError as e:  # os.utime names no path: say which cache, shard and setting
+            raise OSError(
+                e.errno,
+                f"the shard cache {self.dir} cannot hold shard {name} of {url}: {e.strerror} "
+                "(cache_dir= of kuat.open, else $KUAT_CACHE_DIR, else $KUAT_CACHE/shards, "
+                "names the directory)",
+                e.filename if e.filename is not None else str(final),
+            ) from e
+        with _lock_file(lock):
             if self._touch(final):  # another thread or process fetched it meanwhile
                 return final
             tmp = final.with_name(f".{final.stem}.tmp-{os.getpid()}-{threading.get_ident()}")
