@@ -50,7 +50,7 @@ from typing import Any, NamedTuple
 
 from kuat.errors import WorkerError
 
-__all__ = ["Failure"]
+__all__ = ["Failure", "add_note"]
 
 _CHAIN_DEPTH = 8  # cause/context links packed for a process worker's exception
 
@@ -236,7 +236,7 @@ class Failure:
         """
         if self.original is not None:
             exc = self.original.with_traceback(self._tb)
-            _add_note(exc, self.note)
+            add_note(exc, self.note)
             return exc
         note = self.note
         exc = _unpack(self.packed) if self.packed is not None else None
@@ -261,7 +261,7 @@ class _Note(str):
     """A note this module added (a ``str``): replaced, not repeated, on the next raise."""
 
 
-def _add_note(exc: BaseException, note: str) -> None:
+def add_note(exc: BaseException, note: str) -> None:
     """Add ``note`` to ``exc`` in place of one this module added before: the same object raised
     again (a ``worker_init_fn`` failure raised for every task, a dataset that raises one stored
     exception for every batch) shows the note of this raise only."""

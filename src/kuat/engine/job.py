@@ -446,8 +446,8 @@ class FetchJob:
             # ran a batch behind and the loader held one more batch buffer). The watch catches
             # a draw all the same and re-fetches the batch isolated. Without the watch (false
             # alarms) and in worker processes (their own generators) each worker still probes.
-            if use.draws or ctx.method == "process" or not (use.probed and use.watch):
-                data = self._isolated(ctx, epoch, key, st, probe=True)
+            if not self._may_watch_first(ctx):
+                data = self._isolated(ctx, epoch, key, st, first=True)
                 if data is not _WATCH:
                     return data
         if not use.watch:
@@ -468,10 +468,16 @@ class FetchJob:
             use.false_alarm()
         return data
 
-    def _isolated(self, ctx: WorkerCtx, epoch: int, key, st: WorkStats, probe: bool = False):
+    def _may_watch_first(self, ctx: WorkerCtx) -> bool:
+        """Whether this worker's first batch may be watched instead of probed: a thread (or the
+        consumer) of a process where a probe already saw no draw, while the watch is on."""
+        use = self.rng_use
+        return ctx.method != "process" and use.probed and use.watch and not use.draws
+
+    def _isolated(self, ctx: WorkerCtx, epoch: int, key, st: WorkStats, first: bool = False):
         """The samples of ``key`` with the global RNGs reseeded per sample (``__getitem__``)
         or per batch (``__getitems__``), under the exclusive lock; probes whether the dataset
-        draws until that is known. With ``probe`` (a worker's first batch), returns ``_WATCH``
+        draws until that is known. With ``first`` (a worker's first batch), returns ``_WATCH``
         instead when, by the time the lock is had, another thread of this process has probed a
         batch and seen no draw (workers that started together then watch side by side instead
         of probing one after another)."""
@@ -479,7 +485,7 @@ class FetchJob:
         t0 = time.perf_counter()
         with isolate.GLOBAL_RNG_LOCK:
             st.rng_wait_s += time.perf_counter() - t0
-            if probe and ctx.method != "process" and use.probed and use.watch and not use.draws:
+            if first and self._may_watch_first(ctx):
                 return _WATCH
             saved = isolate.save() if ctx.method != "process" else None
             try:

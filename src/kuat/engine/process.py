@@ -50,6 +50,7 @@ from kuat.engine.base import (
     key_indices,
     serve,
 )
+from kuat.engine.failure import add_note
 from kuat.errors import WorkerError
 
 log = logging.getLogger("kuat.engine.process")
@@ -249,10 +250,9 @@ class ProcessEngine(ClosedOnExit):
                 try:
                     r.value = shm.read_batch(value, mm, pin=True)
                 except Exception as e:  # pinned memory exhausted, no accelerator: which batch
-                    if hasattr(e, "add_note"):
-                        e.add_note(f"Raised in the kuat DataLoader's own thread "
-                                   f"{describe_failure(PIN, task.key)}, reading it from kuat "
-                                   f"worker {self._procs[w].name}.")
+                    add_note(e, f"Raised in the kuat DataLoader's own thread "
+                                f"{describe_failure(PIN, task.key)}, reading it from kuat "
+                                f"worker {self._procs[w].name}.")
                     raise
             else:  # zero-copy: the slot comes back when the batch's large tensors are gone
                 r.value = shm.view_batch(value, mm, functools.partial(self._free[w].append, slot))
