@@ -45,9 +45,10 @@ import time
 import numpy as np
 
 
-def make_corpus(n: int, seed: int = 0) -> list[tuple[bytes, int, int]]:
+def make_corpus(n: int, seed: int = 0, grain: bool = True) -> list[tuple[bytes, int, int]]:
     """``n`` JPEGs as ``(bytes, width, height)``, the corpus ``kuat bench`` generates (same
-    generator, so the same size and bytes-per-pixel distribution)."""
+    generator, so the same size and bytes-per-pixel distribution); ``grain=False``: the
+    smooth-jpeg workload's corpus."""
     from PIL import Image
 
     from kuat.cli.demo_data import load_source_photos, make_jpeg
@@ -57,7 +58,7 @@ def make_corpus(n: int, seed: int = 0) -> list[tuple[bytes, int, int]]:
     seeds = np.random.SeedSequence(seed).generate_state(n, np.uint64)
     corpus = []
     for k in range(n):
-        data, _ = make_jpeg(photos[names[k % len(names)]], int(seeds[k]))
+        data, _ = make_jpeg(photos[names[k % len(names)]], int(seeds[k]), grain)
         with Image.open(io.BytesIO(data)) as im:
             corpus.append((data, im.width, im.height))
     return corpus
@@ -120,6 +121,9 @@ def main(argv=None) -> int:
     p.add_argument("--threads", default="1,2", help="thread counts, comma separated")
     p.add_argument("--rounds", type=int, default=2, help="interleaved rounds; the median is shown")
     p.add_argument(
+        "--smooth", action="store_true", help="the smooth-jpeg corpus (no grain, ~0.19 bytes/px)"
+    )
+    p.add_argument(
         "--passes", type=int, default=5, help="passes of the per-image CPU-time table (0: skip)"
     )
     p.add_argument(
@@ -143,7 +147,7 @@ def main(argv=None) -> int:
     else:
         print(f"ROI decoder on {kdecode._roi_libjpeg.describe()}")
 
-    corpus = make_corpus(args.images)
+    corpus = make_corpus(args.images, grain=not args.smooth)
     small = resize_shorter(corpus)
     fused = Compose([RandomResizedCrop(224), RandomHorizontalFlip()])
     fused_exact = Compose([RandomResizedCrop(224), RandomHorizontalFlip()], exact_resize=True)

@@ -157,11 +157,35 @@ def _torch_resize(src: np.ndarray, size: tuple[int, int]) -> np.ndarray:
     return y[0].contiguous().numpy()  # (3, H, W)
 
 
-def test_resize_planar_equals_torch_kernel(roi):
+def _simd_levels(roi) -> list[int]:
+    """Every resize kernel level this CPU runs (0 C .. 3 AVX2; see ``simd`` in _roijpeg.c)."""
+    simd = getattr(roi, "simd", None)
+    return [None] if simd is None else list(range(simd() + 1))
+
+
+@pytest.fixture
+def simd_level(roi, request):
+    """Run the test at one kernel level, then restore the best one."""
+    if request.param is not None:
+        roi.simd(request.param)
+    yield request.param
+    if request.param is not None:
+        roi.simd(_simd_levels(roi)[-1])
+
+
+def _level_ids():
+    roi = kdecode._roi
+    return _simd_levels(roi) if roi is not None else [None]
+
+
+@pytest.mark.parametrize("simd_level", _level_ids(), indirect=True)
+def test_resize_planar_equals_torch_kernel(roi, simd_level):
     """Down- and upscales, identity axes, odd and even tap counts, RGB and RGBX, flipped or
-    not: the fused kernel's pixels are torch's (stated bound: 1 grey level; measured: 0)."""
+    not, at every kernel level the CPU runs (C, SSE2, SSSE3, AVX2): the fused kernel's pixels
+    are torch's (stated bound: 1 grey level; measured: 0)."""
     rng = np.random.default_rng(0)
     sizes = [(274, 274, 224, 224), (100, 130, 224, 224), (224, 500, 224, 224), (37, 23, 5, 61)]
+    sizes += [(4, 4, 3, 3), (5, 9, 7, 2), (600, 40, 224, 224), (40, 900, 224, 223)]
     sizes += [tuple(int(v) for v in rng.integers(1, 400, 4)) for _ in range(60)]
     worst = 0
     for k, (h, w, oh, ow) in enumerate(sizes):
@@ -180,7 +204,36 @@ def test_resize_planar_equals_torch_kernel(roi):
         d = int(np.abs(out.astype(np.int16) - ref).max())
         assert d <= 1, ((h, w, oh, ow), d)
         worst = max(worst, d)
-    print(f"resize_planar vs torch: max abs diff {worst} over {len(sizes)} sizes")
+    print(f"resize_planar (level {simd_level}) vs torch: max abs diff {worst} over {len(sizes)} sizes")
+
+
+def test_resize_kernel_levels_give_the_same_pixels(roi):
+    """Every kernel level writes the same bytes (integer sums: the order of the taps does not
+    matter), also for the batch path, whose crop buffer lets the AVX2 kernel take the last
+    rows; a level above the CPU's best is refused."""
+    levels = _simd_levels(roi)
+    if levels == [None]:
+        pytest.skip("this ROI decoder build has no kernel levels")
+    rng = np.random.default_rng(3)
+    photo = (np.cumsum(rng.integers(0, 9, (333, 271, 3)), axis=1) % 256).astype(np.uint8)
+    data = _jpeg(photo)
+    jobs = []
+    for slot, (y0, y1, x0, x1) in enumerate([(0, 333, 0, 271), (7, 120, 13, 261), (300, 333, 5, 9)]):
+        h, w = y1 - y0, x1 - x0
+        jobs.append((data, 8, y0, y1, x0, x1, slot, slot % 2, *kt._taps(w, 61), *kt._taps(h, 50)))
+    try:
+        outs = []
+        for level in levels:
+            roi.simd(level)
+            out = np.zeros((3, 3, 50, 61), np.uint8)
+            assert roi.decode_resize_batch(jobs, out, 3, 50, 61) == []
+            outs.append(out)
+        for level, out in zip(levels, outs):
+            assert np.array_equal(out, outs[0]), level
+        with pytest.raises(ValueError, match="above what this CPU runs"):
+            roi.simd(levels[-1] + 1)
+    finally:
+        roi.simd(levels[-1])
 
 
 def test_taps_windows_inside_the_image():

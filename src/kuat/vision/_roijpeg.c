@@ -44,6 +44,11 @@
  * are left unwritten: the caller decodes them one by one, which reports or falls back);
  * malformed jobs (slot, box, taps) raise ValueError before anything is decoded.
  *
+ * simd(level=-1) -> level
+ *   The resize kernels in use: 0 plain C, 1 SSE2, 2 SSSE3, 3 AVX2 (chosen at run time: the
+ *   best the CPU has). level >= 0 lowers it (ValueError above the CPU's best). Every level
+ *   gives the same pixels (integer sums); tests compare them. Not thread-safe.
+ *
  * load(path) -> (copyright, file)
  *   dlopen a libjpeg-turbo (the 62 ABI) and route every jpeg_* call below through it; returns
  *   the library's copyright line and the file it was loaded from. Raises OSError if it cannot be loaded, lacks a symbol, or
@@ -86,6 +91,30 @@ typedef struct {
 } kuat_libjpeg;
 
 static kuat_libjpeg kj; /* all NULL until load() succeeds */
+
+/* The resize kernels used: 0 plain C, 1 SSE2, 2 SSSE3, 3 AVX2; -1 until first asked, then the
+ * best this CPU runs. simd(level) lowers it (the tests compare every level's pixels). */
+enum { SIMD_C = 0, SIMD_SSE2 = 1, SIMD_SSSE3 = 2, SIMD_AVX2 = 3 };
+static int simd_level = -1;
+
+static int simd_best(void) {
+#if defined(__SSE2__)
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2"))
+        return SIMD_AVX2;
+    if (__builtin_cpu_supports("ssse3"))
+        return SIMD_SSSE3;
+    return SIMD_SSE2;
+#else
+    return SIMD_C;
+#endif
+}
+
+static int simd(void) {
+    if (simd_level < 0)
+        simd_level = simd_best();
+    return simd_level;
+}
 
 #define jpeg_std_error (kj.std_error)
 #define jpeg_CreateDecompress (kj.CreateDecompress)
@@ -355,28 +384,155 @@ __attribute__((target("ssse3"))) static void rows4_ssse3(
         rgbx_column4_ssse3(rows, (size_t)start[x] * 4, weights + (size_t)x * taps, taps,
                            precision, t0, t1, t2, (size_t)(flip ? out_w - 1 - x : x), out_w);
 }
+
+#include <immintrin.h>
+
+/* AVX2, 4 RGBX rows: rows 0 and 1 share a register (one per 128-bit lane), as do rows 2 and 3,
+ * and the taps go 4 at a time: one 16-byte load per row (4 pixels), two pshufb to (c, c') int16
+ * pairs of neighbouring pixels, two pmaddwd with the weight pairs (k0, k1) and (k2, k3).
+ * `wpad` is the weights padded with zeros to `taps4` (a multiple of 4) per column, so the
+ * loads may read up to 3 pixels past a window (their weight is 0): past the row's end that is
+ * the next row, and the caller keeps the last row of the image off this kernel unless the
+ * buffer has room. Columns are done 4 at a time and written with a 4x4 transpose: per row and
+ * plane one 4-byte store (12 per 16 pixels, where the per-column kernel stores 48 bytes one by
+ * one). Integer sums, so the order of the taps changes nothing: the pixels are the SSSE3
+ * kernel's, which are torch's. Columns past the last multiple of 4 go to the SSSE3 kernel
+ * (with the unpadded weights). */
+__attribute__((target("avx2"))) static void rows4_avx2(
+    const unsigned char *const rows[4], int out_w, int flip, const int32_t *start,
+    const int16_t *weights, int taps, const int16_t *wpad, int taps4, int precision,
+    unsigned char *t0, unsigned char *t1, unsigned char *t2) {
+    const __m256i m_lo = _mm256_setr_epi8(0, -1, 4, -1, 1, -1, 5, -1, 2, -1, 6, -1, 3, -1, 7, -1,
+                                          0, -1, 4, -1, 1, -1, 5, -1, 2, -1, 6, -1, 3, -1, 7, -1);
+    const __m256i m_hi =
+        _mm256_setr_epi8(8, -1, 12, -1, 9, -1, 13, -1, 10, -1, 14, -1, 11, -1, 15, -1, 8, -1, 12,
+                         -1, 9, -1, 13, -1, 10, -1, 14, -1, 11, -1, 15, -1);
+    /* a row's 4 RGBX pixels (columns c0..c3) -> R c0..c3, G c0..c3, B c0..c3 (X dropped);
+     * flipped: the columns in reverse */
+    const __m128i planar = flip ? _mm_setr_epi8(12, 8, 4, 0, 13, 9, 5, 1, 14, 10, 6, 2, 15, 11, 7, 3)
+                                : _mm_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    const __m256i half = _mm256_set1_epi32((int32_t)1 << (precision - 1));
+    const unsigned char *r0 = rows[0], *r1 = rows[1], *r2 = rows[2], *r3 = rows[3];
+    int x = 0;
+    for (; x + 4 <= out_w; x += 4) {
+        __m128i col[4]; /* column x + c: RGBX of rows 0..3 */
+        for (int c = 0; c < 4; c++) {
+            size_t off = (size_t)start[x + c] * 4;
+            const int16_t *k = wpad + (size_t)(x + c) * taps4;
+            __m256i a01 = half, a23 = half;
+            for (int t = 0; t < taps4; t += 4, off += 16) {
+                int32_t k01, k23;
+                memcpy(&k01, k + t, 4);
+                memcpy(&k23, k + t + 2, 4);
+                const __m256i kv01 = _mm256_set1_epi32(k01), kv23 = _mm256_set1_epi32(k23);
+                __m256i s01 = _mm256_inserti128_si256(
+                    _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(r0 + off))),
+                    _mm_loadu_si128((const __m128i *)(r1 + off)), 1);
+                __m256i s23 = _mm256_inserti128_si256(
+                    _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(r2 + off))),
+                    _mm_loadu_si128((const __m128i *)(r3 + off)), 1);
+                a01 = _mm256_add_epi32(a01, _mm256_madd_epi16(_mm256_shuffle_epi8(s01, m_lo), kv01));
+                a01 = _mm256_add_epi32(a01, _mm256_madd_epi16(_mm256_shuffle_epi8(s01, m_hi), kv23));
+                a23 = _mm256_add_epi32(a23, _mm256_madd_epi16(_mm256_shuffle_epi8(s23, m_lo), kv01));
+                a23 = _mm256_add_epi32(a23, _mm256_madd_epi16(_mm256_shuffle_epi8(s23, m_hi), kv23));
+            }
+            /* lane 0: rows 0, 2; lane 1: rows 1, 3 (int16, then bytes) */
+            __m256i p = _mm256_packs_epi32(_mm256_srai_epi32(a01, precision),
+                                           _mm256_srai_epi32(a23, precision));
+            p = _mm256_packus_epi16(p, p);
+            col[c] = _mm_unpacklo_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));
+        }
+        /* 4x4 transpose of pixels: columns of 4 rows -> rows of 4 columns */
+        __m128i u0 = _mm_unpacklo_epi32(col[0], col[1]), u1 = _mm_unpackhi_epi32(col[0], col[1]);
+        __m128i u2 = _mm_unpacklo_epi32(col[2], col[3]), u3 = _mm_unpackhi_epi32(col[2], col[3]);
+        __m128i rv[4] = {_mm_unpacklo_epi64(u0, u2), _mm_unpackhi_epi64(u0, u2),
+                         _mm_unpacklo_epi64(u1, u3), _mm_unpackhi_epi64(u1, u3)};
+        const size_t d = (size_t)(flip ? out_w - 4 - x : x);
+        for (int r = 0; r < 4; r++) {
+            __m128i v = _mm_shuffle_epi8(rv[r], planar);
+            int32_t R = _mm_cvtsi128_si32(v), G = _mm_extract_epi32(v, 1), B = _mm_extract_epi32(v, 2);
+            size_t at = d + (size_t)r * out_w;
+            memcpy(t0 + at, &R, 4);
+            memcpy(t1 + at, &G, 4);
+            memcpy(t2 + at, &B, 4);
+        }
+    }
+    for (; x < out_w; x++)
+        rgbx_column4_ssse3(rows, (size_t)start[x] * 4, weights + (size_t)x * taps, taps,
+                           precision, t0, t1, t2, (size_t)(flip ? out_w - 1 - x : x), out_w);
+}
+
+/* vertical_pass's 16 columns at a time (AVX2): out[x .. x + 16) of one plane's output row. */
+__attribute__((target("avx2"))) static int vertical_row_avx2(const unsigned char *r0, int out_w,
+                                                             unsigned char *o, const int16_t *k,
+                                                             int taps, int precision) {
+    const __m256i zero = _mm256_setzero_si256(), half = _mm256_set1_epi32((int32_t)1 << (precision - 1));
+    int x = 0;
+    for (; x + 16 <= out_w; x += 16) {
+        __m256i lo = half, hi = half;
+        int t = 0;
+        for (; t + 2 <= taps; t += 2) {
+            const unsigned char *ra = r0 + (size_t)t * out_w + x;
+            __m256i a = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)ra));
+            __m256i b = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(ra + out_w)));
+            int32_t kk;
+            memcpy(&kk, k + t, 4);
+            const __m256i kv = _mm256_set1_epi32(kk);
+            lo = _mm256_add_epi32(lo, _mm256_madd_epi16(_mm256_unpacklo_epi16(a, b), kv));
+            hi = _mm256_add_epi32(hi, _mm256_madd_epi16(_mm256_unpackhi_epi16(a, b), kv));
+        }
+        if (t < taps) {
+            const unsigned char *ra = r0 + (size_t)t * out_w + x;
+            __m256i a = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)ra));
+            const __m256i kv = _mm256_set1_epi32((uint16_t)k[t]);
+            lo = _mm256_add_epi32(lo, _mm256_madd_epi16(_mm256_unpacklo_epi16(a, zero), kv));
+            hi = _mm256_add_epi32(hi, _mm256_madd_epi16(_mm256_unpackhi_epi16(a, zero), kv));
+        }
+        /* per lane: columns 0-3 | 4-7 (lane 0) and 8-11 | 12-15 (lane 1), back in order */
+        __m256i v = _mm256_packs_epi32(_mm256_srai_epi32(lo, precision), _mm256_srai_epi32(hi, precision));
+        v = _mm256_permute4x64_epi64(_mm256_packus_epi16(v, v), 0x08);
+        _mm_storeu_si128((__m128i *)(o + x), _mm256_castsi256_si128(v));
+    }
+    return x;
+}
 #endif
 
 /* (h, w, C) interleaved -> (3, h, out_w) planar: each output column from x_taps source
- * columns; flip mirrors the output columns. */
-static void horizontal_pass(const unsigned char *src, int h, int w, int channels,
-                                     unsigned char *tmp, int out_w, int flip,
-                                     const int32_t *start, const int16_t *weights, int taps,
-                                     int precision) {
+ * columns; flip mirrors the output columns. `src_room`: bytes readable at src (the AVX2 kernel
+ * reads up to 12 past a window; groups whose reads would leave the buffer take the SSSE3 one). */
+static void horizontal_pass(const unsigned char *src, size_t src_room, int h, int w, int channels,
+                            unsigned char *tmp, int out_w, int flip, const int32_t *start,
+                            const int16_t *weights, int taps, int precision) {
     const int32_t half = (int32_t)1 << (precision - 1);
     const size_t plane = (size_t)h * out_w;
 #if defined(__SSE2__)
-    const int have_ssse3 = __builtin_cpu_supports("ssse3");
+    const int level = simd();
+    /* AVX2: the weights padded with zeros to a multiple of 4 taps per column */
+    const int taps4 = (taps + 3) & ~3;
+    int16_t *wpad = NULL;
+    size_t reach = 0; /* one past the last byte a padded window reads, from a row's start */
+    if (level >= SIMD_AVX2 && channels == 4 && h >= 4 &&
+        (wpad = (int16_t *)calloc((size_t)out_w * taps4, sizeof(int16_t))) != NULL) {
+        for (int x = 0; x < out_w; x++) {
+            memcpy(wpad + (size_t)x * taps4, weights + (size_t)x * taps, (size_t)taps * sizeof(int16_t));
+            size_t end = ((size_t)start[x] + taps4) * 4;
+            if (end > reach)
+                reach = end;
+        }
+    }
 #endif
     for (int y = 0; y < h; y++) {
         const unsigned char *row = src + (size_t)y * w * channels;
         unsigned char *t0 = tmp + (size_t)y * out_w, *t1 = t0 + plane, *t2 = t1 + plane;
 #if defined(__SSE2__)
-        if (channels == 4 && y + 4 <= h) { /* 4 rows at a time */
+        if (channels == 4 && y + 4 <= h && level >= SIMD_SSE2) { /* 4 rows at a time */
             const unsigned char *rows[4];
             for (int r = 0; r < 4; r++)
                 rows[r] = row + (size_t)r * w * 4;
-            if (have_ssse3)
+            if (wpad != NULL && (size_t)(y + 3) * w * 4 + reach <= src_room)
+                rows4_avx2(rows, out_w, flip, start, weights, taps, wpad, taps4, precision, t0,
+                           t1, t2);
+            else if (level >= SIMD_SSSE3)
                 rows4_ssse3(rows, out_w, flip, start, weights, taps, precision, t0, t1, t2);
             else
                 for (int x = 0; x < out_w; x++)
@@ -401,6 +557,9 @@ static void horizontal_pass(const unsigned char *src, int h, int w, int channels
             t2[d] = clip8(b, precision);
         }
     }
+#if defined(__SSE2__)
+    free(wpad);
+#endif
 }
 
 /* (3, h, out_w) -> (3, out_h, out_w), each output row a weighted sum of y_taps rows. */
@@ -408,6 +567,9 @@ static void vertical_pass(const unsigned char *tmp, int h, unsigned char *out, i
                                    int out_w, int32_t *acc, const int32_t *start,
                                    const int16_t *weights, int taps, int precision) {
     const int32_t half = (int32_t)1 << (precision - 1);
+#if defined(__SSE2__)
+    const int level = simd();
+#endif
     for (int c = 0; c < 3; c++) {
         const unsigned char *plane = tmp + (size_t)c * h * out_w;
         for (int y = 0; y < out_h; y++) {
@@ -416,9 +578,11 @@ static void vertical_pass(const unsigned char *tmp, int h, unsigned char *out, i
             unsigned char *o = out + ((size_t)c * out_h + y) * out_w;
             int x = 0;
 #if defined(__SSE2__)
+            if (level >= SIMD_AVX2)
+                x = vertical_row_avx2(r0, out_w, o, k, taps, precision);
             /* 8 columns at a time, two rows per pmaddwd */
             const __m128i zero = _mm_setzero_si128();
-            for (; x + 8 <= out_w; x += 8) {
+            for (; level >= SIMD_SSE2 && x + 8 <= out_w; x += 8) {
                 __m128i lo = _mm_set1_epi32(half), hi = lo;
                 int t = 0;
                 for (; t + 2 <= taps; t += 2) {
@@ -496,7 +660,8 @@ static PyObject *resize_planar(PyObject *self, PyObject *args) {
             PyErr_NoMemory();
         } else {
             Py_BEGIN_ALLOW_THREADS
-            horizontal_pass((const unsigned char *)src.buf, h, w, channels, tmp, out_w, flip,
+            horizontal_pass((const unsigned char *)src.buf, (size_t)src.len, h, w, channels, tmp,
+                            out_w, flip,
                             (const int32_t *)xs.buf, (const int16_t *)xw.buf, xt, xp);
             vertical_pass(tmp, h, (unsigned char *)out.buf, out_h, out_w, acc,
                           (const int32_t *)ys.buf, (const int16_t *)yw.buf, yt, yp);
@@ -683,6 +848,10 @@ static PyObject *load(PyObject *self, PyObject *args) {
                          file);
 }
 
+/* Bytes past the largest crop in decode_resize_batch's buffer: what the AVX2 resize kernel may
+ * read past a window, so the last rows of a crop take it too. */
+#define KUAT_CROP_PAD 64
+
 /* One job of decode_resize_batch: a crop decoded and resized into one batch slot. */
 typedef struct {
     Py_buffer data, xs, xw, ys, yw;
@@ -762,7 +931,7 @@ static PyObject *decode_resize_batch(PyObject *self, PyObject *args) {
     int32_t *acc = NULL;
     int oom = 0;
     Py_BEGIN_ALLOW_THREADS
-    crop_buf = (unsigned char *)malloc(max_crop ? max_crop : 1);
+    crop_buf = (unsigned char *)malloc(max_crop + KUAT_CROP_PAD);
     tmp_buf = (unsigned char *)malloc(max_tmp ? max_tmp : 1);
     acc = (int32_t *)malloc((size_t)out_w * sizeof(int32_t));
     if (crop_buf == NULL || tmp_buf == NULL || acc == NULL) {
@@ -776,7 +945,7 @@ static PyObject *decode_resize_batch(PyObject *self, PyObject *args) {
                                   4, msgs + (size_t)i * ROI_MSG);
             if (codes[i] != ROI_OK)
                 continue;
-            horizontal_pass(crop_buf, h, w, 4, tmp_buf, out_w, j->flip,
+            horizontal_pass(crop_buf, max_crop + KUAT_CROP_PAD, h, w, 4, tmp_buf, out_w, j->flip,
                             (const int32_t *)j->xs.buf, (const int16_t *)j->xw.buf, j->xt, j->xp);
             vertical_pass(tmp_buf, h, (unsigned char *)out.buf + slot_bytes * j->slot, out_h,
                           out_w, acc, (const int32_t *)j->ys.buf, (const int16_t *)j->yw.buf,
@@ -811,7 +980,26 @@ done:
     return result;
 }
 
+static PyObject *simd_py(PyObject *self, PyObject *args) {
+    int level = -1;
+    if (!PyArg_ParseTuple(args, "|i", &level))
+        return NULL;
+    if (level >= 0) {
+        int best = simd_best();
+        if (level > best)
+            return PyErr_Format(PyExc_ValueError,
+                                "resize kernel level %d is above what this CPU runs (%d)", level,
+                                best);
+        simd_level = level;
+    }
+    return PyLong_FromLong(simd());
+}
+
 static PyMethodDef methods[] = {
+    {"simd", simd_py, METH_VARARGS,
+     "simd(level=-1) -> level: the resize kernels in use (0 C, 1 SSE2, 2 SSSE3, 3 AVX2); a "
+     "level >= 0 sets it, at most the best this CPU runs. Not thread-safe: for tests and "
+     "benchmarks, while nothing resizes"},
     {"load", load, METH_VARARGS,
      "load(path) -> (copyright, file): dlopen the libjpeg-turbo every decode uses"},
     {"taps", taps_py, METH_VARARGS,
