@@ -151,12 +151,22 @@ static void kuat_emit_message(j_common_ptr cinfo, int msg_level) {
  * scale_num / 8 into `out` (out_len bytes, rows of (x1 - x0) * channels bytes). Returns
  * ROI_OK, ROI_CORRUPT (libjpeg failed or warned: corrupt or truncated data) or ROI_BAD_ARGS
  * (unsupported colour space, box outside the image, buffer too small, out of memory); the
- * reason is written to msg (ROI_MSG bytes). Calls no Python API. */
+ * reason is written to msg (ROI_MSG bytes). Calls no Python API. With `sink`, the rows go to
+ * its horizontal resize pass as libjpeg hands them over (tmp row = crop row), still in cache,
+ * and `out` is not used: no crop buffer, no copy. */
 enum { ROI_OK = 0, ROI_CORRUPT = 1, ROI_BAD_ARGS = 2, ROI_MSG = 160 };
+
+/* Bytes readable past a decoded row buffer: what the AVX2 resize kernel may read past a window
+ * (3 pixels), so that every row of a crop takes it. */
+#define KUAT_ROW_PAD 64
+
+typedef struct hpass hpass;
+static void hpass_rows(const hpass *hp, const unsigned char *src, size_t stride, size_t room,
+                       int n, int y);
 
 static int roi_decode(const unsigned char *buf, size_t len, int scale_num, unsigned int y0,
                       unsigned int y1, unsigned int x0, unsigned int x1, unsigned char *out,
-                      size_t out_len, int channels, char *msg) {
+                      size_t out_len, int channels, const hpass *sink, char *msg) {
     struct jpeg_decompress_struct cinfo;
     kuat_error_mgr jerr;
     volatile int failed = 0, bad_args = 0; /* volatile: read after a longjmp */
@@ -209,12 +219,12 @@ static int roi_decode(const unsigned char *buf, size_t len, int scale_num, unsig
                  * ran libjpeg's per-call pipeline (main, coefficient and upsampling
                  * controllers) once per row, 10-15% of a smooth image's decode */
                 enum { group = 16 };
-                unsigned char *row_buf = (unsigned char *)malloc(stride * group);
+                unsigned char *row_buf = (unsigned char *)malloc(stride * group + KUAT_ROW_PAD);
                 row_free = row_buf;
                 if (row_buf == NULL) {
                     bad_args = 1;
                     snprintf(msg, ROI_MSG, "out of memory");
-                } else if (out_len < out_stride * (y1 - y0)) {
+                } else if (sink == NULL && out_len < out_stride * (y1 - y0)) {
                     bad_args = 1;
                     snprintf(msg, ROI_MSG, "out buffer of %zu bytes is smaller than %zu",
                              out_len, out_stride * (y1 - y0));
@@ -225,20 +235,32 @@ static int roi_decode(const unsigned char *buf, size_t len, int scale_num, unsig
                     JSAMPROW rows[16];
                     for (int g = 0; g < group; g++)
                         rows[g] = row_buf + stride * g;
-                    /* the rows stay in L1/L2; only the crop's columns reach `out`, contiguous */
-                    while (cinfo.output_scanline < y1) {
+                    /* the rows stay in L1/L2; only the crop's columns reach `out`, contiguous.
+                     * libjpeg hands over a row group per call (2 rows with 2x2 chroma
+                     * subsampling): the buffer is filled over several calls, so the resize's
+                     * 4-row kernels see full groups */
+                    while (!failed && cinfo.output_scanline < y1) {
                         size_t r = cinfo.output_scanline - y0;
-                        JDIMENSION want = y1 - cinfo.output_scanline;
-                        JDIMENSION got =
-                            jpeg_read_scanlines(&cinfo, rows, want < group ? want : group);
-                        if (got == 0) { /* suspension: not with a memory source; no spin */
-                            failed = 1;
-                            snprintf(jerr.message, sizeof jerr.message, "no rows at row %u",
-                                     (unsigned)cinfo.output_scanline);
-                            break;
+                        JDIMENSION want = y1 - cinfo.output_scanline, have = 0;
+                        if (want > group)
+                            want = group;
+                        while (have < want) {
+                            JDIMENSION got = jpeg_read_scanlines(&cinfo, rows + have, want - have);
+                            if (got == 0) { /* suspension: not with a memory source; no spin */
+                                failed = 1;
+                                snprintf(jerr.message, sizeof jerr.message, "no rows at row %u",
+                                         (unsigned)cinfo.output_scanline);
+                                break;
+                            }
+                            have += got;
                         }
-                        for (JDIMENSION g = 0; g < got; g++)
-                            memcpy(out + out_stride * (r + g), src + stride * g, out_stride);
+                        if (sink != NULL)
+                            hpass_rows(sink, src, stride,
+                                       stride * group + KUAT_ROW_PAD - (size_t)(src - row_buf),
+                                       (int)have, (int)r);
+                        else
+                            for (JDIMENSION g = 0; g < have; g++)
+                                memcpy(out + out_stride * (r + g), src + stride * g, out_stride);
                     }
                 }
             }
@@ -272,7 +294,7 @@ static PyObject *decode_crop(PyObject *self, PyObject *args) {
     int rc;
     Py_BEGIN_ALLOW_THREADS
     rc = roi_decode((const unsigned char *)data.buf, (size_t)data.len, scale_num, y0, y1, x0,
-                    x1, (unsigned char *)out.buf, (size_t)out.len, channels, msg);
+                    x1, (unsigned char *)out.buf, (size_t)out.len, channels, NULL, msg);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&data);
     PyBuffer_Release(&out);
@@ -512,81 +534,115 @@ __attribute__((target("avx2"))) static int vertical_row_avx2(const unsigned char
 }
 #endif
 
-/* (h, w, C) interleaved -> (3, h, out_w) planar: each output column from x_taps source
- * columns; flip mirrors the output columns. `src_room`: bytes readable at src (the AVX2 kernel
- * reads up to 12 past a window; groups whose reads would leave the buffer take the SSSE3 one). */
-static void horizontal_pass(const unsigned char *src, size_t src_room, int h, int w, int channels,
-                            unsigned char *tmp, int out_w, int flip, const int32_t *start,
-                            const int16_t *weights, int taps, int precision) {
-    const int32_t half = (int32_t)1 << (precision - 1);
-    const size_t plane = (size_t)h * out_w;
+/* The horizontal pass: (rows, w, C) interleaved -> planar rows of out_w, each output column
+ * from `taps` source columns; flip mirrors the output columns. One per resize; hpass_init fills
+ * it, hpass_rows runs it over any run of rows, hpass_free frees it. */
+struct hpass {
+    int channels, out_w, flip, taps, precision, level;
+    const int32_t *start;
+    const int16_t *weights;
+    int16_t *wpad;   /* AVX2: the weights padded with zeros to taps4 per column, or NULL */
+    int taps4;
+    size_t reach;    /* one past the last byte a padded window reads, from a row's start */
+    unsigned char *tmp; /* plane 0; planes `plane` bytes apart, rows out_w bytes apart */
+    size_t plane;
+};
+
+static void hpass_init(hpass *hp, int channels, int out_w, int flip, const int32_t *start,
+                       const int16_t *weights, int taps, int precision, unsigned char *tmp,
+                       size_t plane) {
+    hp->channels = channels, hp->out_w = out_w, hp->flip = flip, hp->taps = taps;
+    hp->precision = precision, hp->start = start, hp->weights = weights, hp->tmp = tmp;
+    hp->plane = plane, hp->wpad = NULL, hp->taps4 = (taps + 3) & ~3, hp->reach = 0;
+    hp->level = simd();
 #if defined(__SSE2__)
-    const int level = simd();
-    /* AVX2: the weights padded with zeros to a multiple of 4 taps per column */
-    const int taps4 = (taps + 3) & ~3;
-    int16_t *wpad = NULL;
-    size_t reach = 0; /* one past the last byte a padded window reads, from a row's start */
-    if (level >= SIMD_AVX2 && channels == 4 && h >= 4 &&
-        (wpad = (int16_t *)calloc((size_t)out_w * taps4, sizeof(int16_t))) != NULL) {
+    if (hp->level >= SIMD_AVX2 && channels == 4 &&
+        (hp->wpad = (int16_t *)calloc((size_t)out_w * hp->taps4, sizeof(int16_t))) != NULL) {
         for (int x = 0; x < out_w; x++) {
-            memcpy(wpad + (size_t)x * taps4, weights + (size_t)x * taps, (size_t)taps * sizeof(int16_t));
-            size_t end = ((size_t)start[x] + taps4) * 4;
-            if (end > reach)
-                reach = end;
+            memcpy(hp->wpad + (size_t)x * hp->taps4, weights + (size_t)x * taps,
+                   (size_t)taps * sizeof(int16_t));
+            size_t end = ((size_t)start[x] + hp->taps4) * 4;
+            if (end > hp->reach)
+                hp->reach = end;
         }
     }
 #endif
-    for (int y = 0; y < h; y++) {
-        const unsigned char *row = src + (size_t)y * w * channels;
-        unsigned char *t0 = tmp + (size_t)y * out_w, *t1 = t0 + plane, *t2 = t1 + plane;
+}
+
+static void hpass_free(hpass *hp) {
+    free(hp->wpad);
+    hp->wpad = NULL;
+}
+
+/* n rows, row r at src + r * stride (`room` bytes readable from src), into tmp rows y .. y + n.
+ * SIMD kernels take 4 rows at a time; a last group of fewer repeats the last row and writes the
+ * extra rows to tmp rows y + n .. y + n + 2, which the next run overwrites (runs go top to
+ * bottom) or which lie in the 3 spare rows a plane has past the image. */
+static void hpass_rows(const hpass *hp, const unsigned char *src, size_t stride, size_t room,
+                       int n, int y) {
+    const int out_w = hp->out_w, flip = hp->flip, taps = hp->taps, precision = hp->precision;
+    const int32_t *start = hp->start;
+    const int16_t *weights = hp->weights;
+    const size_t plane = hp->plane;
+    int r = 0;
 #if defined(__SSE2__)
-        if (channels == 4 && y + 4 <= h && level >= SIMD_SSE2) { /* 4 rows at a time */
+    if (hp->channels == 4 && hp->level >= SIMD_SSE2) {
+        for (; r < n; r += 4) {
             const unsigned char *rows[4];
-            for (int r = 0; r < 4; r++)
-                rows[r] = row + (size_t)r * w * 4;
-            if (wpad != NULL && (size_t)(y + 3) * w * 4 + reach <= src_room)
-                rows4_avx2(rows, out_w, flip, start, weights, taps, wpad, taps4, precision, t0,
-                           t1, t2);
-            else if (level >= SIMD_SSSE3)
+            int last = r + 3 < n ? r + 3 : n - 1;
+            for (int k = 0; k < 4; k++)
+                rows[k] = src + (size_t)(r + k <= last ? r + k : last) * stride;
+            unsigned char *t0 = hp->tmp + (size_t)(y + r) * out_w, *t1 = t0 + plane,
+                          *t2 = t1 + plane;
+            if (hp->wpad != NULL && (size_t)last * stride + hp->reach <= room)
+                rows4_avx2(rows, out_w, flip, start, weights, taps, hp->wpad, hp->taps4,
+                           precision, t0, t1, t2);
+            else if (hp->level >= SIMD_SSSE3)
                 rows4_ssse3(rows, out_w, flip, start, weights, taps, precision, t0, t1, t2);
             else
                 for (int x = 0; x < out_w; x++)
                     rgbx_column4(rows, (size_t)start[x] * 4, weights + (size_t)x * taps, taps,
                                  precision, t0, t1, t2, (size_t)(flip ? out_w - 1 - x : x), out_w);
-            y += 3;
-            continue;
         }
+        return;
+    }
 #endif
+    const int32_t half = (int32_t)1 << (precision - 1);
+    const int channels = hp->channels;
+    for (; r < n; r++) {
+        const unsigned char *row = src + (size_t)r * stride;
+        unsigned char *t0 = hp->tmp + (size_t)(y + r) * out_w, *t1 = t0 + plane, *t2 = t1 + plane;
         for (int x = 0; x < out_w; x++) {
             const unsigned char *p = row + (size_t)start[x] * channels;
             const int16_t *k = weights + (size_t)x * taps;
-            int32_t r = half, g = half, b = half;
+            int32_t cr = half, cg = half, cb = half;
             for (int t = 0; t < taps; t++, p += channels) {
-                r += p[0] * k[t];
-                g += p[1] * k[t];
-                b += p[2] * k[t];
+                cr += p[0] * k[t];
+                cg += p[1] * k[t];
+                cb += p[2] * k[t];
             }
             int d = flip ? out_w - 1 - x : x;
-            t0[d] = clip8(r, precision);
-            t1[d] = clip8(g, precision);
-            t2[d] = clip8(b, precision);
+            t0[d] = clip8(cr, precision);
+            t1[d] = clip8(cg, precision);
+            t2[d] = clip8(cb, precision);
         }
     }
-#if defined(__SSE2__)
-    free(wpad);
-#endif
 }
 
-/* (3, h, out_w) -> (3, out_h, out_w), each output row a weighted sum of y_taps rows. */
-static void vertical_pass(const unsigned char *tmp, int h, unsigned char *out, int out_h,
-                                   int out_w, int32_t *acc, const int32_t *start,
-                                   const int16_t *weights, int taps, int precision) {
+/* The rows of tmp a plane needs for an h-row source: h, and 3 spare for hpass_rows. */
+#define KUAT_TMP_ROWS(h) ((size_t)(h) + 3)
+
+/* (3, h, out_w) planes `plane_bytes` apart -> (3, out_h, out_w), each output row a weighted
+ * sum of y_taps rows. */
+static void vertical_pass(const unsigned char *tmp, size_t plane_bytes, unsigned char *out,
+                          int out_h, int out_w, const int32_t *start, const int16_t *weights,
+                          int taps, int precision) {
     const int32_t half = (int32_t)1 << (precision - 1);
 #if defined(__SSE2__)
     const int level = simd();
 #endif
     for (int c = 0; c < 3; c++) {
-        const unsigned char *plane = tmp + (size_t)c * h * out_w;
+        const unsigned char *plane = tmp + (size_t)c * plane_bytes;
         for (int y = 0; y < out_h; y++) {
             const int16_t *k = weights + (size_t)y * taps;
             const unsigned char *r0 = plane + (size_t)start[y] * out_w;
@@ -631,7 +687,6 @@ static void vertical_pass(const unsigned char *tmp, int h, unsigned char *out, i
             }
         }
     }
-    (void)acc;
 }
 
 static int check_taps(const Py_buffer *start, const Py_buffer *weights, int n, int taps,
@@ -669,23 +724,25 @@ static PyObject *resize_planar(PyObject *self, PyObject *args) {
                      src.len, out.len);
     } else if (check_taps(&xs, &xw, out_w, xt, xp, w, "column") == 0 &&
                check_taps(&ys, &yw, out_h, yt, yp, h, "row") == 0) {
-        unsigned char *tmp = (unsigned char *)malloc((size_t)3 * h * out_w);
-        int32_t *acc = (int32_t *)malloc((size_t)out_w * sizeof(int32_t));
-        if (tmp == NULL || acc == NULL) {
+        const size_t plane = KUAT_TMP_ROWS(h) * out_w;
+        unsigned char *tmp = (unsigned char *)malloc(3 * plane);
+        if (tmp == NULL) {
             PyErr_NoMemory();
         } else {
             Py_BEGIN_ALLOW_THREADS
-            horizontal_pass((const unsigned char *)src.buf, (size_t)src.len, h, w, channels, tmp,
-                            out_w, flip,
-                            (const int32_t *)xs.buf, (const int16_t *)xw.buf, xt, xp);
-            vertical_pass(tmp, h, (unsigned char *)out.buf, out_h, out_w, acc,
+            hpass hp;
+            hpass_init(&hp, channels, out_w, flip, (const int32_t *)xs.buf,
+                       (const int16_t *)xw.buf, xt, xp, tmp, plane);
+            hpass_rows(&hp, (const unsigned char *)src.buf, (size_t)w * channels,
+                       (size_t)src.len, h, 0);
+            hpass_free(&hp);
+            vertical_pass(tmp, plane, (unsigned char *)out.buf, out_h, out_w,
                           (const int32_t *)ys.buf, (const int16_t *)yw.buf, yt, yp);
             Py_END_ALLOW_THREADS
             result = Py_None;
             Py_INCREF(result);
         }
         free(tmp);
-        free(acc);
     }
     PyBuffer_Release(&src);
     PyBuffer_Release(&out);
@@ -863,10 +920,6 @@ static PyObject *load(PyObject *self, PyObject *args) {
                          file);
 }
 
-/* Bytes past the largest crop in decode_resize_batch's buffer: what the AVX2 resize kernel may
- * read past a window, so the last rows of a crop take it too. */
-#define KUAT_CROP_PAD 64
-
 /* One job of decode_resize_batch: a crop decoded and resized into one batch slot. */
 typedef struct {
     Py_buffer data, xs, xw, ys, yw;
@@ -916,7 +969,7 @@ static PyObject *decode_resize_batch(PyObject *self, PyObject *args) {
         PyErr_NoMemory();
         goto done;
     }
-    size_t max_crop = 0, max_tmp = 0;
+    size_t max_tmp = 0;
     for (; parsed < n; parsed++) {
         roi_job *j = &jobs[parsed];
         if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, parsed), "y*iIIIIiiy*y*iiy*y*ii",
@@ -936,40 +989,36 @@ static PyObject *decode_resize_batch(PyObject *self, PyObject *args) {
         if (check_taps(&j->xs, &j->xw, out_w, j->xt, j->xp, w, "column") != 0 ||
             check_taps(&j->ys, &j->yw, out_h, j->yt, j->yp, h, "row") != 0)
             goto done;
-        size_t crop = (size_t)h * w * 4, tmp = (size_t)3 * h * out_w;
-        if (crop > max_crop)
-            max_crop = crop;
+        size_t tmp = 3 * KUAT_TMP_ROWS(h) * out_w;
         if (tmp > max_tmp)
             max_tmp = tmp;
     }
-    unsigned char *crop_buf = NULL, *tmp_buf = NULL;
-    int32_t *acc = NULL;
+    unsigned char *tmp_buf = NULL;
     int oom = 0;
     Py_BEGIN_ALLOW_THREADS
-    crop_buf = (unsigned char *)malloc(max_crop + KUAT_CROP_PAD);
     tmp_buf = (unsigned char *)malloc(max_tmp ? max_tmp : 1);
-    acc = (int32_t *)malloc((size_t)out_w * sizeof(int32_t));
-    if (crop_buf == NULL || tmp_buf == NULL || acc == NULL) {
+    if (tmp_buf == NULL) {
         oom = 1;
     } else {
         for (Py_ssize_t i = 0; i < n; i++) {
             roi_job *j = &jobs[i];
-            int h = (int)(j->y1 - j->y0), w = (int)(j->x1 - j->x0);
+            const size_t plane = KUAT_TMP_ROWS(j->y1 - j->y0) * out_w;
+            /* the decoded rows go through the horizontal pass as they come (no crop buffer) */
+            hpass hp;
+            hpass_init(&hp, 4, out_w, j->flip, (const int32_t *)j->xs.buf,
+                       (const int16_t *)j->xw.buf, j->xt, j->xp, tmp_buf, plane);
             codes[i] = roi_decode((const unsigned char *)j->data.buf, (size_t)j->data.len,
-                                  j->scale_num, j->y0, j->y1, j->x0, j->x1, crop_buf, max_crop,
-                                  4, msgs + (size_t)i * ROI_MSG);
+                                  j->scale_num, j->y0, j->y1, j->x0, j->x1, NULL, 0, 4, &hp,
+                                  msgs + (size_t)i * ROI_MSG);
+            hpass_free(&hp);
             if (codes[i] != ROI_OK)
                 continue;
-            horizontal_pass(crop_buf, max_crop + KUAT_CROP_PAD, h, w, 4, tmp_buf, out_w, j->flip,
-                            (const int32_t *)j->xs.buf, (const int16_t *)j->xw.buf, j->xt, j->xp);
-            vertical_pass(tmp_buf, h, (unsigned char *)out.buf + slot_bytes * j->slot, out_h,
-                          out_w, acc, (const int32_t *)j->ys.buf, (const int16_t *)j->yw.buf,
-                          j->yt, j->yp);
+            vertical_pass(tmp_buf, plane, (unsigned char *)out.buf + slot_bytes * j->slot, out_h,
+                          out_w, (const int32_t *)j->ys.buf, (const int16_t *)j->yw.buf, j->yt,
+                          j->yp);
         }
     }
-    free(crop_buf);
     free(tmp_buf);
-    free(acc);
     Py_END_ALLOW_THREADS
     if (oom) {
         PyErr_NoMemory();
