@@ -436,3 +436,57 @@ def test_batch_call_validates_out_and_jobs(roi, monkeypatch):
     with pytest.raises(ValueError, match="cannot hold"):
         roi.decode_resize_batch([], out, 2, 32, 32)
     assert roi.decode_resize_batch([], out, 1, 32, 32) == []
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS) + ["restart"])
+def test_batch_rows_equal_crop_then_resize(roi, variant):
+    """decode_resize_batch hands the decoded rows to the horizontal pass as libjpeg gives them
+    (2 rows a call with 2x2 chroma subsampling, 1 with none, a partial group at a box's
+    edges); its slots equal decode_crop + resize_planar of the same box, byte for byte, for
+    every subsampling, progressive and restart-marker JPEGs, every DCT scale, boxes touching
+    every edge, up- and downscales, flipped or not, at every kernel level."""
+    rng = np.random.default_rng([*sorted(VARIANTS), "restart"].index(variant))
+    photo = _photo(203, 317, seed=4)
+    if variant == "gray":
+        photo = np.repeat(np.asarray(Image.fromarray(photo).convert("L"))[:, :, None], 3, axis=2)
+        data = _jpeg(photo[:, :, 0], quality=85)
+    elif variant == "restart":
+        b = io.BytesIO()
+        Image.fromarray(photo).save(b, "JPEG", quality=85, restart_marker_rows=1)
+        data = b.getvalue()
+    else:
+        data = _jpeg(photo, **VARIANTS[variant])
+    out_h, out_w = 37, 53
+    jobs = []
+    for slot in range(24):
+        k = (8, 4, 2, 1)[slot % 4]
+        ph, pw = -(-203 * k // 8), -(-317 * k // 8)
+        y0, y1 = sorted(int(v) for v in rng.choice(ph + 1, 2, replace=False))
+        x0, x1 = sorted(int(v) for v in rng.choice(pw + 1, 2, replace=False))
+        if slot % 6 == 1:
+            y0, x1 = 0, pw  # top-right corner
+        elif slot % 6 == 2:
+            y1, x0 = ph, 0  # bottom-left corner
+        elif slot % 6 == 3:
+            y0, y1, x0, x1 = 0, ph, 0, pw  # the whole image
+        h, w = y1 - y0, x1 - x0
+        jobs.append(
+            (data, k, y0, y1, x0, x1, slot, slot % 2, *kt._taps(w, out_w), *kt._taps(h, out_h))
+        )
+    levels = _simd_levels(roi)
+    try:
+        for level in levels:
+            if level is not None:
+                roi.simd(level)
+            out = np.zeros((len(jobs), 3, out_h, out_w), np.uint8)
+            assert roi.decode_resize_batch(jobs, out, len(jobs), out_h, out_w) == []
+            for job in jobs:
+                _, k, y0, y1, x0, x1, slot, flip = job[:8]
+                crop = np.empty((y1 - y0, x1 - x0, 4), np.uint8)
+                roi.decode_crop(data, k, y0, y1, x0, x1, crop, 4)
+                ref = np.empty((3, out_h, out_w), np.uint8)
+                roi.resize_planar(crop, y1 - y0, x1 - x0, 4, ref, out_h, out_w, flip, *job[8:])
+                assert np.array_equal(out[slot], ref), (level, variant, job[1:8])
+    finally:
+        if levels[-1] is not None:
+            roi.simd(levels[-1])

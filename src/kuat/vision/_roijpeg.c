@@ -31,7 +31,9 @@
  * rounded and clamped after each pass: the arithmetic of torch's uint8 antialiased kernel
  * (itself Pillow-SIMD's), so with torch's weights (kuat.vision.transforms._taps) the pixels
  * are torch's. Fused here: the interleaved -> planar layout change and the flip, which
- * otherwise cost a strided copy of the output. The GIL is released.
+ * otherwise cost a strided copy of the output. Kernels: AVX2, SSSE3, SSE2 or plain C, the
+ * best the CPU runs (see simd()); integer sums, so every kernel gives the same bytes. The GIL
+ * is released.
  *
  * decode_resize_batch(jobs, out, n_slots, out_h, out_w) -> [(job_index, message), ...]
  *   jobs   sequence of (data, scale_num, y0, y1, x0, x1, slot, flip, x_start, x_weights,
@@ -40,7 +42,8 @@
  *   out    writable C-contiguous (n_slots, 3, out_h, out_w) uint8: the batch buffer
  * Every job of a batch in one call with the GIL released once (a thread worker then holds
  * the GIL only to plan the batch: per-image calls made 16 decoding threads contend for it
- * twice per image). Returns the jobs that could not be decoded with the reason (their slots
+ * twice per image). The decoded rows go through the horizontal pass 16 at a time as libjpeg
+ * gives them (no crop buffer, no copy; the same pixels as decode_crop then resize_planar). Returns the jobs that could not be decoded with the reason (their slots
  * are left unwritten: the caller decodes them one by one, which reports or falls back);
  * malformed jobs (slot, box, taps) raise ValueError before anything is decoded.
  *
