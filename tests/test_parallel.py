@@ -141,6 +141,36 @@ def test_split_batch_kernel_raises_the_first_bad_sample_in_sample_order():
     assert ei.value.index == 103
 
 
+@needs_roi
+def test_batch_kernel_counter_shares_jobs_between_threads():
+    """Calls on several threads with one ``next`` counter take each job exactly once: the
+    slots equal one call's, and each failing job is reported once, by the call that took it."""
+    if not kdecode.shares_jobs():
+        pytest.skip("this ROI decoder build has no job counter")
+    from kuat.vision.transforms import _taps
+
+    datas = [photo_jpeg(k) for k in range(23)]
+    datas[5] = datas[5][: len(datas[5]) // 3]  # truncated: fails in whichever call takes it
+    jobs = []
+    for k, d in enumerate(datas):
+        w, h = _size(photo_jpeg(k))
+        jobs.append((d, 8, 0, h, 0, w, k, k % 2, *_taps(w, 40), *_taps(h, 30)))
+    one = np.zeros((23, 3, 30, 40), np.uint8)
+    expected = kdecode.decode_resize_batch(jobs, one)
+    assert [k for k, _ in expected] == [5]
+    shared = np.zeros((23, 3, 30, 40), np.uint8)
+    counter = np.zeros(1, np.int32)
+    parts = _parallel.run_parts(
+        [lambda: kdecode.decode_resize_batch(jobs, shared, counter) for _ in range(3)]
+    )
+    assert sorted(k for part in parts for k, _ in part) == [5]
+    assert counter[0] >= len(jobs)  # every job was taken
+    np.testing.assert_array_equal(shared[[k for k in range(23) if k != 5]],
+                                  one[[k for k in range(23) if k != 5]])
+    with pytest.raises(ValueError, match="4-byte aligned"):
+        kdecode.decode_resize_batch(jobs, shared, np.zeros(1, np.int8))
+
+
 # -- the loader ----------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def jpegs(tmp_path_factory):

@@ -35,11 +35,15 @@
  * best the CPU runs (see simd()); integer sums, so every kernel gives the same bytes. The GIL
  * is released.
  *
- * decode_resize_batch(jobs, out, n_slots, out_h, out_w) -> [(job_index, message), ...]
+ * decode_resize_batch(jobs, out, n_slots, out_h, out_w, next=None) -> [(job_index, message), ...]
  *   jobs   sequence of (data, scale_num, y0, y1, x0, x1, slot, flip, x_start, x_weights,
  *          x_taps, x_precision, y_start, y_weights, y_taps, y_precision): decode_crop's
  *          arguments (RGBX) and resize_planar's, the output going to out[slot]
  *   out    writable C-contiguous (n_slots, 3, out_h, out_w) uint8: the batch buffer
+ *   next   None (every job), or a writable 4-byte aligned int32 counter, 0 at first, shared
+ *          by calls on several threads with the same jobs: each call takes the next job not
+ *          yet taken (an atomic add) until none is left, and reports only the jobs it took;
+ *          the batch is then shared job by job, however unequal the jobs
  * Every job of a batch in one call with the GIL released once (a thread worker then holds
  * the GIL only to plan the batch: per-image calls made 16 decoding threads contend for it
  * twice per image). The decoded rows go through the horizontal pass 16 at a time as libjpeg
@@ -945,11 +949,26 @@ static void release_job(roi_job *j) {
 static PyObject *decode_resize_batch(PyObject *self, PyObject *args) {
     if (kj.read_scanlines == NULL)
         return PyErr_Format(PyExc_RuntimeError, "no libjpeg loaded: call load(path) first");
-    PyObject *jobs_obj;
-    Py_buffer out;
+    PyObject *jobs_obj, *next_obj = Py_None;
+    Py_buffer out, next = {0};
     int n_slots, out_h, out_w;
-    if (!PyArg_ParseTuple(args, "Ow*iii", &jobs_obj, &out, &n_slots, &out_h, &out_w))
+    if (!PyArg_ParseTuple(args, "Ow*iii|O", &jobs_obj, &out, &n_slots, &out_h, &out_w,
+                          &next_obj))
         return NULL;
+    int32_t *shared = NULL; /* the next job to take, shared by concurrent calls; or NULL */
+    if (next_obj != Py_None) {
+        if (PyObject_GetBuffer(next_obj, &next, PyBUF_WRITABLE) != 0) {
+            PyBuffer_Release(&out);
+            return NULL;
+        }
+        if (next.len < (Py_ssize_t)sizeof(int32_t) || ((uintptr_t)next.buf & 3) != 0) {
+            PyBuffer_Release(&next);
+            PyBuffer_Release(&out);
+            return PyErr_Format(PyExc_ValueError, "next must be a writable, 4-byte aligned "
+                                "buffer of at least 4 bytes (an int32 counter)");
+        }
+        shared = (int32_t *)next.buf;
+    }
     PyObject *result = NULL, *seq = NULL;
     roi_job *jobs = NULL;
     int *codes = NULL;
@@ -1003,7 +1022,12 @@ static PyObject *decode_resize_batch(PyObject *self, PyObject *args) {
     if (tmp_buf == NULL) {
         oom = 1;
     } else {
-        for (Py_ssize_t i = 0; i < n; i++) {
+        for (Py_ssize_t k = 0; k < n; k++) {
+            /* shared: take the next job no other call has taken (calls on several threads
+             * then share the batch job by job, whichever finishes first takes more) */
+            Py_ssize_t i = shared != NULL ? (Py_ssize_t)__atomic_fetch_add(shared, 1, __ATOMIC_RELAXED) : k;
+            if (i >= n)
+                break;
             roi_job *j = &jobs[i];
             const size_t plane = KUAT_TMP_ROWS(j->y1 - j->y0) * out_w;
             /* the decoded rows go through the horizontal pass as they come (no crop buffer) */
@@ -1044,6 +1068,8 @@ done:
     free(msgs);
     Py_XDECREF(seq);
     PyBuffer_Release(&out);
+    if (shared != NULL)
+        PyBuffer_Release(&next);
     return result;
 }
 
@@ -1076,7 +1102,8 @@ static PyMethodDef methods[] = {
      "resize_planar(src, h, w, channels, out, out_h, out_w, flip, x_start, x_weights, x_taps, "
      "x_precision, y_start, y_weights, y_taps, y_precision) -> None"},
     {"decode_resize_batch", decode_resize_batch, METH_VARARGS,
-     "decode_resize_batch(jobs, out, n_slots, out_h, out_w) -> [(job, message), ...]: each job "
+     "decode_resize_batch(jobs, out, n_slots, out_h, out_w, next=None) -> [(job, message), ...]: "
+     "each job "
      "(data, scale_num, y0, y1, x0, x1, slot, flip, x_start, x_weights, x_taps, x_precision, "
      "y_start, y_weights, y_taps, y_precision) decoded and resized into out[slot]"},
     {"decode_crop", decode_crop, METH_VARARGS,

@@ -238,7 +238,16 @@ def roi_batch_available() -> bool:
     return getattr(_roi, "decode_resize_batch", None) is not None
 
 
-def decode_resize_batch(jobs: list[tuple], out: np.ndarray) -> list[tuple[int, str]]:
+def shares_jobs() -> bool:
+    """Whether :func:`decode_resize_batch` takes a ``next`` counter (calls on several threads
+    sharing one batch job by job). Internal."""
+    fn = getattr(_roi, "decode_resize_batch", None)
+    return fn is not None and "next=None" in (fn.__doc__ or "")
+
+
+def decode_resize_batch(
+    jobs: list[tuple], out: np.ndarray, next: np.ndarray | None = None
+) -> list[tuple[int, str]]:
     """Decode and resize every job into its slot of ``out`` in one C call, the GIL released
     once for the whole batch (see ``decode_resize_batch`` in ``_roijpeg.c``).
 
@@ -247,6 +256,10 @@ def decode_resize_batch(jobs: list[tuple], out: np.ndarray) -> list[tuple[int, s
             :func:`decode_jpeg_roi`'s region (RGBX) and :func:`resize_rgbx_planar`'s taps.
         out: ``(B, 3, H, W)`` uint8, C-contiguous: the batch buffer; job ``k`` writes
             ``out[slot]`` only.
+        next: ``None``, or a ``(1,)`` int32 array, 0 at first, shared by calls on several
+            threads with the same ``jobs``: each call then takes the next job no call has
+            taken until none is left, and reports only the jobs it took (needs
+            :func:`shares_jobs`).
 
     Returns:
         ``(job_index, reason)`` for each job that could not be decoded (corrupt data,
@@ -259,7 +272,10 @@ def decode_resize_batch(jobs: list[tuple], out: np.ndarray) -> list[tuple[int, s
     if c != 3 or out.dtype != np.uint8 or not out.flags.c_contiguous:
         raise ValueError(f"out must be C-contiguous (B, 3, H, W) uint8, got {out.shape} {out.dtype}")
     t0 = time.perf_counter()
-    failed = _roi.decode_resize_batch(jobs, out, b, h, w)
+    if next is None:
+        failed = _roi.decode_resize_batch(jobs, out, b, h, w)
+    else:
+        failed = _roi.decode_resize_batch(jobs, out, b, h, w, next)
     _native.add(time.perf_counter() - t0)  # kernel seconds for stats()["busy_s"]["native"]
     return failed
 

@@ -86,6 +86,7 @@ from kuat.vision.decode import (
     resize_rgbx_planar,
     roi_batch_available,
     roi_header,
+    shares_jobs,
 )
 from kuat.vision.geometry import snap, stored_crop_box
 
@@ -563,17 +564,31 @@ class Normalize(_Transform):
 
 
 def _decode_resize_split(jobs: list[tuple], out: np.ndarray) -> list[tuple[int, str]]:
-    """:func:`decode_resize_batch` over ``jobs``, split into :func:`kuat._parallel.width`
-    contiguous parts of about equal decode work when the loader
-    lets this fetch use idle cores (an epoch's first batch); same pixels at every width: each
-    job writes only its own slot and draws nothing. Returns the failed jobs' indices into
-    ``jobs`` (as ``decode_resize_batch``)."""
+    """:func:`decode_resize_batch` over ``jobs``, shared by :func:`kuat._parallel.width`
+    threads when the loader lets this fetch use idle cores (an epoch's first batch); same
+    pixels at every width: each job writes only its own slot and draws nothing. Returns the
+    failed jobs' indices into ``jobs`` (as ``decode_resize_batch``).
+
+    The threads take jobs one by one from a shared counter in the C call, the costliest first
+    (longest-processing-time-first), so the batch ends when the last job does, whichever
+    thread is slower (the helper starts later, and shares a core with the loop). A build
+    without the counter splits the batch into contiguous parts of about equal cost instead.
+    """
     n = _parallel.width()
     if n <= 1 or len(jobs) < 2:
         return decode_resize_batch(jobs, out)
     # job: (data, scale_num, y0, y1, x0, x1, slot, flip, *taps), the box on the k/8 grid.
     # Cost proxy: entropy decoding (about the encoded bytes) plus the region's pixels.
     costs = [len(j[0]) + (j[3] - j[2]) * (j[5] - j[4]) // 4 for j in jobs]
+    if shares_jobs():
+        order = sorted(range(len(jobs)), key=costs.__getitem__, reverse=True)
+        ordered = [jobs[k] for k in order]
+        counter = np.zeros(1, np.int32)  # the next job of `ordered` to take
+        parts = _parallel.run_parts(
+            [lambda: decode_resize_batch(ordered, out, counter) for _ in range(min(n, len(jobs)))]
+        )
+        failed = sorted((order[k], reason) for part in parts for k, reason in part)
+        return failed
     ranges = _parallel.split_even(costs, n)
     parts = _parallel.run_parts(
         [lambda lo=lo, hi=hi: decode_resize_batch(jobs[lo:hi], out) for lo, hi in ranges]
