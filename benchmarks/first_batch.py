@@ -31,7 +31,9 @@ off (``off``), interleaved, ``--repeats`` times::
     python -m benchmarks.first_batch --conditions warm full --repeats 5
 
 What it showed (2-core VM, 2026-12-01): warm, 0.05-0.07 s (engine start 1 ms, shard open
-and gather 4 ms, crop planning 5 ms, the batch kernel split over 2 threads 35-40 ms); ``dirty``
+and gather 4 ms, crop planning 5 ms, the batch kernel split over 2 threads 35-40 ms; later
+that day, with the AVX2 resize and the job-by-job split, 0.037-0.048 s, the kernel 29-34 ms
+with both threads ending within 0.3 ms of each other); ``dirty``
 (2 GiB), ``freed`` (2 GiB), ``full`` and ``MADV_HUGEPAGE`` off: within that noise, no
 compaction or reclaim stall; ``cold`` (root only): 0.28-1.66 s, spent in the crop planning
 that faulted the rows in one disk read at a time, until the gather asked for them all at once
