@@ -107,9 +107,18 @@ needs_roi = pytest.mark.skipif(not kdecode.roi_batch_available(),
                                reason="the ROI decoder's batch kernel is not built")
 
 
+@pytest.fixture(params=["counter", "halves"])
+def split_kind(request, monkeypatch):
+    """The split first batch's two ways: a shared job counter (this build), or contiguous
+    parts of about equal cost (a build that predates the counter)."""
+    if request.param == "halves":
+        monkeypatch.setattr("kuat.vision.transforms.shares_jobs", lambda: False)
+    return request.param
+
+
 @needs_roi
 @pytest.mark.parametrize("width", [2, 3, 5])
-def test_split_batch_kernel_writes_the_same_pixels(width):
+def test_split_batch_kernel_writes_the_same_pixels(width, split_kind):
     datas = [photo_jpeg(k) for k in range(13)]
     sizes = [_size(d) for d in datas]
     c = Compose([RandomResizedCrop(48), RandomHorizontalFlip()])
@@ -126,7 +135,7 @@ def test_split_batch_kernel_writes_the_same_pixels(width):
 
 
 @needs_roi
-def test_split_batch_kernel_raises_the_first_bad_sample_in_sample_order():
+def test_split_batch_kernel_raises_the_first_bad_sample_in_sample_order(split_kind):
     good = [photo_jpeg(k) for k in range(8)]
     datas = list(good)
     datas[6] = b"not an image"  # in the last part
@@ -143,7 +152,7 @@ def test_split_batch_kernel_raises_the_first_bad_sample_in_sample_order():
 
 @needs_roi
 def test_batch_kernel_counter_shares_jobs_between_threads():
-    """Calls on several threads with one ``next`` counter take each job exactly once: the
+    """Calls on several threads with one shared counter take each job exactly once: the
     slots equal one call's, and each failing job is reported once, by the call that took it."""
     if not kdecode.shares_jobs():
         pytest.skip("this ROI decoder build has no job counter")

@@ -8,6 +8,7 @@ reason. Which libjpeg it runs on is tested in test_vision_libjpeg.py.
 
 from __future__ import annotations
 
+import contextlib
 import io
 
 import numpy as np
@@ -163,14 +164,25 @@ def _simd_levels(roi) -> list[int]:
     return [None] if simd is None else list(range(simd() + 1))
 
 
+@contextlib.contextmanager
+def _at_level(roi, level):
+    """Resize with kernel ``level`` inside (``None``: a build without levels, left as it is),
+    then with the best one again."""
+    if level is None:
+        yield
+        return
+    try:
+        roi.simd(level)
+        yield
+    finally:
+        roi.simd(_simd_levels(roi)[-1])
+
+
 @pytest.fixture
 def simd_level(roi, request):
     """Run the test at one kernel level, then restore the best one."""
-    if request.param is not None:
-        roi.simd(request.param)
-    yield request.param
-    if request.param is not None:
-        roi.simd(_simd_levels(roi)[-1])
+    with _at_level(roi, request.param):
+        yield request.param
 
 
 def _level_ids():
@@ -209,8 +221,8 @@ def test_resize_planar_equals_torch_kernel(roi, simd_level):
 
 def test_resize_kernel_levels_give_the_same_pixels(roi):
     """Every kernel level writes the same bytes (integer sums: the order of the taps does not
-    matter), also for the batch path, whose crop buffer lets the AVX2 kernel take the last
-    rows; a level above the CPU's best is refused."""
+    matter), also for the batch path, whose padded row buffer lets the AVX2 kernel take a
+    crop's last rows; a level above the CPU's best is refused."""
     levels = _simd_levels(roi)
     if levels == [None]:
         pytest.skip("this ROI decoder build has no kernel levels")
@@ -221,19 +233,17 @@ def test_resize_kernel_levels_give_the_same_pixels(roi):
     for slot, (y0, y1, x0, x1) in enumerate([(0, 333, 0, 271), (7, 120, 13, 261), (300, 333, 5, 9)]):
         h, w = y1 - y0, x1 - x0
         jobs.append((data, 8, y0, y1, x0, x1, slot, slot % 2, *kt._taps(w, 61), *kt._taps(h, 50)))
-    try:
-        outs = []
-        for level in levels:
-            roi.simd(level)
+    outs = []
+    for level in levels:
+        with _at_level(roi, level):
             out = np.zeros((3, 3, 50, 61), np.uint8)
             assert roi.decode_resize_batch(jobs, out, 3, 50, 61) == []
             outs.append(out)
-        for level, out in zip(levels, outs):
-            assert np.array_equal(out, outs[0]), level
-        with pytest.raises(ValueError, match="above what this CPU runs"):
-            roi.simd(levels[-1] + 1)
-    finally:
-        roi.simd(levels[-1])
+    for level, out in zip(levels, outs):
+        assert np.array_equal(out, outs[0]), level
+    with pytest.raises(ValueError, match="above what this CPU runs"):
+        roi.simd(levels[-1] + 1)
+    assert roi.simd() == levels[-1]  # the refused level changed nothing
 
 
 def test_taps_windows_inside_the_image():
@@ -473,11 +483,8 @@ def test_batch_rows_equal_crop_then_resize(roi, variant):
         jobs.append(
             (data, k, y0, y1, x0, x1, slot, slot % 2, *kt._taps(w, out_w), *kt._taps(h, out_h))
         )
-    levels = _simd_levels(roi)
-    try:
-        for level in levels:
-            if level is not None:
-                roi.simd(level)
+    for level in _simd_levels(roi):
+        with _at_level(roi, level):
             out = np.zeros((len(jobs), 3, out_h, out_w), np.uint8)
             assert roi.decode_resize_batch(jobs, out, len(jobs), out_h, out_w) == []
             for job in jobs:
@@ -487,6 +494,3 @@ def test_batch_rows_equal_crop_then_resize(roi, variant):
                 ref = np.empty((3, out_h, out_w), np.uint8)
                 roi.resize_planar(crop, y1 - y0, x1 - x0, 4, ref, out_h, out_w, flip, *job[8:])
                 assert np.array_equal(out[slot], ref), (level, variant, job[1:8])
-    finally:
-        if levels[-1] is not None:
-            roi.simd(levels[-1])

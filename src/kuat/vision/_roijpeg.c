@@ -47,7 +47,8 @@
  * Every job of a batch in one call with the GIL released once (a thread worker then holds
  * the GIL only to plan the batch: per-image calls made 16 decoding threads contend for it
  * twice per image). The decoded rows go through the horizontal pass 16 at a time as libjpeg
- * gives them (no crop buffer, no copy; the same pixels as decode_crop then resize_planar). Returns the jobs that could not be decoded with the reason (their slots
+ * gives them (no crop buffer, no copy; the same pixels as decode_crop then resize_planar).
+ * Returns the jobs that could not be decoded with the reason (their slots
  * are left unwritten: the caller decodes them one by one, which reports or falls back);
  * malformed jobs (slot, box, taps) raise ValueError before anything is decoded.
  *
@@ -239,7 +240,7 @@ static int roi_decode(const unsigned char *buf, size_t len, int scale_num, unsig
                     if (y0 > 0)
                         jpeg_skip_scanlines(&cinfo, y0);
                     const unsigned char *src = row_buf + (size_t)(x0 - xoff) * channels;
-                    JSAMPROW rows[16];
+                    JSAMPROW rows[group];
                     for (int g = 0; g < group; g++)
                         rows[g] = row_buf + stride * g;
                     /* the rows stay in L1/L2; only the crop's columns reach `out`, contiguous.
@@ -252,7 +253,8 @@ static int roi_decode(const unsigned char *buf, size_t len, int scale_num, unsig
                         if (want > group)
                             want = group;
                         while (have < want) {
-                            JDIMENSION got = jpeg_read_scanlines(&cinfo, rows + have, want - have);
+                            JDIMENSION got =
+                                jpeg_read_scanlines(&cinfo, rows + have, want - have);
                             if (got == 0) { /* suspension: not with a memory source; no spin */
                                 failed = 1;
                                 snprintf(jerr.message, sizeof jerr.message, "no rows at row %u",
@@ -1025,7 +1027,8 @@ static PyObject *decode_resize_batch(PyObject *self, PyObject *args) {
         for (Py_ssize_t k = 0; k < n; k++) {
             /* shared: take the next job no other call has taken (calls on several threads
              * then share the batch job by job, whichever finishes first takes more) */
-            Py_ssize_t i = shared != NULL ? (Py_ssize_t)__atomic_fetch_add(shared, 1, __ATOMIC_RELAXED) : k;
+            Py_ssize_t i =
+                shared != NULL ? (Py_ssize_t)__atomic_fetch_add(shared, 1, __ATOMIC_RELAXED) : k;
             if (i >= n)
                 break;
             roi_job *j = &jobs[i];

@@ -27,6 +27,7 @@ What every decode returns, whatever the variant (one rule, applied on every path
 
 from __future__ import annotations
 
+import functools
 import io
 import logging
 import threading
@@ -238,15 +239,23 @@ def roi_batch_available() -> bool:
     return getattr(_roi, "decode_resize_batch", None) is not None
 
 
+@functools.cache
 def shares_jobs() -> bool:
-    """Whether :func:`decode_resize_batch` takes a ``next`` counter (calls on several threads
-    sharing one batch job by job). Internal."""
-    fn = getattr(_roi, "decode_resize_batch", None)
-    return fn is not None and "next=None" in (fn.__doc__ or "")
+    """Whether :func:`decode_resize_batch` takes a ``counter`` (calls on several threads
+    sharing one batch job by job): asked once by a call with no jobs, which a build that
+    predates the counter refuses with TypeError. Internal."""
+    if not roi_batch_available():
+        return False
+    try:
+        _roi.decode_resize_batch([], np.empty((0, 3, 1, 1), np.uint8), 0, 1, 1,
+                                 np.zeros(1, np.int32))
+    except TypeError:
+        return False
+    return True
 
 
 def decode_resize_batch(
-    jobs: list[tuple], out: np.ndarray, next: np.ndarray | None = None
+    jobs: list[tuple], out: np.ndarray, counter: np.ndarray | None = None
 ) -> list[tuple[int, str]]:
     """Decode and resize every job into its slot of ``out`` in one C call, the GIL released
     once for the whole batch (see ``decode_resize_batch`` in ``_roijpeg.c``).
@@ -256,7 +265,7 @@ def decode_resize_batch(
             :func:`decode_jpeg_roi`'s region (RGBX) and :func:`resize_rgbx_planar`'s taps.
         out: ``(B, 3, H, W)`` uint8, C-contiguous: the batch buffer; job ``k`` writes
             ``out[slot]`` only.
-        next: ``None``, or a ``(1,)`` int32 array, 0 at first, shared by calls on several
+        counter: ``None``, or a ``(1,)`` int32 array, 0 at first, shared by calls on several
             threads with the same ``jobs``: each call then takes the next job no call has
             taken until none is left, and reports only the jobs it took (needs
             :func:`shares_jobs`).
@@ -272,10 +281,10 @@ def decode_resize_batch(
     if c != 3 or out.dtype != np.uint8 or not out.flags.c_contiguous:
         raise ValueError(f"out must be C-contiguous (B, 3, H, W) uint8, got {out.shape} {out.dtype}")
     t0 = time.perf_counter()
-    if next is None:
+    if counter is None:
         failed = _roi.decode_resize_batch(jobs, out, b, h, w)
     else:
-        failed = _roi.decode_resize_batch(jobs, out, b, h, w, next)
+        failed = _roi.decode_resize_batch(jobs, out, b, h, w, counter)
     _native.add(time.perf_counter() - t0)  # kernel seconds for stats()["busy_s"]["native"]
     return failed
 

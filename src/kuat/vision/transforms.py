@@ -587,8 +587,7 @@ def _decode_resize_split(jobs: list[tuple], out: np.ndarray) -> list[tuple[int, 
         parts = _parallel.run_parts(
             [lambda: decode_resize_batch(ordered, out, counter) for _ in range(min(n, len(jobs)))]
         )
-        failed = sorted((order[k], reason) for part in parts for k, reason in part)
-        return failed
+        return sorted((order[k], reason) for part in parts for k, reason in part)
     ranges = _parallel.split_even(costs, n)
     parts = _parallel.run_parts(
         [lambda lo=lo, hi=hi: decode_resize_batch(jobs[lo:hi], out) for lo, hi in ranges]
