@@ -24,7 +24,7 @@ setup(
             ],
             # dlopen/dlsym: in libc from glibc 2.34 and on macOS; libdl before that
             libraries=["dl"] if sys.platform.startswith("linux") else [],
-            extra_compile_args=["-O2"],
+            extra_compile_args=["-O2", "-ffp-contract=off"],  # plan_rrc: Python's float results
             optional=True,
         )
     ]

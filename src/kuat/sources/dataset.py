@@ -24,7 +24,7 @@ import numpy as np
 from kuat.format.manifest import Manifest
 from kuat.format.schema import Schema
 from kuat.format.store import ImageBatch, Store, open_store
-from kuat.rng import map_samples, sample_context, sample_rngs
+from kuat.rng import BatchGenerators, map_samples, sample_context
 
 __all__ = ["Dataset", "open_dataset"]
 
@@ -286,13 +286,13 @@ class Dataset:
 
         widths, heights = c.width.tolist(), c.height.tolist()
         if _is_fused(t):
-            # the batch's generators, both SeedSequence hashes done at once (kuat._seedseq)
-            rngs = sample_rngs(index_list)
+            # the batch's generators, both SeedSequence hashes done at once, each generator
+            # made when first asked for (kuat.rng.BatchGenerators)
+            rngs = BatchGenerators(index_list)
             if _decodes_batches(t):  # e.g. Compose(decode_device="cuda"): nvJPEG, one call
                 out = t.apply_encoded_batch(
-                    c.data, widths, heights, [r.numpy for r in rngs], indices=index_list,
-                    sources=sources,
-                )  # fmt: skip
+                    c.data, widths, heights, rngs, indices=index_list, sources=sources
+                )
                 return list(out)  # (B, 3, H, W) on the device -> B views, or B tensors
             loc = _takes_location(t)
             size = t.output_size() if hasattr(t, "output_size") else None
@@ -305,23 +305,22 @@ class Dataset:
                 slots = buf.numpy()  # (B, 3, H, W) array view: slots[j] costs no tensor op
                 if _fills_buffers(t):  # the whole batch in one call (GIL released once)
                     t.apply_encoded_many(
-                        c.data, widths, heights, [r.numpy for r in rngs], slots,
-                        indices=index_list, sources=sources,
-                    )  # fmt: skip
+                        c.data, widths, heights, rngs, slots, indices=index_list, sources=sources
+                    )
                     return list(buf.unbind(0))  # B views: collate returns buf without copying
                 for j, (d, wd, ht, i, s) in enumerate(
                     zip(c.data, widths, heights, index_list, sources)
                 ):
                     kw = {"index": i, "source": s} if loc else {}
                     with sample_context(i):
-                        t.apply_encoded(d, wd, ht, rngs[j].numpy, out=slots[j], **kw)
+                        t.apply_encoded(d, wd, ht, rngs[j], out=slots[j], **kw)
                 return list(buf.unbind(0))  # B views: collate returns buf without copying
             for j, (d, wd, ht, i, s) in enumerate(
                 zip(c.data, widths, heights, index_list, sources)
             ):
                 kw = {"index": i, "source": s} if loc else {}
                 with sample_context(i):
-                    arr = t.apply_encoded(d, wd, ht, rngs[j].numpy, **kw)
+                    arr = t.apply_encoded(d, wd, ht, rngs[j], **kw)
                 values.append(torch.from_numpy(np.ascontiguousarray(arr)))  # (3, H, W) uint8
             return values
         values = []

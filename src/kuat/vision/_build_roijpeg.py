@@ -53,7 +53,7 @@ def build(out_dir: str | Path | None = None, *, include: str | Path = INCLUDE) -
     target = out_dir / ("_roijpeg" + sysconfig.get_config_var("EXT_SUFFIX"))
     libdl = ["-ldl"] if sys.platform.startswith("linux") else []  # in libc since glibc 2.34
     cmd = [
-        compiler(), "-O2", "-shared", "-fPIC", *compile_flags(include),
+        compiler(), "-O2", "-ffp-contract=off", "-shared", "-fPIC", *compile_flags(include),
         str(SOURCE), *libdl, "-o", str(target),
     ]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True)

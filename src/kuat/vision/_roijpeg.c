@@ -1076,6 +1076,426 @@ done:
     return result;
 }
 
+/* ---------------------------------------------------------------------------------------
+ * The batch's planning in C: sample generators and RandomResizedCrop boxes.
+ *
+ * Per image, the Python planning around the decode (hashing the sample's seeds, making its
+ * numpy Generator, drawing torchvision's box, parsing the header and EXIF, mapping the box
+ * to the decoded grid) cost about 50 us, a tenth of a smooth 224 crop. The functions below
+ * do the same arithmetic in C for a whole batch; kuat.vision.transforms uses them only for
+ * Compose([RandomResizedCrop, RandomHorizontalFlip...]) and checks them against the Python
+ * planner (tests/test_vision_plan.py: same seeds, same boxes, same draws).
+ *
+ * sample_words(seed, epoch, indices, seeds_out, words_out) -> None
+ *   indices    (B,) int64, each >= 0 (checked by the caller)
+ *   seeds_out  writable (B,) uint64: kuat.rng.sample_seed(seed, epoch, index)
+ *   words_out  writable (B, 4) uint64: SeedSequence(that seed).generate_state(4, uint64),
+ *              PCG64's seeding words (numpy/random/_pcg64.pyx)
+ *   NumPy's SeedSequence hashing (numpy/random/bit_generator.pyx: mix_entropy, hashmix, mix,
+ *   generate_state; Melissa O'Neill's seed_seq), as kuat/_seedseq.py does it in NumPy.
+ *
+ * plan_rrc(datas, widths, heights, words, out_h, out_w, scale_lo, scale_hi, log_ratio_lo,
+ *          log_ratio_hi, ratio_lo, ratio_hi, flip_ps, max_pixels) -> [job or None, ...]
+ *   datas      B bytes-like images; widths, heights: (B,) int64, the oriented sizes (index)
+ *   words      (B, 4) uint64: each sample's PCG64 seeding words (sample_words)
+ *   flip_ps    sequence of p, one per RandomHorizontalFlip after the crop (may be empty)
+ *   max_pixels stored width x height above which a sample is not planned here (-1: none)
+ *   For each sample: (scale_num, y0, y1, x0, x1, flip) as kuat's Python planner gives them
+ *   (Compose.plan, then _roi_region: torchvision's get_params with the sample's PCG64
+ *   doubles, DCT scale, EXIF mirror, the box snapped to the decoded grid), or None where the
+ *   Python path must plan it (not a JPEG whose header this walk reads, 4 components, EXIF
+ *   orientation 3-8, above max_pixels, a size <= 0). The float operations are Python's, in
+ *   its order (built with -ffp-contract=off: no fused multiply-add), rounding half to even
+ *   as Python's round().
+ * ------------------------------------------------------------------------------------- */
+#define SS_POOL 4
+#define SS_INIT_A 0x43b0d7e5u
+#define SS_MULT_A 0x931e8875u
+#define SS_INIT_B 0x8b51f9ddu
+#define SS_MULT_B 0x58f38dedu
+#define SS_MIX_L 0xca01f9ddu
+#define SS_MIX_R 0x4973f715u
+
+static uint32_t ss_hashmix(uint32_t value, uint32_t *hash_const) {
+    value ^= *hash_const;
+    *hash_const *= SS_MULT_A;
+    value *= *hash_const;
+    return value ^ (value >> 16);
+}
+
+static uint32_t ss_mix(uint32_t x, uint32_t y) {
+    uint32_t r = SS_MIX_L * x - SS_MIX_R * y;
+    return r ^ (r >> 16);
+}
+
+/* SeedSequence(entropy[:n]).generate_state(n_words, uint32) */
+static void seedseq_state(const uint32_t *entropy, int n, uint32_t *out, int n_words) {
+    uint32_t pool[SS_POOL], hc = SS_INIT_A;
+    for (int i = 0; i < SS_POOL; i++)
+        pool[i] = ss_hashmix(i < n ? entropy[i] : 0, &hc);
+    for (int src = 0; src < SS_POOL; src++)
+        for (int dst = 0; dst < SS_POOL; dst++)
+            if (src != dst)
+                pool[dst] = ss_mix(pool[dst], ss_hashmix(pool[src], &hc));
+    for (int src = SS_POOL; src < n; src++)
+        for (int dst = 0; dst < SS_POOL; dst++)
+            pool[dst] = ss_mix(pool[dst], ss_hashmix(entropy[src], &hc));
+    uint32_t c = SS_INIT_B;
+    for (int k = 0; k < n_words; k++) {
+        uint32_t v = pool[k % SS_POOL] ^ c;
+        c *= SS_MULT_B;
+        v *= c;
+        out[k] = v ^ (v >> 16);
+    }
+}
+
+/* a 64-bit value as SeedSequence's entropy words: 1 word below 2**32 (0 included), else 2 */
+static int ss_words(uint64_t v, uint32_t *w) {
+    w[0] = (uint32_t)v;
+    if (v >> 32) {
+        w[1] = (uint32_t)(v >> 32);
+        return 2;
+    }
+    return 1;
+}
+
+static void sample_words_one(uint64_t seed, uint64_t epoch, uint64_t index, uint64_t *seed_out,
+                             uint64_t *words_out) {
+    uint32_t ent[6], st[8];
+    int n = ss_words(seed, ent);
+    n += ss_words(epoch, ent + n);
+    n += ss_words(index, ent + n);
+    seedseq_state(ent, n, st, 2);
+    uint64_t s = (uint64_t)st[0] | ((uint64_t)st[1] << 32);
+    *seed_out = s;
+    n = ss_words(s, ent);
+    seedseq_state(ent, n, st, 8);
+    for (int k = 0; k < 4; k++)
+        words_out[k] = (uint64_t)st[2 * k] | ((uint64_t)st[2 * k + 1] << 32);
+}
+
+static PyObject *sample_words_py(PyObject *self, PyObject *args) {
+    unsigned long long seed, epoch;
+    Py_buffer idx, seeds, words;
+    if (!PyArg_ParseTuple(args, "KKy*w*w*", &seed, &epoch, &idx, &seeds, &words))
+        return NULL;
+    Py_ssize_t b = idx.len / 8;
+    PyObject *result = NULL;
+    if (idx.len % 8 || seeds.len != b * 8 || words.len != b * 32) {
+        PyErr_Format(PyExc_ValueError,
+                     "sample_words: want (B,) int64 indices, (B,) uint64 seeds and (B, 4) "
+                     "uint64 words, got %zd, %zd and %zd bytes", idx.len, seeds.len, words.len);
+        goto done;
+    }
+    const int64_t *ix = (const int64_t *)idx.buf;
+    for (Py_ssize_t j = 0; j < b; j++) {
+        uint64_t s, w[4];
+        sample_words_one(seed, epoch, (uint64_t)ix[j], &s, w);
+        memcpy((char *)seeds.buf + 8 * j, &s, 8);
+        memcpy((char *)words.buf + 32 * j, w, 32);
+    }
+    result = Py_None;
+    Py_INCREF(result);
+done:
+    PyBuffer_Release(&idx);
+    PyBuffer_Release(&seeds);
+    PyBuffer_Release(&words);
+    return result;
+}
+
+#ifdef __SIZEOF_INT128__
+/* NumPy's PCG64 (numpy/random/src/pcg64/pcg64.h: XSL-RR 128/64, seeded by pcg64_set_seed)
+ * and Generator.random()'s double: (next_uint64 >> 11) * 2**-53. */
+typedef unsigned __int128 kuat_u128;
+typedef struct {
+    kuat_u128 state, inc;
+} kuat_pcg64;
+
+static const kuat_u128 PCG_MULT =
+    ((kuat_u128)0x2360ed051fc65da4ULL << 64) | (kuat_u128)0x4385df649fccf645ULL;
+
+static void pcg64_seed(kuat_pcg64 *g, const uint64_t w[4]) {
+    kuat_u128 initstate = ((kuat_u128)w[0] << 64) | w[1];
+    kuat_u128 initseq = ((kuat_u128)w[2] << 64) | w[3];
+    g->state = 0;
+    g->inc = (initseq << 1) | 1;
+    g->state = g->state * PCG_MULT + g->inc;
+    g->state += initstate;
+    g->state = g->state * PCG_MULT + g->inc;
+}
+
+static double pcg64_double(kuat_pcg64 *g) {
+    g->state = g->state * PCG_MULT + g->inc;
+    uint64_t x = (uint64_t)(g->state >> 64) ^ (uint64_t)g->state;
+    unsigned rot = (unsigned)(g->state >> 122);
+    uint64_t r = (x >> rot) | (x << ((-rot) & 63));
+    return (double)(r >> 11) * (1.0 / 9007199254740992.0);
+}
+
+static long long py_round(double x) { return (long long)nearbyint(x); } /* half to even */
+
+static long long floordiv(long long a, long long b) {
+    long long q = a / b;
+    return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
+}
+
+typedef struct {
+    double scale_lo, scale_hi, log_lo, log_hi, ratio_lo, ratio_hi;
+} rrc_params;
+
+/* kuat.vision.transforms.RandomResizedCrop.get_params: (top, left, h, w) */
+static void rrc_box(kuat_pcg64 *g, long long height, long long width, const rrc_params *p,
+                    long long box[4]) {
+    double area = (double)(height * width);
+    for (int attempt = 0; attempt < 10; attempt++) {
+        double u_area = pcg64_double(g), u_ratio = pcg64_double(g);
+        double target_area = area * (p->scale_lo + (p->scale_hi - p->scale_lo) * u_area);
+        double aspect = exp(p->log_lo + (p->log_hi - p->log_lo) * u_ratio);
+        long long w = py_round(sqrt(target_area * aspect));
+        long long h = py_round(sqrt(target_area / aspect));
+        if (0 < w && w <= width && 0 < h && h <= height) {
+            double u_i = pcg64_double(g), u_j = pcg64_double(g);
+            long long i = (long long)(u_i * (double)(height - h + 1));
+            long long j = (long long)(u_j * (double)(width - w + 1));
+            box[0] = i < height - h ? i : height - h;
+            box[1] = j < width - w ? j : width - w;
+            box[2] = h;
+            box[3] = w;
+            return;
+        }
+    }
+    double in_ratio = (double)width / (double)height;
+    long long w = width, h = height;
+    if (in_ratio < p->ratio_lo) {
+        h = py_round((double)w / p->ratio_lo);
+        h = h > 1 ? h : 1;
+    } else if (in_ratio > p->ratio_hi) {
+        w = py_round((double)h * p->ratio_hi);
+        w = w > 1 ? w : 1;
+    }
+    box[0] = floordiv(height - h, 2);
+    box[1] = floordiv(width - w, 2);
+    box[2] = h;
+    box[3] = w;
+}
+
+/* kuat.vision.geometry.snap */
+static void snap_c(double start, double length, double scale, long long size, long long *a,
+                   long long *b) {
+    long long lo = py_round(start * scale);
+    lo = lo > 0 ? lo : 0;
+    lo = lo < size - 1 ? lo : size - 1;
+    long long hi = py_round((start + length) * scale);
+    hi = hi > lo + 1 ? hi : lo + 1;
+    *a = lo;
+    *b = hi < size ? hi : size;
+}
+#endif
+
+static uint32_t be16(const uint8_t *p) { return ((uint32_t)p[0] << 8) | p[1]; }
+
+/* kuat.vision._exif.tiff_orientation(buf[:n], start, end) */
+static int tiff_orientation_c(const uint8_t *buf, Py_ssize_t n, Py_ssize_t start, Py_ssize_t end) {
+    if (start + 6 <= n && memcmp(buf + start, "Exif\0\0", 6) == 0)
+        start += 6;
+    if (start + 2 > n)
+        return 1;
+    int le;
+    if (buf[start] == 'I' && buf[start + 1] == 'I')
+        le = 1;
+    else if (buf[start] == 'M' && buf[start + 1] == 'M')
+        le = 0;
+    else
+        return 1;
+#define RD16(q) (le ? (uint32_t)buf[q] | ((uint32_t)buf[(q) + 1] << 8) : be16(buf + (q)))
+#define RD32(q)                                                                                \
+    (le ? (uint32_t)buf[q] | ((uint32_t)buf[(q) + 1] << 8) | ((uint32_t)buf[(q) + 2] << 16) |  \
+              ((uint32_t)buf[(q) + 3] << 24)                                                   \
+        : (be16(buf + (q)) << 16) | be16(buf + (q) + 2))
+    if (start + 8 > n)
+        return 1;
+    long long p = (long long)start + RD32(start + 4);
+    if (p + 2 > end)
+        return 1;
+    uint32_t count = RD16(p);
+    if (count > 512)
+        count = 512;
+    for (uint32_t k = 0; k < count; k++) {
+        long long q = p + 2 + 12LL * k;
+        if (q + 12 > end)
+            break;
+        if (RD16(q) == 0x0112) {
+            uint32_t typ = RD16(q + 2), value;
+            if (typ == 3)
+                value = RD16(q + 8);
+            else if (typ == 4)
+                value = RD32(q + 8);
+            else
+                return 1;
+            return (value >= 1 && value <= 8) ? (int)value : 1;
+        }
+    }
+    return 1;
+#undef RD16
+#undef RD32
+}
+
+/* The stored size, component count and EXIF orientation of a JPEG, walking its markers up to
+ * the first scan as kuat.vision._exif.jpeg_segments / jpeg_orientation do. Returns 0 when
+ * this walk cannot vouch for the header (no SOI, no frame before the scan, a broken segment,
+ * a size of 0): the caller then plans in Python, which asks libjpeg. */
+static int jpeg_walk(const uint8_t *b, Py_ssize_t n, long long *h, long long *w, int *ncomp,
+                     int *orientation) {
+    if (n < 4 || b[0] != 0xFF || b[1] != 0xD8)
+        return 0;
+    int have_sof = 0, have_exif = 0;
+    *orientation = 1;
+    Py_ssize_t pos = 2;
+    while (pos + 4 <= n) {
+        if (b[pos] != 0xFF)
+            return 0;
+        int marker = b[pos + 1];
+        if (marker == 0xFF) {
+            pos += 1;
+            continue;
+        }
+        if (marker == 0x01 || (marker >= 0xD0 && marker <= 0xD8)) {
+            pos += 2;
+            continue;
+        }
+        if (marker == 0xD9)
+            return 0;
+        Py_ssize_t seglen = be16(b + pos + 2), end = pos + 2 + seglen;
+        if (marker == 0xDA)
+            return have_sof && *h > 0 && *w > 0;
+        if (seglen < 2 || end > n)
+            return 0;
+        if (marker == 0xE1 && !have_exif && pos + 10 <= n && memcmp(b + pos + 4, "Exif\0\0", 6) == 0) {
+            have_exif = 1;
+            *orientation = tiff_orientation_c(b, n, pos + 10, end < n ? end : n);
+        }
+        if (marker >= 0xC0 && marker <= 0xCF && marker != 0xC4 && marker != 0xC8 &&
+            marker != 0xCC) {
+            if (have_sof || seglen < 8)
+                return 0;
+            have_sof = 1;
+            *h = be16(b + pos + 5);
+            *w = be16(b + pos + 7);
+            *ncomp = b[pos + 9];
+        }
+        pos = end;
+    }
+    return 0;
+}
+
+static PyObject *plan_rrc(PyObject *self, PyObject *args) {
+#ifndef __SIZEOF_INT128__
+    PyErr_SetString(PyExc_NotImplementedError, "plan_rrc needs a compiler with 128-bit integers");
+    return NULL;
+#else
+    PyObject *datas_obj, *flips_obj;
+    Py_buffer wb, hb, wordsb;
+    int out_h, out_w;
+    rrc_params p;
+    long long max_pixels;
+    if (!PyArg_ParseTuple(args, "Oy*y*y*iiddddddOL", &datas_obj, &wb, &hb, &wordsb, &out_h,
+                          &out_w, &p.scale_lo, &p.scale_hi, &p.log_lo, &p.log_hi, &p.ratio_lo,
+                          &p.ratio_hi, &flips_obj, &max_pixels))
+        return NULL;
+    PyObject *result = NULL, *datas = NULL, *flips = NULL;
+    double flip_p[16];
+    datas = PySequence_Fast(datas_obj, "plan_rrc: datas must be a sequence");
+    flips = datas ? PySequence_Fast(flips_obj, "plan_rrc: flip_ps must be a sequence") : NULL;
+    if (flips == NULL)
+        goto done;
+    Py_ssize_t b = PySequence_Fast_GET_SIZE(datas), n_flips = PySequence_Fast_GET_SIZE(flips);
+    if (wb.len != b * 8 || hb.len != b * 8 || wordsb.len != b * 32 || n_flips > 16 ||
+        out_h <= 0 || out_w <= 0) {
+        PyErr_Format(PyExc_ValueError,
+                     "plan_rrc: want B=%zd images, (B,) int64 widths and heights, (B, 4) uint64 "
+                     "words, at most 16 flips and a positive output size", b);
+        goto done;
+    }
+    for (Py_ssize_t f = 0; f < n_flips; f++) {
+        flip_p[f] = PyFloat_AsDouble(PySequence_Fast_GET_ITEM(flips, f));
+        if (flip_p[f] == -1.0 && PyErr_Occurred())
+            goto done;
+    }
+    result = PyList_New(b);
+    if (result == NULL)
+        goto done;
+    const int64_t *widths = (const int64_t *)wb.buf, *heights = (const int64_t *)hb.buf;
+    for (Py_ssize_t j = 0; j < b; j++) {
+        PyObject *item = Py_None;
+        Py_buffer data;
+        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(datas, j), &data, PyBUF_SIMPLE) < 0) {
+            Py_CLEAR(result);
+            goto done;
+        }
+        long long width = widths[j], height = heights[j], sh = 0, sw = 0;
+        int ncomp = 0, orientation = 1;
+        int ok = width > 0 && height > 0 &&
+                 jpeg_walk((const uint8_t *)data.buf, data.len, &sh, &sw, &ncomp, &orientation) &&
+                 (ncomp == 1 || ncomp == 3) && (orientation == 1 || orientation == 2) &&
+                 (max_pixels < 0 || sh * sw <= max_pixels);
+        PyBuffer_Release(&data);
+        if (ok) {
+            kuat_pcg64 g;
+            uint64_t w4[4];
+            memcpy(w4, (const char *)wordsb.buf + 32 * j, 32);
+            pcg64_seed(&g, w4);
+            long long box[4];
+            rrc_box(&g, height, width, &p, box);
+            int flip = 0;
+            for (Py_ssize_t f = 0; f < n_flips; f++)
+                if (pcg64_double(&g) < flip_p[f])
+                    flip = !flip;
+            /* _Plan.min_scale, decode._pick_scale */
+            double bh = (double)box[2], bw = (double)box[3];
+            double ms = fmax((double)out_h / bh, (double)out_w / bw);
+            ms = ms < 1.0 ? ms : 1.0;
+            int k = 8;
+            for (int c = 1; c <= 8; c *= 2)
+                if ((double)c >= 8.0 * ms - 1e-9) {
+                    k = c;
+                    break;
+                }
+            long long ph = (sh * k + 7) / 8, pw = (sw * k + 7) / 8;
+            /* geometry.stored_crop_box for orientations 1 and 2 */
+            double top = (double)box[0], left = (double)box[1];
+            if (sw != width || sh != height) {
+                double fy = (double)sh / (double)height, fx = (double)sw / (double)width;
+                top *= fy;
+                left *= fx;
+                bh *= fy;
+                bw *= fx;
+            }
+            if (orientation == 2)
+                left = (double)sw - left - bw;
+            double s = (double)k / 8.0;
+            long long y0, y1, x0, x1;
+            snap_c(top, bh, s, ph, &y0, &y1);
+            snap_c(left, bw, s, pw, &x0, &x1);
+            item = Py_BuildValue("iLLLLi", k, y0, y1, x0, x1, flip != (orientation == 2));
+            if (item == NULL) {
+                Py_CLEAR(result);
+                goto done;
+            }
+        } else {
+            Py_INCREF(item);
+        }
+        PyList_SET_ITEM(result, j, item);
+    }
+done:
+    Py_XDECREF(datas);
+    Py_XDECREF(flips);
+    PyBuffer_Release(&wb);
+    PyBuffer_Release(&hb);
+    PyBuffer_Release(&wordsb);
+    return result;
+#endif
+}
+
 static PyObject *simd_py(PyObject *self, PyObject *args) {
     int level = -1;
     if (!PyArg_ParseTuple(args, "|i", &level))
@@ -1109,6 +1529,13 @@ static PyMethodDef methods[] = {
      "each job "
      "(data, scale_num, y0, y1, x0, x1, slot, flip, x_start, x_weights, x_taps, x_precision, "
      "y_start, y_weights, y_taps, y_precision) decoded and resized into out[slot]"},
+    {"sample_words", sample_words_py, METH_VARARGS,
+     "sample_words(seed, epoch, indices, seeds_out, words_out) -> None: kuat.rng's sample "
+     "seeds and their PCG64 seeding words for (B,) int64 indices"},
+    {"plan_rrc", plan_rrc, METH_VARARGS,
+     "plan_rrc(datas, widths, heights, words, out_h, out_w, scale_lo, scale_hi, log_ratio_lo, "
+     "log_ratio_hi, ratio_lo, ratio_hi, flip_ps, max_pixels) -> [(scale_num, y0, y1, x0, x1, "
+     "flip) or None, ...]: RandomResizedCrop(+flips) boxes on the decoded grid"},
     {"decode_crop", decode_crop, METH_VARARGS,
      "decode_crop(data, scale_num, y0, y1, x0, x1, out, channels=3) -> None: the crop, contiguous"},
     {NULL, NULL, 0, NULL}};

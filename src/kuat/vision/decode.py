@@ -36,7 +36,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from kuat import _native
+from kuat import _native, rng
 from kuat.errors import DecodeError
 from kuat.vision import _exif
 from kuat.vision._libjpeg import load_roi
@@ -62,6 +62,9 @@ _local = threading.local()
 # (Pillow's bundled copy, the system's, or KUAT_LIBJPEG's); None: not built or no usable
 # libjpeg, and JPEGs decode through simplejpeg only (full size or DCT-scaled).
 _roi, _roi_libjpeg = load_roi()
+if getattr(_roi, "sample_words", None) is not None:
+    # the batch's sample seeds hashed in C (same values as kuat._seedseq's NumPy; tested)
+    rng.use_native_words(_roi.sample_words)
 
 
 class Decoded(NamedTuple):

@@ -20,7 +20,7 @@ What the kuat source (:mod:`kuat.sources.dataset`) relies on, and nothing else:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import numpy as np
@@ -93,7 +93,7 @@ class BatchDecodingTransform(FusedImageTransform, Protocol):
         datas: list,
         widths: list[int],
         heights: list[int],
-        rngs: list[np.random.Generator],
+        rngs: Sequence[np.random.Generator],
         *,
         indices: list[int] | None = None,
         sources: list[str] | None = None,
@@ -102,7 +102,9 @@ class BatchDecodingTransform(FusedImageTransform, Protocol):
 
         Args:
             datas: B encoded images; widths, heights: their oriented sizes (B ints each);
-            rngs: the B samples' generators; indices, sources: for error messages.
+            rngs: the B samples' generators, a sequence (kuat datasets pass a
+                ``kuat.rng.BatchGenerators``: index it or iterate it, each generator is made
+                on first access); indices, sources: for error messages.
 
         Returns:
             ``(B, 3, H, W)`` uint8 on ``decode_device`` when ``output_size()`` is fixed, else
@@ -130,7 +132,7 @@ class BufferBatchTransform(FusedImageTransform, Protocol):
         datas: list,
         widths: list[int],
         heights: list[int],
-        rngs: list[np.random.Generator],
+        rngs: Sequence[np.random.Generator],
         out: np.ndarray,
         *,
         indices: list[int] | None = None,
@@ -141,7 +143,9 @@ class BufferBatchTransform(FusedImageTransform, Protocol):
 
         Args:
             datas: B encoded images; widths, heights: their oriented sizes (B ints each);
-            rngs: the B samples' generators; indices, sources: for error messages.
+            rngs: the B samples' generators, a sequence (kuat datasets pass a
+                ``kuat.rng.BatchGenerators``: index it or iterate it, each generator is made
+                on first access); indices, sources: for error messages.
             out: ``(B, 3, H, W)`` uint8, C-contiguous, ``(H, W) == output_size()``.
 
         Returns:

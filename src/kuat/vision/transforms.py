@@ -404,12 +404,14 @@ class RandomResizedCrop(_Transform):
         in_ratio = width / height
         if in_ratio < self.ratio[0]:
             w = width
-            h = int(round(w / self.ratio[0]))
+            h = max(1, int(round(w / self.ratio[0])))
         elif in_ratio > self.ratio[1]:
             h = height
-            w = int(round(h * self.ratio[1]))
+            w = max(1, int(round(h * self.ratio[1])))
         else:
             w, h = width, height
+        # max(1, ...): torchvision's box is empty there (a 1-pixel side times a ratio below
+        # 1/2 rounds to 0) and its resize then fails; kuat takes the one pixel row or column
         return (height - h) // 2, (width - w) // 2, h, w
 
     def _plan(self, plan, rng):
@@ -652,6 +654,15 @@ class Compose(_Transform):
             size = t._fixed_size(size)
         self._output_size = size
         self.decode_device = _check_decode_device(decode_device)
+        # RandomResizedCrop then only flips (the ImageNet training recipe): the batch's boxes
+        # can be drawn in C (_roijpeg.c plan_rrc), the Python planner's arithmetic exactly
+        g = self._geometric
+        self._c_plan = (
+            (g[0], tuple(t.p for t in g[1:]))
+            if g and type(g[0]) is RandomResizedCrop and len(g) <= 17
+            and all(type(t) is RandomHorizontalFlip for t in g[1:])
+            else None
+        )  # fmt: skip
 
     # --- FusedImageTransform -------------------------------------------------------------
 
@@ -716,12 +727,16 @@ class Compose(_Transform):
         boxes, where one call per image made many decoding threads (16 on a GPU host) queue for
         it twice per image. The other samples, and any the batch call could not decode, go
         through :meth:`apply_encoded`'s per-image path, in sample order (so an error names the
-        same sample it would name there).
+        same sample it would name there). For ``RandomResizedCrop`` then flips, with ``rngs`` a
+        :class:`kuat.rng.BatchGenerators` (what kuat datasets pass), the boxes are drawn in C
+        from the generators' seeding words (:meth:`_plan_in_c`): the same draws and boxes,
+        no generator made.
 
         Args:
             datas: B encoded images (bytes-like).
             widths, heights: B sizes after EXIF orientation (from the dataset's index).
-            rngs: B ``numpy.random.Generator`` s, one per sample (as ``apply_encoded``'s).
+            rngs: B ``numpy.random.Generator`` s, one per sample (as ``apply_encoded``'s): a
+                list, or a :class:`kuat.rng.BatchGenerators`.
             out: ``(B, 3, H, W)`` uint8 NumPy array, C-contiguous, with ``(H, W) ==
                 output_size()``.
             indices, sources: B sample indices and shards/files, for error messages only.
@@ -745,28 +760,68 @@ class Compose(_Transform):
         indices = list(indices) if indices is not None else [None] * n
         sources = list(sources) if sources is not None else [None] * n
         batched = roi_batch_available() and not self.exact_resize and out.flags.c_contiguous
-        jobs, job_samples, later = [], [], []  # later: (j, plan) for the per-image path
-        for j in range(n):
-            width, height = int(widths[j]), int(heights[j])
-            if width <= 0 or height <= 0:
-                raise ValueError(f"width and height must be positive, got {width}x{height}")
-            plan = self.plan(width, height, rngs[j])
-            job = self._batch_job(datas[j], width, height, plan, j, size) if batched else None
-            if job is None:
-                later.append((j, plan))
-            else:
-                jobs.append(job)
-                job_samples.append((j, plan))
+        # jobs: decode_resize_batch's; job_samples[k]: job k's sample; later: (j, plan or None)
+        # for the per-image path, None where the C planner drew the box (planned again there)
+        jobs, job_samples, later = [], [], []
+        planned = self._plan_in_c(datas, widths, heights, rngs, size) if batched else None
+        if planned is not None:
+            oh, ow = size
+            for j, p in enumerate(planned):
+                if p is None:
+                    later.append((j, None))
+                    continue
+                k, y0, y1, x0, x1, flip = p
+                jobs.append((datas[j], k, y0, y1, x0, x1, j, flip, *_taps(x1 - x0, ow),
+                             *_taps(y1 - y0, oh)))
+                job_samples.append((j, None))
+        else:
+            for j in range(n):
+                width, height = int(widths[j]), int(heights[j])
+                if width <= 0 or height <= 0:
+                    raise ValueError(f"width and height must be positive, got {width}x{height}")
+                plan = self.plan(width, height, rngs[j])
+                job = self._batch_job(datas[j], width, height, plan, j, size) if batched else None
+                if job is None:
+                    later.append((j, plan))
+                else:
+                    jobs.append(job)
+                    job_samples.append((j, plan))
         if jobs:
             for k, reason in _decode_resize_split(jobs, out):
                 logger.debug("batch decode skipped sample %s: %s", indices[job_samples[k][0]], reason)
                 later.append(job_samples[k])
         for j, plan in sorted(later, key=lambda jp: jp[0]):
+            width, height = int(widths[j]), int(heights[j])
+            if plan is None:
+                plan = self.plan(width, height, rngs[j])  # a fresh generator: the same draws
             self._apply_planned(
-                datas[j], int(widths[j]), int(heights[j]), plan, rngs[j], out[j],
-                indices[j], sources[j],
-            )  # fmt: skip
+                datas[j], width, height, plan, rngs[j], out[j], indices[j], sources[j]
+            )
         return out
+
+    def _plan_in_c(self, datas, widths, heights, rngs, size) -> list | None:
+        """The batch's ``(scale_num, y0, y1, x0, x1, flip)`` boxes (``None`` for a sample the
+        per-image path must take) drawn by ``_roijpeg.c``'s ``plan_rrc``: what ``plan`` and
+        ``_batch_job`` compute, without a generator, a Python header walk or box mapping per
+        image (about 45 us of a smooth 224 crop's 550). ``None`` (plan in Python) unless the
+        transforms are ``RandomResizedCrop`` then flips, ``rngs`` carries the PCG64 seeding
+        words (``kuat.rng.BatchGenerators``), the ROI decoder has the planner, and every size
+        is positive (the Python path raises for the others)."""
+        words = getattr(rngs, "pcg_words", None)
+        plan_rrc = getattr(_decode._roi, "plan_rrc", None)
+        if self._c_plan is None or words is None or plan_rrc is None:
+            return None
+        widths = np.asarray(widths, np.int64)  # (B,)
+        heights = np.asarray(heights, np.int64)
+        if len(widths) and (widths.min() <= 0 or heights.min() <= 0):
+            return None
+        rrc, flips = self._c_plan
+        max_pixels = -1 if self.max_pixels is None else min(int(self.max_pixels), 2**62)
+        return plan_rrc(
+            datas, widths, heights, words, size[0], size[1], float(rrc.scale[0]),
+            float(rrc.scale[1]), *rrc._log_ratio, float(rrc.ratio[0]), float(rrc.ratio[1]),
+            flips, max_pixels,
+        )  # fmt: skip
 
     def _batch_job(self, data, width, height, plan, slot, size) -> tuple | None:
         """``decode_resize_batch``'s job for one sample, or ``None`` when it needs the
