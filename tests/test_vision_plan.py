@@ -262,3 +262,11 @@ def test_degenerate_fallback_box_keeps_one_pixel():
     batch = np.zeros((2, 3, 4, 4), np.uint8)
     c.apply_encoded_many([data, data], [1, 1], [1, 1], rng.BatchGenerators([0, 1]), batch)
     np.testing.assert_array_equal(batch[0], out)
+
+
+def test_non_contiguous_or_odd_buffers_go_to_the_per_image_path():
+    data = np.frombuffer(_SMALL, np.uint8)
+    strided = np.repeat(data, 2)[::2]  # the same bytes, not contiguous
+    gens = rng.BatchGenerators([0, 1, 2])
+    got = _c_plan(TRANSFORMS[0], [data, strided, 17], [333] * 3, [211] * 3, gens, (224, 224))
+    assert got[0] is not None and got[1] is None and got[2] is None

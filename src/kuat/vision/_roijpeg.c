@@ -1429,8 +1429,10 @@ static PyObject *plan_rrc(PyObject *self, PyObject *args) {
         PyObject *item = Py_None;
         Py_buffer data;
         if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(datas, j), &data, PyBUF_SIMPLE) < 0) {
-            Py_CLEAR(result);
-            goto done;
+            PyErr_Clear(); /* not a contiguous buffer: the per-image path takes (or reports) it */
+            Py_INCREF(item);
+            PyList_SET_ITEM(result, j, item);
+            continue;
         }
         long long width = widths[j], height = heights[j], sh = 0, sw = 0;
         int ncomp = 0, orientation = 1;
