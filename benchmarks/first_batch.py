@@ -117,6 +117,15 @@ def _child(cfg: dict) -> dict:
     kthread.ThreadEngine.submit = timed("submit", kthread.ThreadEngine.submit)
     kjob.FetchJob.start = timed("worker job.start", kjob.FetchJob.start)
     kjob.FetchJob.run = timed("job.run (fetch+collate)", kjob.FetchJob.run)
+    from kuat import rng as krng
+    from kuat.format import store as kstore
+    from kuat.sources import dataset as kds
+
+    kds.Dataset.kuat_fetch_collated = timed("  fetch_collated", kds.Dataset.kuat_fetch_collated)
+    kstore.Store.gather = timed("    store.gather", kstore.Store.gather)
+    kds.BatchGenerators = timed("    BatchGenerators", krng.BatchGenerators)
+    kv.Compose.apply_encoded_many = timed("    apply_encoded_many", kv.Compose.apply_encoded_many)
+    kv.Compose._plan_in_c = timed("      plan_rrc (C)", kv.Compose._plan_in_c)
     kt._decode_resize_split = timed("batch kernel (split)", kt._decode_resize_split)
     kt.decode_resize_batch = timed("  decode_resize_batch part", kt.decode_resize_batch)
     _parallel._run_part = timed("  helper part", _parallel._run_part)

@@ -35,7 +35,12 @@ def test_kuat_dataset_implements_the_map_style_hooks(table):
         assert isinstance(ds, proto) and P.provides(ds, proto), proto.__name__
     for proto in (P.EpochAware, P.Distributed, P.Batching, P.Stateful):
         assert not isinstance(ds, proto) and not P.provides(ds, proto), proto.__name__
-    assert P.thread_agnostic(ds) and not P.uses_sample_rng(ds)
+    assert P.thread_agnostic(ds)
+    # draws only from kuat.sample_rng (no global generators to isolate) unless a transform
+    # other than kuat.vision's may draw from them
+    assert P.uses_sample_rng(ds)
+    assert not P.uses_sample_rng(ds.with_transform({"x": lambda v: v}))
+    assert not P.uses_sample_rng(ds.with_transform(lambda sample: sample))
     assert not P.splits_batches(ds)  # no fused image transform: nothing to split
     assert P.batch_transform(ds) is None
     # a fused transform with Normalize gives the loader a batch step for that field

@@ -103,6 +103,18 @@ class Dataset:
     # fetches it: the loader may fetch cheap batches in the consumer thread (no hand-off).
     kuat_thread_agnostic = True
 
+    @property
+    def kuat_uses_sample_rng(self) -> bool:
+        """Whether fetching draws randomness only from ``kuat.sample_rng``, never from the
+        global generators (``kuat.sources.protocol.uses_sample_rng``: the loader then need not
+        reseed and fingerprint them around each batch, ``isolate_global_rng=False`` by
+        default): true with no transform or with only ``kuat.vision`` transforms per field
+        (they draw from the sample's generator; decoding draws nothing). Any other callable,
+        and any whole-sample transform, may draw from ``random``, NumPy or torch: false."""
+        return self._sample_transform is None and all(
+            type(t).__module__.startswith("kuat.vision.") for t in self._field_transforms.values()
+        )
+
     def __init__(
         self,
         path: str | os.PathLike,
