@@ -270,3 +270,15 @@ def test_non_contiguous_or_odd_buffers_go_to_the_per_image_path():
     gens = rng.BatchGenerators([0, 1, 2])
     got = _c_plan(TRANSFORMS[0], [data, strided, 17], [333] * 3, [211] * 3, gens, (224, 224))
     assert got[0] is not None and got[1] is None and got[2] is None
+
+
+@pytest.mark.parametrize("max_pixels", [float("inf"), float("nan"), 2.0**70, -1, 0,
+                                        333 * 211, 333 * 211 + 0.5, 333 * 211 - 0.5])
+def test_c_plan_reads_max_pixels_as_python(max_pixels):
+    """Any number ``Compose`` takes as ``max_pixels`` limits the C planner as ``_batch_job``'s
+    ``w * h > max_pixels``: inf/nan no limit (they raised OverflowError/ValueError), a
+    negative one every image (-1 meant no limit, so the batch decoded what Python refuses)."""
+    t = Compose([RandomResizedCrop(32)], max_pixels=max_pixels)
+    gens, ref = rng.BatchGenerators([0, 1]), rng.BatchGenerators([0, 1])
+    got = _c_plan(t, [_SMALL] * 2, [333] * 2, [211] * 2, gens, (32, 32))
+    assert got == _python_plan(t, [_SMALL] * 2, [333] * 2, [211] * 2, ref, (32, 32))

@@ -816,7 +816,11 @@ class Compose(_Transform):
         if len(widths) and (widths.min() <= 0 or heights.min() <= 0):
             return None
         rrc, flips = self._c_plan
-        max_pixels = -1 if self.max_pixels is None else min(int(self.max_pixels), 2**62)
+        # the C limit as _batch_job's `w * h > max_pixels` reads any number: -1 none (None,
+        # inf, nan, or above any JPEG's size), 0 every image (negative: the per-image path
+        # raises for each)
+        mp = self.max_pixels
+        max_pixels = -1 if mp is None or not mp < 2**62 else max(0, math.floor(mp))
         return plan_rrc(
             datas, widths, heights, words, size[0], size[1], float(rrc.scale[0]),
             float(rrc.scale[1]), *rrc._log_ratio, float(rrc.ratio[0]), float(rrc.ratio[1]),
