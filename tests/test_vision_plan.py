@@ -282,3 +282,15 @@ def test_c_plan_reads_max_pixels_as_python(max_pixels):
     gens, ref = rng.BatchGenerators([0, 1]), rng.BatchGenerators([0, 1])
     got = _c_plan(t, [_SMALL] * 2, [333] * 2, [211] * 2, gens, (32, 32))
     assert got == _python_plan(t, [_SMALL] * 2, [333] * 2, [211] * 2, ref, (32, 32))
+
+
+def test_c_plan_takes_strided_sizes():
+    """Widths and heights may be any int64 array (a column of the index, every other row):
+    a strided one raised ValueError ("ndarray is not C-contiguous") in the C planner."""
+    sizes = np.array([[333, 211], [1, 1], [333, 211], [1, 1]], np.int64)
+    widths, heights = sizes[::2, 0], sizes[::2, 1]  # (2,) views, strides of 32 bytes
+    gens, ref = rng.BatchGenerators([0, 1]), rng.BatchGenerators([0, 1])
+    t = TRANSFORMS[0]
+    got = _c_plan(t, [_SMALL] * 2, widths, heights, gens, (224, 224))
+    assert got == _python_plan(t, [_SMALL] * 2, widths, heights, ref, (224, 224))
+    assert None not in got

@@ -811,8 +811,8 @@ class Compose(_Transform):
         plan_rrc = getattr(_decode._roi, "plan_rrc", None)
         if self._c_plan is None or words is None or plan_rrc is None:
             return None
-        widths = np.asarray(widths, np.int64)  # (B,)
-        heights = np.asarray(heights, np.int64)
+        widths = np.ascontiguousarray(widths, np.int64)  # (B,): plan_rrc reads the buffer
+        heights = np.ascontiguousarray(heights, np.int64)
         if len(widths) and (widths.min() <= 0 or heights.min() <= 0):
             return None
         rrc, flips = self._c_plan
