@@ -294,3 +294,20 @@ def test_c_plan_takes_strided_sizes():
     got = _c_plan(t, [_SMALL] * 2, widths, heights, gens, (224, 224))
     assert got == _python_plan(t, [_SMALL] * 2, widths, heights, ref, (224, 224))
     assert None not in got
+
+
+@pytest.mark.parametrize("scale,ratio", [((0.5, float("inf")), (0.75, 4 / 3)),
+                                         ((0.5, 1.0), (1.0, float("inf"))),
+                                         ((1e305, 1e305), (0.75, 4 / 3))])
+def test_c_plan_leaves_what_python_cannot_draw_to_python(scale, ratio):
+    """Parameters whose box side is inf or nan: torchvision's arithmetic raises in Python
+    (round() of inf or nan); the C planner gave a box for them (the cast of inf
+    read as a failed attempt) instead of leaving the sample to the Python path's error."""
+    t = Compose([RandomResizedCrop(32, scale=scale, ratio=ratio)])
+    gens = rng.BatchGenerators([0, 1])
+    assert _c_plan(t, [_SMALL] * 2, [333] * 2, [211] * 2, gens, (32, 32)) == [None, None]
+    with pytest.raises((OverflowError, ValueError, ZeroDivisionError)):
+        t.plan(333, 211, rng.BatchGenerators([0])[0])
+    out = np.zeros((2, 3, 32, 32), np.uint8)
+    with pytest.raises((OverflowError, ValueError, ZeroDivisionError)):
+        t.apply_encoded_many([_SMALL] * 2, [333] * 2, [211] * 2, gens, out)

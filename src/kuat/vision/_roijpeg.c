@@ -1104,9 +1104,9 @@ done:
  *   (Compose.plan, then _roi_region: torchvision's get_params with the sample's PCG64
  *   doubles, DCT scale, EXIF mirror, the box snapped to the decoded grid), or None where the
  *   Python path must plan it (not a JPEG whose header this walk reads, 4 components, EXIF
- *   orientation 3-8, above max_pixels, a size <= 0). The float operations are Python's, in
- *   its order (built with -ffp-contract=off: no fused multiply-add), rounding half to even
- *   as Python's round().
+ *   orientation 3-8, above max_pixels, a size <= 0, a box side inf or nan: Python raises).
+ *   The float operations are Python's, in its order (built with -ffp-contract=off: no fused
+ *   multiply-add), rounding half to even as Python's round().
  * ------------------------------------------------------------------------------------- */
 #define SS_POOL 4
 #define SS_INIT_A 0x43b0d7e5u
@@ -1243,16 +1243,22 @@ typedef struct {
     double scale_lo, scale_hi, log_lo, log_hi, ratio_lo, ratio_hi;
 } rrc_params;
 
-/* kuat.vision.transforms.RandomResizedCrop.get_params: (top, left, h, w) */
-static void rrc_box(kuat_pcg64 *g, long long height, long long width, const rrc_params *p,
-                    long long box[4]) {
+/* kuat.vision.transforms.RandomResizedCrop.get_params: (top, left, h, w). Returns 0 where
+ * Python raises (a side inf or nan: round() of it, math.exp overflowing, a division by an
+ * aspect of 0), 1 otherwise. */
+static int rrc_box(kuat_pcg64 *g, long long height, long long width, const rrc_params *p,
+                   long long box[4]) {
     double area = (double)(height * width);
     for (int attempt = 0; attempt < 10; attempt++) {
         double u_area = pcg64_double(g), u_ratio = pcg64_double(g);
         double target_area = area * (p->scale_lo + (p->scale_hi - p->scale_lo) * u_area);
         double aspect = exp(p->log_lo + (p->log_hi - p->log_lo) * u_ratio);
-        long long w = py_round(sqrt(target_area * aspect));
-        long long h = py_round(sqrt(target_area / aspect));
+        double ws = sqrt(target_area * aspect), hs = sqrt(target_area / aspect);
+        if (!isfinite(ws) || !isfinite(hs))
+            return 0;
+        /* a side past 2**62 fails the test below in Python too (converting it is undefined) */
+        long long w = ws < 0x1p62 ? py_round(ws) : -1;
+        long long h = hs < 0x1p62 ? py_round(hs) : -1;
         if (0 < w && w <= width && 0 < h && h <= height) {
             double u_i = pcg64_double(g), u_j = pcg64_double(g);
             long long i = (long long)(u_i * (double)(height - h + 1));
@@ -1261,7 +1267,7 @@ static void rrc_box(kuat_pcg64 *g, long long height, long long width, const rrc_
             box[1] = j < width - w ? j : width - w;
             box[2] = h;
             box[3] = w;
-            return;
+            return 1;
         }
     }
     double in_ratio = (double)width / (double)height;
@@ -1277,6 +1283,7 @@ static void rrc_box(kuat_pcg64 *g, long long height, long long width, const rrc_
     box[1] = floordiv(width - w, 2);
     box[2] = h;
     box[3] = w;
+    return 1;
 }
 
 /* kuat.vision.geometry.snap */
@@ -1441,13 +1448,15 @@ static PyObject *plan_rrc(PyObject *self, PyObject *args) {
                  (ncomp == 1 || ncomp == 3) && (orientation == 1 || orientation == 2) &&
                  (max_pixels < 0 || sh * sw <= max_pixels);
         PyBuffer_Release(&data);
+        kuat_pcg64 g;
+        long long box[4];
         if (ok) {
-            kuat_pcg64 g;
             uint64_t w4[4];
             memcpy(w4, (const char *)wordsb.buf + 32 * j, 32);
             pcg64_seed(&g, w4);
-            long long box[4];
-            rrc_box(&g, height, width, &p, box);
+            ok = rrc_box(&g, height, width, &p, box); /* 0: Python raises, let it */
+        }
+        if (ok) {
             int flip = 0;
             for (Py_ssize_t f = 0; f < n_flips; f++)
                 if (pcg64_double(&g) < flip_p[f])
