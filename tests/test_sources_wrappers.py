@@ -223,3 +223,28 @@ def test_image_batches_through_a_wrapper_get_the_batch_step(paths, kind):
                                     sampler=list(w.indices)))
         for k, (g, t) in enumerate(zip(got, want, strict=True)):
             assert_same_batch(g, t, f"{kind} batch {k}")
+
+
+class _GlobalCrop(RandomResizedCrop):
+    """A user's step in a kuat Compose: its box drawn from NumPy's global generator."""
+
+    def get_params(self, height, width, rng):
+        return super().get_params(height, width, np.random.default_rng(np.random.randint(2**31)))
+
+
+def test_a_user_step_in_a_kuat_compose_keeps_isolation(paths):
+    """``kuat_uses_sample_rng`` looked at the Compose's class only (kuat.vision's), so a user
+    subclass inside it turned isolation off and its global draws made the pixels depend on
+    the caller's NumPy state; the steps count too."""
+    img = kuat.open(paths / "img")
+    assert P.uses_sample_rng(img.with_transform({"image": Compose([RandomResizedCrop(16)])}))
+    ds = img.with_transform({"image": Compose([_GlobalCrop(16), RandomHorizontalFlip()])})
+    assert not P.uses_sample_rng(ds)
+    runs = []
+    for state in (1, 2):
+        np.random.seed(state)
+        loader = kuat.DataLoader(ds, batch_size=4, num_workers=2, seed=3)
+        assert loader.isolate_global_rng
+        runs.append([b["image"] for b in loader])
+    for k, (a, b) in enumerate(zip(*runs, strict=True)):
+        torch.testing.assert_close(a, b, rtol=0, atol=0, msg=f"batch {k}")

@@ -110,9 +110,13 @@ class Dataset:
         reseed and fingerprint them around each batch, ``isolate_global_rng=False`` by
         default): true with no transform or with only ``kuat.vision`` transforms per field
         (they draw from the sample's generator; decoding draws nothing). Any other callable,
-        and any whole-sample transform, may draw from ``random``, NumPy or torch: false."""
+        any whole-sample transform, and a ``kuat.vision.Compose`` with a user's step (a
+        subclass of a kuat transform, whose draws are its own) may draw from ``random``, NumPy
+        or torch: false."""
         return self._sample_transform is None and all(
-            type(t).__module__.startswith("kuat.vision.") for t in self._field_transforms.values()
+            type(s).__module__.startswith("kuat.vision.")
+            for t in self._field_transforms.values()
+            for s in (t, *getattr(t, "transforms", ()))  # a Compose's steps too
         )
 
     def __init__(
