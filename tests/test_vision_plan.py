@@ -311,3 +311,31 @@ def test_c_plan_leaves_what_python_cannot_draw_to_python(scale, ratio):
     out = np.zeros((2, 3, 32, 32), np.uint8)
     with pytest.raises((OverflowError, ValueError, ZeroDivisionError)):
         t.apply_encoded_many([_SMALL] * 2, [333] * 2, [211] * 2, gens, out)
+
+
+def test_generators_continue_after_the_c_plan_as_a_list_would(corpus):
+    """``rngs`` after ``apply_encoded_many`` are where the Python planner leaves a list of
+    generators: the C planner drew from the words only, so a caller drawing more afterwards
+    got the crop's own draws again (its first number was the box's area draw), a second call
+    with the same ``rngs`` repeated the first's boxes, and draws made before the call were
+    ignored."""
+    keep = [c for c in corpus if c[0][:2] == b"\xff\xd8" and len(c[0]) > 400] + [corpus[-4]]
+    datas, widths, heights = zip(*keep)
+    n, t = len(datas), TRANSFORMS[3]
+    size = t.output_size()
+
+    def run(rngs, before=False):
+        if before:
+            rngs[1].random(3)
+        outs = [np.zeros((n, 3, *size), np.uint8) for _ in range(2)]
+        for out in outs:  # twice with the same generators
+            t.apply_encoded_many(datas, widths, heights, rngs, out)
+        return outs, [g.random() for g in rngs]
+
+    for before in (False, True):
+        with rng.epoch_context(2, 0):
+            got = run(rng.BatchGenerators(range(n)), before)
+            want = run(list(rng.BatchGenerators(range(n))), before)
+        np.testing.assert_array_equal(got[0][0], want[0][0])
+        np.testing.assert_array_equal(got[0][1], want[0][1])
+        assert got[1] == want[1]

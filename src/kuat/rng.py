@@ -186,12 +186,25 @@ class BatchGenerators(Sequence):
     Thread-safety: owned by the thread fetching the batch, like the samples' generators.
     """
 
-    __slots__ = ("seeds", "pcg_words", "_gens")
+    __slots__ = ("seeds", "pcg_words", "_gens", "_drawn")
 
     def __init__(self, indices):
         self.seeds, self.pcg_words = _batch_words(indices)
         self.pcg_words.flags.writeable = False
         self._gens: list[np.random.Generator | None] = [None] * len(self.seeds)
+        self._drawn: np.ndarray | None = None  # (B,) int64, see _drew
+
+    @property
+    def _fresh(self) -> bool:
+        """Whether every stream is still at its start (no generator made, nothing drawn):
+        what a planner reading ``pcg_words`` instead of the generators needs."""
+        return self._drawn is None and all(g is None for g in self._gens)
+
+    def _drew(self, draws: np.ndarray) -> None:
+        """``draws[j]`` doubles were drawn from sample j's stream without its generator (the C
+        planner, from ``pcg_words``): a generator made later continues after them, where the
+        Python planner leaves a generator it drew from. Internal (kuat.vision.Compose)."""
+        self._drawn = draws
 
     def __len__(self) -> int:
         return len(self._gens)
@@ -202,6 +215,8 @@ class BatchGenerators(Sequence):
         g = self._gens[j]
         if g is None:
             g = self._gens[j] = SampleRNG(int(self.seeds[j]), self.pcg_words[j]).numpy
+            if self._drawn is not None and self._drawn[j]:
+                g.bit_generator.advance(int(self._drawn[j]))  # one step per double
         return g
 
     def __repr__(self) -> str:

@@ -1095,11 +1095,13 @@ done:
  *   generate_state; Melissa O'Neill's seed_seq), as kuat/_seedseq.py does it in NumPy.
  *
  * plan_rrc(datas, widths, heights, words, out_h, out_w, scale_lo, scale_hi, log_ratio_lo,
- *          log_ratio_hi, ratio_lo, ratio_hi, flip_ps, max_pixels) -> [job or None, ...]
+ *          log_ratio_hi, ratio_lo, ratio_hi, flip_ps, max_pixels[, draws]) -> [job or None, ...]
  *   datas      B bytes-like images; widths, heights: (B,) int64, the oriented sizes (index)
  *   words      (B, 4) uint64: each sample's PCG64 seeding words (sample_words)
  *   flip_ps    sequence of p, one per RandomHorizontalFlip after the crop (may be empty)
  *   max_pixels stored width x height above which a sample is not planned here (-1: none)
+ *   draws      optional writable (B,) int64: the doubles drawn for each planned sample (0
+ *              for None), so that its generator, made later, continues after them
  *   For each sample: (scale_num, y0, y1, x0, x1, flip) as kuat's Python planner gives them
  *   (Compose.plan, then _roi_region: torchvision's get_params with the sample's PCG64
  *   doubles, DCT scale, EXIF mirror, the box snapped to the decoded grid), or None where the
@@ -1209,6 +1211,7 @@ done:
 typedef unsigned __int128 kuat_u128;
 typedef struct {
     kuat_u128 state, inc;
+    long long n; /* doubles drawn */
 } kuat_pcg64;
 
 static const kuat_u128 PCG_MULT =
@@ -1218,6 +1221,7 @@ static void pcg64_seed(kuat_pcg64 *g, const uint64_t w[4]) {
     kuat_u128 initstate = ((kuat_u128)w[0] << 64) | w[1];
     kuat_u128 initseq = ((kuat_u128)w[2] << 64) | w[3];
     g->state = 0;
+    g->n = 0;
     g->inc = (initseq << 1) | 1;
     g->state = g->state * PCG_MULT + g->inc;
     g->state += initstate;
@@ -1225,6 +1229,7 @@ static void pcg64_seed(kuat_pcg64 *g, const uint64_t w[4]) {
 }
 
 static double pcg64_double(kuat_pcg64 *g) {
+    g->n++;
     g->state = g->state * PCG_MULT + g->inc;
     uint64_t x = (uint64_t)(g->state >> 64) ^ (uint64_t)g->state;
     unsigned rot = (unsigned)(g->state >> 122);
@@ -1401,13 +1406,13 @@ static PyObject *plan_rrc(PyObject *self, PyObject *args) {
     return NULL;
 #else
     PyObject *datas_obj, *flips_obj;
-    Py_buffer wb, hb, wordsb;
+    Py_buffer wb, hb, wordsb, drawsb = {0};
     int out_h, out_w;
     rrc_params p;
     long long max_pixels;
-    if (!PyArg_ParseTuple(args, "Oy*y*y*iiddddddOL", &datas_obj, &wb, &hb, &wordsb, &out_h,
+    if (!PyArg_ParseTuple(args, "Oy*y*y*iiddddddOL|w*", &datas_obj, &wb, &hb, &wordsb, &out_h,
                           &out_w, &p.scale_lo, &p.scale_hi, &p.log_lo, &p.log_hi, &p.ratio_lo,
-                          &p.ratio_hi, &flips_obj, &max_pixels))
+                          &p.ratio_hi, &flips_obj, &max_pixels, &drawsb))
         return NULL;
     PyObject *result = NULL, *datas = NULL, *flips = NULL;
     double flip_p[16];
@@ -1417,10 +1422,10 @@ static PyObject *plan_rrc(PyObject *self, PyObject *args) {
         goto done;
     Py_ssize_t b = PySequence_Fast_GET_SIZE(datas), n_flips = PySequence_Fast_GET_SIZE(flips);
     if (wb.len != b * 8 || hb.len != b * 8 || wordsb.len != b * 32 || n_flips > 16 ||
-        out_h <= 0 || out_w <= 0) {
+        out_h <= 0 || out_w <= 0 || (drawsb.obj != NULL && drawsb.len != b * 8)) {
         PyErr_Format(PyExc_ValueError,
                      "plan_rrc: want B=%zd images, (B,) int64 widths and heights, (B, 4) uint64 "
-                     "words, at most 16 flips and a positive output size", b);
+                     "words, at most 16 flips, a positive output size and (B,) int64 draws", b);
         goto done;
     }
     for (Py_ssize_t f = 0; f < n_flips; f++) {
@@ -1448,7 +1453,7 @@ static PyObject *plan_rrc(PyObject *self, PyObject *args) {
                  (ncomp == 1 || ncomp == 3) && (orientation == 1 || orientation == 2) &&
                  (max_pixels < 0 || sh * sw <= max_pixels);
         PyBuffer_Release(&data);
-        kuat_pcg64 g;
+        kuat_pcg64 g = {0};
         long long box[4];
         if (ok) {
             uint64_t w4[4];
@@ -1496,6 +1501,10 @@ static PyObject *plan_rrc(PyObject *self, PyObject *args) {
             Py_INCREF(item);
         }
         PyList_SET_ITEM(result, j, item);
+        if (drawsb.obj != NULL) {
+            long long n = ok ? g.n : 0;
+            memcpy((char *)drawsb.buf + 8 * j, &n, 8);
+        }
     }
 done:
     Py_XDECREF(datas);
@@ -1503,6 +1512,7 @@ done:
     PyBuffer_Release(&wb);
     PyBuffer_Release(&hb);
     PyBuffer_Release(&wordsb);
+    PyBuffer_Release(&drawsb);
     return result;
 #endif
 }
@@ -1545,8 +1555,8 @@ static PyMethodDef methods[] = {
      "seeds and their PCG64 seeding words for (B,) int64 indices"},
     {"plan_rrc", plan_rrc, METH_VARARGS,
      "plan_rrc(datas, widths, heights, words, out_h, out_w, scale_lo, scale_hi, log_ratio_lo, "
-     "log_ratio_hi, ratio_lo, ratio_hi, flip_ps, max_pixels) -> [(scale_num, y0, y1, x0, x1, "
-     "flip) or None, ...]: RandomResizedCrop(+flips) boxes on the decoded grid"},
+     "log_ratio_hi, ratio_lo, ratio_hi, flip_ps, max_pixels, draws=None) -> [(scale_num, y0, "
+     "y1, x0, x1, flip) or None, ...]: RandomResizedCrop(+flips) boxes on the decoded grid"},
     {"decode_crop", decode_crop, METH_VARARGS,
      "decode_crop(data, scale_num, y0, y1, x0, x1, out, channels=3) -> None: the crop, contiguous"},
     {NULL, NULL, 0, NULL}};

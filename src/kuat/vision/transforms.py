@@ -763,7 +763,8 @@ class Compose(_Transform):
         # jobs: decode_resize_batch's; job_samples[k]: job k's sample; later: (j, plan or None)
         # for the per-image path, None where the C planner drew the box (planned again there)
         jobs, job_samples, later = [], [], []
-        planned = self._plan_in_c(datas, widths, heights, rngs, size) if batched else None
+        draws = np.zeros(n, np.int64)  # (B,): the doubles the C planner drew per sample
+        planned = self._plan_in_c(datas, widths, heights, rngs, size, draws) if batched else None
         if planned is not None:
             oh, ow = size
             for j, p in enumerate(planned):
@@ -790,6 +791,11 @@ class Compose(_Transform):
             for k, reason in _decode_resize_split(jobs, out):
                 logger.debug("batch decode skipped sample %s: %s", indices[job_samples[k][0]], reason)
                 later.append(job_samples[k])
+                draws[job_samples[k][0]] = 0  # planned again below, from a fresh generator
+        if planned is not None:
+            # the C-planned samples' generators continue after the plan's draws, as a list of
+            # generators would (a caller drawing more from rngs afterwards gets new numbers)
+            rngs._drew(draws)
         for j, plan in sorted(later, key=lambda jp: jp[0]):
             width, height = int(widths[j]), int(heights[j])
             if plan is None:
@@ -799,17 +805,20 @@ class Compose(_Transform):
             )
         return out
 
-    def _plan_in_c(self, datas, widths, heights, rngs, size) -> list | None:
+    def _plan_in_c(self, datas, widths, heights, rngs, size, draws=None) -> list | None:
         """The batch's ``(scale_num, y0, y1, x0, x1, flip)`` boxes (``None`` for a sample the
         per-image path must take) drawn by ``_roijpeg.c``'s ``plan_rrc``: what ``plan`` and
         ``_batch_job`` compute, without a generator, a Python header walk or box mapping per
         image (about 45 us of a smooth 224 crop's 550). ``None`` (plan in Python) unless the
         transforms are ``RandomResizedCrop`` then flips, ``rngs`` carries the PCG64 seeding
         words (``kuat.rng.BatchGenerators``), the ROI decoder has the planner, and every size
-        is positive (the Python path raises for the others)."""
+        is positive (the Python path raises for the others), and no stream has been drawn from
+        yet (the caller's draws, or an earlier call with the same ``rngs``). ``draws``: an
+        optional ``(B,)`` int64 array, set to the doubles drawn for each planned sample."""
         words = getattr(rngs, "pcg_words", None)
         plan_rrc = getattr(_decode._roi, "plan_rrc", None)
-        if self._c_plan is None or words is None or plan_rrc is None:
+        fresh = getattr(rngs, "_fresh", False)
+        if self._c_plan is None or words is None or plan_rrc is None or not fresh:
             return None
         widths = np.ascontiguousarray(widths, np.int64)  # (B,): plan_rrc reads the buffer
         heights = np.ascontiguousarray(heights, np.int64)
@@ -824,7 +833,7 @@ class Compose(_Transform):
         return plan_rrc(
             datas, widths, heights, words, size[0], size[1], float(rrc.scale[0]),
             float(rrc.scale[1]), *rrc._log_ratio, float(rrc.ratio[0]), float(rrc.ratio[1]),
-            flips, max_pixels,
+            flips, max_pixels, *(() if draws is None else (draws,)),
         )  # fmt: skip
 
     def _batch_job(self, data, width, height, plan, slot, size) -> tuple | None:
