@@ -50,6 +50,21 @@ def test_kuat_dataset_implements_the_map_style_hooks(table):
         ds.with_transform({"x": t})
 
 
+def test_a_kuat_dataset_view_can_declare_it_uses_the_sample_rng(table):
+    """What the loader's advice says to do for a user transform drawing from
+    ``kuat.sample_rng``: assign ``kuat_uses_sample_rng`` on the view (it became a read-only
+    property, so that raised AttributeError). It holds for that view only."""
+    ds = kuat.open(table)
+    view = ds.with_transform({"y": lambda y: y + int(kuat.sample_rng().numpy.integers(3))})
+    assert not P.uses_sample_rng(view)
+    view.kuat_uses_sample_rng = True
+    assert P.uses_sample_rng(view)
+    assert kuat.DataLoader(view, batch_size=4).isolate_global_rng is False
+    assert not P.uses_sample_rng(view.with_transform({"y": lambda y: y}))  # a new view
+    ds.kuat_uses_sample_rng = False  # and the other way
+    assert not P.uses_sample_rng(ds)
+
+
 def test_kuat_streams_implement_the_iterable_hooks(table):
     ds = kuat.open(table)
     stream = kuat.shuffle_buffer(ds, 8, seed=0)

@@ -112,12 +112,20 @@ class Dataset:
         (they draw from the sample's generator; decoding draws nothing). Any other callable,
         any whole-sample transform, and a ``kuat.vision.Compose`` with a user's step (a
         subclass of a kuat transform, whose draws are its own) may draw from ``random``, NumPy
-        or torch: false."""
+        or torch: false. Assigning it (``ds.kuat_uses_sample_rng = True``, as the loader's
+        advice says for a user transform drawing from ``kuat.sample_rng``) declares it for this
+        view only."""
+        if self._declared_uses_sample_rng is not None:
+            return self._declared_uses_sample_rng
         return self._sample_transform is None and all(
             type(s).__module__.startswith("kuat.vision.")
             for t in self._field_transforms.values()
             for s in (t, *getattr(t, "transforms", ()))  # a Compose's steps too
         )
+
+    @kuat_uses_sample_rng.setter
+    def kuat_uses_sample_rng(self, value: bool) -> None:
+        self._declared_uses_sample_rng = bool(value)
 
     def __init__(
         self,
@@ -140,6 +148,7 @@ class Dataset:
         self._store = _store
         self._field_transforms: dict[str, Callable] = {}
         self._sample_transform: Callable | None = None
+        self._declared_uses_sample_rng: bool | None = None  # kuat_uses_sample_rng assigned
 
     # -- description -----------------------------------------------------------------------
     @property
