@@ -7,7 +7,7 @@ benchmarks.runner.run_bench. See docs/benchmarks.md for the method.
 
 Examples:
 
-    kuat bench --quick                      # a few minutes, only peers already installed
+    kuat bench --quick                      # only peers already installed: minutes alone, ~25 with all
     kuat bench --setup-envs                 # full run; creates the peer environments first
     kuat bench --setup-envs --update-readme # the same, then commit-ready results.json + README
     kuat bench --workloads imagenet-jpeg --loaders torch kuat decode-only
