@@ -565,6 +565,15 @@ class Normalize(_Transform):
         return f"Normalize(mean={self.mean}, std={self.std}, dtype={self.dtype})"
 
 
+def _batch_job_of(data, box: tuple, slot: int, size: tuple[int, int]) -> tuple:
+    """``decode_resize_batch``'s job: ``box`` ``(scale_num, y0, y1, x0, x1, flip)`` (what
+    ``Compose._batch_job`` and the C planner ``plan_rrc`` give) decoded from ``data`` and
+    resized to ``size`` ``(H, W)`` into batch slot ``slot``, with the resize weights."""
+    k, y0, y1, x0, x1, flip = box
+    return (data, k, y0, y1, x0, x1, slot, flip, *_taps(x1 - x0, size[1]),
+            *_taps(y1 - y0, size[0]))
+
+
 def _decode_resize_split(jobs: list[tuple], out: np.ndarray) -> list[tuple[int, str]]:
     """:func:`decode_resize_batch` over ``jobs``, shared by :func:`kuat._parallel.width`
     threads when the loader lets this fetch use idle cores (an epoch's first batch); same
@@ -766,14 +775,11 @@ class Compose(_Transform):
         draws = np.zeros(n, np.int64)  # (B,): the doubles the C planner drew per sample
         planned = self._plan_in_c(datas, widths, heights, rngs, size, draws) if batched else None
         if planned is not None:
-            oh, ow = size
-            for j, p in enumerate(planned):
-                if p is None:
+            for j, box in enumerate(planned):
+                if box is None:
                     later.append((j, None))
                     continue
-                k, y0, y1, x0, x1, flip = p
-                jobs.append((datas[j], k, y0, y1, x0, x1, j, flip, *_taps(x1 - x0, ow),
-                             *_taps(y1 - y0, oh)))
+                jobs.append(_batch_job_of(datas[j], box, j, size))
                 job_samples.append((j, None))
         else:
             for j in range(n):
@@ -847,12 +853,9 @@ class Compose(_Transform):
             return None
         if self.max_pixels is not None and hdr.width * hdr.height > self.max_pixels:
             return None
-        k, y0, y1, x0, x1 = self._roi_region(plan, hdr, width, height)
         flip = plan.flip != (hdr.orientation == 2)  # EXIF 2 is a mirror: one more flip
-        return (
-            data, k, y0, y1, x0, x1, slot, int(flip),
-            *_taps(x1 - x0, size[1]), *_taps(y1 - y0, size[0]),
-        )  # fmt: skip
+        box = (*self._roi_region(plan, hdr, width, height), int(flip))
+        return _batch_job_of(data, box, slot, size)
 
     @staticmethod
     def _roi_region(plan, hdr, width, height) -> tuple[int, int, int, int, int]:
