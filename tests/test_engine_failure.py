@@ -322,13 +322,14 @@ def test_a_collate_fn_error_names_collate_fn_not_the_dataset(num_workers, worker
 def test_a_pinning_error_names_pin_memory(num_workers, worker_type, monkeypatch):
     # pinned in the worker with threads and at 0 workers, by the consumer as it copies the
     # batch out of a process worker's shared memory; failed here without an accelerator
-    from kuat import device, loader
+    from kuat import device
     from kuat.engine import shm
+    from kuat.loader import _options
 
     def pin_fails(*args, **kwargs):
         raise RuntimeError("cudaHostAlloc failed")
 
-    monkeypatch.setattr(loader, "accelerator_available", lambda: True)
+    monkeypatch.setattr(_options, "accelerator_available", lambda: True)
     monkeypatch.setattr(device, "pin_batch", pin_fails)
     monkeypatch.setattr(shm, "read_batch", pin_fails)  # the consumer's copy (process workers)
     dl = kuat.DataLoader(list(range(8)), batch_size=2, num_workers=num_workers,
@@ -444,18 +445,19 @@ def test_a_worker_init_fn_error_is_raised_for_every_batch_each_with_one_note(wor
 
 
 def test_the_consumers_take_over_of_cheap_batches_raises_the_original():
-    from kuat import loader as kloader
+    from kuat.loader import _adaptive
 
     ds = Raises("DecodeError", bad=13, n=16)
     it = iter(kuat.DataLoader(ds, batch_size=2, num_workers=2))
     assert next(it).tolist() == [[0], [1]]
     # as after _INLINE_PROBE cheap batches the consumer waited for: take over from the workers
-    it._may_go_inline = True
-    it._seen = it._cheap = it._blocked = kloader._INLINE_PROBE
-    it._loop_s, it._work_s = 0.0, 1.0
+    policy = it._adapt
+    policy.may_go_inline = True
+    policy._seen = policy._cheap = policy.blocked = _adaptive.INLINE_PROBE
+    policy._loop_s, policy._work_s = 0.0, 1.0
     for k in range(1, 6):
         assert next(it).tolist() == [[2 * k], [2 * k + 1]]
-    assert it._inline  # the batches that follow are fetched in this thread
+    assert it._nw == 1 and policy.max_inflight == 1  # the batches that follow: in this thread
     got = _raised(it)
     _assert_equal(got, MAKERS["DecodeError"](13))
     assert type(got.__cause__) is OSError

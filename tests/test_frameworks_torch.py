@@ -13,7 +13,7 @@ from torch.utils.data import BatchSampler, DistributedSampler, SequentialSampler
 from torch.utils.data import DataLoader as TorchLoader
 
 import kuat
-import kuat.loader
+import kuat.distributed
 
 
 def _init(worker_id):
@@ -59,7 +59,7 @@ def test_iter_without_next_starts_nothing_and_keeps_the_epoch(worker_type):
 
 
 def test_rank_from_environment_with_one_warning_then_from_torch_distributed(monkeypatch, caplog):
-    monkeypatch.setattr(kuat.loader, "_warned_env", False)
+    monkeypatch.setattr(kuat.distributed, "_warned_env", False)
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("WORLD_SIZE", "2")
     loader = kuat.DataLoader(list(range(10)), batch_size=2, seed=0)

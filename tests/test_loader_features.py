@@ -1,6 +1,7 @@
 """Loader features: ordering, prefetch bound, worker info, batch transform, zero copy, stats,
 torchvision ImageFolder, pinning and CUDA copies (the CUDA tests run on a GPU machine)."""
 
+import dataclasses
 import os
 import threading
 import time
@@ -113,7 +114,7 @@ class Buffered:
 def test_batch_buffer_is_not_copied_and_the_batch_transform_runs_after(num_workers):
     ds = Buffered()
     raw = kuat.DataLoader(ds, batch_size=4, num_workers=num_workers)
-    raw._batch_transform = None
+    raw._traits = dataclasses.replace(raw._traits, batch_transform=None)  # the raw batches
     batches = list(raw)
     # worker threads may fill the buffers in any order
     assert sorted(b["image"].data_ptr() for b in batches) == sorted(b.data_ptr() for b in ds.buffers)
@@ -372,9 +373,9 @@ def test_cheap_batches_deepen_process_workers_prefetch_without_changing_the_epoc
                          worker_type="process")
     it = iter(dl)
     assert [b.tolist() for b in it] == want
-    assert it._adapt and it._cheap > 0 and not it._inline  # seen cheap: 16 in flight then
+    assert it._adapt.adaptive and it._adapt.cheap > 0 and not it._inline  # 16 in flight then
     dl8 = kuat.DataLoader(LazyRows(256), batch_size=32, num_workers=2, worker_type="process",
                           prefetch_factor=2)
     it = iter(dl8)
     list(it)
-    assert not it._adapt and it._max_inflight == 4  # an explicit prefetch_factor is kept
+    assert not it._adapt.adaptive and it._adapt.max_inflight == 4  # explicit prefetch_factor kept

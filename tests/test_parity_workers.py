@@ -239,7 +239,7 @@ class Release:
 
 def _started_engine(it):
     """Start the epoch of a fresh iterator (``iter()`` alone starts no workers) and return its engine."""
-    it._loader._begin_epoch(it)
+    it._begin()
     return it._engine
 
 

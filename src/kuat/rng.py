@@ -26,11 +26,64 @@ from kuat import _seedseq
 
 __all__ = [
     "BatchGenerators", "SampleRNG", "sample_rng", "sample_rngs", "sample_seed", "epoch_context",
-    "sample_context", "map_samples", "use_native_words",
+    "sample_context", "map_samples", "use_native_words", "derive_seed", "derive_generator",
+    "worker_base_seed", "global_rng_seed",
 ]
 
 _MASK64 = (1 << 64) - 1
 _MASK32 = (1 << 32) - 1
+
+# --- every seed kuat derives, in one place ------------------------------------------------------
+# Each family of random streams mixes its own salt into NumPy's SeedSequence, so no two families
+# ever share a stream (a sample's generators, an epoch's shuffle, a mix's schedule...). A salt is
+# an ASCII tag read as an int; changing one changes every order and augmentation of that family.
+SALT_WORKER_BASE = 0x57524B52  # "WRKR": per-epoch base of the per-worker seeds (torch's base_seed)
+SALT_SHUFFLE = 0x5348554646  # "SHUFF": an epoch's permutation (kuat.sampling.shuffle_seed)
+SALT_SHUFFLE_BUFFER = 0x53425546  # "SBUF": kuat.shuffle_buffer's draws
+SALT_MIX = 0x4D4958  # "MIX": kuat.mix's schedule and per-source sample seeds
+SALT_TOKEN_BATCHES = 0x544F4B42  # "TOKB": TokenBudgetBatchSampler's batch order
+
+
+def derive_seed(*words: int, bits: int = 64) -> int:
+    """A ``bits``-bit seed from ``words`` (each taken modulo 2**64): the first two 32-bit words
+    of NumPy's ``SeedSequence(words).generate_state`` (hash-based mixing, so neighbouring
+    inputs give unrelated seeds). Every per-sample, per-epoch and per-source seed of kuat is one
+    of these (salts above); about 20 us."""
+    ss = np.random.SeedSequence([w & _MASK64 for w in words])
+    lo, hi = ss.generate_state(2, np.uint32)
+    return (int(lo) | (int(hi) << 32)) & ((1 << bits) - 1)
+
+
+def derive_generator(*words: int) -> np.random.Generator:
+    """``numpy.random.Generator(PCG64(SeedSequence(words)))``, each word taken modulo 2**64:
+    the generator of a stream family (a mix's schedule, a shuffle buffer's draws)."""
+    return np.random.Generator(np.random.PCG64(np.random.SeedSequence([w & _MASK64 for w in words])))
+
+
+def worker_base_seed(seed: int, epoch: int) -> int:
+    """The per-epoch base of the per-worker seeds (worker ``w`` is seeded ``base + w``, as torch
+    seeds its workers from ``base_seed``): 55 bits, so ``base + w`` stays a valid int64 seed."""
+    return derive_seed(seed, epoch, SALT_WORKER_BASE, bits=55)
+
+
+def _splitmix64(x: int) -> int:
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def global_rng_seed(seed: int, epoch: int, index: int) -> int:
+    """Seed of the global RNGs for one sample (global-RNG isolation, ``kuat.engine.isolate``):
+    SplitMix64 (Steele, Lea & Flood, "Fast splittable pseudorandom number generators", 2014)
+    chained over ``(seed, epoch, index)``.
+
+    A few microseconds (:func:`derive_seed`'s SeedSequence costs ~20-100 us, too much per
+    sample); the streams it seeds are distinct from :func:`sample_rng`'s.
+    """
+    h = _splitmix64(seed & _MASK64)
+    h = _splitmix64(h ^ (epoch & _MASK64))
+    return _splitmix64(h ^ (index & _MASK64))
 
 
 class _Current:
@@ -57,9 +110,7 @@ def sample_seed(seed: int, epoch: int, index: int) -> int:
     Derived with NumPy's ``SeedSequence`` (hash-based mixing, so neighbouring indices or
     epochs give independent streams). ``index`` must be >= 0.
     """
-    ss = np.random.SeedSequence([seed & _MASK64, epoch & _MASK64, index & _MASK64])
-    lo, hi = ss.generate_state(2, np.uint32)
-    return int(lo) | (int(hi) << 32)
+    return derive_seed(seed, epoch, index)
 
 
 class SampleRNG:

@@ -28,7 +28,6 @@ import math
 from collections.abc import Iterator, Sized
 from typing import Any
 
-import numpy as np
 import torch
 from torch.utils.data import (
     BatchSampler,
@@ -39,21 +38,19 @@ from torch.utils.data import (
     WeightedRandomSampler,
 )
 
+from kuat.rng import SALT_SHUFFLE, derive_seed
+
 __all__ = [
     "EpochSampler", "shuffle_seed", "batches_of", "describe_sampler", "order_state", "restore_order",
     "sampler_generator",
 ]
 
-_MASK64 = (1 << 64) - 1
-_SHUFFLE_SALT = 0x5348554646  # "SHUFF": keeps shuffle seeds apart from per-sample seeds
 _REQUESTS = itertools.count(1)  # orders set_epoch calls on loaders and samplers (latest wins)
 
 
 def shuffle_seed(seed: int, epoch: int) -> int:
-    """The 63-bit seed of the shuffle of ``epoch`` (NumPy ``SeedSequence`` mixing)."""
-    ss = np.random.SeedSequence([seed & _MASK64, epoch & _MASK64, _SHUFFLE_SALT])
-    lo, hi = ss.generate_state(2, np.uint32)
-    return (int(lo) | (int(hi) << 32)) & ((1 << 63) - 1)
+    """The 63-bit seed of the shuffle of ``epoch`` (:func:`kuat.rng.derive_seed`)."""
+    return derive_seed(seed, epoch, SALT_SHUFFLE, bits=63)
 
 
 def next_request() -> int:

@@ -36,7 +36,7 @@ import functools
 import logging
 import sys
 
-__all__ = ["install", "prepare_data_loader", "skip_first_batches"]
+__all__ = ["GradientStateObserver", "install", "prepare_data_loader", "skip_first_batches"]
 
 log = logging.getLogger("kuat.integrations.accelerate")
 
@@ -47,6 +47,33 @@ def _is_kuat(loader) -> bool:
     from kuat.loader import DataLoader
 
     return isinstance(loader, DataLoader)
+
+
+class GradientStateObserver:
+    """One epoch of a kuat loader as Accelerate's ``DataLoaderShard`` reports it to
+    ``GradientState`` (``kuat.loader._plan.EpochObserver``): registered when the epoch starts
+    (``end_of_dataloader`` cleared, ``remainder`` as ``DataLoaderStateMixin.begin`` computes
+    it), ``end_of_dataloader`` set before the last batch is returned, removed at the end."""
+
+    def __init__(self, gradient_state, loader):
+        self._gradient_state, self._loader = gradient_state, loader
+
+    def epoch_started(self, batches: int | None) -> None:
+        loader = self._loader
+        loader.end_of_dataloader = False
+        loader.remainder = -1
+        if not loader.drop_last and loader.batch_size is not None:
+            try:  # as Accelerate's DataLoaderStateMixin.begin
+                loader.remainder = len(loader.dataset) % (loader.batch_size * loader.world_size)
+            except TypeError:
+                pass
+        self._gradient_state._add_dataloader(loader)
+
+    def last_batch(self) -> None:
+        self._loader.end_of_dataloader = True
+
+    def epoch_ended(self) -> None:
+        self._gradient_state._remove_dataloader(self._loader)
 
 
 def prepare_data_loader(dataloader, device=None, num_processes=None, process_index=None,
@@ -66,7 +93,13 @@ def prepare_data_loader(dataloader, device=None, num_processes=None, process_ind
     if not even_batches:
         log.warning("kuat.DataLoader ignores Accelerate's even_batches=False: ranks always get "
                     "equal shares (padded by wrap-around, or truncated with drop_last)")
-    dataloader._prepare_for_accelerate(device if put_on_device else None)
+    from accelerate.state import GradientState
+
+    observe = functools.partial(GradientStateObserver, GradientState())
+    dataloader._attach_framework(observer_factory=observe,
+                                 device=device if put_on_device else None)
+    dataloader.end_of_dataloader = False
+    dataloader.remainder = -1
     return dataloader
 
 

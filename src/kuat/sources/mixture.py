@@ -41,6 +41,7 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 import torch
 
+from kuat.rng import SALT_MIX, derive_generator
 from kuat.sources.protocol import (
     MapSource,
     all_use_sample_rng,
@@ -54,8 +55,7 @@ from kuat.sources.stream import Stream, stream_of
 __all__ = ["mix", "MapMix", "MixStream"]
 
 _log = logging.getLogger("kuat.sources.mixture")
-_MASK64 = (1 << 64) - 1
-_MIX_SALT = 0x4D4958  # "MIX": keeps mix draws apart from shuffles and per-sample seeds
+_MIX_SALT = SALT_MIX
 _STOPPING = ("first_exhausted", "all_exhausted")
 
 
@@ -144,8 +144,7 @@ def _is_map_style(source) -> bool:
 
 
 def _generator(seed: int, *extra: int) -> np.random.Generator:
-    words = [seed & _MASK64, *(e & _MASK64 for e in extra), _MIX_SALT]
-    return np.random.Generator(np.random.PCG64(np.random.SeedSequence(words)))
+    return derive_generator(seed, *extra, _MIX_SALT)
 
 
 def _schedule(lengths: list[int], weights: list[float], stopping: str, seed: int) -> np.ndarray:

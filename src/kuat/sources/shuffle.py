@@ -13,15 +13,12 @@ from __future__ import annotations
 import numbers
 from collections.abc import Iterator
 
-import numpy as np
-
+from kuat.rng import SALT_SHUFFLE_BUFFER, derive_generator
 from kuat.sources.protocol import batch_transform
 from kuat.sources.stream import Stream, stream_of
 
 __all__ = ["shuffle_buffer", "ShuffleBuffer"]
 
-_MASK64 = (1 << 64) - 1
-_SHUFFLE_BUFFER_SALT = 0x53425546  # "SBUF"
 _DRAWS = 1024  # slot draws made at once
 
 
@@ -65,8 +62,7 @@ class ShuffleBuffer(Stream):
         return batch_transform(self.source)
 
     def samples(self, epoch: int) -> Iterator:
-        words = [self.seed & _MASK64, epoch & _MASK64, _SHUFFLE_BUFFER_SALT]
-        rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence(words)))
+        rng = derive_generator(self.seed, epoch, SALT_SHUFFLE_BUFFER)
         buf: list = []
         slots: list[int] = []
         for item in stream_of(self.source, epoch):

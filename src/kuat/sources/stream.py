@@ -77,12 +77,9 @@ class Stream(torch.utils.data.IterableDataset):
         self._drop_last = bool(drop_last)
 
     def _rank_and_world(self) -> tuple[int, int]:
-        if self._world_size is not None:
-            return self._rank, self._world_size
-        dist = torch.distributed
-        if dist.is_available() and dist.is_initialized():
-            return dist.get_rank(), dist.get_world_size()
-        return 0, 1
+        from kuat import distributed
+
+        return distributed.resolve(self._rank, self._world_size)
 
     def __iter__(self) -> Iterator:
         rank, world_size = self._rank_and_world()

@@ -17,10 +17,11 @@ import numpy as np
 import torch
 from torch.utils.data import Sampler
 
+from kuat.rng import SALT_TOKEN_BATCHES, derive_generator
+
 __all__ = ["TokenBudgetBatchSampler", "lengths_of"]
 
 _log = logging.getLogger("kuat.text.budget")
-_BATCH_ORDER_SALT = 0x544F4B42  # "TOKB": the batch shuffle apart from the sample shuffle
 
 
 class TokenBudgetBatchSampler(Sampler[list[int]]):
@@ -116,12 +117,9 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
     kuat_set_epoch = set_epoch  # kuat.DataLoader calls this with its epoch before each epoch
 
     def _rank_and_world(self) -> tuple[int, int]:
-        if self.world_size is not None:
-            return self.rank, self.world_size
-        dist = torch.distributed
-        if dist.is_available() and dist.is_initialized():
-            return dist.get_rank(), dist.get_world_size()
-        return 0, 1
+        from kuat import distributed
+
+        return distributed.resolve(self.rank, self.world_size)
 
     def batches(self, epoch: int) -> list[list[int]]:
         """Every batch of ``epoch``, all ranks together, in order (deterministic)."""
@@ -130,7 +128,7 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
         from kuat.sampling import shuffle_seed
 
         n = len(self.lengths)
-        rng = np.random.default_rng([shuffle_seed(self.seed, epoch), _BATCH_ORDER_SALT])
+        rng = derive_generator(shuffle_seed(self.seed, epoch), SALT_TOKEN_BATCHES)
         order = rng.permutation(n) if self.shuffle else np.arange(n)  # (N,)
         out: list[list[int]] = []
         for lo in range(0, n, self.bucket_size):

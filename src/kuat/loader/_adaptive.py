@@ -1,0 +1,159 @@
+"""The loader's adaptive choices within an epoch, as one policy the iterator consults.
+
+None of them changes a batch (same samples, order, pixels and random streams); they change
+where and how far ahead batches are fetched:
+
+* **prefetch depth**: with workers and ``prefetch_factor`` not given, up to
+  :data:`CHEAP_PREFETCH` batches per worker are kept in flight while batches are cheap (under
+  :data:`CHEAP_BATCH_S` of the worker's CPU and :data:`CHEAP_WALL_FACTOR` times that of wall
+  time), so each worker wakes once per several batches instead of once per batch
+  (``benchmarks/bench_overhead.py``: a no-op batch costs ~48 us inline, ~80 us with 2 threads
+  at depth 2, ~55 us at depth 8, on a loaded 2-core machine);
+* **inline fetching**: after :data:`INLINE_PROBE` batches, when most were cheap, the loop
+  waited for them and its own time between batches is under :data:`INLINE_MAX_LOOP_SHARE` of
+  their work, thread workers hand over to the consumer thread (a hand-off costs more than the
+  work);
+* **threads -> processes** (``worker_type=None``): once the dataset is seen to draw from the
+  global random generators, the epoch continues on process workers;
+* **first-batch split**: an epoch's first batch of a source whose batch kernel splits
+  (``kuat_splits_batches``) is fetched alone with every worker's width, the others held back
+  until it is out.
+
+Not thread-safe: the consumer thread's (one policy per epoch iterator).
+"""
+
+from __future__ import annotations
+
+import time
+
+__all__ = ["Adaptation", "CHEAP_BATCH_S", "CHEAP_PREFETCH", "INLINE_PROBE"]
+
+# Batches whose fetch + collate take less than this of CPU (the worker thread's own time:
+# waiting for the GIL held by the other threads inflates wall times several-fold on a busy
+# machine) and less than CHEAP_WALL_FACTOR times it of wall time (a batch waiting on I/O is not
+# cheap) are "cheap"
+CHEAP_BATCH_S = 0.5e-3
+CHEAP_WALL_FACTOR = 4
+CHEAP_PREFETCH = 8  # batches in flight per worker while batches are cheap
+INLINE_PROBE = 16  # batches observed before deciding to fetch cheap batches in the consumer
+# ... and only while the training loop's own time per batch (between next() calls) is under this
+# share of the batch's fetch + collate work: worker threads could hide at most that much
+INLINE_MAX_LOOP_SHARE = 0.25
+
+NO, WAIT, NOW = 0, 1, 2  # answers of the switch questions: no / once the in-flight batches end / now
+
+
+class Adaptation:
+    """One epoch's adaptive state (see the module docstring).
+
+    Args:
+        num_workers: workers of the epoch's engine (1 for the inline engine).
+        inline: the engine is the inline one (``num_workers=0``).
+        prefetch_factor: batches in flight per worker (the fixed bound).
+        adaptive: ``prefetch_factor`` was not given (the loader may prefetch deeper and go inline).
+        thread_engine: the engine is thread workers.
+        consumer_may_fetch: map-style, no ``worker_init_fn`` (``FetchJob.consumer_may_fetch``).
+        agnostic: any thread may fetch a batch (``FetchJob.thread_agnostic``).
+        split_first: the source splits batches and this is a map-style epoch.
+        auto_processes: ``worker_type=None`` with workers.
+        rng_use: the job's ``kuat.engine.isolate.RngUse`` (``draws`` once seen drawing).
+    """
+
+    def __init__(self, *, num_workers: int, inline: bool, prefetch_factor: int, adaptive: bool,
+                 thread_engine: bool, consumer_may_fetch: bool, agnostic: bool,
+                 split_first: bool, auto_processes: bool, rng_use):
+        self.num_workers = num_workers
+        self.max_inflight = 1 if inline else max(1, prefetch_factor * num_workers)
+        self._base_inflight = self.max_inflight
+        self._prefetch_factor = prefetch_factor
+        self._adapt = adaptive and not inline
+        self.may_go_inline = self._adapt and thread_engine and consumer_may_fetch
+        self._agnostic = agnostic
+        self.first_width = num_workers if num_workers > 1 and not inline and split_first else 1
+        self.holding: int | None = None  # task id of the split first batch while it is fetched
+        self._auto_processes = auto_processes and thread_engine
+        self._rng_use = rng_use
+        self._seen = self._cheap = self.blocked = 0
+        self._work_s = self._loop_s = 0.0  # of the batches seen: their work; the loop's own time
+        self._loop_mark: float | None = None  # thread_time() when next() last returned
+
+    # --- the training loop's own time (for the inline decision) ------------------------------
+    def loop_resumed(self) -> None:
+        """``next()`` was called: count the loop's CPU time since the last batch (its wall time
+        would count the time the workers held the GIL)."""
+        if self.may_go_inline and self._loop_mark is not None:
+            self._loop_s += time.thread_time() - self._loop_mark
+
+    def loop_paused(self) -> None:
+        """``next()`` returns a batch."""
+        if self.may_go_inline:
+            self._loop_mark = time.thread_time()
+
+    # --- results -----------------------------------------------------------------------------
+    def on_result(self, st) -> None:
+        """A worker's result arrived with its ``WorkStats``: adapt the prefetch depth."""
+        if not self._adapt:
+            return
+        # Cheap batches (the work takes less than a worker hand-off and wake-up costs many
+        # times over): keep more in flight so each worker wakes once per several batches.
+        work = st.fetch_s + st.collate_s
+        cheap = (st.fetch_cpu_s + st.collate_s < CHEAP_BATCH_S
+                 and work < CHEAP_WALL_FACTOR * CHEAP_BATCH_S)
+        self.max_inflight = self.num_workers * CHEAP_PREFETCH if cheap else self._base_inflight
+        self._seen += 1
+        self._cheap += cheap
+        self._work_s += work
+        if st.worker_info_consulted and not self._agnostic:
+            self.may_go_inline = False  # its batches may depend on the worker
+
+    # --- switches ----------------------------------------------------------------------------
+    def processes_wanted(self, busy: bool) -> int:
+        """``worker_type=None``: ``NOW`` to move to process workers (the dataset draws from the
+        global RNGs), ``WAIT`` while thread batches are in flight (``busy``), else ``NO``."""
+        if not (self._auto_processes and self._rng_use.draws):
+            return NO
+        return WAIT if busy else NOW
+
+    def moved_to_processes(self, num_workers: int) -> None:
+        self.num_workers = num_workers
+        self.may_go_inline = False
+        self._auto_processes = False
+        self.max_inflight = self._base_inflight = max(1, self._prefetch_factor * num_workers)
+
+    def inline_wanted(self, busy: bool) -> int:
+        """``NOW`` to fetch the rest of the epoch in the consumer thread, ``WAIT`` while worker
+        batches are in flight (``busy``), ``NO`` (and never again this epoch) otherwise."""
+        if not (self.may_go_inline and self._seen >= INLINE_PROBE):
+            return NO
+        if (self._cheap < 0.75 * self._seen or self.blocked < 0.75 * self._seen
+                or self._loop_s > INLINE_MAX_LOOP_SHARE * self._work_s):
+            self.may_go_inline = False
+            return NO
+        return WAIT if busy else NOW
+
+    def moved_inline(self) -> None:
+        self.num_workers = 1
+        self.max_inflight, self._adapt, self.may_go_inline = 1, False, False
+        self._auto_processes = False
+
+    @property
+    def agnostic(self) -> bool:
+        """Any thread may fetch a batch (``FetchJob.thread_agnostic``)."""
+        return self._agnostic
+
+    @property
+    def adaptive(self) -> bool:
+        """The prefetch depth still adapts (workers, ``prefetch_factor`` not given)."""
+        return self._adapt
+
+    @property
+    def cheap(self) -> int:
+        """Batches seen so far that were cheap."""
+        return self._cheap
+
+    def first_batch_width(self, returned: int, in_flight: int, ready: int) -> int:
+        """Threads for the task about to be submitted: all workers' for the epoch's first batch
+        of a splitting source (nothing else in flight), else 1."""
+        if self.first_width > 1 and returned == 0 and in_flight == 1 and not ready:
+            return self.first_width
+        return 1

@@ -1,0 +1,478 @@
+"""One epoch of a loader: dispatch tasks to workers, restore order, copy, transform, yield.
+
+:class:`LoaderIter` is what ``iter(loader)`` returns. It is created without side effects; its
+first ``next()`` asks for the epoch's :class:`~kuat.loader._plan.EpochPlan` (the loader decides
+the epoch, its keys and its engine then) and from there reads only the plan. The per-batch
+loop (:meth:`LoaderIter._next_batch`) dispatches tasks round-robin to workers up to the
+prefetch bound, takes results in order (or as completed), and hands the batch on.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import queue
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from kuat.device import DeviceCopier
+from kuat.engine.base import END, FAIL, OK, Task
+from kuat.engine.inline import InlineEngine
+from kuat.errors import LoaderTimeoutError
+from kuat.loader._adaptive import NOW, WAIT, Adaptation
+from kuat.loader._plan import EpochPlan
+
+__all__ = ["LoaderIter", "PacedKeys"]
+
+_TASK_IDS = itertools.count()  # unique across iterators, so stale results are recognised
+
+
+class PacedKeys:
+    """An epoch's keys (batches of indices, or one index), pulled from the sampler no later
+    than torch's multi-worker iterator pulls them: ``prefetch_factor * num_workers`` when the
+    epoch starts, then one more per batch it returns (``_try_put_index``). kuat's dispatch pulls
+    on demand and may pull fewer (or, for cheap batches, more); the pull that exhausts the
+    sampler draws from its generator (``RandomSampler``'s trailing ``randperm``), so a loop that
+    leaves an epoch early (``limit_train_batches``, ``break``) would otherwise leave that
+    generator one draw behind torch's. :meth:`keep_up` pulls the missing keys into a queue that
+    dispatch takes first; :meth:`may_pull` keeps dispatch (which may run further ahead, by
+    ``kuat.loader._adaptive.CHEAP_PREFETCH``) from making the exhausting pull before torch
+    would, when the number of keys is known. Not thread-safe (the consumer thread's)."""
+
+    __slots__ = ("_keys", "_queue", "_ahead", "_count", "pulled", "exhausted")
+
+    def __init__(self, keys: Iterator, ahead: int, count: int | None):
+        self._keys = keys
+        self._queue: collections.deque = collections.deque()
+        self._ahead = ahead
+        self._count = count  # keys in the epoch (len of the batch sampler), None if unknown
+        self.pulled = 0
+        self.exhausted = False
+
+    def may_pull(self, returned: int, in_flight: int) -> bool:
+        """False when the next pull would be the exhausting one (all ``count`` keys pulled)
+        and torch would not make it yet; never False with nothing in flight (a sampler whose
+        ``len`` is short of its keys still ends its epoch only when it is exhausted)."""
+        if self._queue or self.exhausted or in_flight == 0 or self._count is None:
+            return True
+        return self.pulled < self._count or self.pulled < self._ahead + returned
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self._queue:
+            return self._queue.popleft()
+        return self._pull()
+
+    def _pull(self):
+        if self.exhausted:
+            raise StopIteration
+        try:
+            key = next(self._keys)
+        except StopIteration:
+            self.exhausted = True
+            raise
+        self.pulled += 1
+        return key
+
+    def keep_up(self, returned: int) -> None:
+        """Pull (and queue) keys until torch would have pulled as many after ``returned``
+        batches."""
+        while not self.exhausted and self.pulled < self._ahead + returned:
+            try:
+                self._queue.append(self._pull())
+            except StopIteration:
+                return
+
+
+class LoaderIter:
+    """One epoch of a :class:`kuat.DataLoader`: dispatches tasks, restores order, yields batches.
+
+    Args:
+        start: called once, at the first ``next()``, with this iterator; returns the epoch's
+            plan (the loader starts the epoch then: rank, seeds, workers).
+        length: ``len()`` of the epoch (the loader's ``len``).
+    """
+
+    def __init__(self, start: Callable[[LoaderIter], EpochPlan], length: Callable[[], int]):
+        self._start = start
+        self._length = length
+        self._started = False
+        self._closed = False
+        self._finished = False
+
+    def _setup(self, plan: EpochPlan) -> None:
+        self._started = True
+        self._plan = plan
+        self._lease = plan.lease
+        self._epoch, self._base_seed = plan.epoch, plan.base_seed
+        self._keys = PacedKeys(plan.keys, *plan.pace) if plan.pace is not None else plan.keys
+        self._returned = 0
+        self._keys_done = False
+        self._discard = plan.discard
+        self._position = plan.position
+        self._adapt: Adaptation = plan.adaptation
+        self._nw = self._lease.engine.num_workers
+        self._active = [True] * self._nw
+        self._rr = 0
+        self._tasks: dict[int, int] = {}  # task id -> worker id, in flight
+        self._order: collections.deque[int] = collections.deque()  # dispatch order (in_order)
+        self._ready: dict[int, Any] = {}
+        self._in_order = plan.in_order
+        self._timeout = plan.timeout
+        self._stats = plan.stats
+        self._copier = DeviceCopier(plan.device) if plan.device is not None else None
+        self._staged = None
+        self._deferred: BaseException | None = None
+        self._transform = plan.transform
+        self._observer = plan.observer
+        self._epoch_batches = None
+        self._look_ahead = False
+        self._ahead: Any = _NOTHING
+        if self._observer is not None:  # a framework wants to know when the last batch comes
+            self._epoch_batches = plan.batches
+            self._look_ahead = plan.batches is None
+            self._observer.epoch_started(plan.batches)
+        self._t_mark: float | None = None
+        self._events = plan.events
+
+    @property
+    def _engine(self):
+        """The engine fetching this epoch's batches (tests and diagnostics)."""
+        return self._lease.engine
+
+    @property
+    def _inline(self) -> bool:
+        """Batches are fetched in this thread (``num_workers=0``, or taken over)."""
+        return isinstance(self._lease.engine, InlineEngine)
+
+    def _begin(self) -> None:
+        """Start the epoch (what the first ``next()`` does first)."""
+        self._setup(self._start(self))
+
+    def __iter__(self):
+        return self
+
+    def __len__(self) -> int:
+        return self._length()
+
+    # --- the per-batch loop -------------------------------------------------------------------
+    def __next__(self):
+        t0 = time.perf_counter()  # starting the epoch (workers) is time the loop waits, too
+        if not self._started:
+            if self._closed:
+                raise StopIteration
+            self._begin()
+        if self._t_mark is None:
+            self._t_mark = t0
+        self._adapt.loop_resumed()
+        try:
+            batch = self._next_looking_ahead() if self._look_ahead else self._produce()
+        finally:  # every second inside next() is a second the training loop waited for input
+            self._account_time(t0)
+        self._adapt.loop_paused()
+        self._position.served += 1
+        self._returned += 1
+        if isinstance(self._keys, PacedKeys):
+            self._keys.keep_up(self._returned)
+        if self._epoch_batches is not None and self._position.served >= self._epoch_batches:
+            self._plan.observer.last_batch()
+        with self._stats.lock:
+            self._stats.batches += 1
+        return batch
+
+    def _produce(self):
+        """The next batch, transformed; raises StopIteration at the end of the epoch."""
+        failed = None
+        try:
+            batch = self._next_device_batch() if self._copier else self._next_batch()
+            if self._transform is not None:
+                t1 = time.perf_counter()
+                batch = self._transform(batch)
+                self._stats.transform_s += time.perf_counter() - t1
+        except StopIteration:
+            self._finish()
+            raise
+        except _BatchError as e:  # a dataset error: the iterator stays usable, as in torch
+            failed = e.exc
+        except BaseException:  # time-out, dead worker, KeyboardInterrupt: release the workers
+            self.close(broken=True)
+            raise
+        if failed is not None:
+            # Raised outside the except clause and without a local naming it: the exception then
+            # holds no reference cycle (context -> _BatchError -> exception), so the iterator and
+            # its workers go as soon as the caller drops the exception, not at the next gc run.
+            # Raised as it is: its __cause__ and __context__ are the worker's (a ``raise ...
+            # from`` here would replace them).
+            exc, failed = failed, None
+            try:
+                raise exc
+            finally:
+                del exc
+        return batch
+
+    def _next_looking_ahead(self):
+        """One batch ahead, as Accelerate's DataLoaderShard: the observer hears of the last
+        batch of an epoch of unknown length before it is returned. An error while fetching the
+        batch after the current one is raised at the next call."""
+        if self._ahead is _NOTHING:
+            self._ahead = self._produce()
+        elif self._ahead is _DONE:
+            self._end_observation()
+            raise StopIteration
+        elif isinstance(self._ahead, _Raise):
+            error, self._ahead = self._ahead.error, _NOTHING
+            raise error
+        batch = self._ahead
+        try:
+            self._ahead = self._produce()
+        except StopIteration:
+            self._ahead = _DONE
+            self._plan.observer.last_batch()
+        except Exception as e:
+            self._ahead = _Raise(e)
+        return batch
+
+    def _next_batch(self):
+        while True:
+            self._dispatch()
+            r = self._take()
+            if r is None:
+                raise StopIteration
+            self._account(r)
+            if r.kind == OK:
+                if self._discard:
+                    self._discard -= 1
+                    continue
+                return r.value
+            if r.kind == END:
+                self._active[r.worker_id] = False
+            elif r.kind == FAIL:
+                raise _BatchError(r.value.exception())  # the original, in this process
+            # EMPTY: every sample of the batch was skipped; never yield an empty batch
+
+    def _dispatch(self) -> None:
+        """Submit tasks round-robin over active workers, up to the prefetch bound.
+
+        A batch counts against the bound from submission until it is yielded (as in torch), so
+        results waiting for their turn (``in_order``) hold no more memory than the bound.
+
+        An epoch's first batch, when the source splits batches (``kuat_splits_batches``), goes
+        alone, with a width of ``num_workers`` threads (:mod:`kuat._parallel`): nothing else is
+        submitted until it is back, so the cores of the waiting workers decode parts of it
+        instead of batches the loop does not need yet, and the loop gets it in about
+        ``1 / num_workers`` of a batch's time. The other workers start as soon as it is back,
+        before it is returned. Order, pixels (each sample's randomness comes from its own
+        generator, drawn in the fetching worker) and errors (the first failing sample, in
+        sample order) are those of an unsplit fetch.
+        """
+        adapt = self._adapt
+        if adapt.holding is not None or self._to_processes() or self._to_inline():
+            return
+        while len(self._tasks) + len(self._ready) < adapt.max_inflight and not self._keys_done:
+            w = self._next_worker()
+            if w is None:
+                return
+            if isinstance(self._keys, PacedKeys) and not self._keys.may_pull(
+                self._returned, len(self._tasks) + len(self._ready)
+            ):
+                return  # torch would not pull the sampler's end yet (see PacedKeys)
+            try:
+                key = next(self._keys)
+            except StopIteration:
+                self._keys_done = True
+                return
+            tid = next(_TASK_IDS)
+            self._tasks[tid] = w
+            if self._in_order:
+                self._order.append(tid)
+            width = adapt.first_batch_width(self._returned, len(self._tasks), len(self._ready))
+            if width > 1:
+                adapt.holding = tid
+            self._lease.engine.submit(w, Task(tid, self._epoch, key, self._base_seed, width))
+            if width > 1:
+                return
+
+    def _to_processes(self) -> bool:
+        """``worker_type=None``: once the dataset is seen to draw from the global RNGs, let the
+        thread workers' batches in flight finish (True while they do), then continue the
+        epoch on process workers."""
+        answer = self._adapt.processes_wanted(busy=bool(self._tasks))
+        if answer != NOW:
+            return answer == WAIT
+        new = self._lease.to_processes()
+        self._nw = new.num_workers
+        self._active, self._rr = [True] * self._nw, 0
+        self._adapt.moved_to_processes(self._nw)
+        return False
+
+    def _to_inline(self) -> bool:
+        """Cheap batches the loop waits for (:mod:`kuat.loader._adaptive`): let the workers'
+        batches in flight finish (True while they do), then fetch the rest of the epoch in this
+        thread (the thread workers are released, or kept when persistent). Its shallow copy of
+        the dataset is its own, as a worker's, unless the source is thread-agnostic."""
+        answer = self._adapt.inline_wanted(busy=bool(self._tasks))
+        if answer != NOW:
+            return answer == WAIT
+        self._lease.to_inline(own_copy=not self._adapt.agnostic)
+        self._nw, self._active, self._rr = 1, [True], 0
+        self._adapt.moved_inline()
+        return False
+
+    def _next_worker(self) -> int | None:
+        for _ in range(self._nw):
+            w, self._rr = self._rr, (self._rr + 1) % self._nw
+            if self._active[w]:
+                return w
+        return None
+
+    def _take(self):
+        """The next result to yield (in order, or as completed); None when the epoch is over."""
+        while True:
+            if self._in_order:
+                if not self._order:
+                    return None
+                if self._order[0] in self._ready:
+                    return self._ready.pop(self._order.popleft())
+            else:
+                if self._ready:
+                    return self._ready.pop(next(iter(self._ready)))
+                if not self._tasks:
+                    return None
+            self._adapt.blocked += 1
+            r = self._get()
+            if self._tasks.pop(r.task_id, None) is None:
+                continue  # stale: from an abandoned epoch of persistent workers
+            self._ready[r.task_id] = r
+            if r.task_id == self._adapt.holding:  # the split first batch: start the others
+                self._adapt.holding = None
+                self._dispatch()
+
+    def _get(self):
+        t0 = time.perf_counter()
+        try:
+            return self._lease.engine.get(self._timeout if self._timeout > 0 else None)
+        except queue.Empty:
+            raise LoaderTimeoutError(
+                f"DataLoader timed out after {self._timeout} seconds waiting for a batch from its "
+                f"{self._nw} {self._lease.worker_type} workers ({len(self._tasks)} batches in flight)"
+            ) from None
+        finally:
+            w = time.perf_counter() - t0
+            with self._stats.lock:
+                self._stats.worker_wait_s += w
+
+    def _next_device_batch(self):
+        """Stage the next host batch's copy before returning the current one (one ahead)."""
+        if self._deferred is not None:
+            exc, self._deferred = self._deferred, None
+            raise exc
+        if self._staged is None:
+            self._staged = self._stage(self._next_batch())
+        current, self._staged = self._staged, None
+        try:
+            self._staged = self._stage(self._next_batch())
+        except StopIteration:
+            pass
+        except BaseException as e:
+            self._deferred = e
+        t0 = time.perf_counter()
+        batch = self._copier.wait(current)
+        with self._stats.lock:
+            self._stats.device_s += time.perf_counter() - t0
+        return batch
+
+    def _stage(self, batch):
+        t0 = time.perf_counter()
+        staged = self._copier.stage(batch)
+        with self._stats.lock:
+            self._stats.device_s += time.perf_counter() - t0
+        return staged
+
+    # --- bookkeeping --------------------------------------------------------------------------
+    def _account(self, r) -> None:
+        st = r.stats
+        if st is None:
+            return
+        self._adapt.on_result(st)
+        self._stats.add_work(st, counted=r.kind == OK and not self._discard)
+        if st.skipped:
+            self._events.skipped(st.skipped)
+        if st.worker_info_consulted is False and self._plan.iterable:
+            self._events.unsplit_iterable()
+
+    def _account_time(self, t0: float) -> None:
+        # wall time from the first next() of the epoch to the end of the latest one, and the
+        # part of it spent inside next() (from t0)
+        now = time.perf_counter()
+        with self._stats.lock:
+            self._stats.elapsed_s += now - self._t_mark
+            self._stats.wait_s += now - t0
+        self._t_mark = now
+
+    def _finish(self) -> None:
+        if not self._finished:
+            self._finished = True
+            self._position.exhausted = True
+            if self._plan.observer is not None:
+                self._plan.observer.last_batch()
+            # looking ahead, the user has yet to receive the last batch: stay registered
+            self.close(end_observation=not self._look_ahead)
+            self._events.finished()
+
+    def _abandon(self) -> None:
+        """A newer iterator took over the persistent workers: this one yields nothing more."""
+        self._keys_done = self._finished = True
+        self._adapt.holding = None
+        self._tasks.clear()
+        self._ready.clear()
+        self._order.clear()
+        self._staged = self._deferred = None
+        self._closed = True
+        self._end_observation()
+
+    def _end_observation(self) -> None:
+        """Tell the framework's observer the epoch is over (as DataLoaderShard.end()). Idempotent."""
+        observer = self.__dict__.get("_observer")  # absent before the epoch starts
+        if observer is not None:
+            self._observer = None
+            observer.epoch_ended()
+
+    def close(self, broken: bool = False, end_observation: bool = True) -> None:
+        """Release the workers (this epoch's, or persistent ones when they broke). Idempotent."""
+        if end_observation:
+            self._end_observation()
+        if self._closed:
+            return
+        self._closed = True
+        if not self._started:
+            return
+        self._keys_done = True
+        self._lease.release(broken)
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+_NOTHING, _DONE = object(), object()  # look-ahead states: nothing fetched yet / epoch over
+
+
+class _Raise:
+    """Look-ahead state: fetching the next batch raised ``error``."""
+
+    def __init__(self, error: BaseException):
+        self.error = error
+
+
+class _BatchError(Exception):
+    """Internal: carries a worker's exception out of the per-batch loop."""
+
+    def __init__(self, exc: BaseException):
+        super().__init__()
+        self.exc = exc
+

@@ -1,0 +1,67 @@
+"""What a loader tells its user once: warnings and advice drawn from what it saw.
+
+Each function takes the loader's face and remembers on it that it spoke (``_warned``,
+``_advised``, ``_warned_unsplit``), so each notice is given once per loader (per distinct
+error for skipped samples). Called from the consumer thread (the iterator's events).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import warnings
+
+__all__ = ["advise", "unsplit_iterable", "skipped"]
+
+log = logging.getLogger("kuat.loader")
+
+
+def advise(loader) -> None:
+    """Once per loader: say so when global-RNG isolation serialises thread workers."""
+    if (loader._advised or loader.worker_type != "thread" or loader.num_workers < 2
+            or loader._options.auto_worker_type):
+        return
+    s = loader._stats
+    if s.rng_wait_s > 0.25 * max(s.fetch_s, 1e-9) and s.rng_wait_s > 0.1:
+        loader._advised = True
+        log.warning(
+            "kuat.DataLoader: thread workers spent %.1f s of %.1f s of fetching waiting for "
+            "global-RNG isolation (samples run one at a time so that random/np.random/torch "
+            "draws are reproducible). If the dataset draws no global randomness pass "
+            "isolate_global_rng=False; otherwise draw from kuat.sample_rng(index) and set "
+            "kuat_uses_sample_rng = True on the dataset, or use worker_type='process'.",
+            s.rng_wait_s, s.fetch_s,
+        )
+
+
+def unsplit_iterable(loader) -> None:
+    """Once per loader: an IterableDataset that never asked which worker it runs in."""
+    if loader._warned_unsplit:
+        return
+    loader._warned_unsplit = True
+    warnings.warn(
+        f"kuat DataLoader: the IterableDataset {type(loader.dataset).__name__} never called "
+        f"torch.utils.data.get_worker_info() in its workers, so each of the "
+        f"{loader.num_workers} workers yields the whole dataset and every item arrives "
+        f"{loader.num_workers} times (as with torch's DataLoader). Split the items in __iter__ "
+        "by get_worker_info().id and .num_workers (or in worker_init_fn, the recipe in "
+        "torch's IterableDataset documentation), or use num_workers=1",
+        UserWarning,
+        stacklevel=4,
+    )
+
+
+def skipped(loader, samples) -> None:
+    """Warn once per distinct error (digits ignored) of samples dropped by ``on_error="skip"``;
+    ``samples``: ``(index, exception type name, message)`` tuples."""
+    for index, type_name, message in samples:
+        key = (type_name, re.sub(r"\d+", "#", message))
+        if key not in loader._warned:
+            loader._warned.add(key)
+            warnings.warn(
+                f"kuat DataLoader skipped sample {index}: {type_name}: {message} "
+                "(on_error='skip'; later samples failing the same way are only counted in "
+                "stats()['skipped_samples'])",
+                RuntimeWarning,
+                stacklevel=4,
+            )

@@ -1,0 +1,234 @@
+"""The loader's arguments, checked once: torch's checks in torch's order and words, then kuat's.
+
+:func:`check_arguments` validates and normalises every ``DataLoader.__init__`` argument and
+returns :class:`LoaderOptions` (frozen); :class:`SourceTraits` (frozen) is what the source can
+do, asked of :mod:`kuat.sources.protocol` once, when the loader is built. Nothing here starts
+work or reads global state except ``torch.cuda``/accelerator availability.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from kuat import distributed
+from kuat.device import accelerator_available
+from kuat.engine.job import per_sample_getitems
+from kuat.sources import protocol as _protocol
+
+__all__ = ["LoaderOptions", "SourceTraits", "check_arguments", "check_device", "resolve_pin"]
+
+
+@dataclass(frozen=True)
+class LoaderOptions:
+    """The loader's fixed choices (``DataLoader.__init__``'s arguments after checking)."""
+
+    num_workers: int
+    prefetch_factor: int | None  # 2 with workers when not given (as torch), None without
+    adaptive_prefetch: bool  # workers and prefetch_factor not given: kuat may prefetch deeper
+    timeout: float
+    worker_type: str  # "thread" or "process" (the first engine's)
+    auto_worker_type: bool  # worker_type=None with workers: may move to processes
+    on_error: str
+    device: torch.device | None  # a CUDA device, or None (host batches)
+    rank: int | None  # explicit rank=/world_size=, or None (resolved each epoch)
+    world_size: int | None
+    seed: int | None
+    seed_was_none: bool  # the first epoch's base_seed draw becomes the seed
+    snapshot_every_n_steps: int | None
+    pin: bool  # pin batches (pin_memory, or a CUDA device), an accelerator being present
+
+
+@dataclass(frozen=True)
+class SourceTraits:
+    """What the loader's source can do (:mod:`kuat.sources.protocol`), asked once.
+
+    ``own_sampler``: the loader built its own sampler (no ``sampler``/``batch_sampler`` given,
+    map-style), so it shards, orders and resumes indices itself.
+    """
+
+    iterable: bool
+    own_sampler: bool
+    batch_fetch: bool  # __getitems__, one call per batch (and not a per-sample Subset chain)
+    collated_fetch: bool  # kuat_fetch_collated (through torch's wrappers)
+    uses_sample_rng: bool  # draws only from kuat.sample_rng
+    splits_batches: bool  # its batch kernel splits over several threads
+    batching: bool  # kuat_set_batching (iterable)
+    distributed: bool  # kuat_set_distributed (iterable)
+    stateful: bool  # state_dict / load_state_dict
+    plan_state: bool  # kuat_state_at (iterable)
+    resumable: bool  # kuat_iter_from (iterable)
+    batch_transform: Callable[[Any], Any] | None
+    prefetch: Callable[[Any], None] | None
+
+    @classmethod
+    def of(cls, source, *, iterable: bool, own_sampler: bool) -> SourceTraits:
+        p = _protocol
+        return cls(
+            iterable=iterable,
+            own_sampler=own_sampler,
+            batch_fetch=p.provides(source, p.BatchFetch) and not per_sample_getitems(source),
+            collated_fetch=p.fetch_collated(source) is not None,
+            uses_sample_rng=p.uses_sample_rng(source),
+            splits_batches=p.splits_batches(source),
+            batching=p.provides(source, p.Batching),
+            distributed=p.provides(source, p.Distributed),
+            stateful=p.provides(source, p.Stateful),
+            plan_state=p.provides(source, p.PlanState),
+            resumable=p.provides(source, p.ResumableIterable),
+            batch_transform=p.batch_transform(source),
+            prefetch=p.prefetcher(source),
+        )
+
+
+def check_device(device) -> torch.device | None:
+    """``None`` for host batches, else the CUDA device; ``ValueError`` for anything else."""
+    if device is None:
+        return None
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(f"device should be None, 'cpu' or a CUDA device, got {device=!r}") from e
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(
+            f"device={device!r} but CUDA is not available on this machine "
+            "(torch.cuda.is_available() is False); pass device=None or 'cpu'"
+        )
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"device should be None, 'cpu' or a CUDA device, got {device=!r}")
+    return None if dev.type == "cpu" else dev
+
+
+def check_torch_workers(num_workers, timeout, prefetch_factor, persistent_workers):
+    """torch's checks of the worker arguments, in torch's order and words; returns
+    ``(prefetch_factor, adaptive)`` (2 with workers when not given, as torch)."""
+    if num_workers < 0:
+        raise ValueError(
+            "num_workers option should be non-negative; "
+            "use num_workers=0 to disable multiprocessing."
+        )
+    if timeout < 0:
+        raise ValueError("timeout option should be non-negative")
+    if num_workers == 0 and prefetch_factor is not None:
+        raise ValueError(
+            "prefetch_factor option could only be specified in multiprocessing."
+            "let num_workers > 0 to enable multiprocessing, otherwise set prefetch_factor to None."
+        )
+    adaptive = prefetch_factor is None
+    if num_workers > 0 and prefetch_factor is None:
+        prefetch_factor = 2
+    elif prefetch_factor is not None and prefetch_factor < 0:
+        raise ValueError("prefetch_factor option should be non-negative")
+    if persistent_workers and num_workers == 0:
+        raise ValueError("persistent_workers option needs num_workers > 0")
+    return prefetch_factor, adaptive
+
+
+def check_torch_sampling(iterable, shuffle, sampler, batch_sampler, batch_size, drop_last):
+    """torch's checks of the sampling arguments, in torch's order and words; returns
+    ``(shuffle, batch_size, drop_last)`` as torch normalises them."""
+    if iterable:
+        if shuffle not in {False, None}:
+            raise ValueError(
+                f"DataLoader with IterableDataset: expected unspecified shuffle option, but got shuffle={shuffle}"
+            )
+        if sampler is not None:
+            raise ValueError(
+                f"DataLoader with IterableDataset: expected unspecified sampler option, but got sampler={sampler}"
+            )
+        elif batch_sampler is not None:
+            raise ValueError(
+                "DataLoader with IterableDataset: expected unspecified "
+                f"batch_sampler option, but got batch_sampler={batch_sampler}"
+            )
+    else:
+        shuffle = bool(shuffle)
+    if sampler is not None and shuffle:
+        raise ValueError("sampler option is mutually exclusive with shuffle")
+    if batch_sampler is not None:
+        if batch_size != 1 or shuffle or sampler is not None or drop_last:
+            raise ValueError(
+                "batch_sampler option is mutually exclusive "
+                "with batch_size, shuffle, sampler, and "
+                "drop_last"
+            )
+        batch_size = None
+        drop_last = False
+    elif batch_size is None:
+        if drop_last:
+            raise ValueError(
+                "batch_size=None option disables auto-batching "
+                "and is mutually exclusive with drop_last"
+            )
+    return shuffle, batch_size, drop_last
+
+
+def check_arguments(*, num_workers, timeout, prefetch_factor, persistent_workers, worker_type,
+                    on_error, seed, snapshot_every_n_steps, device, rank,
+                    world_size) -> LoaderOptions:
+    """Every argument but the dataset and sampling ones, checked (torch's first)."""
+    prefetch_factor, adaptive = check_torch_workers(num_workers, timeout, prefetch_factor,
+                                                    persistent_workers)
+    if worker_type not in (None, "thread", "process"):
+        raise ValueError(
+            f"worker_type should be None, 'thread' or 'process', got {worker_type=}")
+    if on_error not in ("raise", "skip"):
+        raise ValueError(f"on_error should be 'raise' or 'skip', got {on_error=}")
+    if timeout > 0 and num_workers == 0:
+        raise ValueError(
+            f"timeout={timeout} needs num_workers > 0: with num_workers=0 batches are loaded "
+            "in the calling thread, which cannot time out (torch fails at iteration)"
+        )
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer))):
+        raise TypeError(f"seed should be an int or None, got {seed=!r}")
+    if snapshot_every_n_steps is not None and (
+        isinstance(snapshot_every_n_steps, bool) or not isinstance(snapshot_every_n_steps, int)
+        or snapshot_every_n_steps < 1
+    ):
+        raise ValueError(
+            f"snapshot_every_n_steps should be a positive int or None, got {snapshot_every_n_steps=!r}"
+        )
+    dev = check_device(device)
+    rank, world_size = distributed.check_explicit(rank, world_size)
+    distributed.resolve(rank, world_size)  # RANK/WORLD_SIZE errors surface at construction
+    return LoaderOptions(
+        num_workers=num_workers,
+        prefetch_factor=prefetch_factor,
+        adaptive_prefetch=adaptive,
+        timeout=timeout,
+        worker_type="thread" if worker_type is None else worker_type,
+        auto_worker_type=worker_type is None and num_workers > 0,
+        on_error=on_error,
+        device=dev,
+        rank=rank,
+        world_size=world_size,
+        seed=None if seed is None else int(seed),
+        seed_was_none=seed is None,
+        snapshot_every_n_steps=snapshot_every_n_steps,
+        pin=False,  # resolve_pin, after the sampling arguments are checked (torch's order)
+    )
+
+
+def resolve_pin(pin_memory: bool, pin_memory_device: str, device: torch.device | None) -> bool:
+    """Whether batches are pinned: ``pin_memory`` (or a CUDA ``device``) with an accelerator
+    present; torch's warnings for a deprecated ``pin_memory_device`` and a missing accelerator."""
+    if pin_memory and pin_memory_device:
+        warnings.warn(
+            "pin_memory_device is deprecated, the current accelerator will be used as the device,"
+            f"ignore pin_memory_device='{pin_memory_device}'.",
+            stacklevel=3,
+        )
+    if pin_memory or (device is not None and device.type == "cuda"):
+        if accelerator_available():
+            return True
+        warnings.warn(
+            "'pin_memory' argument is set as true but no accelerator is found, "
+            "then device pinned memory won't be used.",
+            stacklevel=3,
+        )
+    return False

@@ -1,0 +1,88 @@
+"""What an epoch's iterator is handed: the :class:`EpochPlan` and the seams it calls.
+
+The iterator (:mod:`kuat.loader._iterator`) reads nothing of the loader: everything it needs
+for one epoch is in the plan, made by :func:`kuat.loader._epoch.plan_epoch` when the epoch
+starts (the iterator's first ``next()``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+__all__ = ["EpochPlan", "EpochObserver", "LoaderEvents"]
+
+
+class EpochObserver(Protocol):
+    """A framework's view of an epoch (``kuat.integrations``: Accelerate's ``GradientState``).
+
+    Made per epoch by the factory the integration gave the loader; called by the iterator in
+    the consumer thread.
+    """
+
+    def epoch_started(self, batches: int | None) -> None:
+        """The epoch starts; it has ``batches`` batches, or ``None`` when unknown (the
+        iterator then looks one batch ahead, so that :meth:`last_batch` comes before the last
+        batch is returned)."""
+
+    def last_batch(self) -> None:
+        """The batch about to be returned (or just returned) is the epoch's last."""
+
+    def epoch_ended(self) -> None:
+        """The iterator is done with the epoch (called once)."""
+
+
+@dataclass(frozen=True)
+class LoaderEvents:
+    """Callbacks to the loader for what it reports once (warnings, advice)."""
+
+    skipped: Callable[[list], None]  # samples dropped by on_error="skip": (index, type, message)
+    unsplit_iterable: Callable[[], None]  # an IterableDataset never asked get_worker_info()
+    finished: Callable[[], None]  # the epoch ran out (advice from the statistics)
+
+
+@dataclass(frozen=True)
+class EpochPlan:
+    """One epoch, as decided when it starts.
+
+    Attributes:
+        epoch: the epoch number.
+        base_seed: per-worker seeds are ``base_seed + worker_id`` (as torch).
+        keys: the epoch's task keys, from the first one to fetch: batches of indices (or one
+            index without auto-collation), ``None`` per batch (iterable), or a
+            ``kuat.engine.base.ResumeAt`` (an iterable source resuming itself).
+        discard: results to fetch and drop first (an iterable source resumed by replay).
+        pace: ``(ahead, count)``: pull keys no later than torch's multi-worker iterator pulls
+            them (``ahead = prefetch_factor * num_workers`` at the start, ``count`` keys in the
+            epoch or ``None``); ``None`` without workers.
+        position: the loader's position record this epoch advances (``kuat.loader._state``).
+        lease: the engine (``kuat.loader._workers.Lease``).
+        adaptation: the epoch's adaptive policy (``kuat.loader._adaptive.Adaptation``).
+        in_order, timeout: as the loader's arguments.
+        stats: the loader's ``LoaderStats``.
+        device: copy batches there on a side stream (``None``: host batches).
+        transform: the source's batch transform, applied after the copy, or ``None``.
+        observer: a framework's :class:`EpochObserver`, or ``None``.
+        batches: the epoch's number of batches, when an observer needs it (else ``None``).
+        events: :class:`LoaderEvents`.
+        iterable: an iterable source (warnings differ).
+    """
+
+    epoch: int
+    base_seed: int
+    keys: Iterator
+    discard: int
+    pace: tuple[int, int | None] | None
+    position: Any
+    lease: Any
+    adaptation: Any
+    in_order: bool
+    timeout: float
+    stats: Any
+    device: Any
+    transform: Callable[[Any], Any] | None
+    observer: EpochObserver | None
+    batches: int | None
+    events: LoaderEvents
+    iterable: bool

@@ -1,0 +1,96 @@
+"""What a loader measured: cumulative counters and the :meth:`DataLoader.stats` report.
+
+The iterator adds each batch's work (``kuat.engine.base.WorkStats``, measured in the worker) and
+the consumer's own times; :meth:`LoaderStats.report` turns the sums into rates and fractions.
+Thread-safety: every update and the report hold ``lock`` (``stats()`` may be called from any
+thread while a loop iterates).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+__all__ = ["LoaderStats"]
+
+
+class LoaderStats:
+    """Cumulative counters of one loader (all its iterators, and its skip_first_batches copies).
+
+    Seconds are wall seconds (``time.perf_counter``) unless named ``*_cpu_s`` (the worker
+    thread's ``time.thread_time``).
+    """
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.reset()
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        del state["lock"]
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self.lock = threading.Lock()
+
+    def reset(self):
+        self.fetch_s = self.fetch_cpu_s = self.collate_s = self.pin_s = self.rng_wait_s = 0.0
+        self.native_s = 0.0
+        self.device_s = self.transform_s = self.wait_s = self.worker_wait_s = self.elapsed_s = 0.0
+        self.batches = self.samples = self.skipped = 0
+
+    def add_work(self, st, counted: bool) -> None:
+        """Add one result's worker-side times (``WorkStats``); its samples when ``counted``
+        (a batch that is yielded, not one discarded on resume)."""
+        with self.lock:
+            self.fetch_s += st.fetch_s
+            self.fetch_cpu_s += st.fetch_cpu_s
+            self.native_s += st.native_s
+            self.collate_s += st.collate_s
+            self.pin_s += st.pin_s
+            self.rng_wait_s += st.rng_wait_s
+            if counted:
+                self.samples += st.samples
+            self.skipped += len(st.skipped)
+
+    def overhead_s(self, num_workers: int) -> float:
+        """Seconds ``next()`` spent in kuat's own machinery (see :meth:`report`)."""
+        work = self.fetch_s + self.collate_s + self.pin_s if num_workers == 0 else self.worker_wait_s
+        return max(0.0, self.wait_s - work - self.device_s - self.transform_s)
+
+    def report(self, num_workers: int) -> dict[str, Any]:
+        """The dict :meth:`kuat.DataLoader.stats` returns (its docstring says what each key is)."""
+        with self.lock:
+            el = self.elapsed_s
+            overhead = self.overhead_s(num_workers)
+            return {
+                "batches": self.batches,
+                "samples": self.samples,
+                "skipped_samples": self.skipped,
+                "elapsed_s": el,
+                "busy_s": {
+                    "fetch": self.fetch_s,
+                    "fetch_cpu": self.fetch_cpu_s,
+                    "native": self.native_s,
+                    "collate": self.collate_s,
+                    "pin": self.pin_s,
+                    "rng_lock_wait": self.rng_wait_s,
+                    "device": self.device_s,
+                    "batch_transform": self.transform_s,
+                },
+                "consumer_wait_s": self.wait_s,
+                "worker_wait_s": self.worker_wait_s,
+                "input_bound_fraction": self.wait_s / el if el > 0 else 0.0,
+                "batches_per_s": self.batches / el if el > 0 else 0.0,
+                "samples_per_s": self.samples / el if el > 0 else 0.0,
+                "worker_busy_fraction": (self.fetch_s + self.collate_s) / (el * max(1, num_workers))
+                if el > 0 else 0.0,
+                "loader_overhead_us_per_batch": overhead / self.batches * 1e6
+                if self.batches else 0.0,
+                "loader_overhead_fraction": overhead / el if el > 0 else 0.0,
+                # of the dataset calls, the part outside GIL-releasing kernels that report
+                # themselves (kuat.vision's decodes and resizes); None when none reported
+                "fetch_python_fraction": max(0.0, self.fetch_s - self.native_s) / self.fetch_s
+                if self.native_s > 0 and self.fetch_s > 0 else None,
+            }

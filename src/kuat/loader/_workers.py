@@ -1,0 +1,137 @@
+"""Which engine runs an epoch: inline, threads or processes, and persistent workers.
+
+A :class:`WorkerPool` (one per loader) makes engines (:mod:`kuat.engine`) and keeps the
+persistent one between epochs; each epoch's iterator gets a :class:`Lease`: the engine it uses,
+whether it owns it (closes it at the end) and the moves the adaptive policy may ask for
+(thread workers -> process workers, workers -> the consumer thread).
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import pickle
+
+from kuat.engine.inline import InlineEngine
+from kuat.engine.process import ProcessEngine
+from kuat.engine.thread import ThreadEngine
+
+__all__ = ["WorkerPool", "Lease"]
+
+log = logging.getLogger("kuat.loader")
+
+
+class WorkerPool:
+    """Makes a loader's engines; holds its persistent workers (``persistent_workers=True``).
+
+    Pickles (and copies) to an empty pool: live workers never travel.
+    """
+
+    def __init__(self):
+        self.persistent = None  # the engine kept between epochs
+        self.live_iter = None  # weakref to the iterator using it
+        self._job_bytes: bytes | None = None  # the job pickled once (spawn/forkserver)
+
+    def __getstate__(self):
+        return {}
+
+    def __setstate__(self, state):
+        self.__init__()
+
+    def make(self, loader, base_seed: int):
+        """A new engine for ``loader`` (its options and its job), seeded from ``base_seed``.
+
+        ``worker_type=None``: once the job saw the dataset draw from the global RNGs, process
+        workers are made instead of threads, and ``loader.worker_type`` says so.
+        """
+        job = loader._job
+        if loader.num_workers == 0:
+            return InlineEngine(job, base_seed)
+        if loader.worker_type == "thread" and loader._options.auto_worker_type and job.rng_use.draws:
+            loader.worker_type = "process"
+            log.info("kuat.DataLoader: the dataset draws from the global random generators; "
+                     "moving to %d process workers (in threads its samples would run one at "
+                     "a time)", loader.num_workers)
+        if loader.worker_type == "thread":
+            return ThreadEngine(job, loader.num_workers, base_seed)
+        ctx = loader.multiprocessing_context
+        if ctx is None:
+            methods = multiprocessing.get_all_start_methods()
+            ctx = multiprocessing.get_context("fork" if "fork" in methods else None)
+        if ctx.get_start_method() == "fork":
+            payload = job
+        else:  # pickled once per loader, not once per worker start
+            if self._job_bytes is None:
+                self._job_bytes = pickle.dumps(job, protocol=pickle.HIGHEST_PROTOCOL)
+            payload = self._job_bytes
+        return ProcessEngine(payload, loader.num_workers, base_seed, ctx, pin=loader._options.pin)
+
+    def job_changed(self) -> None:
+        """The job (seed, source share) changed: pickle it again for the next spawned workers."""
+        self._job_bytes = None
+
+    def drop_persistent(self) -> None:
+        """Close the persistent workers (they hold an old seed or share); the next epoch starts
+        new ones."""
+        if self.persistent is not None:
+            self.persistent.close()
+            self.persistent = None
+
+    def lease(self, loader, base_seed: int, it) -> Lease:
+        """The engine of the epoch ``it`` starts: the persistent one (made on first use; an
+        older iterator still using it yields nothing more, as torch resets its one iterator),
+        or a new one the epoch owns."""
+        if not loader.persistent_workers:
+            return Lease(self, loader, self.make(loader, base_seed), True, base_seed)
+        import weakref
+
+        if self.persistent is None:
+            self.persistent = self.make(loader, base_seed)
+        previous = self.live_iter() if self.live_iter is not None else None
+        if previous is not None and previous is not it:
+            previous._abandon()
+        self.live_iter = weakref.ref(it)
+        return Lease(self, loader, self.persistent, False, base_seed)
+
+    def close(self) -> None:
+        self.drop_persistent()
+
+
+class Lease:
+    """The engine one epoch uses (``engine``) and whether the epoch owns it (``owned``)."""
+
+    def __init__(self, pool: WorkerPool, loader, engine, owned: bool, base_seed: int):
+        self._pool, self._loader = pool, loader
+        self.engine, self.owned, self._base_seed = engine, owned, base_seed
+
+    @property
+    def worker_type(self) -> str:
+        return self._loader.worker_type
+
+    def to_processes(self):
+        """Replace thread workers (idle now) with process workers; returns the new engine."""
+        old, pool = self.engine, self._pool
+        if self.owned or pool.persistent is old:
+            old.close()
+        new = pool.make(self._loader, self._base_seed)
+        if not self.owned:
+            pool.persistent = new
+        self.engine = new
+        return new
+
+    def to_inline(self, own_copy: bool):
+        """Fetch the rest of the epoch in the consumer thread (workers idle now): releases the
+        epoch's workers (persistent ones stay with the loader); returns the inline engine."""
+        if self.owned:
+            self.engine.close()
+        self.engine = InlineEngine(self._loader._job, self._base_seed, own_copy=own_copy)
+        self.owned = True
+        return self.engine
+
+    def release(self, broken: bool) -> None:
+        """End of the epoch: close the engine it owns, or persistent workers that broke."""
+        if self.owned:
+            self.engine.close()
+        elif broken and self._pool.persistent is self.engine:
+            self.engine.close()
+            self._pool.persistent = None
