@@ -236,7 +236,7 @@ def _consumer(packed, rank: int, worker: int, batch: int = 8) -> tuple[float, in
     ``packed``, run in its own thread with the worker info the loader's thread workers see."""
     import threading
 
-    from kuat.engine.job import set_worker_info
+    from kuat.engine.worker_info import set_worker_info
 
     out = []
 

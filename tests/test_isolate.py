@@ -11,7 +11,7 @@ from torch.utils.data import Subset, TensorDataset, random_split
 
 import kuat
 from kuat.engine import isolate
-from kuat.engine.job import global_rng_seed
+from kuat.rng import global_rng_seed
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create")
 

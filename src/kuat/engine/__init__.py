@@ -5,6 +5,8 @@ The engine runs *any* work; it knows nothing of images or storage. Files, in lif
 * ``job.py``     what a worker does with one task: fetch a batch (map-style indices or the next
   items of an iterable), collate it, isolate global RNGs, skip failing samples. Picklable.
   Each thread worker reads its own shallow copy of the dataset (``worker_dataset``).
+* ``worker_info.py`` ``torch.utils.data.get_worker_info()`` answered per thread worker (kuat's
+  one patch of torch), and whether a worker consulted it.
 * ``isolate.py`` global-RNG isolation for datasets seen to draw from ``random``/``np.random``/
   ``torch``: probe, watch (generator fingerprints), reseed per sample or batch, one lock.
 * ``base.py``    the task/result records and the worker loop shared by every engine.
@@ -13,8 +15,7 @@ The engine runs *any* work; it knows nothing of images or storage. Files, in lif
   naming the worker, the stage and the sample indices; ``kuat.WorkerError`` for what cannot
   cross a process boundary.
 * ``inline.py``  ``num_workers=0``: runs each task in the calling thread when its result is asked.
-* ``thread.py``  N daemon threads, one task queue each, one result queue; per-thread
-  ``torch.utils.data.get_worker_info()``.
+* ``thread.py``  N daemon threads, one task queue each, one result queue.
 * ``process.py`` N processes, one pipe each; batches come back through ``shm.py``.
 * ``shm.py``     reused shared-memory slots without a name (``memfd``, passed over the pipe), so
   no death leaves anything in ``/dev/shm``; the encode/decode of a batch's tensors into a slot.
@@ -22,5 +23,5 @@ The engine runs *any* work; it knows nothing of images or storage. Files, in lif
 Every engine has the same consumer-side interface: ``submit(worker_id, task)``,
 ``get(timeout_s) -> Result`` (raises ``queue.Empty`` on time-out), ``close()`` (idempotent, and
 prompt: it never waits for a worker busy in the dataset).
-The loader (``kuat/loader.py``) owns ordering, prefetch bounds, epochs and state.
+The loader (``kuat/loader/``) owns ordering, prefetch bounds, epochs and state.
 """

@@ -16,8 +16,6 @@ from __future__ import annotations
 import copy
 import logging
 import operator
-import os
-import threading
 import time
 import zlib
 from dataclasses import dataclass, field
@@ -30,113 +28,20 @@ from kuat import rng as krng
 from kuat.collate import batch_scope
 from kuat.engine import isolate
 from kuat.engine.base import COLLATE, EMPTY, END, FETCH, OK, PIN, ResumeAt, WorkStats
+from kuat.engine.worker_info import (
+    clear_worker_info,
+    reset_consulted,
+    set_worker_info,
+    worker_info_consulted,
+)
 from kuat.sources import protocol
 
-__all__ = ["FetchJob", "WorkerCtx", "set_worker_info", "per_sample_getitems", "worker_dataset"]
+__all__ = ["FetchJob", "WorkerCtx", "per_sample_getitems", "worker_dataset"]
 
 log = logging.getLogger("kuat.engine")
 
 
-class _PerThreadWorkerInfo(threading.local):
-    info = None
-    consulted = False  # get_worker_info() was called in this worker since it started
-
-
-_thread_info = _PerThreadWorkerInfo()
-
-
-def _reset_lock_in_child() -> None:
-    # A fork while another thread held the lock would leave it locked forever in the child.
-    global _install_lock
-    _install_lock = threading.Lock()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_reset_lock_in_child)
-_install_lock = threading.Lock()
-
-
-def _thread_aware_get_worker_info():  # code object swapped into torch's get_worker_info
-    local = _kuat_thread_worker_info  # noqa: F821 (a global of torch's worker module)
-    local.consulted = True
-    info = local.info
-    return _worker_info if info is None else info  # noqa: F821
-
-
-def _install_thread_worker_info() -> None:
-    """Make ``torch.utils.data.get_worker_info()`` answer per thread.
-
-    torch's function returns one module global. Its code is replaced (once, idempotently) by a
-    version that first looks at a ``threading.local`` and falls back to that global, so every
-    reference to it (``from torch.utils.data import get_worker_info`` included) sees the info of
-    the kuat thread worker calling it, and ``None`` in the main thread, as under torch. Each
-    call also marks the calling thread as having consulted its worker info
-    (:func:`worker_info_consulted`). Installed in worker processes too, for that mark.
-    """
-    from torch.utils.data._utils import worker as wmod
-
-    with _install_lock:
-        if getattr(wmod, "_kuat_thread_worker_info", None) is not None:
-            return
-        wmod._kuat_thread_worker_info = _thread_info
-        wmod.get_worker_info.__code__ = _thread_aware_get_worker_info.__code__
-
-
-def set_worker_info(method: str, worker_id: int, num_workers: int, seed: int, dataset) -> None:
-    """Set what ``torch.utils.data.get_worker_info()`` returns in this worker."""
-    from torch.utils.data._utils import worker as wmod
-
-    try:
-        info = wmod.WorkerInfo(
-            id=worker_id,
-            num_workers=num_workers,
-            seed=seed,
-            dataset=dataset,
-            worker_method="thread" if method == "thread" else "multiprocessing",
-        )
-    except TypeError:  # torch without the worker_method field
-        info = wmod.WorkerInfo(id=worker_id, num_workers=num_workers, seed=seed, dataset=dataset)
-    _install_thread_worker_info()
-    if method == "thread":
-        _thread_info.info = info
-    else:
-        wmod._worker_info = info
-
-
-def worker_info_consulted() -> bool:
-    """Whether ``get_worker_info()`` was called in this worker since :meth:`FetchJob.start`."""
-    return _thread_info.consulted
-
-
-def _clear_worker_info(method: str) -> None:
-    from torch.utils.data._utils import worker as wmod
-
-    if method == "thread":
-        _thread_info.info = None
-    elif method == "process":
-        wmod._worker_info = None
-
-
-_M64 = (1 << 64) - 1
 _WATCH = object()  # FetchJob._isolated: fetch this first batch watched, not probed
-
-
-def _splitmix64(x: int) -> int:
-    x = (x + 0x9E3779B97F4A7C15) & _M64
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M64
-    return x ^ (x >> 31)
-
-
-def global_rng_seed(seed: int, epoch: int, index: int) -> int:
-    """Seed of the global RNGs for one sample: SplitMix64 over ``(seed, epoch, index)``.
-
-    A few microseconds (``kuat.rng.sample_seed``'s SeedSequence costs ~100 us, too much per
-    sample); the streams it seeds are distinct from ``kuat.sample_rng``'s.
-    """
-    h = _splitmix64(seed & _M64)
-    h = _splitmix64(h ^ (epoch & _M64))
-    return _splitmix64(h ^ (index & _M64))
 
 
 def _index_key(index) -> int:
@@ -154,14 +59,6 @@ def _batch_key(key) -> int:
         return zlib.crc32(a.tobytes()) | (a.size << 32)
     except (TypeError, ValueError, OverflowError):
         return zlib.crc32(repr(key).encode())
-
-
-def _never_draws(dataset) -> bool:
-    """Datasets whose indexing cannot draw random numbers: Python sequences, arrays, tensors
-    and torch's ``TensorDataset`` (exactly these types, not subclasses)."""
-    from torch.utils.data import TensorDataset
-
-    return type(dataset) in (range, list, tuple, np.ndarray, torch.Tensor, TensorDataset)
 
 
 def per_sample_getitems(dataset) -> bool:
@@ -252,8 +149,7 @@ class FetchJob:
         """Whether any thread may fetch a batch with the same result (no per-worker state, no
         ``worker_init_fn``): pure sequences, or a source declaring ``kuat_thread_agnostic``
         (through torch's wrappers and ``kuat.mix``: ``kuat.sources.protocol.thread_agnostic``)."""
-        return (self.consumer_may_fetch
-                and (_never_draws(self.dataset) or protocol.thread_agnostic(self.dataset)))
+        return self.consumer_may_fetch and protocol.thread_agnostic(self.dataset)
 
     @property
     def consumer_may_fetch(self) -> bool:
@@ -265,7 +161,7 @@ class FetchJob:
         return not self.iterable and self.worker_init_fn is None
 
     def __post_init__(self):
-        if self.isolate_rng and _never_draws(self.dataset):
+        if self.isolate_rng and protocol.never_draws(self.dataset):
             self.isolate_rng = False  # nothing to isolate: not even the watch's fingerprints
 
     # -- worker lifecycle -------------------------------------------------------------------
@@ -279,7 +175,7 @@ class FetchJob:
         if method == "inline":
             return ctx
         seed = base_seed + worker_id
-        _thread_info.consulted = False
+        reset_consulted()
         if method == "process":
             torch.set_num_threads(1)
             krng.seed_global_rngs(seed)  # as torch seeds each worker process
@@ -289,7 +185,7 @@ class FetchJob:
         return ctx
 
     def stop(self, ctx: WorkerCtx) -> None:
-        _clear_worker_info(ctx.method)
+        clear_worker_info(ctx.method)
 
     def _new_epoch(self, ctx: WorkerCtx, epoch: int, base_seed: int, key) -> None:
         ctx.epoch, ctx.ended = epoch, False
@@ -490,7 +386,7 @@ class FetchJob:
             saved = isolate.save() if ctx.method != "process" else None
             try:
                 if self.use_getitems:
-                    isolate.seed_globals_cpu(global_rng_seed(self.seed, epoch, _batch_key(key)))
+                    isolate.seed_globals_cpu(krng.global_rng_seed(self.seed, epoch, _batch_key(key)))
                     probe = None if use.draws else isolate.fingerprint()
                     out = self._get(ctx, key)
                     if probe is not None and isolate.fingerprint() != probe:
@@ -499,7 +395,7 @@ class FetchJob:
                     return out
                 out = []
                 for i in key:
-                    isolate.seed_globals_cpu(global_rng_seed(self.seed, epoch, _index_key(i)))
+                    isolate.seed_globals_cpu(krng.global_rng_seed(self.seed, epoch, _index_key(i)))
                     probe = None if use.draws else isolate.fingerprint()
                     out += krng.map_samples(ds.__getitem__, (i,))
                     if probe is not None and isolate.fingerprint() != probe:

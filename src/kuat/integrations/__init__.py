@@ -1,8 +1,14 @@
 """Integrations with training frameworks that do not rebuild ``type(loader)``.
 
 Lightning and Fabric need none: they rebuild a loader as ``type(loader)(**attributes)``, which
-gives a kuat loader back (see :mod:`kuat.loader`, "Seams with frameworks"), and kuat's own
-sampler is a ``DistributedSampler``, so they inject none.
+gives a kuat loader back (see :mod:`kuat.loader.dataloader`), and kuat's own sampler is a
+``DistributedSampler``, so they inject none.
+
+An integration reaches the loader only through two seams of its face:
+``loader._attach_framework(observer_factory, device)`` (a per-epoch
+``kuat.loader._plan.EpochObserver``: told when the epoch starts, before its last batch, and
+when it ends) and ``loader._skip_first_batches(n)``. The loader's iterator imports no
+integration (``tests/test_layering.py``).
 
 * :mod:`kuat.integrations.accelerate`: Hugging Face Accelerate (``Accelerator.prepare``,
   ``skip_first_batches``, ``save_state``/``load_state``, gradient accumulation) and the HF

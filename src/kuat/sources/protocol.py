@@ -94,6 +94,7 @@ __all__ = [
     "batch_transform",
     "common_batch_transform",
     "fetch_collated",
+    "never_draws",
     "prefetcher",
     "provides",
     "splits_batches",
@@ -263,15 +264,17 @@ def thread_agnostic(source: object) -> bool:
 
     Not about global random generators: a thread-agnostic source that draws from them is
     still isolated (``isolate_global_rng``, see :func:`uses_sample_rng`)."""
-    if getattr(source, "kuat_thread_agnostic", False) is True or _pure(source):
+    if getattr(source, "kuat_thread_agnostic", False) is True or never_draws(source):
         return True
     wrapped = _torch_wrapper(source)
     return wrapped is not None and all(thread_agnostic(d) for d in wrapped[1])
 
 
-def _pure(source: object) -> bool:
-    """Plain sequences whose indexing runs no user code: ``range``, ``list``, ``tuple``, NumPy
-    arrays, tensors and torch's ``TensorDataset`` (exactly these types, not subclasses)."""
+def never_draws(source: object) -> bool:
+    """Whether indexing ``source`` can never draw random numbers (kuat's one such predicate):
+    plain sequences whose indexing runs no user code: ``range``, ``list``, ``tuple``, NumPy
+    arrays, tensors and torch's ``TensorDataset`` (exactly these types, not subclasses). The
+    loader then never isolates global RNGs for it, and any thread may fetch its batches."""
     cls = type(source)
     if cls in (range, list, tuple):
         return True
@@ -421,7 +424,7 @@ def all_use_sample_rng(sources: Sequence) -> bool:
     """Whether every one of ``sources`` draws only from ``kuat.sample_rng``
     (:func:`uses_sample_rng`) or draws nothing (a plain sequence): the rule of every wrapper
     that reads them (torch's, ``kuat.mix``)."""
-    return all(uses_sample_rng(s) or _pure(s) for s in sources)
+    return all(uses_sample_rng(s) or never_draws(s) for s in sources)
 
 
 def batch_transform(source: object) -> Callable[[Any], Any] | None:
