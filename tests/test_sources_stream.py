@@ -140,7 +140,7 @@ class _Docs(torch.utils.data.Dataset):
 def test_map_style_source_in_a_stream_reads_the_streams_epoch():
     """A map-style mix read as a stream (stream_of, shuffle_buffer, a mix of it with a stream)
     reads epoch e's window, outside kuat's loader too (it used to read epoch 0's every time)."""
-    from kuat.sources.stream import stream_of
+    from kuat.sources.reading import stream_of
 
     def build():  # the first source is cut to 3 samples per epoch, a new window each epoch
         return kuat.mix([_Docs(list(range(12))), _Docs([100, 101, 102])], seed=0)

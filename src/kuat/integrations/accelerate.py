@@ -44,9 +44,10 @@ _ORIGINALS: dict[str, object] = {}
 
 
 def _is_kuat(loader) -> bool:
-    from kuat.loader import DataLoader
-
-    return isinstance(loader, DataLoader)
+    # looked up, not imported: the loader's face imports this module (install), and a kuat
+    # loader cannot exist before its module is loaded
+    face = sys.modules.get("kuat.loader.dataloader")
+    return face is not None and isinstance(loader, face.DataLoader)
 
 
 class GradientStateObserver:

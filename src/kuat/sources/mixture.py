@@ -50,7 +50,8 @@ from kuat.sources.protocol import (
     splits_batches,
     thread_agnostic,
 )
-from kuat.sources.stream import Stream, stream_of
+from kuat.sources.reading import stream_of
+from kuat.sources.stream import Stream
 
 __all__ = ["mix", "MapMix", "MixStream"]
 
@@ -87,7 +88,7 @@ def mix(
             non-finite or all-zero weight, an unknown ``stopping``.
         TypeError: a source that is neither map-style nor iterable, a non-int ``seed``.
     """
-    from kuat.sources import as_source
+    from kuat.sources._as_source import as_source
 
     if isinstance(sources, (str, bytes)) or not isinstance(sources, Sequence) or not sources:
         raise ValueError(f"mix needs a non-empty sequence of sources, got {sources!r:.100}")

@@ -15,7 +15,8 @@ from collections.abc import Iterator
 
 from kuat.rng import SALT_SHUFFLE_BUFFER, derive_generator
 from kuat.sources.protocol import batch_transform
-from kuat.sources.stream import Stream, stream_of
+from kuat.sources.reading import stream_of
+from kuat.sources.stream import Stream
 
 __all__ = ["shuffle_buffer", "ShuffleBuffer"]
 
@@ -50,7 +51,7 @@ class ShuffleBuffer(Stream):
 
     def __init__(self, source, size: int, seed: int):
         super().__init__()
-        from kuat.sources import as_source
+        from kuat.sources._as_source import as_source
 
         self.source = as_source(source)
         self.size = size

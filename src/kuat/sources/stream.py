@@ -19,7 +19,8 @@ The price: every rank and worker reads the whole stream (and skips what is not i
 
 The loader hands a stream its batching with ``kuat_set_batching(batch_size, drop_last)`` and
 its rank with ``kuat_set_distributed(rank, world_size)``; without those (torch's DataLoader),
-the rank comes from ``torch.distributed`` when initialised and workers split sample by sample.
+the rank comes from :mod:`kuat.distributed` (as the loader's) and workers split sample by sample.
+:func:`kuat.sources.reading.stream_of` reads any source as one such stream.
 """
 
 from __future__ import annotations
@@ -29,9 +30,7 @@ from collections.abc import Iterator
 
 import torch
 
-from kuat.sources.protocol import EpochAware, provides
-
-__all__ = ["Stream", "rank_share", "worker_share", "stream_of"]
+__all__ = ["Stream", "rank_share", "worker_share"]
 
 _log = logging.getLogger("kuat.sources.stream")
 
@@ -130,45 +129,3 @@ def worker_share(items: Iterator, worker_id: int, num_workers: int, batch_size: 
     for q, item in enumerate(items):
         if (q // batch_size) % num_workers == worker_id:
             yield item
-
-
-def stream_of(source, epoch: int, chunk: int = 64) -> Iterator:
-    """Every sample of ``source`` for ``epoch``, unsplit by ranks or workers.
-
-    * a :class:`Stream`: its :meth:`Stream.samples`;
-    * a ``datasets.IterableDataset``: read through :class:`kuat.sources.hf.HFIterableSource`;
-    * another ``torch.utils.data.IterableDataset``: ``set_epoch(epoch)`` when it has it, then
-      ``iter()`` (it must not shard itself by worker inside a mix);
-    * a map-style source: indices ``0 .. len - 1`` in order, ``chunk`` at a time through
-      ``__getitems__`` when it has one, read in ``epoch``'s context (what a map-style mix's
-      window and ``kuat.sample_rng`` follow), inside kuat's loader or not.
-    """
-    from kuat.sources import as_source
-
-    source = as_source(source)
-    if isinstance(source, Stream):
-        return source.samples(epoch)
-    if isinstance(source, torch.utils.data.IterableDataset):
-        if provides(source, EpochAware):
-            source.set_epoch(epoch)
-        return iter(source)
-    return _map_stream(source, epoch, chunk)
-
-
-def _map_stream(source, epoch: int, chunk: int) -> Iterator:
-    from kuat.rng import current_epoch, epoch_context, sample_context
-
-    n = len(source)
-    getitems = getattr(source, "__getitems__", None)
-    for start in range(0, n, chunk):
-        indices = list(range(start, min(n, start + chunk)))
-        # the epoch's context only around the reads (a generator must not leak it between yields)
-        with epoch_context(current_epoch()[0], epoch):
-            if getitems:
-                items = getitems(indices)
-            else:
-                items = []
-                for i in indices:
-                    with sample_context(i):
-                        items.append(source[i])
-        yield from items

@@ -9,7 +9,7 @@ bare sequence of token ids. Its *ordinal* is its position in the epoch's documen
   ``kuat.sampling.shuffle_seed(seed, epoch)`` (the loader's own shuffle seed); any document is
   fetched again by ordinal in one ``__getitems__`` call, so rebuilding a packer's buffer reads
   only the buffer;
-* iterable sources: the order of :func:`kuat.sources.stream.stream_of` for the epoch; fetching
+* iterable sources: the order of :func:`kuat.sources.reading.stream_of` for the epoch; fetching
   an ordinal again replays the stream up to it (reading, not packing).
 """
 
@@ -132,7 +132,7 @@ class Documents:
     def read(self, start: int = 0) -> Iterator[Doc]:
         """Documents ``start, start + 1, ...`` to the end of the epoch."""
         if self.iterable:
-            from kuat.sources.stream import stream_of
+            from kuat.sources.reading import stream_of
 
             items = itertools.islice(stream_of(self.source, self.epoch), start, None)
             for ordinal, sample in enumerate(items, start):

@@ -34,7 +34,8 @@ from collections.abc import Iterator, Mapping, Sequence
 
 import numpy as np
 
-from kuat.sources.stream import Stream, stream_of
+from kuat.sources.reading import stream_of
+from kuat.sources.stream import Stream
 
 __all__ = [
     "Tokenize",
