@@ -24,7 +24,7 @@ from PIL import Image
 import kuat
 import kuat.convert
 from kuat import format as kf
-from kuat.convert import tabular
+from kuat.convert import _tabular_files
 from kuat.errors import DecodeError, FormatError, SchemaError
 
 
@@ -48,8 +48,8 @@ def _rows(path) -> list[dict]:
 @pytest.fixture
 def small_blocks(monkeypatch):
     """Reader blocks of 4 KiB, so that small files span many blocks."""
-    monkeypatch.setattr(tabular, "_JSON_BLOCK", 4096)
-    monkeypatch.setattr(tabular, "_CSV_BLOCK", 4096)
+    monkeypatch.setattr(_tabular_files, "_JSON_BLOCK", 4096)
+    monkeypatch.setattr(_tabular_files, "CSV_BLOCK", 4096)
 
 
 # -- #18.3 reader limits ---------------------------------------------------------------------
@@ -181,7 +181,9 @@ def test_dictionary_and_view_columns_become_strings_with_categories(tmp_path):
     assert ds.schema["c"].metadata["categories"] == used.to_pylist()
 
     from kuat.convert._driver import ConvertOptions, converting
-    from kuat.convert._table import TableBatch, arrow_field, logical_type, write_batches
+    from kuat.convert._table import TableBatch, write_batches
+    from kuat.convert._table_fields import arrow_field
+    from kuat.convert._table_types import logical_type
 
     batch = pa.record_batch(
         {

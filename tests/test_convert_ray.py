@@ -32,7 +32,7 @@ import test_format_remote
 import kuat
 import kuat.convert
 from kuat.cli import main as cli_main
-from kuat.convert._ray import PART_RECORD, staging_dir
+from kuat.convert._ray_parts import PART_RECORD, staging_dir
 from kuat.errors import DecodeError, FormatError, SchemaError
 from kuat.format import verify
 
@@ -329,7 +329,7 @@ def test_killed_driver_leaves_no_manifest_and_rerun_resumes(
 
 
 def test_table_types_are_inferred_by_the_tasks(ray_local, tmp_path, monkeypatch):
-    from kuat.convert import tabular
+    from kuat.convert._tabular_files import TableFiles
 
     def rows(name: str, values: list) -> Path:
         p = tmp_path / name
@@ -349,8 +349,8 @@ def test_table_types_are_inferred_by_the_tasks(ray_local, tmp_path, monkeypatch)
     def read_on_the_driver(*args, **kwargs):
         raise AssertionError("the driver read rows to infer the types")
 
-    monkeypatch.setattr(tabular._Files, "infer", read_on_the_driver)  # the tasks' copies
-    monkeypatch.setattr(tabular._Files, "infer_file", read_on_the_driver)  # are not patched
+    monkeypatch.setattr(TableFiles, "infer", read_on_the_driver)  # the tasks' copies
+    monkeypatch.setattr(TableFiles, "infer_file", read_on_the_driver)  # are not patched
     kuat.convert.from_jsonl([ints, floats], tmp_path / "jl-ray", engine="ray", progress=False)
     check_same_dataset(tmp_path / "jl-ray", tmp_path / "jl-local")  # int64 + float64 -> float64
     kuat.convert.from_csv(csvs, tmp_path / "csv-ray", engine="ray", progress=False)

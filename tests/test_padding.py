@@ -156,7 +156,7 @@ def test_hf_dataset_same_padded_outputs_for_same_indices():
 
 
 def test_one_op_paths_are_taken_for_views():
-    from kuat.padding import _views_of_one_array, _views_of_one_tensor
+    from kuat.padding._rows import _views_of_one_array, _views_of_one_tensor
 
     views = [s["ids"] for s in _samples("views")]
     values, starts, lengths = _views_of_one_tensor(views)

@@ -61,7 +61,7 @@ class ConvertOptions:
         shard_bytes: target shard size in bytes (see ``kuat.Writer``).
         overwrite: replace an existing dataset at the destination.
         engine: ``"local"`` (default): this machine's threads; ``"ray"``: Ray Data tasks on
-            the Ray cluster ``ray.init()`` finds (see ``kuat.convert._ray``; ``kuat[ray]``).
+            the Ray cluster ``ray.init()`` finds (see ``kuat.convert._ray_convert``; ``kuat[ray]``).
         rows_per_task: (``engine="ray"``, ImageFolder) images one task converts and writes;
             1000 ImageNet JPEGs (~110 KB each) make about one 128 MiB shard per task. Tables
             take one task per input file.
@@ -69,7 +69,7 @@ class ConvertOptions:
             destinations (``s3://...``; see :mod:`kuat.format.fs`).
         restart: (``engine="ray"``) start over, deleting the finished parts an earlier,
             interrupted run left; by default a rerun resumes from them (see
-            ``kuat.convert._ray``).
+            ``kuat.convert._ray_convert``).
     """
 
     num_workers: int | None = None
@@ -340,7 +340,7 @@ def converting(dst, schema, opts: ConvertOptions, metadata: dict | None = None):
 
     Raises:
         ValueError: ``opts.engine`` is not ``"local"``: a converter that reaches this block
-            has no other engine (those that do call ``kuat.convert._ray`` instead).
+            has no other engine (those that do call ``kuat.convert._ray_convert`` instead).
     """
     from kuat.format import Writer
 

@@ -1,29 +1,25 @@
 """Arrow record batches -> kuat rows: the one table path every tabular converter shares.
 
 Parquet, JSON (Lines or arrays), CSV and Hugging Face ``datasets`` all arrive here as Arrow
-record batches. This module
+record batches. The path:
 
-* normalises Arrow's physical variants (``large_*``, ``*_view``, dictionary-encoded) to one
-  logical type per column (:func:`logical_type`);
-* infers each column's type over the **whole input** (:class:`TypeUnifier`): null widens to any
-  type, integers widen to wider integers and to float64, float32 to float64, list items
-  likewise, as ``pyarrow.csv.read_csv`` and pandas infer over a whole file; anything else is a
-  real conflict, reported with the column, the file and the row;
-* maps the unified type to a kuat field (:func:`arrow_field`), or refuses naming the column
-  and saying what to do;
-* applies kuat's null rule at every nesting level (:func:`null_rows`): a null anywhere in a
-  row, top-level or inside a list, is an error naming the column, file and row, or the row is
-  skipped under ``on_error="skip"``;
-* turns each batch into the columns ``Writer.write_batch`` takes, or, with image fields, into
-  rows prepared on the driver's thread pool (:func:`write_batches`).
+* each column's type is inferred over the **whole input** (:mod:`kuat.convert._table_types`:
+  Arrow's physical variants folded to one logical type, widened batch after batch, a real
+  conflict reported with the column, the file and the row);
+* the unified type maps to a kuat field (:mod:`kuat.convert._table_fields`), or is refused
+  naming the column and saying what to do;
+* this module applies kuat's null rule at every nesting level (:func:`null_rows`): a null
+  anywhere in a row, top-level or inside a list, is an error naming the column, file and row,
+  or the row is skipped under ``on_error="skip"``;
+* and turns each batch into the columns ``Writer.write_batch`` takes, or, with image fields,
+  into rows prepared on the driver's thread pool (:func:`write_batches`).
 """
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
@@ -37,261 +33,12 @@ from kuat.convert._driver import (
     parallel_map,
     prepare_image,
 )
+from kuat.convert._table_types import is_image_struct, is_list
 from kuat.errors import SchemaError
-from kuat.format import Field, FieldType, Writer
-from kuat.format import schema as fs
+from kuat.format import Field, Writer
 from kuat.format.arrow_views import values_view
 
-__all__ = [
-    "TableBatch",
-    "TypeUnifier",
-    "arrow_field",
-    "hf_features_of",
-    "hf_metadata",
-    "is_image_struct",
-    "logical_type",
-    "null_rows",
-    "write_batches",
-]
-
-
-def _is_list(t: pa.DataType) -> bool:
-    return (
-        pa.types.is_list(t)
-        or pa.types.is_large_list(t)
-        or pa.types.is_list_view(t)
-        or (pa.types.is_large_list_view(t))
-    )
-
-
-def is_image_struct(t: pa.DataType) -> bool:
-    """``struct<bytes, path>``: how Hugging Face stores ``Image`` features in Arrow/Parquet."""
-    return pa.types.is_struct(t) and t.get_field_index("bytes") >= 0
-
-
-def logical_type(t: pa.DataType) -> pa.DataType:
-    """``t`` with Arrow's physical variants folded: dictionary -> its value type,
-    ``large_string``/``string_view`` -> ``string``, ``large_binary``/``binary_view`` ->
-    ``binary``, ``large_list``/``list_view`` -> ``list``; extension types -> their storage.
-    Nested types are folded recursively."""
-    if isinstance(t, pa.ExtensionType):
-        return logical_type(t.storage_type)
-    if pa.types.is_dictionary(t):
-        return logical_type(t.value_type)
-    if pa.types.is_large_string(t) or pa.types.is_string_view(t):
-        return pa.string()
-    if pa.types.is_large_binary(t) or pa.types.is_binary_view(t):
-        return pa.binary()
-    if _is_list(t):
-        return pa.list_(logical_type(t.value_type))
-    if pa.types.is_fixed_size_list(t):
-        return pa.list_(logical_type(t.value_type), t.list_size)
-    if pa.types.is_struct(t):
-        return pa.struct([f.with_type(logical_type(f.type)) for f in t])
-    return t
-
-
-def _widen_numbers(a: pa.DataType, b: pa.DataType) -> pa.DataType | None:
-    ints = pa.types.is_integer(a), pa.types.is_integer(b)
-    floats = pa.types.is_floating(a), pa.types.is_floating(b)
-    if all(ints):
-        if pa.types.is_signed_integer(a) == pa.types.is_signed_integer(b):
-            return a if a.bit_width >= b.bit_width else b
-        s, u = (a, b) if pa.types.is_signed_integer(a) else (b, a)
-        if s.bit_width > u.bit_width:
-            return s
-        return pa.int64() if u.bit_width < 64 else pa.float64()
-    if all(floats):
-        return a if a.bit_width >= b.bit_width else b
-    if (ints[0] or floats[0]) and (ints[1] or floats[1]):
-        return pa.float64()  # int and float: float64, as pandas and pyarrow infer
-    return None
-
-
-def unify(a: pa.DataType, b: pa.DataType) -> pa.DataType | None:
-    """The narrowest logical type holding values of both ``a`` and ``b``; ``None`` when they
-    conflict (a string and a number, a list and a scalar, ...)."""
-    if a == b:
-        return a
-    if pa.types.is_null(a):
-        return b
-    if pa.types.is_null(b):
-        return a
-    num = _widen_numbers(a, b)
-    if num is not None:
-        return num
-    if pa.types.is_fixed_size_list(a) and pa.types.is_fixed_size_list(b):
-        inner = unify(a.value_type, b.value_type)
-        if inner is None:
-            return None
-        return pa.list_(inner, a.list_size) if a.list_size == b.list_size else pa.list_(inner)
-    if (_is_list(a) or pa.types.is_fixed_size_list(a)) and (
-        _is_list(b) or pa.types.is_fixed_size_list(b)
-    ):
-        inner = unify(a.value_type, b.value_type)
-        return None if inner is None else pa.list_(inner)
-    if pa.types.is_struct(a) and pa.types.is_struct(b):
-        names = [f.name for f in a] + [f.name for f in b if a.get_field_index(f.name) < 0]
-        out = []
-        for n in names:
-            ta = a.field(n).type if a.get_field_index(n) >= 0 else pa.null()
-            tb = b.field(n).type if b.get_field_index(n) >= 0 else pa.null()
-            t = unify(ta, tb)
-            if t is None:
-                return None
-            out.append(pa.field(n, t))
-        return pa.struct(out)
-    return None
-
-
-def _first_valid_row(arr: pa.Array) -> int:
-    valid = values_view(arr.is_valid())
-    return int(np.argmax(valid)) if valid.any() else 0
-
-
-@dataclass
-class TypeUnifier:
-    """Column types over the whole input, fed one record batch at a time.
-
-    ``add(batch, path, first_row)`` folds the batch's columns into :attr:`types` (ordered by
-    first appearance) and collects the categories of dictionary-encoded columns.
-
-    Raises (from ``add``):
-        kuat.SchemaError: a column whose values conflict (names the column, the file and the
-            first row of the conflicting value, and the type it had so far and where from).
-    """
-
-    types: dict[str, pa.DataType] = field(default_factory=dict)
-    seen_at: dict[str, str] = field(default_factory=dict)
-    categories: dict[str, list] = field(default_factory=dict)
-
-    def add(self, batch: pa.RecordBatch | pa.Table, path: str, first_row: int) -> None:
-        names = batch.schema.names
-        if len(set(names)) != len(names):
-            dup = sorted({n for n in names if names.count(n) > 1})
-            raise SchemaError(
-                f"{path} has the column(s) {dup} more than once (from row {first_row}); kuat "
-                "columns need distinct names: rename them"
-            )
-        for name, arr in zip(names, batch.columns):
-            if isinstance(arr, pa.ChunkedArray):
-                arr = arr.combine_chunks()
-            if pa.types.is_dictionary(arr.type):
-                cats = self.categories.setdefault(name, [])
-                known = set(cats)
-                for v in arr.dictionary.to_pylist():
-                    if v not in known:
-                        known.add(v)
-                        cats.append(v)
-            t = logical_type(arr.type)
-            if pa.types.is_null(t) or arr.null_count == len(arr):
-                # no value to type here: only widens (and keeps the column known)
-                self.types.setdefault(name, pa.null())
-                continue
-            self.add_type(name, t, f"{path} row {first_row + _first_valid_row(arr)}")
-
-    def add_type(self, name: str, t: pa.DataType, at: str) -> None:
-        """Fold one more type of column ``name`` (found at ``at``, for errors) in."""
-        t = logical_type(t)
-        old = self.types.get(name)
-        if old is None or pa.types.is_null(old):
-            self.types[name] = t
-            if not pa.types.is_null(t):
-                self.seen_at[name] = at
-            return
-        if pa.types.is_null(t):
-            return
-        new = unify(old, t)
-        if new is None:
-            raise SchemaError(
-                f"column {name!r} holds {t} values at {at}, but {old} before (first at "
-                f"{self.seen_at[name]}); kuat needs one type per column: fix the data, or "
-                "convert the files separately",
-                field=name,
-            )
-        self.types[name] = new
-
-    def update(self, other: TypeUnifier) -> None:
-        """Fold in the types another unifier found (e.g. over one file)."""
-        for name, t in other.types.items():
-            self.add_type(name, t, other.seen_at.get(name, "?"))
-        for name, cats in other.categories.items():
-            mine = self.categories.setdefault(name, [])
-            known = set(mine)
-            mine.extend(c for c in cats if c not in known)
-
-
-def arrow_field(
-    name: str, t: pa.DataType, image: bool = False, metadata: dict | None = None
-) -> Field:
-    """The kuat :class:`Field` for a column of logical Arrow type ``t`` (see
-    :func:`logical_type`; physical variants are folded first).
-
-    integers/floats -> the same scalar type, bool -> bool, string -> string, binary -> bytes,
-    list of numbers -> ``sequence``, list of strings (also dictionary-encoded) -> ``strings``,
-    all-empty lists -> ``sequence[int64]``, fixed-size
-    list(s) of numbers -> ``tensor``, ``struct<bytes, path>`` or a column named in
-    ``image_fields`` -> image.
-
-    Raises:
-        ValueError: the type has no kuat equivalent; the message names the column and says
-            what to do.
-    """
-    t = logical_type(t)
-    md = dict(metadata or {})
-    if image or is_image_struct(t):
-        if pa.types.is_binary(t) or pa.types.is_string(t) or is_image_struct(t):
-            return Field(name, fs.image(), md)
-        raise ValueError(f"column {name!r} of type {t} cannot hold images (bytes or paths)")
-    if pa.types.is_integer(t) or pa.types.is_floating(t):
-        return Field(name, FieldType("scalar", np.dtype(t.to_pandas_dtype()).name), md)
-    if pa.types.is_boolean(t):
-        return Field(name, fs.bool_(), md)
-    if pa.types.is_string(t):
-        return Field(name, fs.string(), md)
-    if pa.types.is_binary(t) or pa.types.is_fixed_size_binary(t):
-        return Field(name, fs.binary(), md)
-    if pa.types.is_null(t):
-        raise ValueError(
-            f"column {name!r} holds only nulls in the whole input; kuat fields are not "
-            "nullable: drop the column or fill it before converting"
-        )
-    if pa.types.is_fixed_size_list(t):
-        shape, inner = [], t
-        while pa.types.is_fixed_size_list(inner):
-            shape.append(inner.list_size)
-            inner = inner.value_type
-        if (pa.types.is_integer(inner) or pa.types.is_floating(inner)) and all(shape):
-            dtype = np.dtype(inner.to_pandas_dtype()).name
-            return Field(name, fs.tensor(tuple(shape), dtype), md)
-        if pa.types.is_string(inner) and len(shape) == 1:  # fixed-length lists of strings
-            return Field(name, fs.strings(), md)
-    if _is_list(t):
-        inner = t.value_type
-        if pa.types.is_null(inner):  # every list in the input is empty
-            return Field(name, fs.sequence("int64"), md)
-        if pa.types.is_integer(inner) or pa.types.is_floating(inner):
-            return Field(name, fs.sequence(np.dtype(inner.to_pandas_dtype()).name), md)
-        if pa.types.is_boolean(inner):
-            return Field(name, fs.sequence("uint8"), md)
-        if pa.types.is_string(inner):
-            return Field(name, fs.strings(), md)
-        if pa.types.is_binary(inner):
-            raise ValueError(
-                f"column {name!r} is a list of byte strings ({t}); kuat lists hold numbers or "
-                "UTF-8 strings: decode the items to str, or store one bytes value per row"
-            )
-        if _is_list(inner) or pa.types.is_fixed_size_list(inner):
-            raise ValueError(
-                f"column {name!r} holds nested lists of varying length ({t}); kuat stores a "
-                "variable-length 1-D sequence (of numbers or strings) or a fixed-shape "
-                "tensor: flatten each row into one list (with a second column of the inner "
-                "lengths to split it again), or pad the rows to one shape, before converting"
-            )
-    raise ValueError(
-        f"column {name!r} has Arrow type {t}, which has no kuat field type; cast it to a "
-        "number, string, bytes or list of numbers before converting"
-    )
+__all__ = ["TableBatch", "null_rows", "write_batches"]
 
 
 def null_rows(arr: pa.Array) -> np.ndarray:
@@ -304,7 +51,7 @@ def null_rows(arr: pa.Array) -> np.ndarray:
         return bad
     if isinstance(t, pa.ExtensionType):
         return bad | null_rows(arr.storage)
-    if _is_list(t) or pa.types.is_fixed_size_list(t):
+    if is_list(t) or pa.types.is_fixed_size_list(t):
         values = arr.flatten()  # the items of non-null rows, honouring the parent's offset
         inner = null_rows(values)
         if inner.any():
@@ -315,36 +62,6 @@ def null_rows(arr: pa.Array) -> np.ndarray:
         for child in arr.flatten():
             bad = bad | null_rows(child)
     return bad
-
-
-def hf_features_of(metadata: dict) -> dict | None:
-    """The ``datasets`` features dict from an Arrow schema's ``huggingface`` metadata."""
-    raw = metadata.get(b"huggingface") or metadata.get("huggingface")
-    if not raw:
-        return None
-    try:
-        info = json.loads(raw)
-        features = info.get("info", {}).get("features")
-    except (ValueError, AttributeError):
-        return None
-    return features if isinstance(features, dict) else None
-
-
-def hf_metadata(feature) -> tuple[dict, bool]:
-    """``(field metadata, is image)`` for a ``datasets`` feature given as its dict form:
-    ``ClassLabel`` names, also inside ``Sequence``/``List``/``LargeList``."""
-    if not isinstance(feature, dict):
-        if isinstance(feature, list) and feature:
-            return hf_metadata(feature[0])[0], False
-        return {}, False
-    kind = feature.get("_type")
-    if kind == "ClassLabel" and isinstance(feature.get("names"), list):
-        return {"names": list(feature["names"])}, False
-    if kind == "Image":
-        return {}, True
-    if kind in ("Sequence", "List", "LargeList"):
-        return hf_metadata(feature.get("feature"))[0], False
-    return {}, False
 
 
 @dataclass

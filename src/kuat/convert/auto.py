@@ -7,7 +7,11 @@ import json
 import os
 from collections.abc import Sequence
 
-from kuat.convert.imagefolder import IMG_EXTENSIONS
+from kuat.convert.hf import from_hf
+from kuat.convert.imagefolder import IMG_EXTENSIONS, from_imagefolder
+from kuat.convert.npy import from_numpy
+from kuat.convert.tabular import from_csv, from_jsonl, from_parquet
+from kuat.convert.webdataset import from_webdataset
 from kuat.errors import FormatError
 from kuat.format.fs import is_url
 from kuat.format.manifest import check_regular_file
@@ -15,7 +19,7 @@ from kuat.format.manifest import check_regular_file
 __all__ = ["FORMATS", "RAY_FORMATS", "detect_format", "convert"]
 
 FORMATS = ("imagefolder", "hf", "parquet", "jsonl", "csv", "numpy", "webdataset")
-# the converters that take engine="ray" (through kuat.convert._ray.convert_on_ray)
+# the converters that take engine="ray" (through kuat.convert._ray_convert.convert_on_ray)
 RAY_FORMATS = ("imagefolder", "parquet", "jsonl", "csv")
 
 _BY_EXT = {
@@ -149,8 +153,6 @@ def convert(
         ValueError: unknown ``format``, or options the chosen converter does not take
             (``engine="ray"`` exists for the formats in ``RAY_FORMATS``).
     """
-    from kuat import convert as c
-
     if format == "auto":
         format, inputs = detect_format(sources)
     elif format not in FORMATS:
@@ -170,9 +172,9 @@ def convert(
             "locally only (drop the engine option)"
         )
     if format == "imagefolder":
-        return c.from_imagefolder(inputs[0], dst, **options)
+        return from_imagefolder(inputs[0], dst, **options)
     if format == "hf":
-        return c.from_hf(inputs[0], dst, split=split, **options)
+        return from_hf(inputs[0], dst, split=split, **options)
     if format == "numpy":
         keep = {
             k: v
@@ -187,12 +189,12 @@ def convert(
                 "storage_options",
             )
         }
-        return c.from_numpy(inputs, dst, **keep)
+        return from_numpy(inputs, dst, **keep)
     if format == "webdataset":
-        return c.from_webdataset(inputs, dst, **options)
+        return from_webdataset(inputs, dst, **options)
     if format == "csv":
-        return c.from_csv(inputs, dst, image_fields=image_fields, delimiter=delimiter, **options)
+        return from_csv(inputs, dst, image_fields=image_fields, delimiter=delimiter, **options)
     if delimiter is not None:
         raise ValueError(f"delimiter={delimiter!r} applies to CSV input, not {format}")
-    fn = {"parquet": c.from_parquet, "jsonl": c.from_jsonl}[format]
+    fn = {"parquet": from_parquet, "jsonl": from_jsonl}[format]
     return fn(inputs, dst, image_fields=image_fields, **options)

@@ -30,13 +30,9 @@ from __future__ import annotations
 import os
 
 from kuat.convert._driver import ConvertOptions, ConvertReport, converting
-from kuat.convert._table import (
-    TableBatch,
-    arrow_field,
-    hf_metadata,
-    logical_type,
-    write_batches,
-)
+from kuat.convert._table import TableBatch, write_batches
+from kuat.convert._table_fields import arrow_field, hf_metadata
+from kuat.convert._table_types import logical_type
 from kuat.errors import require
 from kuat.format import Field, FieldType, Schema
 from kuat.format import schema as fs

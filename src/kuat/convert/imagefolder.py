@@ -124,7 +124,7 @@ def from_imagefolder(
         return row
 
     if opts.engine == "ray":
-        from kuat.convert._ray import convert_on_ray
+        from kuat.convert._ray_convert import convert_on_ray
 
         def write_part(w, part: list, part_opts: ConvertOptions, report: ConvertReport) -> None:
             for row in parallel_map(

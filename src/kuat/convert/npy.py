@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from kuat.convert._driver import ConvertOptions, ConvertReport, Progress, converting
-from kuat.convert.tabular import expand_paths
+from kuat.convert._inputs import expand_paths
 from kuat.errors import FormatError
 from kuat.format import DEFAULT_SHARD_BYTES, Field, Schema
 from kuat.format import schema as fs

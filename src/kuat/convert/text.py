@@ -190,7 +190,7 @@ def _records(src, keep_malformed: bool = False) -> Iterator[tuple[str, object]]:
     if is_hf_map_dataset(src) or is_hf_iterable_dataset(src):
         return ((f"row {i}", r) for i, r in enumerate(src))
     if _looks_like_paths(src):
-        from kuat.convert.tabular import expand_paths
+        from kuat.convert._inputs import expand_paths
 
         return _files(expand_paths(src), keep_malformed)
     if isinstance(src, Iterable):

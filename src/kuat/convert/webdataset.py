@@ -39,7 +39,7 @@ from kuat.convert._driver import (
     parallel_map,
     prepare_image,
 )
-from kuat.convert.tabular import expand_paths
+from kuat.convert._inputs import expand_paths
 from kuat.errors import FormatError, SchemaError
 from kuat.format import Field, Schema
 from kuat.format import schema as fs
