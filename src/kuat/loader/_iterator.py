@@ -1,7 +1,7 @@
 """One epoch of a loader: dispatch tasks to workers, restore order, copy, transform, yield.
 
 :class:`LoaderIter` is what ``iter(loader)`` returns. It is created without side effects; its
-first ``next()`` asks for the epoch's :class:`~kuat.loader._plan.EpochPlan` (the loader decides
+first ``next()`` asks for the epoch's plan (``_plan.EpochPlan``) (the loader decides
 the epoch, its keys and its engine then) and from there reads only the plan. The per-batch
 loop (:meth:`LoaderIter._next_batch`) dispatches tasks round-robin to workers up to the
 prefetch bound, takes results in order (or as completed), and hands the batch on.
@@ -20,8 +20,7 @@ from kuat.device import DeviceCopier
 from kuat.engine.base import END, FAIL, OK, Task
 from kuat.engine.inline import InlineEngine
 from kuat.errors import LoaderTimeoutError
-from kuat.loader._adaptive import NOW, WAIT, Adaptation
-from kuat.loader._plan import EpochPlan
+from kuat.loader import _adaptive, _plan
 
 __all__ = ["LoaderIter", "PacedKeys"]
 
@@ -37,7 +36,7 @@ class PacedKeys:
     leaves an epoch early (``limit_train_batches``, ``break``) would otherwise leave that
     generator one draw behind torch's. :meth:`keep_up` pulls the missing keys into a queue that
     dispatch takes first; :meth:`may_pull` keeps dispatch (which may run further ahead, by
-    ``kuat.loader._adaptive.CHEAP_PREFETCH``) from making the exhausting pull before torch
+    ``_adaptive.CHEAP_PREFETCH``) from making the exhausting pull before torch
     would, when the number of keys is known. Not thread-safe (the consumer thread's)."""
 
     __slots__ = ("_keys", "_queue", "_ahead", "_count", "pulled", "exhausted")
@@ -96,14 +95,14 @@ class LoaderIter:
         length: ``len()`` of the epoch (the loader's ``len``).
     """
 
-    def __init__(self, start: Callable[[LoaderIter], EpochPlan], length: Callable[[], int]):
+    def __init__(self, start: Callable[[LoaderIter], _plan.EpochPlan], length: Callable[[], int]):
         self._start = start
         self._length = length
         self._started = False
         self._closed = False
         self._finished = False
 
-    def _setup(self, plan: EpochPlan) -> None:
+    def _setup(self, plan: _plan.EpochPlan) -> None:
         self._started = True
         self._plan = plan
         self._lease = plan.lease
@@ -113,7 +112,7 @@ class LoaderIter:
         self._keys_done = False
         self._discard = plan.discard
         self._position = plan.position
-        self._adapt: Adaptation = plan.adaptation
+        self._adapt: _adaptive.Adaptation = plan.adaptation
         self._nw = self._lease.engine.num_workers
         self._active = [True] * self._nw
         self._rr = 0
@@ -300,8 +299,8 @@ class LoaderIter:
         thread workers' batches in flight finish (True while they do), then continue the
         epoch on process workers."""
         answer = self._adapt.processes_wanted(busy=bool(self._tasks))
-        if answer != NOW:
-            return answer == WAIT
+        if answer != _adaptive.NOW:
+            return answer == _adaptive.WAIT
         new = self._lease.to_processes()
         self._nw = new.num_workers
         self._active, self._rr = [True] * self._nw, 0
@@ -309,13 +308,13 @@ class LoaderIter:
         return False
 
     def _to_inline(self) -> bool:
-        """Cheap batches the loop waits for (:mod:`kuat.loader._adaptive`): let the workers'
+        """Cheap batches the loop waits for (``_adaptive``): let the workers'
         batches in flight finish (True while they do), then fetch the rest of the epoch in this
         thread (the thread workers are released, or kept when persistent). Its shallow copy of
         the dataset is its own, as a worker's, unless the source is thread-agnostic."""
         answer = self._adapt.inline_wanted(busy=bool(self._tasks))
-        if answer != NOW:
-            return answer == WAIT
+        if answer != _adaptive.NOW:
+            return answer == _adaptive.WAIT
         self._lease.to_inline(own_copy=not self._adapt.agnostic)
         self._nw, self._active, self._rr = 1, [True], 0
         self._adapt.moved_inline()
