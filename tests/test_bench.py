@@ -454,7 +454,7 @@ def test_environments_share_the_running_torch_by_path(
 
 
 def test_smooth_corpus_keeps_the_crops_and_drops_the_grain(tmp_path: Path) -> None:
-    from kuat.cli.demo_data import build_demo_imagefolder, corpus_stats
+    from kuat.demo_data import build_demo_imagefolder, corpus_stats
 
     grainy = build_demo_imagefolder(tmp_path, num_images=24, progress=False)
     smooth = build_demo_imagefolder(tmp_path, num_images=24, progress=False, grain=False)
