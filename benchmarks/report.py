@@ -95,7 +95,7 @@ def describe_images(stats: dict | None) -> str:
     corpus = stats.get("corpus", "ImageNet-like")
     if stats["source"] == "generated" and corpus == "ImageNet-like":
         what = (
-            "the generated ImageNet-like corpus (`kuat.cli.demo_data`: crops of photographs "
+            "the generated ImageNet-like corpus (`kuat.demo_data`: crops of photographs "
             "that installed packages ship, with grain, at ImageNet's size and bytes per pixel)"
         )
     elif stats["source"] == "generated" and corpus == "smooth":
@@ -252,7 +252,7 @@ def markdown(results: dict, title: str = "# kuat bench results") -> str:
     for workload, table in (results.get("tables") or {}).items():  # e.g. bench_overhead
         import importlib
 
-        from benchmarks.runner import TABLE_WORKLOADS
+        from benchmarks.workloads import TABLE_WORKLOADS
 
         module = importlib.import_module(f"benchmarks.{TABLE_WORKLOADS[workload]}")
         lines += [f"{level} {TITLES.get(workload, workload)}", "", module.markdown(table)]
