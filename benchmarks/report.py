@@ -1,7 +1,7 @@
 """Turn a ``results.json`` of ``kuat bench`` into a Markdown report and a PNG bar chart.
 
 :func:`markdown` is what ``kuat bench --table RESULTS.json`` prints and what
-``python -m benchmarks.readme`` puts into the README: machine (cores, CPU model, load), date,
+``python -m benchmarks.readme`` puts into docs/benchmarks.md: machine (cores, CPU model, load), date,
 settings, the images measured and their statistics, the version of every peer, then one table
 per workload, each ratio naming its baseline, and a headline against the strongest torch
 configuration.
@@ -216,7 +216,7 @@ def _table(results: dict, workload: str, s: dict) -> list[str]:
 
 def markdown(results: dict, title: str = "# kuat bench results") -> str:
     """The whole report: header (machine, load, date, settings, images, versions) and one
-    table per workload; ``title`` is its first line (the README uses a lower heading)."""
+    table per workload; ``title`` is its first line (docs/benchmarks.md uses a lower heading)."""
     level = title.split(" ", 1)[0] + "#"  # workload headings one level below the title
     lines = [
         title,
