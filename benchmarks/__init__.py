@@ -15,7 +15,10 @@ Layout (parent process = the ``kuat bench`` command, child = one measured run):
                    resized copy, token memmap and the one dataset every loader reads, HF rows).
 - ``envs.py``      per-peer virtual environments under ``~/.cache/kuat/bench-envs/<name>``.
 - ``report.py``    JSON -> Markdown table (with machine, date and versions) and PNG chart.
-- ``readme.py``    the committed ``results.json`` -> the README's results section.
+- ``headline.py``  JSON -> the README's headline: kuat against torch's strongest configuration
+                   per workload, as a table and a PNG chart.
+- ``readme.py``    the committed ``results.json`` -> docs/benchmarks.md's results, the README's
+                   summary and ``docs/img/headline.png``.
 - ``adapters/``    one module per loader; each builds that loader's idiomatic fast configuration.
 
 Adapters run inside the peer's own environment, so this package imports nothing heavy at

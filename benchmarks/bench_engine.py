@@ -103,7 +103,7 @@ def main(argv=None) -> int:
     p.add_argument("--trivial-batches", type=int, default=200)
     p.add_argument("--images", type=int, default=512, help="images per imagefolder epoch")
     p.add_argument("--root", default="/tmp/kdemo/imagefolder-v1-n2000-s0",
-                   help="an ImageFolder; build with kuat.cli.demo_data.build_demo_imagefolder")
+                   help="an ImageFolder; build with kuat.demo_data.build_demo_imagefolder")
     args = p.parse_args(argv)
     loaders = args.loaders.split(",")
     rows = []

@@ -2,7 +2,7 @@
 
 Not a test: prints a table. Run with ``.venv/bin/python benchmarks/bench_vision.py``.
 
-Workload: the same ImageNet-like JPEGs as ``kuat bench`` (:func:`kuat.cli.demo_data.make_jpeg`:
+Workload: the same ImageNet-like JPEGs as ``kuat bench`` (:func:`kuat.demo_data.make_jpeg`:
 ImageNet's size and bytes per pixel, cut from the photographs shipped inside scikit-image,
 scikit-learn and matplotlib, no download), held in memory. Megapixels are *source* pixels (stored width x height), so every
 row is comparable: a row that decodes less (reduced DCT scale) shows as more Mpx/s.
@@ -51,7 +51,7 @@ def make_corpus(n: int, seed: int = 0, grain: bool = True) -> list[tuple[bytes, 
     smooth-jpeg workload's corpus."""
     from PIL import Image
 
-    from kuat.cli.demo_data import load_source_photos, make_jpeg
+    from kuat.demo_data import load_source_photos, make_jpeg
 
     photos = load_source_photos()
     names = sorted(photos)

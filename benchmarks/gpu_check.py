@@ -7,7 +7,7 @@ runs every CPU part at toy sizes so the script itself can be tested anywhere)::
     python -m benchmarks.gpu_check --out gpu.json            # about 3-4 minutes on 16 cores
 
 What it measures, every loader over the same generated ImageNet-like JPEGs
-(:func:`kuat.cli.demo_data.build_demo_imagefolder`: ImageNet's size and bytes per pixel), with
+(:func:`kuat.demo_data.build_demo_imagefolder`: ImageNet's size and bytes per pixel), with
 the same work per image (RandomResizedCrop(224) + horizontal flip, uint8 ``(B, 3, 224, 224)``
 on the GPU at the end of each step):
 
@@ -346,7 +346,7 @@ def main(argv=None) -> int:
         torch.multiprocessing.set_sharing_strategy(args.torch_sharing_strategy)
 
     import kuat.convert
-    from kuat.cli.demo_data import build_demo_imagefolder, corpus_stats
+    from kuat.demo_data import build_demo_imagefolder, corpus_stats
 
     work = args.work_dir or Path(tempfile.mkdtemp(prefix="kuat-gpu-"))
     t0 = time.perf_counter()

@@ -132,12 +132,12 @@ def anon_by_mapping(pid: int, batch_bytes: int | None = None) -> dict[str, int] 
 
 
 def _load_kuat_memory():
-    """``kuat.cli._memory`` (kuat's own PSS sampler: standard library and psutil only), loaded
+    """``kuat._memory`` (kuat's own PSS sampler: standard library and psutil only), loaded
     from this checkout by path: peers run in interpreters where kuat is not installed."""
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).resolve().parent.parent / "src" / "kuat" / "cli" / "_memory.py"
+    path = Path(__file__).resolve().parent.parent / "src" / "kuat" / "_memory.py"
     spec = importlib.util.spec_from_file_location("_kuat_bench_memory", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

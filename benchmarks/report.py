@@ -1,7 +1,7 @@
 """Turn a ``results.json`` of ``kuat bench`` into a Markdown report and a PNG bar chart.
 
 :func:`markdown` is what ``kuat bench --table RESULTS.json`` prints and what
-``python -m benchmarks.readme`` puts into the README: machine (cores, CPU model, load), date,
+``python -m benchmarks.readme`` puts into docs/benchmarks.md: machine (cores, CPU model, load), date,
 settings, the images measured and their statistics, the version of every peer, then one table
 per workload, each ratio naming its baseline, and a headline against the strongest torch
 configuration.
@@ -95,7 +95,7 @@ def describe_images(stats: dict | None) -> str:
     corpus = stats.get("corpus", "ImageNet-like")
     if stats["source"] == "generated" and corpus == "ImageNet-like":
         what = (
-            "the generated ImageNet-like corpus (`kuat.cli.demo_data`: crops of photographs "
+            "the generated ImageNet-like corpus (`kuat.demo_data`: crops of photographs "
             "that installed packages ship, with grain, at ImageNet's size and bytes per pixel)"
         )
     elif stats["source"] == "generated" and corpus == "smooth":
@@ -216,7 +216,7 @@ def _table(results: dict, workload: str, s: dict) -> list[str]:
 
 def markdown(results: dict, title: str = "# kuat bench results") -> str:
     """The whole report: header (machine, load, date, settings, images, versions) and one
-    table per workload; ``title`` is its first line (the README uses a lower heading)."""
+    table per workload; ``title`` is its first line (docs/benchmarks.md uses a lower heading)."""
     level = title.split(" ", 1)[0] + "#"  # workload headings one level below the title
     lines = [
         title,
@@ -252,7 +252,7 @@ def markdown(results: dict, title: str = "# kuat bench results") -> str:
     for workload, table in (results.get("tables") or {}).items():  # e.g. bench_overhead
         import importlib
 
-        from benchmarks.runner import TABLE_WORKLOADS
+        from benchmarks.workloads import TABLE_WORKLOADS
 
         module = importlib.import_module(f"benchmarks.{TABLE_WORKLOADS[workload]}")
         lines += [f"{level} {TITLES.get(workload, workload)}", "", module.markdown(table)]

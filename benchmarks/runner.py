@@ -47,10 +47,7 @@ from pathlib import Path
 
 from benchmarks import envs, measure, workloads
 from benchmarks.adapters import LOADERS
-
-# Workloads measured in this process by their own module (a table of their own, not one run
-# per loader): name -> module under benchmarks/ with run(quick, progress) and markdown(result).
-TABLE_WORKLOADS = {"overhead": "bench_overhead", "remote": "bench_remote"}
+from benchmarks.workloads import TABLE_WORKLOADS
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 # workload -> the configurations every other loader is compared with; the first is the stock

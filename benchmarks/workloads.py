@@ -4,7 +4,7 @@ All of it lives under the bench cache directory (default ``~/.cache/kuat/bench``
 reused across runs; nothing is downloaded.
 
 - ``imagenet-jpeg``: the generated ImageNet-like ImageFolder
-  (:func:`kuat.cli.demo_data.build_demo_imagefolder`: JPEGs cut from the photos that
+  (:func:`kuat.demo_data.build_demo_imagefolder`: JPEGs cut from the photos that
   scikit-image, scikit-learn and matplotlib ship, at ImageNet's size and bytes per pixel), or
   the user's ``--imagefolder``; :func:`image_stats` describes whichever was measured.
 - ``smooth-jpeg``: the same generator without grain (:func:`smooth_jpeg`): ImageNet's sizes at
@@ -35,6 +35,10 @@ IMAGE_WORKLOADS = ("imagenet-jpeg", "smooth-jpeg", "imagenet-jpeg-256", "ingest"
 ALL = ("imagenet-jpeg", "smooth-jpeg", "imagenet-jpeg-256", "tokens", "hf-rows", "ingest")
 # workload -> what the adapters run for it: smooth-jpeg is imagenet-jpeg on other files
 KIND = {"smooth-jpeg": "imagenet-jpeg"}
+# Workloads measured in the parent process by their own module (a table of their own, not one
+# run per loader): name -> module under benchmarks/ with run(quick, progress) and
+# markdown(result). The runner runs them; the report renders their tables.
+TABLE_WORKLOADS = {"overhead": "bench_overhead", "remote": "bench_remote"}
 RESIZE_SHORTER = 256  # imagenet-jpeg-256's --resize-shorter
 BATCH_SIZE = {
     "imagenet-jpeg": 64,
@@ -49,7 +53,7 @@ BATCH_SIZE = {
 def imagenet_jpeg(num_images: int, progress: bool) -> dict:
     """The generated ImageNet-like ImageFolder with ``num_images`` JPEGs (built once, then
     reused from the kuat cache): ``{"root", "num_images"}``."""
-    from kuat.cli.demo_data import build_demo_imagefolder
+    from kuat.demo_data import build_demo_imagefolder
 
     root = build_demo_imagefolder(num_images=num_images, seed=0, progress=progress)
     return {"root": str(root), "num_images": num_images}
@@ -63,15 +67,40 @@ def kind(workload: str) -> str:
 def smooth_jpeg(num_images: int, progress: bool) -> dict:
     """The ImageNet-like ImageFolder without grain: the same photographs, crops, sizes and
     quality, about 0.19 bytes per pixel (built once, then reused): ``{"root", "num_images"}``."""
-    from kuat.cli.demo_data import build_demo_imagefolder
+    from kuat.demo_data import build_demo_imagefolder
 
     root = build_demo_imagefolder(num_images=num_images, seed=0, progress=progress, grain=False)
     return {"root": str(root), "num_images": num_images}
 
 
+def kuat_copy(root: str | Path, cache_dir: Path, resize_shorter: int | None = None) -> str:
+    """The path of kuat's conversion of the ImageFolder at ``root``
+    (``kuat.convert.from_imagefolder``: the original JPEG bytes, or re-encoded with
+    ``resize_shorter``), converted once with every core and reused from
+    ``cache_dir/kuat/<cache_key(root)>[-short<N>].kuat``. The kuat adapter reads it
+    (``imagenet-jpeg``, ``imagenet-jpeg-256``) and :func:`resized_imagefolder` exports it."""
+    import os
+
+    from benchmarks.adapters import cache_key
+    from kuat.convert.imagefolder import from_imagefolder
+
+    name = cache_key(root) + (f"-short{resize_shorter}" if resize_shorter else "")
+    dst = cache_dir / "kuat" / f"{name}.kuat"
+    if not (dst / "manifest.json").exists():
+        from_imagefolder(
+            root,
+            dst,
+            num_workers=os.cpu_count() or 1,
+            progress=False,
+            overwrite=True,
+            resize_shorter=resize_shorter,
+        )
+    return str(dst)
+
+
 def resized_imagefolder(original_root: str | Path, cache_dir: Path) -> dict:
     """imagenet-jpeg-256's data: kuat's ``resize_shorter=256`` conversion of
-    ``original_root`` (the kuat adapter's cached copy, converted here if missing) and its
+    ``original_root`` (:func:`kuat_copy`, converted here if missing) and its
     image bytes written once as an ImageFolder beside it, byte for byte what kuat stores.
 
     Returns ``{"root": exported tree, "original_root", "kuat_path"}``. The export is named
@@ -80,11 +109,9 @@ def resized_imagefolder(original_root: str | Path, cache_dir: Path) -> dict:
     """
     import hashlib
 
-    from benchmarks.adapters import kuat as kuat_adapter
     from kuat.format import open_store
 
-    converted = kuat_adapter.prepare("imagenet-jpeg-256", {"root": str(original_root)}, cache_dir)
-    kuat_path = converted["kuat_path"]
+    kuat_path = kuat_copy(str(original_root), cache_dir, RESIZE_SHORTER)
     manifest = (Path(kuat_path) / "manifest.json").read_bytes()
     out = cache_dir / "resized" / f"{Path(kuat_path).stem}-{hashlib.sha1(manifest).hexdigest()[:8]}"
     if not (out / ".complete").exists():
@@ -116,8 +143,8 @@ def image_stats(root: str | Path, generated: bool, corpus: str = "ImageNet-like"
     """What an image workload measured: ``{"source", "corpus", "root", **corpus_stats(root)}``
     where ``source`` is ``"generated"`` (``corpus`` names which generated corpus) or
     ``"imagefolder"`` (the user's ``--imagefolder``); see
-    :func:`kuat.cli.demo_data.corpus_stats`."""
-    from kuat.cli.demo_data import corpus_stats
+    :func:`kuat.demo_data.corpus_stats`."""
+    from kuat.demo_data import corpus_stats
 
     return {
         "source": "generated" if generated else "imagefolder",

@@ -12,6 +12,7 @@ import io
 import json
 import mmap
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -23,7 +24,7 @@ from PIL import Image
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from benchmarks import measure, readme, report, runner, workloads  # noqa: E402
+from benchmarks import headline, measure, readme, report, runner, workloads  # noqa: E402
 
 
 def _imagefolder(root: Path, classes: int = 2, per_class: int = 8) -> Path:
@@ -328,14 +329,39 @@ def test_summary_ratios_to_every_baseline_with_spread_and_memory_apart() -> None
     assert "| dali | ModuleNotFoundError: No module named 'nvidia' |" in md
 
 
-def test_readme_section_is_generated_from_the_committed_results() -> None:
+def test_results_pages_and_chart_are_generated_from_the_committed_results() -> None:
+    """docs/benchmarks.md's full results, the README's summary and the chart are what
+    ``python -m benchmarks.readme`` writes from the committed results.json."""
     results = json.loads(readme.RESULTS.read_text())
-    text = readme.README.read_text()
-    assert readme.update(text, results) == text, "run: python -m benchmarks.readme"
+    for path, text in readme.pages(results).items():
+        assert path.read_text() == text, f"{path} is stale: run python -m benchmarks.readme"
+    assert readme.stale(results) == [], "run: python -m benchmarks.readme"
+    # the README shows the chart it links, and the headline table of the same run
+    readme_text = readme.README.read_text()
+    links = re.findall(r"!\[[^\]]*\]\(([^)]+\.png)\)", readme_text)
+    assert links == [readme.CHART.relative_to(REPO).as_posix()]
+    assert (REPO / links[0]).is_file()
+    assert headline.table(results) in readme_text
     busy = readme.section(_results({}))  # load average 3.5 on 2 cores
     assert "**Provisional numbers:** the machine was busy (1-minute load average up to 3.5" in busy
+    assert "**Provisional numbers:** the machine was busy" in readme.summary(_results({}))
     with pytest.raises(ValueError, match="must hold"):
-        readme.update("no markers here", results)
+        readme.update("no markers here", "body")
+
+
+def test_headline_rows_compare_kuat_with_the_strongest_torch_configuration() -> None:
+    results = json.loads(readme.RESULTS.read_text())
+    rows = {h["workload"]: h for h in headline.headlines(results)}
+    assert "ingest" not in rows  # its baseline is kuat itself
+    for workload, h in rows.items():
+        s = results["summary"][workload]
+        assert h["threads"] == s["rows"]["kuat"]["vs"][s["strongest"]]
+        assert h["base"] == report.label(results, s["strongest"], workload)
+        if h["peer"] is not None:  # the fastest loader that is neither kuat nor a baseline
+            peers = [k for k in s["rows"] if not k.startswith("kuat")
+                     and k not in s["baselines"] and k != s["reference"]]  # fmt: skip
+            fastest = max(peers, key=lambda k: s["rows"][k]["rate"] or 0)
+            assert h["peer"] == report.label(results, fastest, workload)
 
 
 def test_config_rejects_bad_values() -> None:
@@ -454,7 +480,7 @@ def test_environments_share_the_running_torch_by_path(
 
 
 def test_smooth_corpus_keeps_the_crops_and_drops_the_grain(tmp_path: Path) -> None:
-    from kuat.cli.demo_data import build_demo_imagefolder, corpus_stats
+    from kuat.demo_data import build_demo_imagefolder, corpus_stats
 
     grainy = build_demo_imagefolder(tmp_path, num_images=24, progress=False)
     smooth = build_demo_imagefolder(tmp_path, num_images=24, progress=False, grain=False)

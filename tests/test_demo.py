@@ -11,9 +11,9 @@ import torch
 import kuat
 import kuat.convert
 from kuat import vision as kv
+from kuat._memory import KINDS
 from kuat.cli import main
-from kuat.cli._memory import KINDS
-from kuat.cli.demo_data import build_demo_imagefolder
+from kuat.demo_data import build_demo_imagefolder
 
 
 @pytest.fixture(scope="module")
@@ -112,7 +112,8 @@ def test_demo_measures_after_importing_both_sides(demo_tree, monkeypatch):
     so neither side's imports count against it."""
     import sys
 
-    from kuat.cli import _memory, demo
+    from kuat import _memory
+    from kuat.cli import demo
 
     seen = {}
     enter = _memory.PeakMemory.__enter__

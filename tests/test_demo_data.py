@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from kuat.cli.demo_data import LONG_SIDE, SOURCES, build_demo_imagefolder, corpus_stats
+from kuat.demo_data import LONG_SIDE, SOURCES, build_demo_imagefolder, corpus_stats
 
 
 def test_demo_imagefolder_is_imagenet_like_and_cached(tmp_path):

@@ -19,3 +19,11 @@ def test_readme_example_runs(index, tmp_path, monkeypatch):
     monkeypatch.setenv("KUAT_CACHE", str(tmp_path / "cache"))
     code = compile(BLOCKS[index], f"README.md python block {index}", "exec")
     exec(code, {"__name__": f"readme_{index}"})
+
+
+def test_readme_images_exist():
+    """Every image the README shows is a committed file (the results chart among them)."""
+    images = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", README.read_text())
+    assert images, "the README shows the results chart"
+    missing = [p for p in images if "://" not in p and not (README.parent / p).is_file()]
+    assert missing == []

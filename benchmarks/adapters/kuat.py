@@ -23,10 +23,9 @@ given (kuat's adaptive depth).
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
-from benchmarks.adapters import IMAGE_SIZE, Loader, cache_key, num_workers
+from benchmarks.adapters import IMAGE_SIZE, Loader, num_workers
 
 WORKLOADS = ("imagenet-jpeg", "imagenet-jpeg-256", "tokens", "hf-rows", "ingest")
 PREPARE = ("imagenet-jpeg", "imagenet-jpeg-256")  # workloads that read a converted copy
@@ -62,37 +61,22 @@ def _roi_decoder(decode) -> str:
     return "not built"
 
 
-def _convert(root: str, dst: Path, workers: int, resize_shorter: int | None) -> int:
-    from kuat.convert.imagefolder import from_imagefolder
-
-    report = from_imagefolder(
-        root,
-        dst,
-        num_workers=workers,
-        progress=False,
-        overwrite=True,
-        resize_shorter=resize_shorter,
-    )
-    return report.rows
-
-
 def prepare(workload: str, data: dict, cache_dir: Path) -> dict:
     if workload == "tokens":
         return {}
+    from benchmarks.workloads import kuat_copy
+
     shorter = 256 if workload == "imagenet-jpeg-256" else None
     root = data.get("original_root", data["root"]) if shorter else data["root"]
-    name = cache_key(root) + (f"-short{shorter}" if shorter else "")
-    dst = cache_dir / "kuat" / f"{name}.kuat"
-    if not (dst / "manifest.json").exists():
-        _convert(root, dst, os.cpu_count() or 1, shorter)
-    return {"kuat_path": str(dst)}
+    return {"kuat_path": kuat_copy(root, cache_dir, shorter)}
 
 
 def ingest(data: dict, out_dir: Path, workers: int) -> int:
     import kuat
+    from kuat.convert.imagefolder import from_imagefolder
 
     dst = out_dir / "data.kuat"
-    _convert(data["root"], dst, workers, None)
+    from_imagefolder(data["root"], dst, num_workers=workers, progress=False, overwrite=True)
     return len(kuat.open(dst))
 
 

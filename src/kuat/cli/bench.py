@@ -9,11 +9,12 @@ Examples:
 
     kuat bench --quick                      # only peers already installed: minutes alone, ~25 with all
     kuat bench --setup-envs                 # full run; creates the peer environments first
-    kuat bench --setup-envs --update-readme # the same, then commit-ready results.json + README
+    kuat bench --setup-envs --update-readme # the same, then commit-ready results.json, README
+                                            # summary, docs/benchmarks.md results and chart
     kuat bench --workloads imagenet-jpeg --loaders torch kuat decode-only
     kuat bench --workloads overhead --loaders torch   # the loop-cost table (issue 17)
-    kuat bench --workloads remote --update-readme     # S3 (moto) vs local disk, README table
-    kuat bench --table bench-results/results.json   # print the README table again
+    kuat bench --workloads remote --update-readme     # S3 (moto) vs local disk, its table
+    kuat bench --table bench-results/results.json   # print the Markdown report again
 """
 
 from __future__ import annotations
@@ -136,8 +137,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument(
         "--update-readme",
         action="store_true",
-        help="after the run, copy results.json to benchmarks/results.json and regenerate the "
-        "README's results section from it (python -m benchmarks.readme)",
+        help="after the run, copy results.json to benchmarks/results.json and regenerate from "
+        "it docs/benchmarks.md's results, the README's summary and its chart "
+        "(python -m benchmarks.readme)",
     )
     p.add_argument("--list", action="store_true", help="list loaders and workloads and exit")
     p.add_argument(

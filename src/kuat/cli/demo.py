@@ -93,7 +93,7 @@ def _measure(which: str, path: str, workers: int, batch_size: int, seed: int, me
     """One epoch of ``which`` ("torch" or "kuat"); returns the measurements as a dict.
 
     With ``memory`` the PSS of this process tree is sampled during the epoch (``added_mib``
-    by kind: see :mod:`kuat.cli._memory`) and the times are not reported; without
+    by kind: see :mod:`kuat._memory`) and the times are not reported; without
     it nothing runs beside the loader.
     """
     import contextlib
@@ -102,7 +102,7 @@ def _measure(which: str, path: str, workers: int, batch_size: int, seed: int, me
     import torch
     from tqdm.auto import tqdm
 
-    from kuat.cli._memory import PeakMemory
+    from kuat._memory import PeakMemory
 
     torch.manual_seed(seed)
     mem = PeakMemory() if memory else None
@@ -317,7 +317,7 @@ def run(args) -> int:
 
         return run_text(args)
     import kuat.convert
-    from kuat.cli.demo_data import SOURCES, build_demo_imagefolder, default_cache_dir
+    from kuat.demo_data import SOURCES, build_demo_imagefolder, default_cache_dir
 
     if (
         args.workers < 0

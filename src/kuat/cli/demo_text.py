@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import kuat
-from kuat.cli.demo_data import default_cache_dir
+from kuat.demo_data import default_cache_dir
 from kuat.text import pack, pack_collate
 from kuat.text.corpus import EOS, demo_corpus, train_bpe
 
