@@ -11,7 +11,7 @@ import pytest
 
 import kuat
 from kuat._dirs import cache_root, shard_cache_dir
-from kuat.cli.demo_data import default_cache_dir as demo_root
+from kuat.demo_data import default_cache_dir as demo_root
 from kuat.format.cache import ShardCache, default_cache_dir
 
 _VARS = ("KUAT_CACHE", "KUAT_CACHE_DIR", "XDG_CACHE_HOME", "KUAT_BENCH_ENVS")
