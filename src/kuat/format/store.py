@@ -31,7 +31,8 @@ import numpy as np
 from kuat.errors import FormatError
 from kuat.format.cache import Prefetcher, ShardCache
 from kuat.format.fs import Remote, is_url, local_path, open_remote
-from kuat.format.manifest import Manifest, ShardInfo, member_path, read_manifest
+from kuat.format.manifest import Manifest, ShardInfo, read_manifest
+from kuat.format.members import member_path
 from kuat.format.schema import EncodedImage
 from kuat.format.shard import Shard, open_shard
 
