@@ -29,8 +29,8 @@ def table(tmp_path_factory):
 
 def test_kuat_dataset_implements_the_map_style_hooks(table):
     ds = kuat.open(table)
-    assert type(ds) is Dataset and kuat.Dataset is Dataset and kuat.format.Dataset is Dataset
-    assert kuat.open is kuat.format.open is kuat.format.open_dataset
+    assert type(ds) is Dataset and kuat.Dataset is Dataset
+    assert kuat.open is kuat.sources.dataset.open_dataset
     for proto in (P.MapSource, P.BatchFetch, P.CollatedFetch, P.Prefetching):
         assert isinstance(ds, proto) and P.provides(ds, proto), proto.__name__
     for proto in (P.EpochAware, P.Distributed, P.Batching, P.Stateful):
