@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from kuat.collate import new_batch_buffer
 from kuat.errors import DecodeError, KuatError
 from kuat.vision import _exif
-from kuat.vision.decode import _check_pixels, decode_stored
+from kuat.vision.decode import check_pixels, decode_stored
 from kuat.vision.geometry import snap, stored_crop_box
 
 __all__ = ["check_cuda", "decode_batch_cuda"]
@@ -54,7 +54,7 @@ def _nvjpeg_ok(data, max_pixels, index, source) -> bool:
         height, width, colorspace, _ = simplejpeg.decode_jpeg_header(data)
     except ValueError:
         return False
-    _check_pixels(width, height, max_pixels, index, source)  # before nvJPEG allocates it
+    check_pixels(width, height, max_pixels, index, source)  # before nvJPEG allocates it
     return colorspace not in ("CMYK", "YCCK")
 
 
