@@ -200,17 +200,22 @@ def test_hooks_are_looked_up_only_through_the_protocol():
 
 
 def test_what_the_source_asks_of_a_fused_transform_is_in_the_vision_protocol():
-    from kuat.sources.dataset import _decodes_batches, _is_fused, _takes_location
-    from kuat.vision.protocol import BatchDecodingTransform, FusedImageTransform
+    from kuat.vision.protocol import (
+        BatchDecodingTransform,
+        FusedImageTransform,
+        decodes_batches,
+        is_fused,
+        takes_location,
+    )
 
     t = Compose([RandomResizedCrop(4)])
     assert isinstance(t, FusedImageTransform) and isinstance(t, BatchDecodingTransform)
-    assert _is_fused(t) and _takes_location(t)  # index=/source= are in its signature
-    assert not _decodes_batches(t)  # decode_device="cpu": per-sample apply_encoded
+    assert is_fused(t) and takes_location(t)  # index=/source= are in its signature
+    assert not decodes_batches(t)  # decode_device="cpu": per-sample apply_encoded
 
     class Minimal:  # only the required method, without the optional keywords
         def apply_encoded(self, data, width, height, rng, out=None):
             return out
 
-    assert _is_fused(Minimal()) and not _takes_location(Minimal())
-    assert not _decodes_batches(Minimal())
+    assert is_fused(Minimal()) and not takes_location(Minimal())
+    assert not decodes_batches(Minimal())
