@@ -296,7 +296,7 @@ def test_fused_resize_vs_torch_on_the_same_box(roi, monkeypatch, exact):
     difference per channel vs torchvision's RandomResizedCrop (antialias=True) on the same
     box below 0.05 grey levels and no pixel off by more than 1. Exact mode: equal to torch's
     channels_last kernel on the box, i.e. kuat's pixels before the fused kernel."""
-    from kuat.cli.demo_data import load_source_photos, make_jpeg
+    from kuat.demo_data import load_source_photos, make_jpeg
 
     monkeypatch.setattr(kdecode, "_roi", roi)
     photos = load_source_photos()
@@ -355,7 +355,7 @@ def _mixed_batch():
     """JPEGs of every kind the batch call takes or hands back: ImageNet-like photos, 4:4:4,
     progressive, grayscale, EXIF mirror (2, batched) and rotation (6, per image), a CMYK JPEG,
     a PNG, small images a 224 crop upsamples, and one a 1/2-scale decode covers."""
-    from kuat.cli.demo_data import load_source_photos, make_jpeg
+    from kuat.demo_data import load_source_photos, make_jpeg
 
     photos = load_source_photos()
     names = sorted(photos)
