@@ -46,7 +46,8 @@ def from_text(
             record per non-empty line) path(s) or glob(s); a ``datasets.Dataset`` or
             ``IterableDataset``; or an iterable of records. A record is a mapping with
             ``text_field`` (a string) or ``messages_field`` (a list of ``{"role", "content"}``),
-            or a bare string. The first record decides text or chat for the whole source.
+            or a bare string. The first record decides text or chat for the whole source (one
+            schema); a record of the other kind is refused naming it and this rule.
         dst: the dataset directory to write.
         tokenizer: a ``tokenizers.Tokenizer``, a ``transformers`` tokenizer or a ``tiktoken``
             encoding (see :func:`kuat.text.tokenize.as_tokenizer`).
@@ -92,9 +93,16 @@ def from_text(
         """Raise ValueError naming ``where`` unless ``rec`` holds what the encoding needs."""
         if isinstance(rec, _Malformed):
             raise ValueError(rec.reason)
+        mixed = ("; the first record made this a {} conversion (one schema for the whole "
+                 "dataset): convert chat and text records apart, or read the mix with "
+                 "kuat.text.tokenize, which decides per sample")
         if chat:
-            _get(rec, messages_field, where)
+            if not (isinstance(rec, Mapping) and messages_field in rec):
+                raise ValueError(f"{where}: no field {messages_field!r} (record has "
+                                 f"{_keys(rec)}){mixed.format('chat')}")
             return
+        if isinstance(rec, Mapping) and messages_field in rec and text_field not in rec:
+            raise ValueError(f"{where}: a chat record ({messages_field!r}){mixed.format('text')}")
         t = rec if isinstance(rec, str) else _get(rec, text_field, where)
         if not isinstance(t, str):
             raise ValueError(f"{where}: {text_field!r} should be a string, got {t!r:.80}")
@@ -168,9 +176,12 @@ def _where(batch) -> str:
 
 def _get(rec, name: str, where: str):
     if not isinstance(rec, Mapping) or name not in rec:
-        keys = list(rec) if isinstance(rec, Mapping) else type(rec).__name__
-        raise ValueError(f"{where}: no field {name!r} (record has {keys})")
+        raise ValueError(f"{where}: no field {name!r} (record has {_keys(rec)})")
     return rec[name]
+
+
+def _keys(rec):
+    return list(rec) if isinstance(rec, Mapping) else type(rec).__name__
 
 
 class _Malformed:
