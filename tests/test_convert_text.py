@@ -314,3 +314,23 @@ def test_from_text_refuses_a_mix_naming_the_record_and_the_rule(corpus, tok, tmp
         src.write_text("\n".join(json.dumps(r) for r in (first, first, other)))
         with pytest.raises(ValueError, match=rf"{kind}.jsonl:3.*first record made this a {kind}"):
             kuat.convert.from_text(str(src), tmp_path / f"out-{kind}", tok, eos_id=eos, progress=False)
+
+
+@pytest.mark.parametrize("ext", ["txt", "jsonl"])
+def test_bytes_that_are_not_utf8_are_a_named_skippable_line(tok, tmp_path, ext):
+    eos = tok.token_to_id(EOS)
+    texts = ["first line", None, "third line"]  # None: a line holding a byte that is not UTF-8
+    bad = b"bad \xff" if ext == "txt" else b'{"text": "bad \xff"}'
+    good = (lambda t: t.encode()) if ext == "txt" else (lambda t: json.dumps({"text": t}).encode())
+    raw = b"\n".join(good(t) if t else bad for t in texts) + b"\n"
+    src = tmp_path / f"in.{ext}"
+    src.write_bytes(raw)
+    with pytest.raises(UnicodeDecodeError):  # the reference reader refuses the file
+        raw.decode("utf-8")
+    with pytest.raises(ValueError, match=rf"in\.{ext}:2: not valid UTF-8 text \(bytes b'\\xff'"):
+        kuat.convert.from_text(str(src), tmp_path / "raised", tok, eos_id=eos, progress=False)
+    report = kuat.convert.from_text(str(src), tmp_path / "o", tok, eos_id=eos, progress=False,
+                                    on_error="skip")
+    assert report.rows == 2 and report.skipped[0][0].endswith(f"in.{ext}:2")
+    want = [tok.encode(t, add_special_tokens=False).ids + [eos] for t in texts if t]
+    assert [a.tolist() for a in stored(tmp_path / "o")] == want

@@ -212,20 +212,46 @@ def _records(src, keep_malformed: bool = False) -> Iterator[tuple[str, object]]:
 def _looks_like_paths(src) -> bool:
     """A path, or a list of paths/globs with text extensions (a list of other strings is a list
     of records)."""
-    if isinstance(src, (str, os.PathLike)):
+    if isinstance(src, (str, bytes, os.PathLike)):
         return True
     if not isinstance(src, (list, tuple)) or not src:
         return False
-    names = [os.fspath(s).lower() for s in src if isinstance(s, (str, os.PathLike))]
+    names = [os.fsdecode(s).lower() for s in src if isinstance(s, (str, os.PathLike))]
     return len(names) == len(src) and all(n.endswith(TEXT_EXTENSIONS) for n in names)
+
+
+def _not_utf8(line: str) -> str | None:
+    """Why a line read with ``surrogateescape`` is not UTF-8 text (its bad bytes came in as
+    lone surrogates), or ``None``."""
+    if line.isascii():
+        return None
+    try:
+        line.encode("utf-8")
+        return None
+    except UnicodeEncodeError as e:
+        bad = line[e.start : e.end].encode("utf-8", "surrogateescape")
+        return f"not valid UTF-8 text (bytes {bad!r} at character {e.start})"
 
 
 def _files(paths: list[str], keep_malformed: bool) -> Iterator[tuple[str, object]]:
     for path in paths:
         ext = os.path.splitext(path.lower())[1]
-        if ext in (".jsonl", ".ndjson", ".json"):
-            with open(path, encoding="utf-8") as f:
+        if ext in (".jsonl", ".ndjson", ".txt", ".json"):
+            # bytes that are not UTF-8 are one malformed line (skippable), not a bare
+            # UnicodeDecodeError that ends the conversion without saying where
+            with open(path, encoding="utf-8", errors="surrogateescape") as f:
                 for n, line in enumerate(f, 1):
+                    why = _not_utf8(line)
+                    if why is not None:
+                        if not keep_malformed:
+                            raise ValueError(f"{path}:{n}: {why}")
+                        yield f"{path}:{n}", _Malformed(why)
+                        continue
+                    if ext == ".txt":
+                        line = line.rstrip("\n")
+                        if line.strip():
+                            yield f"{path}:{n}", line
+                        continue
                     if not line.strip():
                         continue
                     try:
@@ -242,11 +268,5 @@ def _files(paths: list[str], keep_malformed: bool) -> Iterator[tuple[str, object
                 for rec in batch.to_pylist():
                     yield f"{path} row {row}", rec
                     row += 1
-        elif ext == ".txt":
-            with open(path, encoding="utf-8") as f:
-                for n, line in enumerate(f, 1):
-                    line = line.rstrip("\n")
-                    if line.strip():
-                        yield f"{path}:{n}", line
         else:
             raise ValueError(f"{path}: not a text source (extensions {TEXT_EXTENSIONS})")
