@@ -591,3 +591,29 @@ def test_names_that_are_not_utf8_convert_or_fail_before_writing(tmp_path):
     with pytest.raises(ValueError, match=r"field name b'x\\xfe' is not valid UTF-8"):
         kuat.convert.from_numpy(os.fsencode(tmp_path) + b"/x\xfe.npy", tmp_path / "n", progress=False)
     assert not (tmp_path / "n").exists()
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="file names are bytes on Linux")
+def test_table_files_whose_names_are_not_utf8_are_refused_naming_them(tmp_path):
+    name = os.fsencode(tmp_path) + b"/t\xff"
+    table = pa.table({"a": [1, 2]})
+    with open(name + b".parquet", "wb") as f:
+        pq.write_table(table, f)
+    with open(name + b".csv", "wb") as f:
+        f.write(b"a\n1\n2\n")
+    for convert, ext in ((kuat.convert.from_parquet, b".parquet"), (kuat.convert.from_csv, b".csv")):
+        with pytest.raises(ValueError, match=r"input file b'.*/t\\xff\..*' is not valid UTF-8"):
+            convert(name + ext, tmp_path / "o", progress=False)
+        assert not (tmp_path / "o").exists()
+    # text records from a Parquet file: the name is not stored, so it converts (pyarrow's rows)
+    pytest.importorskip("tokenizers")
+    from kuat.text.corpus import train_bpe
+
+    tok = train_bpe(["one two three"] * 10, vocab_size=300)
+    with open(name + b".text.parquet", "wb") as f:
+        pq.write_table(pa.table({"text": ["one two", "three"]}), f)
+    kuat.convert.from_text(name + b".text.parquet", tmp_path / "t", tok, eos_id=0, progress=False)
+    with open(name + b".text.parquet", "rb") as f:
+        texts = pq.read_table(f).column("text").to_pylist()
+    got = [np.asarray(kuat.open(tmp_path / "t")[i]["input_ids"]).tolist() for i in range(2)]
+    assert got == [tok.encode(t, add_special_tokens=False).ids + [0] for t in texts]

@@ -264,9 +264,10 @@ def _files(paths: list[str], keep_malformed: bool) -> Iterator[tuple[str, object
             import pyarrow.parquet as pq
 
             row = 0
-            for batch in pq.ParquetFile(path).iter_batches(batch_size=4096):
-                for rec in batch.to_pylist():
-                    yield f"{path} row {row}", rec
-                    row += 1
+            with open(path, "rb") as f:  # any file name (pyarrow takes only UTF-8 paths)
+                for batch in pq.ParquetFile(f).iter_batches(batch_size=4096):
+                    for rec in batch.to_pylist():
+                        yield f"{path} row {row}", rec
+                        row += 1
         else:
             raise ValueError(f"{path}: not a text source (extensions {TEXT_EXTENSIONS})")
