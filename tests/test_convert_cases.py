@@ -470,3 +470,150 @@ def test_cli_reports_unreadable_input_without_a_traceback(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "kuat convert: error:" in err and "neither JSON Lines" in err
     assert "Traceback" not in err
+
+
+# -- issue #29: a decoder's own refusal types; names that are not UTF-8 ----------------------
+@pytest.fixture
+def pillow_pixel_limit(monkeypatch):
+    """Pillow's decompression-bomb limit lowered so that a 64x48 PNG is over twice it:
+    ``Image.open`` then raises ``DecompressionBombError``, which is not an ``OSError``."""
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)
+
+
+def _bomb_sources(tmp_path, good, bomb):
+    """The same two images as an ImageFolder, a WebDataset tar and a Parquet file."""
+    folder = tmp_path / "folder" / "c"
+    folder.mkdir(parents=True)
+    (folder / "a.png").write_bytes(good)
+    (folder / "b.png").write_bytes(bomb)
+    tar_path = tmp_path / "w.tar"
+    with tarfile.open(tar_path, "w") as tar:
+        for key, data in (("a", good), ("b", bomb)):
+            for ext, value in (("png", data), ("cls", b"0")):
+                info = tarfile.TarInfo(f"{key}.{ext}")
+                info.size = len(value)
+                tar.addfile(info, io.BytesIO(value))
+    pq.write_table(pa.table({"pic": [good, bomb]}), tmp_path / "t.parquet")
+    return {
+        "imagefolder": lambda dst, **kw: kuat.convert.from_imagefolder(tmp_path / "folder", dst, **kw),
+        "webdataset": lambda dst, **kw: kuat.convert.from_webdataset(str(tar_path), dst, **kw),
+        "parquet": lambda dst, **kw: kuat.convert.from_parquet(
+            tmp_path / "t.parquet", dst, image_fields=["pic"], **kw),
+    }
+
+
+@pytest.mark.parametrize("converter", ["imagefolder", "webdataset", "parquet"])
+@pytest.mark.parametrize("decode_check", [False, True])
+def test_a_decoder_refusal_is_a_decode_error_that_obeys_on_error(tmp_path, pillow_pixel_limit,
+                                                                 converter, decode_check):
+    good = noise_image(20, 20, 0, "PNG")  # 400 pixels: under the limit
+    bomb = _png(1)  # 64 x 48 = 3072 pixels > 2 x 1000
+    with pytest.raises(Image.DecompressionBombError) as pillow:  # the reference refuses it
+        Image.open(io.BytesIO(bomb))
+    assert not isinstance(pillow.value, OSError)
+    convert = _bomb_sources(tmp_path, good, bomb)[converter]
+    with pytest.raises(DecodeError, match=r"b\.png|row 1") as info:
+        convert(tmp_path / "raised", progress=False, decode_check=decode_check)
+    assert isinstance(info.value.__cause__, Image.DecompressionBombError)
+    assert not any((tmp_path / "raised").glob("*"))  # no dataset, no shard (the Writer aborted)
+    report = convert(tmp_path / "o", progress=False, decode_check=decode_check, on_error="skip")
+    assert report.rows == 1 and len(report.skipped) == 1
+    assert "DecompressionBombError" in report.skipped[0][1]
+    field = "pic" if converter == "parquet" else "png" if converter == "webdataset" else "image"
+    stored = kuat.open(tmp_path / "o")[0][field]
+    with Image.open(io.BytesIO(good)) as im:
+        want = np.asarray(im.convert("RGB"))
+    assert np.array_equal(np.asarray(stored), want)  # (H, W, 3) uint8, as Pillow decodes it
+
+
+def test_probe_image_names_the_source_of_a_refused_image(pillow_pixel_limit):
+    with pytest.raises(DecodeError, match="DecompressionBombError.*x.png|x.png.*DecompressionBombError"):
+        kuat.probe_image(_png(1), source="x.png")
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="file names are bytes on Linux")
+def test_names_that_are_not_utf8_convert_or_fail_before_writing(tmp_path):
+    src = os.fsencode(tmp_path / "src")
+    os.makedirs(src + b"/dog")
+    (tmp_path / "src" / "dog" / "c.png").write_bytes(_png(0))
+    with open(src + b"/dog/b\xff.png", "wb") as f:  # a file name (not stored by default)
+        f.write(_png(1))
+    # torchvision's ImageFolder order over the same tree (names as Python decodes them)
+    torchvision = pytest.importorskip("torchvision")
+    ref = torchvision.datasets.ImageFolder(os.fsdecode(src))
+    report = kuat.convert.from_imagefolder(src, tmp_path / "o", progress=False)  # bytes src
+    ds = kuat.open(tmp_path / "o")
+    assert report.rows == len(ref) == 2
+    for i, (path, label) in enumerate(ref.samples):
+        with Image.open(path) as im:
+            want = np.asarray(im.convert("RGB"))
+        assert int(ds[i]["label"]) == label
+        assert np.array_equal(np.asarray(ds[i]["image"]), want)
+    # stored names must be UTF-8: refused before anything is written, naming the bytes
+    with pytest.raises(ValueError, match=r"include_path.*b'.*/dog/b\\xff\.png' is not valid UTF-8"):
+        kuat.convert.from_imagefolder(src, tmp_path / "p", include_path=True, progress=False)
+    assert not (tmp_path / "p").exists()
+    os.makedirs(src + b"/caf\xe9")
+    os.rename(src + b"/dog/c.png", src + b"/caf\xe9/c.png")
+    with pytest.raises(ValueError, match=r"class folder b'.*/caf\\xe9' is not valid UTF-8"):
+        kuat.convert.from_imagefolder(src, tmp_path / "q", progress=False)
+    assert not (tmp_path / "q").exists()
+
+    # WebDataset: a key that is not UTF-8 is a SchemaError naming the sample (skippable); a
+    # tar file name (stored in the metadata) is refused before writing
+    tar_path = os.fsencode(tmp_path / "w.tar")
+    members = [(b"a", b"0"), (b"k\xff", b"1"), (b"z", b"2")]
+    with tarfile.open(tar_path, "w") as tar:
+        for key, label in members:
+            info = tarfile.TarInfo(os.fsdecode(key + b".cls"))
+            info.size = len(label)
+            tar.addfile(info, io.BytesIO(label))
+    with tarfile.open(tar_path) as tar:  # the reference reader's keys
+        keys = [m.name.split(".")[0] for m in tar.getmembers()]
+    with pytest.raises(SchemaError, match=r"sample key b'k\\xff' is not valid UTF-8"):
+        kuat.convert.from_webdataset(tar_path, tmp_path / "w1", progress=False)
+    assert not any((tmp_path / "w1").glob("*"))  # the Writer aborted: no dataset
+    report = kuat.convert.from_webdataset(tar_path, tmp_path / "w2", progress=False, on_error="skip")
+    got = kuat.open(tmp_path / "w2")
+    assert keys == ["a", "k\udcff", "z"]  # tarfile: the bad byte as a lone surrogate
+    assert [got[i]["__key__"] for i in range(len(got))] == ["a", "z"]
+    assert report.skipped[0][0].endswith("w.tar:k\udcff")
+    assert [int(got[i]["cls"]) for i in range(len(got))] == [0, 2]
+    bad_tar = os.fsencode(tmp_path) + b"/shard\xfe.tar"
+    os.rename(tar_path, bad_tar)
+    with pytest.raises(ValueError, match=r"'files' b'shard\\xfe.tar' is not valid UTF-8"):
+        kuat.convert.from_webdataset(bad_tar, tmp_path / "w3", progress=False, on_error="skip")
+    assert not (tmp_path / "w3").exists()
+
+    # NumPy: the file stem names the field
+    arr = np.arange(6, dtype=np.int64)
+    np.save(os.fsdecode(os.fsencode(tmp_path) + b"/x\xfe.npy"), arr)
+    with pytest.raises(ValueError, match=r"field name b'x\\xfe' is not valid UTF-8"):
+        kuat.convert.from_numpy(os.fsencode(tmp_path) + b"/x\xfe.npy", tmp_path / "n", progress=False)
+    assert not (tmp_path / "n").exists()
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="file names are bytes on Linux")
+def test_table_files_whose_names_are_not_utf8_are_refused_naming_them(tmp_path):
+    name = os.fsencode(tmp_path) + b"/t\xff"
+    table = pa.table({"a": [1, 2]})
+    with open(name + b".parquet", "wb") as f:
+        pq.write_table(table, f)
+    with open(name + b".csv", "wb") as f:
+        f.write(b"a\n1\n2\n")
+    for convert, ext in ((kuat.convert.from_parquet, b".parquet"), (kuat.convert.from_csv, b".csv")):
+        with pytest.raises(ValueError, match=r"input file b'.*/t\\xff\..*' is not valid UTF-8"):
+            convert(name + ext, tmp_path / "o", progress=False)
+        assert not (tmp_path / "o").exists()
+    # text records from a Parquet file: the name is not stored, so it converts (pyarrow's rows)
+    pytest.importorskip("tokenizers")
+    from kuat.text.corpus import train_bpe
+
+    tok = train_bpe(["one two three"] * 10, vocab_size=300)
+    with open(name + b".text.parquet", "wb") as f:
+        pq.write_table(pa.table({"text": ["one two", "three"]}), f)
+    kuat.convert.from_text(name + b".text.parquet", tmp_path / "t", tok, eos_id=0, progress=False)
+    with open(name + b".text.parquet", "rb") as f:
+        texts = pq.read_table(f).column("text").to_pylist()
+    got = [np.asarray(kuat.open(tmp_path / "t")[i]["input_ids"]).tolist() for i in range(2)]
+    assert got == [tok.encode(t, add_special_tokens=False).ids + [0] for t in texts]

@@ -266,3 +266,71 @@ def test_a_tokenizer_without_eos_warns_that_documents_get_no_boundary(tmp_path):
         kuat.convert.from_text(texts, tmp_path / "b", tok, eos_id=0, progress=False)
         kuat.convert.from_text(texts, tmp_path / "c", tok, add_eos=False, progress=False)
         tokenize([{"text": t} for t in texts], tok, eos_id=0)
+
+
+def test_tokenize_decides_chat_or_text_per_sample(corpus, tok):
+    """A source mixing plain texts, bare strings and chats (text first, chat in mid-batch):
+    each sample is tokenized by its own keys; the right ids come from the tokenizer itself."""
+    eos = tok.token_to_id(EOS)
+    chats = chat_samples(corpus[:3])
+    mixed = [{"text": corpus[10]}, chats[0], corpus[11], chats[1], {"text": corpus[12], "id": 3},
+             chats[2]]
+
+    def chat_by_hand(messages):
+        ids, mask = [], []
+        for m in messages:
+            header = tok.encode(f"<|{m['role']}|>\n", add_special_tokens=False).ids
+            body = tok.encode(m["content"], add_special_tokens=False).ids + [eos]
+            sep = tok.encode("\n", add_special_tokens=False).ids
+            on = int(m["role"] == "assistant")
+            ids += header + body + sep
+            mask += [0] * len(header) + [on] * len(body) + [0] * len(sep)
+        return ids, mask
+
+    for batch_size in (1, 4, 256):
+        got = list(tokenize(mixed, tok, eos_id=eos, batch_size=batch_size).samples(0))
+        assert len(got) == len(mixed)
+        for sample, out in zip(mixed, got):
+            if isinstance(sample, dict) and "messages" in sample:
+                ids, mask = chat_by_hand(sample["messages"])
+                assert out["input_ids"].tolist() == ids and out["loss_mask"].tolist() == mask
+            else:
+                text = sample if isinstance(sample, str) else sample["text"]
+                assert set(out) == {"input_ids"}
+                assert out["input_ids"].tolist() == tok.encode(text, add_special_tokens=False).ids + [eos]
+    bad = mixed[:4] + [{"body": "no known key"}] + mixed[4:]
+    with pytest.raises(ValueError, match=r"sample 4 .*neither 'messages' \(a chat\) nor 'text'.*body"):
+        list(tokenize(bad, tok, eos_id=eos, batch_size=3).samples(0))
+    with pytest.raises(ValueError, match="sample 1 .*'text' should be a string, got int"):
+        list(tokenize([{"text": "a"}, {"text": 5}], tok, eos_id=eos).samples(0))
+
+
+def test_from_text_refuses_a_mix_naming_the_record_and_the_rule(corpus, tok, tmp_path):
+    # one schema per dataset: the first record decides; the other kind is named, not a KeyError
+    eos = tok.token_to_id(EOS)
+    for first, other, kind in (({"text": "a b"}, chat_samples(corpus[:1])[0], "text"),
+                               (chat_samples(corpus[:1])[0], {"text": "a b"}, "chat")):
+        src = tmp_path / f"{kind}.jsonl"
+        src.write_text("\n".join(json.dumps(r) for r in (first, first, other)))
+        with pytest.raises(ValueError, match=rf"{kind}.jsonl:3.*first record made this a {kind}"):
+            kuat.convert.from_text(str(src), tmp_path / f"out-{kind}", tok, eos_id=eos, progress=False)
+
+
+@pytest.mark.parametrize("ext", ["txt", "jsonl"])
+def test_bytes_that_are_not_utf8_are_a_named_skippable_line(tok, tmp_path, ext):
+    eos = tok.token_to_id(EOS)
+    texts = ["first line", None, "third line"]  # None: a line holding a byte that is not UTF-8
+    bad = b"bad \xff" if ext == "txt" else b'{"text": "bad \xff"}'
+    good = (lambda t: t.encode()) if ext == "txt" else (lambda t: json.dumps({"text": t}).encode())
+    raw = b"\n".join(good(t) if t else bad for t in texts) + b"\n"
+    src = tmp_path / f"in.{ext}"
+    src.write_bytes(raw)
+    with pytest.raises(UnicodeDecodeError):  # the reference reader refuses the file
+        raw.decode("utf-8")
+    with pytest.raises(ValueError, match=rf"in\.{ext}:2: not valid UTF-8 text \(bytes b'\\xff'"):
+        kuat.convert.from_text(str(src), tmp_path / "raised", tok, eos_id=eos, progress=False)
+    report = kuat.convert.from_text(str(src), tmp_path / "o", tok, eos_id=eos, progress=False,
+                                    on_error="skip")
+    assert report.rows == 2 and report.skipped[0][0].endswith(f"in.{ext}:2")
+    want = [tok.encode(t, add_special_tokens=False).ids + [eos] for t in texts if t]
+    assert [a.tolist() for a in stored(tmp_path / "o")] == want

@@ -1,5 +1,6 @@
-"""``kuat.format.cache.Prefetcher``: concurrent fetches in epoch order, bounded by its depth,
-freed by readers in this process (a notification) or in another process (the entry's mtime).
+"""``kuat.format.prefetch.Prefetcher``: concurrent fetches in epoch order, bounded by its depth,
+freed by readers in this process (a notification) or in another process (the mtime of the
+entry's use mark).
 
 The fetch function stands in for ``ShardCache.get``: it blocks where the test says, so what is
 asserted is which fetches have started, never how long anything took.
@@ -14,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-import kuat.format.cache as cache_mod
-from kuat.format.cache import Prefetcher
+import kuat.format.prefetch as prefetch_mod
+from kuat.format.prefetch import Prefetcher, use_mark
 
 WAIT_S = 10.0  # bound on every wait for something that must happen
 
@@ -39,6 +40,7 @@ class Fetches:
         assert self.released.wait(WAIT_S)
         path = self.root / f"{k}.arrow"
         path.write_bytes(b"x")
+        use_mark(path).touch()  # as ShardCache.get leaves it
         return path
 
     def release(self) -> None:
@@ -74,14 +76,15 @@ def test_use_by_another_process_is_seen_through_the_cache_entry(tmp_path, monkey
         def unavailable(*args):
             raise OSError("inotify is not available on this platform")
 
-        monkeypatch.setattr(cache_mod, "_AttribWatch", unavailable)
+        monkeypatch.setattr(prefetch_mod, "_AttribWatch", unavailable)
     fetches = Fetches(tmp_path)
     fetches.release()
     p = Prefetcher(fetches, depth=1)
     p.start([3, 4])
     fetches.wait_started(1)
-    entry = tmp_path / "3.arrow"
-    # a process worker's cache hit touches the entry (ShardCache._touch); nothing calls used().
+    entry = use_mark(tmp_path / "3.arrow")
+    # a process worker's cache hit touches the entry's use mark (ShardCache._hit); nothing
+    # calls used().
     # Touch until shard 4 starts: a touch before the prefetcher noted the entry's mtime is
     # not a use, one after it is.
     for bump in range(1, 100):

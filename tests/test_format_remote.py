@@ -465,3 +465,95 @@ def test_shard_shuffle_sampler_prefetches_its_order(http_root, tmp_path):
     _assert_fetched_in_order(
         server.gets, [ds.manifest.shards[k].file for k in sid[np.sort(first)]], depth=2
     )
+
+
+# -- damaged cache entries and servers that ignore Range ---------------------------------------
+def _expected_rows(root: Path) -> list[int]:
+    """Every ``y`` of the dataset at ``root``, read from its shards with pyarrow (the reference)."""
+    import pyarrow as pa
+
+    from kuat.format import read_manifest
+
+    manifest = read_manifest(str(root))
+    ys = []
+    for info in manifest.shards:
+        with pa.memory_map(str(root / info.file)) as f:
+            ys += pa.ipc.open_stream(f).read_all().column("y").to_pylist()
+    return ys
+
+
+def _read_all(url, cache):
+    ds = kuat.open(url, cache_dir=cache, prefetch_shards=0)
+    try:
+        return [int(ds[i]["y"]) for i in range(len(ds))], ds
+    finally:
+        ds.close()
+
+
+@pytest.mark.parametrize("damage", ["truncated", "same-size-changed", "stamp-lost"])
+def test_a_damaged_cache_entry_is_fetched_again_naming_shard_and_url(http_root, tmp_path, damage,
+                                                                       caplog, monkeypatch):
+    server, base = http_root
+    root = Path(server.root) / "d.kuat"
+    _write(root, n=200, shard_bytes=600)
+    want, cache = _expected_rows(root), tmp_path / "c"
+    got, ds = _read_all(f"{base}/d.kuat", cache)
+    assert got == want
+    info = ds.manifest.shards[1]
+    entry = ShardCache(cache).entry(f"{base}/d.kuat/{info.file}", info)
+    data = bytearray(entry.read_bytes())
+    if damage == "truncated":  # e.g. a disk that filled up while the cache dir was copied
+        entry.write_bytes(data[: len(data) // 2])
+    elif damage == "same-size-changed":  # y values rewritten in place: same size, same mtime
+        st = entry.stat()
+        y = np.asarray(want[ds.manifest.shards[0].rows:][: info.rows], dtype="<i8").tobytes()
+        at = bytes(data).index(y)
+        data[at : at + len(y)] = np.full(info.rows, 7, dtype="<i8").tobytes()
+        entry.write_bytes(bytes(data))
+        os.utime(entry, ns=(st.st_atime_ns, st.st_mtime_ns))
+    else:  # an entry cached by an older kuat (no verification stamp): checked once, kept
+        (cache / f".{entry.stem}.ok").unlink()
+    server.gets.clear()
+    import kuat.format.cache as cache_mod
+
+    checksums = []
+    real = cache_mod.file_checksum
+    monkeypatch.setattr(cache_mod, "file_checksum", lambda p: checksums.append(p) or real(p))
+    with caplog.at_level("WARNING", logger="kuat.format.cache"):
+        got, _ = _read_all(f"{base}/d.kuat", cache)
+    assert got == want
+    fetched = [g for g in server.gets if g.endswith(".arrow")]
+    warnings = [r.getMessage() for r in caplog.records if "damaged" in r.getMessage()]
+    if damage == "stamp-lost":
+        assert fetched == [] and warnings == [] and checksums == [entry]
+    else:
+        assert fetched == [info.file]  # only the damaged shard, once
+        assert len(warnings) == 1 and info.file in warnings[0] and f"{base}/d.kuat/{info.file}" in warnings[0]
+        assert ("bytes" if damage == "truncated" else "checksum") in warnings[0]
+    # a later run trusts the (re)verified entries: a stat and a stamp, no checksum, no fetch
+    checksums.clear()
+    server.gets.clear()
+    assert _read_all(f"{base}/d.kuat", cache)[0] == want
+    assert checksums == [] and [g for g in server.gets if g.endswith(".arrow")] == []
+
+
+def test_a_server_that_ignores_range_serves_whole_shards(http_root, tmp_path, monkeypatch):
+    # http.server's handler ignores Range: every ranged GET gets a 200 with the whole file
+    import kuat.format.cache as cache_mod
+
+    server, base = http_root
+    root = Path(server.root) / "d.kuat"
+    _write(root, n=2000, shard_bytes=16 << 10)
+    monkeypatch.setattr(cache_mod, "CHUNK_BYTES", 2 << 10)  # several ranges per shard
+    got, ds = _read_all(f"{base}/d.kuat", tmp_path / "c")
+    assert got == _expected_rows(root)
+    shards = [s.file for s in ds.manifest.shards]
+    assert all(s.bytes > 2 * (2 << 10) for s in ds.manifest.shards)
+    gets = [g for g in server.gets if g.endswith(".arrow")]
+    assert sorted(set(gets)) == sorted(shards)
+    assert len(gets) <= len(shards) * cache_mod.CHUNK_THREADS  # not one whole object per range
+    # a wrong whole object (the shard changed at its URL) is still refused
+    info = ds.manifest.shards[0]
+    (root / info.file).write_bytes((root / info.file).read_bytes()[::-1])
+    with pytest.raises(FormatError, match="checksum mismatch"):
+        _read_all(f"{base}/d.kuat", tmp_path / "other")

@@ -141,3 +141,75 @@ def test_gradient_accumulation_steps_on_the_last_window_of_a_stream():
     assert expected == [3, 7, 9]
     assert got == expected
     assert loader.state_dict()["epoch"] == 1 and loader.stats()["batches"] == 10
+
+
+# Each order in a fresh interpreter: the names Accelerate exports are bound before (or after)
+# kuat is imported and before any kuat loader exists. The right batches come from Accelerate's
+# own skip_first_batches over torch's loader (unshuffled), through the batch transform.
+_ORDER_SCRIPT = """
+import sys
+import torch
+{before}
+import kuat
+{after}
+from torch.utils.data import DataLoader as TorchLoader
+import accelerate.data_loader as adl
+
+class Halved:
+    def __len__(self):
+        return 40
+    def __getitem__(self, i):
+        return torch.tensor(i)
+    @staticmethod
+    def kuat_batch_transform(batch):
+        return batch.float() / 2
+
+loader = kuat.DataLoader(Halved(), batch_size=4, num_workers=2)
+{after_loader}
+epoch0 = [b.tolist() for b in loader]
+prepared = prepare_data_loader(loader)
+assert prepared is loader, type(prepared)
+skipped = skip_first_batches(loader, 3)
+assert isinstance(skipped, kuat.DataLoader), type(skipped)
+rest = list(skipped)
+assert all(b.dtype == torch.float32 for b in rest), [b.dtype for b in rest]
+expected = [(b.float() / 2).tolist() for b in adl.skip_first_batches(TorchLoader(Halved(), batch_size=4), 3)]
+assert [b.tolist() for b in rest] == expected == epoch0[3:], ([b.tolist() for b in rest], expected)
+assert loader.state_dict()["epoch"] == 2  # the epoch that ended was not replayed
+other = adl.prepare_data_loader(TorchLoader(Halved(), batch_size=4))  # other loaders: Accelerate's
+assert type(other).__name__ == "DataLoaderShard", type(other)
+print("ok")
+"""
+
+_NAMES = "from accelerate import skip_first_batches\nfrom accelerate.data_loader import prepare_data_loader"
+_ORDERS = {  # where the names are imported: before kuat, after kuat, after the first loader
+    "names-before-kuat": (_NAMES, "", ""),
+    "accelerate-after-kuat": ("", _NAMES, ""),
+    "accelerate-after-first-loader": ("", "", _NAMES),
+}
+
+
+@pytest.mark.parametrize("order", sorted(_ORDERS))
+def test_integration_does_not_depend_on_import_order(order):
+    import os
+    import subprocess
+    import sys
+
+    before, after, after_loader = _ORDERS[order]
+    script = _ORDER_SCRIPT.format(before=before, after=after, after_loader=after_loader)
+    if not before:  # kuat first: accelerate must not be loaded by `import kuat` itself
+        script = script.replace("import kuat\n", "import kuat\nassert 'accelerate' not in sys.modules\n", 1)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
+
+
+def test_routed_functions_keep_accelerate_signature():
+    import inspect
+
+    import accelerate.data_loader as adl
+
+    kuat.DataLoader(Halved(), batch_size=4)  # installs (already installed by `import kuat`)
+    assert adl.skip_first_batches.__kuat_dispatch__
+    params = list(inspect.signature(adl.prepare_data_loader).parameters)
+    assert params[:2] == ["dataloader", "device"] and "even_batches" in params

@@ -197,3 +197,27 @@ def test_attributes_cannot_be_set_after_init_like_torch():
     with pytest.raises(ValueError, match="batch_size attribute should not be set"):
         dl.batch_size = 3
     assert dl.batch_size == 2 and dl.drop_last is False and dl.num_workers == 0
+
+
+def test_generic_subscript_as_torch():
+    # torch's DataLoader is Generic[T_co]: annotations such as ``DataLoader[dict]`` are evaluated
+    # at import time by modules that use them, and calling the alias builds a loader.
+    import typing
+
+    for args in (dict, tuple[torch.Tensor, int]):
+        ours, theirs = kuat.DataLoader[args], TorchLoader[args]
+        assert typing.get_origin(ours) is kuat.DataLoader
+        assert typing.get_args(ours) == typing.get_args(theirs)
+
+    def annotated(loader: kuat.DataLoader[dict]) -> kuat.DataLoader[dict]:
+        return loader
+
+    assert typing.get_type_hints(annotated)["loader"] == kuat.DataLoader[dict]
+    loader = kuat.DataLoader[int](list(range(5)), batch_size=2)
+    assert isinstance(loader, kuat.DataLoader)
+    assert_same(list(loader), list(TorchLoader[int](list(range(5)), batch_size=2)))
+    with pytest.raises(TypeError) as theirs_error:
+        TorchLoader[int, str]
+    with pytest.raises(TypeError) as ours_error:
+        kuat.DataLoader[int, str]
+    assert type(ours_error.value) is type(theirs_error.value)

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import importlib
 
+from kuat.integrations import _import_hook
+
 __version__ = "0.1.0"
 
 # public name -> module that defines it, or (module, its name there)
@@ -51,6 +53,10 @@ _EXPORTS = {
     # vision helpers most users need at top level
     "probe_image": "kuat.vision.probe",
 }
+
+# Accelerate's prepare_data_loader/skip_first_batches route kuat loaders to kuat whatever the
+# import order (installed now if Accelerate is loaded, else by an import hook; imports neither)
+_import_hook.watch()
 
 __all__ = sorted(_EXPORTS) + ["__version__", "vision", "convert", "text"]
 

@@ -158,8 +158,21 @@ def prepare_image(data: bytes, source: object, opts: ConvertOptions) -> EncodedI
     ``opts.decode_check`` adds a full decode.
 
     Raises:
-        kuat.DecodeError: the bytes are not a readable image, or truncated (names ``source``).
+        kuat.DecodeError: the bytes are not a readable image, or truncated, or a decoder
+            refused them with its own exception type (Pillow's ``DecompressionBombError``
+            above its pixel limit, chained); names ``source``.
     """
+    try:
+        return _prepare_image(data, source, opts)
+    except (KuatError, OSError):
+        raise
+    except Exception as e:  # noqa: BLE001 (a decoder's own refusal type: a DecodeError here,
+        # so on_error applies and the conversion is not aborted by a foreign exception)
+        raise DecodeError(f"cannot read image {source}: {type(e).__name__}: {e}",
+                          source=source) from e
+
+
+def _prepare_image(data: bytes, source: object, opts: ConvertOptions) -> EncodedImage:
     from kuat.vision.probe import probe_complete
 
     info = probe_complete(data, source=source)
@@ -349,6 +362,7 @@ def converting(dst, schema, opts: ConvertOptions, metadata: dict | None = None):
             f"engine={opts.engine!r}: this converter runs locally only (engine='ray' "
             "converts ImageFolder, Parquet, JSON Lines and CSV)"
         )
+    check_storable(schema, metadata)
     t0 = time.perf_counter()
     report = ConvertReport(str(dst))
     with Writer(dst, schema, metadata=metadata, **opts.writer_kwargs(dst)) as w:
@@ -356,6 +370,63 @@ def converting(dst, schema, opts: ConvertOptions, metadata: dict | None = None):
         report.rows = w.num_rows
     report.seconds = time.perf_counter() - t0
     log_skipped(report)
+
+
+def not_utf8(text: str) -> bytes | None:
+    """``None`` when ``text`` encodes as UTF-8; else its original bytes: a file or folder name
+    that is not valid UTF-8 reaches Python with each bad byte as a lone surrogate
+    (``os.fsdecode``'s ``surrogateescape``), which ``os.fsencode`` turns back into it."""
+    try:
+        text.encode("utf-8")
+        return None
+    except UnicodeEncodeError:
+        try:
+            return os.fsencode(text)
+        except UnicodeEncodeError:
+            return text.encode("utf-8", "backslashreplace")
+
+
+def refuse_not_utf8(text: str, what: str) -> None:
+    """Raise ``ValueError`` naming ``what`` and the bytes of ``text`` unless it is UTF-8.
+
+    kuat stores names (field names, class names, file names in the metadata, string values)
+    as UTF-8 text: the manifest is JSON and Arrow strings are UTF-8. A name that is not could
+    only be stored by a private escape no other reader knows, so it is refused, by the callers
+    before anything is written."""
+    raw = not_utf8(text)
+    if raw is not None:
+        raise ValueError(
+            f"{what} {raw!r} is not valid UTF-8: kuat stores it as UTF-8 text (a JSON manifest, "
+            "Arrow strings), so rename it (e.g. with convmv) and convert again; nothing was "
+            "written"
+        )
+
+
+def check_storable(schema, metadata: dict | None) -> None:
+    """Refuse, before the Writer starts, a field name or metadata text that is not UTF-8
+    (typically a file or folder name): otherwise the conversion would run to the end and
+    fail writing the manifest with a bare ``UnicodeEncodeError``.
+
+    Raises:
+        ValueError: names the field or metadata key and the offending bytes.
+    """
+
+    def walk(value, what: str) -> None:
+        if isinstance(value, str):
+            refuse_not_utf8(value, what)
+        elif isinstance(value, dict):
+            for k, v in value.items():
+                if isinstance(k, str):
+                    refuse_not_utf8(k, f"{what} key")
+                walk(v, f"{what} {k!r}")
+        elif isinstance(value, (list, tuple)):
+            for v in value:
+                walk(v, what)
+
+    for f in schema.fields:
+        refuse_not_utf8(f.name, "the field name")
+        walk(f.metadata, f"field {f.name!r} metadata")
+    walk(metadata or {}, "the dataset metadata")
 
 
 def log_skipped(report: ConvertReport) -> None:

@@ -20,18 +20,19 @@ __all__ = ["expand_paths", "local_copies", "local_copy", "named_as_given"]
 def expand_paths(
     paths: str | os.PathLike | Sequence, storage_options: dict | None = None
 ) -> list[str]:
-    """Files named by ``paths`` (a path, a glob, or a list of either), sorted within a glob.
+    """Files named by ``paths`` (a path, a glob, or a list of either; ``str``, ``bytes`` or
+    ``os.PathLike``, returned as ``str``), sorted within a glob.
     URLs (``s3://b/*.parquet``, ``http://host/x.csv``) stay URLs; their globs are expanded by
     their fsspec file system (not over HTTP, which cannot list).
 
     Raises:
         FileNotFoundError: a path does not exist or a glob matches nothing.
     """
-    if isinstance(paths, (str, os.PathLike)):
+    if isinstance(paths, (str, bytes, os.PathLike)):
         paths = [paths]
     out = []
     for p in paths:
-        p = os.fspath(p)
+        p = os.fsdecode(p)  # a bytes path (a name that is not UTF-8) as Python's str for it
         if is_url(p):
             if glob.has_magic(p) and not p.startswith(("http://", "https://")):
                 remote = open_remote(p, storage_options)

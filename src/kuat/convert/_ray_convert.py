@@ -56,7 +56,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from kuat.convert._driver import ConvertOptions, ConvertReport, log_skipped
+from kuat.convert._driver import ConvertOptions, ConvertReport, check_storable, log_skipped
 from kuat.convert._ray import TASK_RETRIES, map_on_ray, ray_session
 from kuat.convert._ray_parts import (
     PART_RECORD,
@@ -126,6 +126,7 @@ def convert_on_ray(
         ImportError: Ray Data is not installed.
         ray.exceptions.RayError: a task failed for another reason after its retries.
     """
+    check_storable(schema, metadata)  # before any task runs
     store = Parts.of(dst, opts.storage_options)
     task_opts = replace(opts, num_workers=1, progress=False)
     report = ConvertReport(str(dst))

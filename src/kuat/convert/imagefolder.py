@@ -18,6 +18,7 @@ from kuat.convert._driver import (
     converting,
     parallel_map,
     prepare_image,
+    refuse_not_utf8,
 )
 from kuat.format import Field, Schema, image, int64, string
 
@@ -80,15 +81,20 @@ def from_imagefolder(
     Returns:
         a :class:`kuat.convert.ConvertReport` (rows written, skipped files, seconds).
 
+    ``src`` may be ``bytes`` (Linux paths that are not UTF-8). Image file names need not be
+    UTF-8, but the names kuat stores must be: a class folder (and, with ``include_path``, an
+    image path) that is not is refused before anything is written, naming its bytes.
+
     Raises:
         FileNotFoundError: ``src`` has no class folders, or they hold no images.
-        ValueError: ``dst`` is inside ``src`` (it would become a class).
+        ValueError: ``dst`` is inside ``src`` (it would become a class); a class folder (or,
+            with ``include_path``, an image path) whose name is not valid UTF-8.
         FileExistsError: ``dst`` is a dataset and ``overwrite`` is False.
         kuat.DecodeError: an image is unreadable and ``on_error="raise"``.
     """
     opts = ConvertOptions(**options)
-    src = Path(src)
-    if Path(dst).resolve().is_relative_to(src.resolve()):
+    src = Path(os.fsdecode(src))  # bytes paths too (os.fsdecode: surrogateescape)
+    if Path(os.fsdecode(dst)).resolve().is_relative_to(src.resolve()):
         raise ValueError(f"dst={str(dst)!r} is inside the ImageFolder src={str(src)!r}")
     samples, classes = list_imagefolder(src)
     if not samples:
@@ -105,6 +111,14 @@ def from_imagefolder(
             src,
             ", ".join(empty),
         )
+    # names kuat stores (class names; relative paths with include_path) must be UTF-8 text:
+    # refused here, naming the path, before anything is written. Other file names are not
+    # stored and need not be.
+    for c in classes:
+        refuse_not_utf8(os.path.join(src, c), "the class folder")
+    if include_path:
+        for path, _ in samples:
+            refuse_not_utf8(path, "the image file (include_path=True stores its path)")
     fields = [Field("image", image()), Field("label", int64(), {"names": classes})]
     if include_path:
         fields.append(Field("path", string()))

@@ -37,7 +37,7 @@ import copy
 import os
 from collections.abc import Sequence
 
-from kuat.convert._driver import ConvertOptions, ConvertReport, converting
+from kuat.convert._driver import ConvertOptions, ConvertReport, converting, refuse_not_utf8
 from kuat.convert._inputs import expand_paths, local_copies, local_copy, named_as_given
 from kuat.convert._table import write_batches
 from kuat.convert._table_fields import arrow_field, hf_features_of, hf_metadata
@@ -60,6 +60,8 @@ def _from_tables(
     delimiter: str | None = None,
 ) -> ConvertReport:
     files = expand_paths(paths, opts.storage_options)
+    for f in files:  # pyarrow opens files by UTF-8 path, and their names go into the metadata
+        refuse_not_utf8(f, "the input file")
     if opts.engine == "ray":
         return _convert_files_on_ray(kind, files, dst, image_fields, batch_size, opts, delimiter)
     with local_copies(files, opts.storage_options) as local:

@@ -46,7 +46,8 @@ def from_text(
             record per non-empty line) path(s) or glob(s); a ``datasets.Dataset`` or
             ``IterableDataset``; or an iterable of records. A record is a mapping with
             ``text_field`` (a string) or ``messages_field`` (a list of ``{"role", "content"}``),
-            or a bare string. The first record decides text or chat for the whole source.
+            or a bare string. The first record decides text or chat for the whole source (one
+            schema); a record of the other kind is refused naming it and this rule.
         dst: the dataset directory to write.
         tokenizer: a ``tokenizers.Tokenizer``, a ``transformers`` tokenizer or a ``tiktoken``
             encoding (see :func:`kuat.text.tokenize.as_tokenizer`).
@@ -92,9 +93,16 @@ def from_text(
         """Raise ValueError naming ``where`` unless ``rec`` holds what the encoding needs."""
         if isinstance(rec, _Malformed):
             raise ValueError(rec.reason)
+        mixed = ("; the first record made this a {} conversion (one schema for the whole "
+                 "dataset): convert chat and text records apart, or read the mix with "
+                 "kuat.text.tokenize, which decides per sample")
         if chat:
-            _get(rec, messages_field, where)
+            if not (isinstance(rec, Mapping) and messages_field in rec):
+                raise ValueError(f"{where}: no field {messages_field!r} (record has "
+                                 f"{_keys(rec)}){mixed.format('chat')}")
             return
+        if isinstance(rec, Mapping) and messages_field in rec and text_field not in rec:
+            raise ValueError(f"{where}: a chat record ({messages_field!r}){mixed.format('text')}")
         t = rec if isinstance(rec, str) else _get(rec, text_field, where)
         if not isinstance(t, str):
             raise ValueError(f"{where}: {text_field!r} should be a string, got {t!r:.80}")
@@ -168,9 +176,12 @@ def _where(batch) -> str:
 
 def _get(rec, name: str, where: str):
     if not isinstance(rec, Mapping) or name not in rec:
-        keys = list(rec) if isinstance(rec, Mapping) else type(rec).__name__
-        raise ValueError(f"{where}: no field {name!r} (record has {keys})")
+        raise ValueError(f"{where}: no field {name!r} (record has {_keys(rec)})")
     return rec[name]
+
+
+def _keys(rec):
+    return list(rec) if isinstance(rec, Mapping) else type(rec).__name__
 
 
 class _Malformed:
@@ -201,20 +212,46 @@ def _records(src, keep_malformed: bool = False) -> Iterator[tuple[str, object]]:
 def _looks_like_paths(src) -> bool:
     """A path, or a list of paths/globs with text extensions (a list of other strings is a list
     of records)."""
-    if isinstance(src, (str, os.PathLike)):
+    if isinstance(src, (str, bytes, os.PathLike)):
         return True
     if not isinstance(src, (list, tuple)) or not src:
         return False
-    names = [os.fspath(s).lower() for s in src if isinstance(s, (str, os.PathLike))]
+    names = [os.fsdecode(s).lower() for s in src if isinstance(s, (str, os.PathLike))]
     return len(names) == len(src) and all(n.endswith(TEXT_EXTENSIONS) for n in names)
+
+
+def _not_utf8(line: str) -> str | None:
+    """Why a line read with ``surrogateescape`` is not UTF-8 text (its bad bytes came in as
+    lone surrogates), or ``None``."""
+    if line.isascii():
+        return None
+    try:
+        line.encode("utf-8")
+        return None
+    except UnicodeEncodeError as e:
+        bad = line[e.start : e.end].encode("utf-8", "surrogateescape")
+        return f"not valid UTF-8 text (bytes {bad!r} at character {e.start})"
 
 
 def _files(paths: list[str], keep_malformed: bool) -> Iterator[tuple[str, object]]:
     for path in paths:
         ext = os.path.splitext(path.lower())[1]
-        if ext in (".jsonl", ".ndjson", ".json"):
-            with open(path, encoding="utf-8") as f:
+        if ext in (".jsonl", ".ndjson", ".txt", ".json"):
+            # bytes that are not UTF-8 are one malformed line (skippable), not a bare
+            # UnicodeDecodeError that ends the conversion without saying where
+            with open(path, encoding="utf-8", errors="surrogateescape") as f:
                 for n, line in enumerate(f, 1):
+                    why = _not_utf8(line)
+                    if why is not None:
+                        if not keep_malformed:
+                            raise ValueError(f"{path}:{n}: {why}")
+                        yield f"{path}:{n}", _Malformed(why)
+                        continue
+                    if ext == ".txt":
+                        line = line.rstrip("\n")
+                        if line.strip():
+                            yield f"{path}:{n}", line
+                        continue
                     if not line.strip():
                         continue
                     try:
@@ -227,15 +264,10 @@ def _files(paths: list[str], keep_malformed: bool) -> Iterator[tuple[str, object
             import pyarrow.parquet as pq
 
             row = 0
-            for batch in pq.ParquetFile(path).iter_batches(batch_size=4096):
-                for rec in batch.to_pylist():
-                    yield f"{path} row {row}", rec
-                    row += 1
-        elif ext == ".txt":
-            with open(path, encoding="utf-8") as f:
-                for n, line in enumerate(f, 1):
-                    line = line.rstrip("\n")
-                    if line.strip():
-                        yield f"{path}:{n}", line
+            with open(path, "rb") as f:  # any file name (pyarrow takes only UTF-8 paths)
+                for batch in pq.ParquetFile(f).iter_batches(batch_size=4096):
+                    for rec in batch.to_pylist():
+                        yield f"{path} row {row}", rec
+                        row += 1
         else:
             raise ValueError(f"{path}: not a text source (extensions {TEXT_EXTENSIONS})")

@@ -36,8 +36,10 @@ from kuat.convert._driver import (
     ConvertOptions,
     ConvertReport,
     converting,
+    not_utf8,
     parallel_map,
     prepare_image,
+    refuse_not_utf8,
 )
 from kuat.convert._inputs import expand_paths
 from kuat.errors import FormatError, SchemaError
@@ -157,8 +159,10 @@ def from_webdataset(
         FileNotFoundError: no tar file.
         kuat.FormatError: a tar file is corrupt (names it).
         kuat.SchemaError: a sample's extensions differ from the first sample's, a member
-            appears twice in a sample, or a value does not parse (names ``tar:key.ext``);
-            skipped instead with ``on_error="skip"``.
+            appears twice in a sample, a value does not parse, or the key is not valid UTF-8
+            (names ``tar:key.ext``); skipped instead with ``on_error="skip"``.
+        ValueError: a tar file name or the first sample's extension is not valid UTF-8
+            (both are stored), before anything is written.
         kuat.DecodeError: an unreadable image with ``on_error="raise"``.
     """
     opts = ConvertOptions(**options)
@@ -168,6 +172,9 @@ def from_webdataset(
     if first is None:
         raise ValueError(f"no samples in {files}")
     where0, sample0 = first
+    for ext in sample0:  # each extension becomes a field name: UTF-8 text
+        if not_utf8(ext) is not None:
+            refuse_not_utf8(ext, f"{where0}: the extension (a field name)")
     fields = [Field("__key__", fs.string())] + [
         _ext_field(ext, value, where0)
         for ext, value in sample0.items()
@@ -193,6 +200,10 @@ def from_webdataset(
                 f"{where}: extensions {sorted(set(sample) - {'__key__'})} differ from the first "
                 f"sample's {sorted(exts - {'__key__'})}"
             )
+        raw = not_utf8(sample["__key__"])
+        if raw is not None:  # the key is stored as a string: UTF-8 only
+            raise SchemaError(f"{where}: the sample key {raw!r} is not valid UTF-8 (kuat stores "
+                              "__key__ as UTF-8 text); rename the tar members", field="__key__")
         row = {"__key__": sample["__key__"]}
         for f in fields[1:]:
             value = sample[f.name]

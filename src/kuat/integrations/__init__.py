@@ -13,5 +13,6 @@ integration (``tests/test_layering.py``).
 * :mod:`kuat.integrations.accelerate`: Hugging Face Accelerate (``Accelerator.prepare``,
   ``skip_first_batches``, ``save_state``/``load_state``, gradient accumulation) and the HF
   ``Trainer``, which resumes through Accelerate's ``skip_first_batches``. Installed
-  automatically when a ``kuat.DataLoader`` is built while ``accelerate`` is imported.
+  whatever the import order: by ``import kuat`` when Accelerate is loaded, else right after it
+  loads (the import hook of :mod:`kuat.integrations._import_hook`).
 """

@@ -3,12 +3,13 @@
 Accelerate does not rebuild ``type(loader)``: ``prepare`` wraps any torch DataLoader in its own
 ``DataLoaderShard`` (a torch DataLoader over a ``BatchSamplerShard``) and ``skip_first_batches``
 builds a plain torch ``DataLoader`` from the loader's batch sampler. Either way torch's engine
-would read the data and the dataset's batch transform would be dropped. :func:`install` wraps
-those two functions (in ``accelerate.data_loader``, and where they were imported by name:
-``accelerate``, ``accelerate.accelerator``, ``transformers.trainer``) so that for a
-``kuat.DataLoader`` they do the kuat equivalent; every other loader goes to Accelerate's own
-function unchanged. :class:`kuat.DataLoader` calls :func:`install` when it is built while
-``accelerate`` is imported; call it yourself if you import Accelerate after building loaders.
+would read the data and the dataset's batch transform would be dropped. :func:`install` replaces
+the code of those two function objects, so that every reference to them, whenever it was taken
+(``from accelerate import skip_first_batches`` before ``import kuat`` included), does the kuat
+equivalent for a ``kuat.DataLoader``; every other loader runs Accelerate's own code unchanged.
+``import kuat`` calls :func:`kuat.integrations._import_hook.watch`, which installs at once when Accelerate is loaded and
+otherwise right after ``accelerate.data_loader`` loads (an import hook), so the integration does
+not depend on import order; ``import kuat`` imports neither Accelerate nor torch.
 
 What ``prepare`` does for a kuat loader (it returns the same object):
 
@@ -35,6 +36,8 @@ from __future__ import annotations
 import functools
 import logging
 import sys
+import threading
+import types
 
 __all__ = ["GradientStateObserver", "install", "prepare_data_loader", "skip_first_batches"]
 
@@ -109,36 +112,66 @@ def skip_first_batches(dataloader, num_batches: int = 0):
     return dataloader._skip_first_batches(num_batches)
 
 
-def _dispatching(name: str, kuat_fn):
-    original = _ORIGINALS[name]
+_KUAT_FNS = {"prepare_data_loader": prepare_data_loader, "skip_first_batches": skip_first_batches}
 
-    @functools.wraps(original)
-    def wrapper(dataloader, *args, **kwargs):
-        if _is_kuat(dataloader):
-            return kuat_fn(dataloader, *args, **kwargs)
-        return original(dataloader, *args, **kwargs)
 
-    wrapper.__kuat_dispatch__ = True
-    return wrapper
+def _route(name: str, args: tuple, kwargs: dict):
+    """What Accelerate's ``name`` does once routed: kuat's version for a kuat loader, else the
+    original (a copy of Accelerate's function with its own code, globals and defaults)."""
+    dataloader = args[0] if args else kwargs.get("dataloader")
+    fn = _KUAT_FNS[name] if _is_kuat(dataloader) else _ORIGINALS[name]
+    return fn(*args, **kwargs)
+
+
+# Code objects swapped into Accelerate's own function objects. They run with the globals of
+# accelerate.data_loader, where install() puts ``_kuat_route``.
+def _routed_prepare_data_loader(*args, **kwargs):
+    return _kuat_route("prepare_data_loader", args, kwargs)  # noqa: F821
+
+
+def _routed_skip_first_batches(*args, **kwargs):
+    return _kuat_route("skip_first_batches", args, kwargs)  # noqa: F821
+
+
+_ROUTED_CODE = {"prepare_data_loader": _routed_prepare_data_loader.__code__,
+                "skip_first_batches": _routed_skip_first_batches.__code__}
+
+
+def _copy_function(fn):
+    copied = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__,
+                                fn.__closure__)
+    copied.__kwdefaults__ = fn.__kwdefaults__
+    copied.__dict__.update(fn.__dict__)
+    copied.__qualname__, copied.__doc__, copied.__module__ = fn.__qualname__, fn.__doc__, fn.__module__
+    return copied
 
 
 def install() -> None:
     """Route Accelerate's ``prepare_data_loader``/``skip_first_batches`` for kuat loaders to kuat.
 
-    Idempotent; other loaders reach Accelerate's functions unchanged. Also patches the names
-    that ``accelerate``, ``accelerate.accelerator`` and ``transformers.trainer`` imported, when
-    those modules are loaded. Raises ``ImportError`` when Accelerate is not installed.
+    The code of Accelerate's two function objects is replaced (once, idempotently; the way
+    :mod:`kuat.engine.worker_info` patches torch's ``get_worker_info``), so every reference to
+    them routes, whenever it was taken: ``from accelerate import skip_first_batches`` before
+    kuat was imported, ``accelerate.accelerator``'s and ``transformers.trainer``'s names
+    included. Other loaders reach Accelerate's original code unchanged, and
+    ``inspect.signature`` still shows Accelerate's signature (``__wrapped__``). Called when
+    ``import kuat`` finds Accelerate loaded, when Accelerate is loaded after kuat (the import
+    hook of :mod:`kuat.integrations._import_hook`) and when a ``kuat.DataLoader`` is built. Raises ``ImportError`` when
+    Accelerate is not installed.
     """
-    import accelerate.data_loader as adl
+    adl = sys.modules.get("accelerate.data_loader")
+    if adl is None:
+        import accelerate.data_loader as adl
+    with _install_lock:
+        adl.__dict__["_kuat_route"] = _route
+        for name in _KUAT_FNS:
+            fn = adl.__dict__[name]
+            if getattr(fn, "__kuat_dispatch__", False):
+                continue
+            _ORIGINALS[name] = _copy_function(fn)
+            fn.__code__ = _ROUTED_CODE[name]
+            fn.__wrapped__ = _ORIGINALS[name]
+            fn.__kuat_dispatch__ = True
 
-    for name, kuat_fn in (("prepare_data_loader", prepare_data_loader),
-                          ("skip_first_batches", skip_first_batches)):
-        current = getattr(adl, name)
-        if not getattr(current, "__kuat_dispatch__", False):
-            _ORIGINALS[name] = current
-            setattr(adl, name, _dispatching(name, kuat_fn))
-        patched = getattr(adl, name)
-        for module_name in ("accelerate", "accelerate.accelerator", "transformers.trainer"):
-            module = sys.modules.get(module_name)
-            if module is not None and getattr(module, name, None) is _ORIGINALS[name]:
-                setattr(module, name, patched)
+
+_install_lock = threading.Lock()

@@ -26,7 +26,7 @@ import sys
 import warnings
 import weakref
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -51,8 +51,10 @@ __all__ = ["DataLoader"]
 
 log = logging.getLogger("kuat.loader")
 
+_T_co = TypeVar("_T_co", covariant=True)
 
-class DataLoader(_TorchDataLoader):
+
+class DataLoader(_TorchDataLoader[_T_co]):  # generic as torch's: kuat.DataLoader[dict] works
     """Iterate batches of ``dataset``; a drop-in for ``torch.utils.data.DataLoader``.
 
     Every argument torch's DataLoader takes keeps torch's meaning, default and validation

@@ -247,7 +247,7 @@ class Tokenize(Stream):
 
     def samples(self, epoch: int) -> Iterator[dict]:
         """Every sample of ``epoch`` tokenized, in order (what a packer reads)."""
-        return self._encoded(stream_of(self.source, epoch))
+        return self._encoded(stream_of(self.source, epoch), epoch)
 
     def __iter__(self) -> Iterator[dict]:
         # Tokenizing maps samples 1:1, so split the raw samples by rank and worker first (the
@@ -256,36 +256,66 @@ class Tokenize(Stream):
         raw = _RawShare(self.source)
         raw._epoch, raw._rank, raw._world_size = self._epoch, self._rank, self._world_size
         raw._batch_size, raw._drop_last = self._batch_size, self._drop_last
-        return self._encoded(Stream.__iter__(raw))
+        return self._encoded(Stream.__iter__(raw), self._epoch)
 
-    def _encoded(self, samples: Iterator) -> Iterator[dict]:
+    def _encoded(self, samples: Iterator, epoch: int) -> Iterator[dict]:
         batch: list = []
+        position = 0  # of the batch's first sample in what this iterator reads
         for sample in samples:
             batch.append(sample)
             if len(batch) == self.batch_size:
-                yield from self._encode(batch)
+                yield from self._encode(batch, position, epoch)
+                position += len(batch)
                 batch = []
         if batch:
-            yield from self._encode(batch)
+            yield from self._encode(batch, position, epoch)
 
-    def _encode(self, samples: list) -> list[dict]:
-        first = samples[0]
-        if isinstance(first, Mapping) and self.messages_field in first:
-            out = []
-            for s in samples:
+    def _kind(self, sample, where: str) -> str:
+        """``"chat"`` or ``"text"``, decided for each sample (sources may mix them)."""
+        if isinstance(sample, str):
+            return "text"
+        if isinstance(sample, Mapping):
+            if self.messages_field in sample:
+                return "chat"
+            if isinstance(sample.get(self.text_field), str):
+                return "text"
+            if self.text_field in sample:
+                raise ValueError(
+                    f"tokenize: {where}: {self.text_field!r} should be a string, got "
+                    f"{type(sample[self.text_field]).__name__}")
+            keys = list(sample)
+        else:
+            keys = type(sample).__name__
+        raise ValueError(
+            f"tokenize: {where} has neither {self.messages_field!r} (a chat) nor {self.text_field!r} (a text): "
+            f"{keys!r:.200}")
+
+    def _encode(self, samples: list, position: int = 0, epoch: int = 0) -> list[dict]:
+        """Each sample tokenized as chat or text by its own keys, in order; the texts of the
+        batch go to the tokenizer in one call."""
+
+        def where(k: int) -> str:
+            return f"sample {position + k} (of this stream's share of epoch {epoch})"
+
+        kinds = [self._kind(s, where(k)) for k, s in enumerate(samples)]
+        out: list = [None] * len(samples)
+        texts, where = [], []
+        for k, (s, kind) in enumerate(zip(samples, kinds)):
+            if kind == "text":
+                texts.append(s if isinstance(s, str) else s[self.text_field])
+                where.append(k)
+                continue
+            try:
                 ids, mask = encode_chat(self.tok, s[self.messages_field])
-                out.append(
-                    {
-                        "input_ids": np.asarray(ids, np.int64),
-                        "loss_mask": np.asarray(mask, np.uint8),
-                    }
-                )
-            return out
-        texts = [s[self.text_field] if isinstance(s, Mapping) else s for s in samples]
-        eos = [self.tok.eos_id] if self.add_eos and self.tok.eos_id is not None else []
-        return [
-            {"input_ids": np.asarray(ids + eos, np.int64)} for ids in self.tok.encode_batch(texts)
-        ]
+            except ValueError as e:
+                raise ValueError(f"tokenize: {where(k)}: {e}") from e
+            out[k] = {"input_ids": np.asarray(ids, np.int64),  # (n,) int64
+                      "loss_mask": np.asarray(mask, np.uint8)}  # (n,) uint8
+        if texts:
+            eos = [self.tok.eos_id] if self.add_eos and self.tok.eos_id is not None else []
+            for k, ids in zip(where, self.tok.encode_batch(texts)):
+                out[k] = {"input_ids": np.asarray(ids + eos, np.int64)}  # (n,) int64
+        return out
 
     def __repr__(self) -> str:
         return f"Tokenize({self.source!r:.60}, {self.tok!r})"
@@ -325,9 +355,13 @@ def tokenize(
         A :class:`Tokenize` stream (split across ranks and workers like every kuat stream).
         Wrapped by :func:`kuat.pack`, it is read whole by each packer (which splits rows).
 
+    Each sample's kind is decided by its own keys (``messages_field`` first), so a source may
+    mix chat and text samples.
+
     Raises:
         TypeError: an unsupported tokenizer.
-        ValueError: ``batch_size`` not an int >= 1.
+        ValueError: ``batch_size`` not an int >= 1; while iterating, a sample with neither
+            field (or a malformed chat), naming its position in the stream's share and epoch.
     """
     if (
         isinstance(batch_size, bool)

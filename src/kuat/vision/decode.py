@@ -147,7 +147,7 @@ def decode_stored(
     if bytes(data[:2]) == _JPEG_SOI:
         try:
             height, width, colorspace, _ = simplejpeg.decode_jpeg_header(data)
-        except ValueError:
+        except Exception:  # noqa: BLE001 (ValueError or another refusal: Pillow reports it)
             colorspace = None  # let Pillow report (or recover) it
         if colorspace is not None and colorspace not in _PIL_JPEG_COLORSPACES:
             check_pixels(width, height, max_pixels, index, source)
@@ -165,7 +165,7 @@ def decode_stored(
                     pixels = simplejpeg.decode_jpeg(data, min_width=min_w, min_height=min_h)
                 _native.add(time.perf_counter() - t0)
                 return Decoded(pixels, height, width, k / 8, _exif.jpeg_orientation(data))
-            except ValueError as e:
+            except Exception as e:  # noqa: BLE001 (ValueError, or any other refusal)
                 # Truncated files fail again in Pillow (and are reported there); files with
                 # recoverable defects (extraneous bytes, bad markers) decode there, as they do
                 # for torchvision's PIL loader.
@@ -192,7 +192,7 @@ def roi_header(data) -> JpegHeader | None:
 
     try:
         height, width, colorspace, _ = simplejpeg.decode_jpeg_header(data)
-    except ValueError:
+    except Exception:  # noqa: BLE001 (decode_stored takes it and reports)
         return None
     if colorspace in _PIL_JPEG_COLORSPACES:
         return None
@@ -421,7 +421,7 @@ def _min_scale_for(data, min_h: int, min_w: int) -> float:
 
     try:
         height, width, _, _ = simplejpeg.decode_jpeg_header(data)
-    except ValueError:
+    except Exception:  # noqa: BLE001 (the decode reports it)
         return 1.0
     if _exif.jpeg_orientation(data) in _exif.TRANSPOSED:
         min_h, min_w = min_w, min_h

@@ -26,21 +26,23 @@ def probe_image(data: bytes | memoryview, *, source: object = None) -> ImageInfo
     rule ``kuat.vision.decode_image`` applies, so the two always agree on the size.
 
     Raises:
-        kuat.DecodeError: the bytes are not an image Pillow recognises; names ``source``.
+        kuat.DecodeError: the bytes are not an image Pillow recognises, or Pillow refuses them
+            (any of its exceptions, e.g. ``DecompressionBombError`` above its pixel limit,
+            chained); names ``source``.
     """
     if bytes(data[:2]) == b"\xff\xd8":
         import simplejpeg
 
         try:
             height, width, _, _ = simplejpeg.decode_jpeg_header(data)
-        except ValueError:
-            pass  # let Pillow have a go (and report it)
+        except Exception:  # noqa: BLE001 (ValueError, or anything: Pillow has a go and reports)
+            pass
         else:
             if _exif.jpeg_orientation(data) in _exif.TRANSPOSED:
                 width, height = height, width
             return ImageInfo(width, height, "jpeg")
 
-    from PIL import Image, UnidentifiedImageError
+    from PIL import Image
 
     try:
         with Image.open(io.BytesIO(data)) as im:
@@ -48,7 +50,8 @@ def probe_image(data: bytes | memoryview, *, source: object = None) -> ImageInfo
             codec = (im.format or "unknown").lower()
             # before load(): a TIFF still carries its tag, also where Pillow will apply it
             orientation = _exif.pil_orientation(im, data)
-    except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as e:
+    except Exception as e:  # noqa: BLE001 (any refusal: OSError, SyntaxError, ValueError, and
+        # types of Pillow's own such as DecompressionBombError, which is no OSError)
         where = f" ({source})" if source is not None else ""
         raise DecodeError(
             f"not a readable image{where}: {describe_pil_error(e, data)}", source=source
