@@ -16,8 +16,9 @@ and reads and builds only its own rows:
 * assembly (``_assemble``): the documents of the planned pieces read by ordinal, checked
   against the lengths planned, and built into rows (``_rows.py``).
 
-``packed`` below is the :class:`~kuat.text.Packed` being iterated (its settings; ``_plans``: the
-holder of the shared plan its shallow copies share; ``_stats``: the pass's counters).
+``packed`` below is the :class:`~kuat.text.Packed` being iterated, read for its settings only
+(``seq_len``, ``strategy``, ``buffer_size``, ...); the pass's counters (``stats``) and the holder
+of the plan its shallow copies share (``plans``) are passed in.
 """
 
 from __future__ import annotations
