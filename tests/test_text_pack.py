@@ -526,60 +526,6 @@ def test_concat_matches_a_per_token_reference():
         assert row["document_lengths"].tolist() == lengths
 
 
-def _sizes(rng, capacity):
-    """Random item sizes in [1, capacity]: uniform, or mostly small with many repeats."""
-    n = int(rng.integers(0, 200))
-    if rng.random() < 0.5:
-        return rng.integers(1, capacity + 1, n).tolist()
-    return np.minimum(rng.geometric(0.15, n), capacity).tolist()
-
-
-def test_first_fit_against_a_linear_scan():
-    """The bin-by-bin first fit against the plain definition: each item, in arrival order,
-    into the lowest-numbered bin with room."""
-    from kuat.text.pack import _first_fit
-
-    rng = np.random.default_rng(6)
-    for capacity in (1, 7, 64):
-        for _ in range(60):
-            sizes = _sizes(rng, capacity)
-            free, want = [], []
-            for i, s in enumerate(sizes):
-                b = next((b for b, f in enumerate(free) if f >= s), len(free))
-                if b == len(free):
-                    free.append(capacity)
-                    want.append([])
-                free[b] -= s
-                want[b].append(i)
-            bins, fills = _first_fit(np.asarray(sizes, np.int64), capacity)
-            assert bins == want
-            assert fills == [capacity - f for f in free]
-
-
-def test_best_fit_against_one_item_at_a_time():
-    """The run-at-a-time best-fit decreasing against the plain definition: longest first
-    (ties by arrival), each into the bin with the least room that holds it (ties: the
-    lowest-numbered), else a new one; each bin lists its items in arrival order."""
-    from kuat.text.pack import _best_fit
-
-    rng = np.random.default_rng(7)
-    for capacity in (1, 7, 64):
-        for _ in range(60):
-            sizes = _sizes(rng, capacity)
-            free, want = [], []
-            for i in sorted(range(len(sizes)), key=lambda i: -sizes[i]):
-                fits = [(f, b) for b, f in enumerate(free) if f >= sizes[i]]
-                b = min(fits)[1] if fits else len(free)
-                if b == len(free):
-                    free.append(capacity)
-                    want.append([])
-                free[b] -= sizes[i]
-                want[b].append(i)
-            bins, fills = _best_fit(np.asarray(sizes, np.int64), capacity)
-            assert bins == [sorted(w) for w in want]
-            assert fills == [capacity - f for f in free]
-
-
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_map_style_mix_reads_the_packers_epoch_outside_the_loader(strategy):
     """A map-style mix reads a new window of a cut source each epoch. The packer's epoch must
@@ -621,11 +567,11 @@ def test_thread_workers_share_one_plan_per_epoch(strategy, monkeypatch):
     """A loader's thread workers read one fit plan per epoch: the bin choice runs once per
     buffer, not once per worker, and the batches are those of a loader without workers."""
     import copy
-    import sys
 
-    mod = sys.modules["kuat.text.pack"]
-    real, calls = getattr(mod, f"_{strategy}"), []
-    monkeypatch.setattr(mod, f"_{strategy}", lambda s, c: calls.append(len(s)) or real(s, c))
+    from kuat.text.pack._strategies import FIT_STRATEGIES
+
+    real, calls = FIT_STRATEGIES[strategy], []
+    monkeypatch.setitem(FIT_STRATEGIES, strategy, lambda s, c: calls.append(len(s)) or real(s, c))
     docs = make_docs(300, seed=9)
     lengths = [len(d["input_ids"]) for d in docs]
 
@@ -654,18 +600,19 @@ def test_thread_workers_share_one_plan_per_epoch(strategy, monkeypatch):
 
 
 def test_shared_plan_drops_what_every_reader_passed_and_a_late_reader_plans_alone():
-    from kuat.text.pack import _START, PackStats, _fit_plan, _SharedPlan
+    from kuat.text.pack._plan import START, SharedPlan, fit_plan
+    from kuat.text.pack._stats import PackStats
 
     docs = make_docs(200, seed=3)
     lens = np.array([len(d["input_ids"]) for d in docs], np.int64)
     packed = pack(docs, 16, "best_fit", buffer_size=10, lengths=lens)
 
     def make(stats):
-        return _fit_plan(lens, packed, stats, _START)
+        return fit_plan(lens, packed, stats, START)
 
     alone_stats = PackStats(16)
     alone = [(first, buf.bins) for first, buf in make(alone_stats)]
-    plan = _SharedPlan(make, readers=2)
+    plan = SharedPlan(make, readers=2)
     stats = [PackStats(16), PackStats(16)]
     readers = [plan.read(s) for s in stats]
     got = [[], []]

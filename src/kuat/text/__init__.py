@@ -3,7 +3,7 @@
 | module | what it is | when it runs |
 |---|---|---|
 | `_docs.py` | documents of an epoch by ordinal (token ids, labels / loss mask), fetched again by ordinal | inside the packer |
-| `pack.py` | `pack()`: concat / first-fit / best-fit packing over a bounded buffer, a `Stream` with a small resumable state; with the documents' lengths every consumer plans the same rows and reads only its own; `kuat_state_at` / `kuat_iter_from`: the loader's resume hooks | each `iter()`, in the loader's workers; `kuat_state_at` in `loader.state_dict()` |
+| `pack/` | `pack()`: concat / first-fit / best-fit packing over a bounded buffer, a `Stream` with a small resumable state; with the documents' lengths every consumer plans the same rows and reads only its own; `kuat_state_at` / `kuat_iter_from`: the loader's resume hooks. Its docstring maps its modules: the API, the plan (who packs what), the pure strategies | each `iter()`, in the loader's workers; `kuat_state_at` in `loader.state_dict()` |
 | `collate.py` | `pack_collate()`: rows -> batch with `cu_seqlens`, `max_seqlen`, `document_ids`; `document_mask`, `flex_block_mask` | every batch (masks: on the device) |
 | `tokenize.py` | one interface over `tokenizers` / `transformers` / `tiktoken`; chat samples with a loss mask; `tokenize()`: a stream tokenized on the fly | ingest (`kuat.convert.from_text`) or each `iter()` |
 | `storage.py` | `token_storage()`: bytes per stored token, split into token values, per-document offsets and file framing | on demand (`kuat demo --text`, the text bench) |
