@@ -27,6 +27,7 @@ import numpy as np
 import torch
 from torch.utils.data import Sampler
 
+from kuat.rng import derive_generator
 from kuat.sampling import shuffle_seed
 from kuat.sources.protocol import prefetcher
 
@@ -101,7 +102,7 @@ class ShardShuffleSampler(Sampler[int]):
             order = np.resize(order, total)
         span = order[self.rank * per_rank : (self.rank + 1) * per_rank]  # (per_rank,)
         # blocks: one generator per (epoch seed, rank), so ranks shuffle independently
-        rng = np.random.default_rng([shuffle_seed(self.seed, epoch), self.rank])
+        rng = derive_generator(shuffle_seed(self.seed, epoch), self.rank)
         out = span.copy()
         for b in range(0, per_rank, self.block_size):
             rng.shuffle(out[b : b + self.block_size])  # in place, within the block

@@ -122,9 +122,10 @@ class Documents:
         if not self.iterable:
             n = len(self.source)
             if shuffle:
+                from kuat.rng import derive_generator
                 from kuat.sampling import shuffle_seed
 
-                rng = np.random.default_rng(shuffle_seed(seed, epoch))
+                rng = derive_generator(shuffle_seed(seed, epoch))  # the epoch's shuffle stream
                 self.order = rng.permutation(n)  # (N,) int64: ordinal -> source index
             else:
                 self.order = np.arange(n)
