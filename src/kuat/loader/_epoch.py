@@ -30,6 +30,8 @@ from typing import Any
 import torch
 
 from kuat.engine.base import ResumeAt
+from kuat.engine.inline import InlineEngine
+from kuat.engine.thread import ThreadEngine
 from kuat.loader import _notices
 from kuat.loader._adaptive import Adaptation
 from kuat.loader._plan import EpochPlan, LoaderEvents
@@ -172,9 +174,6 @@ def _plan(loader, epoch, base_seed, keys, discard, position, lease) -> EpochPlan
                 count = None
         pace = (loader.prefetch_factor * nw, count)
     engine = lease.engine
-    from kuat.engine.inline import InlineEngine
-    from kuat.engine.thread import ThreadEngine
-
     inline = isinstance(engine, InlineEngine)
     adaptation = Adaptation(
         num_workers=engine.num_workers,

@@ -9,7 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from kuat.loader._adaptive import Adaptation
+    from kuat.loader._state import Position
+    from kuat.loader._stats import LoaderStats
+    from kuat.loader._workers import Lease
 
 __all__ = ["EpochPlan", "EpochObserver", "LoaderEvents"]
 
@@ -74,13 +80,13 @@ class EpochPlan:
     keys: Iterator
     discard: int
     pace: tuple[int, int | None] | None
-    position: Any
-    lease: Any
-    adaptation: Any
+    position: Position
+    lease: Lease
+    adaptation: Adaptation
     in_order: bool
     timeout: float
-    stats: Any
-    device: Any
+    stats: LoaderStats
+    device: Any  # torch.device | None
     transform: Callable[[Any], Any] | None
     observer: EpochObserver | None
     batches: int | None

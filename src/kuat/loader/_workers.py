@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import pickle
+import weakref
 
 from kuat.engine.inline import InlineEngine
 from kuat.engine.process import ProcessEngine
@@ -83,8 +84,6 @@ class WorkerPool:
         or a new one the epoch owns."""
         if not loader.persistent_workers:
             return Lease(self, loader, self.make(loader, base_seed), True, base_seed)
-        import weakref
-
         if self.persistent is None:
             self.persistent = self.make(loader, base_seed)
         previous = self.live_iter() if self.live_iter is not None else None
