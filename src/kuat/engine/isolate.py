@@ -48,7 +48,8 @@ import threading
 import numpy as np
 import torch
 
-__all__ = ["GLOBAL_RNG_LOCK", "RngUse", "fingerprint", "seed_globals_cpu", "save", "restore"]
+__all__ = ["GLOBAL_RNG_LOCK", "RngUse", "STALL_S", "fingerprint", "seed_globals_cpu", "save", "restore",
+           "warn_stalled"]
 
 log = logging.getLogger("kuat.engine")
 
@@ -65,11 +66,13 @@ class _SharedExclusiveLock:
         self._exclusive = False
         self._waiting = 0  # threads waiting for the exclusive side
 
-    def acquire_shared(self) -> None:
+    def acquire_shared(self, timeout: float | None = None) -> bool:
+        """Take the shared side; False (not taken) after ``timeout`` seconds."""
         with self._cond:
-            while self._exclusive:
-                self._cond.wait()
+            if not self._cond.wait_for(lambda: not self._exclusive, timeout):
+                return False
             self._shared += 1
+            return True
 
     def release_shared(self) -> None:
         with self._cond:
@@ -77,15 +80,18 @@ class _SharedExclusiveLock:
             if not self._shared and self._waiting:
                 self._cond.notify_all()
 
-    def acquire(self) -> None:
+    def acquire(self, timeout: float | None = None) -> bool:
+        """Take the exclusive side; False (not taken) after ``timeout`` seconds."""
         with self._cond:
             self._waiting += 1
             try:
-                while self._exclusive or self._shared:
-                    self._cond.wait()
+                if not self._cond.wait_for(lambda: not (self._exclusive or self._shared),
+                                           timeout):
+                    return False
             finally:
                 self._waiting -= 1
             self._exclusive = True
+            return True
 
     def release(self) -> None:
         with self._cond:
@@ -103,6 +109,26 @@ class _SharedExclusiveLock:
 # Exclusive: a sample runs with reseeded global RNGs. Shared: a batch runs un-isolated and
 # watched (nothing may reseed meanwhile, or the watch would blame the dataset).
 GLOBAL_RNG_LOCK = _SharedExclusiveLock()
+
+
+# How long a worker waits for the lock before it suspects that the holder's sample is waiting
+# for it (a ``__getitem__`` that synchronises with the other workers, as torch's own test
+# datasets do): a batch whose dataset is not known to draw is then fetched without the lock
+# (watched, job.py); one that must run isolated keeps waiting, after a warning.
+STALL_S = 2.0
+_stall_warned: set[str] = set()
+
+
+def warn_stalled(what: str) -> None:
+    """Warn (once per ``what``) that a thread has waited ``STALL_S`` for the exclusive lock."""
+    if what in _stall_warned:
+        return
+    _stall_warned.add(what)
+    log.warning(
+        "kuat: %s has waited over %.0f s for the global-RNG lock, held by another worker's "
+        "sample, which draws from the global random generators and so runs alone. If the "
+        "dataset's __getitem__ waits for another worker, this never ends: pass "
+        "isolate_global_rng=False or worker_type='process' to the DataLoader", what, STALL_S)
 
 
 def _reset_lock_in_child() -> None:
@@ -323,9 +349,13 @@ class RngUse:
         # a batch ran isolated and probed in this process: later thread workers' first batches
         # may be watched instead of probed (job.py); not pickled: each process probes itself
         self.probed = False
+        # a worker_init_fn changed the global generators: each worker draws from its own
+        # stream (worker_rng.py); worker_type=None then wants process workers
+        self.worker_seeded = False
 
     def __getstate__(self):
-        return {"draws": self.draws, "false_alarms": self.false_alarms, "watch": self.watch}
+        return {"draws": self.draws, "false_alarms": self.false_alarms, "watch": self.watch,
+                "worker_seeded": self.worker_seeded}
 
     def __setstate__(self, state):
         self.probed = False
