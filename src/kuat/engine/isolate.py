@@ -44,6 +44,7 @@ import os
 import random
 import sys
 import threading
+import time
 
 import numpy as np
 import torch
@@ -58,19 +59,39 @@ _MASK32 = (1 << 32) - 1
 
 
 class _SharedExclusiveLock:
-    """Many holders of the shared side at once, or one holder of the exclusive side."""
+    """Many holders of the shared side at once, or one holder of the exclusive side.
+
+    ``patience`` (seconds, both sides): give up (return False) once the lock has been held
+    without a break, by anyone, for that long; ``None`` waits for ever. Measured from when the
+    lock was taken, not from when this waiter came: once a holder is stuck (its sample waits
+    for another worker), later waiters give up at once instead of each waiting again.
+    """
 
     def __init__(self):
         self._cond = threading.Condition(threading.Lock())
         self._shared = 0
         self._exclusive = False
         self._waiting = 0  # threads waiting for the exclusive side
+        self._held_since = 0.0  # time.monotonic() when the lock was last taken while free
 
-    def acquire_shared(self, timeout: float | None = None) -> bool:
-        """Take the shared side; False (not taken) after ``timeout`` seconds."""
-        with self._cond:
-            if not self._cond.wait_for(lambda: not self._exclusive, timeout):
+    def _wait(self, free, patience: float | None) -> bool:
+        while not free():
+            if patience is None:
+                self._cond.wait()
+                continue
+            left = self._held_since + patience - time.monotonic()
+            if left <= 0:
                 return False
+            self._cond.wait(left)
+        return True
+
+    def acquire_shared(self, patience: float | None = None) -> bool:
+        """Take the shared side; False (not taken) once the lock was held ``patience`` s."""
+        with self._cond:
+            if not self._wait(lambda: not self._exclusive, patience):
+                return False
+            if not self._shared:
+                self._held_since = time.monotonic()
             self._shared += 1
             return True
 
@@ -80,17 +101,17 @@ class _SharedExclusiveLock:
             if not self._shared and self._waiting:
                 self._cond.notify_all()
 
-    def acquire(self, timeout: float | None = None) -> bool:
-        """Take the exclusive side; False (not taken) after ``timeout`` seconds."""
+    def acquire(self, patience: float | None = None) -> bool:
+        """Take the exclusive side; False (not taken) once the lock was held ``patience`` s."""
         with self._cond:
             self._waiting += 1
             try:
-                if not self._cond.wait_for(lambda: not (self._exclusive or self._shared),
-                                           timeout):
+                if not self._wait(lambda: not (self._exclusive or self._shared), patience):
                     return False
             finally:
                 self._waiting -= 1
             self._exclusive = True
+            self._held_since = time.monotonic()
             return True
 
     def release(self) -> None:
@@ -111,7 +132,7 @@ class _SharedExclusiveLock:
 GLOBAL_RNG_LOCK = _SharedExclusiveLock()
 
 
-# How long a worker waits for the lock before it suspects that the holder's sample is waiting
+# How long the lock may be held before a waiter suspects that the holder's sample is waiting
 # for it (a ``__getitem__`` that synchronises with the other workers, as torch's own test
 # datasets do): a batch whose dataset is not known to draw is then fetched without the lock
 # (watched, job.py); one that must run isolated keeps waiting, after a warning.
@@ -125,9 +146,9 @@ def warn_stalled(what: str) -> None:
         return
     _stall_warned.add(what)
     log.warning(
-        "kuat: %s has waited over %.0f s for the global-RNG lock, held by another worker's "
-        "sample, which draws from the global random generators and so runs alone. If the "
-        "dataset's __getitem__ waits for another worker, this never ends: pass "
+        "kuat: %s has waited over %.0f s for the global-RNG lock, held by another thread "
+        "worker while its worker_init_fn, or a sample that must run with the global random "
+        "generators to itself, runs. If that waits for this worker, this never ends: pass "
         "isolate_global_rng=False or worker_type='process' to the DataLoader", what, STALL_S)
 
 
@@ -137,7 +158,32 @@ def _reset_lock_in_child() -> None:
     GLOBAL_RNG_LOCK = _SharedExclusiveLock()
 
 
+_forking_np_lock = None  # the NumPy global generator's lock, held by the forking thread
+
+
+def _hold_numpy_lock() -> None:
+    # A thread worker saving or seeding NumPy's global generator (isolation, worker_rng.py)
+    # holds its lock for microseconds; a fork at that moment would leave it held for ever in
+    # the child, whose first np.random.seed (seed_worker_globals) would then never return.
+    global _forking_np_lock
+    try:
+        lock = np.random.mtrand._rand._bit_generator.lock
+    except AttributeError:
+        return
+    lock.acquire()
+    _forking_np_lock = lock
+
+
+def _release_numpy_lock() -> None:
+    global _forking_np_lock
+    lock, _forking_np_lock = _forking_np_lock, None
+    if lock is not None:
+        lock.release()
+
+
 if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=_hold_numpy_lock, after_in_parent=_release_numpy_lock,
+                        after_in_child=_release_numpy_lock)
     os.register_at_fork(after_in_child=_reset_lock_in_child)
 
 

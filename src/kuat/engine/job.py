@@ -384,7 +384,7 @@ class FetchJob:
         # (a barrier across workers, as in torch's own tests): unless the dataset is known to
         # draw, the batch is then fetched without the lock, watched all the same
         lock = isolate.GLOBAL_RNG_LOCK
-        locked = lock.acquire_shared(timeout=None if use.draws else isolate.STALL_S)
+        locked = lock.acquire_shared(patience=None if use.draws else isolate.STALL_S)
         return self._watched(ctx, epoch, key, st, locked)
 
     def _watched(self, ctx: WorkerCtx, epoch: int, key, st: WorkStats, locked: bool):
@@ -423,7 +423,7 @@ class FetchJob:
         use = self.rng_use
         lock = isolate.GLOBAL_RNG_LOCK
         t0 = time.perf_counter()
-        if not lock.acquire(timeout=isolate.STALL_S):
+        if not lock.acquire(patience=isolate.STALL_S):
             if first and not use.draws:  # the holder may be waiting for this worker's sample:
                 st.rng_wait_s += time.perf_counter() - t0  # fetch it watched, without the lock
                 return _STALLED

@@ -24,8 +24,8 @@ Thread workers share one process's generators, so kuat keeps each one's state ap
    batches torch gives it), never from or into the training loop's generators. Per-sample
    reseeding does not apply: the ``worker_init_fn`` chose how the worker is seeded.
 
-Cost: the swap saves and restores the three generators twice per batch (about 0.4 ms on the
-2-core dev machine; NumPy's accessor copies its 2.5 KB state each time), and the fetches of such
+Cost: the swap saves and restores the three generators twice per batch (0.17 ms median on the
+loaded 2-core dev machine; NumPy's accessor copies its 2.5 KB state each time), and the fetches of such
 workers run one at a time (the generators are process-wide). Only workers whose
 ``worker_init_fn`` changed the generators pay it, and only for sources that may draw from them
 (not kuat's own datasets, which draw from ``kuat.sample_rng``, nor plain tensors and lists).
@@ -83,7 +83,7 @@ def _acquire(what: str) -> float:
     """Take the exclusive lock (blocking), warning once it has waited ``STALL_S``; returns the
     seconds waited."""
     t0 = time.perf_counter()
-    if not isolate.GLOBAL_RNG_LOCK.acquire(timeout=isolate.STALL_S):
+    if not isolate.GLOBAL_RNG_LOCK.acquire(patience=isolate.STALL_S):
         isolate.warn_stalled(what)
         isolate.GLOBAL_RNG_LOCK.acquire()
     return time.perf_counter() - t0
