@@ -390,7 +390,12 @@ class FetchJob:
     def _watched(self, ctx: WorkerCtx, epoch: int, key, st: WorkStats, locked: bool):
         """The samples of ``key`` fetched un-isolated between two fingerprints (holding the
         shared side of the lock when ``locked``, which it releases); fetched again isolated
-        when the generators changed meanwhile (the dataset drew, or another thread did)."""
+        when the generators changed meanwhile (the dataset drew, or another thread did).
+
+        Not ``locked`` (the lock's holder was stuck, maybe waiting for this very fetch): the
+        fetch ran while another sample had the generators reseeded, so what it read of them
+        (``torch.initial_seed()``) was that sample's; once it has let the holder go on, the
+        batch is always fetched again, isolated, and the first result dropped."""
         use = self.rng_use
         try:
             before = isolate.fingerprint()
@@ -399,11 +404,11 @@ class FetchJob:
         finally:
             if locked:
                 isolate.GLOBAL_RNG_LOCK.release_shared()
-        if not drew:
+        if locked and not drew:
             return data
         del data  # fetched with unseeded draws (or another thread drew): fetch it isolated
         data = self._isolated(ctx, epoch, key, st)
-        if not use.draws:
+        if locked and not use.draws:
             use.false_alarm()
         return data
 
