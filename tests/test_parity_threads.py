@@ -103,6 +103,26 @@ def test_samples_draw_from_the_stream_worker_init_fn_seeded(mode, init):
     assert got[1:] == expected[1:]
 
 
+@pytest.mark.parametrize("kw", [dict(worker_type="thread", persistent_workers=True),
+                                dict(worker_type=None)], ids=["persistent-threads", "auto"])
+def test_worker_streams_over_two_epochs(kw):
+    # persistent workers go on with their streams; new workers (auto: processes from the
+    # second epoch, as the first epoch's threads saw worker_init_fn seed) start them again
+    def two_epochs(loader):
+        return [b.tolist() for _ in range(2) for b in loader]
+
+    gen = torch.Generator().manual_seed(3)
+    torch_kw = dict(persistent_workers=kw.get("persistent_workers", False))
+    expected = two_epochs(TorchLoader(Draws(), batch_size=2, num_workers=2, generator=gen,
+                                      worker_init_fn=seed_worker, **torch_kw))
+    gen = torch.Generator().manual_seed(3)
+    loader = kuat.DataLoader(Draws(), batch_size=2, num_workers=2, generator=gen,
+                             worker_init_fn=seed_worker, **kw)
+    np.testing.assert_allclose(two_epochs(loader), expected, rtol=1e-6)
+    if kw["worker_type"] is None:
+        assert loader.worker_type == "process"
+
+
 def test_a_thread_worker_init_fn_leaves_main_threads_cuda_seed_alone():
     # torch.manual_seed before CUDA starts queues a seed for every GPU: a thread worker's must
     # not replace the training script's

@@ -49,7 +49,7 @@ import time
 import numpy as np
 import torch
 
-__all__ = ["GLOBAL_RNG_LOCK", "RngUse", "STALL_S", "fingerprint", "seed_globals_cpu", "save", "restore",
+__all__ = ["GLOBAL_RNG_LOCK", "RngUse", "STALL_S", "STALL_GRACE_S", "fingerprint", "seed_globals_cpu", "save", "restore",
            "warn_stalled"]
 
 log = logging.getLogger("kuat.engine")
@@ -74,21 +74,22 @@ class _SharedExclusiveLock:
         self._waiting = 0  # threads waiting for the exclusive side
         self._held_since = 0.0  # time.monotonic() when the lock was last taken while free
 
-    def _wait(self, free, patience: float | None) -> bool:
+    def _wait(self, free, patience: float | None, not_before: float) -> bool:
         while not free():
             if patience is None:
                 self._cond.wait()
                 continue
-            left = self._held_since + patience - time.monotonic()
+            left = max(self._held_since + patience, not_before) - time.monotonic()
             if left <= 0:
                 return False
             self._cond.wait(left)
         return True
 
-    def acquire_shared(self, patience: float | None = None) -> bool:
-        """Take the shared side; False (not taken) once the lock was held ``patience`` s."""
+    def acquire_shared(self, patience: float | None = None, not_before: float = 0.0) -> bool:
+        """Take the shared side; False (not taken) once the lock was held ``patience`` s
+        (and not before ``time.monotonic()`` is ``not_before``)."""
         with self._cond:
-            if not self._wait(lambda: not self._exclusive, patience):
+            if not self._wait(lambda: not self._exclusive, patience, not_before):
                 return False
             if not self._shared:
                 self._held_since = time.monotonic()
@@ -101,12 +102,14 @@ class _SharedExclusiveLock:
             if not self._shared and self._waiting:
                 self._cond.notify_all()
 
-    def acquire(self, patience: float | None = None) -> bool:
-        """Take the exclusive side; False (not taken) once the lock was held ``patience`` s."""
+    def acquire(self, patience: float | None = None, not_before: float = 0.0) -> bool:
+        """Take the exclusive side; False (not taken) once the lock was held ``patience`` s
+        (and not before ``time.monotonic()`` is ``not_before``)."""
         with self._cond:
             self._waiting += 1
             try:
-                if not self._wait(lambda: not (self._exclusive or self._shared), patience):
+                if not self._wait(lambda: not (self._exclusive or self._shared), patience,
+                                  not_before):
                     return False
             finally:
                 self._waiting -= 1
@@ -118,6 +121,11 @@ class _SharedExclusiveLock:
         with self._cond:
             self._exclusive = False
             self._cond.notify_all()
+
+    @property
+    def held_since(self) -> float:
+        """``time.monotonic()`` when the lock was last taken while free (names one hold)."""
+        return self._held_since
 
     def __enter__(self):
         self.acquire()
@@ -137,6 +145,9 @@ GLOBAL_RNG_LOCK = _SharedExclusiveLock()
 # datasets do): a batch whose dataset is not known to draw is then fetched without the lock
 # (watched, job.py); one that must run isolated keeps waiting, after a warning.
 STALL_S = 2.0
+# After such a fetch, how long to wait for the holder to finish (it was waiting for that fetch)
+# before taking the holder to be stuck on something else
+STALL_GRACE_S = 0.5
 _stall_warned: set[str] = set()
 
 
@@ -398,6 +409,9 @@ class RngUse:
         # a worker_init_fn changed the global generators: each worker draws from its own
         # stream (worker_rng.py); worker_type=None then wants process workers
         self.worker_seeded = False
+        # the hold of the lock (its held_since) found stuck after a grace (job.py): later
+        # fetches during it do not wait for it again
+        self.stuck_hold: float | None = None
 
     def __getstate__(self):
         return {"draws": self.draws, "false_alarms": self.false_alarms, "watch": self.watch,
@@ -405,6 +419,7 @@ class RngUse:
 
     def __setstate__(self, state):
         self.probed = False
+        self.stuck_hold = None
         self.__dict__.update(state)
 
     def false_alarm(self) -> None:

@@ -394,8 +394,10 @@ class FetchJob:
 
         Not ``locked`` (the lock's holder was stuck, maybe waiting for this very fetch): the
         fetch ran while another sample had the generators reseeded, so what it read of them
-        (``torch.initial_seed()``) was that sample's; once it has let the holder go on, the
-        batch is always fetched again, isolated, and the first result dropped."""
+        (``torch.initial_seed()``) was that sample's. Once it has let the holder go on, the
+        batch is fetched again, isolated, and the first result dropped; unless the holder is
+        still there ``STALL_GRACE_S`` later (stuck on something else, a slow read: the other
+        workers must go on) and the fetch drew nothing: its result then stands."""
         use = self.rng_use
         try:
             before = isolate.fingerprint()
@@ -405,6 +407,14 @@ class FetchJob:
             if locked:
                 isolate.GLOBAL_RNG_LOCK.release_shared()
         if locked and not drew:
+            return data
+        if not locked and not drew:
+            hold = isolate.GLOBAL_RNG_LOCK.held_since
+            grace = 0.0 if hold == use.stuck_hold else time.monotonic() + isolate.STALL_GRACE_S
+            again = self._isolated(ctx, epoch, key, st, grace_until=grace)
+            if again is not _STALLED:
+                return again
+            use.stuck_hold = hold  # (the same hold stuck: the next fetches do not wait)
             return data
         del data  # fetched with unseeded draws (or another thread drew): fetch it isolated
         data = self._isolated(ctx, epoch, key, st)
@@ -418,19 +428,24 @@ class FetchJob:
         use = self.rng_use
         return ctx.method != "process" and use.probed and use.watch and not use.draws
 
-    def _isolated(self, ctx: WorkerCtx, epoch: int, key, st: WorkStats, first: bool = False):
+    def _isolated(self, ctx: WorkerCtx, epoch: int, key, st: WorkStats, first: bool = False,
+                  grace_until: float | None = None):
         """The samples of ``key`` with the global RNGs reseeded per sample (``__getitem__``)
         or per batch (``__getitems__``), under the exclusive lock; probes whether the dataset
         draws until that is known. With ``first`` (a worker's first batch), returns ``_WATCH``
         instead when, by the time the lock is had, another thread of this process has probed a
         batch and seen no draw (workers that started together then watch side by side instead
-        of probing one after another)."""
+        of probing one after another). Returns ``_STALLED`` instead when the lock has been
+        held ``STALL_S`` (and it is past ``grace_until``) by then, for a first batch or one
+        given ``grace_until``, while the dataset is not known to draw (``_watched``)."""
         use = self.rng_use
         lock = isolate.GLOBAL_RNG_LOCK
         t0 = time.perf_counter()
-        if not lock.acquire(patience=isolate.STALL_S):
-            if first and not use.draws:  # the holder may be waiting for this worker's sample:
-                st.rng_wait_s += time.perf_counter() - t0  # fetch it watched, without the lock
+        if not lock.acquire(patience=isolate.STALL_S, not_before=grace_until or 0.0):
+            if (first or grace_until is not None) and not use.draws:
+                # the holder may be waiting for this worker's sample: the caller fetches it
+                # watched, without the lock
+                st.rng_wait_s += time.perf_counter() - t0
                 return _STALLED
             isolate.warn_stalled("a batch that must run isolated")
             lock.acquire()
