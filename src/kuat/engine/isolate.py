@@ -13,6 +13,14 @@ done only for datasets seen to draw:
    A change means the dataset draws: :attr:`RngUse.draws` becomes True for good. In one
    process only the first batch is probed while the watch is on: other threads' first
    batches are watched (the probe's exclusive lock would stall them all for a batch).
+   A sample that waits for another worker (a barrier across workers, as in torch's own
+   tests) cannot finish under the exclusive lock: once the lock has been held for
+   :data:`STALL_S`, a waiter whose dataset is not known to draw fetches its batch watched
+   without the lock (which lets the holder go on), then fetches it again isolated, since what
+   it read of the generators meanwhile was the holder's sample's; a holder still there
+   :data:`STALL_GRACE_S` later is stuck on something else (a slow read), and the unlocked
+   result stands when nothing drew. A batch that must run isolated keeps waiting, with a
+   warning (:func:`warn_stalled`).
 2. **Watch.** Later batches of a dataset not (yet) seen drawing run without reseeding, under
    the shared side of :data:`GLOBAL_RNG_LOCK`, with one fingerprint before and one after the
    batch (under 1 us each). If they differ, something drew: the batch is fetched again,
