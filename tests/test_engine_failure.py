@@ -7,6 +7,7 @@ batches, worker_init_fn); what cannot cross a process boundary becomes kuat.Work
 torch's DataLoader is the floor: its ExceptionWrapper keeps the type only when ``type(msg)``
 works, and then replaces args; kuat keeps the type in every one of those cases."""
 
+import collections
 import errno
 import re
 import subprocess
@@ -144,11 +145,12 @@ def _cause(i):
 
 class Raises:
     """Samples ``[i]``; sample ``bad`` raises ``MAKERS[kind](bad)`` from an OSError, and keeps
-    it in ``raised`` (a list the thread workers' shallow copies share)."""
+    it in ``raised`` (an object the thread workers' copies share: a plain list would be each
+    worker's own, as in torch's worker processes)."""
 
     def __init__(self, kind, bad=3, n=8):
         self.kind, self.bad, self.n = kind, bad, n
-        self.raised = []
+        self.raised = collections.UserList()
 
     def __len__(self):
         return self.n

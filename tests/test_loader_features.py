@@ -1,6 +1,7 @@
 """Loader features: ordering, prefetch bound, worker info, batch transform, zero copy, stats,
 torchvision ImageFolder, pinning and CUDA copies (the CUDA tests run on a GPU machine)."""
 
+import collections
 import dataclasses
 import os
 import threading
@@ -55,9 +56,11 @@ def test_prefetch_factor_bounds_batches_in_flight(prefetch):
 
 
 class InfoRecorder(IterableDataset):
+    # UserLists: objects every thread worker's copy shares (plain lists are each worker's own,
+    # as in torch's worker processes), so the test reads what all workers recorded
     def __init__(self):
-        self.infos = []
-        self.epochs = []
+        self.infos = collections.UserList()
+        self.epochs = collections.UserList()
         self.lock = threading.Lock()
 
     def set_epoch(self, epoch):
@@ -93,7 +96,7 @@ class Buffered:
     kuat_uses_sample_rng = True
 
     def __init__(self):
-        self.buffers = []
+        self.buffers = collections.UserList()  # shared by the workers' copies (see InfoRecorder)
 
     def __len__(self):
         return 8

@@ -67,8 +67,14 @@ class DecodeError(KuatError, ValueError):
         self.source = None if source is None else str(source)
 
 
-class WorkerError(KuatError):
-    """A worker failed with an exception whose type could not be rebuilt in the consumer.
+class WorkerError(KuatError, RuntimeError):
+    """A worker failed with an exception whose type could not be rebuilt in the consumer, or a
+    worker process died (a crash, a signal: ``stage`` is then ``""``).
+
+    A ``RuntimeError`` as well, because that is what torch's DataLoader raises for both (its
+    ``ExceptionWrapper`` falls back to ``RuntimeError``; a dead worker raises ``RuntimeError:
+    DataLoader worker (pid N) is killed by signal: ...``): ``except RuntimeError`` in an
+    existing training script keeps working.
 
     Attributes:
         original_type: qualified name of the original exception type.

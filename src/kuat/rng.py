@@ -406,6 +406,29 @@ def map_samples(fn, indices) -> list:
     return out
 
 
+def seed_worker_globals(base_seed: int, worker_id: int, *, cuda: bool = True) -> None:
+    """Seed the global generators of worker ``worker_id`` as torch seeds its worker processes
+    (``torch/utils/data/_utils/worker.py``): ``random`` and torch's default generator with
+    ``base_seed + worker_id`` (all CUDA generators too when ``cuda``, as ``torch.manual_seed``;
+    a thread worker passes ``cuda=False``: the training loop owns them), NumPy's legacy global
+    generator from torch's ``_generate_state(base_seed, worker_id)`` (four 32-bit words)."""
+    import torch
+
+    seed = base_seed + worker_id
+    random.seed(seed)
+    if cuda:
+        torch.manual_seed(seed)
+    else:
+        torch.default_generator.manual_seed(seed)
+    try:
+        from torch.utils.data._utils.worker import _generate_state
+    except ImportError:  # a torch without it: a mixed 32-bit seed of our own
+        np.random.seed(int(np.random.SeedSequence([base_seed & _MASK64, worker_id])
+                           .generate_state(1, np.uint32)[0]))
+    else:
+        np.random.seed(_generate_state(base_seed, worker_id))
+
+
 def seed_global_rngs(seed: int) -> None:
     """Seed Python's ``random``, NumPy's global generator and torch's default generator.
 

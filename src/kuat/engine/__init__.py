@@ -4,11 +4,14 @@ The engine runs *any* work; it knows nothing of images or storage. Files, in lif
 
 * ``job.py``     what a worker does with one task: fetch a batch (map-style indices or the next
   items of an iterable), collate it, isolate global RNGs, skip failing samples. Picklable.
-  Each thread worker reads its own shallow copy of the dataset (``worker_dataset``).
+* ``worker_copy.py`` the dataset object a thread worker reads: its own copy (small plain
+  containers included), as each torch worker process has.
 * ``worker_info.py`` ``torch.utils.data.get_worker_info()`` answered per thread worker (kuat's
   one patch of torch), and whether a worker consulted it.
 * ``isolate.py`` global-RNG isolation for datasets seen to draw from ``random``/``np.random``/
   ``torch``: probe, watch (generator fingerprints), reseed per sample or batch, one lock.
+* ``worker_rng.py`` a thread worker's own global generators when its ``worker_init_fn`` seeds
+  them (swapped in around its fetches), as a torch worker process has.
 * ``base.py``    the task/result records and the worker loop shared by every engine.
 * ``failure.py`` error transport: an exception captured in a worker is raised in the consumer
   as the original (threads) or its equal (processes: type, args, attributes, chain) with a note

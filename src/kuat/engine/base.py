@@ -67,6 +67,13 @@ __all__ = ["OK", "END", "FAIL", "EMPTY", "Task", "Result", "WorkStats", "Failure
 OK, END, FAIL, EMPTY = 0, 1, 2, 3  # result kinds: batch, iterable exhausted, error, all skipped
 
 
+class WorkerStopped(BaseException):
+    """Raised in a thread worker between two samples of a task once its engine is closed: the
+    loader gave up (a time-out, an error, ``break``), so nothing more of the task is fetched.
+    A ``BaseException``, so ``on_error="skip"`` and the dataset's own ``except Exception``
+    do not swallow it; :func:`serve` ends the worker quietly."""
+
+
 class Task(NamedTuple):
     task_id: int
     epoch: int
@@ -203,18 +210,22 @@ def serve(
     base_seed: int,
     recv: Callable[[], Task | None],
     send: Callable[[Result], None],
+    stop=None,
 ) -> None:
     """The loop of one worker: start the job, then run tasks until ``recv()`` returns None.
 
     An exception while starting (for example in ``worker_init_fn``) is reported as the result of
     every task, so the consumer raises it on its next batch. A ``SystemExit`` or
     ``KeyboardInterrupt``, while starting or in a task, is reported once and ends the loop.
+    ``stop`` (thread workers): an event set when the engine closes, checked by the job
+    between samples (:class:`WorkerStopped` then ends the loop, reporting nothing).
     """
     where = describe_worker(name, method)
     init_failure = None
     ctx = None
     try:
-        ctx = job.start(worker_id, num_workers, method, base_seed)
+        ctx = (job.start(worker_id, num_workers, method, base_seed) if stop is None
+               else job.start(worker_id, num_workers, method, base_seed, stop=stop))
     except BaseException as e:  # SystemExit too: a thread that died silently would hang the loader
         init_failure = failure(e, name, where, START, None)
     try:
@@ -232,6 +243,8 @@ def serve(
                                              task.width)
             except Exception as e:
                 kind, value, stats = FAIL, failure(e, name, where, ctx.stage, task.key), None
+            except WorkerStopped:  # the engine closed during the task: nobody waits for it
+                return
             except BaseException as e:  # SystemExit, KeyboardInterrupt: report, then end
                 send(Result(task.task_id, worker_id, FAIL,
                             failure(e, name, where, ctx.stage, task.key), None))

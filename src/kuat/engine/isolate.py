@@ -13,6 +13,14 @@ done only for datasets seen to draw:
    A change means the dataset draws: :attr:`RngUse.draws` becomes True for good. In one
    process only the first batch is probed while the watch is on: other threads' first
    batches are watched (the probe's exclusive lock would stall them all for a batch).
+   A sample that waits for another worker (a barrier across workers, as in torch's own
+   tests) cannot finish under the exclusive lock: once the lock has been held for
+   :data:`STALL_S`, a waiter whose dataset is not known to draw fetches its batch watched
+   without the lock (which lets the holder go on), then fetches it again isolated, since what
+   it read of the generators meanwhile was the holder's sample's; a holder still there
+   :data:`STALL_GRACE_S` later is stuck on something else (a slow read), and the unlocked
+   result stands when nothing drew. A batch that must run isolated keeps waiting, with a
+   warning (:func:`warn_stalled`).
 2. **Watch.** Later batches of a dataset not (yet) seen drawing run without reseeding, under
    the shared side of :data:`GLOBAL_RNG_LOCK`, with one fingerprint before and one after the
    batch (under 1 us each). If they differ, something drew: the batch is fetched again,
@@ -44,11 +52,13 @@ import os
 import random
 import sys
 import threading
+import time
 
 import numpy as np
 import torch
 
-__all__ = ["GLOBAL_RNG_LOCK", "RngUse", "fingerprint", "seed_globals_cpu", "save", "restore"]
+__all__ = ["GLOBAL_RNG_LOCK", "RngUse", "STALL_S", "STALL_GRACE_S", "fingerprint", "seed_globals_cpu", "save", "restore",
+           "warn_stalled"]
 
 log = logging.getLogger("kuat.engine")
 
@@ -57,19 +67,42 @@ _MASK32 = (1 << 32) - 1
 
 
 class _SharedExclusiveLock:
-    """Many holders of the shared side at once, or one holder of the exclusive side."""
+    """Many holders of the shared side at once, or one holder of the exclusive side.
+
+    ``patience`` (seconds, both sides): give up (return False) once the lock has been held
+    without a break, by anyone, for that long; ``None`` waits for ever. Measured from when the
+    lock was taken, not from when this waiter came: once a holder is stuck (its sample waits
+    for another worker), later waiters give up at once instead of each waiting again.
+    """
 
     def __init__(self):
         self._cond = threading.Condition(threading.Lock())
         self._shared = 0
         self._exclusive = False
         self._waiting = 0  # threads waiting for the exclusive side
+        self._held_since = 0.0  # time.monotonic() when the lock was last taken while free
 
-    def acquire_shared(self) -> None:
-        with self._cond:
-            while self._exclusive:
+    def _wait(self, free, patience: float | None, not_before: float) -> bool:
+        while not free():
+            if patience is None:
                 self._cond.wait()
+                continue
+            left = max(self._held_since + patience, not_before) - time.monotonic()
+            if left <= 0:
+                return False
+            self._cond.wait(left)
+        return True
+
+    def acquire_shared(self, patience: float | None = None, not_before: float = 0.0) -> bool:
+        """Take the shared side; False (not taken) once the lock was held ``patience`` s
+        (and not before ``time.monotonic()`` is ``not_before``)."""
+        with self._cond:
+            if not self._wait(lambda: not self._exclusive, patience, not_before):
+                return False
+            if not self._shared:
+                self._held_since = time.monotonic()
             self._shared += 1
+            return True
 
     def release_shared(self) -> None:
         with self._cond:
@@ -77,20 +110,30 @@ class _SharedExclusiveLock:
             if not self._shared and self._waiting:
                 self._cond.notify_all()
 
-    def acquire(self) -> None:
+    def acquire(self, patience: float | None = None, not_before: float = 0.0) -> bool:
+        """Take the exclusive side; False (not taken) once the lock was held ``patience`` s
+        (and not before ``time.monotonic()`` is ``not_before``)."""
         with self._cond:
             self._waiting += 1
             try:
-                while self._exclusive or self._shared:
-                    self._cond.wait()
+                if not self._wait(lambda: not (self._exclusive or self._shared), patience,
+                                  not_before):
+                    return False
             finally:
                 self._waiting -= 1
             self._exclusive = True
+            self._held_since = time.monotonic()
+            return True
 
     def release(self) -> None:
         with self._cond:
             self._exclusive = False
             self._cond.notify_all()
+
+    @property
+    def held_since(self) -> float:
+        """``time.monotonic()`` when the lock was last taken while free (names one hold)."""
+        return self._held_since
 
     def __enter__(self):
         self.acquire()
@@ -105,13 +148,61 @@ class _SharedExclusiveLock:
 GLOBAL_RNG_LOCK = _SharedExclusiveLock()
 
 
+# How long the lock may be held before a waiter suspects that the holder's sample is waiting
+# for it (a ``__getitem__`` that synchronises with the other workers, as torch's own test
+# datasets do): a batch whose dataset is not known to draw is then fetched without the lock
+# (watched, job.py); one that must run isolated keeps waiting, after a warning.
+STALL_S = 2.0
+# After such a fetch, how long to wait for the holder to finish (it was waiting for that fetch)
+# before taking the holder to be stuck on something else
+STALL_GRACE_S = 0.5
+_stall_warned: set[str] = set()
+
+
+def warn_stalled(what: str) -> None:
+    """Warn (once per ``what``) that a thread has waited ``STALL_S`` for the exclusive lock."""
+    if what in _stall_warned:
+        return
+    _stall_warned.add(what)
+    log.warning(
+        "kuat: %s has waited over %.0f s for the global-RNG lock, held by another thread "
+        "worker while its worker_init_fn, or a sample that must run with the global random "
+        "generators to itself, runs. If that waits for this worker, this never ends: pass "
+        "isolate_global_rng=False or worker_type='process' to the DataLoader", what, STALL_S)
+
+
 def _reset_lock_in_child() -> None:
     # A fork while another thread held the lock would leave it held forever in the child.
     global GLOBAL_RNG_LOCK
     GLOBAL_RNG_LOCK = _SharedExclusiveLock()
 
 
+_forking_np_lock = None  # the NumPy global generator's lock, held by the forking thread
+
+
+def _hold_numpy_lock() -> None:
+    # A thread worker saving or seeding NumPy's global generator (isolation, worker_rng.py)
+    # holds its lock for microseconds; a fork at that moment would leave it held for ever in
+    # the child, whose first np.random.seed (seed_worker_globals) would then never return.
+    global _forking_np_lock
+    try:
+        lock = np.random.mtrand._rand._bit_generator.lock
+    except AttributeError:
+        return
+    lock.acquire()
+    _forking_np_lock = lock
+
+
+def _release_numpy_lock() -> None:
+    global _forking_np_lock
+    lock, _forking_np_lock = _forking_np_lock, None
+    if lock is not None:
+        lock.release()
+
+
 if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=_hold_numpy_lock, after_in_parent=_release_numpy_lock,
+                        after_in_child=_release_numpy_lock)
     os.register_at_fork(after_in_child=_reset_lock_in_child)
 
 
@@ -323,12 +414,20 @@ class RngUse:
         # a batch ran isolated and probed in this process: later thread workers' first batches
         # may be watched instead of probed (job.py); not pickled: each process probes itself
         self.probed = False
+        # a worker_init_fn changed the global generators: each worker draws from its own
+        # stream (worker_rng.py); worker_type=None then wants process workers
+        self.worker_seeded = False
+        # the hold of the lock (its held_since) found stuck after a grace (job.py): later
+        # fetches during it do not wait for it again
+        self.stuck_hold: float | None = None
 
     def __getstate__(self):
-        return {"draws": self.draws, "false_alarms": self.false_alarms, "watch": self.watch}
+        return {"draws": self.draws, "false_alarms": self.false_alarms, "watch": self.watch,
+                "worker_seeded": self.worker_seeded}
 
     def __setstate__(self, state):
         self.probed = False
+        self.stuck_hold = None
         self.__dict__.update(state)
 
     def false_alarm(self) -> None:

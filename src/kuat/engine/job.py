@@ -13,10 +13,12 @@ do not draw pay two fingerprints and a shared lock per batch (about 3 us).
 
 from __future__ import annotations
 
-import copy
+import contextlib
 import logging
 import operator
+import threading
 import time
+import types
 import zlib
 from dataclasses import dataclass, field
 
@@ -26,8 +28,9 @@ import torch
 from kuat import _native, _parallel
 from kuat import rng as krng
 from kuat.collate import batch_scope
-from kuat.engine import isolate
-from kuat.engine.base import COLLATE, EMPTY, END, FETCH, OK, PIN, ResumeAt, WorkStats
+from kuat.engine import isolate, worker_rng
+from kuat.engine.base import COLLATE, EMPTY, END, FETCH, OK, PIN, ResumeAt, WorkerStopped, WorkStats
+from kuat.engine.worker_copy import worker_dataset
 from kuat.engine.worker_info import (
     clear_worker_info,
     reset_consulted,
@@ -42,6 +45,7 @@ log = logging.getLogger("kuat.engine")
 
 
 _WATCH = object()  # FetchJob._isolated: fetch this first batch watched, not probed
+_STALLED = object()  # FetchJob._isolated: the lock was held too long; fetch watched, unlocked
 
 
 def _index_key(index) -> int:
@@ -74,38 +78,6 @@ def per_sample_getitems(dataset) -> bool:
     return False
 
 
-def worker_dataset(dataset, method: str):
-    """The dataset object one worker reads: its own shallow copy in a thread worker.
-
-    A torch worker process reads its own copy of the dataset (forked or unpickled), so what a
-    worker does to it (``worker_init_fn`` narrowing ``get_worker_info().dataset``, a file handle
-    or connection opened lazily in ``__getitem__``, a counter, a per-worker cache assigned on
-    first use) stays in that worker. Thread workers keep that: each gets ``copy.copy(dataset)``
-    when it starts (once per worker per engine: each epoch, or once with persistent workers),
-    taken after the main thread's last change. A shallow copy shares what the attributes point
-    to: tensors, arrays, memory-mapped shards, file lists (read-only data, shared at no cost)
-    and also mutable containers created in ``__init__`` (a dict used as a cache is then shared,
-    and must be safe to use from several threads, as CPython's dict is). Attributes *assigned*
-    in a worker are its own. A dataset that wants no copy (or a deeper one) defines
-    ``__copy__``; one that cannot be copied is shared, with a warning. Cost: one
-    ``copy.copy`` per worker start, about 3 us for a ``TensorDataset``, an ``ImageFolder`` or a
-    kuat dataset (measurements in ``tests/test_parity_workers.py``'s docstring); in process
-    mode (the worker has its own copy already) and inline mode (torch's ``num_workers=0`` reads
-    the dataset itself) nothing is copied.
-    """
-    if method != "thread":
-        return dataset
-    try:
-        return copy.copy(dataset)
-    except Exception as e:  # un-copyable (a C extension type, a __reduce__ that refuses)
-        log.warning(
-            "kuat thread workers share one %s object: copy.copy() failed (%s: %s), so state a "
-            "worker sets on it is seen by every worker. Define __copy__ on the dataset, or use "
-            "worker_type='process'", type(dataset).__name__, type(e).__name__, e,
-        )
-        return dataset
-
-
 @dataclass
 class WorkerCtx:
     worker_id: int
@@ -119,6 +91,11 @@ class WorkerCtx:
     extra: dict = field(default_factory=dict)
     probed: bool = False  # this worker's first batch ran isolated and probed (isolate.py)
     stage: str = FETCH  # what run() is doing: FETCH, COLLATE or PIN (names a failure's stage)
+    # its worker_init_fn changed the global generators: the thread worker's own states
+    # (worker_rng.OwnRng), or True in a process (its generators are its own)
+    rng: object = None
+    # set when the engine is closed (thread workers): no further sample of the task starts
+    stop: threading.Event | None = None
 
 
 @dataclass
@@ -143,6 +120,9 @@ class FetchJob:
     fetch_collated: bool = False
     # the loader's pool of large batch buffers (kuat._buffers; pickles to an empty one)
     buffer_pool: object = None
+    # a worker_init_fn that changes the global generators gives each worker its own stream
+    # (worker_rng.py): the loader's isolate_global_rng, whatever the source kind
+    worker_rng: bool = False
 
     @property
     def thread_agnostic(self) -> bool:
@@ -161,27 +141,48 @@ class FetchJob:
         return not self.iterable and self.worker_init_fn is None
 
     def __post_init__(self):
-        if self.isolate_rng and protocol.never_draws(self.dataset):
-            self.isolate_rng = False  # nothing to isolate: not even the watch's fingerprints
+        if protocol.never_draws(self.dataset):
+            # nothing to isolate: not even the watch's fingerprints
+            self.isolate_rng = self.worker_rng = False
 
     # -- worker lifecycle -------------------------------------------------------------------
     def start(self, worker_id: int, num_workers: int, method: str, base_seed: int, *,
-              own_copy: bool = False) -> WorkerCtx:
-        """Per-worker state of one worker. ``own_copy``: an inline worker reads its own shallow
-        copy of the dataset, as a thread worker does (the consumer taking over from thread
-        workers), instead of the dataset itself (``num_workers=0``, as torch)."""
+              own_copy: bool = False, stop: threading.Event | None = None) -> WorkerCtx:
+        """Per-worker state of one worker. ``own_copy``: an inline worker reads its own copy
+        of the dataset, as a thread worker does (the consumer taking over from thread
+        workers), instead of the dataset itself (``num_workers=0``, as torch). ``stop``: set
+        when the engine closes; a thread worker then starts no further sample of its task.
+
+        ``worker_init_fn`` runs with ``get_worker_info()`` set; a bound method of the dataset
+        (``worker_init_fn=dataset.setup``) runs bound to the worker's copy, as in a torch
+        worker process, where its ``self`` is that process's copy. In a thread worker it runs
+        with the worker's own global generators (:mod:`kuat.engine.worker_rng`)."""
         dataset = worker_dataset(self.dataset, "thread" if own_copy else method)
-        ctx = WorkerCtx(worker_id, num_workers, method, base_seed, dataset=dataset)
+        ctx = WorkerCtx(worker_id, num_workers, method, base_seed, dataset=dataset, stop=stop)
         if method == "inline":
             return ctx
         seed = base_seed + worker_id
         reset_consulted()
         if method == "process":
             torch.set_num_threads(1)
-            krng.seed_global_rngs(seed)  # as torch seeds each worker process
+            krng.seed_worker_globals(base_seed, worker_id)  # as torch seeds each worker process
         set_worker_info(method, worker_id, num_workers, seed, ctx.dataset)
-        if self.worker_init_fn is not None:
-            self.worker_init_fn(worker_id)
+        init = self.worker_init_fn
+        if init is None:
+            return ctx
+        if isinstance(init, types.MethodType) and init.__self__ is self.dataset:
+            init = types.MethodType(init.__func__, ctx.dataset)
+        if method == "thread":
+            own = worker_rng.run_init(init, worker_id, base_seed)
+            ctx.rng = own if self.worker_rng else None
+        elif self.worker_rng:
+            before = isolate.fingerprint()
+            init(worker_id)
+            ctx.rng = True if isolate.fingerprint() != before else None
+        else:
+            init(worker_id)
+        if ctx.rng is not None:
+            self.rng_use.worker_seeded = True
         return ctx
 
     def stop(self, ctx: WorkerCtx) -> None:
@@ -192,8 +193,8 @@ class FetchJob:
         if ctx.method != "inline" and base_seed != ctx.base_seed:
             ctx.base_seed = base_seed
             seed = base_seed + ctx.worker_id
-            if ctx.method == "process":
-                krng.seed_global_rngs(seed)
+            if ctx.method == "process" and ctx.rng is None:  # (a worker_init_fn's stream
+                krng.seed_worker_globals(base_seed, ctx.worker_id)  # goes on, as in torch)
             set_worker_info(ctx.method, ctx.worker_id, ctx.num_workers, seed, ctx.dataset)
         if self.iterable:
             if protocol.provides(ctx.dataset, protocol.EpochAware):
@@ -230,7 +231,8 @@ class FetchJob:
         with batch_scope(self.buffer_pool):
             t0, c0, n0 = time.perf_counter(), time.thread_time(), _native.seconds()
             h0 = _parallel.helper_totals() if width > 1 else None  # split fetches only
-            with krng.epoch_context(self.seed, epoch), _parallel.share(width):
+            with krng.epoch_context(self.seed, epoch), _parallel.share(width), \
+                    self._own_stream(ctx, st):
                 if self.iterable:
                     data = self._next_items(ctx, st)
                 else:
@@ -265,6 +267,14 @@ class FetchJob:
             st.pin_s = time.perf_counter() - t2
         return OK, batch, st
 
+    @staticmethod
+    def _own_stream(ctx: WorkerCtx, st: WorkStats):
+        """The worker's own global generators swapped in around its fetch (a thread worker
+        whose worker_init_fn seeded them: worker_rng.py); nothing otherwise."""
+        if ctx.rng is None or ctx.method != "thread":
+            return contextlib.nullcontext()
+        return worker_rng.swapped(ctx.rng, st)
+
     def _next_items(self, ctx: WorkerCtx, st: WorkStats):
         """Up to ``batch_size`` next items of this worker's iterator; None when exhausted."""
         if ctx.ended:
@@ -282,7 +292,10 @@ class FetchJob:
                         raise
                     st.skipped.append((None, type(e).__qualname__, str(e)))
         data = []
+        stop = ctx.stop
         while len(data) < self.batch_size:
+            if stop is not None and stop.is_set():
+                raise WorkerStopped
             try:
                 data.append(next(it))
             except StopIteration:
@@ -327,11 +340,28 @@ class FetchJob:
             return protocol.fetch_collated(ctx.dataset)(key)
         if self.use_getitems:
             return ctx.dataset.__getitems__(key)
-        return krng.map_samples(ctx.dataset.__getitem__, key)
+        return krng.map_samples(self._getitem(ctx), key)
+
+    @staticmethod
+    def _getitem(ctx: WorkerCtx):
+        """``ctx.dataset.__getitem__``; in a thread worker, one that first checks that the
+        engine is not closed (a loader that gave up, on a time-out or an error, must not see
+        the rest of the batch fetched: raises ``WorkerStopped``)."""
+        getitem = ctx.dataset.__getitem__
+        stopped = ctx.stop.is_set if ctx.stop is not None else None
+        if stopped is None:
+            return getitem
+
+        def checked(i):
+            if stopped():
+                raise WorkerStopped
+            return getitem(i)
+
+        return checked
 
     def _fetch(self, ctx: WorkerCtx, epoch: int, key, st: WorkStats) -> list:
         """The samples of ``key``, with global-RNG isolation where the dataset needs it."""
-        if not self.isolate_rng:
+        if not self.isolate_rng or ctx.rng is not None:  # (a worker_init_fn's own stream)
             return self._get(ctx, key)
         use = self.rng_use
         if use.draws or not ctx.probed:
@@ -344,23 +374,51 @@ class FetchJob:
             # alarms) and in worker processes (their own generators) each worker still probes.
             if not self._may_watch_first(ctx):
                 data = self._isolated(ctx, epoch, key, st, first=True)
+                if data is _STALLED:
+                    return self._watched(ctx, epoch, key, st, locked=False)
                 if data is not _WATCH:
                     return data
         if not use.watch:
             return self._get(ctx, key)
+        # A holder of the exclusive side for STALL_S may be a sample waiting for this worker
+        # (a barrier across workers, as in torch's own tests): unless the dataset is known to
+        # draw, the batch is then fetched without the lock, watched all the same
         lock = isolate.GLOBAL_RNG_LOCK
-        lock.acquire_shared()
+        locked = lock.acquire_shared(patience=None if use.draws else isolate.STALL_S)
+        return self._watched(ctx, epoch, key, st, locked)
+
+    def _watched(self, ctx: WorkerCtx, epoch: int, key, st: WorkStats, locked: bool):
+        """The samples of ``key`` fetched un-isolated between two fingerprints (holding the
+        shared side of the lock when ``locked``, which it releases); fetched again isolated
+        when the generators changed meanwhile (the dataset drew, or another thread did).
+
+        Not ``locked`` (the lock's holder was stuck, maybe waiting for this very fetch): the
+        fetch ran while another sample had the generators reseeded, so what it read of them
+        (``torch.initial_seed()``) was that sample's. Once it has let the holder go on, the
+        batch is fetched again, isolated, and the first result dropped; unless the holder is
+        still there ``STALL_GRACE_S`` later (stuck on something else, a slow read: the other
+        workers must go on) and the fetch drew nothing: its result then stands."""
+        use = self.rng_use
         try:
             before = isolate.fingerprint()
             data = self._get(ctx, key)
             drew = isolate.fingerprint() != before
         finally:
-            lock.release_shared()
-        if not drew:
+            if locked:
+                isolate.GLOBAL_RNG_LOCK.release_shared()
+        if locked and not drew:
+            return data
+        if not locked and not drew:
+            hold = isolate.GLOBAL_RNG_LOCK.held_since
+            grace = 0.0 if hold == use.stuck_hold else time.monotonic() + isolate.STALL_GRACE_S
+            again = self._isolated(ctx, epoch, key, st, grace_until=grace)
+            if again is not _STALLED:
+                return again
+            use.stuck_hold = hold  # (the same hold stuck: the next fetches do not wait)
             return data
         del data  # fetched with unseeded draws (or another thread drew): fetch it isolated
         data = self._isolated(ctx, epoch, key, st)
-        if not use.draws:
+        if locked and not use.draws:
             use.false_alarm()
         return data
 
@@ -370,16 +428,28 @@ class FetchJob:
         use = self.rng_use
         return ctx.method != "process" and use.probed and use.watch and not use.draws
 
-    def _isolated(self, ctx: WorkerCtx, epoch: int, key, st: WorkStats, first: bool = False):
+    def _isolated(self, ctx: WorkerCtx, epoch: int, key, st: WorkStats, first: bool = False,
+                  grace_until: float | None = None):
         """The samples of ``key`` with the global RNGs reseeded per sample (``__getitem__``)
         or per batch (``__getitems__``), under the exclusive lock; probes whether the dataset
         draws until that is known. With ``first`` (a worker's first batch), returns ``_WATCH``
         instead when, by the time the lock is had, another thread of this process has probed a
         batch and seen no draw (workers that started together then watch side by side instead
-        of probing one after another)."""
-        ds, use = ctx.dataset, self.rng_use
+        of probing one after another). Returns ``_STALLED`` instead when the lock has been
+        held ``STALL_S`` (and it is past ``grace_until``) by then, for a first batch or one
+        given ``grace_until``, while the dataset is not known to draw (``_watched``)."""
+        use = self.rng_use
+        lock = isolate.GLOBAL_RNG_LOCK
         t0 = time.perf_counter()
-        with isolate.GLOBAL_RNG_LOCK:
+        if not lock.acquire(patience=isolate.STALL_S, not_before=grace_until or 0.0):
+            if (first or grace_until is not None) and not use.draws:
+                # the holder may be waiting for this worker's sample: the caller fetches it
+                # watched, without the lock
+                st.rng_wait_s += time.perf_counter() - t0
+                return _STALLED
+            isolate.warn_stalled("a batch that must run isolated")
+            lock.acquire()
+        try:
             st.rng_wait_s += time.perf_counter() - t0
             if first and self._may_watch_first(ctx):
                 return _WATCH
@@ -394,10 +464,11 @@ class FetchJob:
                     use.probed = True
                     return out
                 out = []
+                getitem = self._getitem(ctx)
                 for i in key:
                     isolate.seed_globals_cpu(krng.global_rng_seed(self.seed, epoch, _index_key(i)))
                     probe = None if use.draws else isolate.fingerprint()
-                    out += krng.map_samples(ds.__getitem__, (i,))
+                    out += krng.map_samples(getitem, (i,))
                     if probe is not None and isolate.fingerprint() != probe:
                         use.draws = True
                 use.probed = True
@@ -405,3 +476,5 @@ class FetchJob:
             finally:
                 if saved is not None:
                     isolate.restore(saved)
+        finally:
+            lock.release()

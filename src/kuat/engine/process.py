@@ -17,7 +17,8 @@ Shutdown (``close()``, idempotent; also at interpreter exit): each worker is ask
 busy with a task is terminated at once (its work is abandoned: a time-out, an error or Ctrl-C
 must not wait for a sleeping ``__getitem__``) and killed if still there after 0.1 s; an idle one
 exits by itself (milliseconds; it is given 1 s before it is terminated, so that it can flush
-what it printed).
+what it printed). Workers do not run the parent's Python signal handlers (``_worker_signals``):
+a framework's SIGTERM handler never sees the termination.
 """
 
 from __future__ import annotations
@@ -61,11 +62,33 @@ _JOIN_S = 1.0  # close(): how long an idle worker may take to exit before it is 
 _KILL_S = 0.1  # close(): how long a terminated worker may take to end before it is killed
 
 
+def _worker_signals() -> None:
+    """A worker's signal handlers: torch's worker ones, not the parent's.
+
+    A forked worker inherits the parent's Python signal handlers: a framework's SIGTERM handler
+    (Lightning's logs "Received SIGTERM" and lets the process go on) would then run in every
+    busy worker that ``close()`` terminates, and keep it alive until it is killed. As torch's
+    workers (``torch.utils.data._utils.worker._worker_loop``), SIGTERM is reset to its default
+    and torch's C handlers are installed: SIGTERM from the parent exits quietly, SIGSEGV, SIGBUS
+    and SIGFPE print which worker crashed before the process dies of the signal.
+    """
+    import signal
+
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        from torch.utils.data._utils import signal_handling
+
+        signal_handling._set_worker_signal_handlers()
+    except Exception:  # a torch without them: the default SIGTERM is enough
+        pass
+
+
 def _worker_main(payload, worker_id, num_workers, name, base_seed, conn, prefix, parent_pid):
     """Entry point of a worker process."""
     import gc
     import pickle
 
+    _worker_signals()
     # Objects inherited through fork are never garbage: keep the collector off them, so it
     # neither spends time on the parent's heap nor touches (copies) its pages.
     gc.freeze()
@@ -117,6 +140,16 @@ def _worker_main(payload, worker_id, num_workers, name, base_seed, conn, prefix,
         except Exception:
             pass
     os._exit(0)
+
+
+def _signal_name(signum: int) -> str:
+    """``"Segmentation fault"`` for 11 (``strsignal``, as torch's message), else its number."""
+    import signal
+
+    try:
+        return signal.strsignal(signum) or f"signal {signum}"
+    except ValueError:
+        return f"signal {signum}"
 
 
 class ProcessEngine(ClosedOnExit):
@@ -280,9 +313,15 @@ class ProcessEngine(ClosedOnExit):
         keys = [describe_key(t.key) for t, _ in self._pending[w]]
         indices = [i for t, _ in self._pending[w] for i in (key_indices(t.key) or [])]
         self.close()
+        what = f"while fetching {', '.join(keys) or 'nothing'}"
+        if code is not None and code < 0:  # torch's words for a signal, then where it was
+            message = (f"DataLoader worker (pid {pid}) is killed by signal: "
+                       f"{_signal_name(-code)}. kuat worker process {name} died {what}")
+        else:
+            message = (f"kuat worker process {name} (pid {pid}) exited unexpectedly with exit "
+                       f"code {code} {what}")
         raise WorkerError(
-            f"kuat worker process {name} (pid {pid}) exited unexpectedly with exit code "
-            f"{code} while fetching {', '.join(keys) or 'nothing'}",
+            message,
             original_type="",
             worker=name,
             indices=indices or None,

@@ -37,7 +37,8 @@ class ThreadEngine(ClosedOnExit):
             t = threading.Thread(
                 target=serve,
                 args=(job, i, num_workers, "thread", f"{name}-{i}", base_seed),
-                kwargs={"recv": self._recv_for(i), "send": self._results.put},
+                kwargs={"recv": self._recv_for(i), "send": self._results.put,
+                        "stop": self._stop},
                 name=f"{name}-{i}",
                 daemon=True,
             )
@@ -70,7 +71,11 @@ class ThreadEngine(ClosedOnExit):
 
         Idle workers end within ``_JOIN_S``; a worker busy in the dataset is not waited for
         (a time-out, an error or Ctrl-C must hand control back at once): it drops its result
-        and every queued task, and ends when its current ``__getitem__``/``next()`` returns.
+        and every queued task, fetches no further sample of its current task, and ends when its
+        current ``__getitem__``/``next()`` returns. A segmentation fault (or any fatal signal)
+        in a thread worker ends the whole process: threads cannot survive it, unlike torch's
+        worker processes (``worker_type="process"`` reports it as a ``kuat.WorkerError``, a
+        ``RuntimeError``, as torch does).
         Threads are daemons; at interpreter exit they get up to 2 s to leave the dataset.
         """
         if self._closed:

@@ -110,7 +110,10 @@ class Adaptation:
     def processes_wanted(self, busy: bool) -> int:
         """``worker_type=None``: ``NOW`` to move to process workers (the dataset draws from the
         global RNGs), ``WAIT`` while thread batches are in flight (``busy``), else ``NO``."""
-        if not (self._auto_processes and self._rng_use.draws):
+        use = self._rng_use
+        # not while workers draw from the streams their worker_init_fn seeded: new workers
+        # would start them again (the next epoch's workers are processes: _workers.py)
+        if not (self._auto_processes and use.draws) or use.worker_seeded:
             return NO
         return WAIT if busy else NOW
 
@@ -135,6 +138,12 @@ class Adaptation:
         self.num_workers = 1
         self.max_inflight, self._adapt, self.may_go_inline = 1, False, False
         self._auto_processes = False
+
+    @property
+    def base_inflight(self) -> int:
+        """The fixed prefetch bound, ``prefetch_factor * num_workers`` (not the deeper one
+        kept while batches are cheap)."""
+        return self._base_inflight
 
     @property
     def agnostic(self) -> bool:

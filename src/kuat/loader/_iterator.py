@@ -116,6 +116,8 @@ class LoaderIter:
         self._nw = self._lease.engine.num_workers
         self._active = [True] * self._nw
         self._rr = 0
+        # per worker, its tasks from submission until taken (in_order=False's capacity)
+        self._load = [0] * self._nw
         self._tasks: dict[int, int] = {}  # task id -> worker id, in flight
         self._order: collections.deque[int] = collections.deque()  # dispatch order (in_order)
         self._ready: dict[int, Any] = {}
@@ -285,6 +287,7 @@ class LoaderIter:
                 return
             tid = next(_TASK_IDS)
             self._tasks[tid] = w
+            self._load[w] += 1
             if self._in_order:
                 self._order.append(tid)
             width = adapt.first_batch_width(self._returned, len(self._tasks), len(self._ready))
@@ -303,7 +306,7 @@ class LoaderIter:
             return answer == _adaptive.WAIT
         new = self._lease.to_processes()
         self._nw = new.num_workers
-        self._active, self._rr = [True] * self._nw, 0
+        self._active, self._rr, self._load = [True] * self._nw, 0, [0] * self._nw
         self._adapt.moved_to_processes(self._nw)
         return False
 
@@ -316,14 +319,28 @@ class LoaderIter:
         if answer != _adaptive.NOW:
             return answer == _adaptive.WAIT
         self._lease.to_inline(own_copy=not self._adapt.agnostic)
-        self._nw, self._active, self._rr = 1, [True], 0
+        self._nw, self._active, self._rr, self._load = 1, [True], 0, [0]
         self._adapt.moved_inline()
         return False
 
     def _next_worker(self) -> int | None:
+        """The next active worker, round-robin. With ``in_order=False`` a worker already holding
+        its share of the fixed prefetch bound (``prefetch_factor`` when all are active; counted
+        from submission until taken) is skipped, as torch's ``_try_put_index`` does: a worker
+        stuck in a slow sample is given no more work while the others go on (with
+        ``in_order=True`` torch skips nobody: batches come back in dispatch order anyway). The
+        deeper prefetch of cheap batches then goes to the other workers, never queues behind a
+        busy one."""
+        if self._in_order:
+            for _ in range(self._nw):
+                w, self._rr = self._rr, (self._rr + 1) % self._nw
+                if self._active[w]:
+                    return w
+            return None
+        share = self._adapt.base_inflight // max(1, sum(self._active))
         for _ in range(self._nw):
             w, self._rr = self._rr, (self._rr + 1) % self._nw
-            if self._active[w]:
+            if self._active[w] and self._load[w] < share:
                 return w
         return None
 
@@ -337,7 +354,10 @@ class LoaderIter:
                     return self._ready.pop(self._order.popleft())
             else:
                 if self._ready:
-                    return self._ready.pop(next(iter(self._ready)))
+                    r = self._ready.pop(next(iter(self._ready)))
+                    if r.worker_id < len(self._load) and self._load[r.worker_id] > 0:
+                        self._load[r.worker_id] -= 1
+                    return r
                 if not self._tasks:
                     return None
             self._adapt.blocked += 1

@@ -48,11 +48,15 @@ class WorkerPool:
         job = loader._job
         if loader.num_workers == 0:
             return InlineEngine(job, base_seed)
-        if loader.worker_type == "thread" and loader._options.auto_worker_type and job.rng_use.draws:
+        use = job.rng_use
+        if (loader.worker_type == "thread" and loader._options.auto_worker_type
+                and (use.draws or use.worker_seeded)):
             loader.worker_type = "process"
-            log.info("kuat.DataLoader: the dataset draws from the global random generators; "
-                     "moving to %d process workers (in threads its samples would run one at "
-                     "a time)", loader.num_workers)
+            log.info("kuat.DataLoader: %s; moving to %d process workers (in threads its samples "
+                     "would run one at a time)",
+                     "worker_init_fn seeds the global random generators" if use.worker_seeded
+                     else "the dataset draws from the global random generators",
+                     loader.num_workers)
         if loader.worker_type == "thread":
             return ThreadEngine(job, loader.num_workers, base_seed)
         ctx = loader.multiprocessing_context

@@ -239,6 +239,7 @@ class DataLoader(_TorchDataLoader[_T_co]):  # generic as torch's: kuat.DataLoade
             collate_fn=job_collate,
             seed=self.seed,
             isolate_rng=isolate_global_rng and not iterable,
+            worker_rng=isolate_global_rng,
             on_error=on_error,
             worker_init_fn=worker_init_fn,
             use_getitems=use_getitems,
