@@ -1,4 +1,4 @@
-"""Dependencies point one way (DESIGN.md, "Layout"): the storage layer (kuat.format) imports no
+"""Dependencies point one way (the project's design notes, "Layout"): the storage layer (kuat.format) imports no
 source, loader, engine, sampling or RNG module; vision has no import cycle; opening and
 reading a kuat dataset imports neither torch nor the vision transforms."""
 

@@ -1,7 +1,7 @@
 """Per-sample random generators, so that augmentations do not depend on threads or workers.
 
 A sample's random draws come from generators seeded by ``(seed, epoch, sample index)``
-(see DESIGN.md, "Determinism and state"). The loader sets ``seed`` and ``epoch`` for the
+(docs/loader.md, "Seeds, generators and order"). The loader sets ``seed`` and ``epoch`` for the
 thread (or process) that fetches a batch; code inside a dataset calls :func:`sample_rng`
 to get the generators of the sample it is producing. The result is the same whatever the
 number of workers, whether they are threads or processes, and in what order they run.

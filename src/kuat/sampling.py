@@ -1,7 +1,7 @@
 """Which samples each rank reads in each epoch, and in what order.
 
-The order of an epoch depends only on ``(seed, epoch, rank, world_size)`` (DESIGN.md,
-"Determinism and state"): shuffling uses a ``torch.Generator`` seeded from ``(seed, epoch)``,
+The order of an epoch depends only on ``(seed, epoch, rank, world_size)`` (docs/loader.md,
+"Seeds, generators and order"): shuffling uses a ``torch.Generator`` seeded from ``(seed, epoch)``,
 so resuming at batch ``k`` recomputes the epoch's order and starts there, with no state beyond
 those integers.
 

@@ -97,6 +97,10 @@ def prepare_data_loader(dataloader, device=None, num_processes=None, process_ind
     if not even_batches:
         log.warning("kuat.DataLoader ignores Accelerate's even_batches=False: ranks always get "
                     "equal shares (padded by wrap-around, or truncated with drop_last)")
+    if kwargs.get("use_seedable_sampler"):  # the HF Trainer's default (AcceleratorConfig)
+        log.warning("kuat.DataLoader ignores Accelerate's use_seedable_sampler=True: its order "
+                    "is kuat's own, from seed= (or torch's default generator with seed=None), "
+                    "and resumes exactly through state_dict()")
     from accelerate.state import GradientState
 
     observe = functools.partial(GradientStateObserver, GradientState())

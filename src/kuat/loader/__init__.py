@@ -1,6 +1,6 @@
 """``kuat.DataLoader``, a drop-in for ``torch.utils.data.DataLoader``: the map of the package.
 
-Data flow (DESIGN.md): sampler -> engine (inline, threads, processes) -> device -> user. One
+Data flow: sampler -> engine (inline, threads, processes) -> device -> user. One
 module answers each question about the loader:
 
 ============================================  ===================================================
@@ -11,7 +11,8 @@ frameworks (arguments, attributes, ``len``)   public attributes, methods that de
 are the arguments valid; what can the         :mod:`kuat.loader._options` (torch's checks in
 source do                                     torch's order; ``LoaderOptions``, ``SourceTraits``)
 where is the epoch order decided              :mod:`kuat.loader._epoch` (``plan_epoch``: epoch,
-                                              seeds, keys, skip -> an ``EpochPlan``)
+                                              seeds, keys, skip -> an ``EpochPlan``; the
+                                              permutation itself: ``kuat.sampling``)
 where is rank resolved                        :mod:`kuat.distributed` (the only place; the
                                               loader applies it in ``_epoch.apply_distributed``)
 where is ``state_dict`` built                 :mod:`kuat.loader._state` (``Position``,

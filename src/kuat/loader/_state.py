@@ -1,6 +1,6 @@
 """Where a loader is: its position in the epoch order, a pending resume, and the state dict.
 
-A loader's position is three small records (DESIGN.md, "Determinism and state"):
+A loader's position is three small records (docs/loader.md, "Resume"):
 
 * :class:`Position`: the epoch being served (or last served), how many batches of it were
   served, whether it ran out, and the states its order started from. The running iterator
