@@ -51,6 +51,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -198,35 +199,44 @@ def parse_verbose(log: str) -> dict[str, Outcome]:
     return out
 
 
-def _pytest(args: list[str], env: dict, cwd: Path, limit_s: float) -> tuple[int | None, str]:
+def _pytest(args: list[str], env: dict, cwd: Path, limit_s: float, log: Path) -> int | None:
+    """Run pytest with its output going to ``log`` (readable while it runs); the return code,
+    or None when it outlived ``limit_s`` and was killed with its process group."""
     # only the plugin the run needs: faster start, and no third-party plugin changes a result
     cmd = [sys.executable, "-m", "pytest", "-p", "pytest_timeout", "-p", "no:cacheprovider", *args]
-    try:
-        p = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True,
-                           timeout=limit_s, start_new_session=True)
-        return p.returncode, p.stdout + p.stderr
-    except subprocess.TimeoutExpired as e:
-        out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
-        return None, out
+    with open(log, "w") as out:
+        p = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT,
+                             start_new_session=True)
+        try:
+            return p.wait(timeout=limit_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+            return None
 
 
 def run_suite(suite: Suite, mode: str, source: Path, *, timeout_s: float = 60,
-              run_limit_s: float = 3600, extra_path: str = "", log=print) -> dict[str, Outcome]:
+              run_limit_s: float = 3600, extra_path: str = "", log_dir: Path | None = None,
+              log=print) -> dict[str, Outcome]:
     """Run one suite in one mode on a scratch copy of ``source``; ``{Class::test: Outcome}``.
 
     Every test is bounded by ``timeout_s`` (pytest-timeout, signal method); a pytest process
     that dies or outlives ``run_limit_s`` is restarted after the test that was running, which
-    is recorded as ``crashed``.
+    is recorded as ``crashed``. pytest's ``-v`` output goes to ``log_dir`` (kept) when given.
     """
     with tempfile.TemporaryDirectory(prefix=f"kuat-parity-{suite.name}-{mode}-") as tmp:
         tmp = Path(tmp)
+        logs = Path(log_dir) if log_dir else tmp
+        logs.mkdir(parents=True, exist_ok=True)
         site = sitecustomize_dir(tmp)
         work = tmp / "tests"
         work.mkdir()
         shutil.copy(source, work / suite.file_name)
         (work / "pytest.ini").write_text("[pytest]\naddopts =\n")  # not the repo's options
         env = run_env(site, suite, mode, extra_path)
-        rc, out = _pytest(["--collect-only", "-q", suite.file_name], env, work, 600)
+        collect_log = logs / f"{suite.name}-{mode}-collect.log"
+        _pytest(["--collect-only", "-q", suite.file_name], env, work, 600, collect_log)
+        out = collect_log.read_text()
         order = [short_id(line.strip()) for line in out.splitlines() if "::" in line]
         if not order:
             raise RuntimeError(f"{suite.name}/{mode}: nothing collected from {source}:\n"
@@ -235,10 +245,11 @@ def run_suite(suite: Suite, mode: str, source: Path, *, timeout_s: float = 60,
         remaining = order
         for attempt in range(len(order)):
             xml = tmp / f"junit{attempt}.xml"
+            run_log = logs / f"{suite.name}-{mode}-run{attempt}.log"
             ids = [f"{suite.file_name}::{t}" for t in remaining]
-            rc, out = _pytest(["-v", f"--timeout={timeout_s}", "--timeout-method=signal",
-                               f"--junitxml={xml}", *ids], env, work, run_limit_s)
-            got = parse_junit(xml) if xml.exists() else parse_verbose(out)
+            rc = _pytest(["-v", f"--timeout={timeout_s}", "--timeout-method=signal",
+                          f"--junitxml={xml}", *ids], env, work, run_limit_s, run_log)
+            got = parse_junit(xml) if xml.exists() else parse_verbose(run_log.read_text())
             results.update(got)
             remaining = [t for t in remaining if t not in results]
             if not remaining:
@@ -350,6 +361,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--update", action="store_true",
                     help="rewrite the expectations file from this run (new entries: 'open')")
     ap.add_argument("--json", type=Path, help="also write every outcome to this file")
+    ap.add_argument("--log-dir", type=Path, help="keep pytest's -v output of each run here")
     args = ap.parse_args(argv)
 
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
@@ -370,9 +382,11 @@ def main(argv: list[str] | None = None) -> int:
         for mode in modes:
             t0 = time.monotonic()
             results = run_suite(SUITES[name], mode, source, timeout_s=args.timeout,
-                                run_limit_s=args.run_limit, extra_path=args.pythonpath)
+                                run_limit_s=args.run_limit, extra_path=args.pythonpath,
+                                log_dir=args.log_dir)
             cmp = compare(results, expected_for(expected, name, mode))
             _print_report(name, mode, cmp, time.monotonic() - t0)
+            sys.stdout.flush()
             new_total += len(cmp.new_failures)
             dump[f"{name}/{mode}"] = {t: [o.status, o.detail] for t, o in sorted(results.items())}
             if args.update:
