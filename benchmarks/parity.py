@@ -22,8 +22,9 @@ Process`` children, ``sys.executable -c`` scripts). It reads ``KUAT_PARITY_MODE`
   that value (an explicit ``worker_type=`` still wins).
 
 Each run is a pytest process over a scratch copy of the file, with a per-test timeout
-(pytest-timeout, ``--timeout``) so no test can hang the run; a run that dies (a segfault in the
-test process) is resumed after the test that was running, which is recorded as ``crashed``.
+(pytest-timeout, ``--timeout``) so no test can hang the run; a test past it ends its pytest
+process (threads it left blocked would otherwise break the tests after it) and the run resumes
+after it (``hung``), as it does after a test that kills the process (``crashed``).
 
 Categories of the expectations file (why a test is allowed not to pass):
 ``internals`` (reads torch's iterator internals such as ``_workers``), ``layout`` (indexes
@@ -123,8 +124,8 @@ _VERBOSE_STATUS = {"PASSED": "passed", "FAILED": "failed", "SKIPPED": "skipped",
 
 @dataclass
 class Outcome:
-    """One test's result: ``status`` in passed/failed/skipped/xfailed/crashed; ``detail`` is
-    the first line of the failure message (``Failed: Timeout`` marks a hang)."""
+    """One test's result: ``status`` in passed/failed/skipped/xfailed/hung/crashed; ``detail``
+    is the first line of the failure message."""
 
     status: str
     detail: str = ""
@@ -220,9 +221,10 @@ def run_suite(suite: Suite, mode: str, source: Path, *, timeout_s: float = 60,
               log=print) -> dict[str, Outcome]:
     """Run one suite in one mode on a scratch copy of ``source``; ``{Class::test: Outcome}``.
 
-    Every test is bounded by ``timeout_s`` (pytest-timeout, signal method); a pytest process
-    that dies or outlives ``run_limit_s`` is restarted after the test that was running, which
-    is recorded as ``crashed``. pytest's ``-v`` output goes to ``log_dir`` (kept) when given.
+    Every test is bounded by ``timeout_s`` (pytest-timeout, thread method: the pytest process
+    ends, which a blocked thread cannot prevent); a pytest process that times out, dies or
+    outlives ``run_limit_s`` is restarted after the test that was running, which is recorded
+    as ``hung`` or ``crashed``. pytest's ``-v`` output goes to ``log_dir`` (kept) when given.
     """
     with tempfile.TemporaryDirectory(prefix=f"kuat-parity-{suite.name}-{mode}-") as tmp:
         tmp = Path(tmp)
@@ -247,7 +249,9 @@ def run_suite(suite: Suite, mode: str, source: Path, *, timeout_s: float = 60,
             xml = tmp / f"junit{attempt}.xml"
             run_log = logs / f"{suite.name}-{mode}-run{attempt}.log"
             ids = [f"{suite.file_name}::{t}" for t in remaining]
-            rc = _pytest(["-v", f"--timeout={timeout_s}", "--timeout-method=signal",
+            # thread method: a test past its limit ends the whole pytest process (after a stack
+            # dump), so threads it left blocked cannot poison the tests after it
+            rc = _pytest(["-v", f"--timeout={timeout_s}", "--timeout-method=thread",
                           f"--junitxml={xml}", *ids], env, work, run_limit_s, run_log)
             got = parse_junit(xml) if xml.exists() else parse_verbose(run_log.read_text())
             results.update(got)
@@ -260,8 +264,14 @@ def run_suite(suite: Suite, mode: str, source: Path, *, timeout_s: float = 60,
                     results[t] = Outcome("crashed", "not reported by pytest")
                 break
             dead = remaining.pop(0)
-            why = "run limit reached" if rc is None else f"pytest died (rc={rc})"
-            results[dead] = Outcome("crashed", why)
+            text = run_log.read_text(errors="replace")
+            if rc is not None and "+ Timeout +" in text:
+                results[dead] = Outcome("hung", f"Timeout > {timeout_s:g} s (a hang); "
+                                        "the test process was ended and the run resumed")
+                why = "hung"
+            else:
+                why = "run limit reached" if rc is None else f"pytest died (rc={rc})"
+                results[dead] = Outcome("crashed", why)
             log(f"  {suite.name}/{mode}: {dead} {why}; resuming after it")
             if not remaining:
                 break
@@ -293,7 +303,7 @@ def compare(results: dict[str, Outcome], expected: dict) -> Comparison:
     """Compare a run's ``results`` with ``expected`` (``{test: entry}`` for its suite and
     mode): a test that fails (or crashes) without an entry is a new failure; a test with an
     entry that passes is newly passing (the entry is stale: remove it)."""
-    counts = {s: 0 for s in ("passed", "failed", "skipped", "xfailed", "crashed")}
+    counts = {s: 0 for s in ("passed", "failed", "skipped", "xfailed", "hung", "crashed")}
     cmp = Comparison(counts)
     for t, o in results.items():
         counts[o.status] = counts.get(o.status, 0) + 1
@@ -333,7 +343,7 @@ def update_expected(expected: dict, suite: str, mode: str, results: dict[str, Ou
 def _print_report(suite: str, mode: str, cmp: Comparison, elapsed_s: float) -> None:
     c = cmp.counts
     print(f"{suite:9s} {mode:8s} passed {c['passed']:4d}  failed {c['failed']:3d}  "
-          f"crashed {c['crashed']:2d}  skipped {c['skipped']:3d}  xfailed {c['xfailed']:2d}  "
+          f"hung {c['hung']:2d}  crashed {c['crashed']:2d}  skipped {c['skipped']:3d}  xfailed {c['xfailed']:2d}  "
           f"| expected {c['expected']:3d}  new failures {c['new failures']:3d}  "
           f"newly passing {c['newly passing']:3d}  ({elapsed_s:.0f} s)")
     for t, o in sorted(cmp.new_failures.items()):

@@ -83,9 +83,9 @@ def test_run_suite_bounds_hangs_and_resumes_after_a_dead_test_process(tmp_path):
     status = {t: o.status for t, o in results.items()}
     assert status == {"TestFake::test_a_passes": "passed", "TestFake::test_b_fails": "failed",
                       "TestFake::test_c_kills_the_test_process": "crashed",
-                      "TestFake::test_d_hangs": "failed", "TestFake::test_e_skipped": "skipped"}
+                      "TestFake::test_d_hangs": "hung", "TestFake::test_e_skipped": "skipped"}
     assert "Timeout" in results["TestFake::test_d_hangs"].detail
-    assert len(logged) == 1 and "test_c_kills_the_test_process" in logged[0]
+    assert len(logged) == 2 and "test_c_kills_the_test_process" in logged[0]
 
 
 def test_compare_flags_a_new_failure_and_a_stale_entry():
