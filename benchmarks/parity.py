@@ -95,6 +95,10 @@ if _mode != "torch":
     import kuat as _kuat
 
     _Kuat = _kuat.DataLoader  # imports kuat.loader, which subclasses torch's real class
+    if _os.environ.get("KUAT_PARITY_SWAP_TORCHDATA") == "1":
+        # before the swap: torchdata subclasses torch's generic class (DataLoader[_T_co])
+        import torchdata.stateful_dataloader as _sdl
+        import torchdata.stateful_dataloader.stateful_dataloader as _sdl_mod
     if _mode in ("thread", "process"):
 
         class DataLoader(_Kuat):
@@ -110,9 +114,6 @@ if _mode != "torch":
     _tud.DataLoader = _Swap
     _tdl.DataLoader = _Swap
     if _os.environ.get("KUAT_PARITY_SWAP_TORCHDATA") == "1":
-        import torchdata.stateful_dataloader as _sdl
-        import torchdata.stateful_dataloader.stateful_dataloader as _sdl_mod
-
         _sdl.StatefulDataLoader = _Swap
         _sdl_mod.StatefulDataLoader = _Swap
 '''
@@ -218,7 +219,7 @@ def _pytest(args: list[str], env: dict, cwd: Path, limit_s: float, log: Path) ->
 
 def run_suite(suite: Suite, mode: str, source: Path, *, timeout_s: float = 60,
               run_limit_s: float = 3600, extra_path: str = "", log_dir: Path | None = None,
-              log=print) -> dict[str, Outcome]:
+              only: tuple[str, ...] = (), log=print) -> dict[str, Outcome]:
     """Run one suite in one mode on a scratch copy of ``source``; ``{Class::test: Outcome}``.
 
     Every test is bounded by ``timeout_s`` (pytest-timeout, thread method: the pytest process
@@ -243,6 +244,8 @@ def run_suite(suite: Suite, mode: str, source: Path, *, timeout_s: float = 60,
         if not order:
             raise RuntimeError(f"{suite.name}/{mode}: nothing collected from {source}:\n"
                                f"{out[-3000:]}")
+        if only:
+            order = [t for t in order if any(o in t for o in only)]
         results: dict[str, Outcome] = {}
         remaining = order
         for attempt in range(len(order)):
@@ -372,6 +375,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="rewrite the expectations file from this run (new entries: 'open')")
     ap.add_argument("--json", type=Path, help="also write every outcome to this file")
     ap.add_argument("--log-dir", type=Path, help="keep pytest's -v output of each run here")
+    ap.add_argument("--only", default="", help="comma-separated substrings of Class::test "
+                    "to run (the comparison then covers those tests only)")
     args = ap.parse_args(argv)
 
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
@@ -393,7 +398,8 @@ def main(argv: list[str] | None = None) -> int:
             t0 = time.monotonic()
             results = run_suite(SUITES[name], mode, source, timeout_s=args.timeout,
                                 run_limit_s=args.run_limit, extra_path=args.pythonpath,
-                                log_dir=args.log_dir)
+                                log_dir=args.log_dir,
+                                only=tuple(o for o in args.only.split(",") if o))
             cmp = compare(results, expected_for(expected, name, mode))
             _print_report(name, mode, cmp, time.monotonic() - t0)
             sys.stdout.flush()

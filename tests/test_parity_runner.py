@@ -2,6 +2,7 @@
 logic, without the third-party files (the class swap, resuming after a crash or a hang, the
 comparison with the expectations file)."""
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -25,16 +26,21 @@ SWAP_CHECK = textwrap.dedent("""
         swapped = tud.DataLoader is tdl.DataLoader and issubclass(tud.DataLoader, kuat.DataLoader)
         with mp.get_context("spawn").Pool(1) as pool:
             child = pool.apply(where)
-        print(swapped, tud.DataLoader([0]).worker_type, *child)
+        try:  # torchdata's suite: StatefulDataLoader swapped too, its module still importable
+            import torchdata.stateful_dataloader as sdl
+            stateful = sdl.StatefulDataLoader is tud.DataLoader
+        except ImportError:
+            stateful = "no-torchdata"
+        print(swapped, tud.DataLoader([0]).worker_type, *child, stateful)
 """)
 REFERENCE_CHECK = "import torch.utils.data as d; print(d.DataLoader.__module__)"
 
 
-def _run_swap_check(tmp_path, mode, code=SWAP_CHECK):
+def _run_swap_check(tmp_path, mode, code=SWAP_CHECK, suite="torch"):
     site = parity.sitecustomize_dir(tmp_path)
     script = tmp_path / "check.py"
     script.write_text(code)
-    env = parity.run_env(site, parity.SUITES["torch"], mode)
+    env = parity.run_env(site, parity.SUITES[suite], mode)
     p = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True,
                        timeout=120)
     assert p.returncode == 0, p.stderr[-2000:]
@@ -43,7 +49,10 @@ def _run_swap_check(tmp_path, mode, code=SWAP_CHECK):
 
 def test_sitecustomize_swaps_the_class_with_the_mode_as_default_worker_type(tmp_path):
     # the main process and a spawned child both see kuat's class, worker_type set by the mode
-    assert _run_swap_check(tmp_path, "process") == ["True", "process", "sitecustomize", "process"]
+    has_torchdata = importlib.util.find_spec("torchdata") is not None
+    out = _run_swap_check(tmp_path, "process", suite="torchdata" if has_torchdata else "torch")
+    assert out == ["True", "process", "sitecustomize", "process",
+                   "True" if has_torchdata else "no-torchdata"]
 
 
 def test_reference_mode_keeps_torchs_class(tmp_path):
