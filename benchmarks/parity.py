@@ -282,24 +282,25 @@ def run_suite(suite: Suite, mode: str, source: Path, *, timeout_s: float = 60,
 
 
 def load_expected(path: Path = EXPECTED) -> dict:
-    """The expectations file: ``{"suites": {suite: {test: {"category", "reason", "ref",
-    "modes"}}}}``; raises ``ValueError`` on an unknown category or mode."""
+    """The expectations file: ``{"suites": {suite: {mode: {test: {"category", "reason",
+    "ref"}}}}}``; raises ``ValueError`` on an unknown suite, mode or category."""
     data = json.loads(Path(path).read_text())
-    for suite, tests in data.get("suites", {}).items():
-        for t, e in tests.items():
-            if e.get("category") not in CATEGORIES:
-                raise ValueError(f"{path}: {suite} {t}: category {e.get('category')!r} "
-                                 f"is not one of {CATEGORIES}")
-            bad = set(e.get("modes", ())) - set(MODES)
-            if bad:
-                raise ValueError(f"{path}: {suite} {t}: unknown modes {sorted(bad)}")
+    for suite, modes in data.get("suites", {}).items():
+        if suite not in SUITES:
+            raise ValueError(f"{path}: unknown suite {suite!r} (not one of {tuple(SUITES)})")
+        for mode, tests in modes.items():
+            if mode not in MODES:
+                raise ValueError(f"{path}: {suite}: unknown mode {mode!r} (not one of {MODES})")
+            for t, e in tests.items():
+                if e.get("category") not in CATEGORIES:
+                    raise ValueError(f"{path}: {suite}/{mode} {t}: category "
+                                     f"{e.get('category')!r} is not one of {CATEGORIES}")
     return data
 
 
 def expected_for(expected: dict, suite: str, mode: str) -> dict:
     """``{test: entry}`` of the tests not expected to pass in ``suite`` under ``mode``."""
-    tests = expected.get("suites", {}).get(suite, {})
-    return {t: e for t, e in tests.items() if mode in e.get("modes", ())}
+    return expected.get("suites", {}).get(suite, {}).get(mode, {})
 
 
 def compare(results: dict[str, Outcome], expected: dict) -> Comparison:
@@ -324,22 +325,16 @@ def compare(results: dict[str, Outcome], expected: dict) -> Comparison:
 
 
 def update_expected(expected: dict, suite: str, mode: str, results: dict[str, Outcome]) -> dict:
-    """``expected`` with ``mode`` set on exactly the tests of ``suite`` that did not pass in
-    ``results``; an entry keeps its category and reason; a new one is ``open`` and says so."""
-    tests = expected.setdefault("suites", {}).setdefault(suite, {})
-    failing = {t for t, o in results.items() if o.status not in PASSING}
-    for t in sorted(failing | set(tests)):
-        e = tests.get(t)
-        if t in failing:
-            if e is None:
-                e = tests[t] = {"category": "open", "reason": f"UNCLASSIFIED: "
-                                f"{results[t].detail}", "ref": "", "modes": []}
-            if mode not in e["modes"]:
-                e["modes"] = [m for m in MODES if m in (*e["modes"], mode)]
-        elif e is not None and mode in e["modes"] and t in results:
-            e["modes"].remove(mode)
-            if not e["modes"]:
-                del tests[t]
+    """``expected`` with exactly the tests of ``suite`` that did not pass in ``results`` listed
+    under ``mode``: an entry keeps its category and reason; a new one is ``open`` and says so;
+    the entry of a test that passed goes."""
+    tests = expected.setdefault("suites", {}).setdefault(suite, {}).setdefault(mode, {})
+    for t, o in results.items():
+        if o.status not in PASSING:
+            tests.setdefault(t, {"category": "open", "reason": f"UNCLASSIFIED ({o.status}): "
+                                 f"{o.detail}", "ref": ""})
+        elif o.status == "passed":
+            tests.pop(t, None)
     return expected
 
 

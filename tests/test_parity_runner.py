@@ -112,17 +112,19 @@ def test_compare_flags_a_new_failure_and_a_stale_entry():
 def test_expectations_are_per_suite_and_mode_and_update_keeps_reasons():
     Out = parity.Outcome
     exp = {"suites": {"torch": {
-        "T::a": {"category": "internals", "reason": "reads _workers", "ref": "", "modes": ["thread", "process"]},
-        "T::b": {"category": "open", "reason": "r", "ref": "Faults", "modes": ["thread"]},
+        "thread": {"T::a": {"category": "internals", "reason": "reads _workers", "ref": ""},
+                   "T::b": {"category": "design", "reason": "r", "ref": "docs/loader.md"}},
+        "process": {"T::a": {"category": "internals", "reason": "reads _workers", "ref": ""}},
     }}}
     assert set(parity.expected_for(exp, "torch", "process")) == {"T::a"}
     assert parity.expected_for(exp, "torchdata", "thread") == {}
     parity.update_expected(exp, "torch", "thread",
-                           {"T::a": Out("failed"), "T::b": Out("passed"), "T::c": Out("failed", "msg")})
-    tests = exp["suites"]["torch"]
-    assert tests["T::a"]["reason"] == "reads _workers" and tests["T::a"]["modes"] == ["thread", "process"]
-    assert "T::b" not in tests  # passes now in its only mode: the entry goes
-    assert tests["T::c"]["category"] == "open" and tests["T::c"]["modes"] == ["thread"]
+                           {"T::a": Out("failed"), "T::b": Out("passed"), "T::c": Out("hung", "msg")})
+    thread = exp["suites"]["torch"]["thread"]
+    assert thread["T::a"]["reason"] == "reads _workers"
+    assert "T::b" not in thread  # it passes now: the entry goes
+    assert thread["T::c"]["category"] == "open" and "msg" in thread["T::c"]["reason"]
+    assert set(exp["suites"]["torch"]["process"]) == {"T::a"}
 
 
 def test_parsers_read_junit_and_verbose_output(tmp_path):
@@ -147,14 +149,14 @@ def test_parsers_read_junit_and_verbose_output(tmp_path):
 
 def test_committed_expectations_file_is_valid(tmp_path):
     exp = parity.load_expected()
-    for suite, tests in exp["suites"].items():
-        assert suite in parity.SUITES
-        for t, e in tests.items():
-            assert e["reason"] and e["modes"], (suite, t)
-            if e["category"] in ("design", "open"):
-                assert e["ref"], f"{suite} {t}: a {e['category']} entry names its reference"
+    for suite, modes in exp["suites"].items():
+        for mode, tests in modes.items():
+            for t, e in tests.items():
+                assert e["reason"], (suite, mode, t)
+                if e["category"] in ("design", "open"):
+                    assert e["ref"], f"{suite}/{mode} {t}: a {e['category']} entry names its reference"
     bad = tmp_path / "bad.json"
-    bad.write_text(json.dumps({"suites": {"torch": {"T::x": {"category": "flaky", "modes": []}}}}))
+    bad.write_text(json.dumps({"suites": {"torch": {"thread": {"T::x": {"category": "flaky"}}}}}))
     with pytest.raises(ValueError, match="flaky"):
         parity.load_expected(bad)
 
