@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test lint bench parity clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -21,6 +21,14 @@ test: $(BIN)/python
 bench: $(BIN)/python
 	$(BIN)/pip install --quiet -e ".[bench]"
 	$(BIN)/kuat bench --quick
+
+# Opt-in, not part of `make test`: torch's and torchdata's own loader suites on kuat.DataLoader
+# (docs/loader.md, "Parity with torch's own tests"). Point KUAT_PARITY_TORCH_TEST and
+# KUAT_PARITY_TORCHDATA_TEST at local copies of the two test files: no test code is fetched.
+PARITY_MODES ?= thread,process
+parity: $(BIN)/python
+	$(BIN)/pip install --quiet -e ".[parity]"
+	$(BIN)/python -m benchmarks.parity --modes $(PARITY_MODES)
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache
