@@ -60,9 +60,8 @@ class WorkerPool:
         if loader.worker_type == "thread":
             return ThreadEngine(job, loader.num_workers, base_seed)
         ctx = loader.multiprocessing_context
-        if ctx is None:
-            methods = multiprocessing.get_all_start_methods()
-            ctx = multiprocessing.get_context("fork" if "fork" in methods else None)
+        if ctx is None:  # torch's choice: the default context (multiprocessing.set_start_method)
+            ctx = multiprocessing.get_context()
         if ctx.get_start_method() == "fork":
             payload = job
         else:  # pickled once per loader, not once per worker start

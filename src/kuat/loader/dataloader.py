@@ -77,8 +77,9 @@ class DataLoader(_TorchDataLoader[_T_co]):  # generic as torch's: kuat.DataLoade
             construction when positive with ``num_workers=0`` (torch fails at iteration).
         worker_init_fn: called once in each worker (thread or process) with its id, after
             seeding, with ``get_worker_info()`` set.
-        multiprocessing_context: start method for process workers; default ``fork`` on Linux
-            (as torch), else the platform default (the job pickled once). Ignored by threads.
+        multiprocessing_context: start method for process workers; default: the default
+            context, as torch (``multiprocessing.set_start_method``; the job is pickled once
+            for ``spawn``/``forkserver``). Ignored by threads.
         generator: as torch: drives the shuffle and each epoch's ``base_seed``; its state when
             an epoch starts is saved by :meth:`state_dict` (as torchdata's
             ``StatefulDataLoader``), so resume stays exact.
@@ -270,21 +271,28 @@ class DataLoader(_TorchDataLoader[_T_co]):  # generic as torch's: kuat.DataLoade
                 log.debug("kuat.DataLoader: Accelerate integration not installed: %s", e)
 
     def check_worker_number_rationality(self) -> None:
-        """Warn, as torch does, when more worker *processes* than usable CPUs are asked for.
-
-        Thread workers are not counted: they are cheap and mostly wait on work that releases
-        the GIL.
-        """
+        """Warn, as torch does and in torch's words, when more worker *processes* than usable
+        CPUs are asked for. Thread workers are not counted: they are cheap and mostly wait on
+        work that releases the GIL."""
         if not self.num_workers or self.worker_type != "process":
             return
+        # torch's count: the CPUs this process may run on where os.sched_getaffinity exists
         cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-        if cpus is not None and self.num_workers > cpus:
-            warnings.warn(
-                f"This DataLoader will create {self.num_workers} worker processes in total. Our "
-                f"suggested max number of worker in current system is {cpus}, which is smaller "
-                "than what this DataLoader is going to create.",
-                stacklevel=3,
-            )
+        if cpus is not None and self.num_workers <= cpus:
+            return
+        cpuset = "" if hasattr(os, "sched_getaffinity") else " (`cpuset` is not taken into account)"
+        suggest = (f"Our suggested max number of worker in current system is {cpus}{cpuset}, "
+                   "which is smaller than what this DataLoader is going to create."
+                   if cpus is not None else
+                   "DataLoader is not able to compute a suggested max number of worker in "
+                   "current system.")
+        warnings.warn(
+            f"This DataLoader will create {self.num_workers} worker processes in total. "
+            f"{suggest} Please be aware that excessive worker creation might get DataLoader "
+            "running slow or even freeze, lower the worker number to avoid potential "
+            "slowness/freeze if necessary.",
+            stacklevel=3,
+        )
 
     # --- rank and world size ------------------------------------------------------------------
     @property
