@@ -320,6 +320,7 @@ def run_scaling(cfg: ScalingConfig, progress: Callable[[str], None] = lambda s: 
         res = run_point(sys.executable, spec, work, cfg)
         rec = scaling_report.record(res, w, loader, n, bool(loop), rnd)
         rec["configuration"] = real
+        rec["load_avg_1min"] = os.getloadavg()[0]  # right after the point: how busy it ran
         records.append(rec)
         with open(cfg.out_dir / "scaling-runs.jsonl", "a") as f:  # survives an interruption
             f.write(json.dumps(rec, default=str) + "\n")

@@ -181,6 +181,30 @@ def label(result: dict, loader: str, workload: str) -> str:
     return LABELS.get(loader, loader)
 
 
+GIL_BUDGET_US = 5.0  # issue 31: GIL per image on the fused image path, so threads pass 64 cores
+
+
+def _budget(rows: list[dict]) -> str:
+    """Issue 31's GIL budget against kuat's rows of the image table."""
+    got = [f"{LABELS[r['loader']]} at {r['workers']} workers {_f(r['gil_us'], '{:.1f}')} us"
+           for r in rows if r["loader"] in ("kuat", "kuat-proc") and r["gil_us"]]  # fmt: skip
+    return (f"GIL budget (issue 31): at most {GIL_BUDGET_US:g} us per image in the main "
+            f"process, so that one process's threads pass 64 cores. Measured: "
+            + ("; ".join(got) if got else "nothing (no GIL window succeeded)") + ".")
+
+
+def _loads(result: dict) -> str:
+    """The spread of the 1-minute load average over the points, where the records have it."""
+    s = spread(r.get("load_avg_1min") for r in result["records"])
+    if not s:
+        return ""
+    busy = s["max"] > result["machine"]["cpu_count"]
+    return (f"; 1-minute load average over the points {s['min']:.1f}-{s['max']:.1f} (median "
+            f"{s['median']:.1f})" + (" on a machine with fewer cores: a busy machine, where a "
+            "thread the OS preempts while it holds the GIL still holds it, so GIL times per "
+            "item are inflated and rates low" if busy else ""))  # fmt: skip
+
+
 def markdown(result: dict, chart_link: str | None = None) -> str:
     """The scaling tables, the competing-loop table and the method, in Markdown."""
     m, c = result["machine"], result["config"]
@@ -188,7 +212,7 @@ def markdown(result: dict, chart_link: str | None = None) -> str:
         f"- Machine: {m['cpu_count']} cores, {m['cpu_model']}, Python {m['python']}; 1-minute "
         f"load average {m['load_avg_1min']:.1f} at the start, {result['load_avg_1min_end']:.1f} "
         f"at the end",
-        f"- Date: {result['started_utc']} to {result['finished_utc']} (UTC)",
+        f"- Date: {result['started_utc']} to {result['finished_utc']} (UTC)" + _loads(result),
         f"- Settings: {'`--quick`, ' if c['quick'] else ''}{c['runs']} interleaved rounds; per "
         f"point a fresh process, {c['warmup_s']:g} s of warm-up, a {c['seconds']:g} s rate window "
         f"with nothing sampling it, then a {c['gil_seconds']:g} s GIL window under py-spy at "
@@ -225,6 +249,8 @@ def markdown(result: dict, chart_link: str | None = None) -> str:
                 f"{_f(r['gil_us'], '{:.1f}')} | {ceiling} | {workers_gil} | "
                 f"{_f(r['cpu_us_per_item'], '{:,.1f}')} |"
             )
+        if w == "imagenet-jpeg":
+            lines += ["", _budget(s["rows"])]
         if s["competing"]:
             unit_s = unit[:-1]
             lines += ["", f"Competing training loop: after every batch the consuming thread runs "

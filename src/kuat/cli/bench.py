@@ -53,7 +53,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         nargs="+",
         default=None,
         metavar="NAME",
-        help="loaders to run (default: all; see --list)",
+        help="loaders to run (default: all; see --list); with --scaling: kuat kuat-proc torch",
     )
     p.add_argument(
         "--workloads",
@@ -61,7 +61,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         default=None,
         metavar="NAME",
         help="imagenet-jpeg smooth-jpeg imagenet-jpeg-256 tokens hf-rows ingest overhead remote "
-        "(default: all)",
+        "(default: all); with --scaling: imagenet-jpeg tabular packed-text",
     )
     p.add_argument(
         "--runs",
