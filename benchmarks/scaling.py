@@ -19,7 +19,12 @@ child process (:mod:`benchmarks.scaling_child`) measures:
   so for them it is the whole loader's cost; worker processes each have their own GIL, reported
   apart (summed over the workers); the main process's is what limits a training process.
   ``1e6 / (us per item)`` is the rate at which that GIL would be held all the time: the ceiling
-  of one process whose training loop held it for nothing else.
+  of one process whose training loop held it for nothing else. On a busy machine a thread the
+  OS preempts while it holds the GIL still holds it, so that wall time grows with the load;
+  the **on-CPU estimate** multiplies it by the share of their runnable time the main process's
+  threads spent on a CPU during the window (``/proc/PID/task/*/schedstat``: run / (run + wait
+  in the run queue)), what the same work would hold on an idle machine if the GIL holder
+  waits for a core as often as the process's other runnable threads do.
 
 A **competing training loop** case: the image path at the largest worker count with, after
 each batch, ``loop_ms`` of pure-Python work in the consuming thread
@@ -185,6 +190,31 @@ def gil_record(pid: int, seconds: float, hz: int, out: Path) -> dict:
             "behind": "behind in sampling" in log}  # fmt: skip
 
 
+def schedstat(pid: int) -> tuple[int, int]:
+    """``(run_ns, wait_ns)`` summed over the threads of ``pid``: nanoseconds on a CPU, and
+    nanoseconds runnable but waiting for one (``/proc/PID/task/*/schedstat``'s first two
+    fields); ``(0, 0)`` where the kernel does not report them."""
+    run = wait = 0
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return 0, 0
+    for tid in tasks:
+        try:
+            fields = Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()
+        except OSError:  # a thread that ended meanwhile
+            continue
+        run, wait = run + int(fields[0]), wait + int(fields[1])
+    return run, wait
+
+
+def on_cpu_share(before: tuple[int, int], after: tuple[int, int]) -> float | None:
+    """The share of the runnable time the process's threads spent on a CPU between two
+    :func:`schedstat` readings: 1.0 on an idle machine, lower when threads wait for a core."""
+    run, wait = after[0] - before[0], after[1] - before[1]
+    return run / (run + wait) if run + wait > 0 else None
+
+
 def run_point(python: str, spec: dict, work: Path, cfg: ScalingConfig) -> dict:
     """One child: its rate window unsampled, then its GIL window under py-spy. Returns the
     child's result plus ``gil`` (:func:`gil_record`) and ``process_wall_s``."""
@@ -210,7 +240,9 @@ def run_point(python: str, spec: dict, work: Path, cfg: ScalingConfig) -> dict:
     try:
         ready = select.select([r_ready], [], [], cfg.timeout_s)[0]
         if ready and os.read(r_ready, 1) == b"1":
+            before = schedstat(proc.pid)
             gil = gil_record(proc.pid, cfg.gil_seconds, cfg.sample_hz, work / f"{name}.pyspy")
+            gil["on_cpu_share"] = on_cpu_share(before, schedstat(proc.pid))
         os.write(w_done, b"1")
     except BrokenPipeError:  # the child died; its result (or its absence) says why
         pass

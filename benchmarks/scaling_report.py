@@ -76,6 +76,9 @@ def record(res: dict, workload: str, loader: str, workers: int, loop: bool, rnd:
             "us_per_item": gil_us_per_item(gil["main_fraction"], gw["rate"]),
             "workers_fraction": gil["workers_fraction"],
             "workers_us_per_item": gil_us_per_item(gil["workers_fraction"], gw["rate"]),
+            "on_cpu_share": gil.get("on_cpu_share"),
+            "us_per_item_on_cpu": (gil_us_per_item(gil["main_fraction"], gw["rate"])
+                                   * gil["on_cpu_share"]) if gil.get("on_cpu_share") else None,
             "window_rate": gw["rate"],
             "window_s": gw["wall_s"],
             "instants": gil["instants"],
@@ -131,6 +134,8 @@ def summarize(records: list[dict]) -> dict:
                 "gil_fraction": spread(g["fraction"] for g in gils),
                 "gil_us": gil_us,
                 "workers_gil_us": spread(g["workers_us_per_item"] for g in gils),
+                "gil_us_on_cpu": spread(g.get("us_per_item_on_cpu") for g in gils),
+                "on_cpu_share": spread(g.get("on_cpu_share") for g in gils),
                 "gil_ceiling": 1e6 / gil_us["median"] if gil_us and gil_us["median"] else None,
                 "sampled_rate_ratio": spread(g["window_rate"] / r["rate"]
                                              for r in mine if (g := r.get("gil"))),
@@ -186,7 +191,8 @@ GIL_BUDGET_US = 5.0  # issue 31: GIL per image on the fused image path, so threa
 
 def _budget(rows: list[dict]) -> str:
     """Issue 31's GIL budget against kuat's rows of the image table."""
-    got = [f"{LABELS[r['loader']]} at {r['workers']} workers {_f(r['gil_us'], '{:.1f}')} us"
+    got = [f"{LABELS[r['loader']]} at {r['workers']} workers {_f(r['gil_us'], '{:.1f}')} us "
+           f"(on-CPU estimate {_f(r.get('gil_us_on_cpu'), '{:.1f}') or '-'})"
            for r in rows if r["loader"] in ("kuat", "kuat-proc") and r["gil_us"]]  # fmt: skip
     return (f"GIL budget (issue 31): at most {GIL_BUDGET_US:g} us per image in the main "
             f"process, so that one process's threads pass 64 cores. Measured: "
@@ -227,26 +233,33 @@ def markdown(result: dict, chart_link: str | None = None) -> str:
         "microseconds per item. Thread workers share that GIL (the column is the whole "
         "loader's cost); worker processes have their own, summed in the last column. The "
         "ceiling is `1e6 / (us per item)`: the rate at which the main process's GIL would be "
-        "held all the time, before a training loop takes its share.",
+        "held all the time, before a training loop takes its share. On a busy machine a thread "
+        "the OS preempts while it holds the GIL still holds it: the **on-CPU share** is the "
+        "share of their runnable time the main process's threads spent on a CPU during the GIL "
+        "window (`/proc/PID/task/*/schedstat`: run / (run + run-queue wait)), and the **on-CPU "
+        "estimate** is the GIL time times that share: about what an idle machine would show, "
+        "if the GIL holder waits for a core as often as the process's other runnable threads.",
     ]
     for w, s in result["summary"].items():
         unit = result["units"][w]
         lines += ["", f"#### {TITLES.get(w, w)}", "",
                   f"| loader | workers | {unit}/s | vs linear | GIL held, % of wall | "
-                  f"GIL us per {unit[:-1]} (main process) | GIL ceiling {unit}/s | "
-                  f"GIL us per {unit[:-1]} in worker processes | CPU us per {unit[:-1]} |",
-                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+                  f"GIL us per {unit[:-1]} (main process) | on-CPU share | GIL us, on-CPU "
+                  f"estimate | GIL ceiling {unit}/s | GIL us per {unit[:-1]} in worker "
+                  f"processes | CPU us per {unit[:-1]} |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
         for r in s["rows"]:
             if not r["rate"]:
                 lines.append(f"| {label(result, r['loader'], w)} | {r['workers']} | failed: "
-                             f"{'; '.join(r['errors'])[:120]} | | | | | | |")  # fmt: skip
+                             f"{'; '.join(r['errors'])[:120]} | | | | | | | | |")  # fmt: skip
                 continue
             ceiling = f"{r['gil_ceiling']:,.0f}" if r["gil_ceiling"] else ""
             workers_gil = "" if r["loader"] == "kuat" else _f(r["workers_gil_us"], "{:.1f}")
             lines.append(
                 f"| {label(result, r['loader'], w)} | {r['workers']} | {_f(r['rate'])} | "
                 f"{_f(r['efficiency'], '{:.2f}')} | {_f(r['gil_fraction'], pct=True)} | "
-                f"{_f(r['gil_us'], '{:.1f}')} | {ceiling} | {workers_gil} | "
+                f"{_f(r['gil_us'], '{:.1f}')} | {_f(r.get('on_cpu_share'), '{:.2f}')} | "
+                f"{_f(r.get('gil_us_on_cpu'), '{:.1f}')} | {ceiling} | {workers_gil} | "
                 f"{_f(r['cpu_us_per_item'], '{:,.1f}')} |"
             )
         if w == "imagenet-jpeg":
@@ -254,9 +267,12 @@ def markdown(result: dict, chart_link: str | None = None) -> str:
         if s["competing"]:
             unit_s = unit[:-1]
             lines += ["", f"Competing training loop: after every batch the consuming thread runs "
-                      f"{c['loop_ms']:g} ms (alone) of pure-Python work, as a model's dispatch "
-                      f"holds the GIL. Loader rate with it against the same point without it, "
-                      f"and the loop's own time per step against the same work alone:", "",
+                      f"a fixed amount of pure-Python work ({result.get('loop_iters', 0):,} "
+                      f"iterations, calibrated to {c['loop_ms']:g} ms before the sweep; 'loop ms "
+                      f"alone' is what it took in each process before its loader existed), as a "
+                      f"model's dispatch holds the GIL. Loader rate with it against the same point "
+                      f"without it (same round), and the loop's own time per step against the "
+                      f"same work alone:", "",
                       f"| loader | workers | {unit}/s without loop | with loop | ratio | loop ms "
                       f"alone | loop ms beside the loader | loop slowed | GIL us per {unit_s}, "
                       f"loop's own included |",

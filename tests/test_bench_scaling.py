@@ -53,6 +53,21 @@ def test_gil_samples_split_the_main_process_from_its_workers() -> None:
     assert scaling.parse_gil_samples(raw) == (12, 6)
 
 
+def test_on_cpu_share_reads_this_process_threads() -> None:
+    import os
+
+    before = scaling.schedstat(os.getpid())
+    x = 0
+    for i in range(300_000):  # some CPU time, so that run time grows
+        x += i
+    after = scaling.schedstat(os.getpid())
+    share = scaling.on_cpu_share(before, after)
+    assert after[0] > before[0] and share is not None and 0.0 < share <= 1.0
+    assert scaling.on_cpu_share((5, 5), (5, 5)) is None
+    assert scaling.on_cpu_share((0, 0), (300, 100)) == pytest.approx(0.75)
+    assert scaling.schedstat(2**30) == (0, 0)  # no such process
+
+
 def _rec(loader, n, rnd, rate, gil_fraction=None, loop=False, **kw):
     rec = {"workload": "imagenet-jpeg", "loader": loader, "workers": n, "loop": loop,
            "round": rnd, "ok": True, "rate": rate, "cpu_us_per_item": 900.0}  # fmt: skip
@@ -60,6 +75,9 @@ def _rec(loader, n, rnd, rate, gil_fraction=None, loop=False, **kw):
         rec["gil"] = {"fraction": gil_fraction,
                       "us_per_item": scaling_report.gil_us_per_item(gil_fraction, rate),
                       "workers_fraction": 0.0, "workers_us_per_item": 0.0,
+                      "on_cpu_share": 0.5,
+                      "us_per_item_on_cpu": 0.5 * scaling_report.gil_us_per_item(gil_fraction,
+                                                                                  rate),
                       "window_rate": rate * 0.9, "window_s": 3.0, "instants": 300}  # fmt: skip
     rec.update(kw)
     return rec
@@ -90,6 +108,7 @@ def test_summary_takes_each_ratio_within_its_round() -> None:
     # GIL us per item: 0.03 * 1e6 / 150 = 200 and 0.04 * 1e6 / 200 = 200
     assert two["gil_us"]["median"] == pytest.approx(200.0)
     assert two["gil_ceiling"] == pytest.approx(5000.0)
+    assert two["gil_us_on_cpu"]["median"] == pytest.approx(100.0)
     assert two["sampled_rate_ratio"]["median"] == pytest.approx(0.9)
     failed = rows[("torch", 2)]
     assert failed["rate"] is None and failed["errors"] == ["RuntimeError: worker died"]
