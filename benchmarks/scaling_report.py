@@ -206,9 +206,9 @@ def _loads(result: dict) -> str:
         return ""
     busy = s["max"] > result["machine"]["cpu_count"]
     return (f"; 1-minute load average over the points {s['min']:.1f}-{s['max']:.1f} (median "
-            f"{s['median']:.1f})" + (" on a machine with fewer cores: a busy machine, where a "
-            "thread the OS preempts while it holds the GIL still holds it, so GIL times per "
-            "item are inflated and rates low" if busy else ""))  # fmt: skip
+            f"{s['median']:.1f})" + (f", above the machine's {result['machine']['cpu_count']} "
+            "cores: a busy machine, where a thread the OS preempts while it holds the GIL still "
+            "holds it, so GIL times per item are inflated and rates low" if busy else ""))  # fmt: skip
 
 
 def markdown(result: dict, chart_link: str | None = None) -> str:
