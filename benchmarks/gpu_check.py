@@ -6,7 +6,8 @@ Run on a machine with a CUDA device (it refuses to run without one, except ``--s
 parts (nvJPEG, DALI's GPU pipeline), so the script itself can be tested anywhere;
 ``tests/test_bench_gpu_check.py`` runs it)::
 
-    python -m benchmarks.gpu_check --out gpu.json            # about 10 minutes on 16 cores
+    python -m benchmarks.gpu_check --out gpu.json            # about 8-10 minutes on 16 cores
+    python -m benchmarks.gpu_check --parts sweep --out sweep.json   # one part per call
     python -m benchmarks.gpu_check --smoke --out smoke.json  # CPU, about 15-30 s
 
 What it measures, every loader over the same generated ImageNet-like JPEGs
@@ -24,8 +25,9 @@ on the GPU at the end of each step):
 * ``sweep``: the same decode into GPU memory for ``torch-pil``, ``kuat-cpu`` and
   ``kuat-cpu-processes`` at 1, 2, 4, 8, 16 workers (up to ``--workers``): images/s and the
   efficiency against linear, ``rate(n) / (n * rate(1))`` within each round (target for kuat:
-  >= 0.8 from 1 to 16 workers). Each point builds its loader afresh, reads one warm-up epoch
-  and ``--epochs`` timed ones, and closes it; rounds are interleaved.
+  >= 0.8 from 1 to 16 workers). Each point builds its loader afresh, reads a few warm-up
+  batches, then batches for ``--sweep-seconds``, and closes it; ``--sweep-rounds`` rounds,
+  interleaved.
 * ``dali-gpu`` (in ``decode`` and ``resnet50``, where ``nvidia.dali`` imports): DALI's GPU
   pipeline as its ResNet-50 example builds it: ``fn.readers.file`` ->
   ``fn.decoders.image_random_crop(device="mixed")`` (nvJPEG, torchvision's area and aspect
@@ -294,9 +296,24 @@ def measure_decode(makers: dict, rounds: int, epochs: int) -> dict:
     return {name: _summary(r) for name, r in rates.items()} | failed
 
 
-def measure_sweep(makers: dict, counts: list[int], rounds: int, epochs: int) -> dict:
+def _timed_rate(batches, seconds: float, warmup_batches: int) -> float:
+    """Images/s over ``seconds`` of batches (epochs cycled) after ``warmup_batches``."""
+    it = _cycle(batches)
+    for _ in range(warmup_batches):
+        next(it)
+    _sync()
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        x, _ = next(it)
+        n += x.shape[0]
+    _sync()
+    return n / (time.perf_counter() - t0)
+
+
+def measure_sweep(makers: dict, counts: list[int], rounds: int, seconds: float) -> dict:
     """Images/s per loader and worker count: each point builds ``makers[name](workers)``,
-    reads one warm-up epoch and ``epochs`` timed ones, and closes it; rounds interleaved.
+    reads ``2 + workers`` warm-up batches, then batches for ``seconds`` (epochs cycled, so a
+    slow point costs no more than a fast one), and closes it; rounds interleaved.
 
     Returns ``{name: {"rates": {n: summary}, "efficiency": {n: summary}}}`` (efficiency:
     ``rate(n) / (n * rate(1))`` within each round), plus ``"error"`` for a loader that failed
@@ -313,14 +330,7 @@ def measure_sweep(makers: dict, counts: list[int], rounds: int, epochs: int) -> 
                 loader = None
                 try:
                     batches, loader = make(n)
-                    _epoch_rate(batches)  # warm-up
-                    total_n, total_t = 0, 0.0
-                    for _ in range(epochs):
-                        t0 = time.perf_counter()
-                        _, k = _epoch_rate(batches)
-                        total_t += time.perf_counter() - t0
-                        total_n += k
-                    rates[name].setdefault(n, []).append(total_n / total_t)
+                    rates[name].setdefault(n, []).append(_timed_rate(batches, seconds, 2 + n))
                 except Exception as e:  # reported; the other loaders still run
                     failed[name] = {"error": f"{type(e).__name__}: {e}"[:500]}
                     print(f"sweep {name} at {n} workers failed: {failed[name]['error']}",
@@ -473,6 +483,16 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--sweep-rounds", type=int, default=2, help="interleaved sweep rounds")
+    ap.add_argument("--sweep-seconds", type=float, default=5.0, help="timed seconds per point")
+    ap.add_argument(
+        "--parts",
+        nargs="+",
+        choices=("sweep", "decode", "train"),
+        default=("sweep", "decode", "train"),
+        help="what to measure (default all: about 8-10 minutes on 16 cores; split the parts "
+        "over several calls where one call's time is bounded)",
+    )
     ap.add_argument("--work-dir", type=Path, default=None)
     ap.add_argument(
         "--torch-sharing-strategy",
@@ -495,6 +515,7 @@ def main(argv=None) -> int:
         return 2
     if args.smoke:
         args.images, args.batch_size, args.rounds, args.epochs, args.steps = 64, 16, 1, 1, 2
+        args.sweep_rounds, args.sweep_seconds = 1, 0.3
         args.workers = min(args.workers or 2, 2)
     workers = args.workers or os.cpu_count() or 2
     from benchmarks.scaling import worker_counts
@@ -541,24 +562,32 @@ def main(argv=None) -> int:
         result["skipped"] = {
             name: "needs a CUDA device" for name in ("torch-nvjpeg", "kuat-nvjpeg", "dali-gpu")
         }
-    result["sweep"] = measure_sweep(cpu_makers, counts, args.rounds, args.epochs)
-    args.out.write_text(json.dumps(result, indent=1))  # partial results survive a later failure
-    _print_sweep(result, counts)
+    parts = set(args.parts)
+    result["sweep"] = {}
+    if "sweep" in parts:
+        result["sweep"] = measure_sweep(cpu_makers, counts, args.sweep_rounds, args.sweep_seconds)
+        args.out.write_text(json.dumps(result, indent=1))  # partial results survive a failure
+        _print_sweep(result, counts)
 
-    # the decode table at the full worker count: the sweep's top point for CPU decoding, then
-    # the GPU decoders measured here (built together, rounds interleaved)
+    # the decode table at the full worker count: the sweep's top point for CPU decoding (or,
+    # without the sweep, measured here), then the GPU decoders (built together, rounds
+    # interleaved)
     top = str(counts[-1])
     result["decode"] = {
         name: sweep["rates"].get(top) or {"error": sweep.get("error", f"no point at {top}")}
         for name, sweep in result["sweep"].items()
     }
-    gpu_decode = measure_decode(
-        {name: (lambda m=m: m(workers)) for name, m in gpu_makers.items()},
-        args.rounds, args.epochs,
-    )  # fmt: skip
-    result["decode"].update(gpu_decode)
-    args.out.write_text(json.dumps(result, indent=1))
-    _print_decode(result)
+    if "decode" in parts:
+        again = {} if result["sweep"] else cpu_makers
+        result["decode"].update(measure_decode(
+            {name: (lambda m=m: m(workers)) for name, m in {**again, **gpu_makers}.items()},
+            args.rounds, args.epochs,
+        ))  # fmt: skip
+        args.out.write_text(json.dumps(result, indent=1))
+        _print_decode(result)
+    if "train" not in parts:
+        print(f"wrote {args.out}")
+        return 0
 
     # pre-decoded batches for the copy-hiding question: 8 distinct batches, pageable memory
     g = torch.Generator().manual_seed(0)
@@ -586,7 +615,7 @@ def main(argv=None) -> int:
     makers = {**cpu_makers, **gpu_makers}
     for name in ("kuat-cpu", "kuat-cpu-processes", "kuat-nvjpeg", "dali-gpu", "torch-pil",
                  "torch-nvjpeg"):  # fmt: skip
-        if name in makers and "error" not in result["decode"].get(name, {"error": ""}):
+        if name in makers and "error" not in result["decode"].get(name, {}):
             feeds[name] = lambda m=makers[name]: m(workers)
     result["resnet50"] = measure_training(
         feeds, args.steps, warmup=1 if args.smoke else 5, device=device, tiny=args.smoke
