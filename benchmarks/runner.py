@@ -197,6 +197,18 @@ def _kill_tree(proc: subprocess.Popen) -> None:
         pass
 
 
+def child_env() -> dict[str, str]:
+    """The environment of a measured child: this one, with the repository root first on
+    ``PYTHONPATH`` (absolute entries: the child runs in another directory, where a relative
+    ``PYTHONPATH=src`` would miss the checkout and import whatever kuat the interpreter has
+    installed instead) and progress bars off."""
+    env = dict(os.environ)
+    inherited = [os.path.abspath(p) for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), *inherited])
+    env.setdefault("TQDM_DISABLE", "1")
+    return env
+
+
 def run_child(
     python: Path, spec: dict, work_dir: Path, timeout_s: float, sample_pss: bool = False
 ) -> dict:
@@ -214,12 +226,7 @@ def run_child(
     log_path = work_dir / f"{name}.log"
     spec_path.write_text(json.dumps(spec, indent=1))
     out_path.unlink(missing_ok=True)
-    env = dict(os.environ)
-    # absolute entries: the child runs in work_dir, where a relative PYTHONPATH=src would miss
-    # the checkout and import whatever kuat the interpreter has installed instead
-    inherited = [os.path.abspath(p) for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), *inherited])
-    env.setdefault("TQDM_DISABLE", "1")
+    env = child_env()
     with open(log_path, "w") as log:
         t0 = measure.now()
         proc = subprocess.Popen(

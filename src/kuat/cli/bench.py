@@ -15,6 +15,9 @@ Examples:
     kuat bench --workloads overhead --loaders torch   # the loop-cost table (issue 17)
     kuat bench --workloads remote --update-readme     # S3 (moto) vs local disk, its table
     kuat bench --table bench-results/results.json   # print the Markdown report again
+    kuat bench --scaling --quick            # rate, efficiency and GIL us/item against workers
+    kuat bench --scaling --update-readme    # the same, full; commits benchmarks/scaling.json,
+                                            # docs/img/scaling.png, docs/benchmarks.md's section
 """
 
 from __future__ import annotations
@@ -50,7 +53,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         nargs="+",
         default=None,
         metavar="NAME",
-        help="loaders to run (default: all; see --list)",
+        help="loaders to run (default: all; see --list); with --scaling: kuat kuat-proc torch",
     )
     p.add_argument(
         "--workloads",
@@ -58,7 +61,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         default=None,
         metavar="NAME",
         help="imagenet-jpeg smooth-jpeg imagenet-jpeg-256 tokens hf-rows ingest overhead remote "
-        "(default: all)",
+        "(default: all); with --scaling: imagenet-jpeg tabular packed-text",
     )
     p.add_argument(
         "--runs",
@@ -90,7 +93,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "--workers",
         type=int,
         default=None,
-        help="worker threads/processes of every loader (default: all cores)",
+        help="worker threads/processes of every loader (default: all cores); with --scaling, "
+        "the largest worker count of the sweep",
     )
     envs = p.add_mutually_exclusive_group()
     envs.add_argument(
@@ -148,7 +152,64 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         help="the text workloads instead (packing rate, padding waste, memory, resume): "
         "benchmarks/bench_text.py, with torchtune and TRL where they import",
     )
+    p.add_argument(
+        "--scaling",
+        action="store_true",
+        help="sweep worker counts 1, 2, 4, ... up to --workers (default: all cores) for kuat "
+        "(threads, processes) and torch on images, tabular rows and packed text: rate, "
+        "efficiency against linear, GIL-held us per item measured by py-spy, a competing "
+        "training loop, a plot (benchmarks/scaling.py)",
+    )
+    p.add_argument(
+        "--loop-ms",
+        type=float,
+        default=10.0,
+        help="with --scaling: pure-Python ms per batch of the competing training loop "
+        "(default 10; 0 skips that case)",
+    )
     return p
+
+
+def _scaling(args: argparse.Namespace) -> int:
+    import json
+
+    from benchmarks import scaling, scaling_report
+
+    if args.table is not None:
+        print(scaling_report.markdown(json.loads(args.table.read_text())))
+        return 0
+    kw = {
+        k: v
+        for k, v in dict(
+            workloads=tuple(args.workloads) if args.workloads else None,
+            loaders=tuple(args.loaders) if args.loaders else None,
+            max_workers=args.workers,
+            runs=args.runs,
+            num_images=args.num_images,
+            cache_dir=args.cache_dir,
+        ).items()
+        if v is not None
+    }
+    try:
+        cfg = scaling.ScalingConfig(
+            out_dir=args.out, quick=args.quick, loop_ms=args.loop_ms,
+            timeout_s=min(args.timeout, 600.0), **kw,
+        )  # fmt: skip
+    except ValueError as e:
+        print(f"kuat bench: {e}", file=sys.stderr)
+        return 2
+    t0 = time.perf_counter()
+    result = scaling.run_scaling(
+        cfg, lambda line: print(f"[{time.perf_counter() - t0:7.1f} s] {line}", flush=True)
+    )
+    print()
+    print(scaling_report.markdown(result))
+    png = cfg.out_dir / "scaling.png"
+    print(f"wrote {cfg.out_dir / 'scaling.json'}, scaling.md; plot: {png}")
+    ok = any(r["ok"] for r in result["records"])
+    if args.update_readme and ok:
+        scaling_report.main([str(cfg.out_dir / "scaling.json")])
+    return 0 if ok else 1
 
 
 def _import_harness():
@@ -170,6 +231,8 @@ def _import_harness():
 
 def run(args: argparse.Namespace) -> int:
     runner = _import_harness()
+    if args.scaling:
+        return _scaling(args)
     if args.text:
         from benchmarks import bench_text
 

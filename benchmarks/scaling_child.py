@@ -1,0 +1,203 @@
+"""Child side of ``kuat bench --scaling``: one (workload, loader, worker count) point in a
+fresh process.
+
+Run as ``python -m benchmarks.scaling_child SPEC.json OUT.json`` by
+:func:`benchmarks.scaling.run_point`, with two pipe ends inherited: ``ready_fd`` (this process
+writes one byte when its GIL window starts) and ``done_fd`` (the parent writes one byte, or
+closes it, when its sampler has finished). The spec holds ``workload`` (``imagenet-jpeg``,
+``tabular``, ``packed-text``), ``loader`` (a :data:`benchmarks.adapters.LOADERS` name for the
+image path; ``kuat``, ``kuat-proc`` or ``torch`` for the others), ``num_workers``,
+``batch_size``, ``data`` (paths the parent prepared), ``warmup_s``, ``seconds`` (the rate
+window), ``loop_iters`` (the competing training loop's pure-Python work per batch; 0: none)
+and ``seed``.
+
+What it does, in order:
+
+1. with a competing loop, times that loop alone (``loop_alone_ms``: median of 15 steps, before
+   the loader exists);
+2. builds the loader and reads batches for ``warmup_s`` (worker start-up, first epoch's caches;
+   epochs are cycled: the loaders keep persistent workers);
+3. the **rate window**: ``seconds`` of batches with nothing sampling this process
+   (``rate``: items/s; ``cpu_us_per_item``: CPU microseconds of the process tree per item;
+   with a loop, ``loop_ms``: the loop's own time per step while the loader runs);
+4. the **GIL window**: writes to ``ready_fd`` and keeps reading batches (and running the loop)
+   until the parent, whose sampler (py-spy) watches this process meanwhile, writes to
+   ``done_fd``; ``gil_window`` gets its items and wall seconds, which turn the sampler's GIL
+   fraction into microseconds per item.
+
+``OUT.json`` gets ``{"ok": true, ...}`` or ``{"ok": false, "error", "traceback"}``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import select
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+
+PACK_SEQ_LEN = 2048  # tokens per packed row (packed-text)
+PACK_BUFFER = 1024  # documents in the packer's buffer
+
+
+def python_work(iters: int) -> int:
+    """Pure-Python work holding the GIL for ``iters`` iterations: the competing training
+    loop's stand-in for a model's Python dispatch (a step's module calls, hooks, optimizer
+    bookkeeping). Returns a value so that nothing can skip it."""
+    acc = 0
+    for i in range(iters):
+        acc += i & 7
+    return acc
+
+
+def loop_alone_ms(iters: int, steps: int = 15) -> float:
+    """Median milliseconds of ``python_work(iters)`` with nothing else running here."""
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        python_work(iters)
+        times.append(time.perf_counter() - t0)
+    return 1e3 * statistics.median(times)
+
+
+def _count(batch, workload: str) -> int:
+    """Items in a batch: images, rows, or packed rows (of ``PACK_SEQ_LEN`` tokens)."""
+    if workload == "packed-text":
+        return int(batch["input_ids"].shape[0])  # (B, L) int64
+    if isinstance(batch, dict):
+        return int(next(iter(batch.values())).shape[0])
+    return int(batch[0].shape[0])
+
+
+def build(spec: dict):
+    """``(loader, epoch_fn)``: ``epoch_fn(e)`` iterates epoch ``e``'s batches."""
+    import torch
+
+    import kuat
+
+    workload, loader, n = spec["workload"], spec["loader"], spec["num_workers"]
+    data, bs, seed = spec["data"], spec["batch_size"], spec.get("seed", 0)
+    if workload == "imagenet-jpeg":  # the bench's own adapters: the same loaders as its table
+        import importlib
+
+        from benchmarks.adapters import LOADERS
+
+        info = LOADERS[loader]
+        adapter = importlib.import_module(f"benchmarks.adapters.{info['adapter']}")
+        sub = {"options": info.get("options", {}), "num_workers": n, "batch_size": bs,
+               "seed": seed}  # fmt: skip
+        built = adapter.build("imagenet-jpeg", data, sub)
+        return built, built.epoch
+    if loader not in ("kuat", "kuat-proc", "torch"):
+        raise ValueError(f"scaling: loader={loader!r} has no {workload} configuration")
+    collate = None
+    if workload == "tabular":
+        ds = kuat.open(data["path"])
+    elif workload == "packed-text":
+        from kuat.text import pack, pack_collate
+
+        ds = pack(kuat.open(data["path"]), PACK_SEQ_LEN, "best_fit", buffer_size=PACK_BUFFER)
+        collate = pack_collate()
+    else:
+        raise ValueError(f"scaling: unknown workload={workload!r}")
+    # packed rows are an iterable stream: no sampler, so shuffle and drop_last do not apply
+    common = dict(batch_size=bs, num_workers=n, persistent_workers=n > 0)
+    if workload == "tabular":
+        common.update(shuffle=True, drop_last=True)
+    if collate is not None:
+        common["collate_fn"] = collate
+    if loader == "torch":
+        if workload == "tabular":
+            common["generator"] = torch.Generator().manual_seed(seed)
+        dl = torch.utils.data.DataLoader(ds, **common)
+    else:
+        worker_type = "process" if loader == "kuat-proc" else "thread"
+        dl = kuat.DataLoader(ds, worker_type=worker_type if n else None, seed=seed, **common)
+    return dl, lambda e: iter(dl)
+
+
+def _window(batches, workload: str, loop_iters: int, until) -> dict:
+    """Read batches until ``until(elapsed_s)`` says stop; with ``loop_iters``, run the
+    competing loop after every batch and time it apart."""
+    from benchmarks import measure
+
+    items = steps = 0
+    loop_s = 0.0
+    cpu0, t0 = measure.tree_cpu_seconds(), time.perf_counter()
+    while True:
+        batch = next(batches)
+        items += _count(batch, workload)
+        steps += 1
+        if loop_iters:
+            tl = time.perf_counter()
+            python_work(loop_iters)
+            loop_s += time.perf_counter() - tl
+        del batch
+        if until(time.perf_counter() - t0):
+            break
+    wall = time.perf_counter() - t0
+    out = {
+        "items": items,
+        "steps": steps,
+        "wall_s": wall,
+        "rate": items / wall,
+        "cpu_us_per_item": 1e6 * (measure.tree_cpu_seconds() - cpu0) / items if items else None,
+    }
+    if loop_iters:
+        out["loop_ms"] = 1e3 * loop_s / steps
+    return out
+
+
+def _readable(fd: int) -> bool:
+    return bool(select.select([fd], [], [], 0)[0])
+
+
+def run(spec: dict) -> dict:
+    workload, loop_iters = spec["workload"], int(spec.get("loop_iters") or 0)
+    result: dict = {}
+    if loop_iters:
+        result["loop_alone_ms"] = loop_alone_ms(loop_iters)
+    t0 = time.perf_counter()
+    loader, epoch_fn = build(spec)
+    result["setup_s"] = time.perf_counter() - t0
+    batches = itertools.chain.from_iterable(epoch_fn(e) for e in itertools.count())
+    try:
+        warm = _window(batches, workload, loop_iters, lambda t: t >= spec["warmup_s"])
+        result["warmup"] = warm
+        result["rate_window"] = _window(
+            batches, workload, loop_iters, lambda t: t >= spec["seconds"]
+        )
+        ready_fd, done_fd = spec.get("ready_fd"), spec.get("done_fd")
+        if ready_fd is not None:
+            os.write(ready_fd, b"1")  # the parent starts its sampler now
+            limit = float(spec.get("gil_window_max_s", 600.0))
+            result["gil_window"] = _window(
+                batches, workload, loop_iters, lambda t: t >= limit or _readable(done_fd)
+            )
+    finally:
+        close = getattr(loader, "close", None)
+        if close is not None:
+            close()
+    return result
+
+
+def main(argv: list[str]) -> int:
+    spec = json.loads(Path(argv[0]).read_text())
+    result: dict = {"ok": False, "pid": os.getpid()}
+    try:
+        result.update(run(spec))
+        result["ok"] = True
+    except BaseException as e:  # reported to the parent, which records why the point failed
+        result["error"] = f"{type(e).__name__}: {e}"
+        result["traceback"] = traceback.format_exc()
+    Path(argv[1]).write_text(json.dumps(result, indent=1, default=str))
+    sys.stdout.flush()
+    os._exit(0)  # persistent workers and peers' threads: the result is written, leave now
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

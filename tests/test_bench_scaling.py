@@ -1,0 +1,197 @@
+"""``kuat bench --scaling``'s arithmetic, its py-spy parsing, one real point through the
+child protocol, and the docs section generated from the committed ``benchmarks/scaling.json``.
+
+No sweep runs here and nothing is timed: the assertions are on the arithmetic (efficiency
+against linear, GIL microseconds per item, medians of per-round ratios), on what the child
+and the parent hand each other, and on the files written.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from benchmarks import scaling, scaling_report  # noqa: E402
+
+
+def test_worker_counts_double_up_to_the_cores_and_end_on_them() -> None:
+    assert scaling.worker_counts(1) == [1]
+    assert scaling.worker_counts(2) == [1, 2]
+    assert scaling.worker_counts(6) == [1, 2, 4, 6]
+    assert scaling.worker_counts(16) == [1, 2, 4, 8, 16]
+    with pytest.raises(ValueError, match="cores=0"):
+        scaling.worker_counts(0)
+
+
+def test_efficiency_against_linear_and_gil_per_item() -> None:
+    assert scaling_report.efficiency(300.0, 100.0, 4) == pytest.approx(0.75)
+    assert scaling_report.efficiency(100.0, 100.0, 1) == 1.0
+    # 5% of wall at 2,500 images/s: 50 ms of GIL per second over 2,500 images = 20 us each
+    assert scaling_report.gil_us_per_item(0.05, 2500.0) == pytest.approx(20.0)
+    with pytest.raises(ValueError, match="rate"):
+        scaling_report.efficiency(1.0, 0.0, 2)
+    with pytest.raises(ValueError, match="window_rate"):
+        scaling_report.gil_us_per_item(0.1, 0.0)
+
+
+def test_gil_samples_split_the_main_process_from_its_workers() -> None:
+    raw = "\n".join([
+        'process 10:"python -m x";<module> (x.py:3);run (x.py:9) 7',
+        'process 10:"python -m x";Thread.run (threading.py:982);serve (t.py:5) 5',
+        'process 10:"python -m x";process 11:"python -m x";_worker_loop (w.py:1) 4',
+        'process 10:"python -m x";process 12:"python -m x";_worker_loop (w.py:1) 2',
+        "",
+        "not a sample line",
+    ])  # fmt: skip
+    assert scaling.parse_gil_samples(raw) == (12, 6)
+
+
+def test_on_cpu_share_reads_this_process_threads() -> None:
+    import os
+
+    before = scaling.schedstat(os.getpid())
+    x = 0
+    for i in range(300_000):  # some CPU time, so that run time grows
+        x += i
+    after = scaling.schedstat(os.getpid())
+    share = scaling.on_cpu_share(before, after)
+    assert after[0] > before[0] and share is not None and 0.0 < share <= 1.0
+    assert scaling.on_cpu_share((5, 5), (5, 5)) is None
+    assert scaling.on_cpu_share((0, 0), (300, 100)) == pytest.approx(0.75)
+    assert scaling.schedstat(2**30) == (0, 0)  # no such process
+
+
+def _rec(loader, n, rnd, rate, gil_fraction=None, loop=False, **kw):
+    rec = {"workload": "imagenet-jpeg", "loader": loader, "workers": n, "loop": loop,
+           "round": rnd, "ok": True, "rate": rate, "cpu_us_per_item": 900.0}  # fmt: skip
+    if gil_fraction is not None:
+        rec["gil"] = {"fraction": gil_fraction,
+                      "us_per_item": scaling_report.gil_us_per_item(gil_fraction, rate),
+                      "workers_fraction": 0.0, "workers_us_per_item": 0.0,
+                      "on_cpu_share": 0.5,
+                      "us_per_item_on_cpu": 0.5 * scaling_report.gil_us_per_item(gil_fraction,
+                                                                                  rate),
+                      "window_rate": rate * 0.9, "window_s": 3.0, "instants": 300}  # fmt: skip
+    rec.update(kw)
+    return rec
+
+
+def _records() -> list[dict]:
+    return [
+        # round 0: kuat 100 -> 150 (0.75 of linear); round 1: 200 -> 200 (0.5)
+        _rec("kuat", 1, 0, 100.0, 0.01), _rec("kuat", 2, 0, 150.0, 0.03),
+        _rec("kuat", 1, 1, 200.0, 0.02), _rec("kuat", 2, 1, 200.0, 0.04),
+        _rec("torch", 1, 0, 50.0), _rec("torch", 1, 1, 60.0),
+        {"workload": "imagenet-jpeg", "loader": "torch", "workers": 2, "loop": False,
+         "round": 0, "ok": False, "error": "RuntimeError: worker died"},
+        # the competing loop at 2 workers: 0.8x and 0.5x the same round's rate without it
+        _rec("kuat", 2, 0, 120.0, 0.2, loop=True, loop_ms=12.0, loop_alone_ms=10.0),
+        _rec("kuat", 2, 1, 100.0, 0.2, loop=True, loop_ms=15.0, loop_alone_ms=10.0),
+    ]  # fmt: skip
+
+
+def test_summary_takes_each_ratio_within_its_round() -> None:
+    s = scaling_report.summarize(_records())["imagenet-jpeg"]
+    rows = {(r["loader"], r["workers"]): r for r in s["rows"]}
+    two = rows[("kuat", 2)]
+    assert two["efficiency"]["median"] == pytest.approx(0.625)  # median of 0.75 and 0.5
+    assert (two["efficiency"]["min"], two["efficiency"]["max"]) == pytest.approx((0.5, 0.75))
+    assert rows[("kuat", 1)]["efficiency"]["median"] == 1.0
+    assert two["rate"]["median"] == pytest.approx(175.0)
+    # GIL us per item: 0.03 * 1e6 / 150 = 200 and 0.04 * 1e6 / 200 = 200
+    assert two["gil_us"]["median"] == pytest.approx(200.0)
+    assert two["gil_ceiling"] == pytest.approx(5000.0)
+    assert two["gil_us_on_cpu"]["median"] == pytest.approx(100.0)
+    assert two["sampled_rate_ratio"]["median"] == pytest.approx(0.9)
+    failed = rows[("torch", 2)]
+    assert failed["rate"] is None and failed["errors"] == ["RuntimeError: worker died"]
+    assert rows[("torch", 1)]["gil_us"] is None  # no GIL window: no GIL number
+    (comp,) = s["competing"]
+    assert comp["rate_ratio"]["median"] == pytest.approx((120 / 150 + 100 / 200) / 2)
+    assert comp["loop_slowdown"]["median"] == pytest.approx(1.35)
+    assert comp["workers"] == 2
+
+
+def test_markdown_and_chart_show_every_row(tmp_path: Path) -> None:
+    records = _records()
+    result = {
+        "machine": {"cpu_count": 2, "cpu_model": "Test CPU", "python": "3.11",
+                    "load_avg_1min": 0.5},
+        "load_avg_1min_end": 0.7, "started_utc": "2026-12-01T00:00:00+00:00",
+        "finished_utc": "2026-12-01T00:10:00+00:00",
+        "config": {"quick": True, "runs": 2, "warmup_s": 1.0, "seconds": 3.0,
+                   "gil_seconds": 3.0, "sample_hz": 100, "loop_ms": 10.0},
+        "worker_counts": [1, 2], "torch_image_loader": "torch-decode-jpeg",
+        "units": {"imagenet-jpeg": "images"}, "records": records,
+        "summary": scaling_report.summarize(records),
+    }  # fmt: skip
+    md = scaling_report.markdown(result, "img/scaling.png")
+    assert "| kuat (threads) | 2 | 175 (150-200) | 0.62 (0.50-0.75) |" in md
+    assert "| torch + decode_jpeg (processes) | 2 | failed: RuntimeError: worker died" in md
+    assert "py-spy" in md and "![rate against workers](img/scaling.png)" in md
+    assert "| kuat (threads) | 2 | 175 (150-200) | 110 (100-120) | 0.65x (0.50-0.80) |" in md
+    pytest.importorskip("matplotlib")
+    scaling_report.chart(result, tmp_path / "s.png")
+    assert (tmp_path / "s.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_config_validates_and_sizes_the_data_to_the_workers() -> None:
+    with pytest.raises(ValueError, match="unknown workloads"):
+        scaling.ScalingConfig(workloads=("nope",))
+    with pytest.raises(ValueError, match="unknown loaders"):
+        scaling.ScalingConfig(loaders=("spdl",))
+    cfg = scaling.ScalingConfig(quick=True, max_workers=16)
+    assert cfg.num_images == 8 * 64 * 16  # 8 batches per worker per epoch at 16 workers
+    assert cfg.runs == 2
+
+
+def test_one_point_through_the_child_protocol(tmp_path: Path) -> None:
+    """A real child: warm-up, an unsampled rate window, then a GIL window the parent samples
+    with py-spy (when installed) and ends through the pipe."""
+    import kuat
+    import kuat.format as kf
+
+    path = tmp_path / "rows.kuat"
+    rng = np.random.default_rng(0)
+    with kuat.Writer(path, {"x": kf.tensor((4,), "float32"), "label": kf.int64()}) as w:
+        w.write_batch({"x": rng.standard_normal((4096, 4), np.float32),
+                       "label": rng.integers(0, 10, 4096)})  # fmt: skip
+    cfg = scaling.ScalingConfig(
+        quick=True, seconds=0.3, gil_seconds=1.0, warmup_s=0.2, timeout_s=60.0,
+        cache_dir=tmp_path / "cache", out_dir=tmp_path,
+    )  # fmt: skip
+    spec = {"workload": "tabular", "loader": "kuat", "num_workers": 1, "batch_size": 256,
+            "data": {"path": str(path)}, "warmup_s": 0.2, "seconds": 0.3, "loop_iters": 1000,
+            "seed": 0, "round": 0, "gil_window_max_s": 30.0}  # fmt: skip
+    res = scaling.run_point(sys.executable, spec, tmp_path, cfg)
+    assert res["ok"], res.get("traceback") or res.get("error")
+    assert res["rate_window"]["items"] % 256 == 0 and res["rate_window"]["rate"] > 0
+    assert res["rate_window"]["loop_ms"] > 0 and res["loop_alone_ms"] > 0
+    assert res["gil_window"]["items"] > 0
+    rec = scaling_report.record(res, "tabular", "kuat", 1, True, 0)
+    if scaling.pyspy() is None:
+        assert "py-spy" in rec["gil_error"]
+    else:
+        assert "gil" in rec, rec.get("gil_error")
+        assert 0.0 <= rec["gil"]["fraction"] <= 1.0 and rec["gil"]["instants"] >= 50
+
+
+def test_docs_section_is_generated_from_the_committed_results() -> None:
+    """docs/benchmarks.md's Scaling section is what ``python -m benchmarks.scaling_report``
+    writes from the committed benchmarks/scaling.json, and the plot it links exists."""
+    result = json.loads(scaling_report.RESULTS.read_text())
+    text = scaling_report.DOC.read_text()
+    assert scaling_report.update(text, scaling_report.section(result)) == text, (
+        "stale: run python -m benchmarks.scaling_report"
+    )
+    assert scaling_report.CHART.is_file()
+    assert f"]({'img/' + scaling_report.CHART.name})" in text
+    with pytest.raises(ValueError, match="must hold"):
+        scaling_report.update("no markers", "body")
