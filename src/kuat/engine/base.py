@@ -61,7 +61,8 @@ def _close_live_engines() -> None:
     for engine in engines:
         engine._wait_stopped(deadline)
 
-__all__ = ["OK", "END", "FAIL", "EMPTY", "Task", "Result", "WorkStats", "Failure", "failure",
+__all__ = ["OK", "END", "FAIL", "EMPTY", "Task", "Result", "WorkStats", "WorkerResume", "Failure",
+           "failure",
            "serve", "START", "FETCH", "COLLATE", "PIN", "SEND"]
 
 OK, END, FAIL, EMPTY = 0, 1, 2, 3  # result kinds: batch, iterable exhausted, error, all skipped
@@ -82,6 +83,10 @@ class Task(NamedTuple):
 class WorkStats:
     """Seconds a worker spent on one task, and the samples it produced or skipped.
 
+    ``worker_state``: the worker's own dataset state after the task (pickled ``{"dataset",
+    "iterator", "ended"}``), reported when the job asks for it (``FetchJob.worker_state``) and
+    the worker's IterableDataset or its iterator has ``state_dict``; ``None`` otherwise.
+
     ``worker_info_consulted``: whether this worker's dataset (or collate) had called
     ``torch.utils.data.get_worker_info()`` by the end of the task; set by thread and process
     workers of a map-style dataset (``True``: its batches may depend on the worker, so the
@@ -90,7 +95,7 @@ class WorkStats:
     """
 
     __slots__ = ("fetch_s", "fetch_cpu_s", "native_s", "collate_s", "pin_s", "rng_wait_s",
-                 "samples", "skipped", "worker_info_consulted")
+                 "samples", "skipped", "worker_info_consulted", "worker_state")
 
     def __init__(self):
         self.fetch_s = self.fetch_cpu_s = self.collate_s = self.pin_s = self.rng_wait_s = 0.0
@@ -98,6 +103,7 @@ class WorkStats:
         self.samples = 0
         self.skipped: list[tuple[object, str, str]] = []  # (index, type name, message)
         self.worker_info_consulted: bool | None = None
+        self.worker_state: bytes | None = None
 
     def __getstate__(self):
         return tuple(getattr(self, k) for k in self.__slots__)
@@ -129,6 +135,15 @@ class ResumeAt(NamedTuple):
 
     batches: int
     state: object = None
+
+
+class WorkerResume(NamedTuple):
+    """``ResumeAt.state`` of a torch IterableDataset resumed from its workers' own states (as
+    torchdata's ``StatefulDataLoader``): ``states[worker_id]`` is what that worker reported
+    (``WorkStats.worker_state``) with the last batch served, or ``None`` (start afresh). The
+    worker loads its dataset's part, calls ``iter()``, then loads the iterator's part."""
+
+    states: tuple
 
 
 def describe_key(key: object) -> str:

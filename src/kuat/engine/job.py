@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 import logging
 import operator
+import pickle
 import time
 import zlib
 from dataclasses import dataclass, field
@@ -27,7 +28,7 @@ from kuat import _native, _parallel
 from kuat import rng as krng
 from kuat.collate import batch_scope
 from kuat.engine import isolate
-from kuat.engine.base import COLLATE, EMPTY, END, FETCH, OK, PIN, ResumeAt, WorkStats
+from kuat.engine.base import COLLATE, EMPTY, END, FETCH, OK, PIN, ResumeAt, WorkerResume, WorkStats
 from kuat.engine.worker_info import (
     clear_worker_info,
     reset_consulted,
@@ -118,6 +119,7 @@ class WorkerCtx:
     ended: bool = False
     extra: dict = field(default_factory=dict)
     probed: bool = False  # this worker's first batch ran isolated and probed (isolate.py)
+    reports_state: bool = False  # the iterable or its iterator has state_dict (worker_state)
     stage: str = FETCH  # what run() is doing: FETCH, COLLATE or PIN (names a failure's stage)
 
 
@@ -143,6 +145,9 @@ class FetchJob:
     fetch_collated: bool = False
     # the loader's pool of large batch buffers (kuat._buffers; pickles to an empty one)
     buffer_pool: object = None
+    # report each worker's dataset state with its results (WorkStats.worker_state): torch
+    # IterableDatasets, which each worker resumes from its own copy's state (torchdata's rule)
+    worker_state: bool = False
 
     @property
     def thread_agnostic(self) -> bool:
@@ -198,10 +203,40 @@ class FetchJob:
         if self.iterable:
             if protocol.provides(ctx.dataset, protocol.EpochAware):
                 ctx.dataset.set_epoch(epoch)
-            if isinstance(key, ResumeAt):  # the source starts after the batches served
+            if isinstance(key, ResumeAt) and isinstance(key.state, WorkerResume):
+                self._restore(ctx, key.state.states[ctx.worker_id])
+            elif isinstance(key, ResumeAt):  # the source starts after the batches served
                 ctx.iterator = ctx.dataset.kuat_iter_from(epoch, key.batches, key.state)
             else:
                 ctx.iterator = iter(ctx.dataset)
+            ctx.reports_state = self.worker_state and (
+                protocol.provides(ctx.iterator, protocol.Stateful)
+                or protocol.provides(ctx.dataset, protocol.Stateful))
+
+    @staticmethod
+    def _restore(ctx: WorkerCtx, blob: bytes | None) -> None:
+        """Resume this worker's copy from its own saved state (torchdata's order: the dataset's
+        state, then ``iter()``, then the iterator's state); ``None``: start afresh."""
+        saved = pickle.loads(blob) if blob is not None else {}
+        ds = ctx.dataset
+        if saved.get("dataset") is not None and protocol.provides(ds, protocol.Stateful):
+            ds.load_state_dict(saved["dataset"])
+        ctx.iterator = iter(ds)
+        if saved.get("iterator") is not None and protocol.provides(ctx.iterator, protocol.Stateful):
+            ctx.iterator.load_state_dict(saved["iterator"])
+        ctx.ended = bool(saved.get("ended", False))
+
+    @staticmethod
+    def _state_of(ctx: WorkerCtx) -> bytes:
+        """This worker's dataset state now, pickled (a copy: the worker goes on mutating it):
+        the iterator's ``state_dict()`` and, when the iterator is another object, the
+        dataset's (as torchdata's ``_make_state_dict``)."""
+        it, ds = ctx.iterator, ctx.dataset
+        it_state = it.state_dict() if protocol.provides(it, protocol.Stateful) else None
+        ds_state = (ds.state_dict() if it is not ds and protocol.provides(ds, protocol.Stateful)
+                    else None)
+        return pickle.dumps({"dataset": ds_state, "iterator": it_state, "ended": ctx.ended},
+                            protocol=pickle.HIGHEST_PROTOCOL)
 
     # -- one task ---------------------------------------------------------------------------
     def run(self, ctx: WorkerCtx, epoch: int, key, base_seed: int, width: int = 1):
@@ -246,6 +281,8 @@ class FetchJob:
             # fetch in place of this worker? (consumer_may_fetch)
             if ctx.method != "inline" and (ctx.num_workers > 1 or not self.iterable):
                 st.worker_info_consulted = worker_info_consulted()
+            if ctx.reports_state:  # where this worker's iterable is, after this batch
+                st.worker_state = self._state_of(ctx)
             if data is None:
                 return (END if self.iterable else EMPTY), None, st
             if self.fetch_collated:  # the columnar gather went straight to batch tensors

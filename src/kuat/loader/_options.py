@@ -188,10 +188,11 @@ def check_arguments(*, num_workers, timeout, prefetch_factor, persistent_workers
         raise TypeError(f"seed should be an int or None, got {seed=!r}")
     if snapshot_every_n_steps is not None and (
         isinstance(snapshot_every_n_steps, bool) or not isinstance(snapshot_every_n_steps, int)
-        or snapshot_every_n_steps < 1
-    ):
+        or snapshot_every_n_steps < 0
+    ):  # torchdata reads 0 (and None) as "no periodic snapshot"; kuat is exact at every batch
         raise ValueError(
-            f"snapshot_every_n_steps should be a positive int or None, got {snapshot_every_n_steps=!r}"
+            "snapshot_every_n_steps should be a non-negative int or None, got "
+            f"{snapshot_every_n_steps=!r}"
         )
     dev = check_device(device)
     rank, world_size = distributed.check_explicit(rank, world_size)

@@ -107,8 +107,8 @@ class DataLoader(_TorchDataLoader):
             generator and torch's default CPU generator reproducible whatever the workers
             (``docs/loader.md``, "Global random generators"). ``None``: on unless the source
             draws only from ``kuat.sample_rng`` (``kuat_uses_sample_rng``).
-        snapshot_every_n_steps: accepted for ``StatefulDataLoader`` compatibility (a positive
-            int or ``None``); every :meth:`state_dict` call is exact whatever its value.
+        snapshot_every_n_steps: accepted for ``StatefulDataLoader`` compatibility (an int >= 0
+            or ``None``, as torchdata); every :meth:`state_dict` call is exact whatever its value.
 
     Iteration is lazy: ``iter(loader)`` neither starts workers nor advances the epoch; the
     epoch starts at the first ``next()``. The loader pickles (live workers are not carried).
@@ -245,6 +245,7 @@ class DataLoader(_TorchDataLoader):
             pin=pin and opts.worker_type == "thread" or (pin and num_workers == 0),
             # batch-sized buffers reused once freed, outside malloc's arenas (kuat/_buffers.py)
             buffer_pool=BufferPool(),
+            worker_state=iterable and not traits.resumable,  # per-worker dataset states
         )
         self._stats = LoaderStats()
         self._warned: set[tuple[str, str]] = set()
@@ -349,6 +350,7 @@ class DataLoader(_TorchDataLoader):
         microseconds (plus a generator state copy, a few KiB, and the source's own cost).
         Called with no arguments, as ``StatefulDataLoader.state_dict()``.
         """
+        _epoch.draw_ahead(self)  # at an epoch's start: its draws, so that the state names them
         return _state.state_dict(self)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
