@@ -1,13 +1,16 @@
 """Where a loader is: its position in the epoch order, a pending resume, and the state dict.
 
-A loader's position is three small records (DESIGN.md, "Determinism and state"):
+A loader's position is four small records (DESIGN.md, "Determinism and state"):
 
 * :class:`Position`: the epoch being served (or last served), how many batches of it were
   served, whether it ran out, and the states its order started from. The running iterator
   advances it; ``state_dict()`` reads it; a ``skip_first_batches`` copy shares it with the
   loader it skips for.
-* :class:`Pending`: what the next epoch started must begin from (``set_epoch`` or
-  ``load_state_dict``), until an epoch starts.
+* :class:`WorkerStates`: a torch ``IterableDataset``'s per-worker dataset states as of the
+  batches served (torchdata's ``StatefulDataLoader`` rule), held by the position.
+* :class:`Pending`: what the next epoch started must begin from (``set_epoch``,
+  ``load_state_dict``, or the draws ``state_dict()`` made ahead at an epoch's start), until an
+  epoch starts.
 * :class:`SourceAt`: the source's own state loaded with a position (iterable sources resume
   from it when the same position starts).
 
