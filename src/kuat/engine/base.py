@@ -61,7 +61,8 @@ def _close_live_engines() -> None:
     for engine in engines:
         engine._wait_stopped(deadline)
 
-__all__ = ["OK", "END", "FAIL", "EMPTY", "Task", "Result", "WorkStats", "WorkerResume", "Failure",
+__all__ = ["OK", "END", "FAIL", "EMPTY", "Task", "Result", "WorkStats", "WorkerResume", "Seeded",
+           "Failure",
            "failure",
            "serve", "START", "FETCH", "COLLATE", "PIN", "SEND"]
 
@@ -146,8 +147,19 @@ class WorkerResume(NamedTuple):
     states: tuple
 
 
+class Seeded(NamedTuple):
+    """Task key of an ``IterDataPipe``'s epoch: ``key`` with the epoch's shared seed, which
+    each worker applies to its copy's graph before iterating it (torch's
+    ``graph_settings.apply_random_seed``, so every worker shuffles alike before sharding)."""
+
+    shared_seed: int
+    key: object
+
+
 def describe_key(key: object) -> str:
     """What the task of ``key`` fetches, in words: ``"sample indices [2, 3]"``."""
+    if isinstance(key, Seeded):
+        key = key.key
     if key is None:
         return "the next batch of its IterableDataset"
     if isinstance(key, ResumeAt):
@@ -159,6 +171,8 @@ def describe_key(key: object) -> str:
 
 def key_indices(key: object) -> list[int] | None:
     """The sample indices of the task of ``key``; None for an iterable's next batch."""
+    if isinstance(key, Seeded):
+        key = key.key
     if isinstance(key, list):
         return list(key)
     if key is None or isinstance(key, ResumeAt):
@@ -185,7 +199,7 @@ def describe_failure(stage: str, key: object) -> str:
         return f"while pinning the batch of {what} (pin_memory=True)"
     if stage == SEND:
         return f"while handing the batch of {what} to the loader (shared memory, pipe)"
-    if key is None or isinstance(key, ResumeAt):
+    if key is None or isinstance(key, (ResumeAt, Seeded)):
         return f"while fetching {what}"
     return f"while fetching {what} from the dataset"
 

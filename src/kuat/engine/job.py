@@ -28,7 +28,18 @@ from kuat import _native, _parallel
 from kuat import rng as krng
 from kuat.collate import batch_scope
 from kuat.engine import isolate
-from kuat.engine.base import COLLATE, EMPTY, END, FETCH, OK, PIN, ResumeAt, WorkerResume, WorkStats
+from kuat.engine.base import (
+    COLLATE,
+    EMPTY,
+    END,
+    FETCH,
+    OK,
+    PIN,
+    ResumeAt,
+    Seeded,
+    WorkerResume,
+    WorkStats,
+)
 from kuat.engine.worker_info import (
     clear_worker_info,
     reset_consulted,
@@ -148,6 +159,10 @@ class FetchJob:
     # report each worker's dataset state with its results (WorkStats.worker_state): torch
     # IterableDatasets, which each worker resumes from its own copy's state (torchdata's rule)
     worker_state: bool = False
+    # an IterDataPipe: each worker seeds its graph per epoch (the task key is ``Seeded``) and
+    # shards it over (rank, world size) x workers, as torch's DataLoader (graph_settings)
+    datapipe: bool = False
+    shard: tuple[int, int] = (0, 1)  # (rank, world_size) the datapipe is sharded over
 
     @property
     def thread_agnostic(self) -> bool:
@@ -176,6 +191,8 @@ class FetchJob:
         copy of the dataset, as a thread worker does (the consumer taking over from thread
         workers), instead of the dataset itself (``num_workers=0``, as torch)."""
         dataset = worker_dataset(self.dataset, "thread" if own_copy else method)
+        if self.datapipe and dataset is not self.dataset:  # its graph is sharded in place:
+            dataset = copy.deepcopy(self.dataset)  # each thread its own, as each process
         ctx = WorkerCtx(worker_id, num_workers, method, base_seed, dataset=dataset)
         if method == "inline":
             return ctx
@@ -185,6 +202,11 @@ class FetchJob:
             torch.set_num_threads(1)
             krng.seed_global_rngs(seed)  # as torch seeds each worker process
         set_worker_info(method, worker_id, num_workers, seed, ctx.dataset)
+        if self.datapipe:  # torch's _sharding_worker_init_fn: ranks first, then workers
+            from torch.utils.data.graph_settings import apply_sharding
+
+            rank, world_size = self.shard
+            apply_sharding(ctx.dataset, num_workers * world_size, worker_id * world_size + rank)
         if self.worker_init_fn is not None:
             self.worker_init_fn(worker_id)
         return ctx
@@ -200,6 +222,13 @@ class FetchJob:
             if ctx.method == "process":
                 krng.seed_global_rngs(seed)
             set_worker_info(ctx.method, ctx.worker_id, ctx.num_workers, seed, ctx.dataset)
+        if isinstance(key, Seeded):  # an IterDataPipe's epoch (torch's _BaseDataLoaderIter)
+            from torch.utils.data.graph_settings import apply_random_seed, apply_sharding
+
+            if ctx.method == "inline":
+                apply_sharding(ctx.dataset, self.shard[1], self.shard[0])
+            apply_random_seed(ctx.dataset, torch.Generator().manual_seed(key.shared_seed))
+            key = key.key
         if self.iterable:
             if protocol.provides(ctx.dataset, protocol.EpochAware):
                 ctx.dataset.set_epoch(epoch)
@@ -280,7 +309,8 @@ class FetchJob:
             # iterable: all workers iterating all items? (#11.6); map-style: may the consumer
             # fetch in place of this worker? (consumer_may_fetch)
             if ctx.method != "inline" and (ctx.num_workers > 1 or not self.iterable):
-                st.worker_info_consulted = worker_info_consulted()
+                # (an IterDataPipe is sharded by the loader, as torch does)
+                st.worker_info_consulted = worker_info_consulted() or self.datapipe
             if ctx.reports_state:  # where this worker's iterable is, after this batch
                 st.worker_state = self._state_of(ctx)
             if data is None:

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from kuat.engine.base import ResumeAt, WorkerResume
+from kuat.engine.base import ResumeAt, Seeded, WorkerResume
 from kuat.loader import _notices
 from kuat.loader._adaptive import Adaptation
 from kuat.loader._plan import EpochPlan, LoaderEvents
@@ -48,6 +48,10 @@ def apply_distributed(loader) -> tuple[int, int]:
     if isinstance(loader.sampler, EpochSampler):
         loader.sampler.set_distributed(rank, world_size)
     if (rank, world_size) != loader._dist_applied:
+        if loader._job.datapipe:  # workers shard its graph over ranks, then workers
+            loader._job.shard = (rank, world_size)
+            loader._workers.job_changed()
+            loader._workers.drop_persistent()
         if loader._traits.iterable and loader._traits.distributed:
             loader._source.kuat_set_distributed(rank, world_size)
             loader._workers.job_changed()  # spawned workers get the source with its new share
@@ -83,14 +87,26 @@ def _shuffles_as_torch(loader) -> bool:
             and sampler.num_replicas == 1)
 
 
-def epoch_draws(loader) -> tuple[int, int | None]:
-    """What torch's DataLoader draws from torch's generators when an epoch's iterator starts:
-    ``base_seed`` (:func:`draw_base_seed`), then, with ``shuffle=True``, the
-    ``RandomSampler``'s seed (``None`` when it has none)."""
+def epoch_draws(loader) -> tuple[int, int | None, int | None]:
+    """What torch's DataLoader draws from torch's generators when an epoch's iterator starts,
+    in its order: for an ``IterDataPipe``, the graph's shared seed (from ``generator=``, else
+    the default generator; drawn again, unused, when worker processes start); ``base_seed``
+    (:func:`draw_base_seed`); then, with ``shuffle=True``, the ``RandomSampler``'s seed.
+    Returns ``(base_seed, shuffle seed or None, shared seed or None)``."""
+    shared = None
+    if loader._job.datapipe:
+        shared = _draw(loader.generator)
+    fresh = not (loader.persistent_workers and loader._torch_base_seed is not None)
     base_seed = draw_base_seed(loader)
+    if shared is not None and loader.num_workers and fresh:
+        _draw(loader.generator)  # torch's _reset(first_iter=True) draws it again
     if not _shuffles_as_torch(loader):
-        return base_seed, None
-    return base_seed, int(torch.empty((), dtype=torch.int64).random_().item())
+        return base_seed, None, shared
+    return base_seed, _draw(None), shared
+
+
+def _draw(generator) -> int:
+    return int(torch.empty((), dtype=torch.int64).random_(generator=generator).item())
 
 
 def draw_ahead(loader) -> None:
@@ -111,7 +127,7 @@ def draw_ahead(loader) -> None:
     elif st.position is not None and not st.position.exhausted:
         return  # an epoch is under way: its draws are made and saved
     apply_distributed(loader)
-    base_seed, shuffle_seed = epoch_draws(loader)
+    base_seed, shuffle_seed, shared_seed = epoch_draws(loader)
     if loader.seed is None:  # seed=None: the run seed is the first epoch's torch base_seed
         loader._set_seed(base_seed)
     rng = dict(pending.rng) if pending is not None else {}
@@ -121,7 +137,8 @@ def draw_ahead(loader) -> None:
         epoch, request, workers = pending.epoch, pending.request, pending.workers
     else:  # not a request: a later sampler.set_epoch() still wins (kuat.sampling.next_request)
         epoch, request, workers = st.following_epoch(), -1, following_workers(loader)
-    st.pending = Pending(request, epoch, 0, rng, workers=workers, drawn=(base_seed, shuffle_seed))
+    st.pending = Pending(request, epoch, 0, rng, workers=workers,
+                         drawn=(base_seed, shuffle_seed, shared_seed))
 
 
 def following_workers(loader) -> WorkerStates | None:
@@ -183,7 +200,7 @@ def plan_epoch(loader, it) -> EpochPlan:
         at_start.setdefault("generator", loader.generator.get_state())
     # base_seed, then the sampler's draws, as torch (or as state_dict() drew them ahead)
     drawn = pending.drawn if pending is not None and pending.drawn is not None else None
-    base_seed, shuffle_seed = drawn if drawn is not None else epoch_draws(loader)
+    base_seed, shuffle_seed, shared_seed = drawn if drawn is not None else epoch_draws(loader)
     if loader.seed is None:  # seed=None: the run seed is the first epoch's torch base_seed
         loader._set_seed(base_seed)
     if loader.generator is None:
@@ -208,8 +225,13 @@ def plan_epoch(loader, it) -> EpochPlan:
         keys, discard = itertools.repeat(None), skip
     else:
         keys, discard = epoch_keys(loader, epoch, skip, restore.get("sampler")), 0
+    if shared_seed is not None:  # an IterDataPipe: every worker seeds its graph with it
+        keys = (Seeded(shared_seed, key) for key in keys)
     lease = loader._workers.lease(loader, base_seed, it)
     position = st.position = Position(epoch, skip, False, at_start, workers)
+    reported = loader._IterableDataset_len_called
+    if traits.iterable and reported is not None:  # torch's warning when more batches come
+        position.on_batch = functools.partial(_notices.iterable_length, loader, reported)
     owner = st.owner() if st.owner is not None else None
     if owner is not None:  # the loader this copy skips for follows on from its position
         owner._state.position, owner._state.pending = position, None

@@ -23,6 +23,7 @@ from __future__ import annotations
 import collections
 import pickle
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -104,6 +105,9 @@ class Position:
     exhausted: bool = False  # the epoch's iterator ran out
     at_start: dict[str, Any] = field(default_factory=dict)  # states the order started from
     workers: WorkerStates | None = None  # per-worker dataset states (stateful iterables)
+    yielded: int = 0  # batches this epoch's iterator returned
+    # called with ``yielded`` after each batch (torch's IterableDataset length warning)
+    on_batch: Callable[[int], None] | None = None
 
     def took(self, worker_id: int, state: bytes, batch: bool) -> None:
         """The iterator took a result carrying worker ``worker_id``'s dataset state."""
@@ -113,8 +117,11 @@ class Position:
     def advance(self) -> None:
         """The iterator returned a batch."""
         self.served += 1
+        self.yielded += 1
         if self.workers is not None:
             self.workers.served_one()
+        if self.on_batch is not None:
+            self.on_batch(self.yielded)
 
 
 @dataclass(frozen=True)
@@ -131,7 +138,7 @@ class Pending:
     rng: dict[str, Any]
     workers: WorkerStates | None = None  # each worker's dataset state to resume from
     loaded: dict | None = None  # the state given to load_state_dict (state_dict() returns it)
-    drawn: tuple[int, int | None] | None = None  # draws made for the epoch by state_dict()
+    drawn: tuple | None = None  # draws made for the epoch by state_dict() (_epoch.epoch_draws)
 
 
 @dataclass(frozen=True)

@@ -162,7 +162,8 @@ class DataLoader(_TorchDataLoader):
             world_size=world_size,
         )
         self._device = opts.device
-        self.dataset = dataset
+        datapipe = _options.is_iter_datapipe(dataset)
+        self.dataset = dataset = _options.wrap_datapipe(dataset, shuffle)
         self.num_workers = num_workers
         self.prefetch_factor = opts.prefetch_factor
         self.pin_memory = pin_memory
@@ -184,7 +185,7 @@ class DataLoader(_TorchDataLoader):
         self._source = source
         iterable = isinstance(source, IterableDataset) or isinstance(dataset, IterableDataset)
         shuffle, batch_size, drop_last = _options.check_torch_sampling(
-            iterable, shuffle, sampler, batch_sampler, batch_size, drop_last)
+            iterable, shuffle, sampler, batch_sampler, batch_size, drop_last, datapipe)
         self._dataset_kind = _DatasetKind.Iterable if iterable else _DatasetKind.Map
         own_sampler = sampler is None and not iterable and batch_sampler is None
         traits = _options.SourceTraits.of(source, iterable=iterable, own_sampler=own_sampler)
@@ -246,6 +247,7 @@ class DataLoader(_TorchDataLoader):
             # batch-sized buffers reused once freed, outside malloc's arenas (kuat/_buffers.py)
             buffer_pool=BufferPool(),
             worker_state=iterable and not traits.resumable,  # per-worker dataset states
+            datapipe=datapipe,  # seeded and sharded per worker, as torch (graph_settings)
         )
         self._stats = LoaderStats()
         self._warned: set[tuple[str, str]] = set()
