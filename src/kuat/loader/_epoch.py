@@ -133,6 +133,8 @@ def draw_ahead(loader) -> None:
     rng = dict(pending.rng) if pending is not None else {}
     if shuffle_seed is not None and loader._torch_order:
         rng["sampler_seed"] = shuffle_seed
+    if shared_seed is not None:
+        rng["shared_seed"] = shared_seed
     if pending is not None:
         epoch, request, workers = pending.epoch, pending.request, pending.workers
     else:  # not a request: a later sampler.set_epoch() still wins (kuat.sampling.next_request)
@@ -226,7 +228,8 @@ def plan_epoch(loader, it) -> EpochPlan:
     else:
         keys, discard = epoch_keys(loader, epoch, skip, restore.get("sampler")), 0
     if shared_seed is not None:  # an IterDataPipe: every worker seeds its graph with it
-        keys = (Seeded(shared_seed, key) for key in keys)
+        shared_seed = at_start.setdefault("shared_seed", shared_seed)  # (saved, or restored)
+        keys = (Seeded(int(shared_seed), key) for key in keys)
     lease = loader._workers.lease(loader, base_seed, it)
     position = st.position = Position(epoch, skip, False, at_start, workers)
     reported = loader._IterableDataset_len_called

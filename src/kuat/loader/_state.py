@@ -257,8 +257,9 @@ def load_state_dict(loader, state: dict[str, Any]) -> None:
                       "the order of the resumed epoch is not the saved one", stacklevel=3)
     elif loader.generator is not None:
         rng["generator"] = state["generator"]
-    if state.get("sampler_seed") is not None:  # the epoch's torch-style shuffle seed
-        rng["sampler_seed"] = state["sampler_seed"]
+    for key in ("sampler_seed", "shared_seed"):  # the epoch's torch-style shuffle seed; an
+        if state.get(key) is not None:  # IterDataPipe's graph seed
+            rng[key] = state[key]
     loader._torch_order = bool(state.get("torch_order", loader._torch_order))
     traits = loader._traits
     if not traits.own_sampler and not traits.iterable:
