@@ -256,7 +256,7 @@ def _breakdown(corpus, fused, passes: int) -> None:
     from kuat.vision import Compose, _exif
     from kuat.vision import decode as kdecode
     from kuat.vision.geometry import snap, stored_crop_box
-    from kuat.vision.transforms import _resize_aa, _taps
+    from kuat.vision.resize import resize_aa, taps
 
     torch.set_num_threads(1)
     n = len(corpus)
@@ -264,7 +264,7 @@ def _breakdown(corpus, fused, passes: int) -> None:
     for k, (data, w, h) in enumerate(corpus):
         plan = fused.plan(w, h, np.random.default_rng(k))  # the boxes kuat_fused draws
         hdr = kdecode.roi_header(data)
-        scale_num = kdecode._pick_scale(plan.min_scale())
+        scale_num = kdecode.pick_scale(plan.min_scale())
         ph, pw = -(-hdr.height * scale_num // 8), -(-hdr.width * scale_num // 8)
         top, left, bh, bw = stored_crop_box(plan, hdr.orientation, hdr.height, hdr.width, w, h)
         y0, y1 = snap(top, bh, scale_num / 8, ph)
@@ -279,7 +279,7 @@ def _breakdown(corpus, fused, passes: int) -> None:
         for p, hdr in zip(plans, (kdecode.roi_header(d) for d, _, _ in corpus))
     ]
     resized = [
-        _resize_aa(torch.from_numpy(c).permute(2, 0, 1).unsqueeze(0), g).numpy()[0]
+        resize_aa(torch.from_numpy(c).permute(2, 0, 1).unsqueeze(0), g).numpy()[0]
         for c, g in zip(crops, grids)
     ]  # (3, 224, 224) channels_last strides, as in apply_encoded
 
@@ -291,12 +291,12 @@ def _breakdown(corpus, fused, passes: int) -> None:
 
     def resize(k):
         src = torch.from_numpy(crops[k]).permute(2, 0, 1).unsqueeze(0)  # (1, 3, h, w) CL
-        _resize_aa(src, grids[k])
+        resize_aa(src, grids[k])
 
     def fused_resize(k):  # the default path: RGBX crop -> planar, flipped, into the slot
         c4 = crops4[k]
         kdecode.resize_rgbx_planar(
-            c4, out, True, _taps(c4.shape[1], grids[k][1]), _taps(c4.shape[0], grids[k][0])
+            c4, out, True, taps(c4.shape[1], grids[k][1]), taps(c4.shape[0], grids[k][0])
         )
 
     def copy_flip(k):

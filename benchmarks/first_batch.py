@@ -86,7 +86,7 @@ def _child(cfg: dict) -> dict:
 
     import kuat
     import kuat.loader  # noqa: F401
-    import kuat.vision.transforms as kt
+    import kuat.vision.compose as kt
     from kuat import _buffers, _parallel
     from kuat import vision as kv
     from kuat.engine import job as kjob

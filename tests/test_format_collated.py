@@ -114,3 +114,32 @@ def test_the_collated_fetch_validates_indices_like_getitems(every_type):
             every_type.__getitems__(bad)
     _check(every_type, np.array([2, 1]))
     _check(every_type, torch.tensor([4, 4]))
+
+
+def test_a_fused_image_batch_is_returned_as_its_batch_buffer(every_type, monkeypatch):
+    """The fused transform fills one (B, 3, H, W) buffer: the collated fetch returns it as it
+    is (no split into B views and collate back), pool-backed inside the loader's scope, and
+    equal to collating the samples' views."""
+    import kuat.collate as kcollate
+    from kuat._buffers import BufferPool
+    from kuat.vision import Compose, RandomHorizontalFlip
+
+    ds = every_type.with_transform({"image": Compose([RandomResizedCrop(240),
+                                                      RandomHorizontalFlip()])})
+    collated = []
+    real = kcollate.default_collate
+    monkeypatch.setattr(kcollate, "default_collate", lambda b: collated.append(b) or real(b))
+    pool = BufferPool()
+    with batch_scope(pool):
+        fast = ds.kuat_fetch_collated(INDICES)
+    image = fast["image"]  # (B, 3, 240, 240) uint8: 1.2 MiB, from the pool
+    assert image.shape == (len(INDICES), 3, 240, 240) and image.is_contiguous()
+    assert pool.created == 1 and image.untyped_storage().nbytes() == image.numel()
+    assert not any(isinstance(v, torch.Tensor) and v.shape == (3, 240, 240)
+                   for b in collated for v in b)  # the image field was never collated
+    monkeypatch.setattr(kcollate, "default_collate", real)
+    with batch_scope():
+        want = default_collate(ds.__getitems__(INDICES))
+    assert_same(fast, want)
+    outside = ds.kuat_fetch_collated(INDICES)["image"]  # no scope: a fresh torch.empty buffer
+    assert outside.is_contiguous() and torch.equal(outside, image)

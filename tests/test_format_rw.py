@@ -538,11 +538,11 @@ def test_reads_ipc_file_format_and_multi_batch_shards(tmp_path):
 def test_writer_refuses_values_arrow_cannot_store_at_write_time(tmp_path, monkeypatch):
     """Such values used to pass write() and fail at close() with a non-kuat error (or be
     stored as inf), losing the whole shard."""
-    from kuat.format import writer
+    from kuat.format import builder
 
     schema = {"s": kf.string(), "h": kf.float16(), "d": kf.float64(), "b": kf.binary()}
     good = {"s": "ok \u00e9", "h": 1.5, "d": 2.0, "b": b"x"}
-    monkeypatch.setattr(writer, "_MAX_VALUE_BYTES", 16)
+    monkeypatch.setattr(builder, "_MAX_VALUE_BYTES", 16)
     with kuat.Writer(tmp_path / "d", schema) as w:
         bad = [
             ("s", "a\udcff", "UTF-8"),

@@ -78,9 +78,9 @@ def test_a_failed_shard_write_is_raised_and_leaves_no_dataset(tmp_path, monkeypa
 
 def test_shards_join_their_values_where_pyarrow_copies_buffers(tmp_path, monkeypatch):
     """On a pyarrow that would not hand buffers through, nothing is deferred: same shards."""
-    from kuat.format import writer
+    from kuat.format import builder
 
-    monkeypatch.setattr(writer, "deferring_works", lambda: False)
+    monkeypatch.setattr(builder, "deferring_works", lambda: False)
     blobs = [bytes([i]) * 300_000 for i in range(10)]
     with kuat.Writer(tmp_path / "d", {"blob": kf.binary()}) as w:
         for b in blobs:

@@ -112,7 +112,7 @@ def split_kind(request, monkeypatch):
     """The split first batch's two ways: a shared job counter (this build), or contiguous
     parts of about equal cost (a build that predates the counter)."""
     if request.param == "halves":
-        monkeypatch.setattr("kuat.vision.transforms.shares_jobs", lambda: False)
+        monkeypatch.setattr("kuat.vision.compose.shares_jobs", lambda: False)
     return request.param
 
 
@@ -156,14 +156,14 @@ def test_batch_kernel_counter_shares_jobs_between_threads():
     slots equal one call's, and each failing job is reported once, by the call that took it."""
     if not kdecode.shares_jobs():
         pytest.skip("this ROI decoder build has no job counter")
-    from kuat.vision.transforms import _taps
+    from kuat.vision.resize import taps
 
     datas = [photo_jpeg(k) for k in range(23)]
     datas[5] = datas[5][: len(datas[5]) // 3]  # truncated: fails in whichever call takes it
     jobs = []
     for k, d in enumerate(datas):
         w, h = _size(photo_jpeg(k))
-        jobs.append((d, 8, 0, h, 0, w, k, k % 2, *_taps(w, 40), *_taps(h, 30)))
+        jobs.append((d, 8, 0, h, 0, w, k, k % 2, *taps(w, 40), *taps(h, 30)))
     one = np.zeros((23, 3, 30, 40), np.uint8)
     expected = kdecode.decode_resize_batch(jobs, one)
     assert [k for k, _ in expected] == [5]

@@ -29,8 +29,8 @@ def table(tmp_path_factory):
 
 def test_kuat_dataset_implements_the_map_style_hooks(table):
     ds = kuat.open(table)
-    assert type(ds) is Dataset and kuat.Dataset is Dataset and kuat.format.Dataset is Dataset
-    assert kuat.open is kuat.format.open is kuat.format.open_dataset
+    assert type(ds) is Dataset and kuat.Dataset is Dataset
+    assert kuat.open is kuat.sources.dataset.open_dataset
     for proto in (P.MapSource, P.BatchFetch, P.CollatedFetch, P.Prefetching):
         assert isinstance(ds, proto) and P.provides(ds, proto), proto.__name__
     for proto in (P.EpochAware, P.Distributed, P.Batching, P.Stateful):
@@ -200,17 +200,22 @@ def test_hooks_are_looked_up_only_through_the_protocol():
 
 
 def test_what_the_source_asks_of_a_fused_transform_is_in_the_vision_protocol():
-    from kuat.sources.dataset import _decodes_batches, _is_fused, _takes_location
-    from kuat.vision.protocol import BatchDecodingTransform, FusedImageTransform
+    from kuat.vision.protocol import (
+        BatchDecodingTransform,
+        FusedImageTransform,
+        decodes_batches,
+        is_fused,
+        takes_location,
+    )
 
     t = Compose([RandomResizedCrop(4)])
     assert isinstance(t, FusedImageTransform) and isinstance(t, BatchDecodingTransform)
-    assert _is_fused(t) and _takes_location(t)  # index=/source= are in its signature
-    assert not _decodes_batches(t)  # decode_device="cpu": per-sample apply_encoded
+    assert is_fused(t) and takes_location(t)  # index=/source= are in its signature
+    assert not decodes_batches(t)  # decode_device="cpu": per-sample apply_encoded
 
     class Minimal:  # only the required method, without the optional keywords
         def apply_encoded(self, data, width, height, rng, out=None):
             return out
 
-    assert _is_fused(Minimal()) and not _takes_location(Minimal())
-    assert not _decodes_batches(Minimal())
+    assert is_fused(Minimal()) and not takes_location(Minimal())
+    assert not decodes_batches(Minimal())

@@ -18,7 +18,7 @@ import kuat
 import kuat.format as kf
 from kuat import _seedseq, rng
 from kuat.vision import Compose, RandomHorizontalFlip, RandomResizedCrop
-from kuat.vision import transforms as kt
+from kuat.vision import resize as kresize
 
 EDGE = [0, 1, 2, 2**31, 2**32 - 1, 2**32, 2**32 + 1, 2**40 + 7, 2**63 - 1]
 
@@ -168,13 +168,13 @@ def test_c_taps_equal_the_numpy_reference(roi, monkeypatch):
     for out in (1, 3, 64, 224, 299):
         for inn in sizes:
             s, w, taps, precision = roi.taps(inn, out)
-            rs, rw, rtaps, rprecision = kt._taps_numpy(inn, out)
+            rs, rw, rtaps, rprecision = kresize.taps_numpy(inn, out)
             assert (taps, precision) == (rtaps, rprecision), (inn, out)
             np.testing.assert_array_equal(np.frombuffer(s, np.int32), rs)
             np.testing.assert_array_equal(np.frombuffer(w, np.int16).reshape(out, taps), rw)
     with pytest.raises(ValueError, match="positive"):
         roi.taps(0, 224)
     monkeypatch.setattr(kdecode, "_roi", roi)
-    start, weights, _, _ = kt._taps.__wrapped__(517, 224)  # _taps takes the C path
+    start, weights, _, _ = kresize.taps.__wrapped__(517, 224)  # taps takes the C path
     assert not start.flags.writeable and not weights.flags.writeable
-    np.testing.assert_array_equal(weights, kt._taps_numpy(517, 224)[1])
+    np.testing.assert_array_equal(weights, kresize.taps_numpy(517, 224)[1])

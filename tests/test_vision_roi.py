@@ -19,7 +19,8 @@ from PIL import Image
 
 from kuat.vision import Compose, RandomHorizontalFlip, RandomResizedCrop
 from kuat.vision import decode as kdecode
-from kuat.vision import transforms as kt
+from kuat.vision import fused as kfused
+from kuat.vision import resize as kresize
 
 
 @pytest.fixture(scope="module")
@@ -115,7 +116,7 @@ def test_fused_path_identical_with_and_without_roi(roi, monkeypatch):
     with_roi = [
         c.apply_encoded(d, w, h, np.random.default_rng(k)) for k, (d, w, h) in enumerate(datas * 4)
     ]
-    monkeypatch.setattr(kt, "_ROI_CHANNELS", 4)  # RGBX into torch's resize
+    monkeypatch.setattr(kfused, "ROI_CHANNELS", 4)  # RGBX into torch's resize
     rgbx = [
         c.apply_encoded(d, w, h, np.random.default_rng(k)) for k, (d, w, h) in enumerate(datas * 4)
     ]
@@ -206,8 +207,8 @@ def test_resize_planar_equals_torch_kernel(roi, simd_level):
         if k % 4 < 2:  # smooth content too: the rounding of near-equal sums
             src = np.cumsum(src, axis=1, dtype=np.uint8)
         out = np.empty((3, oh, ow), np.uint8)
-        xs, xw, xt, xp = kt._taps(w, ow)
-        ys, yw, yt, yp = kt._taps(h, oh)
+        xs, xw, xt, xp = kresize.taps(w, ow)
+        ys, yw, yt, yp = kresize.taps(h, oh)
         roi.resize_planar(
             src, h, w, channels, out, oh, ow, int(flip), xs, xw, xt, xp, ys, yw, yt, yp
         )
@@ -232,7 +233,7 @@ def test_resize_kernel_levels_give_the_same_pixels(roi):
     jobs = []
     for slot, (y0, y1, x0, x1) in enumerate([(0, 333, 0, 271), (7, 120, 13, 261), (300, 333, 5, 9)]):
         h, w = y1 - y0, x1 - x0
-        jobs.append((data, 8, y0, y1, x0, x1, slot, slot % 2, *kt._taps(w, 61), *kt._taps(h, 50)))
+        jobs.append((data, 8, y0, y1, x0, x1, slot, slot % 2, *kresize.taps(w, 61), *kresize.taps(h, 50)))
     outs = []
     for level in levels:
         with _at_level(roi, level):
@@ -248,7 +249,7 @@ def test_resize_kernel_levels_give_the_same_pixels(roi):
 
 def test_taps_windows_inside_the_image():
     for n_in, n_out in [(1, 7), (7, 1), (5, 5), (333, 224), (224, 333), (2, 3), (1000, 3)]:
-        start, weights, taps, precision = kt._taps(n_in, n_out)
+        start, weights, taps, precision = kresize.taps(n_in, n_out)
         assert start.shape == (n_out,) and weights.shape == (n_out, taps)
         assert start.min() >= 0 and (start + taps).max() <= n_in
         sums = weights.astype(np.int64).sum(axis=1)  # each row: 1.0 in fixed point, +-rounding
@@ -258,8 +259,8 @@ def test_taps_windows_inside_the_image():
 def test_resize_planar_rejects_bad_arguments(roi):
     src = np.zeros((10, 12, 4), np.uint8)
     out = np.empty((3, 5, 6), np.uint8)
-    xs, xw, xt, xp = kt._taps(12, 6)
-    ys, yw, yt, yp = kt._taps(10, 5)
+    xs, xw, xt, xp = kresize.taps(12, 6)
+    ys, yw, yt, yp = kresize.taps(10, 5)
     with pytest.raises(ValueError, match="too small"):
         roi.resize_planar(src, 20, 12, 4, out, 5, 6, 0, xs, xw, xt, xp, ys, yw, yt, yp)
     with pytest.raises(ValueError, match="column tap window"):
@@ -295,7 +296,7 @@ def test_fused_resize_vs_torch_on_the_same_box(roi, monkeypatch, exact):
     difference per channel vs torchvision's RandomResizedCrop (antialias=True) on the same
     box below 0.05 grey levels and no pixel off by more than 1. Exact mode: equal to torch's
     channels_last kernel on the box, i.e. kuat's pixels before the fused kernel."""
-    from kuat.cli.demo_data import load_source_photos, make_jpeg
+    from kuat.demo_data import load_source_photos, make_jpeg
 
     monkeypatch.setattr(kdecode, "_roi", roi)
     photos = load_source_photos()
@@ -354,7 +355,7 @@ def _mixed_batch():
     """JPEGs of every kind the batch call takes or hands back: ImageNet-like photos, 4:4:4,
     progressive, grayscale, EXIF mirror (2, batched) and rotation (6, per image), a CMYK JPEG,
     a PNG, small images a 224 crop upsamples, and one a 1/2-scale decode covers."""
-    from kuat.cli.demo_data import load_source_photos, make_jpeg
+    from kuat.demo_data import load_source_photos, make_jpeg
 
     photos = load_source_photos()
     names = sorted(photos)
@@ -438,7 +439,7 @@ def test_batch_call_validates_out_and_jobs(roi, monkeypatch):
     with pytest.raises(ValueError, match="out must be"):
         c.apply_encoded_many([data], [120], [100], [np.random.default_rng(0)], np.zeros((1, 3, 16, 16), np.uint8))
     out = np.zeros((1, 3, 32, 32), np.uint8)
-    taps = kt._taps(64, 32)
+    taps = kresize.taps(64, 32)
     with pytest.raises(ValueError, match="slot"):
         roi.decode_resize_batch([(data, 8, 0, 64, 0, 64, 1, 0, *taps, *taps)], out, 1, 32, 32)
     with pytest.raises(ValueError, match="tap window|taps"):
@@ -481,7 +482,7 @@ def test_batch_rows_equal_crop_then_resize(roi, variant):
             y0, y1, x0, x1 = 0, ph, 0, pw  # the whole image
         h, w = y1 - y0, x1 - x0
         jobs.append(
-            (data, k, y0, y1, x0, x1, slot, slot % 2, *kt._taps(w, out_w), *kt._taps(h, out_h))
+            (data, k, y0, y1, x0, x1, slot, slot % 2, *kresize.taps(w, out_w), *kresize.taps(h, out_h))
         )
     for level in _simd_levels(roi):
         with _at_level(roi, level):

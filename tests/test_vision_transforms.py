@@ -160,9 +160,9 @@ def test_fused_matches_torchvision_same_box_full_scale():
 def _snapped_reference(full: torch.Tensor, plan, size) -> tuple[torch.Tensor, float]:
     """torchvision's resized_crop (+ flip) of the box the fused path uses: the planned box with
     its edges snapped to the grid of the DCT scale it decodes at."""
-    from kuat.vision.decode import _pick_scale
+    from kuat.vision.decode import pick_scale
 
-    s = _pick_scale(max(size[0] / plan.height, size[1] / plan.width)) / 8
+    s = pick_scale(max(size[0] / plan.height, size[1] / plan.width)) / 8
     y0, y1 = round(plan.top * s) / s, round((plan.top + plan.height) * s) / s
     x0, x1 = round(plan.left * s) / s, round((plan.left + plan.width) * s) / s
     i, j, h, w = int(y0), int(x0), int(y1 - y0), int(x1 - x0)
@@ -207,12 +207,12 @@ def test_fused_applies_exif_orientation(orientation, big):
     full = decode_image(data)  # oriented
     oh, ow = full.shape[:2]
     c = Compose([RandomResizedCrop((64, 48), scale=(0.3, 1.0)), RandomHorizontalFlip()])
-    from kuat.vision.decode import _pick_scale
+    from kuat.vision.decode import pick_scale
 
     for seed in range(3):
         out = c.apply_encoded(data, ow, oh, np.random.default_rng(seed))
         plan = c.plan(ow, oh, np.random.default_rng(seed))
-        s = _pick_scale(max(64 / plan.height, 48 / plan.width)) / 8
+        s = pick_scale(max(64 / plan.height, 48 / plan.width)) / 8
         assert (s < 1) == big
         # reference: the oriented decode at the same DCT scale, cropped on the same grid
         small = _chw(decode_image(data, min_size=(math.ceil(oh * s), math.ceil(ow * s))))

@@ -1,7 +1,16 @@
-"""A loader's pool of batch buffers: reuse a batch's memory once nothing views it any more.
+"""A batch's memory: which buffers belong to the batch being built, and the loader's pool that
+reuses a batch's memory once nothing views it any more.
 
-A decoded image batch is one large buffer (``(64, 3, 224, 224)`` uint8 is 9.2 MiB) per batch.
-Allocated with ``malloc``, such buffers end up in glibc's per-thread arenas (its mmap
+Whose buffer it is: :class:`batch_scope` (the loader's workers open one around each batch's
+fetch and collate) records, per thread, the buffers allocated for that batch with
+:func:`new_batch_buffer` (or declared with :func:`own_batch_buffer`): memory no user object
+references. ``kuat.collate.default_collate`` returns a view of such a buffer instead of a copy
+(:func:`is_batch_buffer`); any other memory it copies, so in-place edits of a batch never reach
+the user's data. A kuat dataset whose fused image transform fills one ``(B, 3, H, W)`` buffer
+returns that buffer itself as the collated batch (``kuat_fetch_collated``): nothing to find.
+
+The pool: a decoded image batch is one large buffer (``(64, 3, 224, 224)`` uint8 is 9.2 MiB)
+per batch. Allocated with ``malloc``, such buffers end up in glibc's per-thread arenas (its mmap
 threshold rises to the size of the first freed one), which keep freed memory resident: with
 2 worker threads the loader's anonymous memory grew to about twice what the batches in flight
 need (measured: +86 MiB over 2 epochs at batch 64, +39 MiB with buffers that go back to the OS
@@ -16,7 +25,7 @@ it, a slice the user keeps) uses the memory; when it dies, a ``weakref.finalize`
 the mapping back on the free list. So reuse can never overwrite memory the user still holds.
 
 Thread-safety: :meth:`take` and the callbacks may run in any thread (a lock guards the lists).
-Pickling gives an empty pool (process workers each keep their own).
+Pickling gives an empty pool (process workers each keep their own). A scope is the thread's own.
 """
 
 from __future__ import annotations
@@ -26,8 +35,12 @@ import threading
 import weakref
 
 import numpy as np
+import torch
 
-__all__ = ["BufferPool", "MIN_POOLED_BYTES"]
+__all__ = [
+    "BufferPool", "MIN_POOLED_BYTES", "batch_scope", "has_batch_buffers", "is_batch_buffer",
+    "new_batch_buffer", "own_batch_buffer",
+]
 
 # Below this, malloc is cheap and its arenas hold little: the pool is for batch-sized buffers.
 MIN_POOLED_BYTES = 1 << 20
@@ -110,3 +123,74 @@ class BufferPool:
 
     def __reduce__(self):
         return (BufferPool, (self.max_free,))
+
+
+class _Owned(threading.local):
+    # Tensors allocated for the batch being built in this thread (strong references, so their
+    # memory cannot be freed and reused while the batch is built), or None outside a scope.
+    buffers: list | None = None
+    pool = None  # the loader's BufferPool for large CPU buffers, if any
+
+
+_owned = _Owned()
+
+
+class batch_scope:  # noqa: N801 (used like a function: ``with batch_scope():``)
+    """Context in which :func:`new_batch_buffer` allocations count as the batch's own.
+
+    Nestable; thread-local. Opened by the loader's workers around one batch's fetch and
+    collate; buffers allocated outside any scope are never returned without a copy. ``pool``
+    (a :class:`BufferPool`, the loader's): large CPU buffers come from it and go back to it
+    when the batch and every view of it are freed.
+    """
+
+    __slots__ = ("_prev", "_pool")
+
+    def __init__(self, pool=None):
+        self._pool = pool
+
+    def __enter__(self):
+        self._prev = (_owned.buffers, _owned.pool)
+        _owned.buffers, _owned.pool = [], self._pool
+        return self
+
+    def __exit__(self, *exc) -> None:
+        _owned.buffers, _owned.pool = self._prev
+
+
+def own_batch_buffer(t: torch.Tensor) -> torch.Tensor:
+    """Declare ``t`` (freshly allocated for this batch, referenced by nothing the user holds)
+    the batch's own, so that collating consecutive views of it returns a view; returns ``t``."""
+    owned = _owned.buffers
+    if owned is not None:
+        owned.append(t)
+    return t
+
+
+def new_batch_buffer(shape, dtype: torch.dtype, device=None) -> torch.Tensor:
+    """``torch.empty(shape, dtype=dtype, device=device)``, owned by the current batch (see
+    :class:`batch_scope`): the collate returns views of it without copying. Inside a scope with
+    a pool, a CPU buffer of at least :data:`MIN_POOLED_BYTES` is a reused one (uninitialised,
+    as ``torch.empty``'s)."""
+    pool = _owned.pool
+    if pool is not None and (device is None or torch.device(device).type == "cpu"):
+        shape = tuple(int(d) for d in shape)
+        nbytes = dtype.itemsize
+        for d in shape:
+            nbytes *= d
+        if nbytes >= MIN_POOLED_BYTES:
+            raw = torch.from_numpy(pool.take(nbytes))  # (nbytes,) uint8, keeps the lease alive
+            return own_batch_buffer(raw.view(dtype).view(shape))
+    return own_batch_buffer(torch.empty(shape, dtype=dtype, device=device))
+
+
+def has_batch_buffers() -> bool:
+    """Whether this thread's open scope has allocated (or been given) any buffer."""
+    return bool(_owned.buffers)
+
+
+def is_batch_buffer(ptr: int) -> bool:
+    """Whether the storage at data pointer ``ptr`` is a buffer of the batch being built in this
+    thread (``tensor.untyped_storage().data_ptr()``)."""
+    owned = _owned.buffers
+    return bool(owned) and any(t.untyped_storage().data_ptr() == ptr for t in owned)

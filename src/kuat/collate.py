@@ -11,7 +11,8 @@ lists), with two differences in how tensors are stacked:
   no copy. Any other memory (a ``TensorDataset``'s tensors, NumPy views, read-only memory maps)
   is copied, as torch's collate copies it, so in-place edits of a batch never reach the data.
   A buffer counts as the batch's own only while a :func:`batch_scope` (the loader opens one
-  around each batch's fetch and collate) is open in the thread that allocated it.
+  around each batch's fetch and collate) is open in the thread that allocated it (both live in
+  :mod:`kuat._buffers`, which says whose memory a buffer is).
 * **Errors name every element**: when tensors cannot be stacked, the ``RuntimeError`` lists each
   element's shape and dtype (torch's message names only the first mismatch).
 
@@ -24,14 +25,21 @@ Thread-safety: pure functions; safe to call from any number of threads.
 from __future__ import annotations
 
 import copy
-import threading
 from collections.abc import Mapping, MutableMapping, Sequence
 
 import torch
 from torch.utils.data._utils.collate import collate as _torch_collate
 from torch.utils.data._utils.collate import default_collate_fn_map as _torch_collate_map
 
-from kuat._buffers import MIN_POOLED_BYTES
+# the batch's own buffers live in kuat._buffers; batch_scope, new_batch_buffer and
+# own_batch_buffer are re-exported here, their import path before (the engine's, the sources')
+from kuat._buffers import (
+    batch_scope,
+    has_batch_buffers,
+    is_batch_buffer,
+    new_batch_buffer,
+    own_batch_buffer,
+)
 
 __all__ = [
     "default_collate", "describe_elements", "map_structure", "batch_scope", "new_batch_buffer",
@@ -39,70 +47,6 @@ __all__ = [
 ]
 
 _MAX_LISTED = 64
-
-
-class _Owned(threading.local):
-    # Tensors allocated for the batch being built in this thread (strong references, so their
-    # memory cannot be freed and reused while the batch is built), or None outside a scope.
-    buffers: list | None = None
-    pool = None  # the loader's kuat._buffers.BufferPool for large CPU buffers, if any
-
-
-_owned = _Owned()
-
-
-class batch_scope:  # noqa: N801 (used like a function: ``with batch_scope():``)
-    """Context in which :func:`new_batch_buffer` allocations count as the batch's own.
-
-    Nestable; thread-local. Opened by the loader's workers around one batch's fetch and
-    collate; buffers allocated outside any scope are never returned without a copy. ``pool``
-    (a ``kuat._buffers.BufferPool``, the loader's): large CPU buffers come from it and go
-    back to it when the batch and every view of it are freed.
-    """
-
-    __slots__ = ("_prev", "_pool")
-
-    def __init__(self, pool=None):
-        self._pool = pool
-
-    def __enter__(self):
-        self._prev = (_owned.buffers, _owned.pool)
-        _owned.buffers, _owned.pool = [], self._pool
-        return self
-
-    def __exit__(self, *exc) -> None:
-        _owned.buffers, _owned.pool = self._prev
-
-
-def own_batch_buffer(t: torch.Tensor) -> torch.Tensor:
-    """Declare ``t`` (freshly allocated for this batch, referenced by nothing the user holds)
-    the batch's own, so that collating consecutive views of it returns a view; returns ``t``."""
-    owned = _owned.buffers
-    if owned is not None:
-        owned.append(t)
-    return t
-
-
-def new_batch_buffer(shape, dtype: torch.dtype, device=None) -> torch.Tensor:
-    """``torch.empty(shape, dtype=dtype, device=device)``, owned by the current batch (see
-    :func:`batch_scope`): the collate returns views of it without copying. Inside a scope with
-    a pool, a CPU buffer of at least ``kuat._buffers.MIN_POOLED_BYTES`` is a reused one
-    (uninitialised, as ``torch.empty``'s)."""
-    pool = _owned.pool
-    if pool is not None and (device is None or torch.device(device).type == "cpu"):
-        shape = tuple(int(d) for d in shape)
-        nbytes = dtype.itemsize
-        for d in shape:
-            nbytes *= d
-        if nbytes >= MIN_POOLED_BYTES:
-            raw = torch.from_numpy(pool.take(nbytes))  # (nbytes,) uint8, keeps the lease alive
-            return own_batch_buffer(raw.view(dtype).view(shape))
-    return own_batch_buffer(torch.empty(shape, dtype=dtype, device=device))
-
-
-def _is_owned(ptr: int) -> bool:
-    owned = _owned.buffers
-    return bool(owned) and any(t.untyped_storage().data_ptr() == ptr for t in owned)
 
 
 def describe_elements(batch: Sequence[object]) -> str:
@@ -123,14 +67,14 @@ def describe_elements(batch: Sequence[object]) -> str:
 def _consecutive_view(batch: Sequence[torch.Tensor]) -> torch.Tensor | None:
     """``(B, *S)`` view of the batch buffer the B tensors of shape ``S`` come from, or None
     (also when the storage is not a buffer kuat allocated for this batch)."""
-    if not _owned.buffers:
+    if not has_batch_buffers():
         return None
     first = batch[0]
     if not first.is_contiguous() or first.layout != torch.strided or first.numel() == 0:
         return None
     numel, shape, dtype = first.numel(), first.shape, first.dtype
     ptr = first.untyped_storage().data_ptr()
-    if not _is_owned(ptr):
+    if not is_batch_buffer(ptr):
         return None
     off = first.storage_offset()
     for i, t in enumerate(batch):

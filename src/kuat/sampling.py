@@ -41,8 +41,8 @@ from torch.utils.data import (
 from kuat.rng import SALT_SHUFFLE, derive_seed
 
 __all__ = [
-    "EpochSampler", "shuffle_seed", "batches_of", "describe_sampler", "order_state", "restore_order",
-    "sampler_generator",
+    "EpochSampler", "shuffle_seed", "batches_of", "describe_sampler", "epoch_hook", "order_state",
+    "restore_order", "sampler_generator",
 ]
 
 _REQUESTS = itertools.count(1)  # orders set_epoch calls on loaders and samplers (latest wins)
@@ -224,6 +224,17 @@ def _inner(sampler):
     return sampler
 
 
+def epoch_hook(*samplers):
+    """The first ``kuat_set_epoch(epoch)`` hook of ``samplers`` (the one sampler hook kuat's
+    loader calls, before each epoch: ``kuat.TokenBudgetBatchSampler``,
+    ``kuat.ShardShuffleSampler``), or ``None``. Give the batch sampler, then the sampler."""
+    for s in samplers:
+        hook = getattr(s, "kuat_set_epoch", None)
+        if callable(hook):
+            return hook
+    return None
+
+
 def describe_sampler(sampler) -> str:
     """``"BatchSampler(MySampler)"``: a sampler's type, with the one inside a batch sampler."""
     inner = _inner(sampler)
@@ -257,7 +268,7 @@ def order_state(sampler) -> dict[str, Any] | None:
     s = _inner(sampler)
     if callable(getattr(s, "state_dict", None)) and callable(getattr(s, "load_state_dict", None)):
         return {"state_dict": s.state_dict()}
-    if callable(getattr(sampler, "kuat_set_epoch", None)) or callable(getattr(s, "kuat_set_epoch", None)):
+    if epoch_hook(sampler, s) is not None:
         return {}  # its order is (seed, epoch), and the loader sets the epoch
     gen = getattr(s, "generator", None)
     if isinstance(gen, torch.Generator):

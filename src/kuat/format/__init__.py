@@ -7,9 +7,21 @@ ds = kuat.open("train.kuat")
 
 Storage only: what is read here is rows and columns (:class:`Store`, ``read_batch``); the
 dataset ``kuat.open`` returns, which decodes images and applies transforms, is a source
-(:mod:`kuat.sources.dataset`). ``kuat.format.Dataset``, ``open`` and ``open_dataset`` still
-resolve to it (lazily, so importing the format never imports the sources).
+(:mod:`kuat.sources.dataset`). ``kuat.format.Dataset``, ``open`` and ``open_dataset`` are
+deprecated names of ``kuat.Dataset`` and ``kuat.open``: they still resolve, with a
+``DeprecationWarning``, for one release (lazily, so importing the format never imports the
+sources).
+
+Modules: ``schema`` (field types), ``manifest`` (parse and write ``manifest.json``), ``members``
+(what a manifest may name: the trust rule), ``layout`` (a dataset directory's names, lock and
+clearing), ``builder`` (validate a field's values, build its Arrow column), ``writer``
+(``Writer``), ``shard_file`` (a shard's bytes and checksum on their way to disk), ``merge``,
+``fs`` (local paths and fsspec URLs), ``cache`` (remote shards cached locally), ``shard``
+(map and check one shard), ``arrow_views``, ``store`` (``Store``: manifest plus lazily opened
+shards), ``gather`` (a batch's column out of the shards), ``verify``.
 """
+
+import warnings
 
 from kuat.format.manifest import FORMAT_VERSION, Manifest, ShardInfo, read_manifest
 from kuat.format.merge import merge
@@ -41,25 +53,34 @@ from kuat.format.store import ImageBatch, Store, open_store
 from kuat.format.verify import VerifyReport, verify
 from kuat.format.writer import DEFAULT_SHARD_BYTES, Writer
 
-# names that moved to kuat.sources.dataset, kept importable here: name -> its name there
-_MOVED = {"Dataset": "Dataset", "open": "open_dataset", "open_dataset": "open_dataset"}
+# deprecated names of the kuat source (kuat.sources.dataset): name -> (its name there, the
+# public name to use instead). Resolved on each access, so every use warns.
+_MOVED = {
+    "Dataset": ("Dataset", "kuat.Dataset"),
+    "open": ("open_dataset", "kuat.open"),
+    "open_dataset": ("open_dataset", "kuat.open"),
+}
 
 
 def __getattr__(name: str):
     moved = _MOVED.get(name)
     if moved is None:
         raise AttributeError(f"module 'kuat.format' has no attribute {name!r}")
+    there, instead = moved
+    warnings.warn(
+        f"kuat.format.{name} is deprecated and will be removed in the next release; use "
+        f"{instead} (the format is storage only)",
+        DeprecationWarning,
+        stacklevel=2,
+    )
     import importlib
 
-    value = getattr(importlib.import_module("kuat.sources.dataset"), moved)
-    globals()[name] = value
-    return value
+    return getattr(importlib.import_module("kuat.sources.dataset"), there)
 
 
 __all__ = [
     "DEFAULT_SHARD_BYTES",
     "FORMAT_VERSION",
-    "Dataset",
     "EncodedImage",
     "Field",
     "FieldType",
@@ -81,8 +102,6 @@ __all__ = [
     "int16",
     "int32",
     "int64",
-    "open",
-    "open_dataset",
     "open_store",
     "read_manifest",
     "sequence",

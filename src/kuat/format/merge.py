@@ -3,7 +3,7 @@ shards (no bytes rewritten), or copies where a hard link is impossible (another 
 permission).
 
 The sources are untrusted (``docs/format.md``, "Trust"): each shard is located by
-:func:`kuat.format.manifest.member_path`, so a source's manifest can never make merge link or
+:func:`kuat.format.members.member_path`, so a source's manifest can never make merge link or
 copy a file from outside that source into ``out`` (which its owner may then upload).
 """
 
@@ -18,25 +18,24 @@ from pathlib import Path
 
 from kuat.errors import FormatError, SchemaError
 from kuat.format.fs import Remote, is_url, local_path, open_remote, retry
-from kuat.format.manifest import (
-    MANIFEST_NAME,
-    Manifest,
-    ShardInfo,
-    check_regular_file,
-    file_checksum,
-    member_path,
-    read_manifest,
-    write_manifest,
-)
-from kuat.format.writer import (
-    _SHARD_RE,
-    LOCK_NAME,
-    _version,
+from kuat.format.layout import (
+    check_writable,
     lock_directory,
     prepare_remote,
+    remove_leftovers,
     shard_name,
+    temporary_path,
     unlock_directory,
 )
+from kuat.format.manifest import (
+    Manifest,
+    ShardInfo,
+    file_checksum,
+    read_manifest,
+    write_manifest,
+    writer_name,
+)
+from kuat.format.members import MANIFEST_NAME, check_regular_file, member_path
 
 __all__ = ["merge", "LINK_MODES"]
 
@@ -139,19 +138,7 @@ def merge(
             f"cannot merge into {out}: it holds shards of {sources_in_out[0]}, which a merge "
             "there would delete; write the merged dataset to a new directory"
         )
-    if (out / MANIFEST_NAME).exists() and not overwrite:
-        raise FileExistsError(
-            f"{out} is already a kuat dataset; pass overwrite=True (--overwrite) to replace it"
-        )
-    if out.is_dir() and not overwrite:
-        others = [
-            e.name for e in os.scandir(out) if not _SHARD_RE.match(e.name) and e.name != LOCK_NAME
-        ]
-        if others:
-            raise FileExistsError(
-                f"{out} is a non-empty directory that is not a kuat dataset ({others[0]!r}, "
-                "...); pass overwrite=True (--overwrite) to write into it anyway"
-            )
+    check_writable(out, overwrite)
     out.mkdir(parents=True, exist_ok=True)
     lock = lock_directory(out)  # a Writer busy in `out` would lose its shards to us
     try:
@@ -200,7 +187,7 @@ def _download(src: tuple[Remote, str], info: ShardInfo, dst: Path) -> None:
     """Download a remote shard to ``dst`` (temporary name, checksum checked, renamed)."""
     remote, name = src
     url = remote.url_of(name)
-    tmp = dst.with_name(f".{dst.name}.tmp-{os.getpid()}")
+    tmp = temporary_path(dst)
     try:
         retry(lambda: remote.fs.get_file(remote.path_of(name), str(tmp)), what="downloading",
               url=url)  # fmt: skip
@@ -250,7 +237,7 @@ def _merge_to_remote(
 
 def _copy(src: str, dst: Path) -> None:
     """Copy ``src`` to ``dst`` under a temporary name, fsynced, then renamed into place."""
-    tmp = dst.with_name(f".{dst.name}.tmp-{os.getpid()}")
+    tmp = temporary_path(dst)
     try:
         shutil.copyfile(src, tmp)  # copy_file_range / sendfile where the kernel has them
         with open(tmp, "rb+") as f:
@@ -271,9 +258,7 @@ def _merge_into(
 ) -> Manifest:
     if (out / MANIFEST_NAME).exists():
         (out / MANIFEST_NAME).unlink()
-    for e in os.scandir(out):
-        if _SHARD_RE.match(e.name) and e.is_file():
-            os.unlink(e.path)
+    remove_leftovers(out)
     shards = []
     linked = copied = 0
     for src_shards in sources:
@@ -314,7 +299,7 @@ def _finish(out, roots, manifests, shards, linked, copied, storage_options) -> M
         schema=first.schema,
         shards=tuple(shards),
         metadata=metadata,
-        created_by=f"kuat {_version()}",
+        created_by=writer_name(),
     )
     write_manifest(out, manifest, storage_options=storage_options)
     log.debug(  # the CLI prints this summary

@@ -19,7 +19,8 @@ import pyarrow as pa
 from kuat.errors import FormatError
 from kuat.format.arrow_views import values_view
 from kuat.format.ipc import check_messages
-from kuat.format.manifest import ShardInfo, check_regular_file
+from kuat.format.manifest import ShardInfo
+from kuat.format.members import check_regular_file
 from kuat.format.schema import FieldType, Schema
 
 __all__ = ["Shard", "open_shard"]

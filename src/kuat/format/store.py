@@ -6,11 +6,12 @@ so opening thousands of shards is instant. Reads are zero-copy views into the ma
 gather copies the selected rows once:
 
 1. indices -> (shard, row) with one ``searchsorted`` over the manifest's cumulative row counts;
-2. per field and per shard, one gather: ``np.take`` on the fixed-size column views
-   (a tensor field becomes one ``(B, *shape)`` copy), offset lookups on variable-length
-   columns whose values are sliced as zero-copy ``memoryview`` s; their pages are requested
-   from the kernel for all rows at once (``madvise(MADV_WILLNEED)``), so rows of a shard
-   that is not in the page cache are read from disk concurrently, not one fault at a time.
+2. per field and per shard, one gather (:mod:`kuat.format.gather`): ``np.take`` on the
+   fixed-size column views (a tensor field becomes one ``(B, *shape)`` copy), offset lookups
+   on variable-length columns whose values are sliced as zero-copy ``memoryview`` s; their
+   pages are requested from the kernel for all rows at once (``madvise(MADV_WILLNEED)``), so
+   rows of a shard that is not in the page cache are read from disk concurrently, not one
+   fault at a time.
 
 Nothing here decodes an image or applies a transform: that is the kuat source's work
 (:class:`kuat.sources.dataset.Dataset`, what ``kuat.open`` returns).
@@ -24,38 +25,19 @@ import os
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import NamedTuple
 
 import numpy as np
 
 from kuat.errors import FormatError
 from kuat.format.cache import Prefetcher, ShardCache
 from kuat.format.fs import Remote, is_url, local_path, open_remote
-from kuat.format.manifest import Manifest, ShardInfo, member_path, read_manifest
+from kuat.format.gather import ImageBatch, gather_column, gather_flat
+from kuat.format.manifest import Manifest, ShardInfo, read_manifest
+from kuat.format.members import member_path
 from kuat.format.schema import EncodedImage
 from kuat.format.shard import Shard, open_shard
 
 __all__ = ["ImageBatch", "Store", "open_store"]
-
-# Binary/sequence/string rows are advised to the kernel (madvise WILLNEED) only when a batch's
-# rows average at least this: 16 pages, where the ~3.5 us system call per row is small beside
-# what reads such a row (a decode); image fields are always advised (see _Var.will_need).
-_ADVISE_MIN_MEAN_BYTES = 64 << 10
-
-
-class ImageBatch(NamedTuple):
-    """The stored form of an image field for a batch of B rows (:meth:`Store.read_batch`).
-
-    Attributes:
-        data: B zero-copy ``memoryview`` s of the encoded bytes (read-only, valid while held).
-        width, height: ``(B,)`` int32, pixels after EXIF orientation.
-        codec: B lower-case codec names (``"jpeg"``, ``"png"``, ...).
-    """
-
-    data: list
-    width: np.ndarray
-    height: np.ndarray
-    codec: list
 
 
 class Store:
@@ -297,75 +279,7 @@ class Store:
         ``(B,)`` int64 from :meth:`indices`), as :meth:`read_batch` returns them."""
         sid, groups = self._groups(idx)
         b = len(idx)
-        out = {}
-        for name in fields:
-            ftype = self.schema[name].type
-            kind = ftype.kind
-            if kind in ("scalar", "bool", "tensor"):
-                dt = ftype.np_dtype if kind != "bool" else np.dtype(bool)
-                res = np.empty((b, *(ftype.shape or ())), dt)  # (B, *shape)
-                for shard, pos, rows in groups:
-                    col = shard.columns[name].values
-                    if pos is None:
-                        # one copy straight into res; indices are already checked, and
-                        # mode="clip" avoids numpy's buffered (extra-copy) out= path
-                        np.take(col, rows, axis=0, out=res, mode="clip")
-                    elif len(pos) <= 8:  # few rows in this shard: per-row copies are cheaper
-                        for p, r in zip(pos, rows):
-                            res[p] = col[r]
-                    else:
-                        res[pos] = np.take(col, rows, axis=0, mode="clip")
-                out[name] = res
-            elif kind == "image":
-                data, codec = [None] * b, [None] * b
-                width, height = np.empty(b, np.int32), np.empty(b, np.int32)
-                for shard, pos, rows in groups:
-                    col = shard.columns[name]
-                    p = range(b) if pos is None else pos
-                    starts, ends = col.bytes.spans(rows)
-                    col.bytes.will_need(starts, ends)  # read the rows' pages now, all at once
-                    mv = col.bytes.mv
-                    cs, ce = col.codec.spans(rows)
-                    cdata = col.codec.data
-                    for j, s, e, s2, e2 in zip(p, starts, ends, cs, ce):
-                        data[j] = mv[s:e]
-                        codec[j] = cdata[s2:e2].tobytes().decode()
-                    if pos is None:
-                        np.take(col.width, rows, out=width, mode="clip")
-                        np.take(col.height, rows, out=height, mode="clip")
-                    else:
-                        width[pos] = np.take(col.width, rows, mode="clip")
-                        height[pos] = np.take(col.height, rows, mode="clip")
-                out[name] = ImageBatch(data, width, height, codec)
-            elif kind == "strings":
-                res = [None] * b
-                for shard, pos, rows in groups:
-                    p = range(b) if pos is None else pos
-                    for j, v in zip(p, shard.columns[name].rows(rows)):
-                        res[j] = v
-                out[name] = res
-            else:
-                res = [None] * b
-                for shard, pos, rows in groups:
-                    col = shard.columns[name]
-                    p = range(b) if pos is None else pos
-                    starts, ends = col.spans(rows)
-                    # rows a transform decodes (an image stored as bytes, audio) are worth a
-                    # hint; short rows (tokens, text) cost less to fault in than to advise
-                    col.will_need(starts, ends, min_mean_bytes=_ADVISE_MIN_MEAN_BYTES)
-                    if kind == "bytes":
-                        mv = col.mv
-                        for j, s, e in zip(p, starts, ends):
-                            res[j] = mv[s:e]
-                    elif kind == "string":
-                        data = col.data
-                        for j, s, e in zip(p, starts, ends):
-                            res[j] = data[s:e].tobytes().decode()
-                    else:
-                        data = col.data
-                        for j, s, e in zip(p, starts, ends):
-                            res[j] = data[s:e]
-                out[name] = res
+        out = {name: gather_column(name, self.schema[name].type, groups, b) for name in fields}
         return sid, out
 
     def read_batch(self, indices: Sequence[int], fields: Sequence[str] | None = None) -> dict:
@@ -418,20 +332,7 @@ class Store:
         self._check_sequence(field)
         idx = self.indices(indices)
         _, groups = self._groups(idx)
-        if len(groups) == 1:
-            shard, _, rows = groups[0]
-            return _flat_rows(shard.columns[field], np.asarray(rows, np.int64))
-        lengths = np.empty(len(idx), np.int64)
-        parts = []
-        for shard, pos, rows in groups:
-            n, values = _flat_rows(shard.columns[field], np.asarray(rows, np.int64))
-            lengths[pos] = n
-            parts.append((np.asarray(pos, np.int64), n, values))
-        out = np.empty(int(lengths.sum()), self.schema[field].type.np_dtype)  # (T,)
-        at = np.cumsum(lengths) - lengths  # (B,) where each row goes
-        for pos, n, values in parts:
-            out[_span_positions(at[pos], n)] = values
-        return lengths, out
+        return gather_flat(field, self.schema[field].type.np_dtype, groups, len(idx))
 
     def _check_sequence(self, field: str) -> None:
         if field not in self.schema or self.schema[field].type.kind != "sequence":
@@ -461,21 +362,6 @@ class Store:
             else:
                 out[f.name] = c[0]
         return out
-
-
-def _span_positions(start: np.ndarray, size: np.ndarray) -> np.ndarray:
-    """``(sum(size),) int64``: ``start[0], start[0] + 1, ..., start[1], ...``."""
-    offsets = np.cumsum(size) - size  # (m,)
-    return np.repeat(start - offsets, size) + np.arange(int(size.sum()))
-
-
-def _flat_rows(col, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``(lengths (B,) int64, values (T,))`` of a sequence column's ``rows``, end to end."""
-    start = col.offsets[rows].astype(np.int64)  # (B,)
-    lengths = col.offsets[rows + 1] - start  # (B,) int64
-    if len(rows) and rows[-1] - rows[0] == len(rows) - 1 and (np.diff(rows) == 1).all():
-        return lengths, col.data[start[0] : start[0] + int(lengths.sum())]  # consecutive: a view
-    return lengths, col.data[_span_positions(start, lengths)]
 
 
 def open_store(

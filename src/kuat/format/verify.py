@@ -16,7 +16,8 @@ from pathlib import Path
 from kuat.errors import DecodeError, FormatError
 from kuat.format.cache import ShardCache
 from kuat.format.fs import is_url, local_path, open_remote
-from kuat.format.manifest import check_regular_file, file_checksum, member_path, read_manifest
+from kuat.format.manifest import file_checksum, read_manifest
+from kuat.format.members import check_regular_file, member_path
 from kuat.format.shard import open_shard
 
 __all__ = ["VerifyReport", "verify"]

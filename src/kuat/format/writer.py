@@ -3,16 +3,17 @@
 Each shard is one Arrow IPC record batch, written to ``.shard-NNNNN.arrow.tmp`` and renamed
 to ``shard-NNNNN.arrow`` once complete; the manifest is written last (also renamed into
 place), so an interrupted write never leaves a directory that opens as a dataset.
+
+The :class:`Writer` sizes and rolls shards and owns the write's lifecycle; what a field
+accepts and how its column is built is :mod:`kuat.format.builder`'s, and the directory's names,
+lock and clearing are :mod:`kuat.format.layout`'s.
 """
 
 from __future__ import annotations
 
-import fcntl
 import json
 import logging
-import math
 import os
-import re
 import shutil
 import tempfile
 from collections.abc import Mapping
@@ -22,19 +23,27 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from kuat.errors import DecodeError, FormatError, SchemaError
-from kuat.format.arrow_views import array_from_bytes, array_from_numpy
+from kuat.errors import FormatError, SchemaError
+from kuat.format.builder import ColumnBuilder, describe_given
 from kuat.format.fs import Remote, is_url, local_path, open_remote, retry
+from kuat.format.layout import (
+    clear_directory,
+    is_shard_file,
+    lock_directory,
+    prepare_remote,
+    shard_name,
+    temporary_path,
+    unlock_directory,
+)
 from kuat.format.manifest import (
     MANIFEST_NAME,
     Manifest,
     ShardInfo,
-    member_path,
-    read_manifest,
     write_manifest,
+    writer_name,
 )
-from kuat.format.schema import EncodedImage, FieldType, Schema
-from kuat.format.shard_file import DEFER_MIN_BYTES, ShardFile, deferring_works
+from kuat.format.schema import FieldType, Schema
+from kuat.format.shard_file import ShardFile
 
 __all__ = ["Writer", "DEFAULT_SHARD_BYTES"]
 
@@ -43,450 +52,6 @@ log = logging.getLogger("kuat.format.writer")
 DEFAULT_SHARD_BYTES = 128 << 20
 # Arrow binary/string offsets are int32: one shard's variable-length data must stay < 2 GiB.
 _MAX_SHARD_BYTES = 1 << 30
-# the most bytes (or sequence elements) one Arrow binary/string/list value can hold
-_MAX_VALUE_BYTES = 2**31 - 2
-_SHARD_RE = re.compile(
-    r"^(shard-\d{5,}\.arrow|\.shard-\d{5,}\.arrow\.tmp.*|\.manifest\.json\.tmp.*)$"
-)
-
-
-# held (flock) by the one Writer writing into a directory; not part of the dataset
-LOCK_NAME = ".kuat-writer.lock"
-
-
-def lock_directory(directory: Path) -> int | None:
-    """Take ``directory``'s writer lock (an exclusive ``flock`` on ``.kuat-writer.lock``).
-
-    Returns:
-        the lock's file descriptor, for :func:`unlock_directory`; ``None`` on a file system
-        without ``flock`` (some network mounts), where writing goes on unlocked.
-
-    Raises:
-        FileExistsError: another Writer or merge holds it (it would delete and rename over
-            this one's shards, and this one over its).
-    """
-    path = directory / LOCK_NAME
-    for _ in range(3):
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise FileExistsError(
-                f"another kuat Writer is writing into {directory} (it holds {path}); "
-                "wait for it to finish or write elsewhere"
-            ) from None
-        except OSError as e:
-            os.close(fd)
-            log.debug("cannot lock %s (%s); writing without a lock", path, e)
-            return None
-        try:
-            same = os.fstat(fd).st_ino == os.stat(path).st_ino
-        except FileNotFoundError:
-            same = False
-        if same:
-            return fd
-        os.close(fd)  # the holder removed the file between our open and lock: again
-    raise FileExistsError(f"cannot take the writer lock {path}")
-
-
-def unlock_directory(directory: Path, fd: int | None) -> None:
-    """Release a lock from :func:`lock_directory` (removing the file first, which the
-    inode check there relies on)."""
-    if fd is None:
-        return
-    try:
-        os.unlink(directory / LOCK_NAME)
-    except OSError:
-        pass
-    os.close(fd)
-
-
-def shard_name(i: int) -> str:
-    return f"shard-{i:05d}.arrow"
-
-
-def _short(value: object) -> str:
-    # never repr a whole large value: a 2 GiB bytes object would build an 8 GiB string
-    if isinstance(value, (str, bytes, bytearray)) and len(value) > 60:
-        return repr(value[:57]) + "..."
-    if isinstance(value, memoryview):
-        return f"<{value.nbytes} bytes>"
-    if isinstance(value, (list, tuple)) and len(value) > 8:
-        value = type(value)(value[:8])
-        return repr(value)[:57] + "..."
-    r = repr(value)
-    return r if len(r) <= 60 else r[:57] + "..."
-
-
-def _given(value: object) -> str:
-    if isinstance(value, np.generic):
-        return f"{value.dtype} {_short(value.item())}"
-    if isinstance(value, np.ndarray):
-        return f"ndarray {value.dtype} {tuple(value.shape)}"
-    if hasattr(value, "dtype") and hasattr(value, "shape"):
-        return f"{type(value).__name__} {value.dtype} {tuple(value.shape)}"
-    return f"{type(value).__name__} {_short(value)}"
-
-
-def _deferrer(shard: ShardFile):
-    """``array_from_bytes``'s ``defer``: large data buffers are written from their values."""
-
-    def defer(values: list, size: int) -> pa.Buffer | None:
-        if size >= DEFER_MIN_BYTES and deferring_works():
-            return shard.defer(values, size)
-        return None
-
-    return defer
-
-
-class _Builder:
-    """Validates and accumulates the values of one field for the current shard."""
-
-    def __init__(self, name: str, ftype: FieldType):
-        self.name = name
-        self.t = ftype
-        self.chunks: list = []  # validated column pieces (np.ndarray or list)
-        self.pending: list = []  # validated single values not yet in a chunk
-
-    # -- errors ----------------------------------------------------------------------------
-    def error(self, row: int, value: object, detail: str = "") -> SchemaError:
-        extra = f" ({detail})" if detail else ""
-        return SchemaError(
-            f"field {self.name!r} row {row}: expected {self.t.describe()}, got "
-            f"{_given(value)}{extra}",
-            field=self.name,
-        )
-
-    # -- single values ---------------------------------------------------------------------
-    def _array(self, value: object, row: int, ndim: int) -> np.ndarray:
-        """``value`` as an array of the field's dtype, refusing lossy casts."""
-        dtype = self.t.np_dtype
-        try:
-            if hasattr(value, "detach") and hasattr(value, "cpu"):  # torch.Tensor
-                value = value.detach().cpu().numpy()
-            if isinstance(value, np.ndarray):
-                arr = value
-                if arr.dtype != dtype and not np.can_cast(arr.dtype, dtype, "safe"):
-                    raise self.error(row, value, "unsafe dtype cast")
-                arr = arr.astype(dtype, copy=False)
-            else:
-                loose = np.asarray(value)
-                if loose.dtype.kind not in "iufb" or (
-                    loose.dtype.kind == "b" and dtype.kind != "b"
-                ):
-                    raise self.error(row, value)
-                arr = np.asarray(value, dtype=dtype)
-                if loose.size and not np.array_equal(arr, loose):
-                    raise self.error(row, value, "values do not fit the dtype")
-        except (OverflowError, ValueError, TypeError) as e:
-            if isinstance(e, SchemaError):
-                raise
-            raise self.error(row, value, str(e)) from e
-        if arr.dtype.kind == "f" and dtype.kind in "iu":
-            raise self.error(row, value)
-        if arr.ndim != ndim:
-            raise self.error(row, value, f"expected {ndim} dimension(s)")
-        return arr
-
-    def _check_size(self, value: object, row: int, n: int, unit: str = "bytes") -> None:
-        if n > _MAX_VALUE_BYTES:
-            raise self.error(
-                row,
-                value,
-                f"{n} {unit}, more than the {_MAX_VALUE_BYTES} one Arrow value can hold "
-                "(int32 offsets)",
-            )
-
-    def _check_float(self, value: object, row: int) -> None:
-        """A finite ``value`` must stay finite in the field's float dtype (no silent inf)."""
-        dt = self.t.np_dtype
-        try:
-            f = float(value)
-        except OverflowError as e:  # an int beyond float64
-            raise self.error(row, value, f"out of range of {dt}") from e
-        if math.isfinite(f):
-            with np.errstate(over="ignore"):
-                finite = np.isfinite(dt.type(f))
-            if not finite:
-                raise self.error(row, value, f"out of range of {dt} (max {np.finfo(dt).max})")
-
-    def check_value(self, value: object, row: int) -> tuple[object, int]:
-        """Validated value and its variable-length byte size."""
-        t = self.t
-        kind = t.kind
-        if kind == "scalar":
-            dt = t.np_dtype
-            if isinstance(value, (bool, np.bool_)):
-                raise self.error(row, value)
-            if dt.kind in "iu":
-                if not isinstance(value, (int, np.integer)):
-                    raise self.error(row, value)
-                info = np.iinfo(dt)
-                if not info.min <= int(value) <= info.max:
-                    raise self.error(row, value, f"out of range [{info.min}, {info.max}]")
-                return int(value), 0
-            if not isinstance(value, (int, float, np.integer, np.floating)):
-                raise self.error(row, value)
-            self._check_float(value, row)
-            return value, 0
-        if kind == "bool":
-            if not isinstance(value, (bool, np.bool_)):
-                raise self.error(row, value)
-            return bool(value), 0
-        if kind == "string":
-            if not isinstance(value, str):
-                raise self.error(row, value)
-            n = self._utf8_size(value, row, value)
-            self._check_size(value, row, n)
-            return value, n
-        if kind == "strings":
-            return self._check_strings(value, row)
-        if kind == "bytes":
-            if not isinstance(value, (bytes, bytearray, memoryview)):
-                raise self.error(row, value)
-            value = bytes(value)
-            self._check_size(value, row, len(value))
-            return value, len(value)
-        if kind == "tensor":
-            arr = self._array(value, row, len(t.shape))
-            if tuple(arr.shape) != t.shape:
-                raise self.error(row, value, "shape differs")
-            return arr, 0
-        if kind == "sequence":
-            arr = self._array(value, row, 1)
-            self._check_size(value, row, len(arr), "elements")
-            return arr, arr.nbytes
-        return self._check_image(value, row)
-
-    def _utf8_size(self, s: str, row: int, value: object) -> int:
-        """The UTF-8 size of ``s`` (shards are sized by it); refuses lone surrogates."""
-        if s.isascii():
-            return len(s)
-        try:
-            return len(s.encode("utf-8"))
-        except UnicodeEncodeError as e:
-            raise self.error(row, value, f"not encodable as UTF-8: {e.reason} at {e.start}") from e
-
-    def _check_strings(self, value: object, row: int) -> tuple[list[str], int]:
-        """A list/tuple (or 1-D str/object array) of ``str`` -> a new ``list[str]`` and its
-        size: UTF-8 bytes plus 4 offset bytes per string."""
-        if isinstance(value, np.ndarray) and value.ndim == 1 and value.dtype.kind in "UO":
-            value = value.tolist()
-        if not isinstance(value, (list, tuple)):  # a str is not a list of its characters
-            raise self.error(row, value, "give a list of str")
-        out = list(value)
-        n = 4 * len(out)
-        for k, s in enumerate(out):
-            if not isinstance(s, str):
-                raise self.error(row, value, f"item {k} is {_given(s)}")
-            n += self._utf8_size(s, row, value)
-        self._check_size(value, row, len(out), "strings")
-        self._check_size(value, row, n)
-        return out, n
-
-    def _check_image(self, value: object, row: int) -> tuple[EncodedImage, int]:
-        from kuat.vision.probe import probe_image
-
-        if isinstance(value, EncodedImage):
-            data, width, height, codec = value
-        elif isinstance(value, Mapping) and "bytes" in value:
-            data = value["bytes"]
-            width, height, codec = value.get("width"), value.get("height"), value.get("codec")
-        elif isinstance(value, (bytes, bytearray, memoryview)):
-            data, width, height, codec = value, None, None, None
-        else:
-            raise self.error(row, value, "give encoded image bytes")
-        if not isinstance(data, (bytes, bytearray, memoryview)):
-            raise self.error(row, data, "give encoded image bytes")
-        data = bytes(data)
-        if width is None or height is None or codec is None:
-            try:
-                width, height, codec = probe_image(data)
-            except DecodeError as e:
-                raise SchemaError(
-                    f"field {self.name!r} row {row}: expected an encoded image, got "
-                    f"{len(data)} bytes {data[:8]!r}...: {e}",
-                    field=self.name,
-                ) from e
-        if not (isinstance(width, (int, np.integer)) and isinstance(height, (int, np.integer))):
-            raise self.error(row, value, "width/height must be ints")
-        if not (0 < int(width) < 2**31 and 0 < int(height) < 2**31) or not isinstance(codec, str):
-            raise self.error(row, value, f"invalid size {width}x{height} or codec {codec!r}")
-        self._check_size(data, row, len(data))
-        return EncodedImage(data, int(width), int(height), codec), len(data) + len(codec)
-
-    # -- whole columns ---------------------------------------------------------------------
-    def check_column(self, values: object, n: int, first_row: int) -> tuple[object, np.ndarray]:
-        """Validated column (np.ndarray or list) and per-row variable byte sizes ``(n,)``."""
-        t = self.t
-        if t.kind in ("scalar", "bool", "tensor") and isinstance(values, np.ndarray):
-            want_ndim = 1 if t.kind != "tensor" else 1 + len(t.shape)
-            dt = t.np_dtype if t.kind != "bool" else np.dtype(bool)
-            ok = values.ndim == want_ndim and len(values) == n
-            if t.kind == "tensor":
-                ok = ok and tuple(values.shape[1:]) == t.shape
-            if t.kind == "bool":
-                ok = ok and values.dtype.kind == "b"
-            else:
-                ok = (
-                    ok
-                    and values.dtype.kind in "iuf"
-                    and (values.dtype == dt or np.can_cast(values.dtype, dt, "safe"))
-                )
-            if ok:
-                return np.ascontiguousarray(values, dtype=dt), np.zeros(n, np.int64)
-            if values.ndim == want_ndim and len(values) == n and values.dtype != object:
-                # the dtype is not a safe cast: check every row (names the first bad one);
-                # if all fit (small uint64 values in an int64 field, say), take them
-                for j in range(n):
-                    self.check_value(values[j], first_row + j)
-                if t.kind == "scalar" and values.dtype.kind in "iu":
-                    return values.astype(dt), np.zeros(n, np.int64)
-                raise SchemaError(
-                    f"field {self.name!r}: expected a column of {t.describe()}, got "
-                    f"{_given(values)}",
-                    field=self.name,
-                )
-        if isinstance(values, np.ndarray) and values.dtype != object:
-            values = list(values)
-        try:
-            values = list(values)
-        except TypeError as e:
-            raise SchemaError(
-                f"field {self.name!r}: a column must be a sequence, got {type(values).__name__}",
-                field=self.name,
-            ) from e
-        if len(values) != n:
-            raise SchemaError(
-                f"field {self.name!r}: column has {len(values)} rows, expected {n}", field=self.name
-            )
-        out, sizes = [], np.zeros(n, np.int64)
-        for j, v in enumerate(values):
-            value, sizes[j] = self.check_value(v, first_row + j)
-            out.append(value)
-        if t.kind in ("scalar", "bool"):
-            return np.asarray(out, dtype=t.np_dtype if t.kind == "scalar" else bool), sizes
-        if t.kind == "tensor":
-            return np.stack(out) if out else np.empty((0, *t.shape), t.np_dtype), sizes
-        return out, sizes
-
-    # -- accumulation ----------------------------------------------------------------------
-    def add_value(self, value: object) -> None:
-        self.pending.append(value)
-
-    def add_slice(self, column: object, start: int, stop: int) -> None:
-        self._seal_pending()
-        self.chunks.append(column[start:stop])
-
-    def _seal_pending(self) -> None:
-        if not self.pending:
-            return
-        t = self.t
-        if t.kind == "scalar":
-            chunk = np.asarray(self.pending, dtype=t.np_dtype)
-        elif t.kind == "bool":
-            chunk = np.asarray(self.pending, dtype=bool)
-        elif t.kind == "tensor":
-            chunk = np.stack(self.pending)
-        else:
-            chunk = list(self.pending)
-        self.chunks.append(chunk)
-        self.pending = []
-
-    def finish(self, shard: ShardFile) -> pa.Array:
-        """The field's Arrow array for the current shard, to be written to ``shard`` (large
-        binary/string data buffers are deferred to it, see :mod:`kuat.format.shard_file`);
-        resets the builder."""
-        self._seal_pending()
-        chunks, self.chunks = self.chunks, []
-        t = self.t
-        if t.kind in ("scalar", "bool", "tensor"):
-            dt = t.np_dtype if t.kind != "bool" else np.dtype(bool)
-            col = np.concatenate(chunks) if chunks else np.empty((0, *(t.shape or ())), dt)
-            if t.kind == "tensor":
-                flat = array_from_numpy(col.reshape(-1))  # (N, *shape) -> (N * numel,)
-                return pa.FixedSizeListArray.from_arrays(flat, type=t.arrow_type)
-            return array_from_numpy(col.astype(dt, copy=False))
-        values = [v for c in chunks for v in c]
-        if t.kind in ("string", "bytes"):
-            return array_from_bytes(values, t.arrow_type, defer=_deferrer(shard))
-        if t.kind == "strings":
-            offsets = np.zeros(len(values) + 1, np.int32)
-            np.cumsum(np.fromiter(map(len, values), np.int64, len(values)), out=offsets[1:])
-            flat = [s for v in values for s in v]
-            return pa.ListArray.from_arrays(
-                array_from_numpy(offsets),
-                array_from_bytes(flat, pa.string(), defer=_deferrer(shard)),
-                type=t.arrow_type,
-            )
-        if t.kind == "sequence":
-            lengths = np.fromiter((len(v) for v in values), np.int64, len(values))
-            offsets = np.zeros(len(values) + 1, np.int32)
-            np.cumsum(lengths, out=offsets[1:])
-            flat = np.concatenate(values) if values else np.empty(0, t.np_dtype)
-            return pa.ListArray.from_arrays(
-                array_from_numpy(offsets),
-                array_from_numpy(flat.astype(t.np_dtype, copy=False)),
-                type=t.arrow_type,
-            )
-        # image
-        return pa.StructArray.from_arrays(
-            [
-                array_from_bytes([v.data for v in values], pa.binary(), defer=_deferrer(shard)),
-                array_from_numpy(np.fromiter((v.width for v in values), np.int32, len(values))),
-                array_from_numpy(np.fromiter((v.height for v in values), np.int32, len(values))),
-                array_from_bytes([v.codec for v in values], pa.string()),
-            ],
-            fields=list(t.arrow_type),
-        )
-
-
-def prepare_remote(remote: Remote, overwrite: bool) -> None:
-        """The remote twin of ``Writer._clear_directory``: refuse or clear what is at the URL
-        (the old manifest first, so no reader sees a mix). Run before anything is written, so
-        an unreachable destination fails here, naming the URL.
-
-        Raises:
-            FileExistsError: a dataset or other objects are there and ``overwrite`` is False.
-            kuat.format.fs.RemoteError: the destination cannot be reached after retries.
-        """
-        url = remote.url
-        fs = remote.fs
-
-        def listing() -> list[str]:
-            try:
-                return [p.rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(remote.path, detail=False)]
-            except FileNotFoundError:
-                return []
-
-        names = retry(listing, what="listing", url=url)
-        if MANIFEST_NAME in names:
-            if not overwrite:
-                raise FileExistsError(
-                    f"{url} is already a kuat dataset; pass overwrite=True (--overwrite) to "
-                    "replace it"
-                )
-            try:
-                old = [s.file for s in read_manifest(url, storage_options=remote.storage_options).shards]
-            except FormatError:
-                old = []
-            manifest = remote.path_of(MANIFEST_NAME)
-            retry(lambda: fs.rm_file(manifest), what="deleting the old manifest", url=url)
-            names = [n for n in names if n != MANIFEST_NAME] + old
-        others = [n for n in names if not _SHARD_RE.match(n)]
-        if others and not overwrite:
-            raise FileExistsError(
-                f"{url} is a non-empty prefix that is not a kuat dataset ({others[0]!r}, ...); "
-                "pass overwrite=True (--overwrite) to write into it anyway"
-            )
-        for name in set(n for n in names if _SHARD_RE.match(n)):
-            key = member_path(url, name)  # never delete outside the dataset's prefix
-            try:
-                retry(lambda k=key: fs.rm_file(remote.path_of(k[len(url) + 1 :])),
-                      what="deleting an old shard", url=key)  # fmt: skip
-            except FileNotFoundError:
-                pass
 
 
 class Writer:
@@ -573,7 +138,7 @@ class Writer:
         self._arrow_schema = schema.to_arrow().with_metadata(
             {"kuat.schema": json.dumps(schema.to_json())}
         )
-        self._builders = [_Builder(f.name, f.type) for f in schema]
+        self._builders = [ColumnBuilder(f.name, f.type) for f in schema]
         self._fixed_row_bytes = sum(f.type.fixed_row_bytes for f in schema)
         self._shards: list[ShardInfo] = []  # written and renamed into place, in order
         self._next_shard = 0
@@ -588,9 +153,22 @@ class Writer:
         self._lock_fd: int | None = None
         self._prepare_directory(overwrite)
 
-    # -- directory -------------------------------------------------------------------------
-    def _lock(self) -> None:
-        self._lock_fd = lock_directory(self.path)
+    # -- directory (its names, lock and clearing: kuat.format.layout) ------------------------
+    def _prepare_directory(self, overwrite: bool) -> None:
+        if self._remote is not None:
+            prepare_remote(self._remote, overwrite)
+            self._dir = Path(tempfile.mkdtemp(prefix="kuat-upload-"))
+            return
+        p = self.path
+        if p.exists() and not p.is_dir():
+            raise FileExistsError(f"{p} exists and is not a directory")
+        p.mkdir(parents=True, exist_ok=True)
+        self._lock_fd = lock_directory(p)
+        try:
+            clear_directory(p, overwrite)
+        except BaseException:
+            self._unlock()
+            raise
 
     def _unlock(self) -> None:
         if self._remote is not None:
@@ -598,57 +176,6 @@ class Writer:
             return
         fd, self._lock_fd = self._lock_fd, None
         unlock_directory(self.path, fd)
-
-    def _prepare_directory(self, overwrite: bool) -> None:
-        if self._remote is not None:
-            self._prepare_remote(overwrite)
-            self._dir = Path(tempfile.mkdtemp(prefix="kuat-upload-"))
-            return
-        p = self.path
-        if p.exists() and not p.is_dir():
-            raise FileExistsError(f"{p} exists and is not a directory")
-        p.mkdir(parents=True, exist_ok=True)
-        self._lock()
-        try:
-            self._clear_directory(overwrite)
-        except BaseException:
-            self._unlock()
-            raise
-
-    def _clear_directory(self, overwrite: bool) -> None:
-        p = self.path
-        manifest = p / MANIFEST_NAME
-        if manifest.exists():
-            if not overwrite:
-                raise FileExistsError(
-                    f"{p} is already a kuat dataset; pass overwrite=True (--overwrite) to replace it"
-                )
-            try:
-                old = [s.file for s in read_manifest(p).shards]
-            except FormatError:
-                old = []
-            manifest.unlink()  # from here on the directory is no longer a dataset
-            for name in old:
-                try:  # never delete outside the dataset, whatever the old manifest says
-                    path = member_path(p, name)
-                except FormatError:
-                    continue
-                if os.path.isfile(path) or os.path.islink(path):
-                    os.unlink(path)
-        others = [
-            e.name for e in os.scandir(p) if not _SHARD_RE.match(e.name) and e.name != LOCK_NAME
-        ]
-        if others and not overwrite:
-            raise FileExistsError(
-                f"{p} is a non-empty directory that is not a kuat dataset ({others[0]!r}, ...); "
-                "pass overwrite=True (--overwrite) to write into it anyway"
-            )
-        for e in os.scandir(p):  # leftovers of an interrupted write
-            if _SHARD_RE.match(e.name) and e.is_file():
-                os.unlink(e.path)
-
-    def _prepare_remote(self, overwrite: bool) -> None:
-        prepare_remote(self._remote, overwrite)
 
     def _upload(self, local: Path, name: str) -> None:
         remote = self._remote
@@ -729,7 +256,7 @@ class Writer:
                 lengths[name] = len(col)
             except TypeError as e:
                 raise SchemaError(
-                    f"field {name!r}: a column must be a sequence or an array, got {_given(col)}",
+                    f"field {name!r}: a column must be a sequence or an array, got {describe_given(col)}",
                     field=str(name),
                 ) from e
         n = next(iter(lengths.values()))
@@ -769,7 +296,7 @@ class Writer:
         if not self._rows_in_shard:
             return
         name = shard_name(self._next_shard)
-        tmp = self._dir / f".{name}.tmp-{os.getpid()}"
+        tmp = temporary_path(self._dir / name)
         shard = ShardFile(tmp)
         try:
             arrays = [b.finish(shard) for b in self._builders]
@@ -881,7 +408,7 @@ class Writer:
                 schema=self.schema,
                 shards=tuple(self._shards),
                 metadata=self.metadata,
-                created_by=f"kuat {_version()}",
+                created_by=writer_name(),
             )
             if self._remote is None:
                 write_manifest(self.path, manifest)
@@ -904,7 +431,7 @@ class Writer:
             return
         self._closed = True
         for b in self._builders:
-            b.chunks, b.pending = [], []
+            b.reset()
         try:  # let the shard in flight finish before deleting (its error is moot now)
             self._wait_shard()
         except Exception as e:
@@ -917,7 +444,7 @@ class Writer:
                 except Exception as e:
                     log.debug("cannot delete %s: %s", self._remote.url_of(info.file), e)
         for e in os.scandir(self._dir):
-            if _SHARD_RE.match(e.name) and e.name != MANIFEST_NAME:
+            if is_shard_file(e.name) and e.name != MANIFEST_NAME:
                 try:
                     os.unlink(e.path)
                 except OSError:  # best effort: the directory is not a dataset either way
@@ -939,8 +466,3 @@ class Writer:
     def __repr__(self) -> str:
         return f"Writer({str(self.path)!r}, rows={self._rows}, shards={len(self._shards)})"
 
-
-def _version() -> str:
-    from kuat import __version__
-
-    return __version__

@@ -35,7 +35,8 @@ from kuat.loader._adaptive import Adaptation
 from kuat.loader._plan import EpochPlan, LoaderEvents
 from kuat.loader._state import Pending, Position, WorkerStates, persists
 from kuat.rng import epoch_context, worker_base_seed
-from kuat.sampling import EpochSampler, order_state, restore_order
+from kuat.sampling import EpochSampler, epoch_hook, order_state, restore_order
+from kuat.sources import protocol as _protocol
 
 __all__ = ["apply_distributed", "next_epoch", "plan_epoch", "epoch_keys", "batched"]
 
@@ -169,10 +170,12 @@ def draw_base_seed(loader) -> int:
 def _set_sampler_epoch(loader, epoch: int) -> None:
     if isinstance(loader.sampler, EpochSampler):
         loader.sampler.epoch = epoch  # (not set_epoch: that is a request from outside)
-    elif callable(getattr(loader._index_sampler, "kuat_set_epoch", None)):
-        loader._index_sampler.kuat_set_epoch(epoch)  # e.g. kuat.text.TokenBudgetBatchSampler
-    elif callable(getattr(loader.sampler, "kuat_set_epoch", None)):  # inside a BatchSampler
-        loader.sampler.kuat_set_epoch(epoch)  # e.g. kuat.ShardShuffleSampler
+        return
+    # e.g. kuat.text.TokenBudgetBatchSampler (the batch sampler), or kuat.ShardShuffleSampler
+    # inside torch's BatchSampler
+    hook = epoch_hook(loader._index_sampler, loader.sampler)
+    if hook is not None:
+        hook(epoch)
 
 
 def plan_epoch(loader, it) -> EpochPlan:
@@ -287,7 +290,8 @@ def _plan(loader, epoch, base_seed, keys, discard, position, lease, first_worker
         thread_engine=isinstance(engine, ThreadEngine),
         consumer_may_fetch=job.consumer_may_fetch,
         agnostic=job.thread_agnostic,
-        split_first=not traits.iterable and traits.splits_batches,
+        split_first=(nw > 1 and not traits.iterable
+                     and _protocol.splits_batches(loader._source)),
         auto_processes=opts.auto_worker_type,
         rng_use=job.rng_use,
     )
@@ -320,7 +324,7 @@ def _plan(loader, epoch, base_seed, keys, discard, position, lease, first_worker
 def epoch_keys(loader, epoch: int, skip: int, sampler_state: dict | None):
     """The epoch's batches of indices (or indices), from batch ``skip`` on."""
     if loader._traits.own_sampler:
-        prefetch = loader._traits.prefetch  # the source's, or a torch wrapper's
+        prefetch = _protocol.prefetcher(loader._source)  # the source's, or a torch wrapper's
         if prefetch is not None:
             indices = loader.sampler.indices(epoch)  # drawn whole: remote shards in this order
             with epoch_context(loader._job.seed, epoch):  # a mix reads this epoch's window

@@ -47,7 +47,9 @@ class LoaderOptions:
 
 @dataclass(frozen=True)
 class SourceTraits:
-    """What the loader's source can do (:mod:`kuat.sources.protocol`), asked once.
+    """What the loader's source can do (:mod:`kuat.sources.protocol`), asked once, when the
+    loader is built. (The two hooks the protocol says are read at each epoch start,
+    ``kuat_prefetch`` and ``kuat_splits_batches``, are asked by :mod:`kuat.loader._epoch`.)
 
     ``own_sampler``: the loader built its own sampler (no ``sampler``/``batch_sampler`` given,
     map-style), so it shards, orders and resumes indices itself.
@@ -58,14 +60,12 @@ class SourceTraits:
     batch_fetch: bool  # __getitems__, one call per batch (and not a per-sample Subset chain)
     collated_fetch: bool  # kuat_fetch_collated (through torch's wrappers)
     uses_sample_rng: bool  # draws only from kuat.sample_rng
-    splits_batches: bool  # its batch kernel splits over several threads
     batching: bool  # kuat_set_batching (iterable)
     distributed: bool  # kuat_set_distributed (iterable)
     stateful: bool  # state_dict / load_state_dict
     plan_state: bool  # kuat_state_at (iterable)
     resumable: bool  # kuat_iter_from (iterable)
     batch_transform: Callable[[Any], Any] | None
-    prefetch: Callable[[Any], None] | None
 
     @classmethod
     def of(cls, source, *, iterable: bool, own_sampler: bool) -> SourceTraits:
@@ -76,14 +76,12 @@ class SourceTraits:
             batch_fetch=p.provides(source, p.BatchFetch) and not per_sample_getitems(source),
             collated_fetch=p.fetch_collated(source) is not None,
             uses_sample_rng=p.uses_sample_rng(source),
-            splits_batches=p.splits_batches(source),
             batching=p.provides(source, p.Batching),
             distributed=p.provides(source, p.Distributed),
             stateful=p.provides(source, p.Stateful),
             plan_state=p.provides(source, p.PlanState),
             resumable=p.provides(source, p.ResumableIterable),
             batch_transform=p.batch_transform(source),
-            prefetch=p.prefetcher(source),
         )
 
 

@@ -5,9 +5,10 @@ this module adds what turns rows into training samples:
 
 - ``__getitems__(indices)`` (torch's batched fetch): one columnar gather per field
   (``Store.gather``), then per sample only what must be per sample: image decode (or a fused
-  transform writing into one ``(B, 3, H, W)`` batch buffer) and user callables, each with its
-  sample's generator (``kuat.sample_rng``) set;
-- ``kuat_fetch_collated(indices)``: the same batch collated straight from the columns;
+  transform writing into one ``(B, 3, H, W)`` batch buffer: ``_images.py``) and user
+  callables, each with its sample's generator (``kuat.sample_rng``) set;
+- ``kuat_fetch_collated(indices)``: the same batch collated straight from the columns (a fused
+  transform's batch buffer is returned as the batch it already is);
 - ``with_transform``: per-field or whole-sample transforms, as views sharing one store;
 - the loader hooks ``kuat_prefetch`` (remote shards in epoch order) and
   ``kuat_batch_transform`` (a fused transform's batch step, e.g. on-device ``Normalize``).
@@ -23,54 +24,12 @@ import numpy as np
 
 from kuat.format.manifest import Manifest
 from kuat.format.schema import Schema
-from kuat.format.store import ImageBatch, Store, open_store
-from kuat.rng import BatchGenerators, map_samples, sample_context
+from kuat.format.store import Store, open_store
+from kuat.rng import map_samples
+from kuat.sources._images import image_batch, image_values
+from kuat.vision import protocol as vision_protocol
 
 __all__ = ["Dataset", "open_dataset"]
-
-
-def _decode(data, index: int, source: str) -> np.ndarray:
-    """Encoded image -> ``(H, W, 3)`` uint8 RGB (``kuat.vision.decode.decode_image``)."""
-    from kuat.vision.decode import decode_image
-
-    return decode_image(data, index=index, source=source)
-
-
-def _is_fused(t: object) -> bool:
-    return hasattr(t, "apply_encoded")
-
-
-def _decodes_batches(t: object) -> bool:
-    """A fused transform that decodes a whole batch on a device
-    (``kuat.vision.protocol.BatchDecodingTransform``: ``apply_encoded_batch``)."""
-    return hasattr(t, "apply_encoded_batch") and str(getattr(t, "decode_device", "cpu")) != "cpu"
-
-
-def _fills_buffers(t: object) -> bool:
-    """A fused transform that fills a whole batch buffer in one call
-    (``kuat.vision.protocol.BufferBatchTransform``: ``apply_encoded_many``)."""
-    return callable(getattr(t, "apply_encoded_many", None))
-
-
-_LOCATION_KW: dict[type, bool] = {}
-
-
-def _takes_location(t: object) -> bool:
-    """Whether ``t.apply_encoded`` accepts ``index=``/``source=`` (for error messages)."""
-    key = type(t)
-    ok = _LOCATION_KW.get(key)
-    if ok is None:
-        import inspect
-
-        try:
-            params = inspect.signature(t.apply_encoded).parameters
-            ok = ("index" in params and "source" in params) or any(
-                p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()
-            )
-        except (TypeError, ValueError):
-            ok = False
-        _LOCATION_KW[key] = ok
-    return ok
 
 
 class Dataset:
@@ -231,9 +190,11 @@ class Dataset:
         dtypes and values as collating the samples: ``{field: batch}`` with int scalars as
         ``(B,)`` int64, float scalars ``(B,)`` float64, bools ``(B,)`` bool (as torch collates
         Python numbers), tensors ``(B, *shape)`` of their dtype (the gather's own copy, no
-        second one), strings a list of B ``str``; images, bytes, sequences and fields with a
-        transform are built per sample and collated per field. With a whole-sample transform
-        the samples are built and collated as they would be. Thread-safe (as ``__getitems__``).
+        second one), strings a list of B ``str``; an image field whose fused transform has a
+        fixed output size gives its ``(B, 3, H, W)`` uint8 batch buffer itself (what collating
+        its B views returns); other images, bytes, sequences and fields with a transform are
+        built per sample and collated per field. With a whole-sample transform the samples are
+        built and collated as they would be. Thread-safe (as ``__getitems__``).
         """
         from kuat.collate import default_collate
 
@@ -259,8 +220,10 @@ class Dataset:
             else:
                 if index_list is None:
                     index_list = idx.tolist()
-                values = self._field_values(f, c, index_list, sid, True)
-                out[f.name] = default_collate(values)
+                if kind == "image":  # a fused transform's batch buffer is the batch as it is
+                    out[f.name] = image_batch(c, index_list, sid, self._store.shard_paths, t)
+                else:
+                    out[f.name] = default_collate(self._field_values(f, c, index_list, sid, True))
         return out
 
     def __iter__(self):
@@ -287,7 +250,7 @@ class Dataset:
         """The B per-sample values of field ``f`` from its gathered column ``c``."""
         kind, t = f.type.kind, self._field_transforms.get(f.name)
         if kind == "image":
-            return self._images(c, index_list, sid, self._store.shard_paths, t, batch_buffer)
+            return image_values(c, index_list, sid, self._store.shard_paths, t, batch_buffer)
         if kind in ("scalar", "bool"):
             values = c.tolist()  # (B,) -> Python ints/floats/bools
         elif kind == "tensor":
@@ -301,61 +264,6 @@ class Dataset:
         if t is not None:
             it = iter(values)  # called in order: the j-th call gets the j-th value
             values = map_samples(lambda _i: t(next(it)), index_list)
-        return values
-
-    def _images(self, c: ImageBatch, index_list, sid, paths, t, batch_buffer: bool) -> list:
-        sources = [paths[k] for k in sid.tolist()]
-        if t is None:
-            return [_decode(d, i, s) for d, i, s in zip(c.data, index_list, sources)]
-        import torch
-
-        widths, heights = c.width.tolist(), c.height.tolist()
-        if _is_fused(t):
-            # the batch's generators, both SeedSequence hashes done at once, each generator
-            # made when first asked for (kuat.rng.BatchGenerators)
-            rngs = BatchGenerators(index_list)
-            if _decodes_batches(t):  # e.g. Compose(decode_device="cuda"): nvJPEG, one call
-                out = t.apply_encoded_batch(
-                    c.data, widths, heights, rngs, indices=index_list, sources=sources
-                )
-                return list(out)  # (B, 3, H, W) on the device -> B views, or B tensors
-            loc = _takes_location(t)
-            size = t.output_size() if hasattr(t, "output_size") else None
-            values = []
-            if size is not None and batch_buffer:
-                h, w = size
-                from kuat.collate import new_batch_buffer
-
-                buf = new_batch_buffer((len(index_list), 3, h, w), torch.uint8)  # (B, 3, H, W)
-                slots = buf.numpy()  # (B, 3, H, W) array view: slots[j] costs no tensor op
-                if _fills_buffers(t):  # the whole batch in one call (GIL released once)
-                    t.apply_encoded_many(
-                        c.data, widths, heights, rngs, slots, indices=index_list, sources=sources
-                    )
-                    return list(buf.unbind(0))  # B views: collate returns buf without copying
-                for j, (d, wd, ht, i, s) in enumerate(
-                    zip(c.data, widths, heights, index_list, sources)
-                ):
-                    kw = {"index": i, "source": s} if loc else {}
-                    with sample_context(i):
-                        t.apply_encoded(d, wd, ht, rngs[j], out=slots[j], **kw)
-                return list(buf.unbind(0))  # B views: collate returns buf without copying
-            for j, (d, wd, ht, i, s) in enumerate(
-                zip(c.data, widths, heights, index_list, sources)
-            ):
-                kw = {"index": i, "source": s} if loc else {}
-                with sample_context(i):
-                    arr = t.apply_encoded(d, wd, ht, rngs[j], **kw)
-                values.append(torch.from_numpy(np.ascontiguousarray(arr)))  # (3, H, W) uint8
-            return values
-        values = []
-        for d, i, s in zip(c.data, index_list, sources):
-            hwc = _decode(d, i, s)  # (H, W, 3) uint8
-            if not hwc.flags.writeable:  # torch tensors must own writable memory
-                hwc = hwc.copy()
-            chw = torch.from_numpy(hwc).permute(2, 0, 1)  # -> (3, H, W) view
-            with sample_context(i):
-                values.append(t(chw))
         return values
 
     # -- transforms ------------------------------------------------------------------------
@@ -389,17 +297,18 @@ class Dataset:
             for name, t in transform.items():
                 if name not in self.schema:
                     raise ValueError(f"with_transform: no field {name!r} in {self.schema}")
-                if not (callable(t) or _is_fused(t)):
+                if not (callable(t) or vision_protocol.is_fused(t)):
                     raise TypeError(
                         f"with_transform: the transform of field {name!r} is not callable: {t!r}"
                     )
-                if _is_fused(t) and self.schema[name].type.kind != "image":
+                if vision_protocol.is_fused(t) and self.schema[name].type.kind != "image":
                     raise TypeError(
                         f"with_transform: field {name!r} is {self.schema[name].type.describe()}; "
                         "fused image transforms apply to image fields only"
                     )
             view._field_transforms = dict(transform)
-        elif _is_fused(transform) or type(transform).__module__.startswith("kuat.vision."):
+        elif (vision_protocol.is_fused(transform)
+              or type(transform).__module__.startswith("kuat.vision.")):
             # a kuat.vision transform would get the whole sample dict and fail at iteration
             images = [f.name for f in self.schema if f.type.kind == "image"] or ["image"]
             raise TypeError(
@@ -433,9 +342,7 @@ class Dataset:
         """Whether a batch fetch can use several threads (``kuat._parallel.width()``): an image
         field's fused transform fills the batch buffer in parts (``splits_batches``). The
         loader then gives an epoch's first batch all its workers' cores."""
-        return any(_fills_buffers(t) and not _decodes_batches(t)
-                   and getattr(t, "splits_batches", False) is True
-                   for t in self._field_transforms.values())
+        return any(vision_protocol.splits_batches(t) for t in self._field_transforms.values())
 
     @property
     def kuat_batch_transform(self) -> Callable | None:
@@ -443,10 +350,9 @@ class Dataset:
         of the collated batch dict (the loader calls it after the device copy), or ``None``."""
         fns = {}
         for name, t in self._field_transforms.items():
-            if _is_fused(t) and hasattr(t, "batch_transform"):
-                fn = t.batch_transform()
-                if fn is not None:
-                    fns[name] = fn
+            fn = vision_protocol.batch_transform(t)
+            if fn is not None:
+                fns[name] = fn
         if not fns:
             return None
         from kuat.device import FieldSteps  # the loader's device stage applies it

@@ -43,10 +43,12 @@ import torch
 
 from kuat.rng import SALT_MIX, derive_generator
 from kuat.sources.protocol import (
+    BatchFetch,
     MapSource,
     all_use_sample_rng,
     common_batch_transform,
     prefetcher,
+    provides,
     splits_batches,
     thread_agnostic,
 )
@@ -253,7 +255,7 @@ class MapMix(torch.utils.data.Dataset):
         the sources drawn from splits batches and is read with ``__getitems__``, which
         :meth:`__getitems__` calls in the fetching thread for that source's share of the batch
         (so its kernel splits that share; the other shares are fetched as usual)."""
-        return any(callable(getattr(s, "__getitems__", None)) and splits_batches(s)
+        return any(provides(s, BatchFetch) and splits_batches(s)
                    for s in self._drawn())
 
     @property

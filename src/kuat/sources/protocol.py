@@ -334,7 +334,7 @@ def _batch_forwarded_to(source: object) -> list:
     wrapped = _torch_wrapper(source)
     if wrapped is None or wrapped[0] == "concat":
         return []
-    return [d for d in wrapped[1] if callable(getattr(d, "__getitems__", None))]
+    return [d for d in wrapped[1] if provides(d, BatchFetch)]
 
 
 def fetch_collated(source: object) -> Callable[[Sequence[int]], Any] | None:

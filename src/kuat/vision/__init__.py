@@ -3,9 +3,13 @@
 * ``decode.py``: :func:`decode_image`, encoded bytes -> ``(H, W, 3)`` uint8 RGB, every
   real-world variant, EXIF orientation applied, optionally at a reduced JPEG DCT scale.
 * ``probe.py``: :func:`probe_image`, oriented size and codec from the header only.
-* ``transforms.py``: ``Compose``, ``RandomResizedCrop``, ``Resize``, ``CenterCrop``,
-  ``RandomHorizontalFlip``, ``Normalize``; a ``Compose`` fuses plan -> reduced decode -> crop ->
-  resize -> flip straight into the batch buffer (``protocol.FusedImageTransform``).
+* ``transforms.py``: the transforms' import path (``Compose``, ``RandomResizedCrop``,
+  ``Resize``, ``CenterCrop``, ``RandomHorizontalFlip``, ``Normalize``), defined in
+  ``steps.py`` (the torchvision-shaped steps) and ``compose.py`` (``Compose`` and its batch
+  path): a ``Compose`` fuses plan -> reduced decode -> crop -> resize -> flip straight into the
+  batch buffer (``protocol.FusedImageTransform``); ``fused.py`` is one sample's fused path,
+  ``resize.py`` the resize kernels' Python side, ``geometry.py`` the crop plan and boxes.
+* ``protocol.py``: what a kuat dataset asks of a fused image transform.
 * ``_roijpeg.c`` (optional, built by pip or ``python -m kuat.vision._build_roijpeg`` against
   the headers vendored in ``_libjpeg_turbo/``): decodes only a crop's rows and columns
   (libjpeg-turbo skip/crop scanlines), used by the fused path. ``_libjpeg.py`` loads the

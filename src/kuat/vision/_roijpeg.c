@@ -29,7 +29,7 @@
  *   y_*        the same for rows
  * Separable resize, horizontal pass first with a uint8 intermediate, int32 accumulators
  * rounded and clamped after each pass: the arithmetic of torch's uint8 antialiased kernel
- * (itself Pillow-SIMD's), so with torch's weights (kuat.vision.transforms._taps) the pixels
+ * (itself Pillow-SIMD's), so with torch's weights (kuat.vision.resize.taps) the pixels
  * are torch's. Fused here: the interleaved -> planar layout change and the flip, which
  * otherwise cost a strided copy of the output. Kernels: AVX2, SSSE3, SSE2 or plain C, the
  * best the CPU runs (see simd()); integer sums, so every kernel gives the same bytes. The GIL
@@ -763,7 +763,7 @@ static PyObject *resize_planar(PyObject *self, PyObject *args) {
 }
 
 /* numpy's pairwise summation of n doubles (numpy/_core/src/umath/loops_utils.h.src), so
- * that the weights' normalisation rounds exactly as kuat.vision.transforms._taps's NumPy
+ * that the weights' normalisation rounds exactly as kuat.vision.resize.taps's NumPy
  * reference (w.sum(axis=1)) does. */
 static double pairwise_sum(const double *a, Py_ssize_t n) {
     if (n < 8) {
@@ -791,7 +791,7 @@ static double pairwise_sum(const double *a, Py_ssize_t n) {
 }
 
 /* taps(in_size, out_size) -> (start bytes (out,) int32, weights bytes (out, taps) int16, taps,
- * precision): kuat.vision.transforms._taps computed in C (the same float64 operations in the
+ * precision): kuat.vision.resize.taps computed in C (the same float64 operations in the
  * same order; tests compare the two over thousands of sizes). */
 static PyObject *taps_py(PyObject *self, PyObject *args) {
     int in_size, out_size;
@@ -1466,7 +1466,7 @@ static PyObject *plan_rrc(PyObject *self, PyObject *args) {
             for (Py_ssize_t f = 0; f < n_flips; f++)
                 if (pcg64_double(&g) < flip_p[f])
                     flip = !flip;
-            /* _Plan.min_scale, decode._pick_scale */
+            /* geometry.Plan.min_scale, decode.pick_scale */
             double bh = (double)box[2], bw = (double)box[3];
             double ms = fmax((double)out_h / bh, (double)out_w / bw);
             ms = ms < 1.0 ? ms : 1.0;
@@ -1541,7 +1541,7 @@ static PyMethodDef methods[] = {
      "load(path) -> (copyright, file): dlopen the libjpeg-turbo every decode uses"},
     {"taps", taps_py, METH_VARARGS,
      "taps(in_size, out_size) -> (start, weights, taps, precision): the fixed-point weights "
-     "of kuat.vision.transforms._taps, as bytes"},
+     "of kuat.vision.resize.taps, as bytes"},
     {"resize_planar", resize_planar, METH_VARARGS,
      "resize_planar(src, h, w, channels, out, out_h, out_w, flip, x_start, x_weights, x_taps, "
      "x_precision, y_start, y_weights, y_taps, y_precision) -> None"},

@@ -91,7 +91,10 @@ def _where(index, source) -> str:
     return f" ({', '.join(parts)})" if parts else ""
 
 
-def _check_pixels(width: int, height: int, max_pixels, index, source) -> None:
+def check_pixels(width: int, height: int, max_pixels, index, source) -> None:
+    """Raise :class:`kuat.DecodeError` (naming ``index`` and ``source``) when a ``width`` x
+    ``height`` image is above ``max_pixels`` (``None``: no limit). Internal to kuat.vision: every
+    decode path checks the header's size with it before allocating the pixels."""
     if max_pixels is not None and width * height > max_pixels:
         raise DecodeError(
             f"image of {width}x{height} = {width * height} pixels is above "
@@ -112,8 +115,9 @@ def _scratch(nbytes: int) -> np.ndarray:
     return buf
 
 
-def _pick_scale(min_scale: float) -> int:
-    """Smallest numerator ``k`` in ``_JPEG_SCALES`` with ``k / 8 >= min_scale``."""
+def pick_scale(min_scale: float) -> int:
+    """Smallest numerator ``k`` in ``_JPEG_SCALES`` with ``k / 8 >= min_scale``: the DCT scale
+    ``k / 8`` a reduced decode uses (here and in the fused transforms). Internal."""
     for k in _JPEG_SCALES:
         if k >= 8 * min_scale - 1e-9:
             return k
@@ -146,8 +150,8 @@ def decode_stored(
         except ValueError:
             colorspace = None  # let Pillow report (or recover) it
         if colorspace is not None and colorspace not in _PIL_JPEG_COLORSPACES:
-            _check_pixels(width, height, max_pixels, index, source)
-            k = _pick_scale(min_scale) if min_scale < 1.0 else 8
+            check_pixels(width, height, max_pixels, index, source)
+            k = pick_scale(min_scale) if min_scale < 1.0 else 8
             min_w = -(-width * k // 8)  # ceil: libjpeg's scaled size, so simplejpeg picks k/8
             min_h = -(-height * k // 8)
             try:
@@ -220,7 +224,7 @@ def resize_rgbx_planar(src: np.ndarray, out: np.ndarray, flip: bool, x_taps, y_t
     """Resize ``src`` ``(h, w, 4)`` RGBX uint8 (C-contiguous) into ``out`` ``(3, H, W)`` uint8
     (C-contiguous, planar), mirrored left-right when ``flip``, with the ROI decoder's fused
     kernel; ``x_taps``/``y_taps``: ``(start, weights, taps, precision)`` per axis (see
-    ``kuat.vision.transforms._taps``). Returns False (nothing written) when the ROI decoder
+    ``kuat.vision.resize.taps``). Returns False (nothing written) when the ROI decoder
     is not built or predates the kernel. Releases the GIL. Internal.
 
     Raises:
@@ -234,6 +238,13 @@ def resize_rgbx_planar(src: np.ndarray, out: np.ndarray, flip: bool, x_taps, y_t
     fn(src, h, w, 4, out, out.shape[1], out.shape[2], int(flip), *x_taps, *y_taps)
     _native.add(time.perf_counter() - t0)
     return True
+
+
+def roi_function(name: str):
+    """The ROI decoder's C function ``name`` (``"taps"``, ``"plan_rrc"``, ...), or ``None`` when
+    the decoder is not built or its build predates that function. Looked up per call, so a
+    test that swaps the decoder (``_roi``) sees the swap. Internal."""
+    return getattr(_roi, name, None)
 
 
 def roi_batch_available() -> bool:
@@ -298,10 +309,10 @@ def _decode_pil(data, min_scale, max_pixels, index, source) -> Decoded:
     try:
         with Image.open(io.BytesIO(data)) as im:
             width, height = im.size
-            _check_pixels(width, height, max_pixels, index, source)
+            check_pixels(width, height, max_pixels, index, source)
             scale = 1.0
             if im.format == "JPEG" and min_scale < 1.0:
-                k = _pick_scale(min_scale)
+                k = pick_scale(min_scale)
                 if k < 8:
                     im.draft(im.mode, (-(-width * k // 8), -(-height * k // 8)))
                     # draft picked 1/1, 1/2, 1/4 or 1/8 (size = ceil(size / r)) covering it

@@ -1,4 +1,5 @@
-"""Crop geometry shared by the CPU path (``transforms.py``) and the GPU path (``gpu.py``).
+"""Crop geometry shared by the CPU path (``compose.py``, ``fused.py``) and the GPU path
+(``gpu.py``): a sample's :class:`Plan`, its box in the stored orientation, its decoded pixels.
 
 A fused transform plans its crop box in the image's *oriented* coordinates (what
 ``decode_image`` returns, as the dataset's index records width and height) and decodes the
@@ -6,14 +7,76 @@ A fused transform plans its crop box in the image's *oriented* coordinates (what
 (:func:`stored_crop_box`) and then to whole pixels of the decoded grid (:func:`snap`). One
 definition keeps the two paths' boxes identical: the GPU path is the CPU path at scale 1.
 
-Pure functions of numbers; thread-safe; no torch, no NumPy.
+Numbers only: no torch, no NumPy. The functions are pure and thread-safe; a :class:`Plan` is
+one sample's, built and read in one thread.
 """
 
 from __future__ import annotations
 
 from kuat.vision import _exif
 
-__all__ = ["snap", "stored_crop_box"]
+__all__ = ["Plan", "snap", "stored_crop_box"]
+
+
+class Plan:
+    """The geometry of one sample: resample a source box to a grid, take a window, flip.
+
+    The output is ``resample(source[box] -> (res_h, res_w))[win_i : win_i + cur_h,
+    win_j : win_j + cur_w]``, mirrored when ``flip``. ``top, left, height, width`` (floats)
+    are the box in the oriented source image. Keeping the window separate from the box makes
+    ``Resize(256), CenterCrop(224)`` exactly torchvision's resize-then-crop (integer window in
+    the resized grid), while ``RandomResizedCrop`` is one integer box resampled once.
+    """
+
+    __slots__ = (
+        "top", "left", "height", "width", "res_h", "res_w",
+        "win_i", "win_j", "cur_h", "cur_w", "flip", "fusable",
+    )  # fmt: skip
+
+    def __init__(self, height: int, width: int):
+        self.top = 0.0
+        self.left = 0.0
+        self.height = float(height)
+        self.width = float(width)
+        self.res_h, self.res_w = height, width
+        self.win_i = self.win_j = 0
+        self.cur_h, self.cur_w = height, width
+        self.flip = False
+        self.fusable = True
+
+    def crop(self, i: int, j: int, h: int, w: int) -> None:
+        """Crop rows ``i:i+h``, columns ``j:j+w`` of the current image."""
+        if self.flip:  # the current image is mirrored: map the box back
+            j = self.cur_w - j - w
+        self.win_i += i
+        self.win_j += j
+        self.cur_h, self.cur_w = h, w
+
+    def resize(self, h: int, w: int) -> None:
+        """Resize the current image to ``h x w``: the window becomes the box to resample."""
+        if (self.win_i, self.win_j, self.cur_h, self.cur_w) != (0, 0, self.res_h, self.res_w):
+            sy = self.height / self.res_h
+            sx = self.width / self.res_w
+            self.top += self.win_i * sy
+            self.left += self.win_j * sx
+            self.height = self.cur_h * sy
+            self.width = self.cur_w * sx
+        self.res_h, self.res_w = h, w
+        self.win_i = self.win_j = 0
+        self.cur_h, self.cur_w = h, w
+
+    def min_scale(self) -> float:
+        """Smallest decode scale at which the box still has at least the grid's pixels."""
+        return min(1.0, max(self.res_h / self.height, self.res_w / self.width))
+
+    def window(self) -> tuple[slice, slice] | None:
+        """Row and column slices of the window in the grid, or None for the whole grid."""
+        if (self.win_i, self.win_j, self.cur_h, self.cur_w) == (0, 0, self.res_h, self.res_w):
+            return None
+        return (
+            slice(self.win_i, self.win_i + self.cur_h),
+            slice(self.win_j, self.win_j + self.cur_w),
+        )
 
 
 def snap(start: float, length: float, scale: float, size: int) -> tuple[int, int]:

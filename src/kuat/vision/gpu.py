@@ -17,10 +17,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from kuat.collate import new_batch_buffer
+from kuat._buffers import new_batch_buffer
 from kuat.errors import DecodeError, KuatError
 from kuat.vision import _exif
-from kuat.vision.decode import _check_pixels, decode_stored
+from kuat.vision.decode import check_pixels, decode_stored
 from kuat.vision.geometry import snap, stored_crop_box
 
 __all__ = ["check_cuda", "decode_batch_cuda"]
@@ -54,7 +54,7 @@ def _nvjpeg_ok(data, max_pixels, index, source) -> bool:
         height, width, colorspace, _ = simplejpeg.decode_jpeg_header(data)
     except ValueError:
         return False
-    _check_pixels(width, height, max_pixels, index, source)  # before nvJPEG allocates it
+    check_pixels(width, height, max_pixels, index, source)  # before nvJPEG allocates it
     return colorspace not in ("CMYK", "YCCK")
 
 
@@ -72,8 +72,10 @@ def decode_batch_cuda(
     """Decode, crop, resize and flip a batch on a CUDA device.
 
     Args:
-        transform: a ``kuat.vision.Compose`` (its geometry is planned per sample exactly as on
-            the CPU path; each ``rngs[k]`` gives the same box as ``apply_encoded`` would).
+        transform: a ``kuat.vision.Compose``, read as a
+            :class:`kuat.vision.protocol.PlannedTransform` (its geometry is planned per sample
+            exactly as on the CPU path; each ``rngs[k]`` gives the same box as
+            ``apply_encoded`` would).
         datas: B encoded images (bytes-like).
         widths, heights: B oriented sizes from the dataset's index.
         rngs: B NumPy generators (``kuat.sample_rng(index).numpy``).

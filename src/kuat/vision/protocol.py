@@ -5,21 +5,39 @@ plan its crop before decoding. A transform that implements :class:`FusedImageTra
 handed the still-encoded bytes and writes its output straight into the sample's slot of the
 batch buffer; any other callable gets a decoded ``(3, H, W)`` uint8 ``torch.Tensor`` instead.
 
-What the kuat source (:mod:`kuat.sources.dataset`) relies on, and nothing else:
+What the kuat source (:mod:`kuat.sources.dataset`) relies on, and nothing else. Only
+``apply_encoded`` is required; the dataset finds every hook with the accessor named here (this
+module is the one place that tests for them):
 
-* ``apply_encoded`` (required: its presence makes a transform fused), called per sample with
-  the keywords ``index=`` and ``source=`` when its signature accepts them (or ``**kwargs``),
-  checked once per transform type;
-* ``output_size()`` (optional): a fixed size gives the batch one ``(B, 3, H, W)`` buffer;
-* ``batch_transform()`` (optional): the per-batch step the loader's device stage applies;
-* :class:`BatchDecodingTransform` (optional): ``decode_device`` other than ``"cpu"`` and
-  ``apply_encoded_batch``, called once per batch instead of ``apply_encoded`` per sample;
-* :class:`BufferBatchTransform` (optional, with a fixed ``output_size()``):
-  ``apply_encoded_many``, which fills the whole batch buffer in one call.
+===========================  =========================  ========================================
+hook                         protocol / accessor        what the dataset does with it
+===========================  =========================  ========================================
+``apply_encoded``            FusedImageTransform,       required (its presence makes a transform
+                             :func:`is_fused`           fused): per sample, encoded bytes in
+``index=``, ``source=``      :func:`takes_location`     passed to ``apply_encoded`` when its
+                                                        signature accepts both (or ``**kwargs``),
+                                                        checked once per transform type
+``output_size()``            :func:`output_size`        fixed: one ``(B, 3, H, W)`` batch buffer,
+                                                        which is the collated batch itself
+``batch_transform()``        :func:`batch_transform`    the per-batch step the loader's device
+                                                        stage applies
+``decode_device``,           BatchDecodingTransform,    ``decode_device`` other than ``"cpu"``:
+``apply_encoded_batch``      :func:`decodes_batches`    once per batch instead of per sample
+``apply_encoded_many``       BufferBatchTransform,      with a fixed ``output_size()``: fills the
+                             :func:`fills_buffers`      whole batch buffer in one call
+``splits_batches``           BufferBatchTransform,      the loader gives an epoch's first batch
+                             :func:`splits_batches`     all its workers' cores
+===========================  =========================  ========================================
+
+The accessors test exactly what the dataset has always tested (an attribute's presence, not
+``isinstance``, so a transform with only ``apply_encoded`` is fused). :class:`PlannedTransform`
+(``plan``, ``max_pixels``) is what the CUDA batch path (:mod:`kuat.vision.gpu`) reads of a
+``Compose``; the dataset never does.
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
@@ -27,6 +45,22 @@ import numpy as np
 
 if TYPE_CHECKING:
     import torch
+
+    from kuat.vision.geometry import Plan
+
+__all__ = [
+    "BatchDecodingTransform",
+    "BufferBatchTransform",
+    "FusedImageTransform",
+    "PlannedTransform",
+    "batch_transform",
+    "decodes_batches",
+    "fills_buffers",
+    "is_fused",
+    "output_size",
+    "splits_batches",
+    "takes_location",
+]
 
 
 @runtime_checkable
@@ -154,3 +188,73 @@ class BufferBatchTransform(FusedImageTransform, Protocol):
         Raises:
             kuat.DecodeError: an image cannot be decoded (the first such sample, by position).
         """
+
+
+@runtime_checkable
+class PlannedTransform(FusedImageTransform, Protocol):
+    """A fused transform whose geometry can be drawn apart from the decode (``kuat.vision.Compose``):
+    what :func:`kuat.vision.gpu.finish_batch` reads to crop images decoded on a device."""
+
+    max_pixels: int | None  # decompression-bomb limit for the decoder (None: no limit)
+
+    def plan(self, width: int, height: int, rng: np.random.Generator) -> Plan:
+        """Draw one sample's geometry for an oriented ``width x height`` image, from ``rng``
+        (the same draws as ``apply_encoded``'s)."""
+
+
+# -- the accessors: the dataset's only tests for the hooks above ---------------------------------
+
+
+def is_fused(t: object) -> bool:
+    """Whether ``t`` is a fused image transform: it has ``apply_encoded`` (else it is a plain
+    callable, given a decoded ``(3, H, W)`` uint8 tensor)."""
+    return hasattr(t, "apply_encoded")
+
+
+_LOCATION_KW: dict[type, bool] = {}
+
+
+def takes_location(t: object) -> bool:
+    """Whether ``t.apply_encoded`` accepts ``index=`` and ``source=`` (for error messages):
+    both named, or ``**kwargs``. Read from its signature once per transform type."""
+    key = type(t)
+    ok = _LOCATION_KW.get(key)
+    if ok is None:
+        try:
+            params = inspect.signature(t.apply_encoded).parameters
+            ok = ("index" in params and "source" in params) or any(
+                p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()
+            )
+        except (TypeError, ValueError):
+            ok = False
+        _LOCATION_KW[key] = ok
+    return ok
+
+
+def output_size(t: object) -> tuple[int, int] | None:
+    """``t.output_size()`` when ``t`` has it (``(H, W)`` or ``None``), else ``None``."""
+    return t.output_size() if hasattr(t, "output_size") else None
+
+
+def batch_transform(t: object) -> Callable | None:
+    """The per-batch step of fused transform ``t`` (``t.batch_transform()`` when it has one),
+    else ``None`` (also for a transform that is not fused)."""
+    return t.batch_transform() if is_fused(t) and hasattr(t, "batch_transform") else None
+
+
+def decodes_batches(t: object) -> bool:
+    """Whether ``t`` decodes whole batches on a device (:class:`BatchDecodingTransform`: it has
+    ``apply_encoded_batch`` and its ``decode_device``, default ``"cpu"``, is not ``"cpu"``)."""
+    return hasattr(t, "apply_encoded_batch") and str(getattr(t, "decode_device", "cpu")) != "cpu"
+
+
+def fills_buffers(t: object) -> bool:
+    """Whether ``t`` fills a whole batch buffer in one call (:class:`BufferBatchTransform`:
+    ``apply_encoded_many`` is callable)."""
+    return callable(getattr(t, "apply_encoded_many", None))
+
+
+def splits_batches(t: object) -> bool:
+    """Whether ``t`` fills batch buffers on the CPU (:func:`fills_buffers`, not
+    :func:`decodes_batches`) and says its ``splits_batches`` is ``True``."""
+    return fills_buffers(t) and not decodes_batches(t) and getattr(t, "splits_batches", False) is True
