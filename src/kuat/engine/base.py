@@ -1,7 +1,9 @@
 """Task and result records, the worker loop every engine shares, and error transport.
 
 A *task* is ``(task_id, epoch, key)``: ``key`` is what to fetch (a list of sample indices, one
-index, or ``None`` for "the next batch of the iterable"). A :class:`Result` comes back with the
+index, or ``None`` for "the next batch of the iterable"; an iterable's epoch may start from a
+:class:`ResumeAt` (the source's own resume, or each worker's saved state: :class:`WorkerResume`),
+and an ``IterDataPipe``'s keys carry the epoch's graph seed: :class:`Seeded`). A :class:`Result` comes back with the
 task id, the worker id, a kind (``OK``/``END``/``FAIL``/``EMPTY``), the value and the work's
 timings. Exceptions travel as :class:`~kuat.engine.failure.Failure` records (picklable) and are
 raised in the consumer as the original (a thread) or its equal (a process: type, args,
