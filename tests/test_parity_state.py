@@ -258,3 +258,21 @@ def test_another_worker_count_is_refused_for_per_worker_states():
     state = dl.state_dict()
     with pytest.raises(ValueError, match="num_workers=2"):
         kuat.DataLoader(GeneratorStream([11]), collate_fn=_identity).load_state_dict(state)
+
+
+@pytest.mark.parametrize(("num_workers", "worker_type"), WORKERS, ids=IDS)
+def test_two_epochs_resumed_are_the_uninterrupted_run(num_workers, worker_type):
+    # torchdata's TestMultiEpochSDL: shuffle=True without a seed, resumed after two epochs in
+    # the same process; the loaded state names epoch 2's draws, so the resume draws nothing more
+    make = _loaders(num_workers, worker_type, batch_size=5, shuffle=True)
+    for kind in ("torchdata", "kuat"):
+        torch.manual_seed(0)
+        dl = make(kind, list(range(20)))
+        got = [[b.tolist() for b in dl] for _ in range(2)]
+        state = dl.state_dict()
+        resumed = make(kind, list(range(20)))
+        resumed.load_state_dict(state)
+        got += [[b.tolist() for b in resumed] for _ in range(2)]
+        torch.manual_seed(0)
+        again = make(kind, list(range(20)))
+        assert got == [[b.tolist() for b in again] for _ in range(4)], kind

@@ -203,8 +203,11 @@ def plan_epoch(loader, it) -> EpochPlan:
     at_start: dict[str, Any] = dict(restore)
     if loader.generator is not None:
         at_start.setdefault("generator", loader.generator.get_state())
-    # base_seed, then the sampler's draws, as torch (or as state_dict() drew them ahead)
+    # base_seed, then the sampler's draws, as torch (or as state_dict() drew them ahead, or
+    # as the loaded state names them: the uninterrupted run made them before its state)
     drawn = pending.drawn if pending is not None and pending.drawn is not None else None
+    if drawn is None and pending is not None and _state_names_draws(loader, pending):
+        drawn = (None, pending.rng.get("sampler_seed"), pending.rng.get("shared_seed"))
     base_seed, shuffle_seed, shared_seed = drawn if drawn is not None else epoch_draws(loader)
     if loader.seed is None:  # seed=None: the run seed is the first epoch's torch base_seed
         loader._set_seed(base_seed)
@@ -244,6 +247,19 @@ def plan_epoch(loader, it) -> EpochPlan:
         if owner.seed is None:  # and from the seed the copy's first epoch drew
             owner._set_seed(loader.seed)
     return _plan(loader, epoch, base_seed, keys, discard, position, lease, first_worker)
+
+
+def _state_names_draws(loader, pending) -> bool:
+    """Whether a loaded state names everything the epoch's draws from torch's default
+    generator decide (the run seed, the shuffle seed, an IterDataPipe's seed): the epoch then
+    draws nothing, as the uninterrupted run, which drew them before its state was taken, draws
+    nothing there (so a training loop that restores torch's RNG state with the checkpoint goes
+    on with the uninterrupted run's numbers). With ``generator=`` its restored state is drawn
+    from again, as torchdata does."""
+    rng = pending.rng
+    return (pending.loaded is not None and loader.generator is None and loader.seed is not None
+            and (not _shuffles_as_torch(loader) or not loader._torch_order or "sampler_seed" in rng)
+            and (not loader._job.datapipe or "shared_seed" in rng))
 
 
 def _worker_states(loader, previous, pending, skip):
