@@ -276,3 +276,51 @@ def test_two_epochs_resumed_are_the_uninterrupted_run(num_workers, worker_type):
         torch.manual_seed(0)
         again = make(kind, list(range(20)))
         assert got == [[b.tolist() for b in again] for _ in range(4)], kind
+
+
+class GlobalRngWalk(RandomWalk):
+    """Draws from torch's global generator (a worker process's own) and saves its state, as
+    torchdata's ``DummyIterator``: restoring it sets that generator."""
+
+    def __next__(self):
+        if self.i >= self.n:
+            raise StopIteration
+        self.i += 1
+        return (self.start + self.i, int(torch.randint(100, (1,))))
+
+    def state_dict(self):
+        return {"i": self.i, "g": torch.get_rng_state()}
+
+    def load_state_dict(self, state):
+        self.i = state["i"]
+        torch.set_rng_state(state["g"])
+
+
+class GlobalRngStream(IteratorStateStream):
+    def __iter__(self):
+        return GlobalRngWalk(*_share(self.sizes))
+
+
+@pytest.mark.parametrize(("num_workers", "pw"), [(0, False), (2, True)],
+                         ids=["inline", "processes-persistent"])
+def test_an_end_of_epoch_state_carries_the_iterators_side_effects(num_workers, pw):
+    # torchdata's TestSnapshotEnd.test_iterable: the next epoch of persistent copies goes on
+    # from the generator state the last iterator saved (a new iter(), after loading it)
+    g = torch.Generator()  # worker processes seeded as torch seeds them (from generator=)
+    make = _loaders(num_workers, "process", batch_size=3, collate_fn=_identity,
+                    persistent_workers=pw, generator=g)
+    result = {}
+    for kind in ("torchdata", "kuat"):
+        torch.manual_seed(4)
+        g.manual_seed(4)
+        dl = make(kind, GlobalRngStream(_shares(num_workers)))
+        list(dl)
+        state_end = dl.state_dict()
+        expected = list(dl)
+        torch.manual_seed(5)
+        g.manual_seed(4)
+        resumed = make(kind, GlobalRngStream(_shares(num_workers)))
+        resumed.load_state_dict(state_end)
+        result[kind] = (expected, list(resumed))
+    assert result["torchdata"][0] == result["torchdata"][1]
+    assert result["kuat"] == result["torchdata"]

@@ -233,7 +233,7 @@ class FetchJob:
             if protocol.provides(ctx.dataset, protocol.EpochAware):
                 ctx.dataset.set_epoch(epoch)
             if isinstance(key, ResumeAt) and isinstance(key.state, WorkerResume):
-                self._restore(ctx, key.state.states[ctx.worker_id])
+                self._restore(ctx, key.state.states[ctx.worker_id], fresh=key.batches == 0)
             elif isinstance(key, ResumeAt):  # the source starts after the batches served
                 ctx.iterator = ctx.dataset.kuat_iter_from(epoch, key.batches, key.state)
             else:
@@ -243,9 +243,10 @@ class FetchJob:
                 or protocol.provides(ctx.dataset, protocol.Stateful))
 
     @staticmethod
-    def _restore(ctx: WorkerCtx, blob: bytes | None) -> None:
+    def _restore(ctx: WorkerCtx, blob: bytes | None, fresh: bool) -> None:
         """Resume this worker's copy from its own saved state (torchdata's order: the dataset's
-        state, then ``iter()``, then the iterator's state); ``None``: start afresh."""
+        state, then ``iter()``, then the iterator's state); ``None``: start afresh. ``fresh``:
+        the epoch starts (a state saved at an epoch's end): then a new ``iter()`` begins it."""
         saved = pickle.loads(blob) if blob is not None else {}
         ds = ctx.dataset
         if saved.get("dataset") is not None and protocol.provides(ds, protocol.Stateful):
@@ -254,6 +255,8 @@ class FetchJob:
         if saved.get("iterator") is not None and protocol.provides(ctx.iterator, protocol.Stateful):
             ctx.iterator.load_state_dict(saved["iterator"])
         ctx.ended = bool(saved.get("ended", False))
+        if fresh and blob is not None:
+            ctx.iterator, ctx.ended = iter(ds), False
 
     @staticmethod
     def _state_of(ctx: WorkerCtx) -> bytes:

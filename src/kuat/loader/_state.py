@@ -70,17 +70,13 @@ class WorkerStates:
 
     def next_epoch(self) -> WorkerStates:
         """The states a next epoch of the same worker copies starts from, once this epoch ran
-        out: each dataset's own state as its iterator ended (made anew, nothing ran out)."""
+        out: each one as its iterator ended. A worker resuming from one loads it, then starts
+        the epoch with a new ``iter()`` (as torchdata's worker does: the state's side effects,
+        a restored RNG, carry over; its position does not)."""
         while self._taken:  # the workers' ends, taken after the last batch
             w, state, _ = self._taken.popleft()
             self.states[w] = state
-
-        def dataset_only(blob):
-            if blob is None:
-                return None
-            saved = pickle.loads(blob)
-            return pickle.dumps({"dataset": saved["dataset"], "iterator": None, "ended": False})
-        return WorkerStates(self.num_workers, [dataset_only(b) for b in self.states])
+        return WorkerStates(self.num_workers, self.states)
 
     def to_state(self) -> dict | None:
         """``state_dict()["workers"]``: ``num_workers``, ``last`` and ``states`` (per worker
