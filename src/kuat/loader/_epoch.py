@@ -271,8 +271,9 @@ def _worker_states(loader, previous, pending, skip):
     if not loader._job.worker_state:
         return None, 0, False
     workers = pending.workers if pending is not None else None
-    if workers is None and previous is not None and previous.exhausted:
-        workers = following_workers(loader)
+    loaded = pending is not None and pending.loaded is not None
+    if workers is None and not loaded and previous is not None and previous.exhausted:
+        workers = following_workers(loader)  # (a loaded state without any: fresh copies)
     if workers is None:
         return WorkerStates(loader.num_workers), 0, False
     if pending is None or pending.loaded is None:
