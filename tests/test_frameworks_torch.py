@@ -79,8 +79,9 @@ def test_statefuldataloader_arguments_and_call_pattern():
     ds = list(range(12))
     loader = kuat.DataLoader(ds, batch_size=2, shuffle=True, seed=3, snapshot_every_n_steps=5)
     assert loader.snapshot_every_n_steps == 5
+    assert kuat.DataLoader(ds, snapshot_every_n_steps=0).snapshot_every_n_steps == 0  # torchdata's
     with pytest.raises(ValueError, match="snapshot_every_n_steps"):
-        kuat.DataLoader(ds, snapshot_every_n_steps=0)
+        kuat.DataLoader(ds, snapshot_every_n_steps=-1)
     it = iter(loader)
     head = [next(it).tolist() for _ in range(2)]
     state = loader.state_dict()  # no arguments, as StatefulDataLoader

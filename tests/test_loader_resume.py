@@ -81,7 +81,9 @@ def test_end_of_epoch_state_points_at_the_next_epoch():
     it = iter(dl)
     next(it)
     assert (dl.state_dict()["epoch"], dl.state_dict()["batches_served_in_epoch"]) == (0, 1)
-    next(it)
+    next(it)  # the last batch, inside the loop: the rest of epoch 0 is empty (torchdata #1439)
+    assert (dl.state_dict()["epoch"], dl.state_dict()["batches_served_in_epoch"]) == (0, 2)
+    assert list(it) == []  # the epoch ran out: the state points at the next one
     assert (dl.state_dict()["epoch"], dl.state_dict()["batches_served_in_epoch"]) == (1, 0)
 
 

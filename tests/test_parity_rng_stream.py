@@ -73,9 +73,11 @@ def test_seed_none_is_the_first_epochs_base_seed_and_reproducible():
 
 def test_state_saved_before_the_first_epoch_resumes_from_the_start():
     torch.manual_seed(5)
+    base_seed = int(torch.empty((), dtype=torch.int64).random_().item())  # torch's first draw
+    torch.manual_seed(5)
     a = kuat.DataLoader(range(12), batch_size=4, shuffle=True)
-    state = a.state_dict()
-    assert state["seed"] is None and state["epoch"] == 0
+    state = a.state_dict()  # draws the first epoch's seeds ahead: the state names its order
+    assert state["seed"] == base_seed and state["epoch"] == 0 and "sampler_seed" in state
     order = [x.tolist() for x in a]
     torch.manual_seed(5)
     b = kuat.DataLoader(range(12), batch_size=4, shuffle=True)

@@ -8,6 +8,7 @@ The engine runs *any* work; it knows nothing of images or storage. Files, in lif
   containers included), as each torch worker process has.
 * ``worker_info.py`` ``torch.utils.data.get_worker_info()`` answered per thread worker (kuat's
   one patch of torch), and whether a worker consulted it.
+* ``isolated_fetch.py`` the job's fetch under global-RNG isolation (probe, watch, reseed).
 * ``isolate.py`` global-RNG isolation for datasets seen to draw from ``random``/``np.random``/
   ``torch``: probe, watch (generator fingerprints), reseed per sample or batch, one lock.
 * ``worker_rng.py`` a thread worker's own global generators when its ``worker_init_fn`` seeds

@@ -1,7 +1,9 @@
 """Task and result records, the worker loop every engine shares, and error transport.
 
 A *task* is ``(task_id, epoch, key)``: ``key`` is what to fetch (a list of sample indices, one
-index, or ``None`` for "the next batch of the iterable"). A :class:`Result` comes back with the
+index, or ``None`` for "the next batch of the iterable"; an iterable's epoch may start from a
+:class:`ResumeAt` (the source's own resume, or each worker's saved state: :class:`WorkerResume`),
+and an ``IterDataPipe``'s keys carry the epoch's graph seed: :class:`Seeded`). A :class:`Result` comes back with the
 task id, the worker id, a kind (``OK``/``END``/``FAIL``/``EMPTY``), the value and the work's
 timings. Exceptions travel as :class:`~kuat.engine.failure.Failure` records (picklable) and are
 raised in the consumer as the original (a thread) or its equal (a process: type, args,
@@ -13,8 +15,10 @@ from __future__ import annotations
 
 import atexit
 import os
+import threading
 import weakref
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from kuat.engine.failure import Failure
@@ -61,8 +65,10 @@ def _close_live_engines() -> None:
     for engine in engines:
         engine._wait_stopped(deadline)
 
-__all__ = ["OK", "END", "FAIL", "EMPTY", "Task", "Result", "WorkStats", "Failure", "failure",
-           "serve", "START", "FETCH", "COLLATE", "PIN", "SEND"]
+__all__ = ["OK", "END", "FAIL", "EMPTY", "Task", "Result", "WorkStats", "WorkerResume", "Seeded",
+           "Failure",
+           "failure",
+           "serve", "START", "FETCH", "COLLATE", "PIN", "SEND", "WorkerCtx"]
 
 OK, END, FAIL, EMPTY = 0, 1, 2, 3  # result kinds: batch, iterable exhausted, error, all skipped
 
@@ -89,6 +95,10 @@ class Task(NamedTuple):
 class WorkStats:
     """Seconds a worker spent on one task, and the samples it produced or skipped.
 
+    ``worker_state``: the worker's own dataset state after the task (pickled ``{"dataset",
+    "iterator", "ended"}``), reported when the job asks for it (``FetchJob.worker_state``) and
+    the worker's IterableDataset or its iterator has ``state_dict``; ``None`` otherwise.
+
     ``worker_info_consulted``: whether this worker's dataset (or collate) had called
     ``torch.utils.data.get_worker_info()`` by the end of the task; set by thread and process
     workers of a map-style dataset (``True``: its batches may depend on the worker, so the
@@ -97,7 +107,7 @@ class WorkStats:
     """
 
     __slots__ = ("fetch_s", "fetch_cpu_s", "native_s", "collate_s", "pin_s", "rng_wait_s",
-                 "samples", "skipped", "worker_info_consulted")
+                 "samples", "skipped", "worker_info_consulted", "worker_state")
 
     def __init__(self):
         self.fetch_s = self.fetch_cpu_s = self.collate_s = self.pin_s = self.rng_wait_s = 0.0
@@ -105,6 +115,7 @@ class WorkStats:
         self.samples = 0
         self.skipped: list[tuple[object, str, str]] = []  # (index, type name, message)
         self.worker_info_consulted: bool | None = None
+        self.worker_state: bytes | None = None
 
     def __getstate__(self):
         return tuple(getattr(self, k) for k in self.__slots__)
@@ -138,8 +149,28 @@ class ResumeAt(NamedTuple):
     state: object = None
 
 
+class WorkerResume(NamedTuple):
+    """``ResumeAt.state`` of a torch IterableDataset resumed from its workers' own states (as
+    torchdata's ``StatefulDataLoader``): ``states[worker_id]`` is what that worker reported
+    (``WorkStats.worker_state``) with the last batch served, or ``None`` (start afresh). The
+    worker loads its dataset's part, calls ``iter()``, then loads the iterator's part."""
+
+    states: tuple
+
+
+class Seeded(NamedTuple):
+    """Task key of an ``IterDataPipe``'s epoch: ``key`` with the epoch's shared seed, which
+    each worker applies to its copy's graph before iterating it (torch's
+    ``graph_settings.apply_random_seed``, so every worker shuffles alike before sharding)."""
+
+    shared_seed: int
+    key: object
+
+
 def describe_key(key: object) -> str:
     """What the task of ``key`` fetches, in words: ``"sample indices [2, 3]"``."""
+    if isinstance(key, Seeded):
+        key = key.key
     if key is None:
         return "the next batch of its IterableDataset"
     if isinstance(key, ResumeAt):
@@ -151,6 +182,8 @@ def describe_key(key: object) -> str:
 
 def key_indices(key: object) -> list[int] | None:
     """The sample indices of the task of ``key``; None for an iterable's next batch."""
+    if isinstance(key, Seeded):
+        key = key.key
     if isinstance(key, list):
         return list(key)
     if key is None or isinstance(key, ResumeAt):
@@ -166,6 +199,29 @@ def key_indices(key: object) -> list[int] | None:
 START, FETCH, COLLATE, PIN, SEND = "worker_init_fn", "fetch", "collate_fn", "pin_memory", "send"
 
 
+@dataclass
+class WorkerCtx:
+    """One worker's own state (made by ``FetchJob.start``, passed to every ``FetchJob.run``)."""
+
+    worker_id: int
+    num_workers: int
+    method: str  # "inline" | "thread" | "process"
+    base_seed: int
+    dataset: object = None  # this worker's dataset object (see worker_dataset)
+    epoch: int | None = None
+    iterator: object = None
+    ended: bool = False
+    extra: dict = field(default_factory=dict)
+    probed: bool = False  # this worker's first batch ran isolated and probed (isolate.py)
+    reports_state: bool = False  # the iterable or its iterator has state_dict (worker_state)
+    stage: str = FETCH  # what run() is doing: FETCH, COLLATE or PIN (names a failure's stage)
+    # its worker_init_fn changed the global generators: the thread worker's own states
+    # (worker_rng.OwnRng), or True in a process (its generators are its own)
+    rng: object = None
+    # set when the engine is closed (thread workers): no further sample of the task starts
+    stop: threading.Event | None = None
+
+
 def describe_failure(stage: str, key: object) -> str:
     """What failed, for the note: ``"in collate_fn, collating sample indices [2, 3]"``."""
     what = describe_key(key)
@@ -177,7 +233,7 @@ def describe_failure(stage: str, key: object) -> str:
         return f"while pinning the batch of {what} (pin_memory=True)"
     if stage == SEND:
         return f"while handing the batch of {what} to the loader (shared memory, pipe)"
-    if key is None or isinstance(key, ResumeAt):
+    if key is None or isinstance(key, (ResumeAt, Seeded)):
         return f"while fetching {what}"
     return f"while fetching {what} from the dataset"
 

@@ -14,22 +14,35 @@ do not draw pay two fingerprints and a shared lock per batch (about 3 us).
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
-import operator
+import pickle
 import threading
 import time
 import types
-import zlib
 from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 
 from kuat import _native, _parallel
 from kuat import rng as krng
 from kuat.collate import batch_scope
 from kuat.engine import isolate, worker_rng
-from kuat.engine.base import COLLATE, EMPTY, END, FETCH, OK, PIN, ResumeAt, WorkerStopped, WorkStats
+from kuat.engine.base import (
+    COLLATE,
+    EMPTY,
+    END,
+    FETCH,
+    OK,
+    PIN,
+    ResumeAt,
+    Seeded,
+    WorkerCtx,
+    WorkerResume,
+    WorkerStopped,
+    WorkStats,
+)
+from kuat.engine.isolated_fetch import IsolatedFetch
 from kuat.engine.worker_copy import worker_dataset
 from kuat.engine.worker_info import (
     clear_worker_info,
@@ -42,27 +55,6 @@ from kuat.sources import protocol
 __all__ = ["FetchJob", "WorkerCtx", "per_sample_getitems", "worker_dataset"]
 
 log = logging.getLogger("kuat.engine")
-
-
-_WATCH = object()  # FetchJob._isolated: fetch this first batch watched, not probed
-_STALLED = object()  # FetchJob._isolated: the lock was held too long; fetch watched, unlocked
-
-
-def _index_key(index) -> int:
-    """An int for a sample key: the index itself, or a stable hash of a non-integer key."""
-    try:
-        return operator.index(index)
-    except TypeError:
-        return zlib.crc32(repr(index).encode())
-
-
-def _batch_key(key) -> int:
-    """An int for a batch of sample keys (a CRC of the indices and their count)."""
-    try:
-        a = np.asarray(key, dtype=np.int64)  # (B,)
-        return zlib.crc32(a.tobytes()) | (a.size << 32)
-    except (TypeError, ValueError, OverflowError):
-        return zlib.crc32(repr(key).encode())
 
 
 def per_sample_getitems(dataset) -> bool:
@@ -79,27 +71,7 @@ def per_sample_getitems(dataset) -> bool:
 
 
 @dataclass
-class WorkerCtx:
-    worker_id: int
-    num_workers: int
-    method: str  # "inline" | "thread" | "process"
-    base_seed: int
-    dataset: object = None  # this worker's dataset object (see worker_dataset)
-    epoch: int | None = None
-    iterator: object = None
-    ended: bool = False
-    extra: dict = field(default_factory=dict)
-    probed: bool = False  # this worker's first batch ran isolated and probed (isolate.py)
-    stage: str = FETCH  # what run() is doing: FETCH, COLLATE or PIN (names a failure's stage)
-    # its worker_init_fn changed the global generators: the thread worker's own states
-    # (worker_rng.OwnRng), or True in a process (its generators are its own)
-    rng: object = None
-    # set when the engine is closed (thread workers): no further sample of the task starts
-    stop: threading.Event | None = None
-
-
-@dataclass
-class FetchJob:
+class FetchJob(IsolatedFetch):
     """Everything a worker needs to turn a task key into a collated batch (picklable)."""
 
     dataset: object
@@ -123,6 +95,13 @@ class FetchJob:
     # a worker_init_fn that changes the global generators gives each worker its own stream
     # (worker_rng.py): the loader's isolate_global_rng, whatever the source kind
     worker_rng: bool = False
+    # report each worker's dataset state with its results (WorkStats.worker_state): torch
+    # IterableDatasets, which each worker resumes from its own copy's state (torchdata's rule)
+    worker_state: bool = False
+    # an IterDataPipe: each worker seeds its graph per epoch (the task key is ``Seeded``) and
+    # shards it over (rank, world size) x workers, as torch's DataLoader (graph_settings)
+    datapipe: bool = False
+    shard: tuple[int, int] = (0, 1)  # (rank, world_size) the datapipe is sharded over
 
     @property
     def thread_agnostic(self) -> bool:
@@ -158,6 +137,8 @@ class FetchJob:
         worker process, where its ``self`` is that process's copy. In a thread worker it runs
         with the worker's own global generators (:mod:`kuat.engine.worker_rng`)."""
         dataset = worker_dataset(self.dataset, "thread" if own_copy else method)
+        if self.datapipe and dataset is not self.dataset:  # its graph is sharded in place:
+            dataset = copy.deepcopy(self.dataset)  # each thread its own, as each process
         ctx = WorkerCtx(worker_id, num_workers, method, base_seed, dataset=dataset, stop=stop)
         if method == "inline":
             return ctx
@@ -167,6 +148,11 @@ class FetchJob:
             torch.set_num_threads(1)
             krng.seed_worker_globals(base_seed, worker_id)  # as torch seeds each worker process
         set_worker_info(method, worker_id, num_workers, seed, ctx.dataset)
+        if self.datapipe:  # torch's _sharding_worker_init_fn: ranks first, then workers
+            from torch.utils.data.graph_settings import apply_sharding
+
+            rank, world_size = self.shard
+            apply_sharding(ctx.dataset, num_workers * world_size, worker_id * world_size + rank)
         init = self.worker_init_fn
         if init is None:
             return ctx
@@ -196,13 +182,53 @@ class FetchJob:
             if ctx.method == "process" and ctx.rng is None:  # (a worker_init_fn's stream
                 krng.seed_worker_globals(base_seed, ctx.worker_id)  # goes on, as in torch)
             set_worker_info(ctx.method, ctx.worker_id, ctx.num_workers, seed, ctx.dataset)
+        if isinstance(key, Seeded):  # an IterDataPipe's epoch (torch's _BaseDataLoaderIter)
+            from torch.utils.data.graph_settings import apply_random_seed, apply_sharding
+
+            if ctx.method == "inline":
+                apply_sharding(ctx.dataset, self.shard[1], self.shard[0])
+            apply_random_seed(ctx.dataset, torch.Generator().manual_seed(key.shared_seed))
+            key = key.key
         if self.iterable:
             if protocol.provides(ctx.dataset, protocol.EpochAware):
                 ctx.dataset.set_epoch(epoch)
-            if isinstance(key, ResumeAt):  # the source starts after the batches served
+            if isinstance(key, ResumeAt) and isinstance(key.state, WorkerResume):
+                self._restore(ctx, key.state.states[ctx.worker_id], fresh=key.batches == 0)
+            elif isinstance(key, ResumeAt):  # the source starts after the batches served
                 ctx.iterator = ctx.dataset.kuat_iter_from(epoch, key.batches, key.state)
             else:
                 ctx.iterator = iter(ctx.dataset)
+            ctx.reports_state = self.worker_state and (
+                protocol.provides(ctx.iterator, protocol.Stateful)
+                or protocol.provides(ctx.dataset, protocol.Stateful))
+
+    @staticmethod
+    def _restore(ctx: WorkerCtx, blob: bytes | None, fresh: bool) -> None:
+        """Resume this worker's copy from its own saved state (torchdata's order: the dataset's
+        state, then ``iter()``, then the iterator's state); ``None``: start afresh. ``fresh``:
+        the epoch starts (a state saved at an epoch's end): then a new ``iter()`` begins it."""
+        saved = pickle.loads(blob) if blob is not None else {}
+        ds = ctx.dataset
+        if saved.get("dataset") is not None and protocol.provides(ds, protocol.Stateful):
+            ds.load_state_dict(saved["dataset"])
+        ctx.iterator = iter(ds)
+        if saved.get("iterator") is not None and protocol.provides(ctx.iterator, protocol.Stateful):
+            ctx.iterator.load_state_dict(saved["iterator"])
+        ctx.ended = bool(saved.get("ended", False))
+        if fresh and blob is not None:
+            ctx.iterator, ctx.ended = iter(ds), False
+
+    @staticmethod
+    def _state_of(ctx: WorkerCtx) -> bytes:
+        """This worker's dataset state now, pickled (a copy: the worker goes on mutating it):
+        the iterator's ``state_dict()`` and, when the iterator is another object, the
+        dataset's (as torchdata's ``_make_state_dict``)."""
+        it, ds = ctx.iterator, ctx.dataset
+        it_state = it.state_dict() if protocol.provides(it, protocol.Stateful) else None
+        ds_state = (ds.state_dict() if it is not ds and protocol.provides(ds, protocol.Stateful)
+                    else None)
+        return pickle.dumps({"dataset": ds_state, "iterator": it_state, "ended": ctx.ended},
+                            protocol=pickle.HIGHEST_PROTOCOL)
 
     # -- one task ---------------------------------------------------------------------------
     def run(self, ctx: WorkerCtx, epoch: int, key, base_seed: int, width: int = 1):
@@ -247,7 +273,10 @@ class FetchJob:
             # iterable: all workers iterating all items? (#11.6); map-style: may the consumer
             # fetch in place of this worker? (consumer_may_fetch)
             if ctx.method != "inline" and (ctx.num_workers > 1 or not self.iterable):
-                st.worker_info_consulted = worker_info_consulted()
+                # (an IterDataPipe is sharded by the loader, as torch does)
+                st.worker_info_consulted = worker_info_consulted() or self.datapipe
+            if ctx.reports_state:  # where this worker's iterable is, after this batch
+                st.worker_state = self._state_of(ctx)
             if data is None:
                 return (END if self.iterable else EMPTY), None, st
             if self.fetch_collated:  # the columnar gather went straight to batch tensors
@@ -358,123 +387,3 @@ class FetchJob:
             return getitem(i)
 
         return checked
-
-    def _fetch(self, ctx: WorkerCtx, epoch: int, key, st: WorkStats) -> list:
-        """The samples of ``key``, with global-RNG isolation where the dataset needs it."""
-        if not self.isolate_rng or ctx.rng is not None:  # (a worker_init_fn's own stream)
-            return self._get(ctx, key)
-        use = self.rng_use
-        if use.draws or not ctx.probed:
-            ctx.probed = True
-            # Once a probe in this process saw no draw, a thread's first batch is watched
-            # instead: probing it would hold the exclusive lock for a whole batch and stall
-            # every other worker (measured: ~80 ms at an epoch's start, after which one worker
-            # ran a batch behind and the loader held one more batch buffer). The watch catches
-            # a draw all the same and re-fetches the batch isolated. Without the watch (false
-            # alarms) and in worker processes (their own generators) each worker still probes.
-            if not self._may_watch_first(ctx):
-                data = self._isolated(ctx, epoch, key, st, first=True)
-                if data is _STALLED:
-                    return self._watched(ctx, epoch, key, st, locked=False)
-                if data is not _WATCH:
-                    return data
-        if not use.watch:
-            return self._get(ctx, key)
-        # A holder of the exclusive side for STALL_S may be a sample waiting for this worker
-        # (a barrier across workers, as in torch's own tests): unless the dataset is known to
-        # draw, the batch is then fetched without the lock, watched all the same
-        lock = isolate.GLOBAL_RNG_LOCK
-        locked = lock.acquire_shared(patience=None if use.draws else isolate.STALL_S)
-        return self._watched(ctx, epoch, key, st, locked)
-
-    def _watched(self, ctx: WorkerCtx, epoch: int, key, st: WorkStats, locked: bool):
-        """The samples of ``key`` fetched un-isolated between two fingerprints (holding the
-        shared side of the lock when ``locked``, which it releases); fetched again isolated
-        when the generators changed meanwhile (the dataset drew, or another thread did).
-
-        Not ``locked`` (the lock's holder was stuck, maybe waiting for this very fetch): the
-        fetch ran while another sample had the generators reseeded, so what it read of them
-        (``torch.initial_seed()``) was that sample's. Once it has let the holder go on, the
-        batch is fetched again, isolated, and the first result dropped; unless the holder is
-        still there ``STALL_GRACE_S`` later (stuck on something else, a slow read: the other
-        workers must go on) and the fetch drew nothing: its result then stands."""
-        use = self.rng_use
-        try:
-            before = isolate.fingerprint()
-            data = self._get(ctx, key)
-            drew = isolate.fingerprint() != before
-        finally:
-            if locked:
-                isolate.GLOBAL_RNG_LOCK.release_shared()
-        if locked and not drew:
-            return data
-        if not locked and not drew:
-            hold = isolate.GLOBAL_RNG_LOCK.held_since
-            grace = 0.0 if hold == use.stuck_hold else time.monotonic() + isolate.STALL_GRACE_S
-            again = self._isolated(ctx, epoch, key, st, grace_until=grace)
-            if again is not _STALLED:
-                return again
-            use.stuck_hold = hold  # (the same hold stuck: the next fetches do not wait)
-            return data
-        del data  # fetched with unseeded draws (or another thread drew): fetch it isolated
-        data = self._isolated(ctx, epoch, key, st)
-        if locked and not use.draws:
-            use.false_alarm()
-        return data
-
-    def _may_watch_first(self, ctx: WorkerCtx) -> bool:
-        """Whether this worker's first batch may be watched instead of probed: a thread (or the
-        consumer) of a process where a probe already saw no draw, while the watch is on."""
-        use = self.rng_use
-        return ctx.method != "process" and use.probed and use.watch and not use.draws
-
-    def _isolated(self, ctx: WorkerCtx, epoch: int, key, st: WorkStats, first: bool = False,
-                  grace_until: float | None = None):
-        """The samples of ``key`` with the global RNGs reseeded per sample (``__getitem__``)
-        or per batch (``__getitems__``), under the exclusive lock; probes whether the dataset
-        draws until that is known. With ``first`` (a worker's first batch), returns ``_WATCH``
-        instead when, by the time the lock is had, another thread of this process has probed a
-        batch and seen no draw (workers that started together then watch side by side instead
-        of probing one after another). Returns ``_STALLED`` instead when the lock has been
-        held ``STALL_S`` (and it is past ``grace_until``) by then, for a first batch or one
-        given ``grace_until``, while the dataset is not known to draw (``_watched``)."""
-        use = self.rng_use
-        lock = isolate.GLOBAL_RNG_LOCK
-        t0 = time.perf_counter()
-        if not lock.acquire(patience=isolate.STALL_S, not_before=grace_until or 0.0):
-            if (first or grace_until is not None) and not use.draws:
-                # the holder may be waiting for this worker's sample: the caller fetches it
-                # watched, without the lock
-                st.rng_wait_s += time.perf_counter() - t0
-                return _STALLED
-            isolate.warn_stalled("a batch that must run isolated")
-            lock.acquire()
-        try:
-            st.rng_wait_s += time.perf_counter() - t0
-            if first and self._may_watch_first(ctx):
-                return _WATCH
-            saved = isolate.save() if ctx.method != "process" else None
-            try:
-                if self.use_getitems:
-                    isolate.seed_globals_cpu(krng.global_rng_seed(self.seed, epoch, _batch_key(key)))
-                    probe = None if use.draws else isolate.fingerprint()
-                    out = self._get(ctx, key)
-                    if probe is not None and isolate.fingerprint() != probe:
-                        use.draws = True
-                    use.probed = True
-                    return out
-                out = []
-                getitem = self._getitem(ctx)
-                for i in key:
-                    isolate.seed_globals_cpu(krng.global_rng_seed(self.seed, epoch, _index_key(i)))
-                    probe = None if use.draws else isolate.fingerprint()
-                    out += krng.map_samples(getitem, (i,))
-                    if probe is not None and isolate.fingerprint() != probe:
-                        use.draws = True
-                use.probed = True
-                return out
-            finally:
-                if saved is not None:
-                    isolate.restore(saved)
-        finally:
-            lock.release()

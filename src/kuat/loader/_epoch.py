@@ -29,13 +29,13 @@ from typing import Any
 
 import torch
 
-from kuat.engine.base import ResumeAt
+from kuat.engine.base import ResumeAt, Seeded, WorkerResume
 from kuat.engine.inline import InlineEngine
 from kuat.engine.thread import ThreadEngine
 from kuat.loader import _notices
 from kuat.loader._adaptive import Adaptation
 from kuat.loader._plan import EpochPlan, LoaderEvents
-from kuat.loader._state import Position
+from kuat.loader._state import Pending, Position, WorkerStates, persists
 from kuat.rng import epoch_context, worker_base_seed
 from kuat.sampling import EpochSampler, epoch_hook, order_state, restore_order
 from kuat.sources import protocol as _protocol
@@ -51,6 +51,10 @@ def apply_distributed(loader) -> tuple[int, int]:
     if isinstance(loader.sampler, EpochSampler):
         loader.sampler.set_distributed(rank, world_size)
     if (rank, world_size) != loader._dist_applied:
+        if loader._job.datapipe:  # workers shard its graph over ranks, then workers
+            loader._job.shard = (rank, world_size)
+            loader._workers.job_changed()
+            loader._workers.drop_persistent()
         if loader._traits.iterable and loader._traits.distributed:
             loader._source.kuat_set_distributed(rank, world_size)
             loader._workers.job_changed()  # spawned workers get the source with its new share
@@ -63,18 +67,92 @@ def apply_distributed(loader) -> tuple[int, int]:
     return rank, world_size
 
 
-def next_epoch(loader) -> tuple[int, int, dict]:
-    """``(epoch, batches to skip, states to restore)`` of the epoch about to start."""
+def next_epoch(loader) -> tuple[int, int, dict, Pending | None]:
+    """``(epoch, batches to skip, states to restore, the pending record it comes from)`` of
+    the epoch about to start."""
     st = loader._state
     pending, st.pending = st.pending, None
     request = getattr(loader.sampler, "epoch_request", None) if loader._traits.own_sampler else None
     if request is not None:
         loader.sampler.epoch_request = None
         if pending is None or (request[0] > pending.request and request[1] != pending.epoch):
-            return request[1], 0, {}
+            return request[1], 0, {}, None
     if pending is not None:
-        return pending.epoch, pending.served, pending.rng
-    return st.following_epoch(), 0, {}
+        return pending.epoch, pending.served, pending.rng, pending
+    return st.following_epoch(), 0, {}, None
+
+
+def _shuffles_as_torch(loader) -> bool:
+    """The loader's own sampler shuffles one process's indices: torch's ``RandomSampler``
+    draws a seed from the default generator for it every epoch (kuat draws it too)."""
+    sampler = loader.sampler
+    return (loader.generator is None and isinstance(sampler, EpochSampler) and sampler.shuffle
+            and sampler.num_replicas == 1)
+
+
+def epoch_draws(loader) -> tuple[int, int | None, int | None]:
+    """What torch's DataLoader draws from torch's generators when an epoch's iterator starts,
+    in its order: for an ``IterDataPipe``, the graph's shared seed (from ``generator=``, else
+    the default generator; drawn again, unused, when worker processes start); ``base_seed``
+    (:func:`draw_base_seed`); then, with ``shuffle=True``, the ``RandomSampler``'s seed.
+    Returns ``(base_seed, shuffle seed or None, shared seed or None)``."""
+    shared = None
+    if loader._job.datapipe:
+        shared = _draw(loader.generator)
+    fresh = not (loader.persistent_workers and loader._torch_base_seed is not None)
+    base_seed = draw_base_seed(loader)
+    if shared is not None and loader.num_workers and fresh:
+        _draw(loader.generator)  # torch's _reset(first_iter=True) draws it again
+    if not _shuffles_as_torch(loader):
+        return base_seed, None, shared
+    return base_seed, _draw(None), shared
+
+
+def _draw(generator) -> int:
+    return int(torch.empty((), dtype=torch.int64).random_(generator=generator).item())
+
+
+def draw_ahead(loader) -> None:
+    """``state_dict()`` where the next batch starts an epoch (before the first ``next()``, or
+    after an epoch ran out), without ``generator=``: make now, once, the draws that epoch's
+    start makes from torch's default generator, and keep them for it, so that the state names
+    its order (the shuffle seed; with ``seed=None``, the run seed) and a resume elsewhere
+    replays it (torchdata's ``RandomSampler`` keeps a generator for this; kuat keeps torch's
+    draws, made earlier). The draws are the ones torch makes, in its order; only their time
+    moves, from the epoch's first ``next()`` to this call."""
+    st = loader._state
+    pending = st.pending
+    if loader.generator is not None:
+        return  # its state is saved instead, as torchdata saves it
+    if pending is not None:
+        if pending.loaded is not None or pending.drawn is not None or pending.served:
+            return
+    elif st.position is not None and not st.position.exhausted:
+        return  # an epoch is under way: its draws are made and saved
+    apply_distributed(loader)
+    base_seed, shuffle_seed, shared_seed = epoch_draws(loader)
+    if loader.seed is None:  # seed=None: the run seed is the first epoch's torch base_seed
+        loader._set_seed(base_seed)
+    rng = dict(pending.rng) if pending is not None else {}
+    if shuffle_seed is not None and loader._torch_order:
+        rng["sampler_seed"] = shuffle_seed
+    if shared_seed is not None:
+        rng["shared_seed"] = shared_seed
+    if pending is not None:
+        epoch, request, workers = pending.epoch, pending.request, pending.workers
+    else:  # not a request: a later sampler.set_epoch() still wins (kuat.sampling.next_request)
+        epoch, request, workers = st.following_epoch(), -1, following_workers(loader)
+    st.pending = Pending(request, epoch, 0, rng, workers=workers,
+                         drawn=(base_seed, shuffle_seed, shared_seed))
+
+
+def following_workers(loader) -> WorkerStates | None:
+    """The worker dataset states the epoch after the last one starts from: the ones its
+    workers ended with when their copies persist (:func:`kuat.loader._state.persists`)."""
+    pos = loader._state.position
+    if pos is None or pos.workers is None or not persists(loader):
+        return None
+    return pos.workers.next_epoch()
 
 
 def draw_base_seed(loader) -> int:
@@ -108,7 +186,8 @@ def plan_epoch(loader, it) -> EpochPlan:
         raise RuntimeError("this kuat DataLoader was closed")
     apply_distributed(loader)
     st, traits = loader._state, loader._traits
-    epoch, skip, restore = next_epoch(loader)
+    previous = st.position
+    epoch, skip, restore, pending = next_epoch(loader)
     if st.skip_first:  # a skip_first_batches copy: its first epoch skips that many
         skip, st.skip_first = st.skip_first, 0
     if "generator" in restore:
@@ -126,24 +205,29 @@ def plan_epoch(loader, it) -> EpochPlan:
     at_start: dict[str, Any] = dict(restore)
     if loader.generator is not None:
         at_start.setdefault("generator", loader.generator.get_state())
-    base_seed = draw_base_seed(loader)  # then the sampler's draws, as torch
+    # base_seed, then the sampler's draws, as torch (or as state_dict() drew them ahead, or
+    # as the loaded state names them: the uninterrupted run made them before its state)
+    drawn = pending.drawn if pending is not None and pending.drawn is not None else None
+    if drawn is None and pending is not None and _state_names_draws(loader, pending):
+        drawn = (None, pending.rng.get("sampler_seed"), pending.rng.get("shared_seed"))
+    base_seed, shuffle_seed, shared_seed = drawn if drawn is not None else epoch_draws(loader)
     if loader.seed is None:  # seed=None: the run seed is the first epoch's torch base_seed
         loader._set_seed(base_seed)
     if loader.generator is None:
         base_seed = worker_base_seed(loader.seed, epoch)
-        sampler = loader.sampler
-        if isinstance(sampler, EpochSampler) and sampler.shuffle and sampler.num_replicas == 1:
+        if shuffle_seed is not None and loader._torch_order:
             # in torch, shuffle=True is a RandomSampler, which draws its own seed from the
             # default generator every epoch and shuffles with it: kuat makes the same draw
             # and, with seed=None, shuffles as torch does (saved at the epoch's start for
             # resume); with seed= the order stays a function of (seed, epoch)
-            drawn = int(torch.empty((), dtype=torch.int64).random_().item())
-            if loader._torch_order:
-                at_start.setdefault("sampler_seed", drawn)
-                sampler.torch_seed = (epoch, int(at_start["sampler_seed"]))
+            at_start.setdefault("sampler_seed", shuffle_seed)
+            loader.sampler.torch_seed = (epoch, int(at_start["sampler_seed"]))
     if "sampler" not in at_start and not traits.own_sampler and not traits.iterable:
         at_start["sampler"] = order_state(loader._index_sampler)  # as it starts: after base_seed
-    if traits.iterable and skip and traits.resumable:
+    workers, first_worker, restore_workers = _worker_states(loader, previous, pending, skip)
+    if restore_workers:  # each worker resumes its own copy (torchdata's rule): no replay
+        keys, discard = itertools.repeat(ResumeAt(skip, WorkerResume(tuple(workers.states)))), 0
+    elif traits.iterable and skip and traits.resumable:
         saved = st.source_at.state if (st.source_at is not None and (
             st.source_at.epoch, st.source_at.served) == (epoch, skip)) else None
         keys, discard = itertools.repeat(ResumeAt(skip, saved)), 0  # the source starts there
@@ -151,17 +235,56 @@ def plan_epoch(loader, it) -> EpochPlan:
         keys, discard = itertools.repeat(None), skip
     else:
         keys, discard = epoch_keys(loader, epoch, skip, restore.get("sampler")), 0
+    if shared_seed is not None:  # an IterDataPipe: every worker seeds its graph with it
+        shared_seed = at_start.setdefault("shared_seed", shared_seed)  # (saved, or restored)
+        keys = (Seeded(int(shared_seed), key) for key in keys)
     lease = loader._workers.lease(loader, base_seed, it)
-    position = st.position = Position(epoch, skip, False, at_start)
+    position = st.position = Position(epoch, skip, False, at_start, workers)
+    reported = loader._IterableDataset_len_called
+    if traits.iterable and reported is not None:  # torch's warning when more batches come
+        position.on_batch = functools.partial(_notices.iterable_length, loader, reported)
     owner = st.owner() if st.owner is not None else None
     if owner is not None:  # the loader this copy skips for follows on from its position
         owner._state.position, owner._state.pending = position, None
         if owner.seed is None:  # and from the seed the copy's first epoch drew
             owner._set_seed(loader.seed)
-    return _plan(loader, epoch, base_seed, keys, discard, position, lease)
+    return _plan(loader, epoch, base_seed, keys, discard, position, lease, first_worker)
 
 
-def _plan(loader, epoch, base_seed, keys, discard, position, lease) -> EpochPlan:
+def _state_names_draws(loader, pending) -> bool:
+    """Whether a loaded state names everything the epoch's draws from torch's default
+    generator decide (the run seed, the shuffle seed, an IterDataPipe's seed): the epoch then
+    draws nothing, as the uninterrupted run, which drew them before its state was taken, draws
+    nothing there (so a training loop that restores torch's RNG state with the checkpoint goes
+    on with the uninterrupted run's numbers). With ``generator=`` its restored state is drawn
+    from again, as torchdata does."""
+    rng = pending.rng
+    return (pending.loaded is not None and loader.generator is None and loader.seed is not None
+            and (not _shuffles_as_torch(loader) or not loader._torch_order or "sampler_seed" in rng)
+            and (not loader._job.datapipe or "shared_seed" in rng))
+
+
+def _worker_states(loader, previous, pending, skip):
+    """``(states, first worker, restore)`` of a torch IterableDataset's epoch: the workers'
+    own dataset states it starts from (``None`` for other sources), the worker its first
+    batch comes from (the one after the last batch served, when resumed mid-epoch), and
+    whether the workers must load them (a ``load_state_dict``; persistent copies that carry
+    their state over from the last epoch need not)."""
+    if not loader._job.worker_state:
+        return None, 0, False
+    workers = pending.workers if pending is not None else None
+    loaded = pending is not None and pending.loaded is not None
+    if workers is None and not loaded and previous is not None and previous.exhausted:
+        workers = following_workers(loader)  # (a loaded state without any: fresh copies)
+    if workers is None:
+        return WorkerStates(loader.num_workers), 0, False
+    if pending is None or pending.loaded is None:
+        return workers, 0, False
+    first = (workers.last + 1) % max(1, loader.num_workers) if skip else 0
+    return WorkerStates(loader.num_workers, workers.states, workers.last if skip else -1), first, True
+
+
+def _plan(loader, epoch, base_seed, keys, discard, position, lease, first_worker) -> EpochPlan:
     opts, traits, job = loader._options, loader._traits, loader._job
     nw = loader.num_workers
     pace = None
@@ -210,6 +333,7 @@ def _plan(loader, epoch, base_seed, keys, discard, position, lease) -> EpochPlan
                             unsplit_iterable=functools.partial(_notices.unsplit_iterable, loader),
                             finished=functools.partial(_notices.advise, loader)),
         iterable=traits.iterable,
+        first_worker=first_worker,
     )
 
 

@@ -115,7 +115,7 @@ class LoaderIter:
         self._adapt: _adaptive.Adaptation = plan.adaptation
         self._nw = self._lease.engine.num_workers
         self._active = [True] * self._nw
-        self._rr = 0
+        self._rr = plan.first_worker
         # per worker, its tasks from submission until taken (in_order=False's capacity)
         self._load = [0] * self._nw
         self._tasks: dict[int, int] = {}  # task id -> worker id, in flight
@@ -174,7 +174,7 @@ class LoaderIter:
         finally:  # every second inside next() is a second the training loop waited for input
             self._account_time(t0)
         self._adapt.loop_paused()
-        self._position.served += 1
+        self._position.advance()
         self._returned += 1
         if isinstance(self._keys, PacedKeys):
             self._keys.keep_up(self._returned)
@@ -417,6 +417,8 @@ class LoaderIter:
             return
         self._adapt.on_result(st)
         self._stats.add_work(st, counted=r.kind == OK and not self._discard)
+        if st.worker_state is not None:  # committed when its batch is returned (advance)
+            self._position.took(r.worker_id, st.worker_state, r.kind == OK)
         if st.skipped:
             self._events.skipped(st.skipped)
         if st.worker_info_consulted is False and self._plan.iterable:

@@ -11,7 +11,7 @@ import logging
 import re
 import warnings
 
-__all__ = ["advise", "unsplit_iterable", "skipped"]
+__all__ = ["advise", "iterable_length", "unsplit_iterable", "skipped"]
 
 log = logging.getLogger("kuat.loader")
 
@@ -34,9 +34,27 @@ def advise(loader) -> None:
         )
 
 
+def iterable_length(loader, reported: int, yielded: int) -> None:
+    """torch's warning, word for word, at every batch an epoch's iterator returns past the
+    ``len(dataset)`` that ``len(loader)`` read (torch compares that number of samples with
+    the number of batches yielded: so does kuat)."""
+    if yielded <= reported:
+        return
+    msg = (f"Length of IterableDataset {loader.dataset} was reported to be {reported}"
+           f"(when accessing len(dataloader)), but {yielded} samples have been fetched. ")
+    if loader.num_workers > 0:
+        msg += ("For multiprocessing data-loading, this could be caused by not properly "
+                "configuring the IterableDataset replica at each worker. Please see "
+                "https://pytorch.org/docs/stable/data.html#torch.utils.data.IterableDataset "
+                "for examples.")
+    warnings.warn(msg, stacklevel=4)
+
+
 def unsplit_iterable(loader) -> None:
-    """Once per loader: an IterableDataset that never asked which worker it runs in."""
-    if loader._warned_unsplit:
+    """Once per loader: an IterableDataset that never asked which worker it runs in. Not for
+    one with ``__len__``: torch's own warning (:func:`iterable_length`) speaks for those, and
+    kuat says what torch says."""
+    if loader._warned_unsplit or callable(getattr(loader.dataset, "__len__", None)):
         return
     loader._warned_unsplit = True
     warnings.warn(

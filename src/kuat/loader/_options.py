@@ -21,7 +21,8 @@ from kuat.device import accelerator_available
 from kuat.engine.job import per_sample_getitems
 from kuat.sources import protocol as _protocol
 
-__all__ = ["LoaderOptions", "SourceTraits", "check_arguments", "check_device", "resolve_pin"]
+__all__ = ["LoaderOptions", "SourceTraits", "check_arguments", "check_device", "is_iter_datapipe",
+           "resolve_pin", "wrap_datapipe"]
 
 
 @dataclass(frozen=True)
@@ -127,11 +128,42 @@ def check_torch_workers(num_workers, timeout, prefetch_factor, persistent_worker
     return prefetch_factor, adaptive
 
 
-def check_torch_sampling(iterable, shuffle, sampler, batch_sampler, batch_size, drop_last):
+def is_iter_datapipe(dataset) -> bool:
+    """Whether ``dataset`` is a ``torch.utils.data.IterDataPipe`` (torch's DataLoader shuffles,
+    seeds and shards its graph: ``torch.utils.data.graph_settings``)."""
+    from torch.utils.data import IterDataPipe
+
+    return isinstance(dataset, IterDataPipe)
+
+
+def wrap_datapipe(dataset, shuffle):
+    """What torch's DataLoader does to a DataPipe it is given: wrap it for pickling (so
+    ``loader.dataset`` is the wrapper, as torch's) and, for an ``IterDataPipe`` with
+    ``shuffle`` given, turn its shufflers on or off (``apply_shuffle_settings``)."""
+    from torch.utils.data import IterDataPipe, MapDataPipe
+    from torch.utils.data.datapipes.datapipe import (
+        _IterDataPipeSerializationWrapper,
+        _MapDataPipeSerializationWrapper,
+    )
+    from torch.utils.data.graph_settings import apply_shuffle_settings
+
+    if isinstance(dataset, IterDataPipe):
+        wrapped = _IterDataPipeSerializationWrapper(dataset)
+        if shuffle is not None:  # torch: on the graph the wrapper holds
+            apply_shuffle_settings(dataset, shuffle=shuffle)
+        return wrapped
+    if isinstance(dataset, MapDataPipe):
+        return _MapDataPipeSerializationWrapper(dataset)
+    return dataset
+
+
+def check_torch_sampling(iterable, shuffle, sampler, batch_sampler, batch_size, drop_last,
+                         datapipe=False):
     """torch's checks of the sampling arguments, in torch's order and words; returns
-    ``(shuffle, batch_size, drop_last)`` as torch normalises them."""
+    ``(shuffle, batch_size, drop_last)`` as torch normalises them. ``datapipe``: an
+    ``IterDataPipe``, whose ``shuffle`` torch applies to its graph (:func:`wrap_datapipe`)."""
     if iterable:
-        if shuffle not in {False, None}:
+        if shuffle not in {False, None} and not datapipe:
             raise ValueError(
                 f"DataLoader with IterableDataset: expected unspecified shuffle option, but got shuffle={shuffle}"
             )
@@ -186,10 +218,11 @@ def check_arguments(*, num_workers, timeout, prefetch_factor, persistent_workers
         raise TypeError(f"seed should be an int or None, got {seed=!r}")
     if snapshot_every_n_steps is not None and (
         isinstance(snapshot_every_n_steps, bool) or not isinstance(snapshot_every_n_steps, int)
-        or snapshot_every_n_steps < 1
-    ):
+        or snapshot_every_n_steps < 0
+    ):  # torchdata reads 0 (and None) as "no periodic snapshot"; kuat is exact at every batch
         raise ValueError(
-            f"snapshot_every_n_steps should be a positive int or None, got {snapshot_every_n_steps=!r}"
+            "snapshot_every_n_steps should be a non-negative int or None, got "
+            f"{snapshot_every_n_steps=!r}"
         )
     dev = check_device(device)
     rank, world_size = distributed.check_explicit(rank, world_size)

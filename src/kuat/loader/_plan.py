@@ -73,6 +73,8 @@ class EpochPlan:
         batches: the epoch's number of batches, when an observer needs it (else ``None``).
         events: :class:`LoaderEvents`.
         iterable: an iterable source (warnings differ).
+        first_worker: the worker the epoch's first task goes to (then round-robin): the one
+            after the last batch served, when a torch IterableDataset resumes mid-epoch.
     """
 
     epoch: int
@@ -92,3 +94,4 @@ class EpochPlan:
     batches: int | None
     events: LoaderEvents
     iterable: bool
+    first_worker: int = 0

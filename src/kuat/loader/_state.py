@@ -1,13 +1,16 @@
 """Where a loader is: its position in the epoch order, a pending resume, and the state dict.
 
-A loader's position is three small records (docs/loader.md, "Resume"):
+A loader's position is four small records (docs/loader.md, "Resume"):
 
 * :class:`Position`: the epoch being served (or last served), how many batches of it were
   served, whether it ran out, and the states its order started from. The running iterator
   advances it; ``state_dict()`` reads it; a ``skip_first_batches`` copy shares it with the
   loader it skips for.
-* :class:`Pending`: what the next epoch started must begin from (``set_epoch`` or
-  ``load_state_dict``), until an epoch starts.
+* :class:`WorkerStates`: a torch ``IterableDataset``'s per-worker dataset states as of the
+  batches served (torchdata's ``StatefulDataLoader`` rule), held by the position.
+* :class:`Pending`: what the next epoch started must begin from (``set_epoch``,
+  ``load_state_dict``, or the draws ``state_dict()`` made ahead at an epoch's start), until an
+  epoch starts.
 * :class:`SourceAt`: the source's own state loaded with a position (iterable sources resume
   from it when the same position starts).
 
@@ -17,17 +20,76 @@ names; they read the loader's face and its :class:`LoaderState`.
 
 from __future__ import annotations
 
+import collections
+import pickle
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from kuat.sampling import describe_sampler, order_state, sampler_generator
 from kuat.sources import protocol as _protocol
 
-__all__ = ["Position", "Pending", "SourceAt", "LoaderState", "STATE_VERSION", "state_dict",
-           "load_state_dict"]
+__all__ = ["Position", "WorkerStates", "Pending", "SourceAt", "LoaderState", "STATE_VERSION",
+           "persists", "state_dict", "load_state_dict"]
 
 STATE_VERSION = 1
+
+
+class WorkerStates:
+    """Each worker's own dataset state (a torch ``IterableDataset`` or its iterator with
+    ``state_dict``/``load_state_dict``), as of the batches served: what torchdata's
+    ``StatefulDataLoader`` keeps per worker (``dataset_state``, the iterator's state and
+    whether it ran out), so that each worker resumes its own copy where it was.
+
+    Workers report a state (pickled, ``kuat.engine.job``) with every result; the epoch's
+    iterator hands each one over with :meth:`took` when it takes the result and commits it
+    with :meth:`served_one` when the batch is returned, so a state never runs ahead of the
+    batches the user received (prefetch, the device copy one batch ahead, look-ahead).
+    """
+
+    __slots__ = ("num_workers", "states", "last", "_taken")
+
+    def __init__(self, num_workers: int, states: list | None = None, last: int = -1):
+        self.num_workers = num_workers
+        self.states: list[bytes | None] = list(states) if states else [None] * max(1, num_workers)
+        self.last = last  # the worker of the last batch served in the epoch (-1: none yet)
+        self._taken: collections.deque = collections.deque()  # (worker, state, is a batch)
+
+    def took(self, worker_id: int, state: bytes, batch: bool) -> None:
+        self._taken.append((worker_id, state, batch))
+
+    def served_one(self) -> None:
+        """A batch was returned: commit the states taken up to and including its own."""
+        while self._taken:
+            w, state, batch = self._taken.popleft()
+            self.states[w] = state
+            if batch:
+                self.last = w
+                return
+
+    def next_epoch(self) -> WorkerStates:
+        """The states a next epoch of the same worker copies starts from, once this epoch ran
+        out: each one as its iterator ended. A worker resuming from one loads it, then starts
+        the epoch with a new ``iter()`` (as torchdata's worker does: the state's side effects,
+        a restored RNG, carry over; its position does not)."""
+        while self._taken:  # the workers' ends, taken after the last batch
+            w, state, _ = self._taken.popleft()
+            self.states[w] = state
+        return WorkerStates(self.num_workers, self.states)
+
+    def to_state(self) -> dict | None:
+        """``state_dict()["workers"]``: ``num_workers``, ``last`` and ``states`` (per worker
+        ``{"dataset", "iterator", "ended"}`` or ``None``); ``None`` when no worker had one."""
+        if all(b is None for b in self.states):
+            return None
+        return {"num_workers": self.num_workers, "last": self.last,
+                "states": [None if b is None else pickle.loads(b) for b in self.states]}
+
+    @classmethod
+    def from_state(cls, saved: dict) -> WorkerStates:
+        states = [None if s is None else pickle.dumps(s) for s in saved["states"]]
+        return cls(int(saved["num_workers"]), states, int(saved["last"]))
 
 
 @dataclass
@@ -38,6 +100,24 @@ class Position:
     served: int  # batches of the epoch served (skipped ones on resume included)
     exhausted: bool = False  # the epoch's iterator ran out
     at_start: dict[str, Any] = field(default_factory=dict)  # states the order started from
+    workers: WorkerStates | None = None  # per-worker dataset states (stateful iterables)
+    yielded: int = 0  # batches this epoch's iterator returned
+    # called with ``yielded`` after each batch (torch's IterableDataset length warning)
+    on_batch: Callable[[int], None] | None = None
+
+    def took(self, worker_id: int, state: bytes, batch: bool) -> None:
+        """The iterator took a result carrying worker ``worker_id``'s dataset state."""
+        if self.workers is not None:
+            self.workers.took(worker_id, state, batch)
+
+    def advance(self) -> None:
+        """The iterator returned a batch."""
+        self.served += 1
+        self.yielded += 1
+        if self.workers is not None:
+            self.workers.served_one()
+        if self.on_batch is not None:
+            self.on_batch(self.yielded)
 
 
 @dataclass(frozen=True)
@@ -52,6 +132,9 @@ class Pending:
     epoch: int
     served: int
     rng: dict[str, Any]
+    workers: WorkerStates | None = None  # each worker's dataset state to resume from
+    loaded: dict | None = None  # the state given to load_state_dict (state_dict() returns it)
+    drawn: tuple | None = None  # draws made for the epoch by state_dict() (_epoch.epoch_draws)
 
 
 @dataclass(frozen=True)
@@ -100,19 +183,31 @@ def order_at_start(loader) -> dict[str, Any]:
     return rng
 
 
+def persists(loader) -> bool:
+    """Whether the dataset copies workers read carry over to the next epoch: persistent
+    workers' copies, or the loader's own dataset read with ``num_workers=0`` (as torch)."""
+    return bool(loader.persistent_workers) or loader.num_workers == 0
+
+
 def state_dict(loader) -> dict[str, Any]:
     """:meth:`kuat.DataLoader.state_dict`'s body (see there)."""
     st: LoaderState = loader._state
+    if st.pending is not None and st.pending.loaded is not None:
+        return dict(st.pending.loaded)  # nothing moved since load_state_dict (as torchdata)
+    workers = None
     if st.pending is not None:
         epoch, served, rng = st.pending.epoch, st.pending.served, st.pending.rng
+        workers = st.pending.workers
     elif st.position is None:
         epoch, served, rng = 0, 0, None
     else:
         pos = st.position
-        epoch, served, rng = pos.epoch, pos.served, pos.at_start
-        n = loader._batches_per_epoch() if not pos.exhausted else None
-        if pos.exhausted or (n is not None and served >= n):
+        epoch, served, rng, workers = pos.epoch, pos.served, pos.at_start, pos.workers
+        # Only an epoch that ran out points at the next one: a state taken after the last
+        # batch, inside the loop, resumes to an empty rest of the epoch (torchdata #1439)
+        if pos.exhausted:
             epoch, served, rng = epoch + 1, 0, None
+            workers = workers.next_epoch() if workers is not None and persists(loader) else None
     if rng is None or not rng:  # the next epoch starts from the states as they are now
         rng = order_at_start(loader)
     rank, world_size = loader._resolve_distributed(warn=False)
@@ -127,7 +222,11 @@ def state_dict(loader) -> dict[str, Any]:
         **rng,
     }
     source, traits = loader._source, loader._traits
-    if traits.iterable and traits.plan_state:
+    if traits.iterable and not traits.resumable:  # a torch IterableDataset: per worker
+        saved = workers.to_state() if workers is not None else None
+        if saved is not None:
+            state["workers"] = saved
+    elif traits.iterable and traits.plan_state:
         state["source"] = source.kuat_state_at(epoch, served, rank, world_size)
     elif traits.stateful:
         state["source"] = source.state_dict()
@@ -154,8 +253,9 @@ def load_state_dict(loader, state: dict[str, Any]) -> None:
                       "the order of the resumed epoch is not the saved one", stacklevel=3)
     elif loader.generator is not None:
         rng["generator"] = state["generator"]
-    if state.get("sampler_seed") is not None:  # the epoch's torch-style shuffle seed
-        rng["sampler_seed"] = state["sampler_seed"]
+    for key in ("sampler_seed", "shared_seed"):  # the epoch's torch-style shuffle seed; an
+        if state.get(key) is not None:  # IterDataPipe's graph seed
+            rng[key] = state[key]
     loader._torch_order = bool(state.get("torch_order", loader._torch_order))
     traits = loader._traits
     if not traits.own_sampler and not traits.iterable:
@@ -172,9 +272,21 @@ def load_state_dict(loader, state: dict[str, Any]) -> None:
     if state["seed"] is not None:  # None: saved before the first epoch drew it
         loader._set_seed(state["seed"])
     loader._workers.drop_persistent()  # persistent workers hold the old seed
+    workers = None
+    if state.get("workers") is not None and traits.iterable and not traits.resumable:
+        saved = state["workers"]
+        if int(saved["num_workers"]) != loader.num_workers:
+            raise ValueError(
+                f"kuat DataLoader: the state holds the dataset states of "
+                f"num_workers={saved['num_workers']} workers of an IterableDataset, and this "
+                f"loader has num_workers={loader.num_workers}: each worker resumes its own "
+                "copy (its shard), so resume with the same num_workers (as torchdata's "
+                "StatefulDataLoader requires)")
+        workers = WorkerStates.from_state(saved)
     st: LoaderState = loader._state
     # the source's own point in its plan there, handed to kuat_iter_from (iterable sources)
     st.source_at = SourceAt(int(state["epoch"]), served, state.get("source"))
-    st.pending = Pending(next_request(), int(state["epoch"]), served, rng)
+    st.pending = Pending(next_request(), int(state["epoch"]), served, rng, workers=workers,
+                         loaded=dict(state))
     if "source" in state and _protocol.provides(loader._source, _protocol.Stateful):
         loader._source.load_state_dict(state["source"])

@@ -110,8 +110,8 @@ class DataLoader(_TorchDataLoader[_T_co]):  # generic as torch's: kuat.DataLoade
             generator and torch's default CPU generator reproducible whatever the workers
             (``docs/loader.md``, "Global random generators"). ``None``: on unless the source
             draws only from ``kuat.sample_rng`` (``kuat_uses_sample_rng``).
-        snapshot_every_n_steps: accepted for ``StatefulDataLoader`` compatibility (a positive
-            int or ``None``); every :meth:`state_dict` call is exact whatever its value.
+        snapshot_every_n_steps: accepted for ``StatefulDataLoader`` compatibility (an int >= 0
+            or ``None``, as torchdata); every :meth:`state_dict` call is exact whatever its value.
 
     Iteration is lazy: ``iter(loader)`` neither starts workers nor advances the epoch; the
     epoch starts at the first ``next()``. The loader pickles (live workers are not carried).
@@ -165,7 +165,8 @@ class DataLoader(_TorchDataLoader[_T_co]):  # generic as torch's: kuat.DataLoade
             world_size=world_size,
         )
         self._device = opts.device
-        self.dataset = dataset
+        datapipe = _options.is_iter_datapipe(dataset)
+        self.dataset = dataset = _options.wrap_datapipe(dataset, shuffle)
         self.num_workers = num_workers
         self.prefetch_factor = opts.prefetch_factor
         self.pin_memory = pin_memory
@@ -187,7 +188,7 @@ class DataLoader(_TorchDataLoader[_T_co]):  # generic as torch's: kuat.DataLoade
         self._source = source
         iterable = isinstance(source, IterableDataset) or isinstance(dataset, IterableDataset)
         shuffle, batch_size, drop_last = _options.check_torch_sampling(
-            iterable, shuffle, sampler, batch_sampler, batch_size, drop_last)
+            iterable, shuffle, sampler, batch_sampler, batch_size, drop_last, datapipe)
         self._dataset_kind = _DatasetKind.Iterable if iterable else _DatasetKind.Map
         own_sampler = sampler is None and not iterable and batch_sampler is None
         traits = _options.SourceTraits.of(source, iterable=iterable, own_sampler=own_sampler)
@@ -249,6 +250,8 @@ class DataLoader(_TorchDataLoader[_T_co]):  # generic as torch's: kuat.DataLoade
             pin=pin and opts.worker_type == "thread" or (pin and num_workers == 0),
             # batch-sized buffers reused once freed, outside malloc's arenas (kuat/_buffers.py)
             buffer_pool=BufferPool(),
+            worker_state=iterable and not traits.resumable,  # per-worker dataset states
+            datapipe=datapipe,  # seeded and sharded per worker, as torch (graph_settings)
         )
         self._stats = LoaderStats()
         self._warned: set[tuple[str, str]] = set()
@@ -360,6 +363,7 @@ class DataLoader(_TorchDataLoader[_T_co]):  # generic as torch's: kuat.DataLoade
         microseconds (plus a generator state copy, a few KiB, and the source's own cost).
         Called with no arguments, as ``StatefulDataLoader.state_dict()``.
         """
+        _epoch.draw_ahead(self)  # at an epoch's start: its draws, so that the state names them
         return _state.state_dict(self)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

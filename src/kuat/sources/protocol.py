@@ -196,8 +196,12 @@ class Batching(Protocol):
 class Stateful(Protocol):
     """``state_dict()`` / ``load_state_dict(state)``: the source's own resumable state, saved
     under ``"source"`` in ``loader.state_dict()`` and given back by
-    ``loader.load_state_dict()``, from the caller's thread. Iterable sources without it are
-    resumed by replaying (fetching and dropping) the batches already served in the epoch."""
+    ``loader.load_state_dict()``, from the caller's thread (map-style sources). A torch
+    ``IterableDataset`` with it (or whose iterator has it) is saved and resumed per worker, as
+    torchdata's ``StatefulDataLoader`` does: each worker's copy reports its state with every
+    batch and loads it back on resume (``docs/loader.md``, "Resume"). Iterable sources with
+    neither it nor :class:`ResumableIterable` are resumed by replaying (fetching and dropping)
+    the batches already served in the epoch."""
 
     def state_dict(self) -> dict: ...
 

@@ -1,0 +1,166 @@
+"""Fetching with global-RNG isolation: the part of :class:`kuat.engine.job.FetchJob` that
+probes, watches and reseeds Python's ``random``, NumPy's global generator and torch's default
+CPU generator around a dataset's calls (the rules: :mod:`kuat.engine.isolate`).
+
+A mixin: :class:`IsolatedFetch` reads the job's ``isolate_rng``, ``rng_use``, ``seed`` and
+``use_getitems`` and calls its ``_get(ctx, key)`` (the plain fetch).
+"""
+
+from __future__ import annotations
+
+import operator
+import time
+import zlib
+
+import numpy as np
+
+from kuat import rng as krng
+from kuat.engine import isolate
+from kuat.engine.base import WorkerCtx, WorkStats
+
+__all__ = ["IsolatedFetch"]
+
+_WATCH = object()  # FetchJob._isolated: fetch this first batch watched, not probed
+_STALLED = object()  # FetchJob._isolated: the lock was held too long; fetch watched, unlocked
+
+
+def _index_key(index) -> int:
+    """An int for a sample key: the index itself, or a stable hash of a non-integer key."""
+    try:
+        return operator.index(index)
+    except TypeError:
+        return zlib.crc32(repr(index).encode())
+
+
+def _batch_key(key) -> int:
+    """An int for a batch of sample keys (a CRC of the indices and their count)."""
+    try:
+        a = np.asarray(key, dtype=np.int64)  # (B,)
+        return zlib.crc32(a.tobytes()) | (a.size << 32)
+    except (TypeError, ValueError, OverflowError):
+        return zlib.crc32(repr(key).encode())
+
+
+
+class IsolatedFetch:
+    """``_fetch(ctx, epoch, key, st)``: the samples of ``key``, isolated where needed."""
+
+    def _fetch(self, ctx: WorkerCtx, epoch: int, key, st: WorkStats) -> list:
+        """The samples of ``key``, with global-RNG isolation where the dataset needs it."""
+        if not self.isolate_rng or ctx.rng is not None:  # (a worker_init_fn's own stream)
+            return self._get(ctx, key)
+        use = self.rng_use
+        if use.draws or not ctx.probed:
+            ctx.probed = True
+            # Once a probe in this process saw no draw, a thread's first batch is watched
+            # instead: probing it would hold the exclusive lock for a whole batch and stall
+            # every other worker (measured: ~80 ms at an epoch's start, after which one worker
+            # ran a batch behind and the loader held one more batch buffer). The watch catches
+            # a draw all the same and re-fetches the batch isolated. Without the watch (false
+            # alarms) and in worker processes (their own generators) each worker still probes.
+            if not self._may_watch_first(ctx):
+                data = self._isolated(ctx, epoch, key, st, first=True)
+                if data is _STALLED:
+                    return self._watched(ctx, epoch, key, st, locked=False)
+                if data is not _WATCH:
+                    return data
+        if not use.watch:
+            return self._get(ctx, key)
+        # A holder of the exclusive side for STALL_S may be a sample waiting for this worker
+        # (a barrier across workers, as in torch's own tests): unless the dataset is known to
+        # draw, the batch is then fetched without the lock, watched all the same
+        lock = isolate.GLOBAL_RNG_LOCK
+        locked = lock.acquire_shared(patience=None if use.draws else isolate.STALL_S)
+        return self._watched(ctx, epoch, key, st, locked)
+
+    def _watched(self, ctx: WorkerCtx, epoch: int, key, st: WorkStats, locked: bool):
+        """The samples of ``key`` fetched un-isolated between two fingerprints (holding the
+        shared side of the lock when ``locked``, which it releases); fetched again isolated
+        when the generators changed meanwhile (the dataset drew, or another thread did).
+
+        Not ``locked`` (the lock's holder was stuck, maybe waiting for this very fetch): the
+        fetch ran while another sample had the generators reseeded, so what it read of them
+        (``torch.initial_seed()``) was that sample's. Once it has let the holder go on, the
+        batch is fetched again, isolated, and the first result dropped; unless the holder is
+        still there ``STALL_GRACE_S`` later (stuck on something else, a slow read: the other
+        workers must go on) and the fetch drew nothing: its result then stands."""
+        use = self.rng_use
+        try:
+            before = isolate.fingerprint()
+            data = self._get(ctx, key)
+            drew = isolate.fingerprint() != before
+        finally:
+            if locked:
+                isolate.GLOBAL_RNG_LOCK.release_shared()
+        if locked and not drew:
+            return data
+        if not locked and not drew:
+            hold = isolate.GLOBAL_RNG_LOCK.held_since
+            grace = 0.0 if hold == use.stuck_hold else time.monotonic() + isolate.STALL_GRACE_S
+            again = self._isolated(ctx, epoch, key, st, grace_until=grace)
+            if again is not _STALLED:
+                return again
+            use.stuck_hold = hold  # (the same hold stuck: the next fetches do not wait)
+            return data
+        del data  # fetched with unseeded draws (or another thread drew): fetch it isolated
+        data = self._isolated(ctx, epoch, key, st)
+        if locked and not use.draws:
+            use.false_alarm()
+        return data
+
+    def _may_watch_first(self, ctx: WorkerCtx) -> bool:
+        """Whether this worker's first batch may be watched instead of probed: a thread (or the
+        consumer) of a process where a probe already saw no draw, while the watch is on."""
+        use = self.rng_use
+        return ctx.method != "process" and use.probed and use.watch and not use.draws
+
+    def _isolated(self, ctx: WorkerCtx, epoch: int, key, st: WorkStats, first: bool = False,
+                  grace_until: float | None = None):
+        """The samples of ``key`` with the global RNGs reseeded per sample (``__getitem__``)
+        or per batch (``__getitems__``), under the exclusive lock; probes whether the dataset
+        draws until that is known. With ``first`` (a worker's first batch), returns ``_WATCH``
+        instead when, by the time the lock is had, another thread of this process has probed a
+        batch and seen no draw (workers that started together then watch side by side instead
+        of probing one after another). Returns ``_STALLED`` instead when the lock has been
+        held ``STALL_S`` (and it is past ``grace_until``) by then, for a first batch or one
+        given ``grace_until``, while the dataset is not known to draw (``_watched``)."""
+        use = self.rng_use
+        lock = isolate.GLOBAL_RNG_LOCK
+        t0 = time.perf_counter()
+        if not lock.acquire(patience=isolate.STALL_S, not_before=grace_until or 0.0):
+            if (first or grace_until is not None) and not use.draws:
+                # the holder may be waiting for this worker's sample: the caller fetches it
+                # watched, without the lock
+                st.rng_wait_s += time.perf_counter() - t0
+                return _STALLED
+            isolate.warn_stalled("a batch that must run isolated")
+            lock.acquire()
+        try:
+            st.rng_wait_s += time.perf_counter() - t0
+            if first and self._may_watch_first(ctx):
+                return _WATCH
+            saved = isolate.save() if ctx.method != "process" else None
+            try:
+                if self.use_getitems:
+                    isolate.seed_globals_cpu(krng.global_rng_seed(self.seed, epoch, _batch_key(key)))
+                    probe = None if use.draws else isolate.fingerprint()
+                    out = self._get(ctx, key)
+                    if probe is not None and isolate.fingerprint() != probe:
+                        use.draws = True
+                    use.probed = True
+                    return out
+                out = []
+                getitem = self._getitem(ctx)
+                for i in key:
+                    isolate.seed_globals_cpu(krng.global_rng_seed(self.seed, epoch, _index_key(i)))
+                    probe = None if use.draws else isolate.fingerprint()
+                    out += krng.map_samples(getitem, (i,))
+                    if probe is not None and isolate.fingerprint() != probe:
+                        use.draws = True
+                use.probed = True
+                return out
+            finally:
+                if saved is not None:
+                    isolate.restore(saved)
+        finally:
+            lock.release()
