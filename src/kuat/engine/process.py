@@ -1,8 +1,9 @@
 """N worker processes: one pipe each; batch payloads come back through shared-memory slots.
 
 The job (dataset, collate_fn, worker_init_fn) reaches the workers once: inherited by ``fork``
-(the default on Linux, as in torch), or pickled once by the loader into bytes that every
-``spawn``/``forkserver`` worker unpickles. Tasks and results are small records over a
+(the default on Linux before Python 3.14, as in torch), or pickled by multiprocessing as each
+``spawn``/``forkserver`` worker starts (inside its spawning context, as torch, so datasets
+holding ``multiprocessing.Value`` or locks work). Tasks and results are small records over a
 ``multiprocessing.Pipe`` per worker; the consumer waits on all pipes and on the processes'
 sentinels at once (``multiprocessing.connection.wait``, in the consumer's own ``get()``: no
 receiver thread, so each batch costs one wake-up), so a worker that dies is noticed at once and
@@ -96,9 +97,14 @@ def _worker_main(payload, worker_id, num_workers, name, base_seed, conn, prefix,
     writer = shm.SlotWriter(prefix, worker_id)
     current: dict = {}
 
+    # The loader's death shows as this process being re-parented. Its parent at start is the
+    # loader with fork and spawn, but the forkserver's server with forkserver (whose pid is not
+    # parent_pid), so compare with the parent it had, as torch's ManagerWatchdog does.
+    first_parent = os.getppid()
+
     def recv():
         while not conn.poll(1.0):
-            if os.getppid() != parent_pid:
+            if os.getppid() != first_parent:
                 return None
         msg = conn.recv()
         if msg is None:
@@ -156,7 +162,7 @@ class ProcessEngine(ClosedOnExit):
     """``num_workers`` processes running ``job``; see the package docstring for the API.
 
     Args:
-        payload: the job, or the job pickled once into bytes (for non-fork start methods).
+        payload: the job (or, from older callers, the job pickled into bytes).
         num_workers: number of processes.
         base_seed: seed of the first epoch (per-worker global RNGs: ``base_seed + worker id``).
         context: a ``multiprocessing`` context.

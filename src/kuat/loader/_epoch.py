@@ -53,11 +53,9 @@ def apply_distributed(loader) -> tuple[int, int]:
     if (rank, world_size) != loader._dist_applied:
         if loader._job.datapipe:  # workers shard its graph over ranks, then workers
             loader._job.shard = (rank, world_size)
-            loader._workers.job_changed()
             loader._workers.drop_persistent()
         if loader._traits.iterable and loader._traits.distributed:
             loader._source.kuat_set_distributed(rank, world_size)
-            loader._workers.job_changed()  # spawned workers get the source with its new share
             loader._workers.drop_persistent()  # persistent workers hold the old share
         if world_size > 1 and loader._options.seed_was_none and loader._traits.own_sampler:
             log.warning("kuat.DataLoader on rank %d of %d drew its seed from torch's default "

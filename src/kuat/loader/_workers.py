@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
-import pickle
 import weakref
 
 from kuat.engine.inline import InlineEngine
@@ -31,7 +30,6 @@ class WorkerPool:
     def __init__(self):
         self.persistent = None  # the engine kept between epochs
         self.live_iter = None  # weakref to the iterator using it
-        self._job_bytes: bytes | None = None  # the job pickled once (spawn/forkserver)
 
     def __getstate__(self):
         return {}
@@ -62,17 +60,12 @@ class WorkerPool:
         ctx = loader.multiprocessing_context
         if ctx is None:  # torch's choice: the default context (multiprocessing.set_start_method)
             ctx = multiprocessing.get_context()
-        if ctx.get_start_method() == "fork":
-            payload = job
-        else:  # pickled once per loader, not once per worker start
-            if self._job_bytes is None:
-                self._job_bytes = pickle.dumps(job, protocol=pickle.HIGHEST_PROTOCOL)
-            payload = self._job_bytes
+        # the job itself: forked, or pickled by multiprocessing as each worker starts (inside
+        # its spawning context, so a dataset holding multiprocessing.Value/Lock objects works,
+        # as with torch; pickled into bytes ahead of that it raises "should only be shared
+        # between processes through inheritance")
+        payload = job
         return ProcessEngine(payload, loader.num_workers, base_seed, ctx, pin=loader._options.pin)
-
-    def job_changed(self) -> None:
-        """The job (seed, source share) changed: pickle it again for the next spawned workers."""
-        self._job_bytes = None
 
     def drop_persistent(self) -> None:
         """Close the persistent workers (they hold an old seed or share); the next epoch starts

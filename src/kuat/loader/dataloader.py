@@ -78,8 +78,7 @@ class DataLoader(_TorchDataLoader[_T_co]):  # generic as torch's: kuat.DataLoade
         worker_init_fn: called once in each worker (thread or process) with its id, after
             seeding, with ``get_worker_info()`` set.
         multiprocessing_context: start method for process workers; default: the default
-            context, as torch (``multiprocessing.set_start_method``; the job is pickled once
-            for ``spawn``/``forkserver``). Ignored by threads.
+            context, as torch (``multiprocessing.set_start_method``). Ignored by threads.
         generator: as torch: drives the shuffle and each epoch's ``base_seed``; its state when
             an epoch starts is saved by :meth:`state_dict` (as torchdata's
             ``StatefulDataLoader``), so resume stays exact.
@@ -386,7 +385,6 @@ class DataLoader(_TorchDataLoader[_T_co]):  # generic as torch's: kuat.DataLoade
     def _set_seed(self, seed: int) -> None:
         self.seed = int(seed)
         self._job.seed = self.seed
-        self._workers.job_changed()
         if isinstance(self.sampler, EpochSampler):
             self.sampler.seed = self.seed
 
