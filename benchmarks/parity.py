@@ -101,7 +101,11 @@ if _mode != "torch":
         import torchdata.stateful_dataloader.stateful_dataloader as _sdl_mod
     if _mode in ("thread", "process"):
 
-        class DataLoader(_Kuat):
+        import typing as _typing
+
+        _T_co = _typing.TypeVar("_T_co", covariant=True)
+
+        class DataLoader(_Kuat[_T_co]):  # generic, as torch's and kuat's (test_typing)
             """kuat.DataLoader whose worker_type defaults to the parity run's mode."""
 
             def __init__(self, *args, worker_type=_mode, **kwargs):

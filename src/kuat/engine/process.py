@@ -28,10 +28,12 @@ import collections
 import functools
 import logging
 import os
+import pickle
 import queue
 import secrets
 import sys
 import time
+import warnings
 from multiprocessing.connection import wait
 from multiprocessing.reduction import recv_handle, send_handle
 
@@ -201,7 +203,18 @@ class ProcessEngine(ClosedOnExit):
                     name=f"{name}-{i}",
                     daemon=True,
                 )
-                p.start()
+                try:
+                    p.start()
+                except (TypeError, AttributeError, pickle.PicklingError):
+                    warnings.warn(  # torch's words (its test matches them)
+                        "Got pickle error when attempting to start a worker Process. "
+                        "This might be because the worker Process arguments are not picklable. "
+                        "Python 3.14+ changed the multiprocessing start method in non-Mac POSIX "
+                        "platforms to 'forkserver', which requires the worker Process arguments "
+                        "to be picklable. You can also try multiprocessing.set_start_method('fork').",
+                        stacklevel=4,
+                    )
+                    raise
                 child.close()
                 self._conns.append(parent)
                 self._procs.append(p)
