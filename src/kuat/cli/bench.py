@@ -170,6 +170,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     return p
 
 
+def _given(**options) -> dict:
+    """The options the user gave (not None): the configs' own defaults apply to the rest."""
+    return {k: v for k, v in options.items() if v is not None}
+
+
 def _scaling(args: argparse.Namespace) -> int:
     import json
 
@@ -178,18 +183,14 @@ def _scaling(args: argparse.Namespace) -> int:
     if args.table is not None:
         print(scaling_report.markdown(json.loads(args.table.read_text())))
         return 0
-    kw = {
-        k: v
-        for k, v in dict(
-            workloads=tuple(args.workloads) if args.workloads else None,
-            loaders=tuple(args.loaders) if args.loaders else None,
-            max_workers=args.workers,
-            runs=args.runs,
-            num_images=args.num_images,
-            cache_dir=args.cache_dir,
-        ).items()
-        if v is not None
-    }
+    kw = _given(
+        workloads=tuple(args.workloads) if args.workloads else None,
+        loaders=tuple(args.loaders) if args.loaders else None,
+        max_workers=args.workers,
+        runs=args.runs,
+        num_images=args.num_images,
+        cache_dir=args.cache_dir,
+    )
     try:
         cfg = scaling.ScalingConfig(
             out_dir=args.out, quick=args.quick, loop_ms=args.loop_ms,
@@ -257,22 +258,18 @@ def run(args: argparse.Namespace) -> int:
 
         print(report.markdown(json.loads(args.table.read_text())))
         return 0
-    kw = {
-        k: v
-        for k, v in dict(
-            loaders=tuple(args.loaders) if args.loaders else None,
-            workloads=tuple(args.workloads) if args.workloads else None,
-            runs=args.runs,
-            epochs=args.epochs,
-            num_images=args.num_images,
-            memory_runs=args.memory_runs,
-            num_workers=args.workers,
-            setup_envs=args.setup_envs,
-            image_root=args.imagefolder,
-            cache_dir=args.cache_dir,
-        ).items()
-        if v is not None
-    }
+    kw = _given(
+        loaders=tuple(args.loaders) if args.loaders else None,
+        workloads=tuple(args.workloads) if args.workloads else None,
+        runs=args.runs,
+        epochs=args.epochs,
+        num_images=args.num_images,
+        memory_runs=args.memory_runs,
+        num_workers=args.workers,
+        setup_envs=args.setup_envs,
+        image_root=args.imagefolder,
+        cache_dir=args.cache_dir,
+    )
     try:
         cfg = runner.BenchConfig(out_dir=args.out, quick=args.quick, timeout_s=args.timeout, **kw)
     except ValueError as e:
