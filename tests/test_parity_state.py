@@ -341,3 +341,23 @@ def test_a_state_before_the_first_batch_of_a_stateful_iterable(pw):
         expected = list(it)
         dl.load_state_dict(state0)
         assert list(dl) == expected, kind
+
+
+@pytest.mark.parametrize("name", ["dataset_state", "self_iterator"])
+def test_a_state_before_the_first_batch_with_no_workers_holds_the_datasets_own(name):
+    # torchdata's TestStatefulDataLoaderIterable2.test_no_mp (interrupt 0): the same dataset
+    # object, read by a second loader with num_workers=0 after the first read it all, resumes
+    # from the state taken before the first batch: every item again, not an empty epoch
+    result = {}
+    for kind in ("torchdata", "kuat"):
+        dataset = DATASETS[name](_shares(1))
+        make = _loaders(0, None, batch_size=2, collate_fn=_identity)
+        dl = make(kind, dataset)
+        it = iter(dl)
+        state = dl.state_dict()
+        expected = list(it)
+        resumed = make(kind, dataset)
+        resumed.load_state_dict(state)
+        result[kind] = (expected, list(resumed))
+        assert result[kind][1] == expected and expected, kind
+    assert result["kuat"] == result["torchdata"]

@@ -224,6 +224,13 @@ def state_dict(loader) -> dict[str, Any]:
     source, traits = loader._source, loader._traits
     if traits.iterable and not traits.resumable:  # a torch IterableDataset: per worker
         saved = workers.to_state() if workers is not None else None
+        if (saved is None and loader.num_workers == 0 and served == 0
+                and _protocol.provides(source, _protocol.Stateful)):
+            # num_workers=0 reads the loader's own dataset (as torch): before the epoch's first
+            # batch its state is the dataset's as it is now (torchdata takes it at iter())
+            saved = {"num_workers": 0, "last": -1,
+                     "states": [{"dataset": source.state_dict(), "iterator": None,
+                                 "ended": False}]}
         if saved is not None:
             state["workers"] = saved
     elif traits.iterable and traits.plan_state:
