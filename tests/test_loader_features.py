@@ -256,12 +256,20 @@ class CountsPickles:
 
 
 @pytest.mark.slow
-def test_spawned_workers_get_the_dataset_pickled_once():
-    CountsPickles.pickles = 0
-    with kuat.DataLoader(CountsPickles(), batch_size=4, num_workers=2, worker_type="process",
-                         multiprocessing_context="spawn", persistent_workers=True) as dl:
+def test_spawned_workers_get_the_dataset_pickled_as_torch_does():
+    # each spawned worker gets the dataset pickled as it starts, inside multiprocessing's
+    # spawning context (as torch: a dataset holding multiprocessing.Value/Lock objects can only
+    # be pickled there), once per worker start: persistent workers, so once per worker
+    counts = {}
+    for name, cls in (("torch", torch.utils.data.DataLoader), ("kuat", kuat.DataLoader)):
+        extra = {"worker_type": "process"} if name == "kuat" else {}
+        CountsPickles.pickles = 0
+        dl = cls(CountsPickles(), batch_size=4, num_workers=2, multiprocessing_context="spawn",
+                 persistent_workers=True, **extra)
         assert [b.tolist() for _ in range(2) for b in dl] == [[0, 10, 20, 30], [40, 50, 60, 70]] * 2
-    assert CountsPickles.pickles == 1  # two spawned workers, one pickling
+        counts[name] = CountsPickles.pickles
+        del dl
+    assert counts["kuat"] == counts["torch"] == 2
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
@@ -382,3 +390,34 @@ def test_cheap_batches_deepen_process_workers_prefetch_without_changing_the_epoc
     it = iter(dl8)
     list(it)
     assert not it._adapt.adaptive and it._adapt.max_inflight == 4  # explicit prefetch_factor kept
+
+
+class SharedCounter:
+    """Counts fetches in a multiprocessing.Value shared with the workers (torch's
+    test_worker_seed pattern): picklable only while a worker process is being spawned."""
+
+    def __init__(self, ctx):
+        self.count = ctx.Value("i", 0)
+
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        with self.count.get_lock():
+            self.count.value += 1
+        return i
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+def test_a_dataset_holding_a_multiprocessing_value_works_under_spawn(method):
+    import multiprocessing
+
+    ctx = multiprocessing.get_context(method)
+    got = {}
+    for name, cls in (("torch", torch.utils.data.DataLoader), ("kuat", kuat.DataLoader)):
+        extra = {"worker_type": "process"} if name == "kuat" else {}
+        ds = SharedCounter(ctx)
+        dl = cls(ds, batch_size=4, num_workers=2, multiprocessing_context=ctx, **extra)
+        got[name] = ([b.tolist() for b in dl], ds.count.value)
+    assert got["kuat"] == got["torch"] == ([[0, 1, 2, 3], [4, 5, 6, 7]], 8)
