@@ -27,21 +27,21 @@ __all__ = ["LoaderOptions", "SourceTraits", "check_arguments", "check_device", "
 
 @dataclass(frozen=True)
 class LoaderOptions:
-    """The loader's fixed choices (``DataLoader.__init__``'s arguments after checking)."""
+    """The loader's fixed choices, from ``DataLoader.__init__``'s arguments after checking.
 
-    num_workers: int
+    Only what the loader derives and reads later; the arguments it keeps as they were
+    (``num_workers``, ``timeout``, ``on_error``, ...) are its public attributes, which a caller
+    may set again, so they are not copied here."""
+
     prefetch_factor: int | None  # 2 with workers when not given (as torch), None without
     adaptive_prefetch: bool  # workers and prefetch_factor not given: kuat may prefetch deeper
-    timeout: float
     worker_type: str  # "thread" or "process" (the first engine's)
     auto_worker_type: bool  # worker_type=None with workers: may move to processes
-    on_error: str
     device: torch.device | None  # a CUDA device, or None (host batches)
     rank: int | None  # explicit rank=/world_size=, or None (resolved each epoch)
     world_size: int | None
     seed: int | None
     seed_was_none: bool  # the first epoch's base_seed draw becomes the seed
-    snapshot_every_n_steps: int | None
     pin: bool  # pin batches (pin_memory, or a CUDA device), an accelerator being present
 
 
@@ -228,19 +228,15 @@ def check_arguments(*, num_workers, timeout, prefetch_factor, persistent_workers
     rank, world_size = distributed.check_explicit(rank, world_size)
     distributed.resolve(rank, world_size)  # RANK/WORLD_SIZE errors surface at construction
     return LoaderOptions(
-        num_workers=num_workers,
         prefetch_factor=prefetch_factor,
         adaptive_prefetch=adaptive,
-        timeout=timeout,
         worker_type="thread" if worker_type is None else worker_type,
         auto_worker_type=worker_type is None and num_workers > 0,
-        on_error=on_error,
         device=dev,
         rank=rank,
         world_size=world_size,
         seed=None if seed is None else int(seed),
         seed_was_none=seed is None,
-        snapshot_every_n_steps=snapshot_every_n_steps,
         pin=False,  # resolve_pin, after the sampling arguments are checked (torch's order)
     )
 

@@ -19,6 +19,7 @@ and :meth:`DataLoader._skip_first_batches` only.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 import math
 import os
@@ -226,7 +227,7 @@ class DataLoader(_TorchDataLoader[_T_co]):  # generic as torch's: kuat.DataLoade
             raise TypeError(f"isolate_global_rng should be a bool or None, got {isolate_global_rng=!r}")
         self.isolate_global_rng = isolate_global_rng
         pin = _options.resolve_pin(pin_memory, pin_memory_device, self._device)
-        opts = _options.LoaderOptions(**{**opts.__dict__, "pin": pin})
+        opts = dataclasses.replace(opts, pin=pin)
         self._options, self._traits = opts, traits
         # torch's default_collate allocates in shared memory inside any worker (it sees
         # get_worker_info()); kuat's gives the same structures without that, and zero-copy.
