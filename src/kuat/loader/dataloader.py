@@ -434,7 +434,7 @@ class DataLoader(_TorchDataLoader[_T_co]):  # generic as torch's: kuat.DataLoade
         """Everything but live workers: persistent ones are started again after unpickling."""
         state = dict(self.__dict__)
         state["_workers"] = WorkerPool()
-        state["_state"] = _state.LoaderState(**{**self._state.__dict__, "owner": None})
+        state["_state"] = dataclasses.replace(self._state, owner=None)
         return state
 
     def __enter__(self) -> DataLoader:
@@ -470,11 +470,8 @@ class DataLoader(_TorchDataLoader[_T_co]):  # generic as torch's: kuat.DataLoade
         if isinstance(num_batches, bool) or not isinstance(num_batches, (int, np.integer)) or num_batches < 0:
             raise ValueError(f"num_batches should be a non-negative int, got {num_batches=!r}")
         skipping = copy.copy(self)  # through __getstate__: no live workers
-        skipping._state = _state.LoaderState(
-            position=self._state.position, pending=self._state.pending,
-            source_at=self._state.source_at, skip_first=int(num_batches),
-            owner=weakref.ref(self),
-        )
+        skipping._state = dataclasses.replace(self._state, skip_first=int(num_batches),
+                                              owner=weakref.ref(self))
         self._state.pending = None  # the copy starts the pending epoch, if any
         return skipping
 
