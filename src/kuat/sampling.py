@@ -5,12 +5,15 @@ The order of an epoch depends only on ``(seed, epoch, rank, world_size)`` (docs/
 so resuming at batch ``k`` recomputes the epoch's order and starts there, with no state beyond
 those integers.
 
-Distributed shares follow ``torch.utils.data.DistributedSampler``: all ranks see the same
-permutation; without ``drop_last`` it is padded by wrapping around to a multiple of
-``world_size``, with ``drop_last`` the tail is dropped; rank ``r`` takes every ``world_size``-th
-index starting at ``r``. Every rank therefore gets the same number of samples, hence the same
-number of batches. :class:`EpochSampler` *is* a ``DistributedSampler`` (same attributes), so
-frameworks that inject one when they find none (Lightning, Fabric) leave kuat's in place.
+Unsharded (the loader's default, as torch's DataLoader: :mod:`kuat.distributed`), an
+:class:`EpochSampler` gives every index of the epoch; it is not a ``DistributedSampler``, so
+frameworks that inject one when they find none (Lightning, Fabric) inject theirs, as they do for
+torch's loader. Sharded (kuat's own sharding, asked for), a :class:`DistributedEpochSampler`
+follows ``torch.utils.data.DistributedSampler``: all ranks see the same permutation; without
+``drop_last`` it is padded by wrapping around to a multiple of ``world_size``, with
+``drop_last`` the tail is dropped; rank ``r`` takes every ``world_size``-th index starting at
+``r``. Every rank therefore gets the same number of samples, hence the same number of batches;
+it *is* a ``DistributedSampler`` (same attributes), so frameworks leave it in place.
 
 User samplers: :func:`order_state` / :func:`restore_order` save and restore what the order of a
 torch sampler depends on (its generator, torch's global RNG, its epoch, or its own
@@ -31,6 +34,7 @@ from typing import Any
 import torch
 from torch.utils.data import (
     BatchSampler,
+    Sampler,
     DistributedSampler,
     RandomSampler,
     SequentialSampler,
@@ -41,8 +45,16 @@ from torch.utils.data import (
 from kuat.rng import SALT_SHUFFLE, derive_seed
 
 __all__ = [
-    "EpochSampler", "shuffle_seed", "batches_of", "describe_sampler", "epoch_hook", "order_state",
-    "restore_order", "sampler_generator",
+    "DistributedEpochSampler",
+    "EpochSampler",
+    "shuffle_seed",
+    "batches_of",
+    "describe_sampler",
+    "distributed_hook",
+    "epoch_hook",
+    "order_state",
+    "restore_order",
+    "sampler_generator",
 ]
 
 _REQUESTS = itertools.count(1)  # orders set_epoch calls on loaders and samplers (latest wins)
@@ -58,8 +70,8 @@ def next_request() -> int:
     return next(_REQUESTS)
 
 
-class EpochSampler(DistributedSampler):
-    """Sample indices of one rank's share of one epoch; a ``torch.utils.data.DistributedSampler``.
+class EpochSampler(Sampler[int]):
+    """Sample indices of one rank's share of one epoch (every index when unsharded).
 
     Args:
         num_samples: the dataset length ``N`` (>= 0), or a sized dataset whose ``len()`` is read
@@ -84,6 +96,8 @@ class EpochSampler(DistributedSampler):
     starts, through :meth:`set_distributed`).
     """
 
+    dataset: Sized | None
+
     def __init__(
         self,
         num_samples: int | Sized,
@@ -95,14 +109,16 @@ class EpochSampler(DistributedSampler):
         drop_last: bool = False,
         generator: torch.Generator | None = None,
     ):
-        # DistributedSampler.__init__ is not called: it would query torch.distributed now, and
-        # kuat resolves rank and world size when each epoch starts.
+        # (for DistributedEpochSampler, DistributedSampler.__init__ is not called: it would
+        # query torch.distributed now, and kuat resolves rank and world size at epoch start)
         self.dataset = None if isinstance(num_samples, int) else num_samples
         n = num_samples if self.dataset is None else len(self.dataset)
         if n < 0:
             raise ValueError(f"num_samples should be >= 0, got {num_samples=}")
         if shuffle and n == 0:  # RandomSampler's check and message
-            raise ValueError(f"num_samples should be a positive integer value, but got num_samples={n}")
+            raise ValueError(
+                f"num_samples should be a positive integer value, but got num_samples={n}"
+            )
         self.set_distributed(rank, world_size)
         self.shuffle = shuffle
         self.seed = seed
@@ -120,7 +136,9 @@ class EpochSampler(DistributedSampler):
         if world_size < 1:
             raise ValueError(f"world_size should be >= 1, got {world_size=}")
         if not 0 <= rank < world_size:
-            raise ValueError(f"Invalid rank {rank}, rank should be in the interval [0, {world_size - 1}]")
+            raise ValueError(
+                f"Invalid rank {rank}, rank should be in the interval [0, {world_size - 1}]"
+            )
         self.rank, self.num_replicas = int(rank), int(world_size)
 
     @property
@@ -206,6 +224,14 @@ class EpochSampler(DistributedSampler):
         return order[self.rank : total : self.num_replicas]
 
 
+class DistributedEpochSampler(EpochSampler, DistributedSampler):
+    """An :class:`EpochSampler` that shards: the loader's own sampler under kuat's sharding
+    (``rank=``/``world_size=``, ``mesh=``, ``shard=True``). A
+    ``torch.utils.data.DistributedSampler`` (its attributes and its order of shares), so that
+    Lightning, Fabric and the HF Trainer, which inject a ``DistributedSampler`` where they find
+    none, leave this one in place rather than sharding a second time."""
+
+
 def batches_of(indices: list[int], batch_size: int, drop_last: bool) -> list[list[int]]:
     """Split ``indices`` into consecutive batches of ``batch_size`` (the last may be shorter)."""
     stop = len(indices) - len(indices) % batch_size if drop_last else len(indices)
@@ -233,6 +259,14 @@ def epoch_hook(*samplers):
         if callable(hook):
             return hook
     return None
+
+
+def distributed_hook(batch_sampler):
+    """A batch sampler's ``kuat_set_distributed(rank, world_size)`` hook
+    (``kuat.TokenBudgetBatchSampler``), which a sharded loader calls at each epoch start, or
+    ``None``."""
+    hook = getattr(batch_sampler, "kuat_set_distributed", None)
+    return hook if callable(hook) else None
 
 
 def describe_sampler(sampler) -> str:

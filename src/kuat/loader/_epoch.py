@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from kuat import distributed
 from kuat.engine.base import ResumeAt, Seeded, WorkerResume
 from kuat.engine.inline import InlineEngine
 from kuat.engine.thread import ThreadEngine
@@ -37,7 +38,7 @@ from kuat.loader._adaptive import Adaptation
 from kuat.loader._plan import EpochPlan, LoaderEvents
 from kuat.loader._state import Pending, Position, WorkerStates, persists
 from kuat.rng import epoch_context, worker_base_seed
-from kuat.sampling import EpochSampler, epoch_hook, order_state, restore_order
+from kuat.sampling import EpochSampler, distributed_hook, epoch_hook, order_state, restore_order
 from kuat.sources import protocol as _protocol
 
 __all__ = ["apply_distributed", "next_epoch", "plan_epoch", "epoch_keys", "batched"]
@@ -46,17 +47,23 @@ log = logging.getLogger("kuat.loader")
 
 
 def apply_distributed(loader) -> tuple[int, int]:
-    """Resolve rank and world size and hand them to the sampler / iterable source."""
-    rank, world_size = loader._resolve_distributed()
+    """Resolve the loader's share (:mod:`kuat.distributed`; ``(0, 1)`` unsharded) and hand it
+    to its sampler, iterable source and kuat batch sampler. An ``IterDataPipe`` is sharded over
+    torch's process group when the loader itself is unsharded, as torch's DataLoader does."""
+    sharding = loader._options.sharding
+    rank, world_size = sharding.resolve(warn=True)
     if isinstance(loader.sampler, EpochSampler):
         loader.sampler.set_distributed(rank, world_size)
     if (rank, world_size) != loader._dist_applied:
         if loader._job.datapipe:  # workers shard its graph over ranks, then workers
-            loader._job.shard = (rank, world_size)
+            loader._job.shard = (rank, world_size) if sharding.sharded else distributed.torch_group()
             loader._workers.drop_persistent()
         if loader._traits.iterable and loader._traits.distributed:
             loader._source.kuat_set_distributed(rank, world_size)
             loader._workers.drop_persistent()  # persistent workers hold the old share
+        hook = distributed_hook(loader.batch_sampler)
+        if sharding.sharded and hook is not None:  # e.g. kuat.text.TokenBudgetBatchSampler
+            hook(rank, world_size)
         if world_size > 1 and loader._options.seed_was_none and loader._traits.own_sampler:
             log.warning("kuat.DataLoader on rank %d of %d drew its seed from torch's default "
                         "generator; pass the same seed= on every rank so that all ranks "

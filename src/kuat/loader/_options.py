@@ -38,8 +38,7 @@ class LoaderOptions:
     worker_type: str  # "thread" or "process" (the first engine's)
     auto_worker_type: bool  # worker_type=None with workers: may move to processes
     device: torch.device | None  # a CUDA device, or None (host batches)
-    rank: int | None  # explicit rank=/world_size=, or None (resolved each epoch)
-    world_size: int | None
+    sharding: distributed.Sharding  # who reads what: unsharded unless asked (kuat.distributed)
     seed: int | None
     seed_was_none: bool  # the first epoch's base_seed draw becomes the seed
     pin: bool  # pin batches (pin_memory, or a CUDA device), an accelerator being present
@@ -200,7 +199,7 @@ def check_torch_sampling(iterable, shuffle, sampler, batch_sampler, batch_size, 
 
 def check_arguments(*, num_workers, timeout, prefetch_factor, persistent_workers, worker_type,
                     on_error, seed, snapshot_every_n_steps, device, rank,
-                    world_size) -> LoaderOptions:
+                    world_size, mesh=None, dp_dims=None, shard=None) -> LoaderOptions:
     """Every argument but the dataset and sampling ones, checked (torch's first)."""
     prefetch_factor, adaptive = check_torch_workers(num_workers, timeout, prefetch_factor,
                                                     persistent_workers)
@@ -225,16 +224,14 @@ def check_arguments(*, num_workers, timeout, prefetch_factor, persistent_workers
             f"{snapshot_every_n_steps=!r}"
         )
     dev = check_device(device)
-    rank, world_size = distributed.check_explicit(rank, world_size)
-    distributed.resolve(rank, world_size)  # RANK/WORLD_SIZE errors surface at construction
+    spec = distributed.sharding(rank, world_size, mesh, dp_dims, shard)
     return LoaderOptions(
         prefetch_factor=prefetch_factor,
         adaptive_prefetch=adaptive,
         worker_type="thread" if worker_type is None else worker_type,
         auto_worker_type=worker_type is None and num_workers > 0,
         device=dev,
-        rank=rank,
-        world_size=world_size,
+        sharding=spec,
         seed=None if seed is None else int(seed),
         seed_was_none=seed is None,
         pin=False,  # resolve_pin, after the sampling arguments are checked (torch's order)

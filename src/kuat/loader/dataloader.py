@@ -37,7 +37,6 @@ from torch.utils.data._utils.collate import default_collate as torch_default_col
 from torch.utils.data._utils.collate import default_convert
 from torch.utils.data.dataloader import _DatasetKind
 
-from kuat import distributed
 from kuat import sources as _sources
 from kuat._buffers import BufferPool
 from kuat.collate import default_collate
@@ -46,7 +45,7 @@ from kuat.loader import _epoch, _notices, _options, _state
 from kuat.loader._iterator import LoaderIter
 from kuat.loader._stats import LoaderStats
 from kuat.loader._workers import WorkerPool
-from kuat.sampling import EpochSampler, next_request
+from kuat.sampling import DistributedEpochSampler, EpochSampler, next_request
 
 __all__ = ["DataLoader"]
 
@@ -102,10 +101,18 @@ class DataLoader(_TorchDataLoader[_T_co]):  # generic as torch's: kuat.DataLoade
         on_error: ``"raise"`` (default) or ``"skip"``: drop samples whose fetch raises (the
             batch is retried one sample at a time), warn once per distinct error, count them
             in :meth:`stats`, never yield an empty batch.
-        rank, world_size: this process's share of the loader's own sampler; give both or
-            neither. ``None``: resolved when each epoch starts by :mod:`kuat.distributed`
-            (``torch.distributed``, else ``RANK``/``WORLD_SIZE``, else 0 of 1). Every rank gets
-            the same number of batches (wrap-around padding, or truncation with ``drop_last``).
+        rank, world_size, mesh, dp_dims, shard: who reads what (``docs/loader.md``, "Who reads
+            what"). By default none of them: kuat shards nothing, as torch's DataLoader (every
+            rank reads every sample; a sampler a framework injects or the user passes decides
+            the share). kuat's own sharding, asked for with one of: ``rank=``/``world_size=``
+            (both ints); ``mesh=`` a ``DeviceMesh`` (the share is this rank's coordinate over
+            its data-parallel dimensions, ``dp_dims=`` or those named like ``dp``; the other
+            dimensions read identical batches); ``shard=True`` (the global rank, from
+            ``torch.distributed`` else ``RANK``/``WORLD_SIZE``, resolved each epoch). Sharded,
+            every rank gets the same number of batches (wrap-around padding, or truncation
+            with ``drop_last``) and ``loader.sampler`` is a ``DistributedSampler``, so
+            frameworks add none. ``ValueError`` for two ways at once or a mesh with no
+            data-parallel dimension.
         isolate_global_rng: make a map-style dataset's draws from ``random``, NumPy's global
             generator and torch's default CPU generator reproducible whatever the workers
             (``docs/loader.md``, "Global random generators"). ``None``: on unless the source
@@ -155,6 +162,9 @@ class DataLoader(_TorchDataLoader[_T_co]):  # generic as torch's: kuat.DataLoade
         on_error: str = "raise",
         rank: int | None = None,
         world_size: int | None = None,
+        mesh=None,
+        dp_dims=None,
+        shard: bool | None = None,
         isolate_global_rng: bool | None = None,
         snapshot_every_n_steps: int | None = None,
     ):
@@ -162,7 +172,7 @@ class DataLoader(_TorchDataLoader[_T_co]):  # generic as torch's: kuat.DataLoade
             num_workers=num_workers, timeout=timeout, prefetch_factor=prefetch_factor,
             persistent_workers=persistent_workers, worker_type=worker_type, on_error=on_error,
             seed=seed, snapshot_every_n_steps=snapshot_every_n_steps, device=device, rank=rank,
-            world_size=world_size,
+            world_size=world_size, mesh=mesh, dp_dims=dp_dims, shard=shard,
         )
         self._device = opts.device
         datapipe = _options.is_iter_datapipe(dataset)
@@ -198,8 +208,9 @@ class DataLoader(_TorchDataLoader[_T_co]):  # generic as torch's: kuat.DataLoade
                 if traits.batching:  # workers take whole batches
                     source.kuat_set_batching(batch_size, drop_last)
             elif batch_sampler is None:
-                r, ws = distributed.resolve(opts.rank, opts.world_size)
-                sampler = EpochSampler(
+                r, ws = opts.sharding.resolve()
+                kind = DistributedEpochSampler if opts.sharding.sharded else EpochSampler
+                sampler = kind(
                     source, shuffle=shuffle, seed=self.seed, rank=r,
                     world_size=ws, drop_last=drop_last, generator=generator,
                 )
@@ -300,16 +311,16 @@ class DataLoader(_TorchDataLoader[_T_co]):  # generic as torch's: kuat.DataLoade
     # --- rank and world size ------------------------------------------------------------------
     @property
     def rank(self) -> int:
-        """This process's rank now (the explicit ``rank=``, else :mod:`kuat.distributed`'s)."""
+        """This process's share now (``0`` unsharded; see ``shard``/``mesh``/``rank`` above)."""
         return self._resolve_distributed(warn=False)[0]
 
     @property
     def world_size(self) -> int:
-        """The number of ranks now (the explicit ``world_size=``, else resolved)."""
+        """The number of shares now (``1`` unsharded: every rank reads everything)."""
         return self._resolve_distributed(warn=False)[1]
 
     def _resolve_distributed(self, warn: bool = True) -> tuple[int, int]:
-        return distributed.resolve(self._options.rank, self._options.world_size, warn=warn)
+        return self._options.sharding.resolve(warn=warn)
 
     def __len__(self) -> int:
         _epoch.apply_distributed(self)
