@@ -34,9 +34,9 @@ from typing import Any
 import torch
 from torch.utils.data import (
     BatchSampler,
-    Sampler,
     DistributedSampler,
     RandomSampler,
+    Sampler,
     SequentialSampler,
     SubsetRandomSampler,
     WeightedRandomSampler,
