@@ -54,7 +54,7 @@ def run_ranks(fn, world_size: int, args: tuple = (), timeout: float = 90.0) -> l
     with tempfile.TemporaryDirectory() as tmp:
         init_file = os.path.join(tmp, "rendezvous")
         procs = [ctx.Process(target=_rank_main, args=(fn, r, world_size, init_file, args, out),
-                             daemon=True) for r in range(world_size)]
+                             daemon=False) for r in range(world_size)]  # (may fork workers)
         for p in procs:
             p.start()
         results: dict[int, object] = {}

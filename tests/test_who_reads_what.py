@@ -64,3 +64,34 @@ def test_mesh_without_a_data_parallel_dimension_raises_naming_it():
         assert "pp=2, tp=2" in errors[0] and "dp_dims=" in errors[0]
         assert "'cp'" in errors[1] and "twice" in errors[2]
         assert share == (coord[0], 2)
+
+
+def _per_rank_data(rank, world_size):
+    import datasets
+    from datasets.distributed import split_dataset_by_node
+
+    full = list(range(40))
+    subset = torch.utils.data.Subset(full, range(rank * 20, rank * 20 + 20))
+    hf = split_dataset_by_node(
+        datasets.Dataset.from_dict({"id": full}), rank=rank, world_size=world_size)
+    out = {}
+    for name, data in (("subset", subset), ("split_dataset_by_node", hf)):
+        for kw in ({}, {"shuffle": True}, {"num_workers": 2}):
+            torch.manual_seed(3)
+            theirs = [x for b in torch.utils.data.DataLoader(data, batch_size=4, **kw)
+                      for x in (b["id"] if isinstance(b, dict) else b).tolist()]
+            torch.manual_seed(3)
+            ours = [x for b in kuat.DataLoader(data, batch_size=4, **kw)
+                    for x in (b["id"] if isinstance(b, dict) else b).tolist()]
+            out[name, tuple(kw)] = (ours, theirs)
+    return out
+
+
+def test_per_rank_data_is_read_whole_on_each_rank_as_torch():
+    """A per-rank ``Subset`` or ``datasets``' ``split_dataset_by_node`` on a map-style dataset,
+    inside a process group: torch's loader reads each rank's 20; kuat's did 10 (it split again)."""
+    pytest.importorskip("datasets")
+    for rank, out in enumerate(run_ranks(_per_rank_data, 2, timeout=120)):
+        for key, (ours, theirs) in out.items():
+            assert ours == theirs, key
+            assert sorted(ours) == list(range(rank * 20, rank * 20 + 20)), key
