@@ -174,8 +174,9 @@ class EpochAware(Protocol):
 @runtime_checkable
 class Distributed(Protocol):
     """``kuat_set_distributed(rank, world_size)`` (iterable sources): called on the loader's
-    source when an epoch starts and the resolved rank or world size differs from the last
-    call; the source then yields only rank ``rank``'s share (equal shares, padded as
+    source when an epoch starts and the loader's share (``(0, 1)`` unless the loader was asked
+    to shard: :mod:`kuat.distributed`) differs from the last call; the source then yields only
+    rank ``rank``'s share (equal shares, padded as
     ``DistributedSampler`` pads, truncated with ``drop_last``). Workers started before get a
     new copy."""
 
