@@ -37,6 +37,7 @@ from kuat.loader import _notices
 from kuat.loader._adaptive import Adaptation
 from kuat.loader._plan import EpochPlan, LoaderEvents
 from kuat.loader._state import Pending, Position, WorkerStates, persists
+from kuat.loader._workers import Lease
 from kuat.rng import epoch_context, worker_base_seed
 from kuat.sampling import EpochSampler, distributed_hook, epoch_hook, order_state, restore_order
 from kuat.sources import protocol as _protocol
@@ -243,7 +244,11 @@ def plan_epoch(loader, it) -> EpochPlan:
     if shared_seed is not None:  # an IterDataPipe: every worker seeds its graph with it
         shared_seed = at_start.setdefault("shared_seed", shared_seed)  # (saved, or restored)
         keys = (Seeded(int(shared_seed), key) for key in keys)
-    lease = loader._workers.lease(loader, base_seed, it)
+    feed = loader._feed
+    if feed is not None and feed.is_peer():  # replicas="broadcast": the leader reads for it
+        lease = Lease(loader._workers, loader, InlineEngine(loader._job, base_seed), True, base_seed)
+    else:
+        lease = loader._workers.lease(loader, base_seed, it)
     position = st.position = Position(epoch, skip, False, at_start, workers)
     reported = loader._IterableDataset_len_called
     if traits.iterable and reported is not None:  # torch's warning when more batches come
@@ -339,6 +344,7 @@ def _plan(loader, epoch, base_seed, keys, discard, position, lease, first_worker
                             finished=functools.partial(_notices.advise, loader)),
         iterable=traits.iterable,
         first_worker=first_worker,
+        feed=loader._feed,
     )
 
 

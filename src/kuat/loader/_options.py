@@ -42,6 +42,8 @@ class LoaderOptions:
     seed: int | None
     seed_was_none: bool  # the first epoch's base_seed draw becomes the seed
     pin: bool  # pin batches (pin_memory, or a CUDA device), an accelerator being present
+    replicas: str = "read"  # "read": every rank reads; "broadcast": a leader per replica group
+    replica_check_every: int | None = None  # compare replicas' batch hashes every N batches
 
 
 @dataclass(frozen=True)
@@ -199,7 +201,8 @@ def check_torch_sampling(iterable, shuffle, sampler, batch_sampler, batch_size, 
 
 def check_arguments(*, num_workers, timeout, prefetch_factor, persistent_workers, worker_type,
                     on_error, seed, snapshot_every_n_steps, device, rank,
-                    world_size, mesh=None, dp_dims=None, shard=None) -> LoaderOptions:
+                    world_size, mesh=None, dp_dims=None, shard=None, replicas="read",
+                    replica_check_every=None) -> LoaderOptions:
     """Every argument but the dataset and sampling ones, checked (torch's first)."""
     prefetch_factor, adaptive = check_torch_workers(num_workers, timeout, prefetch_factor,
                                                     persistent_workers)
@@ -225,6 +228,7 @@ def check_arguments(*, num_workers, timeout, prefetch_factor, persistent_workers
         )
     dev = check_device(device)
     spec = distributed.sharding(rank, world_size, mesh, dp_dims, shard)
+    check_replicas(spec, seed, replicas, replica_check_every)
     return LoaderOptions(
         prefetch_factor=prefetch_factor,
         adaptive_prefetch=adaptive,
@@ -235,7 +239,30 @@ def check_arguments(*, num_workers, timeout, prefetch_factor, persistent_workers
         seed=None if seed is None else int(seed),
         seed_was_none=seed is None,
         pin=False,  # resolve_pin, after the sampling arguments are checked (torch's order)
+        replicas=replicas,
+        replica_check_every=replica_check_every,
     )
+
+
+def check_replicas(spec, seed, replicas, replica_check_every) -> None:
+    """``replicas`` and ``replica_check_every`` (:mod:`kuat.replicas`), and ``seed=`` with
+    ``mesh=``: ``seed=None`` would take each rank's seed from its own torch default generator
+    (often seeded per rank), so replicas could shuffle and augment differently; kuat asks for
+    the seed rather than agree on one by a collective that ranks without a loader (middle
+    pipeline stages) or a rank calling ``state_dict()`` alone would never join."""
+    if replicas not in ("read", "broadcast"):
+        raise ValueError(f"replicas should be 'read' or 'broadcast', got {replicas=!r}")
+    if replica_check_every is not None and (
+            isinstance(replica_check_every, bool) or not isinstance(replica_check_every, int)
+            or replica_check_every < 1):
+        raise ValueError("replica_check_every should be a positive int (batches) or None, got "
+                         f"{replica_check_every=!r}")
+    if spec.kind == "mesh" and seed is None:
+        raise ValueError(
+            "mesh= needs seed= (the same int on every rank): with seed=None each rank would "
+            "take its seed from its own torch default generator, and ranks that differ only "
+            "along the mesh's other dimensions (replicas) could shuffle and augment "
+            "differently")
 
 
 def resolve_pin(pin_memory: bool, pin_memory_device: str, device: torch.device | None) -> bool:

@@ -22,9 +22,7 @@ import copy
 import dataclasses
 import logging
 import math
-import os
 import sys
-import warnings
 import weakref
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
@@ -37,6 +35,7 @@ from torch.utils.data._utils.collate import default_collate as torch_default_col
 from torch.utils.data._utils.collate import default_convert
 from torch.utils.data.dataloader import _DatasetKind
 
+from kuat import replicas as _replicas
 from kuat import sources as _sources
 from kuat._buffers import BufferPool
 from kuat.collate import default_collate
@@ -111,8 +110,15 @@ class DataLoader(_TorchDataLoader[_T_co]):  # generic as torch's: kuat.DataLoade
             ``torch.distributed`` else ``RANK``/``WORLD_SIZE``, resolved each epoch). Sharded,
             every rank gets the same number of batches (wrap-around padding, or truncation
             with ``drop_last``) and ``loader.sampler`` is a ``DistributedSampler``, so
-            frameworks add none. ``ValueError`` for two ways at once or a mesh with no
-            data-parallel dimension.
+            frameworks add none. ``ValueError`` for two ways at once, a mesh with no
+            data-parallel dimension, or ``mesh=`` without ``seed=``.
+        replicas: ``"read"`` (default: every rank reads its share) or ``"broadcast"``: in each
+            replica group (ranks reading the same share: ``mesh=``'s non-data-parallel
+            dimensions, else equal ``loader.rank``) one leader reads and sends each batch to
+            its peers (``docs/distributed.md``, "Meshes and replicas"; :mod:`kuat.replicas`).
+        replica_check_every: ``None`` (default) or N: every N batches the replicas compare a
+            64-bit hash of their batches and every rank raises
+            ``kuat.replicas.ReplicaMismatchError`` naming the ranks that differ.
         isolate_global_rng: make a map-style dataset's draws from ``random``, NumPy's global
             generator and torch's default CPU generator reproducible whatever the workers
             (``docs/loader.md``, "Global random generators"). ``None``: on unless the source
@@ -165,6 +171,8 @@ class DataLoader(_TorchDataLoader[_T_co]):  # generic as torch's: kuat.DataLoade
         mesh=None,
         dp_dims=None,
         shard: bool | None = None,
+        replicas: str = "read",
+        replica_check_every: int | None = None,
         isolate_global_rng: bool | None = None,
         snapshot_every_n_steps: int | None = None,
     ):
@@ -172,7 +180,8 @@ class DataLoader(_TorchDataLoader[_T_co]):  # generic as torch's: kuat.DataLoade
             num_workers=num_workers, timeout=timeout, prefetch_factor=prefetch_factor,
             persistent_workers=persistent_workers, worker_type=worker_type, on_error=on_error,
             seed=seed, snapshot_every_n_steps=snapshot_every_n_steps, device=device, rank=rank,
-            world_size=world_size, mesh=mesh, dp_dims=dp_dims, shard=shard,
+            world_size=world_size, mesh=mesh, dp_dims=dp_dims, shard=shard, replicas=replicas,
+            replica_check_every=replica_check_every,
         )
         self._device = opts.device
         datapipe = _options.is_iter_datapipe(dataset)
@@ -191,6 +200,8 @@ class DataLoader(_TorchDataLoader[_T_co]):  # generic as torch's: kuat.DataLoade
         self.device = self._device
         self.on_error = on_error
         self.snapshot_every_n_steps = snapshot_every_n_steps
+        self.replicas, self.replica_check_every = replicas, replica_check_every
+        self._feed = _replicas.feed_for(opts.sharding, replicas, replica_check_every)
         self._torch_order = opts.seed_was_none  # shuffle=True on one process shuffles as torch's
         self._dist_applied: tuple[int, int] | None = None  # (rank, world_size) of the last epoch
 
@@ -286,27 +297,8 @@ class DataLoader(_TorchDataLoader[_T_co]):  # generic as torch's: kuat.DataLoade
 
     def check_worker_number_rationality(self) -> None:
         """Warn, as torch does and in torch's words, when more worker *processes* than usable
-        CPUs are asked for. Thread workers are not counted: they are cheap and mostly wait on
-        work that releases the GIL."""
-        if not self.num_workers or self.worker_type != "process":
-            return
-        # torch's count: the CPUs this process may run on where os.sched_getaffinity exists
-        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-        if cpus is not None and self.num_workers <= cpus:
-            return
-        cpuset = "" if hasattr(os, "sched_getaffinity") else " (`cpuset` is not taken into account)"
-        suggest = (f"Our suggested max number of worker in current system is {cpus}{cpuset}, "
-                   "which is smaller than what this DataLoader is going to create."
-                   if cpus is not None else
-                   "DataLoader is not able to compute a suggested max number of worker in "
-                   "current system.")
-        warnings.warn(
-            f"This DataLoader will create {self.num_workers} worker processes in total. "
-            f"{suggest} Please be aware that excessive worker creation might get DataLoader "
-            "running slow or even freeze, lower the worker number to avoid potential "
-            "slowness/freeze if necessary.",
-            stacklevel=3,
-        )
+        CPUs are asked for (threads are not counted: :func:`kuat.loader._notices.worker_number`)."""
+        _notices.worker_number(self)
 
     # --- rank and world size ------------------------------------------------------------------
     @property

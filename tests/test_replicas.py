@@ -1,0 +1,196 @@
+"""Replica groups on device meshes (gloo, forked ranks, 127.0.0.1; kuat.replicas): replicas read
+bit-identical batches whatever the workers, shares are disjoint and cover the epoch (as torch's
+DistributedSampler splits it), the opt-in replica check catches a rank that differs, and
+``replicas="broadcast"`` feeds peers the leader's batches, errors and end of data."""
+
+import multiprocessing
+
+import numpy as np
+import pytest
+import torch
+from torch.distributed.device_mesh import init_device_mesh
+from torch.utils.data import DistributedSampler
+
+import kuat
+from kuat.replicas import ReplicaMismatchError, batch_hash
+from kuat.vision import RandomResizedCrop
+from tests._gloo import run_ranks
+
+N = 21  # samples: odd, so that DistributedSampler pads
+
+
+class Crops(torch.utils.data.Dataset):
+    """Each sample draws randomness three ways: a random crop (kuat.vision, the sample's
+    generator), a kuat.sample_rng draw, and torch's global generator (isolate_global_rng)."""
+
+    def __init__(self, n=N, fail_at=None):
+        self.n, self.fail_at = n, fail_at
+        self.crop = RandomResizedCrop(4)
+        self.img = np.arange(10 * 10 * 3, dtype=np.uint8).reshape(10, 10, 3)
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if i == self.fail_at:
+            raise KeyError(f"sample {i} is broken")
+        return {"index": i, "crop": torch.from_numpy(np.ascontiguousarray(self.crop(self.img))),
+                "draw": int(kuat.sample_rng().numpy.integers(1 << 30)), "noise": torch.rand(2)}
+
+
+MODES = {"w0": {}, "thread2": {"num_workers": 2, "worker_type": "thread"},
+         "process2": {"num_workers": 2, "worker_type": "process"}}
+
+
+def _epochs(loader, epochs=2):
+    """Per epoch, per batch: (indices, 64-bit hash of every field)."""
+    return [[(b["index"].tolist(), batch_hash(b).intdigest()) for b in loader]
+            for _ in range(epochs)]
+
+
+def _identity_body(rank, world_size, names, shape):
+    # run_ranks forks daemonic ranks, which multiprocessing forbids to start children; the
+    # rank's worker processes end with it (the engine's workers watch their parent)
+    multiprocessing.current_process().daemon = False
+    mesh = init_device_mesh("cpu", shape, mesh_dim_names=names)
+    torch.manual_seed(rank)  # each rank's own default generator: must not matter with seed=
+    runs = {mode: _epochs(kuat.DataLoader(Crops(), batch_size=3, shuffle=True, seed=7, mesh=mesh,
+                                          isolate_global_rng=True, **kw))
+            for mode, kw in MODES.items()}
+    loader = kuat.DataLoader(Crops(), batch_size=3, mesh=mesh, seed=7)
+    dp_rank, dp_size = loader.rank, loader.world_size
+    ordered = [b["index"].tolist() for b in loader]
+    theirs = list(DistributedSampler(range(N), num_replicas=dp_size, rank=dp_rank, shuffle=False))
+    try:
+        kuat.DataLoader(Crops(), mesh=mesh)
+        seedless = None
+    except ValueError as e:
+        seedless = str(e)
+    return {"share": (dp_rank, dp_size), "runs": runs, "ordered": ordered, "theirs": theirs,
+            "seedless": seedless}
+
+
+@pytest.mark.parametrize("names, shape", [
+    (("dp", "tp"), (2, 2)),
+    (("pp", "dp", "tp"), (2, 2, 2)),
+    (("dp_replicate", "dp_shard", "tp"), (2, 2, 2)),
+], ids=["dp-tp", "pp-dp-tp", "hsdp-tp"])
+def test_replicas_identical_whatever_the_workers(names, shape):
+    results = run_ranks(_identity_body, int(np.prod(shape)), args=(names, shape), timeout=120)
+    dp_size = int(np.prod([k for n, k in zip(names, shape) if n.startswith("dp")]))
+    groups: dict[int, list] = {}
+    for r in results:
+        assert r["share"][1] == dp_size
+        runs = r["runs"]
+        assert runs["thread2"] == runs["w0"] and runs["process2"] == runs["w0"]  # any workers
+        # shuffle=False: the share is torch's DistributedSampler(num_replicas=dp, rank=dp_rank)'s
+        assert [i for b in r["ordered"] for i in b] == r["theirs"]
+        assert "seed=" in r["seedless"]  # mesh= without seed= raises at construction
+        groups.setdefault(r["share"][0], []).append(runs["w0"])
+    assert sorted(groups) == list(range(dp_size))
+    for peers in groups.values():  # replica peers: bit-identical batches (hash of every field)
+        assert all(p == peers[0] for p in peers[1:]) and len(peers) == len(results) // dp_size
+    for epoch in range(2):
+        shares = [[i for idx, _ in groups[d][0][epoch] for i in idx] for d in range(dp_size)]
+        assert len({len(s) for s in shares}) == 1  # equal steps
+        seen = [i for s in shares for i in s]  # disjoint and covering (padding: wrap-around)
+        assert set(seen) == set(range(N)) and len(seen) == -(-N // dp_size) * dp_size
+    assert groups[0][0][0] != groups[0][0][1]  # the epochs differ
+
+
+def _check_body(rank, world_size, bad_rank):
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    seed = 1 if rank == bad_rank else 0
+    loader = kuat.DataLoader(Crops(), batch_size=2, shuffle=True, seed=seed, mesh=mesh,
+                             replica_check_every=3)
+    served = 0
+    try:
+        for _ in loader:
+            served += 1
+    except ReplicaMismatchError as e:
+        return {"error": str(e), "groups": e.groups, "served": served}
+    return {"error": None, "served": served}
+
+
+@pytest.mark.parametrize("bad_rank", [None, 3])
+def test_replica_check_catches_a_rank_with_another_seed(bad_rank):
+    results = run_ranks(_check_body, 4, args=(bad_rank,), timeout=60)
+    if bad_rank is None:  # equal seeds pass every check
+        assert all(r["error"] is None and r["served"] == 6 for r in results)
+        return
+    for r in results:  # every rank raises at the first check (no rank waits in a collective)
+        assert r["served"] == 2 and "share 1: ranks [2] vs ranks [3]" in r["error"]
+        assert list(r["groups"]) == [1]  # share 1: ranks 2 and 3 (dp=1) on the (dp, tp) mesh
+        assert sorted(sorted(v) for v in r["groups"][1].values()) == [[2], [3]]
+
+
+def _feed_body(rank, world_size, names, shape, kw):
+    mesh = init_device_mesh("cpu", shape, mesh_dim_names=names)
+    modes = {}
+    for replicas in ("read", "broadcast"):
+        loader = kuat.DataLoader(Crops(), batch_size=3, shuffle=True, seed=3, mesh=mesh,
+                                 replicas=replicas, replica_check_every=2, **kw)
+        modes[replicas] = _epochs(loader)
+    return {"share": mesh.get_coordinate(), "modes": modes,
+            "peer": loader._feed.is_peer()}
+
+
+@pytest.mark.parametrize("names, shape, kw", [
+    (("dp", "tp"), (2, 2), {}),
+    (("pp", "dp", "tp"), (2, 2, 2), {"num_workers": 2, "worker_type": "thread"}),
+], ids=["dp-tp-w0", "pp-dp-tp-thread2"])
+def test_broadcast_feeds_the_same_batches_as_reading(names, shape, kw):
+    results = run_ranks(_feed_body, int(np.prod(shape)), args=(names, shape, kw), timeout=120)
+    for r in results:  # (replica_check_every=2 checked every group in both modes too)
+        assert r["modes"]["broadcast"] == r["modes"]["read"]
+    assert sum(r["peer"] for r in results) == len(results) - 2  # peers: all but 2 leaders
+
+
+class _Variable(torch.utils.data.Dataset):
+    """Variable-size fields and non-tensor values; sample ``fail_at`` raises; ``n`` samples
+    (only the leader's matters in broadcast mode: peers read nothing)."""
+
+    def __init__(self, n, fail_at=None):
+        self.n, self.fail_at = n, fail_at
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if i == self.fail_at:
+            raise KeyError(f"sample {i} is broken")
+        return {"tokens": torch.arange(i % 4 + 1, dtype=torch.int32), "name": f"s{i}",
+                "flag": torch.tensor(i % 2 == 0), "half": torch.full((2,), i, dtype=torch.bfloat16)}
+
+
+def _errors_body(rank, world_size):
+    mesh = init_device_mesh("cpu", (1, 4), mesh_dim_names=("dp", "tp"))
+    # a peer's own dataset is never read: give it another length to prove it
+    ds = _Variable(7 if rank == 0 else 100, fail_at=4 if rank == 0 else None)
+    loader = kuat.DataLoader(ds, batch_size=None, seed=0, mesh=mesh, replicas="broadcast",
+                             collate_fn=lambda x: x)
+    it = iter(loader)
+    got, errors, served = [], [], None
+    while True:
+        if len(got) == 3:  # a peer's position advances with the batches it receives
+            served = loader.state_dict()["batches_served_in_epoch"]
+        try:
+            s = next(it)
+        except StopIteration:
+            break
+        except KeyError as e:  # the leader's dataset error, on every rank; the epoch goes on
+            errors.append((len(got), str(e)))
+            continue
+        got.append((s["tokens"].tolist(), s["name"], bool(s["flag"]), s["half"].tolist(),
+                    str(s["half"].dtype)))
+    return got, errors, served
+
+
+def test_broadcast_carries_variable_fields_errors_and_the_end():
+    results = run_ranks(_errors_body, 4, timeout=60)
+    expected = [(list(range(i % 4 + 1)), f"s{i}", i % 2 == 0, [float(i)] * 2, "torch.bfloat16")
+                for i in (0, 1, 2, 3, 5, 6)]
+    for got, errors, served in results:
+        assert got == expected  # ended after the leader's 7 samples, one of them failing
+        assert len(errors) == 1 and errors[0][0] == 4 and "sample 4 is broken" in errors[0][1]
+        assert served == 3
