@@ -105,12 +105,12 @@ class ReplicaGroup:
     thread-safe (the consumer thread's).
     """
 
-    def __init__(self, sharding: distributed.Sharding):
-        self._sharding = sharding
+    def __init__(self, sharding: distributed.Sharding, broadcast: bool = False):
+        self._sharding, self.broadcast = sharding, broadcast  # broadcast: make send() groups
         self._ready = False
 
     def __getstate__(self):  # process groups do not travel: resolved again after unpickling
-        return {"_sharding": self._sharding, "_ready": False}
+        return {"_sharding": self._sharding, "broadcast": self.broadcast, "_ready": False}
 
     def _resolve(self) -> None:
         if self._ready:
@@ -156,7 +156,7 @@ class ReplicaGroup:
         members = [r for r, s in enumerate(shares) if s == self.share]
         self.src, self.leader = members[0], members[0] == self.rank
         distinct = sorted(set(shares))
-        if len(distinct) == 1:
+        if len(distinct) == 1 or not self.broadcast:  # (the check gathers over every rank)
             group = None  # every rank reads the same share: the default group is the group
         else:  # new_group is called by every rank, for every share, in the same order
             groups = {s: dist.new_group([r for r, t in enumerate(shares) if t == s])
@@ -296,7 +296,7 @@ class ReplicaFeed:
     """
 
     def __init__(self, sharding: distributed.Sharding, broadcast: bool, check_every: int | None):
-        self.group = ReplicaGroup(sharding)
+        self.group = ReplicaGroup(sharding, broadcast)
         self.broadcast = broadcast
         self.check_every = check_every
         self.steps = 0
