@@ -3,8 +3,6 @@ bit-identical batches whatever the workers, shares are disjoint and cover the ep
 DistributedSampler splits it), the opt-in replica check catches a rank that differs, and
 ``replicas="broadcast"`` feeds peers the leader's batches, errors and end of data."""
 
-import multiprocessing
-
 import numpy as np
 import pytest
 import torch
@@ -49,9 +47,6 @@ def _epochs(loader, epochs=2):
 
 
 def _identity_body(rank, world_size, names, shape):
-    # run_ranks forks daemonic ranks, which multiprocessing forbids to start children; the
-    # rank's worker processes end with it (the engine's workers watch their parent)
-    multiprocessing.current_process().daemon = False
     mesh = init_device_mesh("cpu", shape, mesh_dim_names=names)
     torch.manual_seed(rank)  # each rank's own default generator: must not matter with seed=
     runs = {mode: _epochs(kuat.DataLoader(Crops(), batch_size=3, shuffle=True, seed=7, mesh=mesh,
@@ -194,3 +189,35 @@ def test_broadcast_carries_variable_fields_errors_and_the_end():
         assert got == expected  # ended after the leader's 7 samples, one of them failing
         assert len(errors) == 1 and errors[0][0] == 4 and "sample 4 is broken" in errors[0][1]
         assert served == 3
+
+
+def _pipeline_body(rank, world_size):
+    world = init_device_mesh("cpu", (3, 1, 2), mesh_dim_names=("pp", "dp", "tp"))
+    stage = world.get_coordinate()[0]
+    if stage == 1:  # a middle stage builds no loader and takes part in no collective of it
+        return stage, None
+    # the first stage keeps the inputs, the last the labels; each passes its stage's sub-mesh
+    # (no new group: the parent's per-dimension groups) so the collectives stay in the stage
+    keep = "crop" if stage == 0 else "index"
+    loader = kuat.DataLoader(Crops(), batch_size=4, shuffle=True, seed=5,
+                             mesh=world["dp", "tp"], replicas="broadcast", replica_check_every=2,
+                             collate_fn=lambda samples: torch.utils.data.default_collate(
+                                 [{keep: s[keep]} for s in samples]))
+    return stage, [[batch_hash(b[keep]).intdigest() if keep == "crop" else b[keep].tolist()
+                    for b in loader] for _ in range(2)]
+
+
+def test_pipeline_first_and_last_stage_only():
+    results = run_ranks(_pipeline_body, 6, timeout=90)
+    by_stage: dict[int, list] = {}
+    for stage, epochs in results:
+        by_stage.setdefault(stage, []).append(epochs)
+    assert by_stage[1] == [None, None]
+    for stage in (0, 2):  # both replicas of a stage: the same batches
+        assert by_stage[stage][0] == by_stage[stage][1]
+    # the last stage's labels are the samples the first stage's inputs came from, in order
+    single = kuat.DataLoader(Crops(), batch_size=4, shuffle=True, seed=5, rank=0, world_size=1)
+    for epoch, labels in enumerate(by_stage[2][0]):
+        batches = list(single)
+        assert labels == [b["index"].tolist() for b in batches]
+        assert by_stage[0][0][epoch] == [batch_hash(b["crop"]).intdigest() for b in batches]
