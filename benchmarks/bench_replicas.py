@@ -2,7 +2,8 @@
 and broadcasts (``replicas="broadcast"``), on gloo over 127.0.0.1 (issue #28).
 
 Not a test: prints a table. ``python -m benchmarks.bench_replicas [--world 4] [--tp 4]
-[--batches 30] [--rounds 5] [--size 128] [--workers 0]``.
+[--batches 30] [--rounds 5] [--size 128] [--workers 0] [--dataset crops|fixed]``
+(``fixed``: samples that cost nothing, so broadcast's column is the transport's cost).
 
 Each rank of a ``("dp", "tp")`` mesh (``world / tp`` by ``tp``; forked processes, a gloo process
 group on 127.0.0.1 through a file rendezvous) builds a ``kuat.DataLoader`` over a dataset that
@@ -50,6 +51,20 @@ class Crops(torch.utils.data.Dataset):
         return {"image": self.crop(self.img), "label": i % 1000}  # (3, size, size) uint8
 
 
+class Fixed(torch.utils.data.Dataset):
+    """``{"image": (3, size, size) uint8, "label": int}`` at no cost (one tensor, shared): what
+    is left is collation and, in broadcast mode, the transport."""
+
+    def __init__(self, size: int, n: int = 100_000):
+        self.n, self.img = n, torch.zeros((3, size, size), dtype=torch.uint8)
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return {"image": self.img, "label": i % 1000}
+
+
 def _rank(rank, world, tp, init_file, args, out):
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
@@ -65,7 +80,8 @@ def _rank(rank, world, tp, init_file, args, out):
     rows = []
     for _ in range(args.rounds):
         for mode in ("read", "broadcast"):
-            loader = kuat.DataLoader(Crops(args.size), batch_size=BATCH, shuffle=True, seed=0,
+            dataset = (Crops if args.dataset == "crops" else Fixed)(args.size)
+            loader = kuat.DataLoader(dataset, batch_size=BATCH, shuffle=True, seed=0,
                                      mesh=mesh, replicas=mode, **kw)
             it = iter(loader)
             for _ in range(WARMUP):
@@ -91,6 +107,8 @@ def main(argv=None) -> None:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--size", type=int, default=128, help="crop side, pixels")
     p.add_argument("--workers", type=int, default=0, help="thread workers per rank")
+    p.add_argument("--dataset", choices=("crops", "fixed"), default="crops",
+                   help="crops: a random resized crop per sample; fixed: no work per sample")
     args = p.parse_args(argv)
     if args.world % args.tp:
         p.error(f"--world {args.world} is not a multiple of --tp {args.tp}")
@@ -115,7 +133,7 @@ def main(argv=None) -> None:
         c["mbs"].append(statistics.median(r[3] / r[1] for r in ranks) / 1e6)
     print(f"gloo, {args.world} ranks, mesh (dp={args.world // args.tp}, tp={args.tp}), batch "
           f"{BATCH} x (3, {args.size}, {args.size}) uint8 ({BATCH * 3 * args.size ** 2 / 1e6:.1f}"
-          f" MB), {args.workers} thread workers, {args.batches} batches x {args.rounds} rounds")
+          f" MB), {args.dataset}, {args.workers} thread workers, {args.batches} batches x {args.rounds} rounds")
     print(f"{'mode':<10} {'wall ms/batch':>18} {'CPU ms/batch (all ranks)':>26} {'MB/s per rank':>16}")
 
     def fmt(v):

@@ -221,3 +221,29 @@ def test_pipeline_first_and_last_stage_only():
         batches = list(single)
         assert labels == [b["index"].tolist() for b in batches]
         assert by_stage[0][0][epoch] == [batch_hash(b["crop"]).intdigest() for b in batches]
+
+
+def _default_group_body(rank, world_size, sharded):
+    kw = {"rank": rank % 2, "world_size": 2} if sharded else {}  # else: every rank everything
+    modes = {replicas: _epochs(kuat.DataLoader(
+        Crops(), batch_size=4, shuffle=True, seed=2, replicas=replicas, replica_check_every=2,
+        isolate_global_rng=True, **kw)) for replicas in ("read", "broadcast")}
+    bad = kuat.DataLoader(Crops(), batch_size=4, shuffle=True, seed=2 + (rank == 1),
+                          replica_check_every=2, **kw)
+    try:
+        _epochs(bad, 1)
+        error = None
+    except ReplicaMismatchError as e:
+        error = str(e)
+    return modes, error
+
+
+@pytest.mark.parametrize("sharded", [False, True], ids=["unsharded", "rank-of-2"])
+def test_without_a_mesh_replicas_are_ranks_of_equal_share(sharded):
+    results = run_ranks(_default_group_body, 4, args=(sharded,), timeout=90)
+    for rank, (modes, error) in enumerate(results):
+        assert modes["broadcast"] == modes["read"] == results[rank % 2][0]["read"]
+        # rank 1 with another seed: caught on every rank, over the default process group
+        assert "ranks [1] vs ranks" in error if sharded else "vs ranks [1]" in error
+    if not sharded:
+        assert results[0][0] == results[1][0]  # torch's answer: every rank reads everything
