@@ -247,3 +247,17 @@ def test_without_a_mesh_replicas_are_ranks_of_equal_share(sharded):
         assert "ranks [1] vs ranks" in error if sharded else "vs ranks [1]" in error
     if not sharded:
         assert results[0][0] == results[1][0]  # torch's answer: every rank reads everything
+
+
+def test_arguments_checked_and_one_process_needs_no_group():
+    for kw, words in (({"replicas": "leader"}, "replicas should be 'read' or 'broadcast'"),
+                      ({"replica_check_every": 0}, "replica_check_every should be a positive"),
+                      ({"replica_check_every": True}, "replica_check_every should be a positive"),
+                      ({"replica_check_every": 2.0}, "replica_check_every should be a positive")):
+        with pytest.raises(ValueError, match=words):
+            kuat.DataLoader(Crops(), **kw)
+    plain = _epochs(kuat.DataLoader(Crops(), batch_size=4, shuffle=True, seed=1))
+    both = kuat.DataLoader(Crops(), batch_size=4, shuffle=True, seed=1, replicas="broadcast",
+                           replica_check_every=1)  # no process group: one rank, no collective
+    assert _epochs(both) == plain and both._feed.steps == 2 * 6
+    assert both.replicas == "broadcast" and both.replica_check_every == 1  # torch-style attributes

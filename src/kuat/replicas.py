@@ -120,7 +120,7 @@ class ReplicaGroup:
         self.active = dist.is_available() and dist.is_initialized()
         self.share = self._sharding.resolve()[0]
         self.rank = distributed.torch_group()[0]
-        self.leader, self.src, self._steps = True, self.rank, []
+        self.leader, self.src, self._steps, self._gather_dims = True, self.rank, [], []
         mesh = self._sharding.mesh if self._sharding.kind == "mesh" else None
         if not self.active:
             pass
@@ -128,7 +128,7 @@ class ReplicaGroup:
             self._mesh_group(mesh)
         else:
             self._default_group()
-        self._ready = True
+        self._ready = self.active  # (a process group may come up later: look again then)
 
     def _mesh_group(self, mesh) -> None:
         shape, coord = tuple(mesh.mesh.shape), list(mesh.get_coordinate())
@@ -349,8 +349,9 @@ class ReplicaFeed:
         if kind == "end":
             raise StopIteration
         if kind == "error":
-            value.add_note(f"(raised by the dataset on rank {group.src}, the leader of this "
-                           f"rank's replica group, replicas='broadcast')")
+            if hasattr(value, "add_note"):  # Python >= 3.11
+                value.add_note(f"(raised by the dataset on rank {group.src}, the leader of "
+                               "this rank's replica group, replicas='broadcast')")
             raise dataset_error(value)
         raise RuntimeError(f"the leader of this rank's replica group (rank {group.src}) stopped "
                            f"reading: {value}")
