@@ -5,6 +5,7 @@ bit-identical batches (random crops included)."""
 
 import pytest
 import torch
+from torch.utils.data import DistributedSampler
 
 import kuat
 from tests._gloo import run_ranks
@@ -45,3 +46,14 @@ def test_fabric_model_parallel_mesh(kw):
     for epoch in range(2):
         seen = [i for d in (0, 1) for idx, _ in by_dp[d][0][epoch] for i in idx]
         assert set(seen) == set(range(N)) and len(seen) == 22
+
+
+def test_lightning_rebuild_keeps_the_replica_arguments():
+    """Lightning's _update_dataloader rebuilds ``type(loader)(**attributes)``."""
+    from lightning.fabric.utilities.data import _update_dataloader
+
+    loader = kuat.DataLoader(list(range(8)), batch_size=2, seed=0, replicas="broadcast",
+                             replica_check_every=5)
+    rebuilt = _update_dataloader(loader, DistributedSampler(range(8), num_replicas=2, rank=0))
+    assert (rebuilt.replicas, rebuilt.replica_check_every) == ("broadcast", 5)
+    assert rebuilt._feed is not None and rebuilt._feed.check_every == 5
