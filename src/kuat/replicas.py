@@ -112,7 +112,10 @@ class ReplicaGroup:
     def __getstate__(self):  # process groups do not travel: resolved again after unpickling
         return {"_sharding": self._sharding, "broadcast": self.broadcast, "_ready": False}
 
-    def _resolve(self) -> None:
+    def resolve(self) -> None:
+        """Find this rank's group, its leader and the steps of a broadcast (once the process
+        group is up; a collective over the default group without a mesh: every rank calls
+        it at the same point, its first batch)."""
         if self._ready:
             return
         import torch.distributed as dist
@@ -120,7 +123,10 @@ class ReplicaGroup:
         self.active = dist.is_available() and dist.is_initialized()
         self.share = self._sharding.resolve()[0]
         self.rank = distributed.torch_group()[0]
-        self.leader, self.src, self._steps, self._gather_dims = True, self.rank, [], []
+        # leader: this rank reads; src: the global rank of its group's leader; _steps: the
+        # (group, source rank) broadcasts it takes part in; _gather: the groups the check's
+        # all-gather runs over, in turn (None: the default group)
+        self.leader, self.src, self._steps, self._gather = True, self.rank, [], []
         mesh = self._sharding.mesh if self._sharding.kind == "mesh" else None
         if not self.active:
             pass
@@ -133,7 +139,7 @@ class ReplicaGroup:
     def _mesh_group(self, mesh) -> None:
         shape, coord = tuple(mesh.mesh.shape), list(mesh.get_coordinate())
         dp = distributed.mesh_dp_dims(mesh, self._sharding.dp_dims)
-        self._gather_dims = [(mesh.get_group(d), d) for d in range(len(shape)) if shape[d] > 1]
+        self._gather = [mesh.get_group(d) for d in range(len(shape)) if shape[d] > 1]
         replica = [d for d in range(len(shape)) if d not in dp and shape[d] > 1]
         self.leader = all(coord[d] == 0 for d in replica)
         self.src = int(mesh.mesh[tuple(0 if d in replica else c for d, c in enumerate(coord))])
@@ -150,13 +156,15 @@ class ReplicaGroup:
         import torch.distributed as dist
 
         world_size = distributed.torch_group()[1]
-        self._gather_dims = [(None, None)] if world_size > 1 else []
+        self._gather = [None] if world_size > 1 else []
         shares = [None] * world_size
         dist.all_gather_object(shares, self.share)
         members = [r for r, s in enumerate(shares) if s == self.share]
         self.src, self.leader = members[0], members[0] == self.rank
         distinct = sorted(set(shares))
-        if len(distinct) == 1 or not self.broadcast:  # (the check gathers over every rank)
+        if not self.broadcast:  # the check gathers over every rank: no group to make
+            return
+        if len(distinct) == 1:
             group = None  # every rank reads the same share: the default group is the group
         else:  # new_group is called by every rank, for every share, in the same order
             groups = {s: dist.new_group([r for r, t in enumerate(shares) if t == s])
@@ -167,17 +175,28 @@ class ReplicaGroup:
 
     def is_peer(self) -> bool:
         """This rank receives its batches from the group's leader (``"broadcast"``)."""
-        self._resolve()
+        self.resolve()
         return not self.leader
+
+    @property
+    def alone(self) -> bool:
+        """No peer to send to (a group of one, or no process group)."""
+        self.resolve()
+        return not self._steps
+
+    @property
+    def device(self) -> torch.device:
+        """Where the broadcast buffer lives (the process group's device)."""
+        return _device(self._steps[0][0]) if self._steps else torch.device("cpu")
 
     def gather(self, row: list[int]) -> torch.Tensor:
         """``(ranks, len(row))`` int64: ``row`` of every rank of the mesh (or of the default
         process group), in no particular order; ``(1, len(row))`` with one process."""
         import torch.distributed as dist
 
-        self._resolve()
+        self.resolve()
         rows = torch.tensor([row], dtype=torch.int64)  # (1, K)
-        for group, _ in self._gather_dims:
+        for group in self._gather:
             size = dist.get_world_size(group)
             parts = [torch.empty_like(rows) for _ in range(size)]
             dist.all_gather(parts, rows, group=group)
@@ -189,7 +208,7 @@ class ReplicaGroup:
         the group's leader sent them (the leader's own arguments on the leader)."""
         import torch.distributed as dist
 
-        self._resolve()
+        self.resolve()
         for group, src in self._steps:
             box = [(header, 0 if buffer is None else buffer.numel())]
             dist.broadcast_object_list(box, src=src, group=group, device=_device(group))
@@ -325,8 +344,7 @@ class ReplicaFeed:
 
     def _broadcast(self, fetch, dataset_error):
         group = self.group
-        group._resolve()
-        if not group._steps:  # a group of one
+        if group.alone:
             return fetch()
         if group.leader:
             try:
@@ -340,7 +358,7 @@ class ReplicaFeed:
             except BaseException as e:
                 group.send(("stopped", f"{type(e).__qualname__}: {e}"), None)
                 raise
-            skeleton, buffer = _pack(batch, _device(group._steps[0][0]))
+            skeleton, buffer = _pack(batch, group.device)
             group.send(("batch", skeleton), buffer)
             return batch
         (kind, value), buffer = group.send(None, None)
@@ -360,7 +378,7 @@ class ReplicaFeed:
         """Compare the hash of the batches since the last check across every replica group;
         raises :class:`ReplicaMismatchError` on every rank when a group differs."""
         group = self.group
-        group._resolve()
+        group.resolve()
         digest = int(np.uint64(self._hash.intdigest()).view(np.int64))
         self._hash = xxhash.xxh3_64()
         rows = group.gather([group.rank, group.share, self.steps, digest]).tolist()
