@@ -10,11 +10,12 @@ the groups:
 
 * ``replicas="broadcast"``: one leader per group (its first rank: coordinate 0 along every
   replica dimension, or the lowest global rank) reads; it sends each collated batch to its
-  peers, which read nothing (no workers start on them). Tensors travel as one byte buffer
-  (``torch.distributed.broadcast``, on the process group's device: CPU for gloo, the current
-  CUDA device for NCCL), the structure, shapes, dtypes and other values as a pickled header
-  (``broadcast_object_list``); the end of the epoch and the dataset's errors travel in the
-  header too, so no peer waits forever. Default ``"read"``: every rank reads.
+  peers, which read nothing (no workers start on them). Each batch is one uint8 message
+  (``torch.distributed.broadcast`` of its two sizes, then of it; on the process group's
+  device: CPU for gloo, the current CUDA device for NCCL): the tensors' bytes, then a pickled
+  header with the structure, shapes, dtypes and other values; the end of the epoch and the
+  dataset's errors travel as headers too, so no peer waits forever. Default ``"read"``:
+  every rank reads.
 * ``replica_check_every=N``: every ``N`` batches, every rank all-gathers ``(rank, share,
   step, hash)`` (a 64-bit xxh3 of the tensors' bytes, shapes and dtypes and the other values
   of the batches since the last check, :func:`batch_hash`), over the mesh or the default
@@ -203,21 +204,39 @@ class ReplicaGroup:
             rows = torch.cat(parts)  # (size * rows, K)
         return rows
 
-    def send(self, header, buffer: torch.Tensor | None):
-        """Run the broadcast steps this rank takes part in; returns ``(header, buffer)`` as
-        the group's leader sent them (the leader's own arguments on the leader)."""
+    def send(self, header, tensors: list[torch.Tensor] = (), nbytes: int = 0):
+        """Run the broadcast steps this rank takes part in, two collectives each (the sizes,
+        then one uint8 message: ``tensors`` at their :func:`_pack` offsets, ``nbytes`` in all,
+        then ``header`` pickled); returns ``(header, message)`` as the group's leader sent
+        them. Only the leader's arguments are read."""
         import torch.distributed as dist
 
         self.resolve()
+        message = sizes = None
+        if self.leader:
+            hb = bytearray(pickle.dumps(header, protocol=pickle.HIGHEST_PROTOCOL))
+            message = torch.empty(nbytes + len(hb), dtype=torch.uint8, device=self.device)
+            pos = 0
+            for t in tensors:
+                message[pos:pos + t.numel()].copy_(t)
+                pos += _aligned(t.numel())
+            message[nbytes:].copy_(torch.frombuffer(hb, dtype=torch.uint8))
+            sizes = [nbytes, len(hb)]
         for group, src in self._steps:
-            box = [(header, 0 if buffer is None else buffer.numel())]
-            dist.broadcast_object_list(box, src=src, group=group, device=_device(group))
-            header, nbytes = box[0]
-            if nbytes:
-                if self.rank != src and (buffer is None or buffer.numel() != nbytes):
-                    buffer = torch.empty(nbytes, dtype=torch.uint8, device=_device(group))
-                dist.broadcast(buffer, src=src, group=group)
-        return header, buffer
+            device = _device(group)
+            box = torch.tensor(sizes if self.rank == src else [0, 0], dtype=torch.int64,
+                               device=device)
+            dist.broadcast(box, src=src, group=group)
+            if self.rank != src:
+                sizes = box.tolist()
+                message = torch.empty(sum(sizes), dtype=torch.uint8, device=device)
+            dist.broadcast(message, src=src, group=group)
+        header = pickle.loads(message[sizes[0]:].cpu().numpy().tobytes())
+        return header, message
+
+
+def _aligned(nbytes: int) -> int:
+    return -(-nbytes // _ALIGN) * _ALIGN
 
 
 def _device(group) -> torch.device:
@@ -238,9 +257,10 @@ class _Slot:
         self.shape, self.device = shape, device
 
 
-def _pack(batch, device: torch.device):
-    """``(skeleton, buffer)``: the batch with each tensor replaced by a :class:`_Slot`, and
-    the tensors' bytes in one uint8 buffer on ``device`` (``None`` without tensors)."""
+def _pack(batch):
+    """``(skeleton, tensors, nbytes)``: the batch with each tensor replaced by a
+    :class:`_Slot` (its offset in the message, each aligned to 64 bytes), the tensors' bytes as
+    flat uint8 views, in that order, and the bytes they take in all."""
     tensors: list[torch.Tensor] = []
     offset = 0
 
@@ -251,7 +271,7 @@ def _pack(batch, device: torch.device):
             nbytes = t.numel() * t.element_size()
             slot = _Slot(offset, nbytes, t.dtype, tuple(t.shape), t.device.type)
             tensors.append(t.reshape(-1).view(torch.uint8))  # (nbytes,) uint8
-            offset += -(-nbytes // _ALIGN) * _ALIGN
+            offset += _aligned(nbytes)
             return slot
         if isinstance(x, Mapping):
             items = {k: walk(v) for k, v in x.items()}
@@ -263,14 +283,7 @@ def _pack(batch, device: torch.device):
         return x
 
     skeleton = walk(batch)
-    if not tensors:
-        return skeleton, None
-    buffer = torch.empty(offset, dtype=torch.uint8, device=device)
-    pos = 0
-    for t in tensors:
-        buffer[pos:pos + t.numel()].copy_(t)
-        pos += -(-t.numel() // _ALIGN) * _ALIGN
-    return skeleton, buffer
+    return skeleton, tensors, offset
 
 
 def _rebuild(mapping, items):
@@ -280,7 +293,7 @@ def _rebuild(mapping, items):
         return items
 
 
-def _unpack(skeleton, buffer: torch.Tensor | None):
+def _unpack(skeleton, buffer: torch.Tensor):
     def walk(x):
         if isinstance(x, _Slot):
             raw = buffer[x.offset:x.offset + x.nbytes]
@@ -350,20 +363,20 @@ class ReplicaFeed:
             try:
                 batch = fetch()
             except StopIteration:
-                group.send(("end", None), None)
+                group.send(("end", None))
                 raise
             except dataset_error as e:
-                group.send(("error", _portable(e.exc)), None)
+                group.send(("error", _portable(e.exc)))
                 raise
             except BaseException as e:
-                group.send(("stopped", f"{type(e).__qualname__}: {e}"), None)
+                group.send(("stopped", f"{type(e).__qualname__}: {e}"))
                 raise
-            skeleton, buffer = _pack(batch, group.device)
-            group.send(("batch", skeleton), buffer)
+            skeleton, tensors, nbytes = _pack(batch)
+            group.send(("batch", skeleton), tensors, nbytes)
             return batch
-        (kind, value), buffer = group.send(None, None)
+        (kind, value), message = group.send(None)
         if kind == "batch":
-            return _unpack(value, buffer)
+            return _unpack(value, message)
         if kind == "end":
             raise StopIteration
         if kind == "error":
