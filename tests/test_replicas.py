@@ -37,7 +37,8 @@ class Crops(torch.utils.data.Dataset):
 
 
 MODES = {"w0": {}, "thread2": {"num_workers": 2, "worker_type": "thread"},
-         "process2": {"num_workers": 2, "worker_type": "process"}}
+         "process2": {"num_workers": 2, "worker_type": "process"},
+         "auto2": {"num_workers": 2}}  # threads, moving to processes on the first torch.rand
 
 
 def _epochs(loader, epochs=2):
@@ -46,12 +47,13 @@ def _epochs(loader, epochs=2):
             for _ in range(epochs)]
 
 
-def _identity_body(rank, world_size, names, shape):
+def _identity_body(rank, world_size, names, shape, modes):
     mesh = init_device_mesh("cpu", shape, mesh_dim_names=names)
     torch.manual_seed(rank)  # each rank's own default generator: must not matter with seed=
-    runs = {mode: _epochs(kuat.DataLoader(Crops(), batch_size=3, shuffle=True, seed=7, mesh=mesh,
-                                          isolate_global_rng=True, **kw))
-            for mode, kw in MODES.items()}
+    loaders = {mode: kuat.DataLoader(Crops(), batch_size=3, shuffle=True, seed=7, mesh=mesh,
+                                     isolate_global_rng=True, **MODES[mode]) for mode in modes}
+    runs = {mode: _epochs(loader) for mode, loader in loaders.items()}
+    types = {mode: loader.worker_type for mode, loader in loaders.items()}
     loader = kuat.DataLoader(Crops(), batch_size=3, mesh=mesh, seed=7)
     dp_rank, dp_size = loader.rank, loader.world_size
     ordered = [b["index"].tolist() for b in loader]
@@ -62,22 +64,24 @@ def _identity_body(rank, world_size, names, shape):
     except ValueError as e:
         seedless = str(e)
     return {"share": (dp_rank, dp_size), "runs": runs, "ordered": ordered, "theirs": theirs,
-            "seedless": seedless}
+            "seedless": seedless, "types": types}
 
 
-@pytest.mark.parametrize("names, shape", [
-    (("dp", "tp"), (2, 2)),
-    (("pp", "dp", "tp"), (2, 2, 2)),
-    (("dp_replicate", "dp_shard", "tp"), (2, 2, 2)),
+@pytest.mark.parametrize("names, shape, modes", [
+    (("dp", "tp"), (2, 2), ("w0", "thread2", "process2", "auto2")),
+    (("pp", "dp", "tp"), (2, 2, 2), ("w0", "thread2", "process2")),
+    (("dp_replicate", "dp_shard", "tp"), (2, 2, 2), ("w0", "thread2", "process2")),
 ], ids=["dp-tp", "pp-dp-tp", "hsdp-tp"])
-def test_replicas_identical_whatever_the_workers(names, shape):
-    results = run_ranks(_identity_body, int(np.prod(shape)), args=(names, shape), timeout=120)
+def test_replicas_identical_whatever_the_workers(names, shape, modes):
+    results = run_ranks(_identity_body, int(np.prod(shape)), args=(names, shape, modes),
+                        timeout=120)
     dp_size = int(np.prod([k for n, k in zip(names, shape) if n.startswith("dp")]))
     groups: dict[int, list] = {}
     for r in results:
         assert r["share"][1] == dp_size
         runs = r["runs"]
-        assert runs["thread2"] == runs["w0"] and runs["process2"] == runs["w0"]  # any workers
+        assert all(runs[mode] == runs["w0"] for mode in modes)  # whatever the workers
+        assert "auto2" not in modes or r["types"]["auto2"] == "process"  # (it did switch)
         # shuffle=False: the share is torch's DistributedSampler(num_replicas=dp, rank=dp_rank)'s
         assert [i for b in r["ordered"] for i in b] == r["theirs"]
         assert "seed=" in r["seedless"]  # mesh= without seed= raises at construction
@@ -261,3 +265,40 @@ def test_arguments_checked_and_one_process_needs_no_group():
                            replica_check_every=1)  # no process group: one rank, no collective
     assert _epochs(both) == plain and both._feed.steps == 2 * 6
     assert both.replicas == "broadcast" and both.replica_check_every == 1  # torch-style attributes
+
+
+class _Stuck(torch.utils.data.Dataset):
+    """Sample 2 never comes on rank 0 (waits up to 5 s on an event nobody sets)."""
+
+    def __init__(self, rank):
+        import threading
+
+        self.rank, self.never = rank, threading.Event()
+
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        if i == 2 and self.rank == 0:
+            self.never.wait(5)
+        return i
+
+
+def _stopped_body(rank, world_size):
+    mesh = init_device_mesh("cpu", (1, 2), mesh_dim_names=("dp", "tp"))
+    loader = kuat.DataLoader(_Stuck(rank), batch_size=2, seed=0, mesh=mesh, num_workers=1,
+                             worker_type="thread", timeout=0.5, replicas="broadcast")
+    got = []
+    try:
+        for b in loader:
+            got.append(b.tolist())
+    except Exception as e:  # the leader's time-out; its peer hears of it instead of waiting
+        return got, type(e).__name__, str(e)
+    return got, None, None
+
+
+def test_broadcast_a_leader_that_stops_stops_its_peers():
+    (got0, kind0, _), (got1, kind1, msg1) = run_ranks(_stopped_body, 2, timeout=60)
+    assert got0 == got1 == [[0, 1]]
+    assert kind0 == "LoaderTimeoutError"
+    assert kind1 == "RuntimeError" and "rank 0" in msg1 and "LoaderTimeoutError" in msg1
