@@ -21,8 +21,8 @@ from kuat.device import accelerator_available
 from kuat.engine.job import per_sample_getitems
 from kuat.sources import protocol as _protocol
 
-__all__ = ["LoaderOptions", "SourceTraits", "check_arguments", "check_device", "is_iter_datapipe",
-           "resolve_pin", "wrap_datapipe"]
+__all__ = ["LoaderOptions", "SourceTraits", "check_arguments", "check_device",
+           "check_equal_steps", "is_iter_datapipe", "resolve_pin", "wrap_datapipe"]
 
 
 @dataclass(frozen=True)
@@ -42,6 +42,7 @@ class LoaderOptions:
     seed: int | None
     seed_was_none: bool  # the first epoch's base_seed draw becomes the seed
     pin: bool  # pin batches (pin_memory, or a CUDA device), an accelerator being present
+    exact_eval: bool = False  # every sample once over the ranks, padding flagged (sampling.py)
 
 
 @dataclass(frozen=True)
@@ -199,7 +200,8 @@ def check_torch_sampling(iterable, shuffle, sampler, batch_sampler, batch_size, 
 
 def check_arguments(*, num_workers, timeout, prefetch_factor, persistent_workers, worker_type,
                     on_error, seed, snapshot_every_n_steps, device, rank,
-                    world_size, mesh=None, dp_dims=None, shard=None) -> LoaderOptions:
+                    world_size, mesh=None, dp_dims=None, shard=None,
+                    exact_eval=False) -> LoaderOptions:
     """Every argument but the dataset and sampling ones, checked (torch's first)."""
     prefetch_factor, adaptive = check_torch_workers(num_workers, timeout, prefetch_factor,
                                                     persistent_workers)
@@ -224,6 +226,8 @@ def check_arguments(*, num_workers, timeout, prefetch_factor, persistent_workers
             f"{snapshot_every_n_steps=!r}"
         )
     dev = check_device(device)
+    if not isinstance(exact_eval, bool):
+        raise TypeError(f"exact_eval should be a bool, got {exact_eval=!r}")
     spec = distributed.sharding(rank, world_size, mesh, dp_dims, shard)
     return LoaderOptions(
         prefetch_factor=prefetch_factor,
@@ -235,7 +239,55 @@ def check_arguments(*, num_workers, timeout, prefetch_factor, persistent_workers
         seed=None if seed is None else int(seed),
         seed_was_none=seed is None,
         pin=False,  # resolve_pin, after the sampling arguments are checked (torch's order)
+        exact_eval=exact_eval,
     )
+
+
+def check_equal_steps(opts: LoaderOptions, traits: SourceTraits, source, *, sampler,
+                      batch_sampler, batch_size, drop_last, on_error) -> None:
+    """What kuat's sharding (every rank the same number of batches) and ``exact_eval`` (every
+    sample once, padding flagged) need of the source and the sampling arguments, checked at
+    construction (``docs/distributed.md``, "Equal steps and exact evaluation"). ``sampler`` and
+    ``batch_sampler`` are the user's (``None`` when not given).
+
+    Raises:
+        ValueError: naming what cannot be served in equal steps (or exactly) and why.
+    """
+    name = type(source).__name__
+    if opts.exact_eval:
+        why = None
+        if traits.iterable:
+            why = (f"the dataset ({name}) is an IterableDataset: its samples cannot be counted "
+                   "and laid out ahead; use a map-style dataset")
+        elif sampler is not None or batch_sampler is not None:
+            why = ("a sampler/batch_sampler given decides the order and shares itself; leave "
+                   "both out so the loader lays the epoch out")
+        elif batch_size is None or drop_last:
+            why = f"it needs batch_size >= 1 and drop_last=False, got {batch_size=} {drop_last=}"
+        elif on_error == "skip":
+            why = "on_error='skip' drops samples; use on_error='raise'"
+        if why is not None:
+            raise ValueError(f"exact_eval=True serves every sample exactly once: {why}")
+    if not opts.sharding.sharded or not traits.iterable:
+        return
+    how = "kuat's sharding (rank=/world_size=, mesh=, shard=True)"
+    if not traits.distributed:
+        raise ValueError(
+            f"{how} gives every rank the same number of batches, but {name} is an "
+            "IterableDataset kuat cannot split: it does not take a share "
+            "(kuat_set_distributed), so how many samples each rank would yield is unknown, "
+            "and a rank a step short hangs the others' collectives. Either split it in its "
+            "__iter__ (by torch.distributed's rank) and drop kuat's sharding, or make it a "
+            "kuat.sources.stream.Stream (samples(epoch); kuat.mix([it]) wraps any iterable)")
+    reason = getattr(source, "kuat_unequal_shares", None)
+    if reason:
+        raise ValueError(f"{how} gives every rank the same number of batches, but {name} "
+                         f"cannot: {reason}")
+    if on_error == "skip":
+        raise ValueError(
+            f"{how} over an IterableDataset ({name}) with on_error='skip': a skipped sample "
+            "changes how many batches this rank yields (a failing generator ends), and a "
+            "rank a step short hangs the others' collectives; use on_error='raise'")
 
 
 def resolve_pin(pin_memory: bool, pin_memory_device: str, device: torch.device | None) -> bool:

@@ -22,9 +22,7 @@ import copy
 import dataclasses
 import logging
 import math
-import os
 import sys
-import warnings
 import weakref
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
@@ -111,8 +109,14 @@ class DataLoader(_TorchDataLoader[_T_co]):  # generic as torch's: kuat.DataLoade
             ``torch.distributed`` else ``RANK``/``WORLD_SIZE``, resolved each epoch). Sharded,
             every rank gets the same number of batches (wrap-around padding, or truncation
             with ``drop_last``) and ``loader.sampler`` is a ``DistributedSampler``, so
-            frameworks add none. ``ValueError`` for two ways at once or a mesh with no
-            data-parallel dimension.
+            frameworks add none. ``ValueError`` for two ways at once, a mesh with no
+            data-parallel dimension, or an IterableDataset kuat cannot split equally.
+        exact_eval: serve every sample exactly once over the ranks, still in equal steps: the
+            few samples that even out the last step are flagged by a ``(B,) torch.bool``
+            ``"is_padding"`` key added to every (dict) batch, laid out where Accelerate's
+            ``gather_for_metrics`` truncates (``docs/distributed.md``, "Equal steps and exact
+            evaluation"). Map-style, the loader's own sampler, ``drop_last=False``, no
+            ``on_error="skip"`` (else ``ValueError``); a non-dict batch raises ``TypeError``.
         isolate_global_rng: make a map-style dataset's draws from ``random``, NumPy's global
             generator and torch's default CPU generator reproducible whatever the workers
             (``docs/loader.md``, "Global random generators"). ``None``: on unless the source
@@ -165,6 +169,7 @@ class DataLoader(_TorchDataLoader[_T_co]):  # generic as torch's: kuat.DataLoade
         mesh=None,
         dp_dims=None,
         shard: bool | None = None,
+        exact_eval: bool = False,
         isolate_global_rng: bool | None = None,
         snapshot_every_n_steps: int | None = None,
     ):
@@ -172,7 +177,7 @@ class DataLoader(_TorchDataLoader[_T_co]):  # generic as torch's: kuat.DataLoade
             num_workers=num_workers, timeout=timeout, prefetch_factor=prefetch_factor,
             persistent_workers=persistent_workers, worker_type=worker_type, on_error=on_error,
             seed=seed, snapshot_every_n_steps=snapshot_every_n_steps, device=device, rank=rank,
-            world_size=world_size, mesh=mesh, dp_dims=dp_dims, shard=shard,
+            world_size=world_size, mesh=mesh, dp_dims=dp_dims, shard=shard, exact_eval=exact_eval,
         )
         self._device = opts.device
         datapipe = _options.is_iter_datapipe(dataset)
@@ -202,6 +207,8 @@ class DataLoader(_TorchDataLoader[_T_co]):  # generic as torch's: kuat.DataLoade
         self._dataset_kind = _DatasetKind.Iterable if iterable else _DatasetKind.Map
         own_sampler = sampler is None and not iterable and batch_sampler is None
         traits = _options.SourceTraits.of(source, iterable=iterable, own_sampler=own_sampler)
+        _options.check_equal_steps(opts, traits, source, sampler=sampler, batch_sampler=batch_sampler,
+                                   batch_size=batch_size, drop_last=drop_last, on_error=on_error)
         if sampler is None:
             if iterable:
                 sampler = _InfiniteSampler()
@@ -213,7 +220,7 @@ class DataLoader(_TorchDataLoader[_T_co]):  # generic as torch's: kuat.DataLoade
                 sampler = kind(
                     source, shuffle=shuffle, seed=self.seed, rank=r,
                     world_size=ws, drop_last=drop_last, generator=generator,
-                )
+                    exact=opts.exact_eval, batch_size=batch_size)
             else:
                 sampler = SequentialSampler(source)
         if batch_size is not None and batch_sampler is None:
@@ -263,7 +270,7 @@ class DataLoader(_TorchDataLoader[_T_co]):  # generic as torch's: kuat.DataLoade
             buffer_pool=BufferPool(),
             worker_state=iterable and not traits.resumable,  # per-worker dataset states
             datapipe=datapipe,  # seeded and sharded per worker, as torch (graph_settings)
-        )
+            equal_steps=opts.sharding.sharded, flag_padding=opts.exact_eval)
         self._stats = LoaderStats()
         self._warned: set[tuple[str, str]] = set()
         self._advised = False
@@ -286,27 +293,8 @@ class DataLoader(_TorchDataLoader[_T_co]):  # generic as torch's: kuat.DataLoade
 
     def check_worker_number_rationality(self) -> None:
         """Warn, as torch does and in torch's words, when more worker *processes* than usable
-        CPUs are asked for. Thread workers are not counted: they are cheap and mostly wait on
-        work that releases the GIL."""
-        if not self.num_workers or self.worker_type != "process":
-            return
-        # torch's count: the CPUs this process may run on where os.sched_getaffinity exists
-        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-        if cpus is not None and self.num_workers <= cpus:
-            return
-        cpuset = "" if hasattr(os, "sched_getaffinity") else " (`cpuset` is not taken into account)"
-        suggest = (f"Our suggested max number of worker in current system is {cpus}{cpuset}, "
-                   "which is smaller than what this DataLoader is going to create."
-                   if cpus is not None else
-                   "DataLoader is not able to compute a suggested max number of worker in "
-                   "current system.")
-        warnings.warn(
-            f"This DataLoader will create {self.num_workers} worker processes in total. "
-            f"{suggest} Please be aware that excessive worker creation might get DataLoader "
-            "running slow or even freeze, lower the worker number to avoid potential "
-            "slowness/freeze if necessary.",
-            stacklevel=3,
-        )
+        CPUs are asked for (thread workers are not counted: :func:`._notices.worker_number`)."""
+        _notices.worker_number(self)
 
     # --- rank and world size ------------------------------------------------------------------
     @property
