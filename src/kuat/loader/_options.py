@@ -279,7 +279,7 @@ def check_equal_steps(opts: LoaderOptions, traits: SourceTraits, source, *, samp
             "and a rank a step short hangs the others' collectives. Either split it in its "
             "__iter__ (by torch.distributed's rank) and drop kuat's sharding, or make it a "
             "kuat.sources.stream.Stream (samples(epoch); kuat.mix([it]) wraps any iterable)")
-    reason = getattr(source, "kuat_unequal_shares", None)
+    reason = _protocol.unequal_shares(source)
     if reason:
         raise ValueError(f"{how} gives every rank the same number of batches, but {name} "
                          f"cannot: {reason}")
