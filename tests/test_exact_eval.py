@@ -151,11 +151,15 @@ def _doc_metric_body(rank, world_size, n):
 
     torch.set_num_threads(1)  # forked after the parent ran OpenMP kernels: no thread pool here
     evaluate = _doc_example()
-    steps = torch.zeros(1)
     loader = kuat.DataLoader(Dicts(n), batch_size=4, shard=True, exact_eval=True)
+    steps = 0
     for _ in loader:  # an all_reduce every step completes on every rank
-        dist.all_reduce(steps.add_(0))
-    return evaluate(_model(), Dicts(n)), len(loader)
+        ranks_here = torch.ones(1)
+        dist.all_reduce(ranks_here)
+        assert ranks_here.item() == world_size
+        steps += 1
+    assert steps == len(loader)
+    return evaluate(_model(), Dicts(n)), steps
 
 
 @pytest.mark.parametrize("world_size", [2, 3, 4])
