@@ -204,3 +204,22 @@ def test_accelerate_gather_for_metrics_returns_the_dataset_once(world_size, n, b
              for i in b.tolist()]
     for got in results:
         assert got == order  # every sample once, in the epoch's order (the #28 row: 14 of 14)
+
+
+def test_resume_mid_epoch_keeps_the_layout_and_the_flags():
+    def make():
+        return kuat.DataLoader(Dicts(11), batch_size=2, shuffle=True, seed=3, rank=2,
+                               world_size=3, exact_eval=True)
+
+    def flat(batches):
+        return [(b["i"].tolist(), b["is_padding"].tolist()) for b in batches]
+
+    whole = flat(make())
+    assert len(whole) == 2 and any(whole[-1][1])  # 11 = 6 + 5: the last step pads one
+    loader = make()
+    it = iter(loader)
+    first = flat([next(it)])
+    state = loader.state_dict()
+    resumed = make()
+    resumed.load_state_dict(state)
+    assert first + flat(resumed) == whole

@@ -62,6 +62,7 @@ __all__ = [
     "DistributedEpochSampler",
     "EpochSampler",
     "PaddingIndex",
+    "exact_share",
     "flag_padding",
     "split_padding",
     "shuffle_seed",

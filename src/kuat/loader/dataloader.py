@@ -196,6 +196,7 @@ class DataLoader(_TorchDataLoader[_T_co]):  # generic as torch's: kuat.DataLoade
         self.device = self._device
         self.on_error = on_error
         self.snapshot_every_n_steps = snapshot_every_n_steps
+        self.exact_eval = opts.exact_eval
         self._torch_order = opts.seed_was_none  # shuffle=True on one process shuffles as torch's
         self._dist_applied: tuple[int, int] | None = None  # (rank, world_size) of the last epoch
 
