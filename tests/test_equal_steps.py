@@ -158,3 +158,23 @@ def test_a_fully_skipped_batch_raises_under_sharding_instead_of_a_short_rank():
     with pytest.warns(RuntimeWarning):
         alone = [b.tolist() for b in kuat.DataLoader(_FailsFrom(), batch_size=3, on_error="skip")]
     assert alone == [[0, 1, 2], [3, 4, 5]]
+
+
+class _SizedStream(kuat.sources.stream.Stream):
+    def samples(self, epoch):
+        return iter(range(11))
+
+    def __len__(self):
+        return 11
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_len_of_a_sharded_stream_with_a_length_is_this_ranks_share(drop_last):
+    for world_size in (2, 3, 4):
+        for rank in range(world_size):
+            loader = kuat.DataLoader(_SizedStream(), batch_size=2, drop_last=drop_last,
+                                     rank=rank, world_size=world_size)
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")  # nor torch's "reported to be" warning
+                assert len(loader) == sum(1 for _ in loader)
+    assert len(kuat.DataLoader(_SizedStream(), batch_size=2)) == 6  # unsharded: as torch

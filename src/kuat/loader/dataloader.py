@@ -318,7 +318,11 @@ class DataLoader(_TorchDataLoader[_T_co]):  # generic as torch's: kuat.DataLoade
 
     def _len(self) -> int:
         if self._traits.iterable:
-            length = self._IterableDataset_len_called = len(self._source)
+            length = len(self._source)
+            if self._options.sharding.sharded and self._traits.distributed:  # this rank's share
+                ws = self._resolve_distributed(warn=False)[1]
+                length = length // ws if self.drop_last else -(-length // ws)
+            self._IterableDataset_len_called = length
             if self.batch_size is not None:
                 length = length // self.batch_size if self.drop_last else math.ceil(length / self.batch_size)
             return length
