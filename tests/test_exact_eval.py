@@ -115,6 +115,7 @@ def test_what_exact_eval_cannot_serve_is_refused_naming_why():
         (dict(drop_last=True), "drop_last"),
         (dict(batch_size=None), "batch_size"),
         (dict(on_error="skip"), "on_error"),
+        (dict(num_workers=2, in_order=False), "in_order"),
     ]
     for kw, words in cases:
         kw = {"dataset": Dicts(5), "batch_size": 2} | kw

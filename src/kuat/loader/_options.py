@@ -244,7 +244,7 @@ def check_arguments(*, num_workers, timeout, prefetch_factor, persistent_workers
 
 
 def check_equal_steps(opts: LoaderOptions, traits: SourceTraits, source, *, sampler,
-                      batch_sampler, batch_size, drop_last, on_error) -> None:
+                      batch_sampler, batch_size, drop_last, on_error, in_order=True) -> None:
     """What kuat's sharding (every rank the same number of batches) and ``exact_eval`` (every
     sample once, padding flagged) need of the source and the sampling arguments, checked at
     construction (``docs/distributed.md``, "Equal steps and exact evaluation"). ``sampler`` and
@@ -266,6 +266,9 @@ def check_equal_steps(opts: LoaderOptions, traits: SourceTraits, source, *, samp
             why = f"it needs batch_size >= 1 and drop_last=False, got {batch_size=} {drop_last=}"
         elif on_error == "skip":
             why = "on_error='skip' drops samples; use on_error='raise'"
+        elif not in_order:
+            why = ("in_order=False may yield the padded last batch before others, where "
+                   "gather_for_metrics would not truncate it; use in_order=True")
         if why is not None:
             raise ValueError(f"exact_eval=True serves every sample exactly once: {why}")
     if not opts.sharding.sharded or not traits.iterable:

@@ -116,7 +116,8 @@ class DataLoader(_TorchDataLoader[_T_co]):  # generic as torch's: kuat.DataLoade
             ``"is_padding"`` key added to every (dict) batch, laid out where Accelerate's
             ``gather_for_metrics`` truncates (``docs/distributed.md``, "Equal steps and exact
             evaluation"). Map-style, the loader's own sampler, ``drop_last=False``, no
-            ``on_error="skip"`` (else ``ValueError``); a non-dict batch raises ``TypeError``.
+            ``on_error="skip"``, ``in_order=True`` (else ``ValueError``); a non-dict batch
+            raises ``TypeError``.
         isolate_global_rng: make a map-style dataset's draws from ``random``, NumPy's global
             generator and torch's default CPU generator reproducible whatever the workers
             (``docs/loader.md``, "Global random generators"). ``None``: on unless the source
@@ -209,7 +210,8 @@ class DataLoader(_TorchDataLoader[_T_co]):  # generic as torch's: kuat.DataLoade
         own_sampler = sampler is None and not iterable and batch_sampler is None
         traits = _options.SourceTraits.of(source, iterable=iterable, own_sampler=own_sampler)
         _options.check_equal_steps(opts, traits, source, sampler=sampler, batch_sampler=batch_sampler,
-                                   batch_size=batch_size, drop_last=drop_last, on_error=on_error)
+                                   batch_size=batch_size, drop_last=drop_last, on_error=on_error,
+                                   in_order=in_order)
         if sampler is None:
             if iterable:
                 sampler = _InfiniteSampler()
