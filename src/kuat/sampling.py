@@ -105,8 +105,8 @@ def split_padding(key: list) -> tuple[list[int], list[bool]]:
 
 def flag_padding(batch, padding: list[bool]):
     """``batch`` (a mapping of B samples) with ``batch["is_padding"]``, a ``(B,) torch.bool``
-    tensor (True where the sample is padding). A dict batch is returned as a new dict of the
-    same type when it can be built from its items, else set in place.
+    tensor (True where the sample is padding): a new dict for a ``dict`` or a read-only
+    mapping, set in place in any other mutable mapping (its type kept).
 
     Raises:
         TypeError: ``batch`` is not a mapping (exact evaluation flags dict batches only),
@@ -125,9 +125,7 @@ def flag_padding(batch, padding: list[bool]):
             f"exact_eval=True adds the key {PADDING_KEY!r} to every batch, but the batch already "
             f"has one (keys: {list(batch)[:10]}); rename that field")
     flag = torch.tensor(padding, dtype=torch.bool)  # (B,)
-    if type(batch) is dict:
-        return {**batch, PADDING_KEY: flag}
-    if isinstance(batch, MutableMapping):
+    if type(batch) is not dict and isinstance(batch, MutableMapping):
         batch[PADDING_KEY] = flag
         return batch
     return {**batch, PADDING_KEY: flag}
@@ -159,7 +157,8 @@ class EpochSampler(Sampler[int]):
         exact: exact evaluation (module docstring): every index once over all ranks, in the
             block layout, padding positions as :class:`PaddingIndex`. Needs ``batch_size``;
             ``ValueError`` with ``drop_last``.
-        batch_size: the loader's per-rank batch size ``B`` (read only with ``exact``).
+        batch_size: the loader's per-rank batch size ``B`` (read only with ``exact``; kept as
+            ``exact_batch_size``).
 
     ``len(sampler)`` is the per-rank count: ``ceil(N / world_size)``, or ``N // world_size``
     with ``drop_last`` (``num_samples``, as DistributedSampler); with ``exact``, ``K B + c``
@@ -170,6 +169,8 @@ class EpochSampler(Sampler[int]):
     """
 
     dataset: Sized | None
+    exact: bool = False  # (class defaults: samplers pickled before exact mode existed)
+    exact_batch_size: int | None = None
 
     def __init__(
         self,
@@ -198,7 +199,8 @@ class EpochSampler(Sampler[int]):
             raise ValueError(
                 "exact evaluation serves every sample once in batches: it needs a batch_size "
                 f">= 1 and drop_last=False, got {batch_size=} {drop_last=}")
-        self.exact, self.batch_size = bool(exact), batch_size
+        # (not "batch_size": an index sampler with one could pass for a batch sampler)
+        self.exact, self.exact_batch_size = bool(exact), batch_size
         self.set_distributed(rank, world_size)
         self.shuffle = shuffle
         self.seed = seed
@@ -237,7 +239,7 @@ class EpochSampler(Sampler[int]):
         if self.num_replicas == 1:
             return n
         if self.exact:
-            return _exact_count(n, self.num_replicas, self.batch_size)
+            return _exact_count(n, self.num_replicas, self.exact_batch_size)
         if self.drop_last:
             return n // self.num_replicas
         return math.ceil(n / self.num_replicas)
@@ -298,7 +300,7 @@ class EpochSampler(Sampler[int]):
         if self.num_replicas == 1:
             return order
         if self.exact:
-            return exact_share(order, self.rank, self.num_replicas, self.batch_size)
+            return exact_share(order, self.rank, self.num_replicas, self.exact_batch_size)
         total = per_rank * self.num_replicas
         if total > n:  # pad by wrapping around, like DistributedSampler
             pad = total - n
