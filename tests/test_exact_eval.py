@@ -224,3 +224,24 @@ def test_resume_mid_epoch_keeps_the_layout_and_the_flags():
     resumed = make()
     resumed.load_state_dict(state)
     assert first + flat(resumed) == whole
+
+
+def _mesh_body(rank, world_size):
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("tp", "dp"))
+    loader = kuat.DataLoader(Dicts(9), batch_size=2, shuffle=True, seed=4, mesh=mesh,
+                             exact_eval=True, num_workers=2)
+    return mesh.get_coordinate(), [(b["i"].tolist(), b["is_padding"].tolist()) for b in loader]
+
+
+def test_exact_eval_on_a_mesh_splits_over_dp_and_replicates_tp():
+    results = run_ranks(_mesh_body, 4, timeout=120)
+    by_dp = {}
+    for (_tp, dp), batches in results:
+        by_dp.setdefault(dp, []).append(batches)
+    for peers in by_dp.values():  # tensor-parallel peers: identical batches, flags included
+        assert peers[0] == peers[1]
+    valid = [i for dp in (0, 1) for ids, pad in by_dp[dp][0] for i, p in zip(ids, pad) if not p]
+    assert sorted(valid) == list(range(9))
+    assert len(by_dp[0][0]) == len(by_dp[1][0]) == 3  # ceil(9 / (2 x 2)) steps each
