@@ -415,8 +415,7 @@ def prefetcher(source: object) -> Callable[[Sequence[int]], None] | None:
 
 
 def unequal_shares(source: object) -> str | None:
-    """Why an iterable source cannot give every rank as many samples (a sentence), or ``None``;
-    a loader under kuat's sharding refuses it at construction (``Stream.kuat_unequal_shares``)."""
+    """Why a stream cannot give ranks equal shares (``Stream.kuat_unequal_shares``), or None."""
     return getattr(source, "kuat_unequal_shares", None) or None
 
 
