@@ -50,11 +50,22 @@ from kuat.engine.worker_info import (
     set_worker_info,
     worker_info_consulted,
 )
+from kuat.sampling import flag_padding, split_padding
 from kuat.sources import protocol
 
 __all__ = ["FetchJob", "WorkerCtx", "per_sample_getitems", "worker_dataset"]
 
 log = logging.getLogger("kuat.engine")
+
+
+def _short_rank(key, skipped) -> RuntimeError:
+    first = f": {skipped[0][1]}: {skipped[0][2]}" if skipped else ""
+    return RuntimeError(
+        f"on_error='skip' dropped every sample of the batch {key!r:.200}{first}. Under kuat's "
+        "sharding (rank=/world_size=, mesh=, shard=True) every rank yields the same number of "
+        "batches; dropping this one would leave this rank a step short of the others, whose "
+        "next collective (all_reduce, gather) would then wait for it forever. Fix or filter the "
+        "failing samples, or use a larger batch_size")
 
 
 def per_sample_getitems(dataset) -> bool:
@@ -102,6 +113,13 @@ class FetchJob(IsolatedFetch):
     # shards it over (rank, world size) x workers, as torch's DataLoader (graph_settings)
     datapipe: bool = False
     shard: tuple[int, int] = (0, 1)  # (rank, world_size) the datapipe is sharded over
+    # kuat's own sharding (rank=/mesh=/shard=True): every rank must yield every batch, so a
+    # batch on_error="skip" empties raises instead of vanishing (a rank a step short hangs the
+    # others' next collective)
+    equal_steps: bool = False
+    # exact evaluation (exact_eval=True): keys hold kuat.sampling.PaddingIndex values, whose
+    # samples the batch flags in its "is_padding" (B,) bool field
+    flag_padding: bool = False
 
     @property
     def thread_agnostic(self) -> bool:
@@ -251,6 +269,9 @@ class FetchJob(IsolatedFetch):
         ctx.stage = FETCH
         if ctx.epoch != epoch:
             self._new_epoch(ctx, epoch, base_seed, key)
+        padding = None
+        if self.flag_padding and not self.iterable:  # plain ints for the dataset
+            key, padding = split_padding(key)
         st = WorkStats()
         # buffers kuat allocates while fetching this batch are its own: the collate may return
         # views of them; anything else it copies (collate.py)
@@ -278,6 +299,8 @@ class FetchJob(IsolatedFetch):
             if ctx.reports_state:  # where this worker's iterable is, after this batch
                 st.worker_state = self._state_of(ctx)
             if data is None:
+                if self.equal_steps and not self.iterable:
+                    raise _short_rank(key, st.skipped)
                 return (END if self.iterable else EMPTY), None, st
             if self.fetch_collated:  # the columnar gather went straight to batch tensors
                 st.samples, batch = len(key), data
@@ -287,6 +310,8 @@ class FetchJob(IsolatedFetch):
                 ctx.stage = COLLATE
                 batch = self.collate_fn(data)
                 st.collate_s = time.perf_counter() - t1
+            if padding is not None:
+                batch = flag_padding(batch, padding)
         if self.pin and ctx.method != "process":
             from kuat.device import pin_batch
 

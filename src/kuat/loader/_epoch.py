@@ -73,6 +73,22 @@ def apply_distributed(loader) -> tuple[int, int]:
     return rank, world_size
 
 
+def epoch_length(loader) -> int:
+    """``len(loader)`` before a ``skip_first_batches`` skip: batches of the index sampler, or
+    of an iterable's ``len()`` (this rank's share of it when kuat shards the source), as torch
+    counts them (``TypeError`` from an iterable without ``__len__``)."""
+    if not loader._traits.iterable:
+        return len(loader._index_sampler)
+    length = len(loader._source)
+    if loader._options.sharding.sharded and loader._traits.distributed:  # this rank's share
+        ws = loader._resolve_distributed(warn=False)[1]
+        length = length // ws if loader.drop_last else -(-length // ws)
+    loader._IterableDataset_len_called = length
+    if loader.batch_size is not None:
+        length = length // loader.batch_size if loader.drop_last else -(-length // loader.batch_size)
+    return length
+
+
 def next_epoch(loader) -> tuple[int, int, dict, Pending | None]:
     """``(epoch, batches to skip, states to restore, the pending record it comes from)`` of
     the epoch about to start."""

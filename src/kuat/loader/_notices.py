@@ -12,7 +12,7 @@ import os
 import re
 import warnings
 
-__all__ = ["advise", "iterable_length", "unsplit_iterable", "skipped"]
+__all__ = ["advise", "iterable_length", "unsplit_iterable", "skipped", "worker_number"]
 
 log = logging.getLogger("kuat.loader")
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import logging
-import math
 import sys
 import weakref
 from collections.abc import Callable, Iterable
@@ -44,7 +43,7 @@ from kuat.loader import _epoch, _notices, _options, _state
 from kuat.loader._iterator import LoaderIter
 from kuat.loader._stats import LoaderStats
 from kuat.loader._workers import WorkerPool
-from kuat.sampling import DistributedEpochSampler, EpochSampler, next_request
+from kuat.sampling import DistributedEpochSampler, EpochSampler, InfiniteSampler, next_request
 
 __all__ = ["DataLoader"]
 
@@ -119,6 +118,13 @@ class DataLoader(_TorchDataLoader[_T_co]):  # generic as torch's: kuat.DataLoade
         replica_check_every: ``None`` (default) or N: every N batches the replicas compare a
             64-bit hash of their batches and every rank raises
             ``kuat.replicas.ReplicaMismatchError`` naming the ranks that differ.
+        exact_eval: serve every sample exactly once over the ranks, still in equal steps: the
+            few samples that even out the last step are flagged by a ``(B,) torch.bool``
+            ``"is_padding"`` key added to every (dict) batch, laid out where Accelerate's
+            ``gather_for_metrics`` truncates (``docs/distributed.md``, "Equal steps and exact
+            evaluation"). Map-style, the loader's own sampler, ``drop_last=False``, no
+            ``on_error="skip"``, ``in_order=True`` (else ``ValueError``); a non-dict batch
+            raises ``TypeError``.
         isolate_global_rng: make a map-style dataset's draws from ``random``, NumPy's global
             generator and torch's default CPU generator reproducible whatever the workers
             (``docs/loader.md``, "Global random generators"). ``None``: on unless the source
@@ -173,6 +179,7 @@ class DataLoader(_TorchDataLoader[_T_co]):  # generic as torch's: kuat.DataLoade
         shard: bool | None = None,
         replicas: str = "read",
         replica_check_every: int | None = None,
+        exact_eval: bool = False,
         isolate_global_rng: bool | None = None,
         snapshot_every_n_steps: int | None = None,
     ):
@@ -181,7 +188,7 @@ class DataLoader(_TorchDataLoader[_T_co]):  # generic as torch's: kuat.DataLoade
             persistent_workers=persistent_workers, worker_type=worker_type, on_error=on_error,
             seed=seed, snapshot_every_n_steps=snapshot_every_n_steps, device=device, rank=rank,
             world_size=world_size, mesh=mesh, dp_dims=dp_dims, shard=shard, replicas=replicas,
-            replica_check_every=replica_check_every,
+            replica_check_every=replica_check_every, exact_eval=exact_eval,
         )
         self._device = opts.device
         datapipe = _options.is_iter_datapipe(dataset)
@@ -202,6 +209,7 @@ class DataLoader(_TorchDataLoader[_T_co]):  # generic as torch's: kuat.DataLoade
         self.snapshot_every_n_steps = snapshot_every_n_steps
         self.replicas, self.replica_check_every = replicas, replica_check_every
         self._feed = _replicas.feed_for(opts.sharding, replicas, replica_check_every)
+        self.exact_eval = opts.exact_eval
         self._torch_order = opts.seed_was_none  # shuffle=True on one process shuffles as torch's
         self._dist_applied: tuple[int, int] | None = None  # (rank, world_size) of the last epoch
 
@@ -213,9 +221,12 @@ class DataLoader(_TorchDataLoader[_T_co]):  # generic as torch's: kuat.DataLoade
         self._dataset_kind = _DatasetKind.Iterable if iterable else _DatasetKind.Map
         own_sampler = sampler is None and not iterable and batch_sampler is None
         traits = _options.SourceTraits.of(source, iterable=iterable, own_sampler=own_sampler)
+        _options.check_equal_steps(opts, traits, source, sampler=sampler, batch_sampler=batch_sampler,
+                                   batch_size=batch_size, drop_last=drop_last, on_error=on_error,
+                                   in_order=in_order)
         if sampler is None:
             if iterable:
-                sampler = _InfiniteSampler()
+                sampler = InfiniteSampler()
                 if traits.batching:  # workers take whole batches
                     source.kuat_set_batching(batch_size, drop_last)
             elif batch_sampler is None:
@@ -224,7 +235,7 @@ class DataLoader(_TorchDataLoader[_T_co]):  # generic as torch's: kuat.DataLoade
                 sampler = kind(
                     source, shuffle=shuffle, seed=self.seed, rank=r,
                     world_size=ws, drop_last=drop_last, generator=generator,
-                )
+                    exact=opts.exact_eval, batch_size=batch_size)
             else:
                 sampler = SequentialSampler(source)
         if batch_size is not None and batch_sampler is None:
@@ -274,7 +285,7 @@ class DataLoader(_TorchDataLoader[_T_co]):  # generic as torch's: kuat.DataLoade
             buffer_pool=BufferPool(),
             worker_state=iterable and not traits.resumable,  # per-worker dataset states
             datapipe=datapipe,  # seeded and sharded per worker, as torch (graph_settings)
-        )
+            equal_steps=opts.sharding.sharded, flag_padding=opts.exact_eval)
         self._stats = LoaderStats()
         self._warned: set[tuple[str, str]] = set()
         self._advised = False
@@ -320,12 +331,7 @@ class DataLoader(_TorchDataLoader[_T_co]):  # generic as torch's: kuat.DataLoade
         return max(0, self._len() - skip) if skip else self._len()
 
     def _len(self) -> int:
-        if self._traits.iterable:
-            length = self._IterableDataset_len_called = len(self._source)
-            if self.batch_size is not None:
-                length = length // self.batch_size if self.drop_last else math.ceil(length / self.batch_size)
-            return length
-        return len(self._index_sampler)
+        return _epoch.epoch_length(self)
 
     def _batches_per_epoch(self) -> int | None:
         if self._traits.iterable:
@@ -482,10 +488,3 @@ class DataLoader(_TorchDataLoader[_T_co]):  # generic as torch's: kuat.DataLoade
     def _advise(self) -> None:
         _notices.advise(self)
 
-
-class _InfiniteSampler(Sampler):
-    """The sampler attribute of an iterable-dataset loader (as torch's, yields ``None``)."""
-
-    def __iter__(self):
-        while True:
-            yield None
