@@ -208,6 +208,8 @@ class DataLoader(_TorchDataLoader[_T_co]):  # generic as torch's: kuat.DataLoade
         self.on_error = on_error
         self.snapshot_every_n_steps = snapshot_every_n_steps
         self.replicas, self.replica_check_every = replicas, replica_check_every
+        # kept, so that Lightning's type(loader)(**attributes) rebuild keeps kuat's sharding
+        self.mesh, self.dp_dims, self.shard = mesh, dp_dims, shard
         self._feed = _replicas.feed_for(opts.sharding, replicas, replica_check_every)
         self.exact_eval = opts.exact_eval
         self._torch_order = opts.seed_was_none  # shuffle=True on one process shuffles as torch's
