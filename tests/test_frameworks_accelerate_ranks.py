@@ -69,6 +69,11 @@ def _two_ranks(rank, world_size, tmp):
     # seed=3: kuat's (seed, epoch) order, the same on every rank, then Accelerate's shares
     ours = accelerator.prepare(kuat.DataLoader(ds, batch_size=4, shuffle=True, seed=3, num_workers=2))
     out["seeded"] = [_ids(ours) for _ in range(2)]
+    # skip_first_batches: a kuat loader over the same shard, its next epoch (2) from batch 1
+    skipped = accelerator.skip_first_batches(ours, 1)
+    reference = accelerator.prepare(kuat.DataLoader(ds, batch_size=4, shuffle=True, seed=3))
+    reference.set_epoch(2)
+    out["skipped"] = (isinstance(skipped, kuat.DataLoader), _batches(skipped), _batches(reference)[1:])
     # even_batches=False (25 samples), split_batches=True; an IterableDataset (22 items):
     # Accelerate's IterableDatasetShard (without dispatching, which kuat does not do)
     for name, config, data in (("uneven", {"even_batches": False}, list(range(25))),
@@ -78,6 +83,7 @@ def _two_ranks(rank, world_size, tmp):
         theirs, ours = _both(acc, lambda cls, data=data: cls(data, batch_size=4), 0)
         out[name] = (_batches(theirs), _batches(ours), len(theirs) if name != "iterable" else 0,
                      len(ours) if name != "iterable" else 0)
+        acc.save_state(f"{tmp}/{name}")  # (it asks a loader over an IterableDatasetShard for its sampler)
     return out
 
 
@@ -106,6 +112,9 @@ def test_accelerate_shards_kuat_as_torch_on_two_ranks(tmp_path):
     for epoch in range(2):  # seed=: the same order on every rank, disjoint shares
         _assert_shares([r["seeded"][epoch] for r in results], 24)
     assert results[0]["seeded"][0] != results[0]["seeded"][1]  # epochs differ
+    for r in results:
+        is_kuat, skipped, expected = r["skipped"]
+        assert is_kuat and skipped == expected and len(skipped) == 2
     # even_batches=False: 25 of 25 (the row; before: 26, "ignored")
     assert sorted(x for r in results for b in r["uneven"][1] for x in b) == list(range(25))
     assert [r["uneven"][3] for r in results] == [4, 3]

@@ -181,3 +181,23 @@ def test_pickles_before_and_after_iterating_as_torch_does():
     copy.load_state_dict(copy.state_dict())  # the position is resumed as from a checkpoint
     assert [b.tolist() for b in copy] == expected[0][1:]
     loader.close()
+
+
+@pytest.mark.xfail(strict=True, raises=TypeError,
+                   reason="kuat's own sampler with shuffle=True, seed=None has no seed when a "
+                          "framework's wrapper iterates it outside its loader (docs/distributed.md, "
+                          "Frameworks: known gap; the fix belongs in kuat.sampling)")
+def test_lightning_wrapper_over_a_seedless_shuffled_kuat_loader():
+    """What Lightning does in DDP to ``kuat.DataLoader(ds, shuffle=True)``: rank 0's and rank 1's
+    rebuilt loaders over ``DistributedSamplerWrapper(loader.sampler)``; with torch's global seed
+    equal on both ranks (``seed_everything``) they must read disjoint halves, as torch's would."""
+    from lightning.fabric.utilities.data import _update_dataloader
+    from lightning.fabric.utilities.distributed import DistributedSamplerWrapper
+
+    shares = []
+    for rank in (0, 1):
+        torch.manual_seed(0)
+        loader = kuat.DataLoader(list(range(10)), batch_size=2, shuffle=True)
+        wrapper = DistributedSamplerWrapper(loader.sampler, num_replicas=2, rank=rank, shuffle=True, seed=0)
+        shares.append([x for b in _update_dataloader(loader, wrapper) for x in b.tolist()])
+    assert sorted(shares[0] + shares[1]) == list(range(10))
