@@ -135,6 +135,19 @@ def test_split_batches_as_accelerate_and_refused_only_where_kuat_shards_itself()
         Accelerator(cpu=True, dataloader_config=config).prepare(kuat.DataLoader(list(range(8)), batch_size=4))
 
 
+def test_even_batches_false_and_seedable_sampler_are_applied_not_ignored(caplog):
+    """Accelerate's own code decides (tests/test_frameworks_accelerate_ranks.py shows the
+    shares on 2 ranks); kuat no longer logs that it ignores them."""
+    from accelerate import DataLoaderConfiguration
+
+    config = DataLoaderConfiguration(even_batches=False, use_seedable_sampler=True)
+    accelerator = Accelerator(cpu=True, dataloader_config=config)
+    with caplog.at_level("WARNING", logger="kuat"):
+        loader = accelerator.prepare(kuat.DataLoader(list(range(25)), batch_size=4, shuffle=True, seed=1))
+        assert sorted(x for b in ids(loader) for x in b) == list(range(25))
+    assert not [r for r in caplog.records if "ignore" in r.getMessage()]
+
+
 class Stream(torch.utils.data.IterableDataset):
     """40 ints, no length: the end of data is known only by reading one batch ahead."""
 

@@ -74,6 +74,12 @@ def _two_ranks(rank, world_size, tmp):
     reference = accelerator.prepare(kuat.DataLoader(ds, batch_size=4, shuffle=True, seed=3))
     reference.set_epoch(2)
     out["skipped"] = (isinstance(skipped, kuat.DataLoader), _batches(skipped), _batches(reference)[1:])
+    # use_seedable_sampler (the HF Trainer's default), seed=None: the order is torch's initial
+    # seed's (set alike on every rank, as set_seed does) and the epoch's, as SeedableRandomSampler
+    acc = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True))
+    torch.manual_seed(5)
+    ours = acc.prepare(kuat.DataLoader(ds, batch_size=4, shuffle=True))
+    out["seedable"] = [_ids(ours) for _ in range(2)]
     # even_batches=False (25 samples), split_batches=True; an IterableDataset (22 items):
     # Accelerate's IterableDatasetShard (without dispatching, which kuat does not do)
     for name, config, data in (("uneven", {"even_batches": False}, list(range(25))),
@@ -109,9 +115,10 @@ def test_accelerate_shards_kuat_as_torch_on_two_ranks(tmp_path):
     for r in results:  # resumed from its state: the rest of the epoch, in the same order
         head, rest, resumed = r["resume"]
         assert resumed == rest and len(head) + len(rest) == 3
-    for epoch in range(2):  # seed=: the same order on every rank, disjoint shares
-        _assert_shares([r["seeded"][epoch] for r in results], 24)
-    assert results[0]["seeded"][0] != results[0]["seeded"][1]  # epochs differ
+    for run in ("seeded", "seedable"):  # the same order on every rank: disjoint shares
+        for epoch in range(2):
+            _assert_shares([r[run][epoch] for r in results], 24)
+        assert results[0][run][0] != results[0][run][1]  # epochs differ
     for r in results:
         is_kuat, skipped, expected = r["skipped"]
         assert is_kuat and skipped == expected and len(skipped) == 2
