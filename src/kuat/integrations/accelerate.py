@@ -242,9 +242,10 @@ def _shard(dataloader, num_processes, process_index, split_batches, rng_types, e
     if own and not had_generator and not dataloader._options.seed_was_none:
         # kuat's own sampler with seed=: the order is (seed, epoch) on every rank already
         inner.generator = generator = None
-    if own and inner.shuffle and inner.generator is None and inner.seed is None:
+    if own and inner.shuffle and inner.generator is None and dataloader._options.seed_was_none:
         # use_seedable_sampler (no generator added): as SeedableRandomSampler, the order is
-        # the data seed's (else torch's initial seed) and the epoch's
+        # the data seed's (else torch's initial seed) and the epoch's, not a seed this rank
+        # drew (if the loader ran an epoch already)
         seed = kwargs.get("data_seed")
         inner.seed = int(seed if seed is not None else torch.random.initial_seed())
     rng = [t for t in (shard.rng_types or ()) if generator is not None or t != "generator"]
