@@ -183,10 +183,6 @@ def test_pickles_before_and_after_iterating_as_torch_does():
     loader.close()
 
 
-@pytest.mark.xfail(strict=True, raises=TypeError,
-                   reason="kuat's own sampler with shuffle=True, seed=None has no seed when a "
-                          "framework's wrapper iterates it outside its loader (docs/distributed.md, "
-                          "Frameworks: known gap; the fix belongs in kuat.sampling)")
 def test_lightning_wrapper_over_a_seedless_shuffled_kuat_loader():
     """What Lightning does in DDP to ``kuat.DataLoader(ds, shuffle=True)``: rank 0's and rank 1's
     rebuilt loaders over ``DistributedSamplerWrapper(loader.sampler)``; with torch's global seed

@@ -292,6 +292,14 @@ class EpochSampler(Sampler[int]):
                 g = torch.Generator()
                 g.manual_seed(self.torch_seed[1])
                 order = torch.randperm(n, generator=g).tolist()
+            elif self.seed is None:
+                # iterated outside its loader before the loader drew its seed (a framework's
+                # DistributedSamplerWrapper over it): as torch's RandomSampler, a seed drawn
+                # from torch's default generator at each iteration, so ranks with equal global
+                # seeds agree (Lightning's seed_everything)
+                g = torch.Generator()
+                g.manual_seed(int(torch.empty((), dtype=torch.int64).random_().item()))
+                order = torch.randperm(n, generator=g).tolist()
             else:
                 g = torch.Generator()
                 g.manual_seed(shuffle_seed(self.seed, epoch))
