@@ -99,15 +99,20 @@ class PaddingIndex(int):
 PADDING_KEY = "is_padding"
 
 
-def split_padding(key: list) -> tuple[list[int], list[bool]]:
-    """``(plain ints, is padding)`` of a batch's indices (:class:`PaddingIndex` values)."""
-    return [int(i) for i in key], [isinstance(i, PaddingIndex) for i in key]
+def split_padding(key: list) -> tuple[list[int], torch.Tensor]:
+    """``(plain ints, (B,) torch.bool: is padding)`` of a batch's indices (padding ones are
+    :class:`PaddingIndex` values). Costs a C-level scan when none is (every batch but a
+    rank's last)."""
+    if PaddingIndex not in map(type, key):
+        return key, torch.zeros(len(key), dtype=torch.bool)
+    return [int(i) for i in key], torch.tensor([type(i) is PaddingIndex for i in key])
 
 
-def flag_padding(batch, padding: list[bool]):
-    """``batch`` (a mapping of B samples) with ``batch["is_padding"]``, a ``(B,) torch.bool``
-    tensor (True where the sample is padding): a new dict for a ``dict`` or a read-only
-    mapping, set in place in any other mutable mapping (its type kept).
+def flag_padding(batch, padding: torch.Tensor):
+    """``batch`` (a mapping of B samples) with ``batch["is_padding"] = padding``, a ``(B,)
+    torch.bool`` tensor (True where the sample is padding, :func:`split_padding`): a new dict
+    for a ``dict`` or a read-only mapping, set in place in any other mutable mapping (its type
+    kept).
 
     Raises:
         TypeError: ``batch`` is not a mapping (exact evaluation flags dict batches only),
@@ -116,7 +121,7 @@ def flag_padding(batch, padding: list[bool]):
     """
     from collections.abc import Mapping, MutableMapping
 
-    if not isinstance(batch, Mapping):
+    if type(batch) is not dict and not isinstance(batch, Mapping):
         raise TypeError(
             f"exact_eval=True flags padding samples with the key {PADDING_KEY!r}, so batches must "
             f"be dicts (mappings); this loader's batch is a {type(batch).__name__}. Return dict "
@@ -125,11 +130,10 @@ def flag_padding(batch, padding: list[bool]):
         raise ValueError(
             f"exact_eval=True adds the key {PADDING_KEY!r} to every batch, but the batch already "
             f"has one (keys: {list(batch)[:10]}); rename that field")
-    flag = torch.tensor(padding, dtype=torch.bool)  # (B,)
     if type(batch) is not dict and isinstance(batch, MutableMapping):
-        batch[PADDING_KEY] = flag
+        batch[PADDING_KEY] = padding
         return batch
-    return {**batch, PADDING_KEY: flag}
+    return {**batch, PADDING_KEY: padding}
 
 
 def next_request() -> int:
