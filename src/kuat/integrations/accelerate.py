@@ -102,6 +102,14 @@ class GradientStateObserver:
         loader = self._loader
         loader.end_of_dataloader = False
         loader.remainder = -1
+        sharded = loader._options.sharding.sharded
+        if sharded and not loader.exact_eval and not self._drop_last:
+            # kuat's own strided shares pad by wrap-around between the ranks' samples, where
+            # gather_for_metrics' truncation of the last step would drop real samples: keep
+            # every gathered sample instead, and say how to make evaluation exact
+            _warn_inexact_gather()
+            self._gradient_state._add_dataloader(loader)
+            return
         with contextlib.suppress(Exception):  # as DataLoaderStateMixin.begin
             if not self._drop_last:
                 length = getattr(loader.dataset, "total_dataset_length", len(loader.dataset))
@@ -113,6 +121,20 @@ class GradientStateObserver:
 
     def epoch_ended(self) -> None:
         self._gradient_state._remove_dataloader(self._loader)
+
+
+_warned_inexact = False
+
+
+def _warn_inexact_gather() -> None:
+    global _warned_inexact
+    if not _warned_inexact:
+        _warned_inexact = True
+        log.warning("kuat.DataLoader sharded by kuat (rank=/mesh=/shard=True) without "
+                    "exact_eval=True under Accelerate: its last step is padded by wrap-around, "
+                    "so gather_for_metrics returns the padding too (remainder -1, nothing "
+                    "dropped); pass exact_eval=True to an evaluation loader for every sample "
+                    "exactly once (docs/distributed.md)")
 
 
 def _kuat_total_batch_size(loader) -> int:
