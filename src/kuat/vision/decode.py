@@ -303,6 +303,34 @@ def decode_resize_batch(
     return failed
 
 
+def plan_decode_rrc(datas, widths, heights, words, out, params: tuple, draws: np.ndarray):
+    """``_roijpeg.c``'s ``plan_decode_rrc``: a ``RandomResizedCrop`` + flips batch planned
+    (as ``plan_rrc``), decoded and resized into ``out[j]`` (as :func:`decode_resize_batch`)
+    in one C call that releases the GIL once, with no per-image Python object.
+
+    Args:
+        datas: B encoded images; widths, heights: ``(B,)`` int64 (after EXIF orientation);
+        words: ``(B, 4)`` uint64 PCG64 seeding words (``kuat.rng.BatchGenerators``).
+        out: ``(B, 3, H, W)`` uint8, C-contiguous; sample ``j`` writes ``out[j]`` only.
+        params: ``plan_rrc``'s ``(scale_lo, scale_hi, log_ratio_lo, log_ratio_hi, ratio_lo,
+            ratio_hi, flip_ps, max_pixels)``.
+        draws: ``(B,)`` int64, set to the doubles drawn per planned sample (0 elsewhere).
+
+    Returns:
+        ``(unplanned, failed)``: the ``j`` the per-image path must plan and take, and
+        ``(j, reason)`` for each planned sample the decoder could not decode. ``None`` when
+        the ROI decoder is not built or predates the function. Internal.
+    """
+    fn = getattr(_roi, "plan_decode_rrc", None)
+    if fn is None:
+        return None
+    b, _, h, w = out.shape
+    t0 = time.perf_counter()
+    res = fn(datas, widths, heights, words, out, h, w, *params, draws)
+    _native.add(time.perf_counter() - t0)  # kernel seconds for stats()["busy_s"]["native"]
+    return res
+
+
 def _decode_pil(data, min_scale, max_pixels, index, source) -> Decoded:
     from PIL import Image
 
