@@ -79,6 +79,8 @@
 #include <string.h>
 #include <math.h>
 #include <dlfcn.h>
+#include <sys/mman.h>
+#include <unistd.h>
 #include <jpeglib.h> /* the vendored _libjpeg_turbo/include comes first on the include path */
 
 /* libjpeg is not linked. load() dlopens one (RTLD_LOCAL: its symbols never interpose on
@@ -946,6 +948,26 @@ static PyObject *load(PyObject *self, PyObject *args) {
                          file);
 }
 
+/* Ask the kernel to read the pages of buf[0:len) now (madvise MADV_WILLNEED), so that a batch's
+ * encoded images, scattered over a memory-mapped shard not in the page cache, are read all at
+ * once rather than one page fault at a time as the decodes reach them (what the format's
+ * gather did per row in Python: kuat.format.shard._Var.will_need). A hint: errors (memory
+ * that is not a file mapping, a platform without it) are ignored. Calls no Python API. */
+static void advise_willneed(const void *buf, size_t len) {
+#if defined(MADV_WILLNEED)
+    static long page = 0;
+    if (page <= 0)
+        page = sysconf(_SC_PAGESIZE);
+    if (len == 0 || page <= 0)
+        return;
+    uintptr_t lo = (uintptr_t)buf & ~((uintptr_t)page - 1);
+    (void)madvise((void *)lo, (uintptr_t)buf + len - lo, MADV_WILLNEED);
+#else
+    (void)buf;
+    (void)len;
+#endif
+}
+
 /* One job of decode_resize_batch: a crop decoded and resized into one batch slot. */
 typedef struct {
     Py_buffer data, xs, xw, ys, yw;
@@ -1037,6 +1059,9 @@ static PyObject *decode_resize_batch(PyObject *self, PyObject *args) {
     unsigned char *tmp_buf = NULL;
     int oom = 0;
     Py_BEGIN_ALLOW_THREADS
+    if (shared == NULL || __atomic_load_n(shared, __ATOMIC_RELAXED) == 0)
+        for (Py_ssize_t k = 0; k < n; k++)
+            advise_willneed(jobs[k].data.buf, (size_t)jobs[k].data.len);
     tmp_buf = (unsigned char *)malloc(max_tmp ? max_tmp : 1);
     if (tmp_buf == NULL) {
         oom = 1;
@@ -1624,6 +1649,9 @@ static PyObject *plan_decode_rrc(PyObject *self, PyObject *args) {
     Py_BEGIN_ALLOW_THREADS
     unsigned char *tmp_buf = NULL;
     size_t tmp_size = 0;
+    for (Py_ssize_t j = 0; j < b; j++) /* all the batch's pages read at once */
+        if (held[j])
+            advise_willneed(bufs[j].buf, (size_t)bufs[j].len);
     for (Py_ssize_t j = 0; j < b && !oom; j++) {
         long long box[6], n_drawn = 0;
         codes[j] = -1; /* not planned */

@@ -183,6 +183,14 @@ class Compose(Transform):
         return (self._output_size is not None and not self.exact_resize
                 and str(self.decode_device) == "cpu" and roi_batch_available())
 
+    @property
+    def advises_reads(self) -> bool:
+        """Whether :meth:`apply_encoded_many` asks the kernel for the batch's pages itself
+        (``_roijpeg.c``'s ``plan_decode_rrc`` and ``decode_resize_batch``, without the GIL):
+        ``RandomResizedCrop`` then flips on the ROI decoder's one-call path."""
+        return (self._c_plan is not None and self.splits_batches
+                and roi_function("plan_decode_rrc") is not None)
+
     def plan(self, width: int, height: int, rng: np.random.Generator) -> Plan:
         """Draw this sample's geometry for an oriented ``width x height`` image."""
         plan = Plan(height, width)
