@@ -370,7 +370,7 @@ class LoaderIter:
                 self._dispatch()
 
     def _get(self):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         try:
             return self._lease.engine.get(self._timeout if self._timeout > 0 else None)
         except queue.Empty:
@@ -379,9 +379,7 @@ class LoaderIter:
                 f"{self._nw} {self._lease.worker_type} workers ({len(self._tasks)} batches in flight)"
             ) from None
         finally:
-            w = time.perf_counter() - t0
-            with self._stats.lock:
-                self._stats.worker_wait_s += w
+            self._stats.waited(time.perf_counter() - t0, time.thread_time() - c0)
 
     def _next_device_batch(self):
         """Stage the next host batch's copy before returning the current one (one ahead)."""

@@ -36,7 +36,7 @@ class LoaderStats:
 
     def reset(self):
         self.fetch_s = self.fetch_cpu_s = self.collate_s = self.pin_s = self.rng_wait_s = 0.0
-        self.native_s = self.native_cpu_s = self.consumer_cpu_s = 0.0
+        self.native_s = self.native_cpu_s = self.consumer_cpu_s = self.wait_cpu_s = 0.0
         # CPU seconds outside GIL-releasing kernels (WorkStats.python_s), by worker kind;
         # and the inline fetches' CPU, which consumer_cpu_s (the loop's thread) also holds
         self.python_s = {"inline": 0.0, "thread": 0.0, "process": 0.0}
@@ -63,6 +63,13 @@ class LoaderStats:
             if counted:
                 self.samples += st.samples
             self.skipped += len(st.skipped)
+
+    def waited(self, wall_s: float, cpu_s: float) -> None:
+        """The loop waited ``wall_s`` for a worker's result, ``cpu_s`` of it on a CPU (waking
+        up, taking the GIL back: not Python, left out of ``python_us_per_sample``)."""
+        with self.lock:
+            self.worker_wait_s += wall_s
+            self.wait_cpu_s += cpu_s
 
     def overhead_s(self, num_workers: int) -> float:
         """Seconds ``next()`` spent in kuat's own machinery (see :meth:`report`)."""
@@ -113,7 +120,8 @@ class LoaderStats:
         ``workers``: the fetches and collates, wherever they ran (CPU time of the fetch outside
         the kernels that report themselves through :mod:`kuat._native`, plus the collate's);
         ``consumer``: the loop thread's CPU time inside ``next()``, less the fetches it ran
-        itself (dispatch, hand-off, ordering, bookkeeping, device copies); ``main_process``:
+        itself and its waits for a result (the system calls of blocking and waking: the GIL
+        is free then): dispatch, hand-off, ordering, bookkeeping, device copies; ``main_process``:
         ``consumer`` plus the fetches of thread and inline workers, the time the training
         process's GIL is held per sample, the budget of issue 31 (process workers hold their
         own GILs). How it compares to an external sampler of the GIL (py-spy ``--gil``,
@@ -126,7 +134,7 @@ class LoaderStats:
         if not n:
             return {"workers": None, "consumer": None, "main_process": None}
         workers = sum(self.python_s.values())
-        consumer = max(0.0, self.consumer_cpu_s - self.inline_cpu_s)
+        consumer = max(0.0, self.consumer_cpu_s - self.wait_cpu_s - self.inline_cpu_s)
         main = consumer + self.python_s["thread"] + self.python_s["inline"]
         return {"workers": 1e6 * workers / n, "consumer": 1e6 * consumer / n,
                 "main_process": 1e6 * main / n}  # fmt: skip
