@@ -37,10 +37,8 @@ class LoaderStats:
     def reset(self):
         self.fetch_s = self.fetch_cpu_s = self.collate_s = self.pin_s = self.rng_wait_s = 0.0
         self.native_s = self.native_cpu_s = self.consumer_cpu_s = self.wait_cpu_s = 0.0
-        # CPU seconds outside GIL-releasing kernels (WorkStats.python_s), by worker kind;
-        # and the inline fetches' CPU, which consumer_cpu_s (the loop's thread) also holds
+        # CPU seconds outside GIL-releasing kernels (WorkStats.python_s), by worker kind
         self.python_s = {"inline": 0.0, "thread": 0.0, "process": 0.0}
-        self.inline_cpu_s = 0.0
         self.device_s = self.transform_s = self.wait_s = self.worker_wait_s = self.elapsed_s = 0.0
         self.batches = self.samples = self.skipped = 0
 
@@ -54,9 +52,6 @@ class LoaderStats:
             self.native_cpu_s += st.native_cpu_s
             if st.method in self.python_s:
                 self.python_s[st.method] += st.python_s
-            if st.method == "inline":
-                self.inline_cpu_s += st.fetch_cpu_s + (st.python_s - max(
-                    0.0, st.fetch_cpu_s - st.native_cpu_s))  # + the collate's CPU
             self.collate_s += st.collate_s
             self.pin_s += st.pin_s
             self.rng_wait_s += st.rng_wait_s
@@ -66,7 +61,8 @@ class LoaderStats:
 
     def waited(self, wall_s: float, cpu_s: float) -> None:
         """The loop waited ``wall_s`` for a worker's result, ``cpu_s`` of it on a CPU (waking
-        up, taking the GIL back: not Python, left out of ``python_us_per_sample``)."""
+        up, taking the GIL back: not Python, left out of ``python_us_per_sample``'s consumer;
+        an inline fetch runs inside this wait, and is counted as a worker's)."""
         with self.lock:
             self.worker_wait_s += wall_s
             self.wait_cpu_s += cpu_s
@@ -134,7 +130,8 @@ class LoaderStats:
         if not n:
             return {"workers": None, "consumer": None, "main_process": None}
         workers = sum(self.python_s.values())
-        consumer = max(0.0, self.consumer_cpu_s - self.wait_cpu_s - self.inline_cpu_s)
+        # (an inline fetch runs inside the loop's wait for its result: in wait_cpu_s)
+        consumer = max(0.0, self.consumer_cpu_s - self.wait_cpu_s)
         main = consumer + self.python_s["thread"] + self.python_s["inline"]
         return {"workers": 1e6 * workers / n, "consumer": 1e6 * consumer / n,
                 "main_process": 1e6 * main / n}  # fmt: skip
