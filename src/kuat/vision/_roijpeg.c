@@ -1660,6 +1660,12 @@ static PyObject *plan_decode_rrc(PyObject *self, PyObject *args) {
                      (const char *)wordsb.buf + 32 * j, &p, flip_p, n_flips, out_h, out_w,
                      max_pixels, box, &n_drawn)) {
             int h = (int)(box[2] - box[1]), w = (int)(box[4] - box[3]);
+            if (h <= 0 || w <= 0) { /* never planned so; the per-image path decides */
+                codes[j] = ROI_BAD_ARGS;
+                snprintf(msgs + (size_t)j * ROI_MSG, ROI_MSG, "empty box %dx%d", w, h);
+                memcpy((char *)drawsb.buf + 8 * j, &n_drawn, 8);
+                continue;
+            }
             int32_t *xs = NULL, *ys = NULL;
             int16_t *xw = NULL, *yw = NULL;
             int xt, xp, yt, yp;
