@@ -104,7 +104,7 @@ class LoaderIter:
 
     # --- the per-batch loop -------------------------------------------------------------------
     def __next__(self):
-        t0 = time.perf_counter()  # starting the epoch (workers) is time the loop waits, too
+        t0, c0 = time.perf_counter(), time.thread_time()  # an epoch's start is waiting, too
         if not self._started:
             if self._closed:
                 raise StopIteration
@@ -115,7 +115,7 @@ class LoaderIter:
         try:
             batch = self._next_looking_ahead() if self._look_ahead else self._produce()
         finally:  # every second inside next() is a second the training loop waited for input
-            self._account_time(t0)
+            self._account_time(t0, c0)
         self._adapt.loop_paused()
         self._position.advance()
         self._returned += 1
@@ -317,7 +317,7 @@ class LoaderIter:
                 self._dispatch()
 
     def _get(self):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         try:
             return self._lease.engine.get(self._timeout if self._timeout > 0 else None)
         except queue.Empty:
@@ -326,9 +326,7 @@ class LoaderIter:
                 f"{self._nw} {self._lease.worker_type} workers ({len(self._tasks)} batches in flight)"
             ) from None
         finally:
-            w = time.perf_counter() - t0
-            with self._stats.lock:
-                self._stats.worker_wait_s += w
+            self._stats.waited(time.perf_counter() - t0, time.thread_time() - c0)
 
     def _next_device_batch(self):
         """Stage the next host batch's copy before returning the current one (one ahead)."""
@@ -371,11 +369,12 @@ class LoaderIter:
         if st.worker_info_consulted is False and self._plan.iterable:
             self._events.unsplit_iterable()
 
-    def _account_time(self, t0: float) -> None:
+    def _account_time(self, t0: float, c0: float) -> None:
         # wall time from the first next() of the epoch to the end of the latest one, and the
-        # part of it spent inside next() (from t0)
-        now = time.perf_counter()
+        # part of it spent inside next() (from t0); this thread's CPU time since c0
+        now, cpu = time.perf_counter(), time.thread_time() - c0
         with self._stats.lock:
+            self._stats.consumer_cpu_s += cpu
             self._stats.elapsed_s += now - self._t_mark
             self._stats.wait_s += now - t0
         self._t_mark = now

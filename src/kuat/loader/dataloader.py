@@ -409,7 +409,7 @@ class DataLoader(_TorchDataLoader[_T_co]):  # generic as torch's: kuat.DataLoade
         seconds each stage was busy, summed over workers: ``fetch`` (dataset calls),
         ``fetch_cpu`` (their CPU time: far below ``fetch`` in thread mode means GIL-bound or
         I/O-bound), ``native`` (of ``fetch``, inside GIL-releasing kernels that report
-        themselves: ``kuat.vision``'s decodes and resizes), ``collate``, ``pin``,
+        themselves: ``kuat.vision``'s decodes and resizes; ``native_cpu``: their CPU), ``collate``, ``pin``,
         ``rng_lock_wait`` (waiting for global-RNG isolation), ``device`` (consumer: copies out
         of shared memory or to the device), ``batch_transform``; ``consumer_wait_s`` (every
         second the training loop spent inside ``next()``), ``worker_wait_s`` (the part of it
@@ -421,7 +421,8 @@ class DataLoader(_TorchDataLoader[_T_co]):  # generic as torch's: kuat.DataLoade
         ``worker_wait_s`` with workers, minus device copies and batch transforms);
         ``loader_overhead_fraction``: those seconds over ``elapsed_s``;
         ``fetch_python_fraction``: ``(fetch - native) / fetch``, ``None`` when no kernel
-        reported.
+        reported; ``python_us_per_sample``: CPU microseconds of Python (outside those kernels)
+        per sample, ``{"workers", "consumer", "main_process"}`` (``LoaderStats.report``).
         """
         return self._stats.report(self.num_workers)
 
