@@ -1,0 +1,425 @@
+"""A streaming ``datasets.IterableDataset`` read as Arrow tables, row for row what its rows give.
+
+:func:`arrow_tables` walks the dataset's prepared examples iterable (``datasets``' own objects,
+``_prepare_ex_iterable_for_iteration``: the epoch's shard order, its shuffle generators, its
+``split_dataset_by_node`` split) and returns a function that yields ``pyarrow.Table`` chunks
+whose rows, concatenated, are exactly the rows that iterating the same examples iterable gives
+(same rows, same order), or ``None`` when some node needs rows (a ``map``/``filter`` of Python
+rows, a generator source, a node this module does not know). Per node:
+
+* Parquet/Arrow shards (``ArrowExamplesIterable``): its own ``_iter_arrow`` (the shard reader);
+* ``RebatchedArrowExamplesIterable`` without ``drop_last_batch``: the rows of its child (it only
+  regroups them; ``datasets`` puts one over every stream with batch size 1);
+* ``select_columns``, ``skip``, ``take``, the node-split ``StepExamplesIterable``, feature
+  casting (``FormattedExamplesIterable``): their own ``_iter_arrow`` over the child's tables;
+* ``shuffle(seed, buffer_size)`` (``BufferShuffledExamplesIterable``): its own ``_iter_arrow``,
+  fed the child's rows cut where the row-by-row buffer reshuffles (first ``buffer_size`` rows,
+  then every ``buffer_size - buffer_size // 2``), so each ``rng.permutation`` has the length
+  the row path gives it and draws the same permutation: the same order, exactly;
+* ``interleave_datasets`` (``CyclingMultiSourcesExamplesIterable`` and its random subclass):
+  the node's own source-index iterator (same generator, same draws) and its stopping strategy
+  replayed over row cursors, one ``take`` per output chunk.
+
+Thread-safety: each call of the returned function builds its own iterators; the examples
+iterable must be the caller's own copy (as :class:`kuat.sources.hf.HFIterableSource` makes).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Iterator
+
+import numpy as np
+
+__all__ = ["PyBlock", "arrow_tables", "batches_of", "concat", "position_share", "stateless"]
+
+Tables = Callable[[], Iterator]  # () -> iterator of blocks (pyarrow.Table or PyBlock)
+_CHUNK = 4096  # rows per output block of an interleave (one take each)
+_FED = {  # nodes whose own _iter_arrow is row-exact over its child's tables
+    "SelectColumnsIterable",
+    "StepExamplesIterable",
+    "SkipExamplesIterable",
+    "TakeExamplesIterable",
+    "FormattedExamplesIterable",
+}
+
+
+class PyBlock:
+    """Rows held as Python values, column by column (``{name: list of n values}``): what a
+    batched ``map`` returned where its values do not map exactly onto Arrow types. Offers the
+    few ``pyarrow.Table`` operations the stream uses (``len``, ``slice``, ``take``)."""
+
+    __slots__ = ("columns", "n")
+
+    def __init__(self, columns: dict, n: int):
+        self.columns, self.n = columns, n
+
+    def __len__(self) -> int:
+        return self.n
+
+    @property
+    def num_rows(self) -> int:
+        return self.n
+
+    def slice(self, start: int, length: int | None = None) -> PyBlock:
+        stop = self.n if length is None else min(self.n, start + length)
+        return PyBlock({k: v[start:stop] for k, v in self.columns.items()}, max(0, stop - start))
+
+    def take(self, indices) -> PyBlock:
+        idx = np.asarray(indices, dtype=np.int64).tolist()
+        return PyBlock({k: [v[i] for i in idx] for k, v in self.columns.items()}, len(idx))
+
+    def rows(self) -> list[dict]:
+        keys = list(self.columns)
+        return [dict(zip(keys, vals, strict=True)) for vals in zip(*self.columns.values(), strict=True)]
+
+
+def _pyblock(block) -> PyBlock:
+    if isinstance(block, PyBlock):
+        return block
+    return PyBlock(block.to_pydict(), block.num_rows)  # the Python format's values
+
+
+def _take(block, indices):
+    import pyarrow as pa
+
+    if isinstance(block, PyBlock):
+        return block.take(indices)
+    return block.take(pa.array(np.asarray(indices, dtype=np.int64), pa.int64()))
+
+
+def concat(blocks: list):
+    """One block with the rows of ``blocks`` in order (Arrow when every block is Arrow)."""
+    import pyarrow as pa
+
+    if len(blocks) == 1:
+        return blocks[0]
+    if not any(isinstance(b, PyBlock) for b in blocks):
+        return pa.concat_tables(blocks)
+    parts = [_pyblock(b) for b in blocks]
+    keys = list(parts[0].columns)
+    if any(list(p.columns) != keys for p in parts):
+        raise ValueError(
+            f"the stream's rows change columns between batches ({keys} vs "
+            f"{next(list(p.columns) for p in parts if list(p.columns) != keys)}): they cannot "
+            "be collated into one batch"
+        )
+    return PyBlock({k: [v for p in parts for v in p.columns[k]] for k in keys},
+                   sum(p.n for p in parts))
+
+
+def _pure_arrow(node) -> bool:
+    """No batched ``map`` below ``node``: its blocks are all ``pyarrow.Table``."""
+    if type(node).__name__ == "MappedExamplesIterable":
+        return False
+    kids = getattr(node, "ex_iterables", None) or (
+        [node.ex_iterable] if hasattr(node, "ex_iterable") else [])
+    return all(_pure_arrow(k) for k in kids)
+
+
+class _Feed:
+    """A stand-in child examples iterable that yields given Arrow tables."""
+
+    _state_dict = None
+
+    def __init__(self, tables: Tables, like):
+        self._tables = tables
+        self.features = getattr(like, "features", None)
+        self.is_typed = getattr(like, "is_typed", False)
+
+    @property
+    def iter_arrow(self):
+        return self._iter_arrow
+
+    def _iter_arrow(self):
+        for t in self._tables():
+            yield None, t
+
+    def state_dict(self):
+        return {}
+
+    def load_state_dict(self, state):
+        return state
+
+    def _init_state_dict(self):
+        return {}
+
+
+def _fed(node, tables: Tables) -> Tables:
+    clone = copy.copy(node)  # the node's own code and generators, over our tables
+    clone.ex_iterable = _Feed(tables, node.ex_iterable)
+
+    def gen():
+        for _key, t in clone._iter_arrow():
+            if len(t):
+                yield t
+
+    return gen
+
+
+def stateless(node) -> None:
+    """Clear the resume state ``datasets`` keeps on ``node`` and every node below it (the
+    caller's own copy): each iteration then starts at the beginning, as a fresh iterator
+    does, however often a node is re-read (an interleave restarting an exhausted source)."""
+    node._state_dict = None
+    if hasattr(node, "_interleaved"):
+        node._interleaved = None
+    for child in getattr(node, "ex_iterables", None) or (
+            [node.ex_iterable] if hasattr(node, "ex_iterable") else []):
+        stateless(child)
+
+
+def arrow_tables(node) -> Tables | None:
+    """``() -> iterator of blocks`` giving ``node``'s rows in order, or ``None``. Call
+    :func:`stateless` on ``node`` first (a prepared examples iterable tracks its progress)."""
+    if type(node).__module__ != "datasets.iterable_dataset":
+        return None
+    name = type(node).__name__
+    if name == "ArrowExamplesIterable":
+        return lambda: (t for _key, t in node._iter_arrow() if len(t))
+    if name == "RebatchedArrowExamplesIterable":
+        child = arrow_tables(node.ex_iterable)
+        if child is None or node.drop_last_batch:
+            return None if child is None or not _pure_arrow(node) else _fed(node, child)
+        return child
+    if name == "BufferShuffledExamplesIterable":
+        child = arrow_tables(node.ex_iterable)
+        return None if child is None else lambda: _shuffle(node, child)
+    if name == "InterleavedShardsExamplesIterable":
+        inner = node._interleaved if node._state_dict is not None else node._interleave_shards()
+        return arrow_tables(inner)
+    if name == "MappedExamplesIterable":
+        from kuat.sources._hf_map import mapped_blocks
+
+        child = arrow_tables(node.ex_iterable)
+        return None if child is None else mapped_blocks(node, child)
+    if name in _OVER_BLOCKS and not _pure_arrow(node):
+        child = arrow_tables(node.ex_iterable)
+        return None if child is None else (lambda: _OVER_BLOCKS[name](node, child()))
+    if name == "FormattedExamplesIterable" and not _pure_arrow(node):
+        from kuat.sources._hf_map import formatted_blocks
+
+        child = arrow_tables(node.ex_iterable)
+        return None if child is None else formatted_blocks(node, child)
+    if name in _FED:
+        if name == "FormattedExamplesIterable" and node.formatting is not None:
+            return None  # a tensor/table format: rows are not Python values
+        child = arrow_tables(node.ex_iterable)
+        return None if child is None or not _pure_arrow(node) else _fed(node, child)
+    if name in ("CyclingMultiSourcesExamplesIterable", "RandomlyCyclingMultiSourcesExamplesIterable"):
+        children = [arrow_tables(c) for c in node.ex_iterables]
+        if any(c is None for c in children):
+            return None
+        return lambda: _interleave(node, children)
+    return None
+
+
+def _recut(blocks: Iterator, first: int, then: int) -> Iterator:
+    """The rows of ``blocks`` in blocks of ``first`` rows, then ``then`` rows each (the last
+    one shorter)."""
+    pending: list = []
+    have = 0
+    want = first
+    for t in blocks:
+        pending.append(t)
+        have += len(t)
+        while have >= want:
+            whole = concat(pending)
+            yield whole.slice(0, want)
+            rest = whole.slice(want)
+            pending, have, want = ([rest] if len(rest) else []), len(rest), then
+    if have:
+        yield concat(pending)
+
+
+def _shuffle(node, child: Tables) -> Iterator:
+    """``BufferShuffledExamplesIterable``'s rows: its generator (deep-copied, as both of its
+    iterators do) permutes the buffer each time the row-by-row ``__iter__`` would, on the
+    same number of rows: fed ``buffer_size`` rows first, then ``buffer_size - buffer_size //
+    2`` at a time, its ``_iter_arrow`` arithmetic gives exactly ``__iter__``'s order."""
+    size = int(node.buffer_size)
+    keep = size // 2
+    rng = copy.deepcopy(node.generator)
+    buffer = None
+    for block in _recut(child(), size, size - keep):
+        buffer = block if buffer is None else concat([buffer, block])
+        if len(buffer) >= size:
+            shuffled = _take(buffer, rng.permutation(len(buffer)))
+            yield shuffled.slice(0, len(buffer) - keep)
+            buffer = shuffled.slice(len(buffer) - keep)
+    if buffer is not None and len(buffer):
+        yield _take(buffer, rng.permutation(len(buffer)))
+
+
+def _step(node, blocks: Iterator) -> Iterator:
+    """``StepExamplesIterable``'s rows (``split_dataset_by_node`` by position): rows
+    ``offset, offset + step, ...``."""
+    n = 0
+    for block in blocks:
+        idx = np.arange((node.offset - n) % node.step, len(block), node.step)
+        n += len(block)
+        if len(idx):
+            yield _take(block, idx)
+
+
+def _skip(node, blocks: Iterator) -> Iterator:
+    """``SkipExamplesIterable``'s rows: all but the first ``n``."""
+    left = int(node.n)
+    for block in blocks:
+        if left >= len(block):
+            left -= len(block)
+            continue
+        yield block.slice(left) if left else block
+        left = 0
+
+
+def _take_first(node, blocks: Iterator) -> Iterator:
+    """``TakeExamplesIterable``'s rows: the first ``n``."""
+    left = int(node.n)
+    for block in blocks:
+        if left <= 0:
+            return
+        yield block if len(block) <= left else block.slice(0, left)
+        left -= len(block)
+
+
+def _select(node, blocks: Iterator) -> Iterator:
+    """``SelectColumnsIterable``'s rows: its columns, in its order."""
+    names = list(node.column_names)
+    for block in blocks:
+        if isinstance(block, PyBlock):
+            yield PyBlock({c: block.columns[c] for c in names}, block.n)
+        else:
+            yield block.select(names)
+
+
+_OVER_BLOCKS = {  # nodes done here when a map below them may give Python blocks
+    "StepExamplesIterable": _step,
+    "SkipExamplesIterable": _skip,
+    "TakeExamplesIterable": _take_first,
+    "SelectColumnsIterable": _select,
+}
+
+
+class _Cursor:
+    """Rows of one source, one at a time, with one table of look-ahead."""
+
+    def __init__(self, tables: Tables):
+        self._it = tables()
+        self.table = None
+        self.pos = 0
+
+    def has_row(self) -> bool:
+        while self.table is None or self.pos >= len(self.table):
+            nxt = next(self._it, None)
+            if nxt is None:
+                return False
+            self.table, self.pos = nxt, 0
+        return True
+
+
+def _interleave(node, children: list[Tables]) -> Iterator:
+    """``node``'s rows (``datasets``' ``CyclingMultiSourcesExamplesIterable.__iter__``, which
+    yields one example of source ``i`` per index its ``_get_indices_iterator`` gives, with the
+    same stopping rule), gathered into blocks of up to ``_CHUNK`` rows."""
+    strategy = node.stopping_strategy
+    without = strategy == "all_exhausted_without_replacement"
+    stop = np.all if strategy in ("all_exhausted", "all_exhausted_without_replacement") else np.any
+    cursors = [_Cursor(c) for c in children]
+    exhausted = np.full(len(children), False)
+    tables: dict[int, tuple[int, object]] = {}  # id(block) -> (base row, block) of this chunk
+    order: list = []
+    rows: list[int] = []
+    base = 0
+
+    def flush():
+        return _take(concat([t for _b, t in order]), rows)
+
+    for i in node._get_indices_iterator():
+        if stop(exhausted):
+            break
+        if exhausted[i] and without:
+            continue
+        cur = cursors[i]
+        if cur.has_row():
+            t = cur.table
+            entry = tables.get(id(t))
+            if entry is None:
+                entry = tables[id(t)] = (base, t)
+                order.append(entry)
+                base += len(t)
+            rows.append(entry[0] + cur.pos)
+            cur.pos += 1
+        if not cur.has_row():  # the row just taken was its last: exhausted (datasets' rule)
+            exhausted[i] = True
+            if not without:
+                cursors[i] = _Cursor(children[i])
+        if len(rows) >= _CHUNK:
+            yield flush()
+            keep = {id(c.table): c.table for c in cursors if c.table is not None}
+            tables, order, rows, base = {}, [], [], 0
+            for t in keep.values():  # a block still being read starts the next chunk
+                tables[id(t)] = (base, t)
+                order.append(tables[id(t)])
+                base += len(t)
+    if rows:
+        yield flush()
+
+
+def position_share(tables: Iterator, rank: int, world_size: int, drop_last: bool) -> Iterator:
+    """Rows at positions ``rank, rank + world_size, ...`` of ``tables``, padded by wrapping
+    around or truncated exactly as :func:`kuat.sources.stream.rank_share` does on rows."""
+    head = None  # the stream's first world_size rows (padding)
+    n = 0
+    held, held_pos = None, 0  # with drop_last: this rank's row of a round not yet complete
+    for t in tables:
+        if head is None or len(head) < world_size:
+            part = t.slice(0, world_size - (0 if head is None else len(head)))
+            head = part if head is None else concat([head, part])
+        first = (rank - n) % world_size  # (n + first) % world_size == rank
+        idx = np.arange(first, len(t), world_size)  # (k,)
+        end = n + len(t)
+        if drop_last:  # only this rank's row of the last, maybe incomplete, round waits
+            rows = _take(t, idx)
+            last = n + int(idx[-1]) if len(idx) else held_pos
+            if held is not None:
+                rows = concat([held, rows])
+            complete = (end // world_size) * world_size  # rows of whole rounds seen
+            waits = len(rows) > 0 and (last // world_size + 1) * world_size > complete
+            ready = len(rows) - int(waits)
+            if ready:
+                yield rows.slice(0, ready)
+            held, held_pos = (rows.slice(ready), last) if waits else (None, 0)
+        elif len(idx):
+            yield _take(t, idx)
+        n = end
+    if drop_last or n == 0 or n % world_size == 0:
+        return
+    total = -(-n // world_size) * world_size
+    pad = [(p - n) % len(head) for p in range(n, total) if p % world_size == rank]
+    if pad:
+        yield _take(head, pad)
+
+
+def batches_of(tables: Iterator, batch_size: int, drop_last: bool, worker: int = 0,
+               num_workers: int = 1) -> Iterator:
+    """Batches ``worker, worker + num_workers, ...`` of ``batch_size`` consecutive rows of
+    ``tables`` (each a ``pyarrow.Table``); the last one shorter unless ``drop_last``. The other
+    workers' rows are skipped without being read out of Arrow."""
+    pending: list = []
+    have = 0
+    q = 0  # index of the batch being filled
+    for t in tables:
+        start = 0
+        while start < len(t):
+            take = min(batch_size - have, len(t) - start)
+            if q % num_workers == worker:
+                pending.append(t.slice(start, take))
+            have += take
+            start += take
+            if have == batch_size:
+                if pending:
+                    yield concat(pending)
+                pending, have, q = [], 0, q + 1
+    if have and not drop_last and pending:
+        yield concat(pending)
