@@ -1,24 +1,28 @@
-"""A streaming ``datasets.IterableDataset`` read as Arrow tables, row for row what its rows give.
+"""A streaming ``datasets.IterableDataset`` read as blocks of rows, row for row what iterating it gives.
 
 :func:`arrow_tables` walks the dataset's prepared examples iterable (``datasets``' own objects,
 ``_prepare_ex_iterable_for_iteration``: the epoch's shard order, its shuffle generators, its
-``split_dataset_by_node`` split) and returns a function that yields ``pyarrow.Table`` chunks
-whose rows, concatenated, are exactly the rows that iterating the same examples iterable gives
-(same rows, same order), or ``None`` when some node needs rows (a ``map``/``filter`` of Python
-rows, a generator source, a node this module does not know). Per node:
+``split_dataset_by_node`` split) and returns a function that yields blocks (``pyarrow.Table``,
+or :class:`PyBlock` for what a batched ``map`` returned) whose rows, concatenated, are exactly
+the rows ``iter(examples_iterable)`` gives (same rows, same order), or ``None`` when some node
+needs rows (a ``map``/``filter`` of Python rows, a generator source, a node this module does
+not know). Each node is read as its ``__iter__`` reads its child:
 
 * Parquet/Arrow shards (``ArrowExamplesIterable``): its own ``_iter_arrow`` (the shard reader);
-* ``RebatchedArrowExamplesIterable`` without ``drop_last_batch``: the rows of its child (it only
-  regroups them; ``datasets`` puts one over every stream with batch size 1);
-* ``select_columns``, ``skip``, ``take``, the node-split ``StepExamplesIterable``, feature
-  casting (``FormattedExamplesIterable``): their own ``_iter_arrow`` over the child's tables;
-* ``shuffle(seed, buffer_size)`` (``BufferShuffledExamplesIterable``): its own ``_iter_arrow``,
-  fed the child's rows cut where the row-by-row buffer reshuffles (first ``buffer_size`` rows,
-  then every ``buffer_size - buffer_size // 2``), so each ``rng.permutation`` has the length
-  the row path gives it and draws the same permutation: the same order, exactly;
-* ``interleave_datasets`` (``CyclingMultiSourcesExamplesIterable`` and its random subclass):
-  the node's own source-index iterator (same generator, same draws) and its stopping strategy
-  replayed over row cursors, one ``take`` per output chunk.
+* ``FormattedExamplesIterable`` (feature types): when its child iterates Arrow, its
+  ``__iter__`` formats the tables of its own ``_iter_arrow``: those, as they are (whatever is
+  below, e.g. ``datasets``' Arrow shuffle); else the child's rows, typed per row as there;
+* ``RebatchedArrowExamplesIterable``: the child's rows; ``select_columns``, ``skip``,
+  ``take``, the node split (``StepExamplesIterable``): the same operation on blocks;
+* ``shuffle(seed, buffer_size)`` (``BufferShuffledExamplesIterable.__iter__``): the node's
+  generator, deep-copied, permutes blocks cut where the row-by-row buffer reshuffles (first
+  ``buffer_size`` rows, then every ``buffer_size - buffer_size // 2``): each permutation has
+  the row path's length, so the draws and the order are the same;
+* ``interleave_datasets`` and the shard interleave (``CyclingMultiSourcesExamplesIterable``
+  and its random subclass, ``InterleavedShardsExamplesIterable``): the node's own
+  source-index iterator (same generator, same draws) and its stopping rule, replayed over
+  row cursors, one ``take`` per output block;
+* a batched ``map`` (:mod:`kuat.sources._hf_map`).
 
 Thread-safety: each call of the returned function builds its own iterators; the examples
 iterable must be the caller's own copy (as :class:`kuat.sources.hf.HFIterableSource` makes).
@@ -35,15 +39,6 @@ __all__ = ["PyBlock", "arrow_tables", "batches_of", "concat", "position_share", 
 
 Tables = Callable[[], Iterator]  # () -> iterator of blocks (pyarrow.Table or PyBlock)
 _CHUNK = 4096  # rows per output block of an interleave (one take each)
-_FED = {  # nodes whose own _iter_arrow is row-exact over its child's tables
-    "SelectColumnsIterable",
-    "StepExamplesIterable",
-    "SkipExamplesIterable",
-    "TakeExamplesIterable",
-    "FormattedExamplesIterable",
-}
-
-
 class PyBlock:
     """Rows held as Python values, column by column (``{name: list of n values}``): what a
     batched ``map`` returned where its values do not map exactly onto Arrow types. Offers the
@@ -108,55 +103,6 @@ def concat(blocks: list):
                    sum(p.n for p in parts))
 
 
-def _pure_arrow(node) -> bool:
-    """No batched ``map`` below ``node``: its blocks are all ``pyarrow.Table``."""
-    if type(node).__name__ == "MappedExamplesIterable":
-        return False
-    kids = getattr(node, "ex_iterables", None) or (
-        [node.ex_iterable] if hasattr(node, "ex_iterable") else [])
-    return all(_pure_arrow(k) for k in kids)
-
-
-class _Feed:
-    """A stand-in child examples iterable that yields given Arrow tables."""
-
-    _state_dict = None
-
-    def __init__(self, tables: Tables, like):
-        self._tables = tables
-        self.features = getattr(like, "features", None)
-        self.is_typed = getattr(like, "is_typed", False)
-
-    @property
-    def iter_arrow(self):
-        return self._iter_arrow
-
-    def _iter_arrow(self):
-        for t in self._tables():
-            yield None, t
-
-    def state_dict(self):
-        return {}
-
-    def load_state_dict(self, state):
-        return state
-
-    def _init_state_dict(self):
-        return {}
-
-
-def _fed(node, tables: Tables) -> Tables:
-    clone = copy.copy(node)  # the node's own code and generators, over our tables
-    clone.ex_iterable = _Feed(tables, node.ex_iterable)
-
-    def gen():
-        for _key, t in clone._iter_arrow():
-            if len(t):
-                yield t
-
-    return gen
-
-
 def stateless(node) -> None:
     """Clear the resume state ``datasets`` keeps on ``node`` and every node below it (the
     caller's own copy): each iteration then starts at the beginning, as a fresh iterator
@@ -170,48 +116,78 @@ def stateless(node) -> None:
 
 
 def arrow_tables(node) -> Tables | None:
-    """``() -> iterator of blocks`` giving ``node``'s rows in order, or ``None``. Call
-    :func:`stateless` on ``node`` first (a prepared examples iterable tracks its progress)."""
+    """``() -> iterator of blocks`` giving the rows ``iter(node)`` gives, in order, or
+    ``None``. Call :func:`stateless` on ``node`` first (a prepared examples iterable tracks
+    its progress)."""
     if type(node).__module__ != "datasets.iterable_dataset":
         return None
     name = type(node).__name__
     if name == "ArrowExamplesIterable":
         return lambda: (t for _key, t in node._iter_arrow() if len(t))
-    if name == "RebatchedArrowExamplesIterable":
+    if name == "FormattedExamplesIterable":
+        if node.formatting is not None and node.formatting.format_type not in (None, "python"):
+            return None  # a tensor/table format: rows are not Python values
+        if node.ex_iterable.iter_arrow:  # its __iter__ formats its own Arrow tables
+            child = arrow_tables(node.ex_iterable) if _arrow_order_is_row_order(node) else None
+            if child is None:  # datasets' own Arrow iteration (e.g. its chunked shuffle)
+                return lambda: (t for _key, t in node._iter_arrow() if len(t))
+            return lambda: _formatted_arrow(node, child)
+        from kuat.sources._hf_map import formatted_blocks
+
         child = arrow_tables(node.ex_iterable)
-        if child is None or node.drop_last_batch:
-            return None if child is None or not _pure_arrow(node) else _fed(node, child)
-        return child
-    if name == "BufferShuffledExamplesIterable":
-        child = arrow_tables(node.ex_iterable)
-        return None if child is None else lambda: _shuffle(node, child)
-    if name == "InterleavedShardsExamplesIterable":
-        inner = node._interleaved if node._state_dict is not None else node._interleave_shards()
-        return arrow_tables(inner)
+        return None if child is None else formatted_blocks(node, child)
     if name == "MappedExamplesIterable":
         from kuat.sources._hf_map import mapped_blocks
 
         child = arrow_tables(node.ex_iterable)
         return None if child is None else mapped_blocks(node, child)
-    if name in _OVER_BLOCKS and not _pure_arrow(node):
+    if name == "InterleavedShardsExamplesIterable":
+        return arrow_tables(node._interleave_shards())
+    if name in _ROW_NODES:
         child = arrow_tables(node.ex_iterable)
-        return None if child is None else (lambda: _OVER_BLOCKS[name](node, child()))
-    if name == "FormattedExamplesIterable" and not _pure_arrow(node):
-        from kuat.sources._hf_map import formatted_blocks
-
-        child = arrow_tables(node.ex_iterable)
-        return None if child is None else formatted_blocks(node, child)
-    if name in _FED:
-        if name == "FormattedExamplesIterable" and node.formatting is not None:
-            return None  # a tensor/table format: rows are not Python values
-        child = arrow_tables(node.ex_iterable)
-        return None if child is None or not _pure_arrow(node) else _fed(node, child)
+        return None if child is None else (lambda: _ROW_NODES[name](node, child))
     if name in ("CyclingMultiSourcesExamplesIterable", "RandomlyCyclingMultiSourcesExamplesIterable"):
         children = [arrow_tables(c) for c in node.ex_iterables]
         if any(c is None for c in children):
             return None
         return lambda: _interleave(node, children)
     return None
+
+
+def _arrow_order_is_row_order(node) -> bool:
+    """Whether ``node.iter_arrow()`` gives its rows in ``iter(node)``'s order: not below a
+    buffer shuffle (it permutes Arrow chunks as they come) nor a cycle of sources that are not
+    re-cut into one-row tables (``interleave_datasets`` re-cuts them: then it cycles rows)."""
+    name = type(node).__name__
+    if name in ("BufferShuffledExamplesIterable", "InterleavedShardsExamplesIterable"):
+        return False
+    kids = getattr(node, "ex_iterables", None)
+    if kids is not None:
+        return all(type(k).__name__ == "RebatchedArrowExamplesIterable" and k.batch_size == 1
+                   and _arrow_order_is_row_order(k) for k in kids)
+    return not hasattr(node, "ex_iterable") or _arrow_order_is_row_order(node.ex_iterable)
+
+
+class _Feed:
+    """A stand-in child examples iterable whose ``_iter_arrow`` yields given tables."""
+
+    def __init__(self, tables: Iterator):
+        self._tables = tables
+
+    def _iter_arrow(self):
+        for t in self._tables:
+            yield None, t
+
+
+def _formatted_arrow(node, child: Tables) -> Iterator:
+    """``FormattedExamplesIterable._iter_arrow`` (missing columns, cast to its features)
+    over our blocks of its child's rows, in row order (all Arrow: its child iterates Arrow,
+    so no Python ``map`` is below it)."""
+    clone = copy.copy(node)
+    clone.ex_iterable = _Feed(child())
+    for _key, t in clone._iter_arrow():
+        if len(t):
+            yield t
 
 
 def _recut(blocks: Iterator, first: int, then: int) -> Iterator:
@@ -251,21 +227,21 @@ def _shuffle(node, child: Tables) -> Iterator:
         yield _take(buffer, rng.permutation(len(buffer)))
 
 
-def _step(node, blocks: Iterator) -> Iterator:
+def _step(node, child: Tables) -> Iterator:
     """``StepExamplesIterable``'s rows (``split_dataset_by_node`` by position): rows
     ``offset, offset + step, ...``."""
     n = 0
-    for block in blocks:
+    for block in child():
         idx = np.arange((node.offset - n) % node.step, len(block), node.step)
         n += len(block)
         if len(idx):
             yield _take(block, idx)
 
 
-def _skip(node, blocks: Iterator) -> Iterator:
+def _skip(node, child: Tables) -> Iterator:
     """``SkipExamplesIterable``'s rows: all but the first ``n``."""
     left = int(node.n)
-    for block in blocks:
+    for block in child():
         if left >= len(block):
             left -= len(block)
             continue
@@ -273,27 +249,34 @@ def _skip(node, blocks: Iterator) -> Iterator:
         left = 0
 
 
-def _take_first(node, blocks: Iterator) -> Iterator:
+def _take_first(node, child: Tables) -> Iterator:
     """``TakeExamplesIterable``'s rows: the first ``n``."""
     left = int(node.n)
-    for block in blocks:
+    for block in child():
         if left <= 0:
             return
         yield block if len(block) <= left else block.slice(0, left)
         left -= len(block)
 
 
-def _select(node, blocks: Iterator) -> Iterator:
+def _select(node, child: Tables) -> Iterator:
     """``SelectColumnsIterable``'s rows: its columns, in its order."""
     names = list(node.column_names)
-    for block in blocks:
+    for block in child():
         if isinstance(block, PyBlock):
             yield PyBlock({c: block.columns[c] for c in names}, block.n)
         else:
             yield block.select(names)
 
 
-_OVER_BLOCKS = {  # nodes done here when a map below them may give Python blocks
+def _rebatched(node, child: Tables) -> Iterator:
+    """``RebatchedArrowExamplesIterable.__iter__``: its child's rows, as they are."""
+    return child()
+
+
+_ROW_NODES = {  # one-child nodes: (node, child) -> the blocks of node's __iter__ rows
+    "RebatchedArrowExamplesIterable": _rebatched,
+    "BufferShuffledExamplesIterable": lambda node, child: _shuffle(node, child),
     "StepExamplesIterable": _step,
     "SkipExamplesIterable": _skip,
     "TakeExamplesIterable": _take_first,

@@ -7,10 +7,9 @@ need rows:
 * ``batched=True`` (synchronous function, Python format): the function gets exactly the
   dict of lists ``datasets`` gives it (its ``batch_size`` rows, ``input_columns``,
   ``with_indices``, ``fn_kwargs``, ``remove_columns``, ``drop_last_batch``), once per batch, as
-  in ``MappedExamplesIterable._iter``; its output columns become Arrow columns where the
-  Python values map exactly onto one Arrow type (ints, floats, bools, strings, lists of one
-  of them), else they stay Python values (:class:`kuat.sources._hf_arrow.PyBlock`), so the
-  rows the collate sees are the row path's, value for value;
+  in ``MappedExamplesIterable._iter``; its output stays Python values, column by column
+  (:class:`kuat.sources._hf_arrow.PyBlock`), so the values the collate sees are the row
+  path's, value for value, without the B row dicts;
 * ``map(remove_columns=...)`` without a function (``IterableDataset.remove_columns``): the
   columns are dropped.
 
@@ -22,48 +21,19 @@ map, per row, as ``datasets`` does there.
 from __future__ import annotations
 
 import inspect
-import itertools
 from collections.abc import Iterator
 
 from kuat.sources._hf_arrow import PyBlock, Tables, concat
 
 __all__ = ["formatted_blocks", "mapped_blocks", "to_block"]
 
-_ARROW_TYPES = {int: "int64", float: "float64", bool: "bool", str: "string"}
-
-
-def _exact_type(values: list):
-    """The Arrow type whose ``as_py()`` gives back exactly ``values``, or None."""
-    import pyarrow as pa
-
-    kinds = set(map(type, values))
-    if len(kinds) == 1 and next(iter(kinds)) in _ARROW_TYPES:
-        return pa.type_for_alias(_ARROW_TYPES[next(iter(kinds))])
-    if kinds == {list}:
-        inner = set(map(type, itertools.chain.from_iterable(values)))
-        if not inner:
-            return pa.list_(pa.int64())
-        if len(inner) == 1 and next(iter(inner)) in _ARROW_TYPES:
-            return pa.list_(pa.type_for_alias(_ARROW_TYPES[next(iter(inner))]))
-    return None
-
-
-def to_block(columns: dict, n: int):
-    """A ``pyarrow.Table`` of ``columns`` (``{name: sequence of n values}``) when every column
-    maps exactly onto Arrow, else a :class:`PyBlock` of the Python values (``column[i]``)."""
-    import pyarrow as pa
-
-    values = {k: v if isinstance(v, list) else [v[i] for i in range(n)] for k, v in columns.items()}
-    arrays = {}
-    for name, vals in values.items():
-        t = _exact_type(vals) if len(vals) else None
-        if t is None:
-            return PyBlock(values, n)
-        try:
-            arrays[name] = pa.array(vals, t)
-        except (OverflowError, pa.ArrowException):  # ints beyond int64: keep Python ints
-            return PyBlock(values, n)
-    return pa.table(arrays) if arrays else PyBlock(values, n)
+def to_block(columns: dict, n: int) -> PyBlock:
+    """A :class:`PyBlock` of ``columns`` (``{name: sequence of n values}``): each row's value
+    is ``column[i]``, as ``datasets``' ``_batch_to_examples`` gives it (Python lists are kept
+    as they are: turning them into Arrow would cost a type check per value, more than the
+    collate of the Python values, which is the row path's own)."""
+    return PyBlock({k: v if isinstance(v, list) else [v[i] for i in range(n)]
+                    for k, v in columns.items()}, n)
 
 
 def _columns(block) -> dict:

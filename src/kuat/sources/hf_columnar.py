@@ -28,6 +28,7 @@ Used by :class:`kuat.sources.hf.HFIterableSource` (``kuat_iter_collated``) and
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 
 import numpy as np
@@ -134,18 +135,69 @@ class _Column:
         return fallback(self.values())  # ragged lists raise torch's own error here
 
 
+class _PyColumn:
+    """A column of Python values (what a batched ``map`` returned): collated as the rows'."""
+
+    __slots__ = ("_values",)
+
+    def __init__(self, values: list):
+        self._values = values
+
+    def values(self) -> list:
+        return self._values
+
+    def first(self):
+        return self._values[0]
+
+    def flat_list(self, float_dtype):
+        """``(values (N,), offsets (B + 1,))`` when every value is a list of Python numbers of
+        one type (ints as int64, floats as ``float_dtype``, bools): what ``torch.tensor`` of
+        the chained values gives; None otherwise."""
+        rows = self._values
+        if set(map(type, rows)) != {list}:
+            return None
+        chained = itertools.chain.from_iterable
+        kinds = set(map(type, chained(rows)))
+        if len(kinds) != 1 or next(iter(kinds)) not in _PY_DTYPES:
+            return None
+        lengths = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))  # (B,)
+        offsets = np.zeros(len(rows) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        kind = next(iter(kinds))
+        dtype = float_dtype if kind is float else _PY_DTYPES[kind]
+        try:
+            values = np.fromiter(chained(rows), dtype=dtype, count=int(offsets[-1]))  # (N,)
+        except OverflowError:  # ints beyond int64: torch.tensor decides
+            return None
+        return values, offsets
+
+    def default(self, fallback: Callable):
+        return fallback(self._values)
+
+
+_PY_DTYPES = {int: np.int64, bool: np.bool_, float: None}
+
+
 class ColumnarCollate:
-    """``collate(table) -> batch``: what ``collate_fn(python_rows(table))`` returns, built
-    from the columns (see the module docstring). Built by :func:`columnar_collate`."""
+    """``collate(block) -> batch``: what ``collate_fn`` of the block's rows returns, built
+    from its columns (see the module docstring): a ``pyarrow.Table`` (rows in the Python
+    format) or a :class:`kuat.sources._hf_arrow.PyBlock`. Built by :func:`columnar_collate`."""
 
     def __init__(self, collate_fn, pad):
         self.collate_fn = collate_fn
         self._pad = pad  # the PadCollate, or None for the default collate
 
     def __call__(self, table):
-        if table.num_rows == 0 or not table.column_names:
+        from kuat.sources._hf_arrow import PyBlock
+
+        if isinstance(table, PyBlock):
+            if table.n == 0 or not table.columns:
+                return self.collate_fn(table.rows())
+            columns = {name: _PyColumn(v) for name, v in table.columns.items()}
+        elif table.num_rows == 0 or not table.column_names:
             return self.collate_fn(python_rows(table))
-        columns = {name: _Column(table.column(name)) for name in table.column_names}
+        else:
+            columns = {name: _Column(table.column(name)) for name in table.column_names}
         if self._pad is None:
             from kuat.collate import default_collate
 
