@@ -31,78 +31,16 @@ iterable must be the caller's own copy (as :class:`kuat.sources.hf.HFIterableSou
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import numpy as np
 
-__all__ = ["PyBlock", "arrow_tables", "batches_of", "concat", "position_share", "stateless"]
+from kuat.sources._hf_blocks import PyBlock, Tables, concat, take
+from kuat.sources._hf_map import formatted_blocks, mapped_blocks
 
-Tables = Callable[[], Iterator]  # () -> iterator of blocks (pyarrow.Table or PyBlock)
+__all__ = ["arrow_tables", "batches_of", "position_share", "stateless"]
+
 _CHUNK = 4096  # rows per output block of an interleave (one take each)
-class PyBlock:
-    """Rows held as Python values, column by column (``{name: list of n values}``): what a
-    batched ``map`` returned where its values do not map exactly onto Arrow types. Offers the
-    few ``pyarrow.Table`` operations the stream uses (``len``, ``slice``, ``take``)."""
-
-    __slots__ = ("columns", "n")
-
-    def __init__(self, columns: dict, n: int):
-        self.columns, self.n = columns, n
-
-    def __len__(self) -> int:
-        return self.n
-
-    @property
-    def num_rows(self) -> int:
-        return self.n
-
-    def slice(self, start: int, length: int | None = None) -> PyBlock:
-        stop = self.n if length is None else min(self.n, start + length)
-        return PyBlock({k: v[start:stop] for k, v in self.columns.items()}, max(0, stop - start))
-
-    def take(self, indices) -> PyBlock:
-        idx = np.asarray(indices, dtype=np.int64).tolist()
-        return PyBlock({k: [v[i] for i in idx] for k, v in self.columns.items()}, len(idx))
-
-    def rows(self) -> list[dict]:
-        keys = list(self.columns)
-        return [dict(zip(keys, vals, strict=True)) for vals in zip(*self.columns.values(), strict=True)]
-
-
-def _pyblock(block) -> PyBlock:
-    if isinstance(block, PyBlock):
-        return block
-    return PyBlock(block.to_pydict(), block.num_rows)  # the Python format's values
-
-
-def _take(block, indices):
-    import pyarrow as pa
-
-    if isinstance(block, PyBlock):
-        return block.take(indices)
-    return block.take(pa.array(np.asarray(indices, dtype=np.int64), pa.int64()))
-
-
-def concat(blocks: list):
-    """One block with the rows of ``blocks`` in order (Arrow when every block is Arrow)."""
-    import pyarrow as pa
-
-    if len(blocks) == 1:
-        return blocks[0]
-    if not any(isinstance(b, PyBlock) for b in blocks):
-        return pa.concat_tables(blocks)
-    parts = [_pyblock(b) for b in blocks]
-    keys = list(parts[0].columns)
-    if any(list(p.columns) != keys for p in parts):
-        raise ValueError(
-            f"the stream's rows change columns between batches ({keys} vs "
-            f"{next(list(p.columns) for p in parts if list(p.columns) != keys)}): they cannot "
-            "be collated into one batch"
-        )
-    return PyBlock({k: [v for p in parts for v in p.columns[k]] for k in keys},
-                   sum(p.n for p in parts))
-
-
 def stateless(node) -> None:
     """Clear the resume state ``datasets`` keeps on ``node`` and every node below it (the
     caller's own copy): each iteration then starts at the beginning, as a fresh iterator
@@ -132,13 +70,9 @@ def arrow_tables(node) -> Tables | None:
             if child is None:  # datasets' own Arrow iteration (e.g. its chunked shuffle)
                 return lambda: (t for _key, t in node._iter_arrow() if len(t))
             return lambda: _formatted_arrow(node, child)
-        from kuat.sources._hf_map import formatted_blocks
-
         child = arrow_tables(node.ex_iterable)
         return None if child is None else formatted_blocks(node, child)
     if name == "MappedExamplesIterable":
-        from kuat.sources._hf_map import mapped_blocks
-
         child = arrow_tables(node.ex_iterable)
         return None if child is None else mapped_blocks(node, child)
     if name == "InterleavedShardsExamplesIterable":
@@ -220,11 +154,11 @@ def _shuffle(node, child: Tables) -> Iterator:
     for block in _recut(child(), size, size - keep):
         buffer = block if buffer is None else concat([buffer, block])
         if len(buffer) >= size:
-            shuffled = _take(buffer, rng.permutation(len(buffer)))
+            shuffled = take(buffer, rng.permutation(len(buffer)))
             yield shuffled.slice(0, len(buffer) - keep)
             buffer = shuffled.slice(len(buffer) - keep)
     if buffer is not None and len(buffer):
-        yield _take(buffer, rng.permutation(len(buffer)))
+        yield take(buffer, rng.permutation(len(buffer)))
 
 
 def _step(node, child: Tables) -> Iterator:
@@ -235,7 +169,7 @@ def _step(node, child: Tables) -> Iterator:
         idx = np.arange((node.offset - n) % node.step, len(block), node.step)
         n += len(block)
         if len(idx):
-            yield _take(block, idx)
+            yield take(block, idx)
 
 
 def _skip(node, child: Tables) -> Iterator:
@@ -316,7 +250,7 @@ def _interleave(node, children: list[Tables]) -> Iterator:
     base = 0
 
     def flush():
-        return _take(concat([t for _b, t in order]), rows)
+        return take(concat([t for _b, t in order]), rows)
 
     for i in node._get_indices_iterator():
         if stop(exhausted):
@@ -363,7 +297,7 @@ def position_share(tables: Iterator, rank: int, world_size: int, drop_last: bool
         idx = np.arange(first, len(t), world_size)  # (k,)
         end = n + len(t)
         if drop_last:  # only this rank's row of the last, maybe incomplete, round waits
-            rows = _take(t, idx)
+            rows = take(t, idx)
             last = n + int(idx[-1]) if len(idx) else held_pos
             if held is not None:
                 rows = concat([held, rows])
@@ -374,14 +308,14 @@ def position_share(tables: Iterator, rank: int, world_size: int, drop_last: bool
                 yield rows.slice(0, ready)
             held, held_pos = (rows.slice(ready), last) if waits else (None, 0)
         elif len(idx):
-            yield _take(t, idx)
+            yield take(t, idx)
         n = end
     if drop_last or n == 0 or n % world_size == 0:
         return
     total = -(-n // world_size) * world_size
     pad = [(p - n) % len(head) for p in range(n, total) if p % world_size == rank]
     if pad:
-        yield _take(head, pad)
+        yield take(head, pad)
 
 
 def batches_of(tables: Iterator, batch_size: int, drop_last: bool, worker: int = 0,

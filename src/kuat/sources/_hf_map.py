@@ -8,7 +8,7 @@ need rows:
   dict of lists ``datasets`` gives it (its ``batch_size`` rows, ``input_columns``,
   ``with_indices``, ``fn_kwargs``, ``remove_columns``, ``drop_last_batch``), once per batch, as
   in ``MappedExamplesIterable._iter``; its output stays Python values, column by column
-  (:class:`kuat.sources._hf_arrow.PyBlock`), so the values the collate sees are the row
+  (:class:`kuat.sources._hf_blocks.PyBlock`), so the values the collate sees are the row
   path's, value for value, without the B row dicts;
 * ``map(remove_columns=...)`` without a function (``IterableDataset.remove_columns``): the
   columns are dropped.
@@ -23,7 +23,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Iterator
 
-from kuat.sources._hf_arrow import PyBlock, Tables, concat
+from kuat.sources._hf_blocks import PyBlock, Tables, concat
 
 __all__ = ["formatted_blocks", "mapped_blocks", "to_block"]
 

@@ -181,14 +181,14 @@ _PY_DTYPES = {int: np.int64, bool: np.bool_, float: None}
 class ColumnarCollate:
     """``collate(block) -> batch``: what ``collate_fn`` of the block's rows returns, built
     from its columns (see the module docstring): a ``pyarrow.Table`` (rows in the Python
-    format) or a :class:`kuat.sources._hf_arrow.PyBlock`. Built by :func:`columnar_collate`."""
+    format) or a :class:`kuat.sources._hf_blocks.PyBlock`. Built by :func:`columnar_collate`."""
 
     def __init__(self, collate_fn, pad):
         self.collate_fn = collate_fn
         self._pad = pad  # the PadCollate, or None for the default collate
 
     def __call__(self, table):
-        from kuat.sources._hf_arrow import PyBlock
+        from kuat.sources._hf_blocks import PyBlock
 
         if isinstance(table, PyBlock):
             if table.n == 0 or not table.columns:
