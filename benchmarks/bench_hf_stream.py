@@ -36,6 +36,7 @@ equal). Not a test; prints a table::
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import tempfile
 import time
@@ -164,6 +165,7 @@ def run(n: int = 40_000, rounds: int = 3, progress: Callable[[str], None] = lamb
     per loader its label and per stream ``{"median", "spread", "runs", "vs_torch"}``."""
     import datasets
 
+    load_start = os.getloadavg()[0]
     torch.set_num_threads(1)
     # datasets sleeps 5 s when an interleave of Parquet streams ends (its thread-pool shutdown,
     # SLEEP_TIME_ON_THREADS_SHUTDOWN): a constant per epoch and loader, left out of the rates
@@ -192,7 +194,8 @@ def run(n: int = 40_000, rounds: int = 3, progress: Callable[[str], None] = lamb
                         "vs_torch": med / best[c]}
         out.append({"loader": label, "cells": cells})
     return {"rows_n": n, "files": FILES, "batch_size": BATCH, "rounds": rounds,
-            "cases": list(cases), "rows": out}
+            "cases": list(cases), "rows": out, "cores": os.cpu_count(),
+            "load_avg": [load_start, os.getloadavg()[0]]}
 
 
 def run_for_bench(quick: bool, rounds: int, progress: Callable[[str], None]) -> dict:
@@ -207,7 +210,8 @@ def markdown(result: dict) -> str:
         f"{result['rows_n']:,} rows of token lists in {result['files']} Parquet files, "
         f"streamed (`datasets` streaming), batch {result['batch_size']}; rows/s over one epoch, "
         f"median of {result['rounds']} interleaved rounds (spread), and the ratio to torch's "
-        "best configuration for that stream (`datasets`' own iteration collates nothing):",
+        "best configuration for that stream (`datasets`' own iteration collates nothing)"
+        + _load(result) + ":",
         "",
         "| loader | " + " | ".join(cases) + " |",
         "|---|" + "---:|" * len(cases),
@@ -219,6 +223,14 @@ def markdown(result: dict) -> str:
             cells.append(f"{v['median']:,.0f} ({v['spread']:,.0f}) **{v['vs_torch']:.2f}x**")
         lines.append(f"| {row['loader']} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _load(result: dict) -> str:
+    load = result.get("load_avg")
+    if not load:
+        return ""
+    return (f"; 1-minute load average {load[0]:.1f} at the start and {load[1]:.1f} at the end "
+            f"on {result.get('cores')} cores")
 
 
 def main(argv: list[str] | None = None) -> None:
