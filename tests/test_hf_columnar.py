@@ -264,3 +264,12 @@ def test_position_share_and_batches_equal_row_rules(n):
             got = [v for b in batches for v in b.column("i").to_pylist()]
             assert got == list(worker_share(iter(range(n)), w, workers, 4))
             assert all(len(b) == 4 for b in batches[:-1])
+
+
+def test_process_workers_read_columnar(files):
+    """Process workers get the source pickled and build the same batches."""
+    ds = _load(files[:2])
+    pc = kuat.pad_collate()
+    got = list(kuat.DataLoader(ds, batch_size=B, num_workers=2, worker_type="process",
+                               collate_fn=pc, timeout=60))
+    assert same(got, list(kuat.DataLoader(ds, batch_size=B, collate_fn=lambda r: pc(r))))
