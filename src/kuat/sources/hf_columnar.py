@@ -34,7 +34,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-__all__ = ["ColumnarCollate", "columnar_collate", "python_rows"]
+__all__ = ["ColumnarCollate", "columnar_collate", "plain_features", "python_rows"]
 
 _INT64_MAX = np.iinfo(np.int64).max
 
