@@ -24,6 +24,7 @@ TITLES = {
     "ingest": "ingest: converting the ImageFolder into each format",
     "overhead": "overhead: the loop's own cost on cheap samples, batch 256, us per batch",
     "remote": "remote: epoch throughput from an S3-compatible server (moto) against local disk",
+    "hf-stream": "hf-stream: a streamed Hugging Face dataset of token lists (Parquet), rows/s",
 }
 
 

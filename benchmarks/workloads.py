@@ -20,6 +20,8 @@ reused across runs; nothing is downloaded.
   read by every loader through the same :class:`TokenWindows` dataset.
 - ``hf-rows``: from ``benchmarks/bench_hf.py`` (the HF sources area) when present.
 - ``ingest``: the imagenet-jpeg tree, converted afresh by each writer.
+- ``hf-stream`` (a table workload): Parquet files of token lists streamed by ``datasets``,
+  written by ``benchmarks/bench_hf_stream.py`` itself.
 """
 
 from __future__ import annotations
@@ -38,7 +40,9 @@ KIND = {"smooth-jpeg": "imagenet-jpeg"}
 # Workloads measured in the parent process by their own module (a table of their own, not one
 # run per loader): name -> module under benchmarks/ with run(quick, progress) and
 # markdown(result). The runner runs them; the report renders their tables.
-TABLE_WORKLOADS = {"overhead": "bench_overhead", "remote": "bench_remote"}
+TABLE_WORKLOADS = {
+    "overhead": "bench_overhead", "remote": "bench_remote", "hf-stream": "bench_hf_stream",
+}
 RESIZE_SHORTER = 256  # imagenet-jpeg-256's --resize-shorter
 BATCH_SIZE = {
     "imagenet-jpeg": 64,

@@ -60,7 +60,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         nargs="+",
         default=None,
         metavar="NAME",
-        help="imagenet-jpeg smooth-jpeg imagenet-jpeg-256 tokens hf-rows ingest overhead remote "
+        help="imagenet-jpeg smooth-jpeg imagenet-jpeg-256 tokens hf-rows ingest overhead remote hf-stream "
         "(default: all); with --scaling: imagenet-jpeg tabular packed-text",
     )
     p.add_argument(

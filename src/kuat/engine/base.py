@@ -218,6 +218,7 @@ class WorkerCtx:
     extra: dict = field(default_factory=dict)
     probed: bool = False  # this worker's first batch ran isolated and probed (isolate.py)
     reports_state: bool = False  # the iterable or its iterator has state_dict (worker_state)
+    collated: bool = False  # the iterator yields (rows, collated batch) (kuat_iter_collated)
     stage: str = FETCH  # what run() is doing: FETCH, COLLATE or PIN (names a failure's stage)
     # its worker_init_fn changed the global generators: the thread worker's own states
     # (worker_rng.OwnRng), or True in a process (its generators are its own)

@@ -215,10 +215,23 @@ class FetchJob(IsolatedFetch):
             elif isinstance(key, ResumeAt):  # the source starts after the batches served
                 ctx.iterator = ctx.dataset.kuat_iter_from(epoch, key.batches, key.state)
             else:
-                ctx.iterator = iter(ctx.dataset)
+                ctx.iterator = self._iter_collated(ctx)
+                ctx.collated = ctx.iterator is not None
+                if not ctx.collated:
+                    ctx.iterator = iter(ctx.dataset)
             ctx.reports_state = self.worker_state and (
                 protocol.provides(ctx.iterator, protocol.Stateful)
                 or protocol.provides(ctx.dataset, protocol.Stateful))
+
+    def _iter_collated(self, ctx: WorkerCtx):
+        """The source's own collated batches for this epoch (``kuat_iter_collated``: a Hugging
+        Face stream read as Arrow, :mod:`kuat.sources.hf_columnar`), each exactly what the
+        collate gives the rows ``iter()`` would; None when it declines or may not be used."""
+        if not (self.auto_collation and self.batch_size and self.on_error == "raise"):
+            return None
+        if not protocol.provides(ctx.dataset, protocol.CollatedStream):
+            return None
+        return ctx.dataset.kuat_iter_collated(self.collate_fn, self.batch_size, self.drop_last)
 
     @staticmethod
     def _restore(ctx: WorkerCtx, blob: bytes | None, fresh: bool) -> None:
@@ -313,6 +326,8 @@ class FetchJob(IsolatedFetch):
                 return (END if self.iterable else EMPTY), None, st
             if self.fetch_collated:  # the columnar gather went straight to batch tensors
                 st.samples, batch = len(key), data
+            elif ctx.collated:  # the stream's own (rows, batch), built column by column
+                st.samples, batch = data
             else:
                 st.samples = len(data) if self.auto_collation else 1
                 t1, c1 = time.perf_counter(), time.thread_time()
@@ -344,6 +359,10 @@ class FetchJob(IsolatedFetch):
         if ctx.ended:
             return None
         it = ctx.iterator
+        if ctx.collated:
+            item = next(it, None)
+            ctx.ended = item is None
+            return item
         if not self.auto_collation:
             while True:
                 try:

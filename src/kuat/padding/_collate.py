@@ -234,6 +234,50 @@ class PadCollate:
         self._put_attention_mask(out, names)
         return out
 
+    def collate_columns(self, columns: Mapping) -> dict:
+        """What calling this collate on B mapping samples gives, from the batch's columns.
+
+        ``columns`` maps each field, in the samples' key order, to a column object with
+        ``values()`` (the B Python values), ``first()`` (the first sample's value),
+        ``flat_list(float_dtype)`` (``(values (N,), offsets (B + 1,))`` of a list-of-numbers
+        column, ints as int64 and floats as ``float_dtype``, or None) and
+        ``default(fallback)`` (``default_collate`` of its values). Used by the columnar path
+        for Hugging Face datasets (:mod:`kuat.sources.hf_columnar`); raises what ``__call__``
+        raises on the same samples.
+        """
+        keys = list(columns)
+        if self.fields is not None:
+            names = self.fields
+            missing = [k for k in names if k not in columns]
+            if missing:
+                raise KeyError(
+                    f"pad_collate: field {missing[0]!r} is not in the samples (keys {keys})"
+                )
+        else:
+            names = [k for k in keys if _is_sequence(columns[k].first())]
+        out = {}
+        for key in keys:
+            col = columns[key]
+            if key in names:
+                flat = col.flat_list(np.float32)  # torch.tensor(floats) is float32
+                if flat is not None and len(flat[0]):
+                    values, offsets = flat  # (N,), (B + 1,)
+                    padded, lengths = pad_offsets(
+                        values, offsets[:-1], np.diff(offsets), self._spec(key), key
+                    )
+                else:
+                    padded, lengths = pad(col.values(), self._spec(key), key)
+                out[key] = padded
+                self._put_lengths(out, keys, key, lengths)
+            elif self.collate_fn is None:
+                from kuat.collate import default_collate
+
+                out[key] = col.default(default_collate)
+            else:
+                out[key] = self._collate_rest(col.values())
+        self._put_attention_mask(out, names)
+        return out
+
     def _put_lengths(self, out: dict, keys, key: str, lengths: torch.Tensor) -> None:
         name = key + self.lengths_suffix
         if name in keys:

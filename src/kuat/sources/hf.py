@@ -227,6 +227,24 @@ class HFMapSource(torch.utils.data.Dataset):
         return Samples(samples, batch_columns)
 
 
+    def kuat_fetch_collated(self, indices):
+        """``default_collate(self.__getitems__(indices))``, built column by column from the
+        gathered Arrow rows when the dataset is in the Python format (no ``with_format``, no
+        transform) and decodes nothing (:mod:`kuat.sources.hf_columnar`), else through the
+        rows. Same structures, dtypes and values; raises what that collate raises."""
+        from kuat.collate import default_collate
+
+        ds = self.dataset
+        if ds._format_type is not None or ds._format_columns is not None or not len(indices):
+            return default_collate(self.__getitems__(indices))
+        from kuat.sources import hf_columnar
+
+        if not hf_columnar.plain_features(ds._info.features):
+            return default_collate(self.__getitems__(indices))
+        table = ds._data.fast_gather(self._rows(indices))  # pyarrow.Table, B rows
+        return hf_columnar.ColumnarCollate(default_collate, None)(table)
+
+
 def _split_rows(batch, n: int, dataset, indices) -> list:
     """Per-sample values of a formatted batch, as indexing the dataset would give each."""
     import pyarrow as pa
@@ -351,6 +369,70 @@ class HFIterableSource(Stream):
         if world_size > 1:
             ds = split_dataset_by_node(ds, rank=rank, world_size=world_size)
         return iter(ds)  # datasets shards by worker itself (get_worker_info)
+
+    def kuat_iter_collated(self, collate_fn, batch_size: int, drop_last: bool):
+        """This worker's batches of the current epoch, read as Arrow record batches and
+        collated column by column (:mod:`kuat.sources.hf_columnar`): ``(rows, batch)`` pairs,
+        ``batch`` exactly ``collate_fn`` of the rows :meth:`__iter__` gives this worker for
+        that batch (same samples, same order, same split by rank and worker). ``None`` when
+        the columnar path cannot give that (a collate other than ``kuat.default_collate``,
+        torch's or a ``kuat.pad_collate``; a ``map``/``filter`` of Python rows; a format or a
+        feature that decodes): the caller then iterates rows. Called by the loader's workers
+        at each epoch start, after ``set_epoch``."""
+        from kuat.sources import _hf_arrow, hf_columnar
+
+        collate = hf_columnar.columnar_collate(collate_fn)
+        if collate is None or not batch_size:
+            return None
+        if self.split == "position" and (self._batch_size or 1) != batch_size:
+            return None  # workers would not split by these batches
+        ds = self._copy(self._epoch)
+        fmt = ds._formatting
+        if fmt is not None and fmt.format_type not in (None, "python"):
+            return None
+        if not hf_columnar.plain_features(ds.features):
+            return None
+        info = torch.utils.data.get_worker_info()
+        if self.split == "position":
+            ex = ds._prepare_ex_iterable_for_iteration()
+            _hf_arrow.stateless(ex)
+            tables = _hf_arrow.arrow_tables(ex)
+            if tables is None:
+                return None
+            rank, world_size = self._rank_and_world()
+            rows = tables()
+            if world_size > 1:
+                rows = _hf_arrow.position_share(rows, rank, world_size, self._drop_last)
+            w, n = (info.id, info.num_workers) if info is not None else (0, 1)
+            batches = _hf_arrow.batches_of(rows, batch_size, drop_last, w, n)
+        else:
+            tables = self._shard_tables(ds, info)
+            if tables is None:
+                return None
+            batches = _hf_arrow.batches_of(tables(), batch_size, drop_last)
+        _log.debug("HF stream read as Arrow batches (columnar collate %s)", collate_fn)
+        return ((b.num_rows, collate(b)) for b in batches)
+
+    def _shard_tables(self, ds, info):
+        """``split="shards"``: this rank's and worker's Arrow tables, split as ``datasets``
+        splits them (``split_dataset_by_node``, then ``IterableDataset._iter_pytorch``'s
+        ``shard_data_sources`` and ``shift_ex_examples_rngs`` per worker), or None."""
+        from datasets.distributed import split_dataset_by_node
+        from datasets.iterable_dataset import shift_ex_examples_rngs
+
+        from kuat.sources import _hf_arrow
+
+        rank, world_size = self._rank_and_world()
+        if world_size > 1:
+            ds = split_dataset_by_node(ds, rank=rank, world_size=world_size)
+        ex = ds._prepare_ex_iterable_for_iteration()
+        if info is not None and isinstance(ds, torch.utils.data.IterableDataset):
+            if not ex.split_shard_indices_by_worker(info.num_workers, info.id, contiguous=False):
+                return lambda: iter(())  # more workers than shards: this one reads nothing
+            ex = ex.shard_data_sources(num_shards=info.num_workers, index=info.id, contiguous=False)
+            ex = shift_ex_examples_rngs(ex_iterable=ex, value=info.id)
+        _hf_arrow.stateless(ex)
+        return _hf_arrow.arrow_tables(ex)
 
     def samples(self, epoch: int):
         """The dataset's examples for ``epoch``, as ``iter(dataset)`` gives them in the main

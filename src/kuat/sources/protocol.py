@@ -24,6 +24,7 @@ hook                        protocol / accessor    when the loader calls or read
 ==========================  =====================  =============================================
 ``__getitems__``            :class:`BatchFetch`    per batch, in a worker (torch's contract)
 ``kuat_fetch_collated``     :func:`fetch_collated` per batch, in a worker, with the default collate
+``kuat_iter_collated``      :class:`CollatedStream` each epoch start, in every worker (iterable)
 ``kuat_thread_agnostic``    :func:`thread_agnostic` construction: may fetch in the consumer thread
 ``kuat_uses_sample_rng``    :func:`uses_sample_rng` construction: default of ``isolate_global_rng``
 ``kuat_splits_batches``     :func:`splits_batches`  each epoch start: its first batch gets all workers
@@ -40,7 +41,6 @@ hook                        protocol / accessor    when the loader calls or read
 ==========================  =====================  =============================================
 
 Samplers have one hook of their own, ``kuat_set_epoch(epoch)`` (see :mod:`kuat.sampling`).
-
 Wrappers. torch's map-style wrappers cannot carry kuat's hooks, so the accessors above see
 through them, whenever their indexing methods are torch's own (a subclass that overrides
 ``__getitem__``/``__getitems__`` may do anything, and is read only for its own hooks):
@@ -84,6 +84,7 @@ __all__ = [
     "Batching",
     "BatchFetch",
     "CollatedFetch",
+    "CollatedStream",
     "Distributed",
     "EpochAware",
     "MapSource",
@@ -147,6 +148,16 @@ class CollatedFetch(Protocol):
     """
 
     def kuat_fetch_collated(self, indices: Sequence[int]) -> Any: ...
+
+
+@runtime_checkable
+class CollatedStream(Protocol):
+    """``kuat_iter_collated(collate_fn, batch_size, drop_last)``: each epoch, in every worker,
+    instead of ``iter()`` (``on_error="raise"``): ``(rows, batch)`` pairs, ``batch`` exactly
+    ``collate_fn`` of the ``rows`` samples ``iter()`` gives this worker there, or ``None``: read
+    rows (``kuat.sources.hf``: a Hugging Face stream read as Arrow, column by column)."""
+
+    def kuat_iter_collated(self, collate_fn: Any, batch_size: int, drop_last: bool) -> Any: ...
 
 
 @runtime_checkable
@@ -248,11 +259,8 @@ def provides(source: object, protocol: type) -> bool:
 @functools.cache
 def _methods(protocol: type) -> tuple[str, ...]:
     """The methods a protocol of this module declares (not those ``typing`` adds)."""
-    names = tuple(
-        name
-        for name, value in vars(protocol).items()
-        if inspect.isfunction(value) and value.__module__ == __name__
-    )
+    names = tuple(name for name, value in vars(protocol).items()
+                  if inspect.isfunction(value) and value.__module__ == __name__)
     if not names:
         raise TypeError(f"{protocol!r} is not a protocol of kuat.sources.protocol")
     return names
