@@ -41,31 +41,9 @@ hook                        protocol / accessor    when the loader calls or read
 ==========================  =====================  =============================================
 
 Samplers have one hook of their own, ``kuat_set_epoch(epoch)`` (see :mod:`kuat.sampling`).
-Wrappers. torch's map-style wrappers cannot carry kuat's hooks, so the accessors above see
-through them, whenever their indexing methods are torch's own (a subclass that overrides
-``__getitem__``/``__getitems__`` may do anything, and is read only for its own hooks):
-
-==========================  =====================================================================
-wrapper                     what passes through (to the wrapped dataset(s))
-==========================  =====================================================================
-``Subset``, so              every map-style hook: thread-agnostic, sample RNG, splits batches,
-``random_split``'s parts    batch transform, prefetch (indices mapped through ``indices``),
-                            collated fetch (same)
-``StackDataset``            thread-agnostic, sample RNG and collated fetch when every part has
-                            it; splits batches when a part does; prefetch (each part gets the
-                            same indices); the parts' batch transforms, each on its own part
-``ConcatDataset``           thread-agnostic and sample RNG when every part has it; prefetch (each
-                            part gets its own indices, in order); one batch transform (as a mix:
-                            the first part's that has one); read per sample: never split, never a
-                            collated fetch
-==========================  =====================================================================
-
-kuat's wrappers declare their hooks themselves with the same rules: :class:`kuat.mix`'s map-style
-``MapMix`` as ``ConcatDataset`` (splitting and prefetch through its schedule), the iterable
-``MixStream`` and :func:`kuat.shuffle_buffer` (batch transform), ``Dataset.with_transform``
-views (a kuat dataset, with the view's transforms). Iterable hooks (``set_epoch``,
-``kuat_set_distributed``, ``kuat_set_batching``, resume) are not passed through torch's
-``ChainDataset``: each kuat stream splits and resumes itself.
+Wrappers: torch's map-style wrappers (``Subset``, ``StackDataset``, ``ConcatDataset``) cannot
+carry kuat's hooks, so the accessors above see through them; ``README.md`` beside this module
+says what passes through each, and how kuat's own wrappers declare theirs.
 """
 
 from __future__ import annotations
