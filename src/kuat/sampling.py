@@ -181,12 +181,13 @@ class EpochSampler(Sampler[int]):
     def __iter__(self) -> Iterator[int]:
         return self.iter_epoch(self.epoch)
 
-    def iter_epoch(self, epoch: int) -> Iterator[int]:
-        """This rank's indices of ``epoch``, drawn lazily from ``generator`` when there is one."""
+    def iter_epoch(self, epoch: int, start: int = 0) -> Iterator[int]:
+        """This rank's indices of ``epoch``, drawn lazily from ``generator`` when there is one
+        (``start``: see :meth:`indices`)."""
         n = self.n
         if self.shuffle and self.generator is not None and self.num_replicas == 1 and n > 0:
-            return self._lazy_random(n)
-        return iter(self.indices(epoch))
+            return itertools.islice(self._lazy_random(n), start, None)
+        return iter(self.indices(epoch, start))
 
     def _lazy_random(self, n: int) -> Iterator[int]:
         # torch.utils.data.RandomSampler.__iter__ (replacement=False, num_samples=n): one full
@@ -194,8 +195,11 @@ class EpochSampler(Sampler[int]):
         yield from torch.randperm(n, generator=self.generator).tolist()
         torch.randperm(n, generator=self.generator)
 
-    def indices(self, epoch: int) -> list[int]:
-        """This rank's indices of ``epoch``, in order (a list of ``len(self)`` ints)."""
+    def indices(self, epoch: int, start: int = 0) -> list[int]:
+        """This rank's indices of ``epoch``, in order (a list of ``len(self)`` ints).
+
+        ``start`` (elastic resume, :meth:`rest_of`): the number of positions of the epoch's
+        global order already consumed; the share is then this rank's of the rest."""
         n = self.n
         per_rank = self.num_samples
         if self.shuffle and n > 0:
@@ -213,6 +217,8 @@ class EpochSampler(Sampler[int]):
                 order = torch.randperm(n, generator=g).tolist()
         else:
             order = list(range(n))
+        if start:
+            return self.rest_of(order, start)
         if self.num_replicas == 1:
             return order
         total = per_rank * self.num_replicas
@@ -222,6 +228,36 @@ class EpochSampler(Sampler[int]):
         else:
             order = order[:total]
         return order[self.rank : total : self.num_replicas]
+
+
+    # --- elastic resume: the rest of an epoch from a global offset (kuat.loader._state) ------
+    def rest_size(self, start: int) -> int:
+        """This rank's number of indices of the rest of an epoch after its first ``start``
+        positions (:meth:`rest_of`); ``len(self)`` when ``start`` is 0."""
+        left, world = max(0, self.n - start), self.num_replicas
+        if world == 1:
+            return left
+        return left // world if self.drop_last else -(-left // world)
+
+    def rest_of(self, order: list[int], start: int) -> list[int]:
+        """This rank's share of ``order[start:]``, the positions of an epoch's global order
+        not yet consumed (``start`` of them were, under whatever layout the state was saved
+        with). Laid out as ``DistributedSampler`` lays out a whole epoch: padded by wrapping
+        around to the start of ``order`` (samples consumed earlier in the epoch), or with
+        ``drop_last`` truncated, to a multiple of ``world_size``; rank ``r`` takes every
+        ``world_size``-th from ``r``. When ``start`` is a multiple of ``world_size`` (a resume
+        on the layout the state was saved with) this is the rest of the uninterrupted share,
+        padding included, so the resume is exact; with another layout every remaining
+        position is served exactly once over all ranks."""
+        n, world = len(order), self.num_replicas
+        rest = order[start:]
+        if world == 1:
+            return rest
+        total = self.rest_size(start) * world
+        if total > len(rest):
+            pad = total - len(rest)
+            rest += (order * -(-pad // n))[:pad]
+        return rest[self.rank : total : world]
 
 
 class DistributedEpochSampler(EpochSampler, DistributedSampler):

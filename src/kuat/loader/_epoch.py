@@ -193,8 +193,10 @@ def plan_epoch(loader, it) -> EpochPlan:
     st, traits = loader._state, loader._traits
     previous = st.position
     epoch, skip, restore, pending = next_epoch(loader)
+    # elastic resume: the epoch continues after this many positions of its global order
+    start = pending.offset if pending is not None else None
     if st.skip_first:  # a skip_first_batches copy: its first epoch skips that many
-        skip, st.skip_first = st.skip_first, 0
+        skip, st.skip_first, start = st.skip_first, 0, None
     if "generator" in restore:
         loader.generator.set_state(restore["generator"])
     elif loader.generator is not None and epoch != st.following_epoch():
@@ -238,6 +240,8 @@ def plan_epoch(loader, it) -> EpochPlan:
         keys, discard = itertools.repeat(ResumeAt(skip, saved)), 0  # the source starts there
     elif traits.iterable:
         keys, discard = itertools.repeat(None), skip
+    elif start is not None:
+        keys, discard = epoch_keys(loader, epoch, 0, restore.get("sampler"), start), 0
     else:
         keys, discard = epoch_keys(loader, epoch, skip, restore.get("sampler")), 0
     if shared_seed is not None:  # an IterDataPipe: every worker seeds its graph with it
@@ -245,6 +249,8 @@ def plan_epoch(loader, it) -> EpochPlan:
         keys = (Seeded(int(shared_seed), key) for key in keys)
     lease = loader._workers.lease(loader, base_seed, it)
     position = st.position = Position(epoch, skip, False, at_start, workers)
+    if start is not None:  # (skip: the batches counted as served before the offset)
+        position.offset, position.base = start, skip
     reported = loader._IterableDataset_len_called
     if traits.iterable and reported is not None:  # torch's warning when more batches come
         position.on_batch = functools.partial(_notices.iterable_length, loader, reported)
@@ -295,7 +301,7 @@ def _plan(loader, epoch, base_seed, keys, discard, position, lease, first_worker
     pace = None
     if nw:  # torch pulls ahead only with workers (its single-process iterator pulls per batch)
         count = None
-        if not traits.iterable and position.served == 0:
+        if not traits.iterable and position.served == 0 and not position.offset:
             try:
                 count = loader._len()
             except (TypeError, NotImplementedError):
@@ -333,7 +339,7 @@ def _plan(loader, epoch, base_seed, keys, discard, position, lease, first_worker
         device=loader._device,
         transform=traits.batch_transform,
         observer=observer,
-        batches=loader._batches_per_epoch() if observer is not None else None,
+        batches=_epoch_batches(loader, position) if observer is not None else None,
         events=LoaderEvents(skipped=functools.partial(_notices.skipped, loader),
                             unsplit_iterable=functools.partial(_notices.unsplit_iterable, loader),
                             finished=functools.partial(_notices.advise, loader)),
@@ -342,19 +348,41 @@ def _plan(loader, epoch, base_seed, keys, discard, position, lease, first_worker
     )
 
 
-def epoch_keys(loader, epoch: int, skip: int, sampler_state: dict | None):
-    """The epoch's batches of indices (or indices), from batch ``skip`` on."""
+def _epoch_batches(loader, position) -> int | None:
+    """The batches the epoch counts as served at its end (observers: the last batch)."""
+    if not position.offset:
+        return loader._batches_per_epoch()
+    if loader._traits.own_sampler:  # resumed from a global offset: what its rest holds
+        rest = loader.sampler.rest_size(position.offset)
+        b = loader.batch_size or 1
+        return position.base + (rest // b if loader.drop_last else -(-rest // b))
+    return None
+
+
+def epoch_keys(loader, epoch: int, skip: int, sampler_state: dict | None,
+               start: int | None = None):
+    """The epoch's batches of indices (or indices), from batch ``skip`` on; with ``start``
+    (elastic resume), of the rest of the epoch's order after ``start`` positions: the loader's
+    own sampler shards that rest; a user ``sampler=`` skips ``start`` samples of its order and
+    batches the rest (as torchdata's ``StatefulDataLoader`` counts samples)."""
     if loader._traits.own_sampler:
         prefetch = _protocol.prefetcher(loader._source)  # the source's, or a torch wrapper's
         if prefetch is not None:
-            indices = loader.sampler.indices(epoch)  # drawn whole: remote shards in this order
+            # drawn whole: remote shards in this order
+            indices = loader.sampler.indices(epoch, start or 0)
             with epoch_context(loader._job.seed, epoch):  # a mix reads this epoch's window
                 prefetch(indices[skip * (loader.batch_size or 1):])
         else:  # drawn lazily, as torch's RandomSampler draws from a generator
-            indices = loader.sampler.iter_epoch(epoch)
+            indices = loader.sampler.iter_epoch(epoch, start or 0)
         if loader.batch_size is not None:
             indices = batched(indices, loader.batch_size, loader.drop_last)
         return itertools.islice(indices, skip, None)
+    if start is not None:  # a user sampler= resumed with another batch_size
+        samples = (restore_order(loader.sampler, sampler_state) if sampler_state is not None
+                   else iter(loader.sampler))
+        keys = batched(itertools.islice(samples, start, None), loader.batch_size,
+                       loader.drop_last)
+        return itertools.islice(keys, skip, None)
     if sampler_state is not None:
         keys = restore_order(loader._index_sampler, sampler_state)
     else:

@@ -1,0 +1,164 @@
+"""Elastic resume: a state's global position and layout, and what another layout can continue.
+
+A loader state (:mod:`kuat.loader._state`) says where an epoch stands in two ways: per rank
+(``batches_served_in_epoch``, exact on the layout it was saved with) and globally:
+
+* ``samples_consumed``: how many positions of the epoch's global order were consumed. For the
+  loader's own sampler, ``k`` batches of ``B`` per rank over ``W`` ranks in
+  ``DistributedSampler``'s strided layout consume exactly the first ``k * B * W`` positions
+  of the epoch's (padded) order, on every rank alike; for a user ``sampler=`` with
+  ``batch_size``, ``k * B`` of its order (torchdata's ``samples_yielded``). ``None`` where no
+  such count exists (a user ``batch_sampler``, iterable sources).
+* ``layout``: the fingerprint of who read what: ``world_size`` (the loader's data-parallel
+  share count), ``batch_size`` (per rank), ``num_workers``; plus ``sampler_replicas`` (a user
+  ``DistributedSampler``'s ``num_replicas``) and, for iterable sources, ``processes`` (the
+  process group's size, by which an iterable dataset may split itself).
+
+:func:`resume_offset` decides, when a state is loaded, whether the epoch continues from a
+global offset (the loader's own sampler: always, whatever the layout; a user ``sampler=``
+whose batch size changed: counting samples, as torchdata's ``StatefulDataLoader``), from the
+served batches as before (nothing that matters changed), or cannot continue exactly, which
+raises ``ValueError`` naming what changed. docs/distributed.md, "Elastic resume".
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kuat import distributed
+
+__all__ = ["layout", "samples_consumed", "resume_offset", "same_stride", "stride"]
+
+
+def _int_or_none(value) -> int | None:
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _user_replicas(loader) -> int | None:
+    """``num_replicas`` of a user ``DistributedSampler`` (given as ``sampler=``, or inside a
+    ``batch_sampler=``), else ``None``."""
+    for s in (loader.sampler, getattr(loader.batch_sampler, "sampler", None)):
+        replicas = _int_or_none(getattr(s, "num_replicas", None))
+        if replicas is not None:
+            return replicas
+    return None
+
+
+def layout(loader, world_size: int) -> dict[str, Any]:
+    """``state_dict()["layout"]``: the fingerprint of the layout a state is saved with (see
+    the module docstring); ``world_size`` is the loader's resolved share count."""
+    traits = loader._traits
+    batch_size = loader.batch_size
+    if batch_size is None:  # a user batch_sampler: its own batch_size, when it says
+        batch_size = _int_or_none(getattr(loader.batch_sampler, "batch_size", None))
+    out: dict[str, Any] = {"world_size": int(world_size), "batch_size": batch_size,
+                           "num_workers": int(loader.num_workers)}
+    if not traits.own_sampler and not traits.iterable:
+        replicas = _user_replicas(loader)
+        if replicas is not None:
+            out["sampler_replicas"] = replicas
+    if traits.iterable:
+        out["processes"] = distributed.resolve(warn=False)[1]
+    return out
+
+
+def stride(loader, world_size: int) -> int:
+    """Positions of the epoch's global order one batch on every rank consumes: ``B * W`` for
+    the loader's own sampler, ``B`` for a user ``sampler=`` (not sharded by kuat)."""
+    b = loader.batch_size or 1
+    return b * world_size if loader._traits.own_sampler else b
+
+
+def samples_consumed(loader, served: int, offset: int = 0, base: int = 0) -> int | None:
+    """``state_dict()["samples_consumed"]``: positions of the epoch's global order consumed
+    after ``served`` batches, ``base`` of them counted before ``offset`` positions (a resume
+    from a global offset); ``None`` where no such count exists (module docstring)."""
+    traits = loader._traits
+    if traits.iterable:
+        return None
+    if traits.own_sampler:
+        sampler = loader.sampler
+        world = sampler.num_replicas
+        consumed = offset + (served - base) * (loader.batch_size or 1) * world
+        # the last batch may be short: at most the positions the epoch's rest has
+        return min(consumed, offset + sampler.rest_size(offset) * world)
+    if loader.batch_size is None:  # a user batch_sampler: batches of sizes kuat cannot know
+        return None
+    return offset + (served - base) * loader.batch_size
+
+
+def same_stride(loader, state: dict, world_size: int) -> bool:
+    """Whether the state was saved with this loader's batch size and world size (a resume
+    from its global offset then counts the batches served as the saved state does)."""
+    saved = state.get("layout") or {}
+    now = layout(loader, world_size)
+    return all(saved.get(k) == now[k] for k in ("world_size", "batch_size"))
+
+
+def _changes(saved: dict, now: dict, keys) -> str:
+    return ", ".join(f"{k}={saved.get(k)!r} -> {now.get(k)!r}" for k in keys)
+
+
+def _cannot(state: dict, saved: dict, now: dict, keys, why: str, way: str) -> ValueError:
+    return ValueError(
+        f"kuat DataLoader: cannot continue epoch {state.get('epoch')} exactly: the state was "
+        f"saved after {state.get('batches_served_in_epoch')} batches of it and the layout "
+        f"changed ({_changes(saved, now, keys)}): {why}. {way}, or resume from a state taken "
+        "at an epoch boundary (the next epoch is then the normal epoch of the new layout)")
+
+
+def resume_offset(loader, state: dict, served: int, world_size: int) -> int | None:
+    """Where the loaded epoch continues: a global offset (positions of the epoch's order
+    consumed), or ``None`` to skip the ``served`` batches as saved (nothing that matters
+    changed, an epoch boundary, or a state without ``layout``).
+
+    Raises:
+        ValueError: the saved layout differs from this loader's in a way the epoch cannot
+            continue exactly from: a torch ``IterableDataset`` with another ``num_workers``
+            (each worker copy reads its own part of the stream; torchdata's
+            ``StatefulDataLoader`` refuses too), another batch size or world size (or process
+            group size) for any iterable source, another batch size for a user
+            ``batch_sampler``, another ``num_replicas`` for a user ``DistributedSampler``.
+    """
+    saved = state.get("layout")
+    if not isinstance(saved, dict):
+        return None
+    traits = loader._traits
+    consumed = state.get("samples_consumed")
+    if traits.own_sampler:  # every layout: the rest of the epoch's order, resharded
+        return None if consumed is None else int(consumed)
+    now = layout(loader, world_size)
+    changed = [k for k in sorted(set(saved) | set(now)) if saved.get(k) != now.get(k)]
+    if served == 0 or not changed:
+        return None
+    if not traits.iterable:
+        if "sampler_replicas" in changed:
+            raise _cannot(state, saved, now, ["sampler_replicas"],
+                          "the user DistributedSampler's shares are its own, and which samples "
+                          "its other ranks served under the old num_replicas is not in the "
+                          "state", "Resume with the saved num_replicas")
+        if "batch_size" in changed:
+            if loader.batch_size is None or consumed is None:
+                raise _cannot(state, saved, now, ["batch_size"],
+                              "a user batch_sampler makes its own batches, so kuat cannot tell "
+                              "which samples the served batches held in the new batching",
+                              "Resume with a batch sampler of the saved batch size")
+            return int(consumed)  # the sampler's order from its consumed samples (torchdata)
+        return None  # workers and the loader's share do not change a user sampler's batches
+    # iterable sources: replayed (or resumed) per rank from the served batches
+    allowed = {"num_workers"} if traits.batching else set()  # kuat streams: whole batches
+    wrong = [k for k in changed if k not in allowed]
+    if not wrong:
+        return None
+    if wrong == ["num_workers"]:
+        why = ("a torch IterableDataset is read by one copy per worker, each taking its own "
+               "part of the stream (get_worker_info()), so replaying the served batches with "
+               "another worker count serves some samples twice and skips others (torchdata's "
+               "StatefulDataLoader refuses this too)")
+        way = f"Resume with num_workers={saved.get('num_workers')}"
+    else:
+        why = ("an iterable source is split by rank and batched as it streams, so which of "
+               "its samples the served batches held under the old layout is not in the state")
+        way = ("Resume with the saved layout (to replay the served batches anyway, exact only "
+               "if the stream does not depend on what changed, delete state['layout'])")
+    raise _cannot(state, saved, now, wrong, why, way)
