@@ -352,3 +352,34 @@ def test_rest_of_matches_distributed_sampler_at_offset_zero_and_its_rest_on_the_
             for k in range(len(full) + 1):
                 assert s.indices(0, k * world) == full[k:]
                 assert s.rest_size(k * world) == len(full) - k
+
+
+class StatefulCounter(IterableDataset):
+    """A stateful iterable (per-worker states, as torchdata resumes them)."""
+
+    def __init__(self):
+        self.start = 0
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        wid, nw = (0, 1) if info is None else (info.id, info.num_workers)
+        for i in range(self.start, 24):
+            if i % nw == wid:
+                self.start = i + 1
+                yield i
+
+    def state_dict(self):
+        return {"start": self.start}
+
+    def load_state_dict(self, state):
+        self.start = state["start"]
+
+
+def test_a_stateful_iterable_with_another_worker_count_raises():
+    dl = kuat.DataLoader(StatefulCounter(), batch_size=2, num_workers=2)
+    it = iter(dl)
+    next(it), next(it)
+    state = dl.state_dict()
+    assert state["workers"]["num_workers"] == 2
+    with pytest.raises(ValueError, match=r"num_workers=2 workers.*num_workers=3"):
+        kuat.DataLoader(StatefulCounter(), batch_size=2, num_workers=3).load_state_dict(state)

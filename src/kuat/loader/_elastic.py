@@ -146,7 +146,9 @@ def resume_offset(loader, state: dict, served: int, world_size: int) -> int | No
             return int(consumed)  # the sampler's order from its consumed samples (torchdata)
         return None  # workers and the loader's share do not change a user sampler's batches
     # iterable sources: replayed (or resumed) per rank from the served batches
-    allowed = {"num_workers"} if traits.batching else set()  # kuat streams: whole batches
+    # kuat streams: workers take whole batches; per-worker dataset states: refused (naming
+    # num_workers) by _state.load_state_dict, each worker resuming its own copy
+    allowed = {"num_workers"} if traits.batching or state.get("workers") is not None else set()
     wrong = [k for k in changed if k not in allowed]
     if not wrong:
         return None
