@@ -26,6 +26,7 @@ start; computing an epoch's indices is safe from any thread.
 
 from __future__ import annotations
 
+import copy
 import itertools
 import math
 from collections.abc import Iterator, Sized
@@ -200,6 +201,8 @@ class EpochSampler(Sampler[int]):
 
         ``start`` (elastic resume, :meth:`rest_of`): the number of positions of the epoch's
         global order already consumed; the share is then this rank's of the rest."""
+        if start:
+            return self.rest_of(self._whole_order(epoch), start)
         n = self.n
         per_rank = self.num_samples
         if self.shuffle and n > 0:
@@ -217,8 +220,6 @@ class EpochSampler(Sampler[int]):
                 order = torch.randperm(n, generator=g).tolist()
         else:
             order = list(range(n))
-        if start:
-            return self.rest_of(order, start)
         if self.num_replicas == 1:
             return order
         total = per_rank * self.num_replicas
@@ -238,6 +239,12 @@ class EpochSampler(Sampler[int]):
         if world == 1:
             return left
         return left // world if self.drop_last else -(-left // world)
+
+    def _whole_order(self, epoch: int) -> list[int]:
+        """The epoch's global order: this sampler's indices, unsharded (a shallow copy's)."""
+        whole = copy.copy(self)
+        whole.set_distributed(0, 1)
+        return whole.indices(epoch)
 
     def rest_of(self, order: list[int], start: int) -> list[int]:
         """This rank's share of ``order[start:]``, the positions of an epoch's global order
