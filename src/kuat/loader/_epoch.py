@@ -354,9 +354,13 @@ def _epoch_batches(loader, position) -> int | None:
         return loader._batches_per_epoch()
     if loader._traits.own_sampler:  # resumed from a global offset: what its rest holds
         rest = loader.sampler.rest_size(position.offset)
-        b = loader.batch_size or 1
-        return position.base + (rest // b if loader.drop_last else -(-rest // b))
-    return None
+    else:  # a user sampler= resumed with another batch size: its samples not consumed
+        try:
+            rest = max(0, len(loader.sampler) - position.offset)
+        except TypeError:
+            return None
+    b = loader.batch_size or 1
+    return position.base + (rest // b if loader.drop_last else -(-rest // b))
 
 
 def epoch_keys(loader, epoch: int, skip: int, sampler_state: dict | None,
