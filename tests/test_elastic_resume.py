@@ -52,8 +52,10 @@ def _take(loaders, batches=None):
 def _check_rest(consumed, rest, n, world):
     """``rest`` (the resumed ranks' ids) serves every id not in ``consumed`` exactly once; the
     only other ids are the new layout's wrap-around padding (fewer than ``world``, taken from
-    samples consumed earlier in the epoch, as DistributedSampler pads)."""
-    remaining = collections.Counter(range(n)) - collections.Counter(consumed)
+    samples consumed earlier in the epoch, as DistributedSampler pads). ``n``: the ids are
+    ``range(n)``, or the given list."""
+    universe = range(n) if isinstance(n, int) else n
+    remaining = collections.Counter(universe) - collections.Counter(consumed)
     got = collections.Counter(x for ids in rest for x in ids)
     assert all(got[x] == 1 for x in remaining), "a remaining sample missed or served twice"
     extra = got - remaining
@@ -279,18 +281,85 @@ def test_at_an_epoch_boundary_an_iterable_may_change_layout():
     assert sorted(x for b in resumed for x in b.tolist()) == list(range(24))
 
 
-def test_a_kuat_stream_with_another_batch_size_raises_and_another_worker_count_continues():
-    stream = kuat.mix([Plain(0, 20), Plain(100, 120)], seed=1)  # an iterable mix (a Stream)
+def _mix_stream():
+    return kuat.mix([Plain(0, 20), Plain(100, 120)], stopping="all_exhausted", seed=1)
+
+
+def _stream_loaders(make, world, batch, workers=0, state=None):
+    """One loader per rank, each over its own stream (a rank's process has its own copy)."""
+    out = []
+    for r in range(world):
+        dl = kuat.DataLoader(make(), batch_size=batch, rank=r, world_size=world,
+                             num_workers=workers)
+        if state is not None:
+            dl.load_state_dict(state)
+        out.append(dl)
+    return out
+
+
+def _stream_take(loaders, batches=None):
+    ids, states = [], []
+    for dl in loaders:
+        ids.append([x for b in itertools.islice(iter(dl), batches) for x in b.tolist()])
+        states.append(dl.state_dict())
+    return ids, states[0]
+
+
+@pytest.mark.parametrize("saved,resumed", [((2, 4, 2), (3, 2, 0)), ((4, 2, 0), (2, 4, 3)),
+                                           ((2, 4, 0), (2, 2, 2))])
+def test_an_iterable_mix_continues_the_rest_of_its_stream(saved, resumed):
+    stream = _mix_stream  # an iterable mix (a Stream)
+    universe = list(range(20)) + list(range(100, 120))
+    whole, _ = _stream_take(_stream_loaders(stream, *saved))
+    assert sorted(x for ids in whole for x in ids) == universe  # 40: no padding
+    before, state = _stream_take(_stream_loaders(stream, *saved), batches=2)
+    assert state["samples_consumed"] == 2 * saved[0] * saved[1]
+    resumed_loaders = _stream_loaders(stream, *resumed, state=state)
+    rest, end = _stream_take(resumed_loaders)
+    _check_rest([x for ids in before for x in ids], rest, universe, resumed[0])
+    assert len({len(ids) for ids in rest}) == 1 and (end["epoch"], end["samples_consumed"]) == (1, 0)
+    nxt, _ = _stream_take(resumed_loaders)  # the next epoch: the new layout's own
+    fresh = _stream_loaders(stream, *resumed)
+    for dl in fresh:
+        dl.set_epoch(1)
+    assert nxt == _stream_take(fresh)[0]
+
+
+def test_a_kuat_stream_with_another_worker_count_replays_exactly():
+    stream = kuat.mix([Plain(0, 20), Plain(100, 120)], stopping="all_exhausted", seed=1)
     dl = kuat.DataLoader(stream, batch_size=4, num_workers=2)
     it = iter(dl)
     head = [next(it), next(it)]
     state = dl.state_dict()
-    with pytest.raises(ValueError, match=r"batch_size=4 -> 2"):
-        kuat.DataLoader(stream, batch_size=2).load_state_dict(state)
     other = kuat.DataLoader(stream, batch_size=4, num_workers=3)
     other.load_state_dict(state)
     whole = [b.tolist() for b in kuat.DataLoader(stream, batch_size=4)]
     assert [b.tolist() for b in head] + [b.tolist() for b in other] == whole
+
+
+def test_packed_rows_with_another_batch_size_raise():
+    docs = [{"input_ids": list(range(i % 7 + 1))} for i in range(30)]
+    packed = kuat.pack(docs, seq_len=8)
+    dl = kuat.DataLoader(packed, batch_size=2)
+    it = iter(dl)
+    next(it), next(it)
+    state = dl.state_dict()
+    with pytest.raises(ValueError, match=r"batch_size=2 -> 4"):
+        kuat.DataLoader(packed, batch_size=4).load_state_dict(state)
+
+
+def test_an_hf_stream_split_by_shards_with_another_worker_count_raises():
+    datasets = pytest.importorskip("datasets")
+    from kuat.sources.hf import HFIterableSource
+
+    ds = datasets.Dataset.from_dict({"id": list(range(24))}).to_iterable_dataset(num_shards=4)
+    dl = kuat.DataLoader(HFIterableSource(ds, split="shards"), batch_size=2, num_workers=2)
+    it = iter(dl)
+    next(it), next(it)
+    state = dl.state_dict()
+    with pytest.raises(ValueError, match=r"num_workers=2 -> 3"):
+        kuat.DataLoader(HFIterableSource(ds, split="shards"), batch_size=2,
+                        num_workers=3).load_state_dict(state)
 
 
 def test_a_user_batch_sampler_of_another_size_raises():

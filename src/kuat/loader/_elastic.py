@@ -27,7 +27,8 @@ from typing import Any
 
 from kuat import distributed
 
-__all__ = ["layout", "samples_consumed", "resume_offset", "same_stride", "stride"]
+__all__ = ["layout", "samples_consumed", "resume_offset", "same_stride", "stride", "stream_starts",
+           "start_stream"]
 
 
 def _int_or_none(value) -> int | None:
@@ -64,9 +65,35 @@ def layout(loader, world_size: int) -> dict[str, Any]:
 
 def stride(loader, world_size: int) -> int:
     """Positions of the epoch's global order one batch on every rank consumes: ``B * W`` for
-    the loader's own sampler, ``B`` for a user ``sampler=`` (not sharded by kuat)."""
+    the loader's own sampler and kuat streams, ``B`` for a user ``sampler=`` (not sharded by
+    kuat)."""
     b = loader.batch_size or 1
-    return b * world_size if loader._traits.own_sampler else b
+    return b * world_size if loader._traits.own_sampler or loader._traits.iterable else b
+
+
+def stream_starts(source) -> bool:
+    """Whether an iterable source can start an epoch from a global position (a kuat stream
+    iterated by :meth:`kuat.sources.stream.Stream.__iter__`, which honours ``kuat_start_at``:
+    iterable mixes, shuffle buffers, HF streaming split by position and not already split by
+    node). Packed rows, tokenized streams and HF streams split by shards iterate otherwise."""
+    from kuat.sources.hf import HFIterableSource
+    from kuat.sources.stream import Stream
+
+    if not isinstance(source, Stream):
+        return False
+    if isinstance(source, HFIterableSource):
+        return source.split == "position" and getattr(source.dataset, "_distributed", None) is None
+    return type(source).__iter__ is Stream.__iter__
+
+
+def _workers_keep_batches(source) -> bool:
+    """Whether an iterable source's batches are the same whatever the worker count (kuat
+    streams: workers take whole batches; not an HF stream split by shards)."""
+    from kuat.sources.hf import HFIterableSource
+
+    if isinstance(source, HFIterableSource):
+        return source.split == "position"
+    return callable(getattr(source, "kuat_set_batching", None))
 
 
 def samples_consumed(loader, served: int, offset: int = 0, base: int = 0) -> int | None:
@@ -75,7 +102,10 @@ def samples_consumed(loader, served: int, offset: int = 0, base: int = 0) -> int
     from a global offset); ``None`` where no such count exists (module docstring)."""
     traits = loader._traits
     if traits.iterable:
-        return None
+        if not stream_starts(loader._source):
+            return None
+        world = loader._resolve_distributed(warn=False)[1]
+        return offset + (served - base) * (loader.batch_size or 1) * world
     if traits.own_sampler:
         sampler = loader.sampler
         world = sampler.num_replicas
@@ -148,10 +178,14 @@ def resume_offset(loader, state: dict, served: int, world_size: int) -> int | No
     # iterable sources: replayed (or resumed) per rank from the served batches
     # kuat streams: workers take whole batches; per-worker dataset states: refused (naming
     # num_workers) by _state.load_state_dict, each worker resuming its own copy
-    allowed = {"num_workers"} if traits.batching or state.get("workers") is not None else set()
+    source = loader._source
+    keep = _workers_keep_batches(source) or state.get("workers") is not None
+    allowed = {"num_workers"} if keep else set()
     wrong = [k for k in changed if k not in allowed]
     if not wrong:
         return None
+    if stream_starts(source) and consumed is not None:  # the rest of the epoch's stream
+        return int(consumed)
     if wrong == ["num_workers"]:
         why = ("a torch IterableDataset is read by one copy per worker, each taking its own "
                "part of the stream (get_worker_info()), so replaying the served batches with "
@@ -164,3 +198,9 @@ def resume_offset(loader, state: dict, served: int, world_size: int) -> int | No
         way = ("Resume with the saved layout (to replay the served batches anyway, exact only "
                "if the stream does not depend on what changed, delete state['layout'])")
     raise _cannot(state, saved, now, wrong, why, way)
+
+
+def start_stream(loader, epoch: int, start: int | None) -> None:
+    """Tell a kuat stream where the epoch starting now begins (``None``: at its start)."""
+    if loader._traits.iterable and stream_starts(loader._source):
+        loader._source.kuat_start_at(epoch, start or 0)

@@ -33,7 +33,7 @@ from kuat import distributed
 from kuat.engine.base import ResumeAt, Seeded, WorkerResume
 from kuat.engine.inline import InlineEngine
 from kuat.engine.thread import ThreadEngine
-from kuat.loader import _notices
+from kuat.loader import _elastic, _notices
 from kuat.loader._adaptive import Adaptation
 from kuat.loader._plan import EpochPlan, LoaderEvents
 from kuat.loader._state import Pending, Position, WorkerStates, persists
@@ -234,6 +234,8 @@ def plan_epoch(loader, it) -> EpochPlan:
     workers, first_worker, restore_workers = _worker_states(loader, previous, pending, skip)
     if restore_workers:  # each worker resumes its own copy (torchdata's rule): no replay
         keys, discard = itertools.repeat(ResumeAt(skip, WorkerResume(tuple(workers.states)))), 0
+    elif traits.iterable and start is not None:  # a kuat stream from a global position
+        keys, discard = itertools.repeat(None), 0
     elif traits.iterable and skip and traits.resumable:
         saved = st.source_at.state if (st.source_at is not None and (
             st.source_at.epoch, st.source_at.served) == (epoch, skip)) else None
@@ -247,6 +249,7 @@ def plan_epoch(loader, it) -> EpochPlan:
     if shared_seed is not None:  # an IterDataPipe: every worker seeds its graph with it
         shared_seed = at_start.setdefault("shared_seed", shared_seed)  # (saved, or restored)
         keys = (Seeded(int(shared_seed), key) for key in keys)
+    _elastic.start_stream(loader, epoch, start)  # (before workers copy the source)
     lease = loader._workers.lease(loader, base_seed, it)
     position = st.position = Position(epoch, skip, False, at_start, workers)
     if start is not None:  # (skip: the batches counted as served before the offset)
@@ -352,6 +355,8 @@ def _epoch_batches(loader, position) -> int | None:
     """The batches the epoch counts as served at its end (observers: the last batch)."""
     if not position.offset:
         return loader._batches_per_epoch()
+    if loader._traits.iterable:
+        return None
     if loader._traits.own_sampler:  # resumed from a global offset: what its rest holds
         rest = loader.sampler.rest_size(position.offset)
     else:  # a user sampler= resumed with another batch size: its samples not consumed

@@ -27,6 +27,7 @@ sample by sample.
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Iterator
 
@@ -77,6 +78,14 @@ class Stream(torch.utils.data.IterableDataset):
         self._batch_size = batch_size
         self._drop_last = bool(drop_last)
 
+    def kuat_start_at(self, epoch: int, start: int) -> None:
+        """Elastic resume (``kuat.DataLoader``, docs/distributed.md): iterate ``epoch`` from
+        its sample ``start`` on, the first ``start`` having been consumed by the ranks of
+        another layout; the rest is split as a whole epoch is, padded by wrapping around to
+        the epoch's first samples. ``start=0`` clears it; other epochs are not affected. Only
+        :meth:`Stream.__iter__` honours it (subclasses that iterate otherwise do not)."""
+        self._start = (int(epoch), int(start)) if start else None
+
     def _rank_and_world(self) -> tuple[int, int]:
         if self._rank is None:
             return 0, 1  # not split by rank unless told (kuat.distributed: who reads what)
@@ -86,26 +95,39 @@ class Stream(torch.utils.data.IterableDataset):
         rank, world_size = self._rank_and_world()
         info = torch.utils.data.get_worker_info()
         items = self.samples(self._epoch)
+        start, head = getattr(self, "_start", None), None
+        if start is not None and start[0] == self._epoch:  # elastic resume (kuat_start_at)
+            items, head = _after(items, start[1], world_size)
         if world_size > 1:
-            items = rank_share(items, rank, world_size, self._drop_last)
+            items = rank_share(items, rank, world_size, self._drop_last, head)
         if info is not None and info.num_workers > 1:
             items = worker_share(items, info.id, info.num_workers, self._batch_size or 1)
         return items
 
 
-def rank_share(items: Iterator, rank: int, world_size: int, drop_last: bool) -> Iterator:
+def _after(items: Iterator, start: int, keep: int) -> tuple[Iterator, list]:
+    """``(items after the first start, the first keep items)``: the rest of an epoch's stream
+    and the samples its wrap-around padding repeats (read now, up to ``max(start, keep)``)."""
+    it = iter(items)
+    first = list(itertools.islice(it, max(start, keep)))
+    return itertools.chain(first[start:], it), first[:keep]
+
+
+def rank_share(items: Iterator, rank: int, world_size: int, drop_last: bool,
+               head: list | None = None) -> Iterator:
     """Samples at positions ``rank, rank + world_size, ...`` of ``items``, equal for every rank.
 
-    Without ``drop_last`` the stream is padded by wrapping around (its first samples again) to a
-    multiple of ``world_size``; with it, the incomplete last round is dropped. Matches
-    ``torch.utils.data.DistributedSampler`` on the sequence ``items``.
+    Without ``drop_last`` the stream is padded by wrapping around (its first samples again, or
+    ``head``'s when given) to a multiple of ``world_size``; with it, the incomplete last round
+    is dropped. Matches ``torch.utils.data.DistributedSampler`` on the sequence ``items``.
     """
-    head: list = []  # the first world_size samples, for the wrap-around padding
+    given = head is not None
+    head = list(head) if given else []  # the first world_size samples, for the padding
     held = None  # this rank's sample of the current round, until the round is complete
     has_held = False
     n = 0
     for item in items:
-        if not drop_last and n < world_size:
+        if not drop_last and not given and n < world_size:
             head.append(item)
         pos = n % world_size
         n += 1
@@ -117,7 +139,7 @@ def rank_share(items: Iterator, rank: int, world_size: int, drop_last: bool) -> 
         if drop_last and pos == world_size - 1 and has_held:
             yield held
             held, has_held = None, False
-    if drop_last or n == 0 or n % world_size == 0:
+    if drop_last or n == 0 or n % world_size == 0 or not head:
         return
     # Padded positions n .. total-1 repeat samples 0, 1, ... (as DistributedSampler does).
     total = -(-n // world_size) * world_size
