@@ -452,3 +452,47 @@ def test_a_stateful_iterable_with_another_worker_count_raises():
     assert state["workers"]["num_workers"] == 2
     with pytest.raises(ValueError, match=r"num_workers=2 workers.*num_workers=3"):
         kuat.DataLoader(StatefulCounter(), batch_size=2, num_workers=3).load_state_dict(state)
+
+
+# --- a resumed epoch saved again and resumed once more (the position is off the batch grid) --
+
+def test_own_sampler_resumed_twice_serves_each_sample_once():
+    data = list(range(N))
+    a, state = _take(_loaders(data, 4, 8), batches=1)  # 32 consumed
+    b, state = _take(_loaders(data, 3, 5, state=state), batches=1)  # + 15 = 47
+    assert (state["samples_consumed"], state["batches_served_in_epoch"]) == (47, 3)
+    c, _ = _take(_loaders(data, 3, 5, state=state))  # the same layout again
+    consumed = [x for ids in a + b for x in ids]
+    assert len(set(consumed)) == 47
+    _check_rest(consumed, c, N, 3)
+
+
+def test_a_stream_resumed_twice_serves_each_sample_once():
+    universe = list(range(20)) + list(range(100, 120))
+    a, state = _stream_take(_stream_loaders(_mix_stream, 2, 4), batches=1)  # 8 consumed
+    b, state = _stream_take(_stream_loaders(_mix_stream, 3, 3, state=state), batches=1)  # 17
+    assert state["samples_consumed"] == 17
+    c, _ = _stream_take(_stream_loaders(_mix_stream, 3, 3, workers=2, state=state))
+    consumed = [x for ids in a + b for x in ids]
+    assert len(set(consumed)) == 17
+    _check_rest(consumed, c, universe, 3)
+
+
+def test_a_user_sampler_resumed_twice_serves_each_sample_once():
+    data = list(range(48))
+
+    def make(bs):
+        return kuat.DataLoader(data, batch_size=bs, sampler=RandomSampler(
+            data, generator=torch.Generator().manual_seed(4)))
+
+    a = make(8)
+    head = [x for b in itertools.islice(iter(a), 3) for x in b.tolist()]  # 24
+    b = make(5)
+    b.load_state_dict(a.state_dict())
+    mid = [x for bt in itertools.islice(iter(b), 2) for x in bt.tolist()]  # + 10 = 34
+    state = b.state_dict()
+    assert (state["samples_consumed"], state["batches_served_in_epoch"]) == (34, 6)
+    c = make(5)
+    c.load_state_dict(state)
+    rest = [x for bt in c for x in bt.tolist()]
+    assert head + mid + rest == list(make(8).sampler)  # the sampler's one order, each once

@@ -153,39 +153,45 @@ def resume_offset(loader, state: dict, served: int, world_size: int) -> int | No
     saved = state.get("layout")
     if not isinstance(saved, dict):
         return None
-    traits = loader._traits
+    traits, source = loader._traits, loader._source
     consumed = state.get("samples_consumed")
-    if traits.own_sampler:  # every layout: the rest of the epoch's order, resharded
-        return None if consumed is None else int(consumed)
+    consumed = None if consumed is None else int(consumed)
+    # the loader's own sampler and kuat streams read by position: always from the global
+    # position, whatever the layout (on the saved one this is the uninterrupted run's rest)
+    if traits.own_sampler or (traits.iterable and consumed and stream_starts(source)):
+        return consumed
     now = layout(loader, world_size)
     changed = [k for k in sorted(set(saved) | set(now)) if saved.get(k) != now.get(k)]
-    if served == 0 or not changed:
-        return None
     if not traits.iterable:
+        # a position off the batch grid: the state was saved after a resume with another
+        # batch size, so the saved batches do not say where the epoch stands
+        off_grid = (consumed is not None and loader.batch_size is not None
+                    and consumed != served * saved.get("batch_size", loader.batch_size))
+        if not served and not consumed or not changed and not off_grid:
+            return None
         if "sampler_replicas" in changed:
             raise _cannot(state, saved, now, ["sampler_replicas"],
                           "the user DistributedSampler's shares are its own, and which samples "
                           "its other ranks served under the old num_replicas is not in the "
                           "state", "Resume with the saved num_replicas")
-        if "batch_size" in changed:
+        if "batch_size" in changed or off_grid:
             if loader.batch_size is None or consumed is None:
                 raise _cannot(state, saved, now, ["batch_size"],
                               "a user batch_sampler makes its own batches, so kuat cannot tell "
                               "which samples the served batches held in the new batching",
                               "Resume with a batch sampler of the saved batch size")
-            return int(consumed)  # the sampler's order from its consumed samples (torchdata)
+            return consumed  # the sampler's order from its consumed samples (torchdata)
         return None  # workers and the loader's share do not change a user sampler's batches
+    if served == 0 or not changed:
+        return None
     # iterable sources: replayed (or resumed) per rank from the served batches
     # kuat streams: workers take whole batches; per-worker dataset states: refused (naming
     # num_workers) by _state.load_state_dict, each worker resuming its own copy
-    source = loader._source
     keep = _workers_keep_batches(source) or state.get("workers") is not None
     allowed = {"num_workers"} if keep else set()
     wrong = [k for k in changed if k not in allowed]
     if not wrong:
         return None
-    if stream_starts(source) and consumed is not None:  # the rest of the epoch's stream
-        return int(consumed)
     if wrong == ["num_workers"]:
         why = ("a torch IterableDataset is read by one copy per worker, each taking its own "
                "part of the stream (get_worker_info()), so replaying the served batches with "
