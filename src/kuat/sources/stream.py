@@ -27,13 +27,12 @@ sample by sample.
 
 from __future__ import annotations
 
-import itertools
 import logging
 from collections.abc import Iterator
 
 import torch
 
-__all__ = ["Stream", "rank_share", "worker_share"]
+__all__ = ["Stream", "rank_share", "rest_after", "worker_share"]
 
 _log = logging.getLogger("kuat.sources.stream")
 
@@ -97,7 +96,8 @@ class Stream(torch.utils.data.IterableDataset):
         items = self.samples(self._epoch)
         start, head = getattr(self, "_start", None), None
         if start is not None and start[0] == self._epoch:  # elastic resume (kuat_start_at)
-            items, head = _after(items, start[1], world_size)
+            head = []
+            items = rest_after(items, start[1], world_size, head)
         if world_size > 1:
             items = rank_share(items, rank, world_size, self._drop_last, head)
         if info is not None and info.num_workers > 1:
@@ -105,12 +105,16 @@ class Stream(torch.utils.data.IterableDataset):
         return items
 
 
-def _after(items: Iterator, start: int, keep: int) -> tuple[Iterator, list]:
-    """``(items after the first start, the first keep items)``: the rest of an epoch's stream
-    and the samples its wrap-around padding repeats (read now, up to ``max(start, keep)``)."""
-    it = iter(items)
-    first = list(itertools.islice(it, max(start, keep)))
-    return itertools.chain(first[start:], it), first[:keep]
+def rest_after(items: Iterator, start: int, keep: int, head: list) -> Iterator:
+    """The items after the first ``start``: the rest of an epoch's stream. Appends the first
+    ``keep`` items to ``head`` (what the rest's wrap-around padding repeats) as it reads them,
+    lazily: every item is read inside a ``next()`` of the caller (where a worker has set the
+    loader's epoch context, which ``kuat.sample_rng`` reads)."""
+    for n, item in enumerate(items):
+        if n < keep:
+            head.append(item)
+        if n >= start:
+            yield item
 
 
 def rank_share(items: Iterator, rank: int, world_size: int, drop_last: bool,
@@ -122,7 +126,8 @@ def rank_share(items: Iterator, rank: int, world_size: int, drop_last: bool,
     is dropped. Matches ``torch.utils.data.DistributedSampler`` on the sequence ``items``.
     """
     given = head is not None
-    head = list(head) if given else []  # the first world_size samples, for the padding
+    head = head if given else []  # the first world_size samples, for the padding (a given
+    # list may still be filling while this reads: rest_after)
     held = None  # this rank's sample of the current round, until the round is complete
     has_held = False
     n = 0
