@@ -337,15 +337,39 @@ def test_a_kuat_stream_with_another_worker_count_replays_exactly():
     assert [b.tolist() for b in head] + [b.tolist() for b in other] == whole
 
 
-def test_packed_rows_with_another_batch_size_raise():
-    docs = [{"input_ids": list(range(i % 7 + 1))} for i in range(30)]
-    packed = kuat.pack(docs, seq_len=8)
-    dl = kuat.DataLoader(packed, batch_size=2)
-    it = iter(dl)
-    next(it), next(it)
-    state = dl.state_dict()
-    with pytest.raises(ValueError, match=r"batch_size=2 -> 4"):
-        kuat.DataLoader(packed, batch_size=4).load_state_dict(state)
+DOCS = [{"input_ids": list(range(1000 * i, 1000 * i + i % 7 + 1))} for i in range(60)]
+
+
+def _rows(rows):
+    return [tuple(r["input_ids"].tolist()) for r in rows]  # a row is its tokens (all distinct)
+
+
+@pytest.mark.parametrize("strategy", ["concat", "best_fit", "first_fit"])
+@pytest.mark.parametrize("known", [True, False], ids=["lengths", "no_lengths"])
+def test_packed_rows_continue_on_another_layout(strategy, known):
+    lengths = [len(d["input_ids"]) for d in DOCS] if known else None
+
+    def loaders(world, batch, workers=0, state=None):
+        out = []
+        for r in range(world):
+            packed = kuat.pack(DOCS, seq_len=8, strategy=strategy, buffer_size=16,
+                               lengths=lengths)
+            dl = kuat.DataLoader(packed, batch_size=batch, rank=r, world_size=world,
+                                 num_workers=workers, collate_fn=_rows)
+            if state is not None:
+                dl.load_state_dict(state)
+            out.append(dl)
+        return out
+
+    def take(ls, batches=None):
+        ids = [[x for b in itertools.islice(iter(dl), batches) for x in b] for dl in ls]
+        return ids, ls[-1].state_dict()
+
+    rows = take(loaders(1, 4))[0][0]  # the epoch's rows (the plan does not depend on layout)
+    before, state = take(loaders(2, 3), batches=2)
+    assert state["samples_consumed"] == 12
+    rest, _ = take(loaders(3, 2, workers=2, state=state))
+    _check_rest([x for ids in before for x in ids], rest, rows, 3)
 
 
 def test_an_hf_stream_split_by_shards_with_another_worker_count_raises():

@@ -73,14 +73,16 @@ def stride(loader, world_size: int) -> int:
 
 def stream_starts(source) -> bool:
     """Whether an iterable source can start an epoch from a global position (a kuat stream
-    iterated by :meth:`kuat.sources.stream.Stream.__iter__`, which honours ``kuat_start_at``:
-    iterable mixes, shuffle buffers, HF streaming split by position and not already split by
-    node). Packed rows, tokenized streams and HF streams split by shards iterate otherwise."""
+    that honours ``kuat_start_at``: iterated by :meth:`kuat.sources.stream.Stream.__iter__`
+    (iterable mixes, shuffle buffers, HF streaming split by position and not already split by
+    node), or packed rows. Tokenized streams and HF streams split by shards iterate otherwise."""
     from kuat.sources.hf import HFIterableSource
     from kuat.sources.stream import Stream
 
     if not isinstance(source, Stream):
         return False
+    if callable(getattr(source, "kuat_iter_from", None)):  # kuat.text.Packed: its plan
+        return True
     if isinstance(source, HFIterableSource):
         return source.split == "position" and getattr(source.dataset, "_distributed", None) is None
     return type(source).__iter__ is Stream.__iter__
@@ -158,9 +160,15 @@ def resume_offset(loader, state: dict, served: int, world_size: int) -> int | No
     consumed = None if consumed is None else int(consumed)
     # the loader's own sampler and kuat streams read by position: always from the global
     # position, whatever the layout (on the saved one this is the uninterrupted run's rest)
-    if traits.own_sampler or (traits.iterable and consumed and stream_starts(source)):
-        return consumed
     now = layout(loader, world_size)
+    if traits.own_sampler:
+        return consumed
+    if traits.iterable and consumed and stream_starts(source):
+        same = all(saved.get(k) == now[k] for k in ("world_size", "batch_size"))
+        if (traits.resumable and same
+                and consumed == served * (loader.batch_size or 1) * world_size):
+            return None  # packed rows on their layout: from the saved plan checkpoint
+        return consumed
     changed = [k for k in sorted(set(saved) | set(now)) if saved.get(k) != now.get(k)]
     if not traits.iterable:
         # a position off the batch grid: the state was saved after a resume with another
