@@ -71,9 +71,9 @@ def stride(loader, world_size: int) -> int:
     return b * world_size if loader._traits.own_sampler or loader._traits.iterable else b
 
 
-def stream_starts(source) -> bool:
+def stream_starts(source, traits) -> bool:
     """Whether an iterable source can start an epoch from a global position (a kuat stream
-    that honours ``kuat_start_at``: iterated by :meth:`kuat.sources.stream.Stream.__iter__`
+    that honours ``start_at``: iterated by :meth:`kuat.sources.stream.Stream.__iter__`
     (iterable mixes, shuffle buffers, HF streaming split by position and not already split by
     node), or packed rows. Tokenized streams and HF streams split by shards iterate otherwise."""
     from kuat.sources.hf import HFIterableSource
@@ -81,21 +81,21 @@ def stream_starts(source) -> bool:
 
     if not isinstance(source, Stream):
         return False
-    if callable(getattr(source, "kuat_iter_from", None)):  # kuat.text.Packed: its plan
+    if traits.resumable:  # kuat.text.Packed (kuat_iter_from): its plan's rows
         return True
     if isinstance(source, HFIterableSource):
         return source.split == "position" and getattr(source.dataset, "_distributed", None) is None
     return type(source).__iter__ is Stream.__iter__
 
 
-def _workers_keep_batches(source) -> bool:
+def _workers_keep_batches(source, traits) -> bool:
     """Whether an iterable source's batches are the same whatever the worker count (kuat
     streams: workers take whole batches; not an HF stream split by shards)."""
     from kuat.sources.hf import HFIterableSource
 
     if isinstance(source, HFIterableSource):
         return source.split == "position"
-    return callable(getattr(source, "kuat_set_batching", None))
+    return traits.batching  # kuat_set_batching: workers take whole batches
 
 
 def samples_consumed(loader, served: int, offset: int = 0, base: int = 0) -> int | None:
@@ -104,7 +104,7 @@ def samples_consumed(loader, served: int, offset: int = 0, base: int = 0) -> int
     from a global offset); ``None`` where no such count exists (module docstring)."""
     traits = loader._traits
     if traits.iterable:
-        if not stream_starts(loader._source):
+        if not stream_starts(loader._source, traits):
             return None
         world = loader._resolve_distributed(warn=False)[1]
         return offset + (served - base) * (loader.batch_size or 1) * world
@@ -163,7 +163,7 @@ def resume_offset(loader, state: dict, served: int, world_size: int) -> int | No
     now = layout(loader, world_size)
     if traits.own_sampler:
         return consumed
-    if traits.iterable and consumed and stream_starts(source):
+    if traits.iterable and consumed and stream_starts(source, traits):
         same = all(saved.get(k) == now[k] for k in ("world_size", "batch_size"))
         if (traits.resumable and same
                 and consumed == served * (loader.batch_size or 1) * world_size):
@@ -195,7 +195,7 @@ def resume_offset(loader, state: dict, served: int, world_size: int) -> int | No
     # iterable sources: replayed (or resumed) per rank from the served batches
     # kuat streams: workers take whole batches; per-worker dataset states: refused (naming
     # num_workers) by _state.load_state_dict, each worker resuming its own copy
-    keep = _workers_keep_batches(source) or state.get("workers") is not None
+    keep = _workers_keep_batches(source, traits) or state.get("workers") is not None
     allowed = {"num_workers"} if keep else set()
     wrong = [k for k in changed if k not in allowed]
     if not wrong:
@@ -216,5 +216,5 @@ def resume_offset(loader, state: dict, served: int, world_size: int) -> int | No
 
 def start_stream(loader, epoch: int, start: int | None) -> None:
     """Tell a kuat stream where the epoch starting now begins (``None``: at its start)."""
-    if loader._traits.iterable and stream_starts(loader._source):
-        loader._source.kuat_start_at(epoch, start or 0)
+    if loader._traits.iterable and stream_starts(loader._source, loader._traits):
+        loader._source.start_at(epoch, start or 0)

@@ -141,8 +141,8 @@ class Pending:
     loaded: dict | None = None  # the state given to load_state_dict (state_dict() returns it)
     drawn: tuple | None = None  # draws made for the epoch by state_dict() (_epoch.epoch_draws)
     # elastic resume: the epoch starts after this many positions of its global order (the
-    # loader's own sampler, or a user sampler= resumed with another batch size); ``served`` is
-    # then the batches counted as served before them (:func:`resume_offset`)
+    # loader's own sampler, a kuat stream, a user sampler= resumed with another batch size);
+    # ``served`` is then the batches counted as served before them (_elastic.resume_offset)
     offset: int | None = None
 
 

@@ -77,7 +77,7 @@ class Stream(torch.utils.data.IterableDataset):
         self._batch_size = batch_size
         self._drop_last = bool(drop_last)
 
-    def kuat_start_at(self, epoch: int, start: int) -> None:
+    def start_at(self, epoch: int, start: int) -> None:
         """Elastic resume (``kuat.DataLoader``, docs/distributed.md): iterate ``epoch`` from
         its sample ``start`` on, the first ``start`` having been consumed by the ranks of
         another layout; the rest is split as a whole epoch is, padded by wrapping around to
@@ -95,7 +95,7 @@ class Stream(torch.utils.data.IterableDataset):
         info = torch.utils.data.get_worker_info()
         items = self.samples(self._epoch)
         start, head = getattr(self, "_start", None), None
-        if start is not None and start[0] == self._epoch:  # elastic resume (kuat_start_at)
+        if start is not None and start[0] == self._epoch:  # elastic resume (start_at)
             head = []
             items = rest_after(items, start[1], world_size, head)
         if world_size > 1:
