@@ -36,8 +36,8 @@ from __future__ import annotations
 import logging
 import os
 
-__all__ = ["DP_DIM_NAMES", "Sharding", "check_explicit", "from_environment", "mesh_share",
-           "resolve", "sharding", "torch_group"]
+__all__ = ["DP_DIM_NAMES", "Sharding", "check_explicit", "from_environment", "mesh_dp_dims",
+           "mesh_share", "resolve", "sharding", "torch_group"]
 
 log = logging.getLogger("kuat.distributed")
 
@@ -165,6 +165,12 @@ def mesh_share(mesh, dp_dims=None) -> tuple[int, int]:
     for d in dims:  # row-major over the data-parallel dimensions, in mesh order
         rank, size = rank * shape[d] + int(coord[d]), size * shape[d]
     return rank, size
+
+
+def mesh_dp_dims(mesh, dp_dims=None) -> list[int]:
+    """The indices of ``mesh``'s data-parallel dimensions, ascending (as :func:`mesh_share`
+    reads ``dp_dims``); every other dimension replicates. Raises as :func:`mesh_share`."""
+    return _dp_dim_indices(tuple(mesh.mesh_dim_names or ()), tuple(mesh.mesh.shape), dp_dims)
 
 
 def _dp_dim_indices(names: tuple, shape: tuple, dp_dims) -> list[int]:

@@ -15,6 +15,19 @@ follows ``torch.utils.data.DistributedSampler``: all ranks see the same permutat
 ``r``. Every rank therefore gets the same number of samples, hence the same number of batches;
 it *is* a ``DistributedSampler`` (same attributes), so frameworks leave it in place.
 
+Exact evaluation (``exact=True``, the loader's ``exact_eval=True``; docs/distributed.md, "Equal
+steps and exact evaluation"): every index of the epoch is served exactly once over all ranks,
+every rank still gets the same number of batches, and the few positions added to even them out
+are :class:`PaddingIndex` values (the loader flags their samples ``is_padding``). The layout is
+by *block*, per step, where Accelerate's ``gather_for_metrics`` expects it: with ``W`` ranks,
+batch size ``B``, ``N`` indices, ``K = N // (W B)`` full steps and ``R = N - K W B`` indices
+left, rank ``r``'s batch ``k < K`` holds positions ``[(k W + r) B, (k W + r + 1) B)`` of the
+epoch's order, and its last batch (when ``R > 0``) the ``c = ceil(R / W)`` positions
+``[K W B + r c, K W B + (r + 1) c)``, positions ``>= N`` wrapping around to the epoch's first
+indices as padding. The ranks' batches of a step, concatenated in rank order, are therefore the
+epoch's order, padding only at the end of the last step (``W c - R < W`` positions), so
+truncating that step to ``N % (W B)`` samples is exact.
+
 User samplers: :func:`order_state` / :func:`restore_order` save and restore what the order of a
 torch sampler depends on (its generator, torch's global RNG, its epoch, or its own
 ``state_dict``), so that a loader resumed mid-epoch replays exactly the same order.
@@ -26,7 +39,6 @@ start; computing an epoch's indices is safe from any thread.
 
 from __future__ import annotations
 
-import copy
 import itertools
 import math
 from collections.abc import Iterator, Sized
@@ -46,8 +58,14 @@ from torch.utils.data import (
 from kuat.rng import SALT_SHUFFLE, derive_seed
 
 __all__ = [
+    "PADDING_KEY",
     "DistributedEpochSampler",
     "EpochSampler",
+    "InfiniteSampler",
+    "PaddingIndex",
+    "exact_share",
+    "flag_padding",
+    "split_padding",
     "shuffle_seed",
     "batches_of",
     "describe_sampler",
@@ -64,6 +82,58 @@ _REQUESTS = itertools.count(1)  # orders set_epoch calls on loaders and samplers
 def shuffle_seed(seed: int, epoch: int) -> int:
     """The 63-bit seed of the shuffle of ``epoch`` (:func:`kuat.rng.derive_seed`)."""
     return derive_seed(seed, epoch, SALT_SHUFFLE, bits=63)
+
+
+class PaddingIndex(int):
+    """An index served only to even out the ranks' batches in exact mode (a plain ``int``
+    otherwise): its sample is flagged ``is_padding`` and must not count in a metric. Pickles
+    as itself (process workers see it)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return f"PaddingIndex({int(self)})"
+
+
+# the key of the (B,) torch.bool flag that exact evaluation adds to every (dict) batch
+PADDING_KEY = "is_padding"
+
+
+def split_padding(key: list) -> tuple[list[int], torch.Tensor]:
+    """``(plain ints, (B,) torch.bool: is padding)`` of a batch's indices (padding ones are
+    :class:`PaddingIndex` values). Costs a C-level scan when none is (every batch but a
+    rank's last)."""
+    if PaddingIndex not in map(type, key):
+        return key, torch.zeros(len(key), dtype=torch.bool)
+    return [int(i) for i in key], torch.tensor([type(i) is PaddingIndex for i in key])
+
+
+def flag_padding(batch, padding: torch.Tensor):
+    """``batch`` (a mapping of B samples) with ``batch["is_padding"] = padding``, a ``(B,)
+    torch.bool`` tensor (True where the sample is padding, :func:`split_padding`): a new dict
+    for a ``dict`` or a read-only mapping, set in place in any other mutable mapping (its type
+    kept).
+
+    Raises:
+        TypeError: ``batch`` is not a mapping (exact evaluation flags dict batches only),
+            naming its type.
+        ValueError: ``batch`` already has an ``is_padding`` key.
+    """
+    from collections.abc import Mapping, MutableMapping
+
+    if type(batch) is not dict and not isinstance(batch, Mapping):
+        raise TypeError(
+            f"exact_eval=True flags padding samples with the key {PADDING_KEY!r}, so batches must "
+            f"be dicts (mappings); this loader's batch is a {type(batch).__name__}. Return dict "
+            "samples (or a collate_fn that returns a dict), or evaluate without exact_eval")
+    if PADDING_KEY in batch:
+        raise ValueError(
+            f"exact_eval=True adds the key {PADDING_KEY!r} to every batch, but the batch already "
+            f"has one (keys: {list(batch)[:10]}); rename that field")
+    if type(batch) is not dict and isinstance(batch, MutableMapping):
+        batch[PADDING_KEY] = padding
+        return batch
+    return {**batch, PADDING_KEY: padding}
 
 
 def next_request() -> int:
@@ -89,15 +159,23 @@ class EpochSampler(Sampler[int]):
             state match torch's DataLoader with the same generator even over abandoned epochs.
             The order then depends on the generator's state, not on ``(seed, epoch)``. With
             ``world_size > 1`` the permutation is drawn whole at the first index.
+        exact: exact evaluation (module docstring): every index once over all ranks, in the
+            block layout, padding positions as :class:`PaddingIndex`. Needs ``batch_size``;
+            ``ValueError`` with ``drop_last``.
+        batch_size: the loader's per-rank batch size ``B`` (read only with ``exact``; kept as
+            ``exact_batch_size``).
 
     ``len(sampler)`` is the per-rank count: ``ceil(N / world_size)``, or ``N // world_size``
-    with ``drop_last`` (``num_samples``, as DistributedSampler).
+    with ``drop_last`` (``num_samples``, as DistributedSampler); with ``exact``, ``K B + c``
+    (module docstring), the same on every rank.
 
     Rank and world size may change between epochs (the loader resolves them when each epoch
     starts, through :meth:`set_distributed`).
     """
 
     dataset: Sized | None
+    exact: bool = False  # (class defaults: samplers pickled before exact mode existed)
+    exact_batch_size: int | None = None
 
     def __init__(
         self,
@@ -109,6 +187,8 @@ class EpochSampler(Sampler[int]):
         world_size: int = 1,
         drop_last: bool = False,
         generator: torch.Generator | None = None,
+        exact: bool = False,
+        batch_size: int | None = None,
     ):
         # (for DistributedEpochSampler, DistributedSampler.__init__ is not called: it would
         # query torch.distributed now, and kuat resolves rank and world size at epoch start)
@@ -120,6 +200,12 @@ class EpochSampler(Sampler[int]):
             raise ValueError(
                 f"num_samples should be a positive integer value, but got num_samples={n}"
             )
+        if exact and (drop_last or not batch_size or batch_size < 1):
+            raise ValueError(
+                "exact evaluation serves every sample once in batches: it needs a batch_size "
+                f">= 1 and drop_last=False, got {batch_size=} {drop_last=}")
+        # (not "batch_size": an index sampler with one could pass for a batch sampler)
+        self.exact, self.exact_batch_size = bool(exact), batch_size
         self.set_distributed(rank, world_size)
         self.shuffle = shuffle
         self.seed = seed
@@ -157,6 +243,8 @@ class EpochSampler(Sampler[int]):
         n = self.n
         if self.num_replicas == 1:
             return n
+        if self.exact:
+            return _exact_count(n, self.num_replicas, self.exact_batch_size)
         if self.drop_last:
             return n // self.num_replicas
         return math.ceil(n / self.num_replicas)
@@ -182,13 +270,12 @@ class EpochSampler(Sampler[int]):
     def __iter__(self) -> Iterator[int]:
         return self.iter_epoch(self.epoch)
 
-    def iter_epoch(self, epoch: int, start: int = 0) -> Iterator[int]:
-        """This rank's indices of ``epoch``, drawn lazily from ``generator`` when there is one
-        (``start``: see :meth:`indices`)."""
+    def iter_epoch(self, epoch: int) -> Iterator[int]:
+        """This rank's indices of ``epoch``, drawn lazily from ``generator`` when there is one."""
         n = self.n
         if self.shuffle and self.generator is not None and self.num_replicas == 1 and n > 0:
-            return itertools.islice(self._lazy_random(n), start, None)
-        return iter(self.indices(epoch, start))
+            return self._lazy_random(n)
+        return iter(self.indices(epoch))
 
     def _lazy_random(self, n: int) -> Iterator[int]:
         # torch.utils.data.RandomSampler.__iter__ (replacement=False, num_samples=n): one full
@@ -196,13 +283,8 @@ class EpochSampler(Sampler[int]):
         yield from torch.randperm(n, generator=self.generator).tolist()
         torch.randperm(n, generator=self.generator)
 
-    def indices(self, epoch: int, start: int = 0) -> list[int]:
-        """This rank's indices of ``epoch``, in order (a list of ``len(self)`` ints).
-
-        ``start`` (elastic resume, :meth:`rest_of`): the number of positions of the epoch's
-        global order already consumed; the share is then this rank's of the rest."""
-        if start:
-            return self.rest_of(self._whole_order(epoch), start)
+    def indices(self, epoch: int) -> list[int]:
+        """This rank's indices of ``epoch``, in order (a list of ``len(self)`` ints)."""
         n = self.n
         per_rank = self.num_samples
         if self.shuffle and n > 0:
@@ -214,6 +296,14 @@ class EpochSampler(Sampler[int]):
                 g = torch.Generator()
                 g.manual_seed(self.torch_seed[1])
                 order = torch.randperm(n, generator=g).tolist()
+            elif self.seed is None:
+                # iterated outside its loader before the loader drew its seed (a framework's
+                # DistributedSamplerWrapper over it): as torch's RandomSampler, a seed drawn
+                # from torch's default generator at each iteration, so ranks with equal global
+                # seeds agree (Lightning's seed_everything)
+                g = torch.Generator()
+                g.manual_seed(int(torch.empty((), dtype=torch.int64).random_().item()))
+                order = torch.randperm(n, generator=g).tolist()
             else:
                 g = torch.Generator()
                 g.manual_seed(shuffle_seed(self.seed, epoch))
@@ -222,6 +312,8 @@ class EpochSampler(Sampler[int]):
             order = list(range(n))
         if self.num_replicas == 1:
             return order
+        if self.exact:
+            return exact_share(order, self.rank, self.num_replicas, self.exact_batch_size)
         total = per_rank * self.num_replicas
         if total > n:  # pad by wrapping around, like DistributedSampler
             pad = total - n
@@ -231,48 +323,46 @@ class EpochSampler(Sampler[int]):
         return order[self.rank : total : self.num_replicas]
 
 
-    # --- elastic resume: the rest of an epoch from a global offset (kuat.loader._state) ------
-    def rest_size(self, start: int) -> int:
-        """This rank's number of indices of the rest of an epoch after its first ``start``
-        positions (:meth:`rest_of`); ``len(self)`` when ``start`` is 0."""
-        left, world = max(0, self.n - start), self.num_replicas
-        if world == 1:
-            return left
-        return left // world if self.drop_last else -(-left // world)
-
-    def _whole_order(self, epoch: int) -> list[int]:
-        """The epoch's global order: this sampler's indices, unsharded (a shallow copy's)."""
-        whole = copy.copy(self)
-        whole.set_distributed(0, 1)
-        return whole.indices(epoch)
-
-    def rest_of(self, order: list[int], start: int) -> list[int]:
-        """This rank's share of ``order[start:]``, the positions of an epoch's global order
-        not yet consumed (``start`` of them were, under whatever layout the state was saved
-        with). Laid out as ``DistributedSampler`` lays out a whole epoch: padded by wrapping
-        around to the start of ``order`` (samples consumed earlier in the epoch), or with
-        ``drop_last`` truncated, to a multiple of ``world_size``; rank ``r`` takes every
-        ``world_size``-th from ``r``. When ``start`` is a multiple of ``world_size`` (a resume
-        on the layout the state was saved with) this is the rest of the uninterrupted share,
-        padding included, so the resume is exact; with another layout every remaining
-        position is served exactly once over all ranks."""
-        n, world = len(order), self.num_replicas
-        rest = order[start:]
-        if world == 1:
-            return rest
-        total = self.rest_size(start) * world
-        if total > len(rest):
-            pad = total - len(rest)
-            rest += (order * -(-pad // n))[:pad]
-        return rest[self.rank : total : world]
-
-
 class DistributedEpochSampler(EpochSampler, DistributedSampler):
     """An :class:`EpochSampler` that shards: the loader's own sampler under kuat's sharding
     (``rank=``/``world_size=``, ``mesh=``, ``shard=True``). A
     ``torch.utils.data.DistributedSampler`` (its attributes and its order of shares), so that
     Lightning, Fabric and the HF Trainer, which inject a ``DistributedSampler`` where they find
     none, leave this one in place rather than sharding a second time."""
+
+
+def _exact_count(n: int, world_size: int, batch_size: int) -> int:
+    """Indices per rank in exact mode: ``K B + ceil(R / W)`` (module docstring)."""
+    full, rest = divmod(n, world_size * batch_size)
+    return full * batch_size + -(-rest // world_size)
+
+
+def exact_share(order: list[int], rank: int, world_size: int, batch_size: int,
+                skip: int = 0) -> list[int]:
+    """Rank ``rank``'s indices of the epoch ``order`` in exact mode (the block layout of the
+    module docstring): ``_exact_count`` of them, padding positions as :class:`PaddingIndex`.
+    ``skip``: lay out ``order[skip:]``, padded from ``order``'s start (elastic resume)."""
+    whole, order = order, order[skip:]
+    n, b = len(order), batch_size
+    full = n // (world_size * b)
+    out = []
+    for k in range(full):  # step k: positions [(k W + r) B, (k W + r + 1) B)
+        lo = (k * world_size + rank) * b
+        out += order[lo : lo + b]
+    start = full * world_size * b
+    c = -(-(n - start) // world_size)  # the last step's share, padded by wrapping around
+    for p in range(start + rank * c, start + (rank + 1) * c):
+        out.append(order[p] if p < n else PaddingIndex(whole[(p - n) % len(whole)]))
+    return out
+
+
+class InfiniteSampler(Sampler):
+    """The ``sampler`` attribute of an iterable-dataset loader (as torch's ``_InfiniteConstantSampler``:
+    yields ``None`` forever)."""
+
+    def __iter__(self):
+        while True:
+            yield None
 
 
 def batches_of(indices: list[int], batch_size: int, drop_last: bool) -> list[list[int]]:

@@ -23,12 +23,63 @@ raises ``ValueError`` naming what changed. docs/distributed.md, "Elastic resume"
 
 from __future__ import annotations
 
+import copy
+import itertools
+from collections.abc import Iterator
 from typing import Any
 
 from kuat import distributed
+from kuat.sampling import EpochSampler, _exact_count, exact_share
 
 __all__ = ["layout", "samples_consumed", "resume_offset", "same_stride", "stride", "stream_starts",
-           "start_stream"]
+           "start_stream", "rest_size", "rest_of", "rest_indices", "rest_iter"]
+
+
+# --- the loader's own sampler: the rest of an epoch after a global offset -------------------
+def rest_size(sampler: EpochSampler, start: int) -> int:
+    """This rank's number of indices of :func:`rest_of` (``len(sampler)`` at ``start`` 0)."""
+    left, world = max(0, sampler.n - start), sampler.num_replicas
+    if world == 1:
+        return left
+    if sampler.exact:
+        return _exact_count(left, world, sampler.exact_batch_size)
+    return left // world if sampler.drop_last else -(-left // world)
+
+
+def rest_of(sampler: EpochSampler, order: list[int], start: int) -> list[int]:
+    """This rank's share of ``order[start:]``, an epoch's global order after ``start``
+    positions consumed under any layout, laid out as ``DistributedSampler`` lays out a whole
+    epoch: padded by wrapping around to ``order``'s start (samples consumed earlier), or with
+    ``drop_last`` truncated, to a multiple of ``world_size``; rank ``r`` takes every
+    ``world_size``-th from ``r`` (exact evaluation: its block layout, padding flagged). With
+    ``start`` a multiple of ``world_size`` (the saved layout) this is the rest of the
+    uninterrupted share, padding included; on another layout every remaining position is
+    served once over all ranks."""
+    world = sampler.num_replicas
+    if world == 1:
+        return order[start:]
+    if sampler.exact:
+        return exact_share(order, sampler.rank, world, sampler.exact_batch_size, start)
+    rest, total = order[start:], rest_size(sampler, start) * world
+    if total > len(rest):
+        rest += (order * -(-(total - len(rest)) // len(order)))[: total - len(rest)]
+    return rest[sampler.rank : total : world]
+
+
+def rest_indices(sampler: EpochSampler, epoch: int, start: int) -> list[int]:
+    """:meth:`EpochSampler.indices` of the rest of ``epoch`` after ``start`` positions."""
+    if sampler.num_replicas == 1:
+        return sampler.indices(epoch)[start:]
+    whole = copy.copy(sampler)  # the epoch's global order: the sampler's, unsharded
+    whole.set_distributed(0, 1)
+    return rest_of(sampler, whole.indices(epoch), start)
+
+
+def rest_iter(sampler: EpochSampler, epoch: int, start: int) -> Iterator[int]:
+    """:meth:`EpochSampler.iter_epoch` of the rest (lazy draws from ``generator`` kept)."""
+    if sampler.num_replicas == 1:
+        return itertools.islice(sampler.iter_epoch(epoch), start, None)
+    return iter(rest_indices(sampler, epoch, start))
 
 
 def _int_or_none(value) -> int | None:
@@ -113,7 +164,7 @@ def samples_consumed(loader, served: int, offset: int = 0, base: int = 0) -> int
         world = sampler.num_replicas
         consumed = offset + (served - base) * (loader.batch_size or 1) * world
         # the last batch may be short: at most the positions the epoch's rest has
-        return min(consumed, offset + sampler.rest_size(offset) * world)
+        return min(consumed, offset + rest_size(sampler, offset) * world)
     if loader.batch_size is None:  # a user batch_sampler: batches of sizes kuat cannot know
         return None
     return offset + (served - base) * loader.batch_size

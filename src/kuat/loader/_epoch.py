@@ -37,6 +37,7 @@ from kuat.loader import _elastic, _notices
 from kuat.loader._adaptive import Adaptation
 from kuat.loader._plan import EpochPlan, LoaderEvents
 from kuat.loader._state import Pending, Position, WorkerStates, persists
+from kuat.loader._workers import Lease
 from kuat.rng import epoch_context, worker_base_seed
 from kuat.sampling import EpochSampler, distributed_hook, epoch_hook, order_state, restore_order
 from kuat.sources import protocol as _protocol
@@ -70,6 +71,22 @@ def apply_distributed(loader) -> tuple[int, int]:
                         "shuffle alike", rank, world_size)
         loader._dist_applied = (rank, world_size)
     return rank, world_size
+
+
+def epoch_length(loader) -> int:
+    """``len(loader)`` before a ``skip_first_batches`` skip: batches of the index sampler, or
+    of an iterable's ``len()`` (this rank's share of it when kuat shards the source), as torch
+    counts them (``TypeError`` from an iterable without ``__len__``)."""
+    if not loader._traits.iterable:
+        return len(loader._index_sampler)
+    length = len(loader._source)
+    if loader._options.sharding.sharded and loader._traits.distributed:  # this rank's share
+        ws = loader._resolve_distributed(warn=False)[1]
+        length = length // ws if loader.drop_last else -(-length // ws)
+    loader._IterableDataset_len_called = length
+    if loader.batch_size is not None:
+        length = length // loader.batch_size if loader.drop_last else -(-length // loader.batch_size)
+    return length
 
 
 def next_epoch(loader) -> tuple[int, int, dict, Pending | None]:
@@ -250,7 +267,11 @@ def plan_epoch(loader, it) -> EpochPlan:
         shared_seed = at_start.setdefault("shared_seed", shared_seed)  # (saved, or restored)
         keys = (Seeded(int(shared_seed), key) for key in keys)
     _elastic.start_stream(loader, epoch, start)  # (before workers copy the source)
-    lease = loader._workers.lease(loader, base_seed, it)
+    feed = loader._feed
+    if feed is not None and feed.is_peer():  # replicas="broadcast": the leader reads for it
+        lease = Lease(loader._workers, loader, InlineEngine(loader._job, base_seed), True, base_seed)
+    else:
+        lease = loader._workers.lease(loader, base_seed, it)
     position = st.position = Position(epoch, skip, False, at_start, workers)
     if start is not None:  # (skip: the batches counted as served before the offset)
         position.offset, position.base = start, skip
@@ -348,6 +369,7 @@ def _plan(loader, epoch, base_seed, keys, discard, position, lease, first_worker
                             finished=functools.partial(_notices.advise, loader)),
         iterable=traits.iterable,
         first_worker=first_worker,
+        feed=loader._feed,
     )
 
 
@@ -358,7 +380,7 @@ def _epoch_batches(loader, position) -> int | None:
     if loader._traits.iterable:
         return None
     if loader._traits.own_sampler:  # resumed from a global offset: what its rest holds
-        rest = loader.sampler.rest_size(position.offset)
+        rest = _elastic.rest_size(loader.sampler, position.offset)
     else:  # a user sampler= resumed with another batch size: its samples not consumed
         try:
             rest = max(0, len(loader.sampler) - position.offset)
@@ -378,11 +400,13 @@ def epoch_keys(loader, epoch: int, skip: int, sampler_state: dict | None,
         prefetch = _protocol.prefetcher(loader._source)  # the source's, or a torch wrapper's
         if prefetch is not None:
             # drawn whole: remote shards in this order
-            indices = loader.sampler.indices(epoch, start or 0)
+            indices = (_elastic.rest_indices(loader.sampler, epoch, start) if start
+                       else loader.sampler.indices(epoch))
             with epoch_context(loader._job.seed, epoch):  # a mix reads this epoch's window
                 prefetch(indices[skip * (loader.batch_size or 1):])
         else:  # drawn lazily, as torch's RandomSampler draws from a generator
-            indices = loader.sampler.iter_epoch(epoch, start or 0)
+            indices = (_elastic.rest_iter(loader.sampler, epoch, start) if start
+                       else loader.sampler.iter_epoch(epoch))
         if loader.batch_size is not None:
             indices = batched(indices, loader.batch_size, loader.drop_last)
         return itertools.islice(indices, skip, None)

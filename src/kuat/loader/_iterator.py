@@ -13,7 +13,7 @@ import collections
 import itertools
 import queue
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 from kuat.device import DeviceCopier
@@ -21,69 +21,11 @@ from kuat.engine.base import END, FAIL, OK, Task
 from kuat.engine.inline import InlineEngine
 from kuat.errors import LoaderTimeoutError
 from kuat.loader import _adaptive, _plan
+from kuat.loader._paced import PacedKeys
 
 __all__ = ["LoaderIter", "PacedKeys"]
 
 _TASK_IDS = itertools.count()  # unique across iterators, so stale results are recognised
-
-
-class PacedKeys:
-    """An epoch's keys (batches of indices, or one index), pulled from the sampler no later
-    than torch's multi-worker iterator pulls them: ``prefetch_factor * num_workers`` when the
-    epoch starts, then one more per batch it returns (``_try_put_index``). kuat's dispatch pulls
-    on demand and may pull fewer (or, for cheap batches, more); the pull that exhausts the
-    sampler draws from its generator (``RandomSampler``'s trailing ``randperm``), so a loop that
-    leaves an epoch early (``limit_train_batches``, ``break``) would otherwise leave that
-    generator one draw behind torch's. :meth:`keep_up` pulls the missing keys into a queue that
-    dispatch takes first; :meth:`may_pull` keeps dispatch (which may run further ahead, by
-    ``_adaptive.CHEAP_PREFETCH``) from making the exhausting pull before torch
-    would, when the number of keys is known. Not thread-safe (the consumer thread's)."""
-
-    __slots__ = ("_keys", "_queue", "_ahead", "_count", "pulled", "exhausted")
-
-    def __init__(self, keys: Iterator, ahead: int, count: int | None):
-        self._keys = keys
-        self._queue: collections.deque = collections.deque()
-        self._ahead = ahead
-        self._count = count  # keys in the epoch (len of the batch sampler), None if unknown
-        self.pulled = 0
-        self.exhausted = False
-
-    def may_pull(self, returned: int, in_flight: int) -> bool:
-        """False when the next pull would be the exhausting one (all ``count`` keys pulled)
-        and torch would not make it yet; never False with nothing in flight (a sampler whose
-        ``len`` is short of its keys still ends its epoch only when it is exhausted)."""
-        if self._queue or self.exhausted or in_flight == 0 or self._count is None:
-            return True
-        return self.pulled < self._count or self.pulled < self._ahead + returned
-
-    def __iter__(self):
-        return self
-
-    def __next__(self):
-        if self._queue:
-            return self._queue.popleft()
-        return self._pull()
-
-    def _pull(self):
-        if self.exhausted:
-            raise StopIteration
-        try:
-            key = next(self._keys)
-        except StopIteration:
-            self.exhausted = True
-            raise
-        self.pulled += 1
-        return key
-
-    def keep_up(self, returned: int) -> None:
-        """Pull (and queue) keys until torch would have pulled as many after ``returned``
-        batches."""
-        while not self.exhausted and self.pulled < self._ahead + returned:
-            try:
-                self._queue.append(self._pull())
-            except StopIteration:
-                return
 
 
 class LoaderIter:
@@ -128,6 +70,7 @@ class LoaderIter:
         self._staged = None
         self._deferred: BaseException | None = None
         self._transform = plan.transform
+        self._feed = plan.feed
         self._observer = plan.observer
         self._epoch_batches = None
         self._look_ahead = False
@@ -161,7 +104,7 @@ class LoaderIter:
 
     # --- the per-batch loop -------------------------------------------------------------------
     def __next__(self):
-        t0 = time.perf_counter()  # starting the epoch (workers) is time the loop waits, too
+        t0, c0 = time.perf_counter(), time.thread_time()  # an epoch's start is waiting, too
         if not self._started:
             if self._closed:
                 raise StopIteration
@@ -172,7 +115,7 @@ class LoaderIter:
         try:
             batch = self._next_looking_ahead() if self._look_ahead else self._produce()
         finally:  # every second inside next() is a second the training loop waited for input
-            self._account_time(t0)
+            self._account_time(t0, c0)
         self._adapt.loop_paused()
         self._position.advance()
         self._returned += 1
@@ -187,12 +130,8 @@ class LoaderIter:
     def _produce(self):
         """The next batch, transformed; raises StopIteration at the end of the epoch."""
         failed = None
-        try:
-            batch = self._next_device_batch() if self._copier else self._next_batch()
-            if self._transform is not None:
-                t1 = time.perf_counter()
-                batch = self._transform(batch)
-                self._stats.transform_s += time.perf_counter() - t1
+        try:  # fetched here, or received from the replica group's leader (_plan.BatchFeed)
+            batch = self._fetch() if self._feed is None else self._feed.next(self._fetch, _BatchError)
         except StopIteration:
             self._finish()
             raise
@@ -212,6 +151,14 @@ class LoaderIter:
                 raise exc
             finally:
                 del exc
+        return batch
+
+    def _fetch(self):
+        batch = self._next_device_batch() if self._copier else self._next_batch()
+        if self._transform is not None:
+            t1 = time.perf_counter()
+            batch = self._transform(batch)
+            self._stats.transform_s += time.perf_counter() - t1
         return batch
 
     def _next_looking_ahead(self):
@@ -370,7 +317,7 @@ class LoaderIter:
                 self._dispatch()
 
     def _get(self):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         try:
             return self._lease.engine.get(self._timeout if self._timeout > 0 else None)
         except queue.Empty:
@@ -379,9 +326,7 @@ class LoaderIter:
                 f"{self._nw} {self._lease.worker_type} workers ({len(self._tasks)} batches in flight)"
             ) from None
         finally:
-            w = time.perf_counter() - t0
-            with self._stats.lock:
-                self._stats.worker_wait_s += w
+            self._stats.waited(time.perf_counter() - t0, time.thread_time() - c0)
 
     def _next_device_batch(self):
         """Stage the next host batch's copy before returning the current one (one ahead)."""
@@ -424,11 +369,12 @@ class LoaderIter:
         if st.worker_info_consulted is False and self._plan.iterable:
             self._events.unsplit_iterable()
 
-    def _account_time(self, t0: float) -> None:
+    def _account_time(self, t0: float, c0: float) -> None:
         # wall time from the first next() of the epoch to the end of the latest one, and the
-        # part of it spent inside next() (from t0)
-        now = time.perf_counter()
+        # part of it spent inside next() (from t0); this thread's CPU time since c0
+        now, cpu = time.perf_counter(), time.thread_time() - c0
         with self._stats.lock:
+            self._stats.consumer_cpu_s += cpu
             self._stats.elapsed_s += now - self._t_mark
             self._stats.wait_s += now - t0
         self._t_mark = now

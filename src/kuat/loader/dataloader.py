@@ -21,10 +21,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import logging
-import math
-import os
 import sys
-import warnings
 import weakref
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
@@ -37,6 +34,7 @@ from torch.utils.data._utils.collate import default_collate as torch_default_col
 from torch.utils.data._utils.collate import default_convert
 from torch.utils.data.dataloader import _DatasetKind
 
+from kuat import replicas as _replicas
 from kuat import sources as _sources
 from kuat._buffers import BufferPool
 from kuat.collate import default_collate
@@ -45,7 +43,7 @@ from kuat.loader import _epoch, _notices, _options, _state
 from kuat.loader._iterator import LoaderIter
 from kuat.loader._stats import LoaderStats
 from kuat.loader._workers import WorkerPool
-from kuat.sampling import DistributedEpochSampler, EpochSampler, next_request
+from kuat.sampling import DistributedEpochSampler, EpochSampler, InfiniteSampler, next_request
 
 __all__ = ["DataLoader"]
 
@@ -111,8 +109,22 @@ class DataLoader(_TorchDataLoader[_T_co]):  # generic as torch's: kuat.DataLoade
             ``torch.distributed`` else ``RANK``/``WORLD_SIZE``, resolved each epoch). Sharded,
             every rank gets the same number of batches (wrap-around padding, or truncation
             with ``drop_last``) and ``loader.sampler`` is a ``DistributedSampler``, so
-            frameworks add none. ``ValueError`` for two ways at once or a mesh with no
-            data-parallel dimension.
+            frameworks add none. ``ValueError`` for two ways at once, a mesh with no
+            data-parallel dimension, or ``mesh=`` without ``seed=``.
+        replicas: ``"read"`` (default: every rank reads its share) or ``"broadcast"``: in each
+            replica group (ranks reading the same share: ``mesh=``'s non-data-parallel
+            dimensions, else equal ``loader.rank``) one leader reads and sends each batch to
+            its peers (``docs/distributed.md``, "Meshes and replicas"; :mod:`kuat.replicas`).
+        replica_check_every: ``None`` (default) or N: every N batches the replicas compare a
+            64-bit hash of their batches and every rank raises
+            ``kuat.replicas.ReplicaMismatchError`` naming the ranks that differ.
+        exact_eval: serve every sample exactly once over the ranks, still in equal steps: the
+            few samples that even out the last step are flagged by a ``(B,) torch.bool``
+            ``"is_padding"`` key added to every (dict) batch, laid out where Accelerate's
+            ``gather_for_metrics`` truncates (``docs/distributed.md``, "Equal steps and exact
+            evaluation"). Map-style, the loader's own sampler, ``drop_last=False``, no
+            ``on_error="skip"``, ``in_order=True`` (else ``ValueError``); a non-dict batch
+            raises ``TypeError``.
         isolate_global_rng: make a map-style dataset's draws from ``random``, NumPy's global
             generator and torch's default CPU generator reproducible whatever the workers
             (``docs/loader.md``, "Global random generators"). ``None``: on unless the source
@@ -165,6 +177,9 @@ class DataLoader(_TorchDataLoader[_T_co]):  # generic as torch's: kuat.DataLoade
         mesh=None,
         dp_dims=None,
         shard: bool | None = None,
+        replicas: str = "read",
+        replica_check_every: int | None = None,
+        exact_eval: bool = False,
         isolate_global_rng: bool | None = None,
         snapshot_every_n_steps: int | None = None,
     ):
@@ -172,7 +187,8 @@ class DataLoader(_TorchDataLoader[_T_co]):  # generic as torch's: kuat.DataLoade
             num_workers=num_workers, timeout=timeout, prefetch_factor=prefetch_factor,
             persistent_workers=persistent_workers, worker_type=worker_type, on_error=on_error,
             seed=seed, snapshot_every_n_steps=snapshot_every_n_steps, device=device, rank=rank,
-            world_size=world_size, mesh=mesh, dp_dims=dp_dims, shard=shard,
+            world_size=world_size, mesh=mesh, dp_dims=dp_dims, shard=shard, replicas=replicas,
+            replica_check_every=replica_check_every, exact_eval=exact_eval,
         )
         self._device = opts.device
         datapipe = _options.is_iter_datapipe(dataset)
@@ -191,6 +207,11 @@ class DataLoader(_TorchDataLoader[_T_co]):  # generic as torch's: kuat.DataLoade
         self.device = self._device
         self.on_error = on_error
         self.snapshot_every_n_steps = snapshot_every_n_steps
+        self.replicas, self.replica_check_every = replicas, replica_check_every
+        # kept, so that Lightning's type(loader)(**attributes) rebuild keeps kuat's sharding
+        self.mesh, self.dp_dims, self.shard = mesh, dp_dims, shard
+        self._feed = _replicas.feed_for(opts.sharding, replicas, replica_check_every)
+        self.exact_eval = opts.exact_eval
         self._torch_order = opts.seed_was_none  # shuffle=True on one process shuffles as torch's
         self._dist_applied: tuple[int, int] | None = None  # (rank, world_size) of the last epoch
 
@@ -202,9 +223,12 @@ class DataLoader(_TorchDataLoader[_T_co]):  # generic as torch's: kuat.DataLoade
         self._dataset_kind = _DatasetKind.Iterable if iterable else _DatasetKind.Map
         own_sampler = sampler is None and not iterable and batch_sampler is None
         traits = _options.SourceTraits.of(source, iterable=iterable, own_sampler=own_sampler)
+        _options.check_equal_steps(opts, traits, source, sampler=sampler, batch_sampler=batch_sampler,
+                                   batch_size=batch_size, drop_last=drop_last, on_error=on_error,
+                                   in_order=in_order)
         if sampler is None:
             if iterable:
-                sampler = _InfiniteSampler()
+                sampler = InfiniteSampler()
                 if traits.batching:  # workers take whole batches
                     source.kuat_set_batching(batch_size, drop_last)
             elif batch_sampler is None:
@@ -213,7 +237,7 @@ class DataLoader(_TorchDataLoader[_T_co]):  # generic as torch's: kuat.DataLoade
                 sampler = kind(
                     source, shuffle=shuffle, seed=self.seed, rank=r,
                     world_size=ws, drop_last=drop_last, generator=generator,
-                )
+                    exact=opts.exact_eval, batch_size=batch_size)
             else:
                 sampler = SequentialSampler(source)
         if batch_size is not None and batch_sampler is None:
@@ -263,7 +287,7 @@ class DataLoader(_TorchDataLoader[_T_co]):  # generic as torch's: kuat.DataLoade
             buffer_pool=BufferPool(),
             worker_state=iterable and not traits.resumable,  # per-worker dataset states
             datapipe=datapipe,  # seeded and sharded per worker, as torch (graph_settings)
-        )
+            equal_steps=opts.sharding.sharded, flag_padding=opts.exact_eval)
         self._stats = LoaderStats()
         self._warned: set[tuple[str, str]] = set()
         self._advised = False
@@ -286,27 +310,8 @@ class DataLoader(_TorchDataLoader[_T_co]):  # generic as torch's: kuat.DataLoade
 
     def check_worker_number_rationality(self) -> None:
         """Warn, as torch does and in torch's words, when more worker *processes* than usable
-        CPUs are asked for. Thread workers are not counted: they are cheap and mostly wait on
-        work that releases the GIL."""
-        if not self.num_workers or self.worker_type != "process":
-            return
-        # torch's count: the CPUs this process may run on where os.sched_getaffinity exists
-        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-        if cpus is not None and self.num_workers <= cpus:
-            return
-        cpuset = "" if hasattr(os, "sched_getaffinity") else " (`cpuset` is not taken into account)"
-        suggest = (f"Our suggested max number of worker in current system is {cpus}{cpuset}, "
-                   "which is smaller than what this DataLoader is going to create."
-                   if cpus is not None else
-                   "DataLoader is not able to compute a suggested max number of worker in "
-                   "current system.")
-        warnings.warn(
-            f"This DataLoader will create {self.num_workers} worker processes in total. "
-            f"{suggest} Please be aware that excessive worker creation might get DataLoader "
-            "running slow or even freeze, lower the worker number to avoid potential "
-            "slowness/freeze if necessary.",
-            stacklevel=3,
-        )
+        CPUs are asked for (threads are not counted: :func:`kuat.loader._notices.worker_number`)."""
+        _notices.worker_number(self)
 
     # --- rank and world size ------------------------------------------------------------------
     @property
@@ -328,12 +333,7 @@ class DataLoader(_TorchDataLoader[_T_co]):  # generic as torch's: kuat.DataLoade
         return max(0, self._len() - skip) if skip else self._len()
 
     def _len(self) -> int:
-        if self._traits.iterable:
-            length = self._IterableDataset_len_called = len(self._source)
-            if self.batch_size is not None:
-                length = length // self.batch_size if self.drop_last else math.ceil(length / self.batch_size)
-            return length
-        return len(self._index_sampler)
+        return _epoch.epoch_length(self)
 
     def _batches_per_epoch(self) -> int | None:
         if self._traits.iterable:
@@ -410,7 +410,7 @@ class DataLoader(_TorchDataLoader[_T_co]):  # generic as torch's: kuat.DataLoade
         seconds each stage was busy, summed over workers: ``fetch`` (dataset calls),
         ``fetch_cpu`` (their CPU time: far below ``fetch`` in thread mode means GIL-bound or
         I/O-bound), ``native`` (of ``fetch``, inside GIL-releasing kernels that report
-        themselves: ``kuat.vision``'s decodes and resizes), ``collate``, ``pin``,
+        themselves: ``kuat.vision``'s decodes and resizes; ``native_cpu``: their CPU), ``collate``, ``pin``,
         ``rng_lock_wait`` (waiting for global-RNG isolation), ``device`` (consumer: copies out
         of shared memory or to the device), ``batch_transform``; ``consumer_wait_s`` (every
         second the training loop spent inside ``next()``), ``worker_wait_s`` (the part of it
@@ -422,7 +422,8 @@ class DataLoader(_TorchDataLoader[_T_co]):  # generic as torch's: kuat.DataLoade
         ``worker_wait_s`` with workers, minus device copies and batch transforms);
         ``loader_overhead_fraction``: those seconds over ``elapsed_s``;
         ``fetch_python_fraction``: ``(fetch - native) / fetch``, ``None`` when no kernel
-        reported.
+        reported; ``python_us_per_sample``: CPU microseconds of Python (outside those kernels)
+        per sample, ``{"workers", "consumer", "main_process"}`` (``LoaderStats.report``).
         """
         return self._stats.report(self.num_workers)
 
@@ -491,10 +492,3 @@ class DataLoader(_TorchDataLoader[_T_co]):  # generic as torch's: kuat.DataLoade
     def _advise(self) -> None:
         _notices.advise(self)
 
-
-class _InfiniteSampler(Sampler):
-    """The sampler attribute of an iterable-dataset loader (as torch's, yields ``None``)."""
-
-    def __iter__(self):
-        while True:
-            yield None

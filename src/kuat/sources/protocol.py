@@ -32,6 +32,7 @@ hook                        protocol / accessor    when the loader calls or read
 ``set_epoch``               :class:`EpochAware`    each epoch start, in every worker (iterable)
 ``kuat_set_distributed``    :class:`Distributed`   each epoch start whose rank/world size changed
 ``kuat_set_batching``       :class:`Batching`      construction (iterable, loader's sampler)
+``kuat_unequal_shares``     :func:`unequal_shares` construction, sharded: a reason refuses it
 ``state_dict``/``load_…``   :class:`Stateful`      ``loader.state_dict()`` / ``load_state_dict()``
 ``kuat_iter_from``          :class:`ResumableIterable` epoch start after ``load_state_dict()``, in
                                                    every worker, instead of ``iter()`` (iterable)
@@ -412,6 +413,11 @@ def prefetcher(source: object) -> Callable[[Sequence[int]], None] | None:
                 h(share)
 
     return concat
+
+
+def unequal_shares(source: object) -> str | None:
+    """Why a stream cannot give ranks equal shares (``Stream.kuat_unequal_shares``), or None."""
+    return getattr(source, "kuat_unequal_shares", None) or None
 
 
 def uses_sample_rng(source: object) -> bool:

@@ -48,6 +48,11 @@ class Stream(torch.utils.data.IterableDataset):
     before iterating.
     """
 
+    # why this stream cannot give every rank the same number of samples under kuat's sharding
+    # (a sentence), or None: it can (rank_share pads or truncates). A sharded kuat.DataLoader
+    # refuses a stream that gives a reason, at construction.
+    kuat_unequal_shares: str | None = None
+
     def __init__(self):
         super().__init__()
         self._epoch = 0
