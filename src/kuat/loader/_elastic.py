@@ -7,19 +7,22 @@ A loader state (:mod:`kuat.loader._state`) says where an epoch stands in two way
   loader's own sampler, ``k`` batches of ``B`` per rank over ``W`` ranks in
   ``DistributedSampler``'s strided layout consume exactly the first ``k * B * W`` positions
   of the epoch's (padded) order, on every rank alike; for a user ``sampler=`` with
-  ``batch_size``, ``k * B`` of its order (torchdata's ``samples_yielded``). ``None`` where no
-  such count exists (a user ``batch_sampler``, iterable sources).
+  ``batch_size``, ``k * B`` of its order (torchdata's ``samples_yielded``); for a kuat stream
+  that can start from a position (:func:`stream_starts`: iterable mixes, shuffle buffers, HF
+  streams split by position, packed rows), ``k * B * W`` of the epoch's stream. ``None``
+  where no such count exists (a user ``batch_sampler``, other iterable sources).
 * ``layout``: the fingerprint of who read what: ``world_size`` (the loader's data-parallel
   share count), ``batch_size`` (per rank), ``num_workers``; plus ``sampler_replicas`` (a user
   ``DistributedSampler``'s ``num_replicas``) and, for iterable sources, ``processes`` (the
   process group's size, by which an iterable dataset may split itself).
 
 :func:`resume_offset` decides, when a state is loaded, whether the epoch continues from a
-global offset (the loader's own sampler: always, whatever the layout; a user ``sampler=``
-whose batch size changed: counting samples, as torchdata's ``StatefulDataLoader``), from the
-served batches as before (nothing that matters changed), or cannot continue exactly, which
-raises ``ValueError`` naming what changed. docs/distributed.md, "Elastic resume".
-"""
+global offset (the loader's own sampler and kuat streams: whatever the layout; a user
+``sampler=`` whose batch size changed: counting samples, as torchdata's
+``StatefulDataLoader``), from the served batches as before (nothing that matters changed), or
+cannot continue exactly, which raises ``ValueError`` naming what changed; :func:`rest_indices`
+is the loader's own sampler's share of the rest, :func:`start_stream` tells a stream where its
+epoch starts. docs/distributed.md, "Elastic resume"."""
 
 from __future__ import annotations
 
