@@ -337,9 +337,12 @@ def _exact_count(n: int, world_size: int, batch_size: int) -> int:
     return full * batch_size + -(-rest // world_size)
 
 
-def exact_share(order: list[int], rank: int, world_size: int, batch_size: int) -> list[int]:
+def exact_share(order: list[int], rank: int, world_size: int, batch_size: int,
+                skip: int = 0) -> list[int]:
     """Rank ``rank``'s indices of the epoch ``order`` in exact mode (the block layout of the
-    module docstring): ``_exact_count`` of them, padding positions as :class:`PaddingIndex`."""
+    module docstring): ``_exact_count`` of them, padding positions as :class:`PaddingIndex`.
+    ``skip``: lay out ``order[skip:]``, padded from ``order``'s start (elastic resume)."""
+    whole, order = order, order[skip:]
     n, b = len(order), batch_size
     full = n // (world_size * b)
     out = []
@@ -349,7 +352,7 @@ def exact_share(order: list[int], rank: int, world_size: int, batch_size: int) -
     start = full * world_size * b
     c = -(-(n - start) // world_size)  # the last step's share, padded by wrapping around
     for p in range(start + rank * c, start + (rank + 1) * c):
-        out.append(order[p] if p < n else PaddingIndex(order[(p - n) % n]))
+        out.append(order[p] if p < n else PaddingIndex(whole[(p - n) % len(whole)]))
     return out
 
 

@@ -17,6 +17,8 @@ where is rank resolved                        :mod:`kuat.distributed` (the only 
                                               loader applies it in ``_epoch.apply_distributed``)
 where is ``state_dict`` built                 :mod:`kuat.loader._state` (``Position``,
                                               ``Pending``, ``state_dict``/``load_state_dict``)
+can a state continue on another layout        :mod:`kuat.loader._elastic` (global position,
+(world, batch size, workers)                  layout fingerprint; what raises)
 where do batches cross threads                :mod:`kuat.loader._iterator` (dispatch to workers,
                                               order, device copy) over :mod:`kuat.engine`
 which engine runs an epoch                    :mod:`kuat.loader._workers` (``WorkerPool``,

@@ -33,7 +33,7 @@ from kuat import distributed
 from kuat.engine.base import ResumeAt, Seeded, WorkerResume
 from kuat.engine.inline import InlineEngine
 from kuat.engine.thread import ThreadEngine
-from kuat.loader import _notices
+from kuat.loader import _elastic, _notices
 from kuat.loader._adaptive import Adaptation
 from kuat.loader._plan import EpochPlan, LoaderEvents
 from kuat.loader._state import Pending, Position, WorkerStates, persists
@@ -210,8 +210,10 @@ def plan_epoch(loader, it) -> EpochPlan:
     st, traits = loader._state, loader._traits
     previous = st.position
     epoch, skip, restore, pending = next_epoch(loader)
+    # elastic resume: the epoch continues after this many positions of its global order
+    start = pending.offset if pending is not None else None
     if st.skip_first:  # a skip_first_batches copy: its first epoch skips that many
-        skip, st.skip_first = st.skip_first, 0
+        skip, st.skip_first, start = st.skip_first, 0, None
     if "generator" in restore:
         loader.generator.set_state(restore["generator"])
     elif loader.generator is not None and epoch != st.following_epoch():
@@ -249,23 +251,30 @@ def plan_epoch(loader, it) -> EpochPlan:
     workers, first_worker, restore_workers = _worker_states(loader, previous, pending, skip)
     if restore_workers:  # each worker resumes its own copy (torchdata's rule): no replay
         keys, discard = itertools.repeat(ResumeAt(skip, WorkerResume(tuple(workers.states)))), 0
+    elif traits.iterable and start is not None:  # a kuat stream from a global position
+        keys, discard = itertools.repeat(None), 0
     elif traits.iterable and skip and traits.resumable:
         saved = st.source_at.state if (st.source_at is not None and (
             st.source_at.epoch, st.source_at.served) == (epoch, skip)) else None
         keys, discard = itertools.repeat(ResumeAt(skip, saved)), 0  # the source starts there
     elif traits.iterable:
         keys, discard = itertools.repeat(None), skip
+    elif start is not None:
+        keys, discard = epoch_keys(loader, epoch, 0, restore.get("sampler"), start), 0
     else:
         keys, discard = epoch_keys(loader, epoch, skip, restore.get("sampler")), 0
     if shared_seed is not None:  # an IterDataPipe: every worker seeds its graph with it
         shared_seed = at_start.setdefault("shared_seed", shared_seed)  # (saved, or restored)
         keys = (Seeded(int(shared_seed), key) for key in keys)
+    _elastic.start_stream(loader, epoch, start)  # (before workers copy the source)
     feed = loader._feed
     if feed is not None and feed.is_peer():  # replicas="broadcast": the leader reads for it
         lease = Lease(loader._workers, loader, InlineEngine(loader._job, base_seed), True, base_seed)
     else:
         lease = loader._workers.lease(loader, base_seed, it)
     position = st.position = Position(epoch, skip, False, at_start, workers)
+    if start is not None:  # (skip: the batches counted as served before the offset)
+        position.offset, position.base = start, skip
     reported = loader._IterableDataset_len_called
     if traits.iterable and reported is not None:  # torch's warning when more batches come
         position.on_batch = functools.partial(_notices.iterable_length, loader, reported)
@@ -316,7 +325,7 @@ def _plan(loader, epoch, base_seed, keys, discard, position, lease, first_worker
     pace = None
     if nw:  # torch pulls ahead only with workers (its single-process iterator pulls per batch)
         count = None
-        if not traits.iterable and position.served == 0:
+        if not traits.iterable and position.served == 0 and not position.offset:
             try:
                 count = loader._len()
             except (TypeError, NotImplementedError):
@@ -354,7 +363,7 @@ def _plan(loader, epoch, base_seed, keys, discard, position, lease, first_worker
         device=loader._device,
         transform=traits.batch_transform,
         observer=observer,
-        batches=loader._batches_per_epoch() if observer is not None else None,
+        batches=_epoch_batches(loader, position) if observer is not None else None,
         events=LoaderEvents(skipped=functools.partial(_notices.skipped, loader),
                             unsplit_iterable=functools.partial(_notices.unsplit_iterable, loader),
                             finished=functools.partial(_notices.advise, loader)),
@@ -364,19 +373,49 @@ def _plan(loader, epoch, base_seed, keys, discard, position, lease, first_worker
     )
 
 
-def epoch_keys(loader, epoch: int, skip: int, sampler_state: dict | None):
-    """The epoch's batches of indices (or indices), from batch ``skip`` on."""
+def _epoch_batches(loader, position) -> int | None:
+    """The batches the epoch counts as served at its end (observers: the last batch)."""
+    if not position.offset:
+        return loader._batches_per_epoch()
+    if loader._traits.iterable:
+        return None
+    if loader._traits.own_sampler:  # resumed from a global offset: what its rest holds
+        rest = _elastic.rest_size(loader.sampler, position.offset)
+    else:  # a user sampler= resumed with another batch size: its samples not consumed
+        try:
+            rest = max(0, len(loader.sampler) - position.offset)
+        except TypeError:
+            return None
+    b = loader.batch_size or 1
+    return position.base + (rest // b if loader.drop_last else -(-rest // b))
+
+
+def epoch_keys(loader, epoch: int, skip: int, sampler_state: dict | None,
+               start: int | None = None):
+    """The epoch's batches of indices (or indices), from batch ``skip`` on; with ``start``
+    (elastic resume), of the rest of the epoch's order after ``start`` positions: the loader's
+    own sampler shards that rest; a user ``sampler=`` skips ``start`` samples of its order and
+    batches the rest (as torchdata's ``StatefulDataLoader`` counts samples)."""
     if loader._traits.own_sampler:
         prefetch = _protocol.prefetcher(loader._source)  # the source's, or a torch wrapper's
         if prefetch is not None:
-            indices = loader.sampler.indices(epoch)  # drawn whole: remote shards in this order
+            # drawn whole: remote shards in this order
+            indices = (_elastic.rest_indices(loader.sampler, epoch, start) if start
+                       else loader.sampler.indices(epoch))
             with epoch_context(loader._job.seed, epoch):  # a mix reads this epoch's window
                 prefetch(indices[skip * (loader.batch_size or 1):])
         else:  # drawn lazily, as torch's RandomSampler draws from a generator
-            indices = loader.sampler.iter_epoch(epoch)
+            indices = (_elastic.rest_iter(loader.sampler, epoch, start) if start
+                       else loader.sampler.iter_epoch(epoch))
         if loader.batch_size is not None:
             indices = batched(indices, loader.batch_size, loader.drop_last)
         return itertools.islice(indices, skip, None)
+    if start is not None:  # a user sampler= resumed with another batch_size
+        samples = (restore_order(loader.sampler, sampler_state) if sampler_state is not None
+                   else iter(loader.sampler))
+        keys = batched(itertools.islice(samples, start, None), loader.batch_size,
+                       loader.drop_last)
+        return itertools.islice(keys, skip, None)
     if sampler_state is not None:
         keys = restore_order(loader._index_sampler, sampler_state)
     else:

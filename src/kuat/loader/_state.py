@@ -27,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from kuat.loader._elastic import layout, resume_offset, same_stride, samples_consumed, stride
 from kuat.sampling import describe_sampler, order_state, sampler_generator
 from kuat.sources import protocol as _protocol
 
@@ -102,6 +103,10 @@ class Position:
     at_start: dict[str, Any] = field(default_factory=dict)  # states the order started from
     workers: WorkerStates | None = None  # per-worker dataset states (stateful iterables)
     yielded: int = 0  # batches this epoch's iterator returned
+    # elastic resume (:func:`samples_consumed`): positions of the epoch's global order consumed
+    # before this layout's first batch, and ``served`` then (batches counted as served before)
+    offset: int = 0
+    base: int = 0
     # called with ``yielded`` after each batch (torch's IterableDataset length warning)
     on_batch: Callable[[int], None] | None = None
 
@@ -135,6 +140,10 @@ class Pending:
     workers: WorkerStates | None = None  # each worker's dataset state to resume from
     loaded: dict | None = None  # the state given to load_state_dict (state_dict() returns it)
     drawn: tuple | None = None  # draws made for the epoch by state_dict() (_epoch.epoch_draws)
+    # elastic resume: the epoch starts after this many positions of its global order (the
+    # loader's own sampler, a kuat stream, a user sampler= resumed with another batch size);
+    # ``served`` is then the batches counted as served before them (_elastic.resume_offset)
+    offset: int | None = None
 
 
 @dataclass(frozen=True)
@@ -195,18 +204,23 @@ def state_dict(loader) -> dict[str, Any]:
     if st.pending is not None and st.pending.loaded is not None:
         return dict(st.pending.loaded)  # nothing moved since load_state_dict (as torchdata)
     workers = None
+    offset = base = 0  # (elastic resume: samples_consumed)
     if st.pending is not None:
         epoch, served, rng = st.pending.epoch, st.pending.served, st.pending.rng
         workers = st.pending.workers
+        if st.pending.offset is not None:
+            offset, base = st.pending.offset, st.pending.served
     elif st.position is None:
         epoch, served, rng = 0, 0, None
     else:
         pos = st.position
         epoch, served, rng, workers = pos.epoch, pos.served, pos.at_start, pos.workers
+        offset, base = pos.offset, pos.base
         # Only an epoch that ran out points at the next one: a state taken after the last
         # batch, inside the loop, resumes to an empty rest of the epoch (torchdata #1439)
         if pos.exhausted:
             epoch, served, rng = epoch + 1, 0, None
+            offset = base = 0
             workers = workers.next_epoch() if workers is not None and persists(loader) else None
     if rng is None or not rng:  # the next epoch starts from the states as they are now
         rng = order_at_start(loader)
@@ -220,6 +234,8 @@ def state_dict(loader) -> dict[str, Any]:
         "rank": rank,
         "world_size": world_size,
         **rng,
+        "samples_consumed": samples_consumed(loader, served, offset, base),
+        "layout": layout(loader, world_size),
     }
     source, traits = loader._source, loader._traits
     if traits.iterable and not traits.resumable:  # a torch IterableDataset: per worker
@@ -248,7 +264,10 @@ def load_state_dict(loader, state: dict[str, Any]) -> None:
         raise ValueError(f"not a kuat DataLoader state of version {STATE_VERSION}: {state!r:.200}")
     world_size = loader._resolve_distributed(warn=False)[1]
     served = int(state["batches_served_in_epoch"])
-    if state.get("world_size") != world_size:
+    offset = resume_offset(loader, state, served, world_size)  # raises what cannot continue
+    if offset is not None and not same_stride(loader, state, world_size):
+        served = offset // stride(loader, world_size)  # (batches of the new layout before it)
+    if "layout" not in state and state.get("world_size") != world_size:  # an older state
         warnings.warn(f"kuat DataLoader: resuming a state saved with world_size="
                       f"{state.get('world_size')} with world_size={world_size}: rank shares "
                       "differ, resume is not exact", stacklevel=3)
@@ -294,6 +313,6 @@ def load_state_dict(loader, state: dict[str, Any]) -> None:
     # the source's own point in its plan there, handed to kuat_iter_from (iterable sources)
     st.source_at = SourceAt(int(state["epoch"]), served, state.get("source"))
     st.pending = Pending(next_request(), int(state["epoch"]), served, rng, workers=workers,
-                         loaded=dict(state))
+                         loaded=dict(state), offset=offset)
     if "source" in state and _protocol.provides(loader._source, _protocol.Stateful):
         loader._source.load_state_dict(state["source"])

@@ -363,7 +363,8 @@ class DataLoader(_TorchDataLoader[_T_co]):  # generic as torch's: kuat.DataLoade
 
         Keys: ``version``, ``seed``, ``torch_order`` (``shuffle=True`` shuffles as torch's
         ``RandomSampler``: ``seed=None``), ``epoch`` (the epoch the next batch belongs to),
-        ``batches_served_in_epoch``, ``rank``, ``world_size``; ``sampler_seed`` (mid-epoch,
+        ``batches_served_in_epoch``, ``rank``, ``world_size``, ``samples_consumed`` and
+        ``layout`` (docs/distributed.md, "Elastic resume"); ``sampler_seed`` (mid-epoch,
         with ``torch_order``: the seed that epoch's shuffle drew); ``source`` when the source
         has ``kuat_state_at()`` (iterable sources) or ``state_dict()``; ``generator`` (a
         ``torch.uint8`` state tensor of ``generator=`` as it was when the epoch started, as
@@ -381,16 +382,16 @@ class DataLoader(_TorchDataLoader[_T_co]):  # generic as torch's: kuat.DataLoade
         """Resume from :meth:`state_dict`: the next epoch started continues that position.
 
         The seed is taken from the state, and ``generator=``'s state (as it was when the saved
-        epoch started) is restored. The number of workers and their type may differ; the rank
-        may differ (all ranks are at the same position), the world size may not.
+        epoch started) is restored. Workers, rank (all ranks are at the same position) and, with
+        the loader's own sampler, world and batch size may differ (docs/distributed.md).
 
-        Warns (``UserWarning``) when the resume cannot be exact: another world size, a state
-        saved with (without) ``generator=`` loaded into a loader without (with) one, or a user
-        sampler whose order kuat cannot save (kuat then replays ``iter(sampler)`` and skips
-        the batches already served).
+        Warns (``UserWarning``) when the resume cannot be exact: a state saved with (without)
+        ``generator=`` loaded into a loader without (with) one, or a user sampler whose order
+        kuat cannot save (kuat then replays ``iter(sampler)`` and skips the batches served).
 
         Raises:
-            ValueError: the state is not a kuat loader state of a known version.
+            ValueError: not a kuat loader state of a known version; saved mid-epoch with a
+                layout that cannot continue exactly (the message names the change).
         """
         _state.load_state_dict(self, state)
 

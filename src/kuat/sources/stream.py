@@ -32,7 +32,7 @@ from collections.abc import Iterator
 
 import torch
 
-__all__ = ["Stream", "rank_share", "worker_share"]
+__all__ = ["Stream", "rank_share", "rest_after", "worker_share"]
 
 _log = logging.getLogger("kuat.sources.stream")
 
@@ -82,6 +82,14 @@ class Stream(torch.utils.data.IterableDataset):
         self._batch_size = batch_size
         self._drop_last = bool(drop_last)
 
+    def start_at(self, epoch: int, start: int) -> None:
+        """Elastic resume (``kuat.DataLoader``, docs/distributed.md): iterate ``epoch`` from
+        its sample ``start`` on, the first ``start`` having been consumed by the ranks of
+        another layout; the rest is split as a whole epoch is, padded by wrapping around to
+        the epoch's first samples. ``start=0`` clears it; other epochs are not affected. Only
+        :meth:`Stream.__iter__` honours it (subclasses that iterate otherwise do not)."""
+        self._start = (int(epoch), int(start)) if start else None
+
     def _rank_and_world(self) -> tuple[int, int]:
         if self._rank is None:
             return 0, 1  # not split by rank unless told (kuat.distributed: who reads what)
@@ -91,26 +99,45 @@ class Stream(torch.utils.data.IterableDataset):
         rank, world_size = self._rank_and_world()
         info = torch.utils.data.get_worker_info()
         items = self.samples(self._epoch)
+        start, head = getattr(self, "_start", None), None
+        if start is not None and start[0] == self._epoch:  # elastic resume (start_at)
+            head = []
+            items = rest_after(items, start[1], world_size, head)
         if world_size > 1:
-            items = rank_share(items, rank, world_size, self._drop_last)
+            items = rank_share(items, rank, world_size, self._drop_last, head)
         if info is not None and info.num_workers > 1:
             items = worker_share(items, info.id, info.num_workers, self._batch_size or 1)
         return items
 
 
-def rank_share(items: Iterator, rank: int, world_size: int, drop_last: bool) -> Iterator:
+def rest_after(items: Iterator, start: int, keep: int, head: list) -> Iterator:
+    """The items after the first ``start``: the rest of an epoch's stream. Appends the first
+    ``keep`` items to ``head`` (what the rest's wrap-around padding repeats) as it reads them,
+    lazily: every item is read inside a ``next()`` of the caller (where a worker has set the
+    loader's epoch context, which ``kuat.sample_rng`` reads)."""
+    for n, item in enumerate(items):
+        if n < keep:
+            head.append(item)
+        if n >= start:
+            yield item
+
+
+def rank_share(items: Iterator, rank: int, world_size: int, drop_last: bool,
+               head: list | None = None) -> Iterator:
     """Samples at positions ``rank, rank + world_size, ...`` of ``items``, equal for every rank.
 
-    Without ``drop_last`` the stream is padded by wrapping around (its first samples again) to a
-    multiple of ``world_size``; with it, the incomplete last round is dropped. Matches
-    ``torch.utils.data.DistributedSampler`` on the sequence ``items``.
+    Without ``drop_last`` the stream is padded by wrapping around (its first samples again, or
+    ``head``'s when given) to a multiple of ``world_size``; with it, the incomplete last round
+    is dropped. Matches ``torch.utils.data.DistributedSampler`` on the sequence ``items``.
     """
-    head: list = []  # the first world_size samples, for the wrap-around padding
+    given = head is not None
+    head = head if given else []  # the first world_size samples, for the padding (a given
+    # list may still be filling while this reads: rest_after)
     held = None  # this rank's sample of the current round, until the round is complete
     has_held = False
     n = 0
     for item in items:
-        if not drop_last and n < world_size:
+        if not drop_last and not given and n < world_size:
             head.append(item)
         pos = n % world_size
         n += 1
@@ -122,7 +149,7 @@ def rank_share(items: Iterator, rank: int, world_size: int, drop_last: bool) -> 
         if drop_last and pos == world_size - 1 and has_held:
             yield held
             held, has_held = None, False
-    if drop_last or n == 0 or n % world_size == 0:
+    if drop_last or n == 0 or n % world_size == 0 or not head:
         return
     # Padded positions n .. total-1 repeat samples 0, 1, ... (as DistributedSampler does).
     total = -(-n // world_size) * world_size

@@ -262,9 +262,11 @@ class Packed(Stream):
         rank, world = self._rank_and_world()
         info = torch.utils.data.get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
-        share = Share(
-            rank, world, self._batch_size or 1, worker, workers, self._drop_last, batches_served
-        )
+        elastic = getattr(self, "_start", None)  # start_at: rows consumed elsewhere
+        offset = (elastic[1] if elastic is not None and elastic[0] == epoch
+                  and not batches_served and at is None else 0)
+        share = Share(rank, world, self._batch_size or 1, worker, workers, self._drop_last,
+                      batches_served, offset)
         lengths = self._doc_lengths()
         if lengths is None:
             self._stats = PackStats(self.seq_len)  # (the pass below replaces it)

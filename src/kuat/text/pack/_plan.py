@@ -30,7 +30,7 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
-from kuat.sources.stream import rank_share
+from kuat.sources.stream import rank_share, rest_after
 from kuat.text._docs import Block, Documents
 from kuat.text.pack._inorder import Buffer, fit_buffers
 from kuat.text.pack._rows import Items, gather_rows
@@ -49,34 +49,44 @@ class Share:
 
     Ranks take rows ``rank, rank + world_size, ...`` (``rank_share``); workers take whole
     batches of the rank's rows, batch ``start + j`` going to worker ``j % workers``
-    (``worker_share``, shifted by the ``start`` batches already served)."""
+    (``worker_share``, shifted by the ``start`` batches already served). ``offset`` (elastic
+    resume): the epoch's first ``offset`` rows were consumed under another layout, and the
+    shares are those of the rest, rows ``offset + rank, offset + rank + world_size, ...``,
+    padded (or truncated) as a whole epoch is."""
 
-    __slots__ = ("rank", "world", "batch", "worker", "workers", "drop_last", "start")
+    __slots__ = ("rank", "world", "batch", "worker", "workers", "drop_last", "start", "offset")
 
-    def __init__(self, rank, world, batch, worker, workers, drop_last, start):
+    def __init__(self, rank, world, batch, worker, workers, drop_last, start, offset=0):
         self.rank, self.world, self.batch = rank, world, batch
         self.worker, self.workers = worker, workers
-        self.drop_last, self.start = drop_last, start
+        self.drop_last, self.start, self.offset = drop_last, start, offset
 
     def mine(self, positions: np.ndarray) -> np.ndarray:
         """``(R,) bool``: which global row positions (padding positions included) are ours."""
-        k = positions // self.world // self.batch - self.start  # (R,) batch, from the start
-        return (positions % self.world == self.rank) & (k >= 0) & (k % self.workers == self.worker)
+        q = positions - self.offset  # (R,) position in the rest of the epoch
+        k = q // self.world // self.batch - self.start  # (R,) batch, from the start
+        return ((q >= 0) & (q % self.world == self.rank) & (k >= 0)
+                & (k % self.workers == self.worker))
 
     def takes_all(self) -> bool:
         """Whether this consumer yields every row of the epoch, from the first."""
-        return self.world == 1 and self.workers == 1 and self.start == 0
+        return self.world == 1 and self.workers == 1 and self.start == 0 and self.offset == 0
 
     def served(self, n: int) -> int:
         """Positions an epoch of ``n`` rows has across ranks (padded or truncated)."""
+        left = max(0, n - self.offset)
         if self.drop_last:
-            return n // self.world * self.world
-        return -(-n // self.world) * self.world
+            return self.offset + left // self.world * self.world
+        return self.offset + -(-left // self.world) * self.world
 
     def filter(self, rows: Iterator[dict]) -> Iterator[dict]:
         """Our rows of the unsplit ``rows`` (what the stream path reads whole)."""
+        head = None
+        if self.offset:  # the rest, padded with the epoch's first rows
+            head = []
+            rows = rest_after(rows, self.offset, self.world, head)
         if self.world > 1:
-            rows = rank_share(rows, self.rank, self.world, self.drop_last)
+            rows = rank_share(rows, self.rank, self.world, self.drop_last, head)
         for q, row in enumerate(rows):
             k = q // self.batch - self.start
             if k >= 0 and k % self.workers == self.worker:
@@ -232,7 +242,7 @@ def _concat_planned(docs, lens, packed, stats, share) -> Iterator[dict]:
     stats.pad_tokens = n * length - total
     if not n:
         return
-    positions = np.arange(share.rank, share.served(n), share.world)  # (Q,) our rank's positions
+    positions = np.arange(share.offset + share.rank, share.served(n), share.world)  # (Q,) ours
     positions = positions[share.mine(positions)]
     rows = np.where(positions < n, positions, (positions - n) % n)  # (Q,) wrap-around padding
     for lo in range(0, len(rows), _PLAN_CHUNK):
@@ -257,7 +267,8 @@ def _fit_planned(docs, lens, packed, stats, share, at, plans) -> Iterator[dict]:
         if len(sel):
             rows = _fit_assemble(docs, lens, stats, buf, sel.tolist(), packed)
             pending.extend(zip(positions[sel].tolist(), rows))
-        complete = planned // world * world if share.drop_last else planned
+        complete = (share.offset + max(0, planned - share.offset) // world * world
+                    if share.drop_last else planned)
         ready = 0
         while ready < len(pending) and pending[ready][0] < complete:
             ready += 1
@@ -265,7 +276,7 @@ def _fit_planned(docs, lens, packed, stats, share, at, plans) -> Iterator[dict]:
             yield row
         del pending[:ready]
     n = planned
-    if share.drop_last or not n or n % world == 0:
+    if share.drop_last or not n or share.served(n) <= n:
         return
     wrap = np.arange(n, share.served(n))  # padding positions: rows 0, 1, ... again
     wrap = wrap[share.mine(wrap)]
