@@ -386,6 +386,9 @@ class HFIterableSource(Stream):
             return None
         if self.split == "position" and (self._batch_size or 1) != batch_size:
             return None  # workers would not split by these batches
+        start = getattr(self, "_start", None)
+        if start is not None and start[0] == self._epoch:
+            return None  # an epoch resumed part-way (Stream.start_at): the row path skips
         ds = self._copy(self._epoch)
         fmt = ds._formatting
         if fmt is not None and fmt.format_type not in (None, "python"):
