@@ -27,7 +27,7 @@ import torch
 from kuat import _native, _parallel
 from kuat import rng as krng
 from kuat.collate import batch_scope
-from kuat.engine import isolate, worker_rng
+from kuat.engine import isolate, seed_view, worker_rng
 from kuat.engine.base import (
     COLLATE,
     EMPTY,
@@ -249,6 +249,13 @@ class FetchJob(IsolatedFetch):
         ``PIN``); the engine turns that into a ``FAIL`` result.
         """
         ctx.stage = FETCH
+        if ctx.method == "thread" and ctx.rng is None:
+            # torch.initial_seed() answers the worker's seed, not the training loop's
+            with seed_view.showing(base_seed + ctx.worker_id):
+                return self._run(ctx, epoch, key, base_seed, width)
+        return self._run(ctx, epoch, key, base_seed, width)
+
+    def _run(self, ctx: WorkerCtx, epoch: int, key, base_seed: int, width: int):
         if ctx.epoch != epoch:
             self._new_epoch(ctx, epoch, base_seed, key)
         st = WorkStats()
