@@ -4,15 +4,18 @@ In each of torch's worker processes ``torch.initial_seed()`` is ``base_seed + wo
 thread workers share the training process's generator and kuat's global-RNG isolation reseeds
 it per sample, so the reading must be made torch's (``kuat.engine.seed_view``). Expected values
 come from torch's DataLoader in the same test; ``generator=`` makes both loaders draw the same
-``base_seed``.
+``base_seed``. An ``IterableDataset`` drawing in thread workers draws from each worker's own
+generators, seeded as torch seeds worker processes (``kuat.engine.worker_rng``, 3).
 """
 
+import random
 import threading
 
+import numpy as np
 import pytest
 import torch
 from torch.utils.data import DataLoader as TorchLoader
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 import kuat
 
@@ -121,3 +124,107 @@ def test_a_probed_worker_process_keeps_its_own_generator_state():
                                         collate_fn=_draw_collate, **kw)]
 
     assert draws(kuat.DataLoader, worker_type="process") == draws(TorchLoader)
+
+
+# --- iterable datasets drawing from the global generators ---------------------------------------
+class DrawingIterable(IterableDataset):
+    """Each worker yields its own items, each drawn from all three global generators (and the
+    worker's torch.initial_seed())."""
+
+    def __init__(self, sizes=(3, 5, 4)):
+        self.sizes = sizes
+
+    def __iter__(self):
+        info = get_worker_info()
+        wid = 0 if info is None else info.id
+        for _ in range(self.sizes[wid]):
+            yield [wid, torch.randint(1000, (1,)).item(), random.randint(0, 999),
+                   int(np.random.randint(1000)), torch.initial_seed()]
+
+
+class Quiet(IterableDataset):
+    """Never draws."""
+
+    def __iter__(self):
+        info = get_worker_info()
+        return iter(range(info.id * 100, info.id * 100 + 6))
+
+
+def _items(cls, ds, **kw):
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(5)
+    items = [b for b in cls(ds, batch_size=None, num_workers=3, generator=g, **kw)]
+    return items, torch.rand(2).tolist()  # and what the training loop draws after
+
+
+@pytest.mark.parametrize("mode", MODES, ids=IDS)
+def test_an_iterables_draws_are_each_workers_own_as_in_torch(mode):
+    expected = _items(TorchLoader, DrawingIterable())
+    assert _items(kuat.DataLoader, DrawingIterable(), **mode) == expected
+
+
+def test_thread_workers_of_an_iterable_that_draws_move_to_processes_only_if_it_draws():
+    loader = kuat.DataLoader(DrawingIterable(), batch_size=None, num_workers=3)
+    quiet = kuat.DataLoader(Quiet(), batch_size=None, num_workers=3)
+    for _ in range(2):
+        list(loader), list(quiet)
+    assert (loader.worker_type, quiet.worker_type) == ("process", "thread")
+
+
+class StatefulShuffle(IterableDataset):
+    """torchdata's DummyIterableDataset(shuffle=True): each worker's iterator draws an index per
+    item and its state_dict saves the worker's torch generator state (set again on load)."""
+
+    def __init__(self, sizes=(0, 20, 7)):
+        self.sizes = sizes
+
+    def __iter__(self):
+        wid = get_worker_info().id
+        start = sum(self.sizes[:wid])
+        return _ShuffleIter(list(range(start, start + self.sizes[wid])))
+
+
+class _ShuffleIter:
+    def __init__(self, samples):
+        self.samples, self.i = samples, 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self.i >= len(self.samples):
+            raise StopIteration
+        self.i += 1
+        return self.samples[torch.randint(len(self.samples), (1,)).item()]
+
+    def state_dict(self):
+        return {"i": self.i, "g": torch.get_rng_state()}
+
+    def load_state_dict(self, state):
+        self.i = state["i"]
+        torch.set_rng_state(state["g"])
+
+
+@pytest.mark.parametrize("persistent", [False, True], ids=["fresh-workers", "persistent"])
+def test_a_thread_workers_stream_saved_in_its_iterators_state_resumes_as_torchdatas(persistent):
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    def run(cls, **kw):
+        torch.manual_seed(0)
+        ds = StatefulShuffle()
+        make = lambda: cls(ds, batch_size=None, num_workers=3, persistent_workers=persistent,  # noqa: E731
+                           generator=torch.Generator().manual_seed(4), **kw)
+        dl = make()
+        it = iter(dl)
+        head = [next(it) for _ in range(5)]
+        mid = dl.state_dict()
+        rest = list(it)
+        torch.rand(5)  # the training loop draws: no worker's stream may depend on it
+        nxt = list(dl)  # the next epoch (the persistent workers' streams go on)
+        resumed = make()
+        resumed.load_state_dict(mid)
+        return head, rest, nxt, list(resumed)
+
+    expected = run(StatefulDataLoader)
+    assert expected[3] == expected[1]
+    assert run(kuat.DataLoader, worker_type="thread") == expected

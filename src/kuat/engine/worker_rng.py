@@ -24,14 +24,28 @@ Thread workers share one process's generators, so kuat keeps each one's state ap
    batches torch gives it), never from or into the training loop's generators. Per-sample
    reseeding does not apply: the ``worker_init_fn`` chose how the worker is seeded.
 
+3. **Iterable datasets** (no ``worker_init_fn`` seeding needed): an ``IterableDataset`` draws
+   where torch cannot re-fetch (an iterator is consumed), so per-sample isolation cannot apply;
+   instead each thread worker of one gets its own generators from the start, seeded as torch
+   seeds worker processes (``OwnRng.seeded``), so its items equal torch's (and a stateful
+   iterator's ``torch.get_rng_state()``/``set_rng_state`` in ``state_dict``/``load_state_dict``
+   save and restore the worker's stream, not the training loop's). Not to serialise workers
+   that never draw, :func:`own_stream` *probes*: each epoch's first batch (with ``iter()`` and
+   any state restore) runs swapped in; if the worker's stream did not change, later batches run
+   *watched* (the shared side of the lock, one fingerprint before and after) until one changes
+   the generators, after which the worker's batches run swapped in again (one batch's draws
+   then came from the process's generators: a dataset that starts drawing only after its
+   first batch gets torch's values up to there). A worker seen drawing marks
+   ``RngUse.worker_seeded``: ``worker_type=None`` makes the next epoch's workers processes.
+
 Cost: the swap saves and restores the three generators twice per batch (0.17 ms median on the
 loaded 2-core dev machine; NumPy's accessor copies its 2.5 KB state each time), and the fetches of such
 workers run one at a time (the generators are process-wide). Only workers whose
-``worker_init_fn`` changed the generators pay it, and only for sources that may draw from them
-(not kuat's own datasets, which draw from ``kuat.sample_rng``, nor plain tensors and lists).
-``worker_type=None`` moves such a loader to process workers from its next epoch's workers.
-A worker's ``__getitem__`` that waits for another worker while it holds the lock would wait
-forever: a warning names it after :data:`kuat.engine.isolate.STALL_S`.
+``worker_init_fn`` changed the generators, or whose iterable draws, pay it, and only for sources
+that may draw from them (not kuat's own datasets, which draw from ``kuat.sample_rng``, nor plain
+tensors and lists). ``worker_type=None`` moves such a loader to process workers from its next
+epoch's workers. A worker's ``__getitem__`` that waits for another worker while it holds the
+lock would wait forever: a warning names it after :data:`kuat.engine.isolate.STALL_S`.
 """
 
 from __future__ import annotations
@@ -40,19 +54,25 @@ import contextlib
 import time
 
 from kuat import rng as krng
-from kuat.engine import isolate
+from kuat.engine import isolate, seed_view
 
-__all__ = ["OwnRng", "run_init", "swapped"]
+__all__ = ["OwnRng", "run_init", "swapped", "own_stream"]
 
 
 class OwnRng:
     """A thread worker's generator states (``kuat.engine.isolate.save()``'s tuple), while they
-    are not swapped in. Thread-safety: used by its worker thread only."""
+    are not swapped in. ``seeded``: kuat seeded them as torch seeds a worker (an iterable's
+    worker; no ``worker_init_fn`` changed them), so they are probed and watched
+    (:func:`own_stream`) and seeded again when the epoch's ``base_seed`` changes; ``swap``:
+    such a worker's batches run swapped in (else watched). Thread-safety: used by its worker
+    thread only."""
 
-    __slots__ = ("state",)
+    __slots__ = ("state", "seeded", "swap")
 
-    def __init__(self, state: tuple):
+    def __init__(self, state: tuple, seeded: bool = False):
         self.state = state
+        self.seeded = seeded
+        self.swap = True
 
 
 def _save_caller() -> tuple:
@@ -89,20 +109,22 @@ def _acquire(what: str) -> float:
     return time.perf_counter() - t0
 
 
-def run_init(init, worker_id: int, base_seed: int) -> OwnRng | None:
-    """Call ``init(worker_id)`` with this thread worker's generators swapped in (seeded as
-    torch seeds worker ``worker_id`` of ``base_seed``); the worker's :class:`OwnRng` when
-    ``init`` changed them, else None. The caller's generator states are as before in both
-    cases. Raises what ``init`` raises (the states restored first)."""
-    _acquire("a worker_init_fn")
+def run_init(init, worker_id: int, base_seed: int, *, keep: bool = False) -> OwnRng | None:
+    """Call ``init(worker_id)`` (``None``: nothing) with this thread worker's generators
+    swapped in (seeded as torch seeds worker ``worker_id`` of ``base_seed``); the worker's
+    :class:`OwnRng` when ``init`` changed them, else, with ``keep`` (an iterable's worker),
+    the seeded state as an ``OwnRng(seeded=True)``, else None. The caller's generator states
+    are as before in every case. Raises what ``init`` raises (the states restored first)."""
+    _acquire("a worker_init_fn" if init is not None else "a worker's own generators")
     try:
         saved = _save_caller()
         try:
             krng.seed_worker_globals(base_seed, worker_id, cuda=False)
             before = isolate.fingerprint()
-            init(worker_id)
+            if init is not None:
+                init(worker_id)
             if isolate.fingerprint() == before:
-                return None
+                return OwnRng(isolate.save(), seeded=True) if keep else None
             return OwnRng(isolate.save())
         finally:
             _restore_caller(saved)
@@ -115,10 +137,11 @@ def swapped(own: OwnRng, st):
     """Run the body with the worker's generators ``own`` swapped in (exclusive lock); they are
     saved back into ``own`` afterwards and the caller's restored. ``st.rng_wait_s`` gets the
     seconds spent waiting for the lock."""
-    st.rng_wait_s += _acquire("a batch of a worker whose worker_init_fn seeds it")
+    st.rng_wait_s += _acquire("a batch of a worker with generators of its own")
     try:
         saved = isolate.save()
         isolate.restore(own.state)
+        seed_view.hide(_initial_seed())  # (a view shown: torch.initial_seed() reads its own)
         try:
             yield
         finally:
@@ -126,3 +149,47 @@ def swapped(own: OwnRng, st):
             isolate.restore(saved)
     finally:
         isolate.GLOBAL_RNG_LOCK.release()
+
+
+def _initial_seed() -> int:
+    import torch
+
+    return torch.default_generator.initial_seed()
+
+
+@contextlib.contextmanager
+def own_stream(own: OwnRng, st, use, probe: bool):
+    """The body (a batch of the worker owning ``own``) with its own generators: swapped in
+    (:func:`swapped`) when ``worker_init_fn`` seeded them, else (``own.seeded``) swapped in
+    while probing (``probe``: an epoch's first batch) or once seen drawing, watched otherwise
+    (module docstring, 3). A draw seen while swapped in sets ``use.worker_seeded``. Yields
+    whether the generators are swapped in (False: watched; the caller swaps them in to take
+    the iterable's state, which may read them)."""
+    if not own.seeded:
+        with swapped(own, st):
+            yield True
+        return
+    if probe:
+        own.swap = True
+    if own.swap:
+        with swapped(own, st):
+            before = isolate.fingerprint()
+            yield True
+            drew = isolate.fingerprint() != before
+        if drew:
+            use.worker_seeded = True
+        else:  # (a restore that set the generators counts as drawing: they are its own now)
+            own.swap = False
+        return
+    lock = isolate.GLOBAL_RNG_LOCK
+    t0 = time.perf_counter()
+    locked = lock.acquire_shared(patience=isolate.STALL_S)
+    st.rng_wait_s += time.perf_counter() - t0
+    try:
+        before = isolate.fingerprint()
+        yield False
+        # something drew (the dataset, or the training loop): swap in from the next batch
+        own.swap = isolate.fingerprint() != before
+    finally:
+        if locked:
+            lock.release_shared()
