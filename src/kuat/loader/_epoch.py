@@ -240,8 +240,8 @@ def plan_epoch(loader, it) -> EpochPlan:
         keys = (Seeded(int(shared_seed), key) for key in keys)
     lease = loader._workers.lease(loader, base_seed, it)
     position = st.position = Position(epoch, skip, False, at_start, workers)
-    if not traits.iterable:  # which keys are done, as batches come back (in order or not)
-        position.keys = KeysDone(*(done if done is not None else (skip,)))
+    # which keys are done, as batches come back (in order or not; an iterable's: whether)
+    position.keys = KeysDone(*(done if done is not None else (skip,)))
     reported = loader._IterableDataset_len_called
     if traits.iterable and reported is not None:  # torch's warning when more batches come
         position.on_batch = functools.partial(_notices.iterable_length, loader, reported)

@@ -188,15 +188,16 @@ class LoaderIter:
             self._account(r)
             ordinal = self._ordinals.pop(r.task_id, None)
             if r.kind == OK:
-                if self._discard:
+                if self._discard:  # (a replayed batch, served before)
                     self._discard -= 1
+                    self._position.took_key(ordinal, False)
                     continue
                 self._position.took_key(ordinal, True)  # done once returned
                 return r.value
+            self._position.took_key(ordinal, False)  # done: resume does not fetch it again
             if r.kind == END:
                 self._active[r.worker_id] = False
                 continue
-            self._position.took_key(ordinal, False)  # done: resume does not fetch it again
             if r.kind == FAIL:
                 raise _BatchError(r.value.exception())  # the original, in this process
             # EMPTY: every sample of the batch was skipped; never yield an empty batch

@@ -282,6 +282,15 @@ def state_dict(loader) -> dict[str, Any]:
         pos = st.position
         epoch, served, rng, workers = pos.epoch, pos.served, pos.at_start, pos.workers
         keys_done = pos.keys.to_state(served) if pos.keys is not None else None
+        if keys_done is not None and loader._traits.iterable:  # (its keys name no batches)
+            per_worker = pos.workers is not None and any(b is not None for b in pos.workers.states)
+            if keys_done["ahead"] and not per_worker and not pos.exhausted:
+                warnings.warn(
+                    "kuat DataLoader: batches of this IterableDataset were returned out of "
+                    "order (in_order=False) and neither it nor its iterator has state_dict(): "
+                    "the state counts the batches served, not which, so a resume from it is "
+                    "not exact", stacklevel=3)
+            keys_done = None
         # Only an epoch that ran out points at the next one: a state taken after the last
         # batch, inside the loop, resumes to an empty rest of the epoch (torchdata #1439)
         if pos.exhausted:
