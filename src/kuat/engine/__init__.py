@@ -14,7 +14,8 @@ The engine runs *any* work; it knows nothing of images or storage. Files, in lif
 * ``isolate.py`` global-RNG isolation for datasets seen to draw from ``random``/``np.random``/
   ``torch``: probe, watch (generator fingerprints), reseed per sample or batch, one lock.
 * ``worker_rng.py`` a thread worker's own global generators when its ``worker_init_fn`` seeds
-  them (swapped in around its fetches), as a torch worker process has.
+  them, or when it reads an ``IterableDataset`` (swapped in around its fetches; an iterable's
+  probed each epoch, then watched until it draws), as a torch worker process has.
 * ``base.py``    the task/result records and the worker loop shared by every engine.
 * ``failure.py`` error transport: an exception captured in a worker is raised in the consumer
   as the original (threads) or its equal (processes: type, args, attributes, chain) with a note
