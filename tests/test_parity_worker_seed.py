@@ -10,6 +10,7 @@ generators, seeded as torch seeds worker processes (``kuat.engine.worker_rng``, 
 
 import random
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -228,3 +229,24 @@ def test_a_thread_workers_stream_saved_in_its_iterators_state_resumes_as_torchda
     expected = run(StatefulDataLoader)
     assert expected[3] == expected[1]
     assert run(kuat.DataLoader, worker_type="thread") == expected
+
+
+class SlowFirstOfWorker1(IterableDataset):
+    """torch's TestSlowIterableDataset: worker 1's first item takes a second."""
+
+    def __iter__(self):
+        info = get_worker_info()
+        for i in range(info.id * 5, info.id * 5 + 5):
+            if i == 5:
+                time.sleep(1.0)
+            yield i
+
+
+def test_a_slow_first_item_of_one_thread_worker_does_not_hold_the_others_back():
+    # torch's test_out_of_order_iterable_ds: worker 0's items all come before worker 1's slow
+    # first one (its probed first batch holds the generators; the others do not wait for it)
+    expected = [b.item() for b in TorchLoader(SlowFirstOfWorker1(), num_workers=2,
+                                              in_order=False)]
+    got = [b.item() for b in kuat.DataLoader(SlowFirstOfWorker1(), num_workers=2,
+                                             in_order=False, worker_type="thread")]
+    assert got == expected == list(range(10))
