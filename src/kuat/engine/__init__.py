@@ -6,13 +6,16 @@ The engine runs *any* work; it knows nothing of images or storage. Files, in lif
   items of an iterable), collate it, isolate global RNGs, skip failing samples. Picklable.
 * ``worker_copy.py`` the dataset object a thread worker reads: its own copy (small plain
   containers included), as each torch worker process has.
-* ``worker_info.py`` ``torch.utils.data.get_worker_info()`` answered per thread worker (kuat's
-  one patch of torch), and whether a worker consulted it.
+* ``worker_info.py`` ``torch.utils.data.get_worker_info()`` answered per thread worker (a patch
+  of torch), and whether a worker consulted it.
+* ``seed_view.py`` ``torch.initial_seed()`` answered per worker (``base_seed + worker_id``, as in
+  torch's worker processes) despite shared generators and per-sample isolation (a patch of torch).
 * ``isolated_fetch.py`` the job's fetch under global-RNG isolation (probe, watch, reseed).
 * ``isolate.py`` global-RNG isolation for datasets seen to draw from ``random``/``np.random``/
   ``torch``: probe, watch (generator fingerprints), reseed per sample or batch, one lock.
 * ``worker_rng.py`` a thread worker's own global generators when its ``worker_init_fn`` seeds
-  them (swapped in around its fetches), as a torch worker process has.
+  them, or when it reads an ``IterableDataset`` (swapped in around its fetches; an iterable's
+  probed each epoch, then watched until it draws), as a torch worker process has.
 * ``base.py``    the task/result records and the worker loop shared by every engine.
 * ``failure.py`` error transport: an exception captured in a worker is raised in the consumer
   as the original (threads) or its equal (processes: type, args, attributes, chain) with a note

@@ -13,9 +13,10 @@ import time
 import zlib
 
 import numpy as np
+import torch
 
 from kuat import rng as krng
-from kuat.engine import isolate
+from kuat.engine import isolate, seed_view
 from kuat.engine.base import WorkerCtx, WorkStats
 
 __all__ = ["IsolatedFetch"]
@@ -139,10 +140,22 @@ class IsolatedFetch:
             st.rng_wait_s += time.perf_counter() - t0
             if first and self._may_watch_first(ctx):
                 return _WATCH
-            saved = isolate.save() if ctx.method != "process" else None
+            # the caller's generator states stay as they were; a worker process's own too
+            # while its dataset is not known to draw (a probed batch: code outside the dataset,
+            # a collate_fn, then draws from base_seed + worker_id's stream, as in torch); once
+            # every batch is isolated it is not restored (0.15 ms a batch)
+            saved = isolate.save() if ctx.method != "process" or not use.draws else None
+            view = seed_view.current()
+            viewed = view.shown, view.hidden
+            if view.shown is None:  # torch.initial_seed() answers what it would unisolated
+                seed_view.install()
+                view.shown = (ctx.base_seed + ctx.worker_id if ctx.method == "process"
+                              else torch.default_generator.initial_seed())
             try:
                 if self.use_getitems:
-                    isolate.seed_globals_cpu(krng.global_rng_seed(self.seed, epoch, _batch_key(key)))
+                    s = krng.global_rng_seed(self.seed, epoch, _batch_key(key))
+                    isolate.seed_globals_cpu(s)
+                    seed_view.hide(s)
                     probe = None if use.draws else isolate.fingerprint()
                     out = self._get(ctx, key)
                     if probe is not None and isolate.fingerprint() != probe:
@@ -152,7 +165,9 @@ class IsolatedFetch:
                 out = []
                 getitem = self._getitem(ctx)
                 for i in key:
-                    isolate.seed_globals_cpu(krng.global_rng_seed(self.seed, epoch, _index_key(i)))
+                    s = krng.global_rng_seed(self.seed, epoch, _index_key(i))
+                    isolate.seed_globals_cpu(s)
+                    seed_view.hide(s)
                     probe = None if use.draws else isolate.fingerprint()
                     out += krng.map_samples(getitem, (i,))
                     if probe is not None and isolate.fingerprint() != probe:
@@ -162,5 +177,6 @@ class IsolatedFetch:
             finally:
                 if saved is not None:
                     isolate.restore(saved)
+                view.shown, view.hidden = viewed
         finally:
             lock.release()

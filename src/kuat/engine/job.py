@@ -27,7 +27,7 @@ import torch
 from kuat import _native, _parallel
 from kuat import rng as krng
 from kuat.collate import batch_scope
-from kuat.engine import isolate, worker_rng
+from kuat.engine import isolate, seed_view, worker_rng
 from kuat.engine.base import (
     COLLATE,
     EMPTY,
@@ -172,12 +172,14 @@ class FetchJob(IsolatedFetch):
             rank, world_size = self.shard
             apply_sharding(ctx.dataset, num_workers * world_size, worker_id * world_size + rank)
         init = self.worker_init_fn
-        if init is None:
+        # an iterable's thread worker draws from generators of its own, as a worker process
+        keep = method == "thread" and self.iterable and self.worker_rng
+        if init is None and not keep:
             return ctx
         if isinstance(init, types.MethodType) and init.__self__ is self.dataset:
             init = types.MethodType(init.__func__, ctx.dataset)
         if method == "thread":
-            own = worker_rng.run_init(init, worker_id, base_seed)
+            own = worker_rng.run_init(init, worker_id, base_seed, keep=keep)
             ctx.rng = own if self.worker_rng else None
         elif self.worker_rng:
             before = isolate.fingerprint()
@@ -185,7 +187,7 @@ class FetchJob(IsolatedFetch):
             ctx.rng = True if isolate.fingerprint() != before else None
         else:
             init(worker_id)
-        if ctx.rng is not None:
+        if ctx.rng is not None and not getattr(ctx.rng, "seeded", False):
             self.rng_use.worker_seeded = True
         return ctx
 
@@ -199,6 +201,8 @@ class FetchJob(IsolatedFetch):
             seed = base_seed + ctx.worker_id
             if ctx.method == "process" and ctx.rng is None:  # (a worker_init_fn's stream
                 krng.seed_worker_globals(base_seed, ctx.worker_id)  # goes on, as in torch)
+            elif ctx.method == "thread" and getattr(ctx.rng, "seeded", False):  # (swapped in)
+                krng.seed_worker_globals(base_seed, ctx.worker_id, cuda=False)
             set_worker_info(ctx.method, ctx.worker_id, ctx.num_workers, seed, ctx.dataset)
         if isinstance(key, Seeded):  # an IterDataPipe's epoch (torch's _BaseDataLoaderIter)
             from torch.utils.data.graph_settings import apply_random_seed, apply_sharding
@@ -284,8 +288,13 @@ class FetchJob(IsolatedFetch):
         ``PIN``); the engine turns that into a ``FAIL`` result.
         """
         ctx.stage = FETCH
-        if ctx.epoch != epoch:
-            self._new_epoch(ctx, epoch, base_seed, key)
+        if ctx.method == "thread" and (ctx.rng is None or ctx.rng.seeded):
+            # torch.initial_seed() answers the worker's seed, not the training loop's
+            with seed_view.showing(base_seed + ctx.worker_id):
+                return self._run(ctx, epoch, key, base_seed, width)
+        return self._run(ctx, epoch, key, base_seed, width)
+
+    def _run(self, ctx: WorkerCtx, epoch: int, key, base_seed: int, width: int):
         padding = None
         if self.flag_padding and not self.iterable:  # plain ints for the dataset
             key, padding = split_padding(key)
@@ -297,12 +306,21 @@ class FetchJob(IsolatedFetch):
             t0, c0, n0 = time.perf_counter(), time.thread_time(), _native.seconds()
             nc0 = _native.cpu_seconds()
             h0 = _parallel.helper_totals() if width > 1 else None  # split fetches only
+            # (a new epoch's iter() and state restore, and the state taken after the batch,
+            # run with the worker's own generators too: they may draw, save or set them)
             with krng.epoch_context(self.seed, epoch), _parallel.share(width), \
-                    self._own_stream(ctx, st):
+                    self._own_stream(ctx, st, probe=ctx.epoch != epoch) as swapped_in:
+                if ctx.epoch != epoch:
+                    self._new_epoch(ctx, epoch, base_seed, key)
                 if self.iterable:
                     data = self._next_items(ctx, st)
                 else:
                     data = self._fetch_indices(ctx, epoch, key, st)
+                if ctx.reports_state and swapped_in is not False:
+                    st.worker_state = self._state_of(ctx)  # where its iterable is now
+            if ctx.reports_state and swapped_in is False:  # (fetched watched: the state
+                with worker_rng.swapped(ctx.rng, st):  # may read its generators)
+                    st.worker_state = self._state_of(ctx)
             st.fetch_s, st.fetch_cpu_s = time.perf_counter() - t0, time.thread_time() - c0
             st.native_s = _native.seconds() - n0
             st.native_cpu_s = _native.cpu_seconds() - nc0
@@ -318,8 +336,6 @@ class FetchJob(IsolatedFetch):
             if ctx.method != "inline" and (ctx.num_workers > 1 or not self.iterable):
                 # (an IterDataPipe is sharded by the loader, as torch does)
                 st.worker_info_consulted = worker_info_consulted() or self.datapipe
-            if ctx.reports_state:  # where this worker's iterable is, after this batch
-                st.worker_state = self._state_of(ctx)
             if data is None:
                 if self.equal_steps and not self.iterable:
                     raise _short_rank(key, st.skipped)
@@ -346,13 +362,13 @@ class FetchJob(IsolatedFetch):
             st.pin_s = time.perf_counter() - t2
         return OK, batch, st
 
-    @staticmethod
-    def _own_stream(ctx: WorkerCtx, st: WorkStats):
-        """The worker's own global generators swapped in around its fetch (a thread worker
-        whose worker_init_fn seeded them: worker_rng.py); nothing otherwise."""
+    def _own_stream(self, ctx: WorkerCtx, st: WorkStats, probe: bool):
+        """The worker's own global generators around its fetch (a thread worker whose
+        worker_init_fn seeded them, or an iterable's: worker_rng.py; ``probe``: an epoch's
+        first batch); nothing otherwise."""
         if ctx.rng is None or ctx.method != "thread":
             return contextlib.nullcontext()
-        return worker_rng.swapped(ctx.rng, st)
+        return worker_rng.own_stream(ctx.rng, st, self.rng_use, probe)
 
     def _next_items(self, ctx: WorkerCtx, st: WorkStats):
         """Up to ``batch_size`` next items of this worker's iterator; None when exhausted."""

@@ -1,4 +1,5 @@
-"""``torch.utils.data.get_worker_info()`` per worker thread: kuat's one patch of torch.
+"""``torch.utils.data.get_worker_info()`` per worker thread: a patch of torch (the other:
+``torch.initial_seed()``, :mod:`kuat.engine.seed_view`).
 
 torch answers ``get_worker_info()`` from one module global, set in each worker process. kuat's
 thread workers share a process, so the function's code is replaced (once, idempotently) by a

@@ -36,7 +36,7 @@ from kuat.engine.thread import ThreadEngine
 from kuat.loader import _elastic, _notices
 from kuat.loader._adaptive import Adaptation
 from kuat.loader._plan import EpochPlan, LoaderEvents
-from kuat.loader._state import Pending, Position, WorkerStates, persists
+from kuat.loader._state import KeysDone, Pending, Position, WorkerStates, persists, skip_done
 from kuat.loader._workers import Lease
 from kuat.rng import epoch_context, worker_base_seed
 from kuat.sampling import EpochSampler, distributed_hook, epoch_hook, order_state, restore_order
@@ -249,6 +249,7 @@ def plan_epoch(loader, it) -> EpochPlan:
     if "sampler" not in at_start and not traits.own_sampler and not traits.iterable:
         at_start["sampler"] = order_state(loader._index_sampler)  # as it starts: after base_seed
     workers, first_worker, restore_workers = _worker_states(loader, previous, pending, skip)
+    done = pending.keys_done if pending is not None else None  # (prefix, ahead): map-style
     if restore_workers:  # each worker resumes its own copy (torchdata's rule): no replay
         keys, discard = itertools.repeat(ResumeAt(skip, WorkerResume(tuple(workers.states)))), 0
     elif traits.iterable and start is not None:  # a kuat stream from a global position
@@ -259,10 +260,13 @@ def plan_epoch(loader, it) -> EpochPlan:
         keys, discard = itertools.repeat(ResumeAt(skip, saved)), 0  # the source starts there
     elif traits.iterable:
         keys, discard = itertools.repeat(None), skip
-    elif start is not None:
+    elif start is not None:  # elastic: the rest of the epoch (a layout change; out-of-order
+        # holes of the saved layout are not carried: its in-flight batches are read again)
         keys, discard = epoch_keys(loader, epoch, 0, restore.get("sampler"), start), 0
-    else:
-        keys, discard = epoch_keys(loader, epoch, skip, restore.get("sampler")), 0
+        done = None
+    else:  # map-style: from the first key not done (out-of-order resume skips the others)
+        keys = epoch_keys(loader, epoch, skip if done is None else done[0], restore.get("sampler"))
+        keys, discard = (keys if done is None else skip_done(keys, *done)), 0
     if shared_seed is not None:  # an IterDataPipe: every worker seeds its graph with it
         shared_seed = at_start.setdefault("shared_seed", shared_seed)  # (saved, or restored)
         keys = (Seeded(int(shared_seed), key) for key in keys)
@@ -275,6 +279,8 @@ def plan_epoch(loader, it) -> EpochPlan:
     position = st.position = Position(epoch, skip, False, at_start, workers)
     if start is not None:  # (skip: the batches counted as served before the offset)
         position.offset, position.base = start, skip
+    # which keys are done, as batches come back (in order or not; an iterable's: whether)
+    position.keys = KeysDone(*(done if done is not None else (skip,)))
     reported = loader._IterableDataset_len_called
     if traits.iterable and reported is not None:  # torch's warning when more batches come
         position.on_batch = functools.partial(_notices.iterable_length, loader, reported)

@@ -61,6 +61,7 @@ class LoaderIter:
         # per worker, its tasks from submission until taken (in_order=False's capacity)
         self._load = [0] * self._nw
         self._tasks: dict[int, int] = {}  # task id -> worker id, in flight
+        self._ordinals: dict[int, int | None] = {}  # task id -> its key's ordinal (Position)
         self._order: collections.deque[int] = collections.deque()  # dispatch order (in_order)
         self._ready: dict[int, Any] = {}
         self._in_order = plan.in_order
@@ -190,14 +191,19 @@ class LoaderIter:
             if r is None:
                 raise StopIteration
             self._account(r)
+            ordinal = self._ordinals.pop(r.task_id, None)
             if r.kind == OK:
-                if self._discard:
+                if self._discard:  # (a replayed batch, served before)
                     self._discard -= 1
+                    self._position.took_key(ordinal, False)
                     continue
+                self._position.took_key(ordinal, True)  # done once returned
                 return r.value
+            self._position.took_key(ordinal, False)  # done: resume does not fetch it again
             if r.kind == END:
                 self._active[r.worker_id] = False
-            elif r.kind == FAIL:
+                continue
+            if r.kind == FAIL:
                 raise _BatchError(r.value.exception())  # the original, in this process
             # EMPTY: every sample of the batch was skipped; never yield an empty batch
 
@@ -234,6 +240,7 @@ class LoaderIter:
                 return
             tid = next(_TASK_IDS)
             self._tasks[tid] = w
+            self._ordinals[tid] = self._position.dispatched()
             self._load[w] += 1
             if self._in_order:
                 self._order.append(tid)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import collections
 import pickle
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,7 +31,7 @@ from kuat.loader._elastic import layout, resume_offset, same_stride, samples_con
 from kuat.sampling import describe_sampler, order_state, sampler_generator
 from kuat.sources import protocol as _protocol
 
-__all__ = ["Position", "WorkerStates", "Pending", "SourceAt", "LoaderState", "STATE_VERSION",
+__all__ = ["Position", "KeysDone", "skip_done", "WorkerStates", "Pending", "SourceAt", "LoaderState", "STATE_VERSION",
            "persists", "state_dict", "load_state_dict"]
 
 STATE_VERSION = 1
@@ -93,6 +93,70 @@ class WorkerStates:
         return cls(int(saved["num_workers"]), states, int(saved["last"]))
 
 
+class KeysDone:
+    """Which of an epoch's keys (a map-style dataset's batches, each named by its ordinal in
+    the epoch's key order, resumed ones included) are done: every one before ``prefix`` and
+    those in ``ahead``. Batches served out of order (``in_order=False``) leave holes: a state
+    taken then names exactly the keys served, so that resume fetches exactly the others (the
+    batches in flight when it was taken included). A key whose batch failed or came out empty
+    (``on_error="skip"``) is done when taken: resume does not fetch it again.
+
+    The epoch's iterator names each key's ordinal when it dispatches it (:meth:`dispatched`),
+    hands it over when it takes its result (:meth:`took`) and commits it when the batch is
+    returned (:meth:`returned`), so the record never runs ahead of what the user received.
+    Not thread-safe (the consumer thread's)."""
+
+    __slots__ = ("prefix", "ahead", "_next", "_taken")
+
+    def __init__(self, prefix: int, ahead=()):
+        self.prefix = prefix
+        self.ahead: set[int] = set(ahead)
+        self._next = prefix  # the ordinal of the next key dispatched
+        self._taken: collections.deque[int] = collections.deque()
+
+    def dispatched(self) -> int:
+        """The ordinal of the next key pulled from the epoch's (resumed) key order."""
+        while self._next in self.ahead:
+            self._next += 1
+        self._next += 1
+        return self._next - 1
+
+    def took(self, ordinal: int, batch: bool) -> None:
+        """The iterator took the result of key ``ordinal``: a batch to return (committed by
+        :meth:`returned`), or not (failed, or empty: done now)."""
+        if batch:
+            self._taken.append(ordinal)
+        else:
+            self._done(ordinal)
+
+    def returned(self) -> None:
+        if self._taken:
+            self._done(self._taken.popleft())
+
+    def _done(self, ordinal: int) -> None:
+        if ordinal != self.prefix:
+            self.ahead.add(ordinal)
+            return
+        self.prefix += 1
+        while self.prefix in self.ahead:
+            self.ahead.remove(self.prefix)
+            self.prefix += 1
+
+    def to_state(self, served: int) -> dict | None:
+        """``state_dict()["keys_done"]``: ``{"prefix", "ahead"}`` when it says more than
+        ``served`` (the first ``served`` keys done), else None."""
+        if self.prefix == served and not self.ahead:
+            return None
+        return {"prefix": self.prefix, "ahead": sorted(self.ahead)}
+
+
+def skip_done(keys, prefix: int, ahead) -> Iterator:
+    """The keys of ``keys`` (the epoch's order from key ``prefix`` on) whose ordinals are not
+    in ``ahead``."""
+    ahead = set(ahead)
+    return (k for o, k in enumerate(keys, prefix) if o not in ahead)
+
+
 @dataclass
 class Position:
     """The epoch being served and how far (mutated by the epoch's iterator only)."""
@@ -109,6 +173,15 @@ class Position:
     base: int = 0
     # called with ``yielded`` after each batch (torch's IterableDataset length warning)
     on_batch: Callable[[int], None] | None = None
+    keys: KeysDone | None = None  # which keys are done (map-style; None: the first ``served``)
+
+    def dispatched(self) -> int | None:
+        """The ordinal of the key the iterator dispatches now (None: not tracked)."""
+        return self.keys.dispatched() if self.keys is not None else None
+
+    def took_key(self, ordinal: int | None, batch: bool) -> None:
+        if self.keys is not None and ordinal is not None:
+            self.keys.took(ordinal, batch)
 
     def took(self, worker_id: int, state: bytes, batch: bool) -> None:
         """The iterator took a result carrying worker ``worker_id``'s dataset state."""
@@ -119,6 +192,8 @@ class Position:
         """The iterator returned a batch."""
         self.served += 1
         self.yielded += 1
+        if self.keys is not None:
+            self.keys.returned()
         if self.workers is not None:
             self.workers.served_one()
         if self.on_batch is not None:
@@ -139,6 +214,7 @@ class Pending:
     rng: dict[str, Any]
     workers: WorkerStates | None = None  # each worker's dataset state to resume from
     loaded: dict | None = None  # the state given to load_state_dict (state_dict() returns it)
+    keys_done: tuple | None = None  # (prefix, ahead) of KeysDone when served out of order
     drawn: tuple | None = None  # draws made for the epoch by state_dict() (_epoch.epoch_draws)
     # elastic resume: the epoch starts after this many positions of its global order (the
     # loader's own sampler, a kuat stream, a user sampler= resumed with another batch size);
@@ -203,23 +279,35 @@ def state_dict(loader) -> dict[str, Any]:
     st: LoaderState = loader._state
     if st.pending is not None and st.pending.loaded is not None:
         return dict(st.pending.loaded)  # nothing moved since load_state_dict (as torchdata)
-    workers = None
+    workers = keys_done = None
     offset = base = 0  # (elastic resume: samples_consumed)
     if st.pending is not None:
         epoch, served, rng = st.pending.epoch, st.pending.served, st.pending.rng
         workers = st.pending.workers
         if st.pending.offset is not None:
             offset, base = st.pending.offset, st.pending.served
+        if st.pending.keys_done is not None:
+            keys_done = {"prefix": st.pending.keys_done[0], "ahead": list(st.pending.keys_done[1])}
     elif st.position is None:
         epoch, served, rng = 0, 0, None
     else:
         pos = st.position
         epoch, served, rng, workers = pos.epoch, pos.served, pos.at_start, pos.workers
         offset, base = pos.offset, pos.base
+        keys_done = pos.keys.to_state(served) if pos.keys is not None else None
+        if keys_done is not None and loader._traits.iterable:  # (its keys name no batches)
+            per_worker = pos.workers is not None and any(b is not None for b in pos.workers.states)
+            if keys_done["ahead"] and not per_worker and not pos.exhausted:
+                warnings.warn(
+                    "kuat DataLoader: batches of this IterableDataset were returned out of "
+                    "order (in_order=False) and neither it nor its iterator has state_dict(): "
+                    "the state counts the batches served, not which, so a resume from it is "
+                    "not exact", stacklevel=3)
+            keys_done = None
         # Only an epoch that ran out points at the next one: a state taken after the last
         # batch, inside the loop, resumes to an empty rest of the epoch (torchdata #1439)
         if pos.exhausted:
-            epoch, served, rng = epoch + 1, 0, None
+            epoch, served, rng, keys_done = epoch + 1, 0, None, None
             offset = base = 0
             workers = workers.next_epoch() if workers is not None and persists(loader) else None
     if rng is None or not rng:  # the next epoch starts from the states as they are now
@@ -237,6 +325,8 @@ def state_dict(loader) -> dict[str, Any]:
         "samples_consumed": samples_consumed(loader, served, offset, base),
         "layout": layout(loader, world_size),
     }
+    if keys_done is not None:  # served out of order: which keys (batch_served_in_epoch: how many)
+        state["keys_done"] = keys_done
     source, traits = loader._source, loader._traits
     if traits.iterable and not traits.resumable:  # a torch IterableDataset: per worker
         saved = workers.to_state() if workers is not None else None
@@ -312,7 +402,12 @@ def load_state_dict(loader, state: dict[str, Any]) -> None:
     st: LoaderState = loader._state
     # the source's own point in its plan there, handed to kuat_iter_from (iterable sources)
     st.source_at = SourceAt(int(state["epoch"]), served, state.get("source"))
+    done = state.get("keys_done")
+    if done is not None and not traits.iterable:
+        done = (int(done["prefix"]), tuple(int(o) for o in done["ahead"]))
+    else:
+        done = None
     st.pending = Pending(next_request(), int(state["epoch"]), served, rng, workers=workers,
-                         loaded=dict(state), offset=offset)
+                         loaded=dict(state), offset=offset, keys_done=done)
     if "source" in state and _protocol.provides(loader._source, _protocol.Stateful):
         loader._source.load_state_dict(state["source"])
