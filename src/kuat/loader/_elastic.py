@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -216,7 +217,17 @@ def resume_offset(loader, state: dict, served: int, world_size: int) -> int | No
     # position, whatever the layout (on the saved one this is the uninterrupted run's rest)
     now = layout(loader, world_size)
     if traits.own_sampler:
-        return consumed
+        done = state.get("keys_done")  # batches served out of order (in_order=False)
+        if done is None:
+            return consumed
+        if all(saved.get(k) == now.get(k) for k in set(saved) | set(now)):
+            return None  # on the saved layout the keys done say exactly which (_epoch.py)
+        warnings.warn(
+            "kuat DataLoader: resuming on another layout a state whose batches were served "
+            f"out of order (in_order=False): the epoch continues after its first "
+            f"{int(done['prefix'])} batches, so the {len(done['ahead'])} served after them "
+            "are served again", stacklevel=4)
+        return int(done["prefix"]) * int(saved.get("batch_size") or 1) * int(saved.get("world_size") or 1)
     if traits.iterable and consumed and stream_starts(source, traits):
         same = all(saved.get(k) == now[k] for k in ("world_size", "batch_size"))
         if (traits.resumable and same
