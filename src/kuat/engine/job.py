@@ -36,11 +36,13 @@ from kuat.engine.base import (
     OK,
     PIN,
     ResumeAt,
+    SchedProbe,
     Seeded,
     WorkerCtx,
     WorkerResume,
     WorkerStopped,
     WorkStats,
+    sched_times,
 )
 from kuat.engine.isolated_fetch import IsolatedFetch
 from kuat.engine.worker_copy import worker_dataset
@@ -102,6 +104,9 @@ class FetchJob(IsolatedFetch):
     # shards it over (rank, world size) x workers, as torch's DataLoader (graph_settings)
     datapipe: bool = False
     shard: tuple[int, int] = (0, 1)  # (rank, world_size) the datapipe is sharded over
+    # while on, thread workers report how their fetches ran (WorkStats.sched: CPU, runqueue and
+    # wall seconds), so the loader can tell work that holds the GIL (kuat.loader._auto)
+    sched_probe: SchedProbe = field(default_factory=SchedProbe)
 
     @property
     def thread_agnostic(self) -> bool:
@@ -252,6 +257,7 @@ class FetchJob(IsolatedFetch):
         if ctx.epoch != epoch:
             self._new_epoch(ctx, epoch, base_seed, key)
         st = WorkStats()
+        s0 = sched_times() if self.sched_probe.on and ctx.method == "thread" else None
         # buffers kuat allocates while fetching this batch are its own: the collate may return
         # views of them; anything else it copies (collate.py)
         with batch_scope(self.buffer_pool):
@@ -278,6 +284,7 @@ class FetchJob(IsolatedFetch):
             if ctx.reports_state:  # where this worker's iterable is, after this batch
                 st.worker_state = self._state_of(ctx)
             if data is None:
+                self._sched(st, s0, t0)
                 return (END if self.iterable else EMPTY), None, st
             if self.fetch_collated:  # the columnar gather went straight to batch tensors
                 st.samples, batch = len(key), data
@@ -287,6 +294,7 @@ class FetchJob(IsolatedFetch):
                 ctx.stage = COLLATE
                 batch = self.collate_fn(data)
                 st.collate_s = time.perf_counter() - t1
+            self._sched(st, s0, t0)
         if self.pin and ctx.method != "process":
             from kuat.device import pin_batch
 
@@ -295,6 +303,13 @@ class FetchJob(IsolatedFetch):
             batch = pin_batch(batch)
             st.pin_s = time.perf_counter() - t2
         return OK, batch, st
+
+    @staticmethod
+    def _sched(st: WorkStats, s0, t0: float) -> None:
+        """``st.sched`` from the probe's start ``s0`` (``sched_times()``) and ``t0``."""
+        if s0 is not None:
+            cpu, runq = sched_times()
+            st.sched = (cpu - s0[0], runq - s0[1], time.perf_counter() - t0)
 
     @staticmethod
     def _own_stream(ctx: WorkerCtx, st: WorkStats):

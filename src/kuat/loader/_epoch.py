@@ -308,6 +308,10 @@ def _plan(loader, epoch, base_seed, keys, discard, position, lease, first_worker
                      and _protocol.splits_batches(loader._source)),
         auto_processes=opts.auto_worker_type,
         rng_use=job.rng_use,
+        choice=loader._choice,  # (measures while undecided: kuat.loader._auto)
+        probe=job.sched_probe,
+        iterable=traits.iterable,
+        persistent=loader.persistent_workers,
     )
     factory = loader._observer_factory
     observer = factory(loader) if factory is not None else None

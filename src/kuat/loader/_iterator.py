@@ -298,15 +298,15 @@ class LoaderIter:
                 return
 
     def _to_processes(self) -> bool:
-        """``worker_type=None``: once the dataset is seen to draw from the global RNGs, let the
-        thread workers' batches in flight finish (True while they do), then continue the
-        epoch on process workers."""
+        """Other workers wanted (``_adaptive``: the dataset draws from the global RNGs, or the
+        worker choice measured): let the batches in flight finish (True while they do), then
+        continue the epoch on them, the round-robin where it was (same worker per batch)."""
         answer = self._adapt.processes_wanted(busy=bool(self._tasks))
         if answer != _adaptive.NOW:
             return answer == _adaptive.WAIT
-        new = self._lease.to_processes()
+        new = self._lease.to_processes(*self._adapt.move_to)
         self._nw = new.num_workers
-        self._active, self._rr, self._load = [True] * self._nw, 0, [0] * self._nw
+        self._active, self._rr, self._load = [True] * self._nw, self._rr % self._nw, [0] * self._nw
         self._adapt.moved_to_processes(self._nw)
         return False
 
