@@ -88,6 +88,8 @@ class Adaptation:
         self._probe, self._iterable, self._persistent = probe, iterable, persistent
         if probe is not None:
             probe.on = self._choice is not None and thread_engine
+            if probe.on:
+                self._choice.start_probe(probe)
         self._wall_mark: float | None = None  # perf_counter() when next() last returned
         self._move: tuple[str, int] | None = None  # (type, count) the choice wants now
 

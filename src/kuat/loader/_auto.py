@@ -40,7 +40,10 @@ from __future__ import annotations
 import logging
 import math
 import os
+import threading
 import time
+
+from kuat.engine.base import sched_times
 
 __all__ = ["AUTO", "WorkerChoice", "initial_workers", "resolve_num_workers", "usable_cores"]
 
@@ -48,12 +51,15 @@ log = logging.getLogger("kuat.loader")
 
 AUTO = "auto"
 PROBE_BATCHES = 12  # batches measured (after each worker's first) before deciding
-MIN_CPU_S = 0.2e-3  # CPU seconds per batch below which a hand-off to a process costs as much
+MIN_CPU_S = 0.5e-3  # CPU seconds per batch below which a hand-off to a process costs as much
+# (the loader's "cheap" batches: kuat.loader._adaptive.CHEAP_BATCH_S, which go inline instead)
 WAIT_SHARE = 0.25  # of the workers' busy time spent blocked (GIL or I/O)
 EXPLAIN = 1.5  # blocked time at most this many times the other workers' CPU time: the GIL
 WAITED_SHARE = 0.5  # of the window the loop waited for the workers (they were never idle)
-SERIAL_SLACK = 0.4  # ... and workers on a CPU at most 1 + this per further worker, though
-# each fetch ran unblocked (batches shorter than the GIL's switch interval): one at a time
+MAX_PARALLEL = 1.3  # worker CPU seconds per second above which they evidently ran in parallel
+GIL_BUSY = 0.35  # of the probe thread's time spent waiting for the GIL: held for long stretches
+PROBE_SLEEP_S = 1e-3  # the probe thread's sleep between two takes of the GIL
+PROBE_MAX_S = 30.0  # the probe thread ends by itself after this long
 COUNT_MARGIN = 1.25  # workers: ceil(margin * batch cost / loop time per batch)
 MAX_WORKERS = 8  # the initial guess's ceiling
 
@@ -112,13 +118,34 @@ class WorkerChoice:
         # worker CPU + runqueue seconds and loop seconds within it
         self._t0: float | None = None
         self._win_busy = self._win_loop = 0.0
+        self._gil_wait = self._gil_total = 0.0  # the probe thread's (GilProbe)
+        self._gil_probe: GilProbe | None = None
         self.worker_dependent = False  # a worker called get_worker_info(): keep the count
         self.applied = self.decided  # the loader's worker_type/num_workers follow the decision
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["_gil_probe"] = None
+        return state
 
     # --- measuring --------------------------------------------------------------------------
     @property
     def probing(self) -> bool:
         return not self.decided
+
+    def start_probe(self, flag) -> None:
+        """Start the GIL probe thread (:class:`GilProbe`) unless one runs; it runs while
+        ``flag.on`` (the job's ``SchedProbe``), at most :data:`PROBE_MAX_S`."""
+        if self._gil_probe is None or not self._gil_probe.is_alive():
+            self._gil_probe = GilProbe(self, flag)
+            self._gil_probe.start()
+
+    def gil_waited(self, wait: float, total: float) -> None:
+        """The probe thread waited ``wait`` of ``total`` seconds for the GIL (counted from the
+        first measured batch on)."""
+        if self._t0 is not None:
+            self._gil_wait += wait
+            self._gil_total += total
 
     def observe(self, st) -> bool:
         """A worker's ``WorkStats``; True once enough batches are measured to decide."""
@@ -135,7 +162,7 @@ class WorkerChoice:
         if self._t0 is None:  # (its work was done before the window starts)
             self._t0 = time.perf_counter()
         else:
-            self._win_busy += cpu + runq
+            self._win_busy += cpu
         self._n += 1
         self._wall += wall
         self._cpu += cpu
@@ -162,17 +189,20 @@ class WorkerChoice:
         others = max(1, num_workers - 1) * (cpu + runq)
         loop = self._loop_s / self._loops if self._loops else 0.0
         window = time.perf_counter() - self._t0 if self._t0 is not None else 0.0
-        # workers on a CPU (or waiting for one) per second of the window, and the share of it
-        # the loop waited for them (they had work queued all along)
+        # worker CPU seconds per second of the window (above 1: they ran in parallel), and the
+        # share of it the loop waited for them (they had work queued all along)
         parallel = self._win_busy / window if window > 0 else 0.0
         waited = 1.0 - self._win_loop / window if window > 0 else 0.0
+        gil_busy = self._gil_wait / self._gil_total if self._gil_total > 0 else 0.0
         # one fetch waited for another's Python (batches longer than the GIL's switch
-        # interval), or whole batches ran one at a time while the loop waited for them
+        # interval), or, while the loop waited for the workers (they had work all along), the
+        # GIL was held for long stretches: whole batches of Python ran one at a time
+        # (either way the probe thread found the GIL held for long stretches: I/O waits, or
+        # work that releases the GIL, leave it free)
         convoy = wait >= WAIT_SHARE * wall and wait <= EXPLAIN * others
-        serial = (num_workers >= 2 and waited >= WAITED_SHARE and wait < WAIT_SHARE * wall
-                  and parallel <= 1 + SERIAL_SLACK * (num_workers - 1))
+        serial = num_workers >= 2 and waited >= WAITED_SHARE and wait < 0.5 * wall
         gil = (self._threads and cpu / n >= MIN_CPU_S and self._native < 0.5 * wall
-               and (convoy or serial))
+               and gil_busy >= GIL_BUSY and parallel <= MAX_PARALLEL and (convoy or serial))
         kind, why = self.worker_type, "as given"
         if self.auto_type:
             if gil and cores < 2:
@@ -186,14 +216,16 @@ class WorkerChoice:
                 kind, why = "process", "process workers (measured in processes)"
             elif cpu / n < MIN_CPU_S:
                 kind, why = "thread", "batches too cheap for a process hand-off"
-            elif wait < WAIT_SHARE * wall:
-                kind, why = "thread", "the work releases the GIL: threads run in parallel"
-            else:
+            elif wait >= cpu:
                 kind, why = "thread", "the workers mostly wait on I/O, not on the GIL"
+            elif waited < WAITED_SHARE:
+                kind, why = "thread", "the loop seldom waited for the workers: threads keep up"
+            else:
+                kind, why = "thread", "the work releases the GIL: threads run in parallel"
         count = num_workers
         if self.auto_count and not iterable and not self.worker_dependent:
             cost = cpu / n if (kind == "process" and self._threads) else wall / n
-            mostly_waiting = (cpu + runq) < 0.5 * wall and kind == "thread"
+            mostly_waiting = wait >= 2 * cpu and kind == "thread"  # (on I/O: not the GIL)
             cap = cores * (4 if mostly_waiting else 1)
             need = math.ceil(COUNT_MARGIN * cost / loop) if loop > 0 else cap
             count = max(1, min(cap, need))
@@ -212,15 +244,17 @@ class WorkerChoice:
             "blocked_per_other_cpu": wait / others if others > 0 else 0.0,
             "loop_ms_per_batch": 1e3 * loop,
             "workers_on_cpu": parallel,
+            "gil_busy_share": gil_busy,
             "loop_waited_share": waited,
             "usable_cores": cores,
         }
         log.info("kuat.DataLoader: %d %s workers (%s): %d batches, %.3f ms CPU and %.3f ms wall "
                  "per batch, blocked %.0f%% of the time (%.2fx the other workers' CPU time), "
-                 "%.2f workers on a CPU while the loop waited %.0f%% of the time, loop %.3f ms "
+                 "GIL busy %.0f%% while the loop waited %.0f%% of the time, loop %.3f ms "
                  "per batch, %d usable cores", count, kind, why, self._n, 1e3 * cpu / n,
                  1e3 * wall / n, 100 * self.numbers["blocked_share"],
-                 self.numbers["blocked_per_other_cpu"], parallel, 100 * waited, 1e3 * loop, cores)
+                 self.numbers["blocked_per_other_cpu"], 100 * gil_busy, 100 * waited,
+                 1e3 * loop, cores)
         return kind, count
 
     def by_rng(self, reason: str, num_workers: int) -> None:
@@ -235,3 +269,30 @@ class WorkerChoice:
                 "chosen": ("measuring" if not self.decided else self.by),
                 "auto_type": self.auto_type, "auto_count": self.auto_count,
                 "reason": self.reason, "measured": dict(self.numbers)}
+
+
+class GilProbe(threading.Thread):
+    """A daemon thread that takes the GIL every :data:`PROBE_SLEEP_S` and measures how long it
+    waited for it: the wall time of ``time.sleep`` beyond the sleep, less the thread's own
+    runqueue time (a loaded machine's delay, not the GIL's). Python held by other threads for
+    long stretches (whole batches) makes it wait up to the switch interval (5 ms) each time;
+    work that releases the GIL, or waits on I/O, lets it in at once. Costs about 3% of a core
+    while it runs (the first batches of an epoch, until the choice is made)."""
+
+    def __init__(self, choice: WorkerChoice, flag):
+        super().__init__(name="kuat-gil-probe", daemon=True)
+        self._choice, self._flag = choice, flag
+
+    def run(self) -> None:
+        end = time.perf_counter() + PROBE_MAX_S
+        while self._flag.on and not self._choice.decided:
+            _, r0 = sched_times()
+            t0 = time.perf_counter()
+            time.sleep(PROBE_SLEEP_S)
+            t1 = time.perf_counter()
+            _, r1 = sched_times()
+            runq = r1 - r0  # (its share of a loaded machine counts neither way)
+            self._choice.gil_waited(max(0.0, t1 - t0 - PROBE_SLEEP_S - runq),
+                                    max(PROBE_SLEEP_S, time.perf_counter() - t0 - runq))
+            if t1 > end:
+                return
