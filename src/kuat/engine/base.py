@@ -132,20 +132,24 @@ class WorkStats:
 
 
 class SchedProbe:
-    """Shared by a loader's thread workers (``FetchJob.sched_probe``): while ``on``, each
-    fetch reports :attr:`WorkStats.sched`. Set by the consumer thread, read by the workers
-    (a bool: no lock needed)."""
+    """Shared by a loader's thread workers (``FetchJob.sched_probe``): while ``on`` (the
+    loader's worker choice measures) or ``forced`` (``kuat.doctor`` runs; the inline engine
+    too), each fetch reports :attr:`WorkStats.sched`. Set by the consumer thread, read by the
+    workers (bools: no lock needed)."""
 
-    __slots__ = ("on",)
+    __slots__ = ("on", "forced")
 
     def __init__(self):
-        self.on = False
+        self.on = self.forced = False
+
+    def wanted(self, method: str) -> bool:
+        return (self.on and method == "thread") or (self.forced and method != "process")
 
     def __getstate__(self):
         return (False,)  # process workers never probe
 
     def __setstate__(self, state):
-        self.on = False
+        self.on = self.forced = False
 
 
 def sched_times() -> tuple[float, float]:

@@ -257,7 +257,7 @@ class FetchJob(IsolatedFetch):
         if ctx.epoch != epoch:
             self._new_epoch(ctx, epoch, base_seed, key)
         st = WorkStats()
-        s0 = sched_times() if self.sched_probe.on and ctx.method == "thread" else None
+        s0 = sched_times() if self.sched_probe.wanted(ctx.method) else None
         # buffers kuat allocates while fetching this batch are its own: the collate may return
         # views of them; anything else it copies (collate.py)
         with batch_scope(self.buffer_pool):

@@ -24,6 +24,8 @@ which engine runs an epoch                    :mod:`kuat.loader._workers` (``Wor
 what adapts during an epoch                   :mod:`kuat.loader._adaptive` (prefetch depth,
                                               inline fetching, threads -> processes, first-
                                               batch split)
+which worker type and count (``worker_type=  :mod:`kuat.loader._auto` (``WorkerChoice``: the
+None``, ``num_workers="auto"``)               first batches measured, the GIL probe, the rule)
 what the iterator is handed                   :mod:`kuat.loader._plan` (``EpochPlan``,
                                               ``EpochObserver`` for framework integrations)
 where input time went                         :mod:`kuat.loader._stats` (``stats()``)

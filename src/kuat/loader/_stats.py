@@ -36,7 +36,7 @@ class LoaderStats:
 
     def reset(self):
         self.fetch_s = self.fetch_cpu_s = self.collate_s = self.pin_s = self.rng_wait_s = 0.0
-        self.native_s = 0.0
+        self.native_s = self.runq_s = 0.0  # runq_s: of fetch + collate, waiting for a core
         self.device_s = self.transform_s = self.wait_s = self.worker_wait_s = self.elapsed_s = 0.0
         self.batches = self.samples = self.skipped = 0
 
@@ -50,6 +50,8 @@ class LoaderStats:
             self.collate_s += st.collate_s
             self.pin_s += st.pin_s
             self.rng_wait_s += st.rng_wait_s
+            if st.sched is not None:  # measured (kuat.engine.base.SchedProbe)
+                self.runq_s += st.sched[1]
             if counted:
                 self.samples += st.samples
             self.skipped += len(st.skipped)
@@ -73,6 +75,7 @@ class LoaderStats:
                     "fetch": self.fetch_s,
                     "fetch_cpu": self.fetch_cpu_s,
                     "native": self.native_s,
+                    "runqueue": self.runq_s,
                     "collate": self.collate_s,
                     "pin": self.pin_s,
                     "rng_lock_wait": self.rng_wait_s,

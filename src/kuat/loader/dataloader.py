@@ -403,7 +403,9 @@ class DataLoader(_TorchDataLoader[_T_co]):  # generic as torch's: kuat.DataLoade
         seconds each stage was busy, summed over workers: ``fetch`` (dataset calls),
         ``fetch_cpu`` (their CPU time: far below ``fetch`` in thread mode means GIL-bound or
         I/O-bound), ``native`` (of ``fetch``, inside GIL-releasing kernels that report
-        themselves: ``kuat.vision``'s decodes and resizes), ``collate``, ``pin``,
+        themselves: ``kuat.vision``'s decodes and resizes), ``runqueue`` (of ``fetch`` and
+        ``collate``, runnable but waiting for a core; measured only while kuat measures: the
+        first batches under ``worker_type=None``, ``kuat.doctor``), ``collate``, ``pin``,
         ``rng_lock_wait`` (waiting for global-RNG isolation), ``device`` (consumer: copies out
         of shared memory or to the device), ``batch_transform``; ``consumer_wait_s`` (every
         second the training loop spent inside ``next()``), ``worker_wait_s`` (the part of it
