@@ -3,20 +3,26 @@
 
 Thread workers measure how their first batches ran (``kuat.engine.base.WorkStats.sched``: the
 thread's CPU seconds, its seconds runnable but waiting for a core, and the wall seconds of each
-fetch and collate), and the consumer measures its own time between batches. Over the first
-:data:`PROBE_BATCHES` batches of the first epoch (after each worker's first, which warms up):
+fetch and collate), a probe thread (:class:`GilProbe`) measures how long it waits for the GIL,
+and the consumer measures its own time between batches. Over the first :data:`PROBE_BATCHES`
+batches of the first epoch (after each worker's first, which warms up):
 
-* **off-CPU share**: ``wait = wall - cpu - runqueue``, the seconds a worker was neither running
-  nor waiting for a core: blocked on the GIL or on I/O. Runqueue time is excluded, so a loaded
-  machine (other processes competing for the cores) does not look like GIL contention.
-* **GIL-bound** when the batches do real CPU work (at least :data:`MIN_CPU_S` per batch), the
-  workers spent at least :data:`WAIT_SHARE` of their time blocked, and that blocked time is no
-  more than :data:`EXPLAIN` times what the *other* workers' CPU time could explain (``(N - 1) *
-  (cpu + runqueue)``; with one worker, its own): threads convoying on the GIL wait while the
-  others run Python; threads waiting on I/O wait far longer than the others run. GIL-bound work
-  moves to process workers (on a machine with at least two usable cores); work that releases
-  the GIL (kuat's own datasets, decoding, Arrow gathers, NumPy) and I/O-bound work stay on
-  threads.
+* **blocked**: ``wait = wall - cpu - runqueue``, the seconds a fetch was neither running nor
+  waiting for a core: blocked on the GIL or on I/O (runqueue time is excluded, so a loaded
+  machine does not look like either).
+* **GIL-bound** when all of: the batches do real CPU work (at least :data:`MIN_CPU_S` per batch:
+  cheaper ones are the inline policy's), outside GIL-releasing kernels that report themselves;
+  the probe thread waited for the GIL at least :data:`GIL_BUSY` of its time (held for long
+  stretches: Python; I/O waits and NumPy-style kernels leave it free); the workers' CPU seconds
+  per second stayed under :data:`MAX_PARALLEL` (above it they evidently ran in parallel); and
+  either the fetches convoyed (blocked at least :data:`WAIT_SHARE` of their time, and no more
+  than :data:`EXPLAIN` times what the other workers' CPU time explains: threads waiting on I/O
+  wait far longer than the others run) or, with two or more workers, the loop waited for them
+  at least :data:`WAITED_SHARE` of the time while the fetches themselves ran unblocked (whole
+  batches of Python one at a time, each shorter than the GIL's switch interval). GIL-bound
+  work moves to process workers on a machine with at least two usable cores; anything else
+  (kuat's own datasets, decoding, Arrow gathers, NumPy, I/O) stays on threads. On a heavily
+  loaded machine the signals blur, and the rule keeps threads (the default before it).
 * **count** (``num_workers="auto"``): ``ceil(1.25 * cost / loop)`` workers, ``cost`` the
   seconds one batch takes a worker of the chosen type (CPU seconds for processes, wall seconds
   for threads), ``loop`` the training loop's own wall seconds per batch (between ``next()``
