@@ -10,7 +10,9 @@ import torch
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 import kuat
+from kuat.engine.process import ProcessEngine
 from kuat.loader import _auto
+from kuat.sources.stream import Stream
 
 N = 480  # items: 30 batches of 16
 
@@ -52,13 +54,13 @@ class SleepyIO(Dataset):
 
 
 class NumpyHeavy(Dataset):
-    """GIL-free compute: a sort of 20,000 floats per sample (NumPy releases the GIL)."""
+    """GIL-free compute: a sort of 100,000 floats per sample (NumPy releases the GIL)."""
 
     def __init__(self):
-        self.a = np.random.default_rng(0).random(20_000)
+        self.a = np.random.default_rng(0).random(100_000)
 
     def __len__(self):
-        return N
+        return N // 4
 
     def __getitem__(self, i):
         return float(np.sort(self.a * (i + 1))[i])
@@ -112,14 +114,14 @@ def test_gil_bound_map_dataset_moves_to_processes_with_torchs_batches():
     assert dl.worker_type == "thread" and dl.stats()["workers"]["chosen"] == "given"
 
 
-@pytest.mark.parametrize("ds", [SleepyIO, NumpyHeavy], ids=["io", "numpy"])
-def test_gil_free_work_stays_on_threads(ds):
-    dl = kuat.DataLoader(ds(), batch_size=16, num_workers=2)
+@pytest.mark.parametrize("ds, bs", [(SleepyIO, 16), (NumpyHeavy, 4)], ids=["io", "numpy"])
+def test_gil_free_work_stays_on_threads(ds, bs):
+    dl = kuat.DataLoader(ds(), batch_size=bs, num_workers=2)
     out = _batches(dl)
     w = dl.stats()["workers"]
     assert (dl.worker_type, w["chosen"]) == ("thread", "measured"), w
     assert "GIL" not in w["reason"] or "releases" in w["reason"] or "I/O" in w["reason"]
-    _equal(out, _batches(torch.utils.data.DataLoader(ds(), batch_size=16)))
+    _equal(out, _batches(torch.utils.data.DataLoader(ds(), batch_size=bs)))
 
 
 def test_kuat_format_dataset_stays_on_threads(tmp_path):
@@ -168,13 +170,33 @@ def test_gil_bound_iterable_moves_at_the_next_epoch_with_torchs_batches():
     assert dl.stats()["workers"]["num_workers"] == 2  # an iterable's count never changes
 
 
+class PyStream(Stream):
+    """A kuat stream (one deterministic stream per epoch, as HF streaming) of per-row Python."""
+
+    def samples(self, epoch):
+        for i in range(N):
+            yield {"i": i + 1000 * epoch, "v": _python_work(i)}
+
+
+def test_a_gil_bound_kuat_stream_moves_mid_epoch_and_replays_exactly():
+    inline = kuat.DataLoader(PyStream(), batch_size=16)
+    want = [_batches(inline) for _ in range(2)]
+    dl = kuat.DataLoader(PyStream(), batch_size=16, num_workers=2)
+    it = iter(dl)
+    first = [{k: v.clone() for k, v in b.items()} for b in it]
+    assert isinstance(it._engine, ProcessEngine)  # moved within the first epoch
+    _equal(first, want[0])  # every batch once, in order: the new workers skipped the old ones'
+    _equal(_batches(dl), want[1])
+    assert dl.worker_type == "process" and dl.stats()["workers"]["chosen"] == "measured"
+
+
 # --- num_workers="auto" ------------------------------------------------------------------------
 def _run(ds, step_s: float, **kw):
     dl = kuat.DataLoader(ds, batch_size=16, num_workers="auto", **kw)
     assert dl.num_workers == _auto.initial_workers(2) == 2  # an int before the decision
     for _ in dl:
-        if step_s:
-            time.sleep(step_s)
+        if step_s and dl._choice.probing:
+            time.sleep(step_s)  # (then the rest of the epoch, on the workers chosen)
     return dl
 
 
@@ -187,9 +209,9 @@ def test_auto_with_a_fast_consumer_uses_the_cores():
 
 
 def test_auto_with_a_slow_consumer_needs_one_worker():
-    dl = _run(GilBound(worker=False), 0.02)  # 20 ms per step: one worker keeps up
+    dl = _run(GilBound(worker=False), 0.1)  # 100 ms per step: one worker keeps up
     assert dl.num_workers == 1
-    dl = _run(SleepyIO(), 0.03)
+    dl = _run(SleepyIO(), 0.06)
     assert (dl.worker_type, dl.num_workers) == ("thread", 1)
 
 

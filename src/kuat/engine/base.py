@@ -137,7 +137,7 @@ class SchedProbe:
     too), each fetch reports :attr:`WorkStats.sched`. Set by the consumer thread, read by the
     workers (bools: no lock needed)."""
 
-    __slots__ = ("on", "forced")
+    __slots__ = ("on", "forced", "__weakref__")
 
     def __init__(self):
         self.on = self.forced = False

@@ -18,7 +18,8 @@ where is rank resolved                        :mod:`kuat.distributed` (the only 
 where is ``state_dict`` built                 :mod:`kuat.loader._state` (``Position``,
                                               ``Pending``, ``state_dict``/``load_state_dict``)
 where do batches cross threads                :mod:`kuat.loader._iterator` (dispatch to workers,
-                                              order, device copy) over :mod:`kuat.engine`
+                                              order, device copy) over :mod:`kuat.engine`; the
+                                              sampler's pace: :mod:`kuat.loader._paced`
 which engine runs an epoch                    :mod:`kuat.loader._workers` (``WorkerPool``,
                                               ``Lease``; persistent workers)
 what adapts during an epoch                   :mod:`kuat.loader._adaptive` (prefetch depth,

@@ -61,14 +61,17 @@ class Adaptation:
         rng_use: the job's ``kuat.engine.isolate.RngUse`` (``draws`` once seen drawing).
         choice: the loader's ``_auto.WorkerChoice`` while it measures, else ``None``.
         probe: the job's ``SchedProbe`` (on while ``choice`` measures thread workers).
-        iterable: an iterable dataset's epoch (never moved mid-epoch).
+        iterable: an iterable dataset's epoch (moved mid-epoch only when ``replay``).
+        replay: the iterable is a deterministic stream per epoch (``kuat.sources.stream.Stream``:
+            HF streaming, mixes, shuffle buffers), so new workers may replay the epoch's first
+            batches and skip them.
         persistent: ``persistent_workers``.
     """
 
     def __init__(self, *, num_workers: int, inline: bool, prefetch_factor: int, adaptive: bool,
                  thread_engine: bool, consumer_may_fetch: bool, agnostic: bool,
                  split_first: bool, auto_processes: bool, rng_use, choice=None, probe=None,
-                 iterable: bool = False, persistent: bool = False):
+                 iterable: bool = False, persistent: bool = False, replay: bool = False):
         self.num_workers = num_workers
         self.max_inflight = 1 if inline else max(1, prefetch_factor * num_workers)
         self._base_inflight = self.max_inflight
@@ -86,6 +89,7 @@ class Adaptation:
         self._loop_mark: float | None = None  # thread_time() when next() last returned
         self._choice = choice if choice is not None and choice.probing and not inline else None
         self._probe, self._iterable, self._persistent = probe, iterable, persistent
+        self._replay = iterable and replay
         if probe is not None:
             probe.on = self._choice is not None and thread_engine
             if probe.on:
@@ -134,9 +138,10 @@ class Adaptation:
         if self._probe is not None:
             self._probe.on = False
         kind, count = choice.decide(num_workers=self.num_workers, iterable=self._iterable,
-                                    persistent=self._persistent)
-        if not self._iterable and (kind, count) != (self._engine_kind, self.num_workers):
-            self._move = (kind, count)  # (an iterable's next epoch starts on them: _workers.py)
+                                    persistent=self._persistent and not self._replay)
+        if ((not self._iterable or self._replay)
+                and (kind, count) != (self._engine_kind, self.num_workers)):
+            self._move = (kind, count)  # (another iterable's next epoch starts on them)
 
     # --- switches ----------------------------------------------------------------------------
     @property

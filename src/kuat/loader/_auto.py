@@ -48,6 +48,7 @@ import math
 import os
 import threading
 import time
+import weakref
 
 from kuat.engine.base import sched_times
 
@@ -66,6 +67,7 @@ MAX_PARALLEL = 1.3  # worker CPU seconds per second above which they evidently r
 GIL_BUSY = 0.35  # of the probe thread's time spent waiting for the GIL: held for long stretches
 PROBE_SLEEP_S = 1e-3  # the probe thread's sleep between two takes of the GIL
 PROBE_MAX_S = 30.0  # the probe thread ends by itself after this long
+PROBE_IDLE_S = 5.0  # ... or after this long without a measured batch (the epoch ended)
 COUNT_MARGIN = 1.25  # workers: ceil(margin * batch cost / loop time per batch)
 MAX_WORKERS = 8  # the initial guess's ceiling
 
@@ -287,18 +289,28 @@ class GilProbe(threading.Thread):
 
     def __init__(self, choice: WorkerChoice, flag):
         super().__init__(name="kuat-gil-probe", daemon=True)
-        self._choice, self._flag = choice, flag
+        # weak: the probe ends with its loader (and keeps neither alive)
+        self._choice, self._flag = weakref.ref(choice), weakref.ref(flag)
 
     def run(self) -> None:
         end = time.perf_counter() + PROBE_MAX_S
-        while self._flag.on and not self._choice.decided:
+        seen, idle_until = -1, 0.0
+        while True:
+            choice, flag = self._choice(), self._flag()
+            if choice is None or flag is None or not flag.on or choice.decided:
+                return
             _, r0 = sched_times()
             t0 = time.perf_counter()
+            if choice._n != seen:  # no batch for PROBE_IDLE_S: the epoch ended (or paused)
+                seen, idle_until = choice._n, t0 + PROBE_IDLE_S
+            if t0 > end or t0 > idle_until:
+                return
+            del choice, flag
             time.sleep(PROBE_SLEEP_S)
             t1 = time.perf_counter()
             _, r1 = sched_times()
             runq = r1 - r0  # (its share of a loaded machine counts neither way)
-            self._choice.gil_waited(max(0.0, t1 - t0 - PROBE_SLEEP_S - runq),
-                                    max(PROBE_SLEEP_S, time.perf_counter() - t0 - runq))
-            if t1 > end:
-                return
+            choice = self._choice()
+            if choice is not None:
+                choice.gil_waited(max(0.0, t1 - t0 - PROBE_SLEEP_S - runq),
+                                  max(PROBE_SLEEP_S, time.perf_counter() - t0 - runq))

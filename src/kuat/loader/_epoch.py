@@ -39,6 +39,7 @@ from kuat.loader._state import Pending, Position, WorkerStates, persists
 from kuat.rng import epoch_context, worker_base_seed
 from kuat.sampling import EpochSampler, epoch_hook, order_state, restore_order
 from kuat.sources import protocol as _protocol
+from kuat.sources.stream import Stream
 
 __all__ = ["apply_distributed", "next_epoch", "plan_epoch", "epoch_keys", "batched"]
 
@@ -312,6 +313,7 @@ def _plan(loader, epoch, base_seed, keys, discard, position, lease, first_worker
         probe=job.sched_probe,
         iterable=traits.iterable,
         persistent=loader.persistent_workers,
+        replay=isinstance(loader._source, Stream),  # one deterministic stream per epoch
     )
     factory = loader._observer_factory
     observer = factory(loader) if factory is not None else None

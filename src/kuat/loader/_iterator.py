@@ -13,7 +13,7 @@ import collections
 import itertools
 import queue
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 from kuat.device import DeviceCopier
@@ -21,69 +21,11 @@ from kuat.engine.base import END, FAIL, OK, Task
 from kuat.engine.inline import InlineEngine
 from kuat.errors import LoaderTimeoutError
 from kuat.loader import _adaptive, _plan
+from kuat.loader._paced import PacedKeys
 
 __all__ = ["LoaderIter", "PacedKeys"]
 
 _TASK_IDS = itertools.count()  # unique across iterators, so stale results are recognised
-
-
-class PacedKeys:
-    """An epoch's keys (batches of indices, or one index), pulled from the sampler no later
-    than torch's multi-worker iterator pulls them: ``prefetch_factor * num_workers`` when the
-    epoch starts, then one more per batch it returns (``_try_put_index``). kuat's dispatch pulls
-    on demand and may pull fewer (or, for cheap batches, more); the pull that exhausts the
-    sampler draws from its generator (``RandomSampler``'s trailing ``randperm``), so a loop that
-    leaves an epoch early (``limit_train_batches``, ``break``) would otherwise leave that
-    generator one draw behind torch's. :meth:`keep_up` pulls the missing keys into a queue that
-    dispatch takes first; :meth:`may_pull` keeps dispatch (which may run further ahead, by
-    ``_adaptive.CHEAP_PREFETCH``) from making the exhausting pull before torch
-    would, when the number of keys is known. Not thread-safe (the consumer thread's)."""
-
-    __slots__ = ("_keys", "_queue", "_ahead", "_count", "pulled", "exhausted")
-
-    def __init__(self, keys: Iterator, ahead: int, count: int | None):
-        self._keys = keys
-        self._queue: collections.deque = collections.deque()
-        self._ahead = ahead
-        self._count = count  # keys in the epoch (len of the batch sampler), None if unknown
-        self.pulled = 0
-        self.exhausted = False
-
-    def may_pull(self, returned: int, in_flight: int) -> bool:
-        """False when the next pull would be the exhausting one (all ``count`` keys pulled)
-        and torch would not make it yet; never False with nothing in flight (a sampler whose
-        ``len`` is short of its keys still ends its epoch only when it is exhausted)."""
-        if self._queue or self.exhausted or in_flight == 0 or self._count is None:
-            return True
-        return self.pulled < self._count or self.pulled < self._ahead + returned
-
-    def __iter__(self):
-        return self
-
-    def __next__(self):
-        if self._queue:
-            return self._queue.popleft()
-        return self._pull()
-
-    def _pull(self):
-        if self.exhausted:
-            raise StopIteration
-        try:
-            key = next(self._keys)
-        except StopIteration:
-            self.exhausted = True
-            raise
-        self.pulled += 1
-        return key
-
-    def keep_up(self, returned: int) -> None:
-        """Pull (and queue) keys until torch would have pulled as many after ``returned``
-        batches."""
-        while not self.exhausted and self.pulled < self._ahead + returned:
-            try:
-                self._queue.append(self._pull())
-            except StopIteration:
-                return
 
 
 class LoaderIter:
@@ -109,6 +51,7 @@ class LoaderIter:
         self._epoch, self._base_seed = plan.epoch, plan.base_seed
         self._keys = PacedKeys(plan.keys, *plan.pace) if plan.pace is not None else plan.keys
         self._returned = 0
+        self._taken = 0  # results of kind OK taken from the engine (yielded or discarded)
         self._keys_done = False
         self._discard = plan.discard
         self._position = plan.position
@@ -299,14 +242,18 @@ class LoaderIter:
 
     def _to_processes(self) -> bool:
         """Other workers wanted (``_adaptive``: the dataset draws from the global RNGs, or the
-        worker choice measured): let the batches in flight finish (True while they do), then
-        continue the epoch on them, the round-robin where it was (same worker per batch)."""
-        answer = self._adapt.processes_wanted(busy=bool(self._tasks))
+        worker choice measured): let the batches in flight finish and be yielded (True while
+        they are), then continue the epoch on them, the round-robin where it was."""
+        answer = self._adapt.processes_wanted(busy=bool(self._tasks or self._ready))
         if answer != _adaptive.NOW:
             return answer == _adaptive.WAIT
         new = self._lease.to_processes(*self._adapt.move_to)
         self._nw = new.num_workers
         self._active, self._rr, self._load = [True] * self._nw, self._rr % self._nw, [0] * self._nw
+        if self._plan.iterable:  # a replayable stream (_adaptive): the new workers start the
+            # epoch again and skip every batch the old ones produced (as a replayed resume)
+            self._discard, self._taken = self._discard + self._taken, 0
+            self._rr = self._plan.first_worker
         self._adapt.moved_to_processes(self._nw)
         return False
 
@@ -412,6 +359,7 @@ class LoaderIter:
 
     # --- bookkeeping --------------------------------------------------------------------------
     def _account(self, r) -> None:
+        self._taken += r.kind == OK
         st = r.stats
         if st is None:
             return
