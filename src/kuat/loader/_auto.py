@@ -36,9 +36,10 @@ batches of the first epoch (after each worker's first, which warms up):
 The decision is taken once per loader (it survives epochs and ``load_state_dict``; a loader
 built afresh measures again, and the choice never changes a batch), logged once at INFO, and
 shown by ``stats()["workers"]``. A map-style epoch moves at once (in-flight batches finish
-first, the worker assignment goes on where it was); an iterable dataset's epoch ends on its
-threads and the next epoch starts on the chosen workers (a worker moved mid-epoch would have to
-replay its iterator). Not thread-safe: the consumer thread's.
+first, the worker assignment goes on where it was), and so does a kuat stream
+(``kuat.sources.stream.Stream``: the new workers replay the epoch's first batches and skip
+them); any other iterable dataset's epoch ends on its threads and the next epoch starts on the
+chosen workers. Not thread-safe: the consumer thread's.
 """
 
 from __future__ import annotations
