@@ -130,7 +130,7 @@ class WorkerChoice:
         self._gil_wait = self._gil_total = 0.0  # the probe thread's (GilProbe)
         self._gil_probe: GilProbe | None = None
         self.worker_dependent = False  # a worker called get_worker_info(): keep the count
-        self.applied = self.decided  # the loader's worker_type/num_workers follow the decision
+        self.initial = num_workers  # the count the loader started with (the initial guess)
 
     def __getstate__(self):
         state = dict(self.__dict__)
@@ -269,7 +269,7 @@ class WorkerChoice:
     def by_rng(self, reason: str, num_workers: int) -> None:
         """The global-RNG switch moved the loader to processes (:mod:`kuat.loader._workers`)."""
         self.worker_type, self.num_workers = "process", num_workers
-        self.decided, self.applied, self.by, self.reason = True, True, "rng", reason
+        self.decided, self.by, self.reason = True, "rng", reason
 
     def report(self, worker_type: str, num_workers: int) -> dict:
         """``stats()["workers"]``: the type and count in use, how they were chosen and why,

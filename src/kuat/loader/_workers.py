@@ -99,15 +99,16 @@ class WorkerPool:
 
 def adopt(loader) -> bool:
     """Apply a decision of the loader's ``_auto.WorkerChoice`` not applied yet (the type under
-    ``worker_type=None``, the count under ``num_workers="auto"``); True when it changed either."""
+    ``worker_type=None``, the count under ``num_workers="auto"``, unless the attribute was set
+    since); True when it changed either. Idempotent (a ``skip_first_batches`` copy shares the
+    choice, and each applies it to itself)."""
     choice = loader._choice
-    if not choice.decided or choice.applied or choice.by != "measured" or not loader.num_workers:
+    if not choice.decided or choice.by != "measured" or not loader.num_workers:
         return False
-    choice.applied = True
     before = (loader.worker_type, loader.num_workers)
-    if choice.auto_type:
+    if choice.auto_type and loader.worker_type == "thread":  # (it only ever moves to processes)
         loader.worker_type = choice.worker_type
-    if choice.auto_count:
+    if choice.auto_count and loader.num_workers == choice.initial:
         loader.num_workers = choice.num_workers
     return (loader.worker_type, loader.num_workers) != before
 
@@ -130,7 +131,6 @@ class Lease:
         loader.worker_type = worker_type
         if num_workers is not None:
             loader.num_workers = num_workers
-        loader._choice.applied = True
         old, pool = self.engine, self._pool
         if self.owned or pool.persistent is old:
             old.close()
