@@ -77,9 +77,11 @@ class GilBoundStream(IterableDataset):
 
 
 @pytest.fixture(autouse=True)
-def two_cores(monkeypatch):
-    """Decisions as on a machine with 2 usable cores (whatever this one has)."""
+def two_idle_cores(monkeypatch):
+    """Decisions as on a machine with 2 usable cores (whatever this one has), taken as idle
+    whatever the load of this one (test_decide_rules tests the busy-machine rule)."""
     monkeypatch.setattr(_auto, "usable_cores", lambda: 2)
+    monkeypatch.setattr(_auto, "BUSY_MACHINE", 1.0)
 
 
 def _batches(loader):
@@ -254,6 +256,10 @@ def test_decide_rules_on_given_numbers():
     assert choice(0.010, 0.001, 0.021, 0.0, gil_busy=0.05)[0] == "thread"
     # ... nor with one core
     assert choice(0.002, 0.0, 0.0021, 0.0, gil_busy=0.6, cores=1)[0] == "thread"
+    # ... nor on a machine whose cores are busy (the workers waited for one most of the time)
+    _auto.BUSY_MACHINE = 0.5  # (the fixture's monkeypatch restores it)
+    assert choice(0.002, 0.006, 0.0081, 0.0, gil_busy=0.6)[0] == "thread"
+    assert choice(0.002, 0.0005, 0.0026, 0.0, gil_busy=0.6)[0] == "process"
     # waiting on I/O: far longer than the other worker's CPU time
     assert choice(0.001, 0.0, 0.030, 0.0, gil_busy=0.6)[0] == "thread"
     # running or runnable all along (a loaded machine): GIL-free

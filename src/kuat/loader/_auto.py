@@ -20,7 +20,10 @@ batches of the first epoch (after each worker's first, which warms up):
   wait far longer than the others run) or, with two or more workers, the loop waited for them
   at least :data:`WAITED_SHARE` of the time while the fetches themselves ran unblocked (whole
   batches of Python one at a time, each shorter than the GIL's switch interval). GIL-bound
-  work moves to process workers on a machine with at least two usable cores; anything else
+  work moves to process workers on a machine with at least two usable cores that are not
+  already busy (the workers waited for a core at most :data:`BUSY_MACHINE` of the time they
+  wanted one: on a saturated machine each process hand-off waits for a core too, and the
+  loop is faster on threads, or inline); anything else
   (kuat's own datasets, decoding, Arrow gathers, NumPy, I/O) stays on threads. On a heavily
   loaded machine the signals blur, and the rule keeps threads (the default before it).
 * **count** (``num_workers="auto"``): ``ceil(1.25 * cost / loop)`` workers, ``cost`` the
@@ -69,6 +72,7 @@ GIL_BUSY = 0.35  # of the probe thread's time spent waiting for the GIL: held fo
 PROBE_SLEEP_S = 1e-3  # the probe thread's sleep between two takes of the GIL
 PROBE_MAX_S = 30.0  # the probe thread ends by itself after this long
 PROBE_IDLE_S = 5.0  # ... or after this long without a measured batch (the epoch ended)
+BUSY_MACHINE = 0.5  # runqueue share of the workers' wanted CPU above which no core is spare
 COUNT_MARGIN = 1.25  # workers: ceil(margin * batch cost / loop time per batch)
 MAX_WORKERS = 8  # the initial guess's ceiling
 
@@ -216,6 +220,11 @@ class WorkerChoice:
         if self.auto_type:
             if gil and cores < 2:
                 kind, why = "thread", "GIL-bound, but one usable core: processes cannot run in parallel"
+            elif gil and runq > BUSY_MACHINE * (cpu + runq):
+                kind, why = "thread", (f"GIL-bound, but the workers waited for a core "
+                                       f"{100 * runq / (cpu + runq):.0f}% of the time: no spare "
+                                       "core for processes to run in parallel (each batch's "
+                                       "hand-off would wait for one too)")
             elif gil and iterable and persistent:
                 kind, why = "thread", ("GIL-bound, but persistent workers of an iterable keep "
                                        "their dataset copies: threads kept")
