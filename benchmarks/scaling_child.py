@@ -152,6 +152,26 @@ def _window(batches, workload: str, loop_iters: int, until) -> dict:
     return out
 
 
+def _python_totals(loader) -> tuple[int, dict] | None:
+    """``(samples, {part: Python us in all})`` from a kuat loader's ``stats()``
+    (``python_us_per_sample`` times the samples); ``None`` for other loaders."""
+    stats = getattr(loader, "stats", None)
+    if stats is None:
+        return None
+    r = stats()
+    n, per = r["samples"], r.get("python_us_per_sample") or {}
+    return n, {k: v * n for k, v in per.items() if v is not None}
+
+
+def _python_per_item(before, after) -> dict | None:
+    """kuat's ``stats()`` Python us per sample over the window between two
+    :func:`_python_totals` (``workers``, ``consumer``, ``main_process``)."""
+    if before is None or after is None or after[0] <= before[0]:
+        return None
+    n = after[0] - before[0]
+    return {k: (v - before[1].get(k, 0.0)) / n for k, v in after[1].items()}
+
+
 def _readable(fd: int) -> bool:
     return bool(select.select([fd], [], [], 0)[0])
 
@@ -175,9 +195,12 @@ def run(spec: dict) -> dict:
         if ready_fd is not None:
             os.write(ready_fd, b"1")  # the parent starts its sampler now
             limit = float(spec.get("gil_window_max_s", 600.0))
+            p0 = _python_totals(loader)
             result["gil_window"] = _window(
                 batches, workload, loop_iters, lambda t: t >= limit or _readable(done_fd)
             )
+            # kuat's own measure over the same window (stats(): CPU outside its kernels)
+            result["gil_window"]["stats_python_us"] = _python_per_item(p0, _python_totals(loader))
     finally:
         close = getattr(loader, "close", None)
         if close is not None:

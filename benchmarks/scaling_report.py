@@ -80,6 +80,7 @@ def record(res: dict, workload: str, loader: str, workers: int, loop: bool, rnd:
             "us_per_item_on_cpu": (gil_us_per_item(gil["main_fraction"], gw["rate"])
                                    * gil["on_cpu_share"]) if gil.get("on_cpu_share") else None,
             "window_rate": gw["rate"],
+            "stats_python_us": gw.get("stats_python_us"),  # kuat's stats(), same window
             "window_s": gw["wall_s"],
             "instants": gil["instants"],
             "behind": gil.get("behind", False),
@@ -95,6 +96,9 @@ def one_line(rec: dict) -> str:
     g = rec.get("gil")
     gil = (f"GIL {g['fraction']:.1%} of wall, {g['us_per_item']:.1f} us/item"
            if g else f"GIL: {rec.get('gil_error')}")  # fmt: skip
+    sp = (g or {}).get("stats_python_us")
+    if sp:  # kuat's own measure beside the sampler's
+        gil += f" (stats(): {sp['main_process']:.1f} in the main process)"
     loop = (f", loop {rec['loop_ms']:.1f} ms/step (alone {rec['loop_alone_ms']:.1f})"
             if rec["loop"] else "")  # fmt: skip
     return f"{rec['rate']:,.0f} items/s, {gil}{loop}"

@@ -1,5 +1,6 @@
-"""Every consumer of rank and world size agrees, before and after ``init_process_group``
-(``kuat.distributed`` is the one place they are resolved)."""
+"""Every consumer of the global rank agrees, before and after ``init_process_group``
+(``kuat.distributed`` is the one place it is resolved); unsharded consumers (the loader's
+default, a stream without a loader's share) read everything whatever the rank, as torch's."""
 
 import datetime
 import socket
@@ -19,14 +20,15 @@ def _answers():
         def samples(self, epoch):
             return iter(range(8))
 
-    loader = kuat.DataLoader(list(range(8)), batch_size=2)
+    loader = kuat.DataLoader(list(range(8)), batch_size=2, shard=True)
     budget = TokenBudgetBatchSampler([3] * 8, max_tokens=6)
-    stream = Eight()
+    unsharded = kuat.DataLoader(list(range(8)), batch_size=2)
+    assert (unsharded.rank, unsharded.world_size, len(unsharded)) == (0, 1, 4)
+    assert Eight()._rank_and_world() == (0, 1)  # a torch IterableDataset is not split by rank
     return {
         "module": distributed.resolve(),
         "loader": (loader.rank, loader.world_size),
         "token budget sampler": budget._rank_and_world(),
-        "stream": stream._rank_and_world(),
     }
 
 

@@ -143,3 +143,40 @@ def test_advice_reads_dropped_pages_from_disk(tmp_path, monkeypatch, hint):
     else:
         assert max(_resident(v) for v in views) < 0.5  # nothing reads them before use
     assert bytes(got[1]) == np.random.default_rng(12).bytes(size)
+
+
+def _jpeg(i: int) -> bytes:
+    arr = np.random.default_rng(i).integers(0, 255, (40 + i, 56, 3), dtype=np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(arr).save(buf, "JPEG", quality=80)
+    return buf.getvalue()
+
+
+def test_a_transform_that_advises_its_own_reads_is_not_advised_again(tmp_path, monkeypatch):
+    """``RandomResizedCrop`` + flips on the ROI decoder's one-call path asks the kernel for the
+    batch's pages itself, in C without the GIL (``_roijpeg.c`` ``advise_willneed``): the
+    gather then makes no per-row system call under the worker's Python. Other transforms (a
+    Python-planned ``Resize``), and plain reads, are advised by the gather as before."""
+    from kuat import vision as kv
+
+    with kuat.Writer(tmp_path / "d", kuat.Schema({"image": kf.image()})) as w:
+        for i in range(12):
+            w.write({"image": _jpeg(i)})
+    calls = []
+    monkeypatch.setattr(kshard, "_madvise", lambda a, n, adv: calls.append(a) or 0)
+    rrc = kv.Compose([kv.RandomResizedCrop(32), kv.RandomHorizontalFlip()])
+    resize = kv.Compose([kv.Resize((32, 32))])
+    idx = [3, 0, 7, 11]
+    for t, advised in [(rrc, not kv.protocol.advises_reads(rrc)), (resize, True), (None, True)]:
+        ds = kuat.open(tmp_path / "d")
+        if t is not None:
+            ds = ds.with_transform({"image": t})
+        calls.clear()
+        batch = ds.kuat_fetch_collated(idx) if t is not None else ds.read_batch(idx)
+        assert len(calls) == (len(idx) if advised else 0), repr(t)
+        if t is not None:
+            assert batch["image"].shape == (4, 3, 32, 32)
+    from kuat.vision import decode as kdecode
+
+    if getattr(kdecode._roi, "plan_decode_rrc", None) is not None:
+        assert kv.protocol.advises_reads(rrc) and not kv.protocol.advises_reads(resize)

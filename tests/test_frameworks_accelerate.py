@@ -1,6 +1,7 @@
 """kuat.DataLoader inside Hugging Face Accelerate (issue #10), each against torch's loader.
 
-Single-process tests run here (CPU); the two-process ``prepare`` check runs under torchrun in
+Single-process tests run here (CPU); the 2- and 4-rank rows (Accelerate's sharding applied to
+kuat's loader) are in tests/test_frameworks_accelerate_ranks.py, and a torchrun launch in
 ``tests/_torchrun_script.py`` (see tests/test_frameworks_torchrun.py).
 """
 
@@ -117,12 +118,34 @@ def test_gradient_accumulation_steps_on_the_last_partial_window():
     assert got == expected
 
 
-def test_split_batches_is_refused_naming_it():
+def test_split_batches_as_accelerate_and_refused_only_where_kuat_shards_itself():
+    """One process: Accelerate changes nothing (torch's batches, the loader itself); a loader
+    sharded by kuat (rank=/world_size=) keeps its share, so split_batches is refused, naming it;
+    dispatch_batches=True is refused for every kuat loader (each rank reads its own batches)."""
     from accelerate import DataLoaderConfiguration
 
     accelerator = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(split_batches=True))
+    loader = kuat.DataLoader(list(range(10)), batch_size=4)
+    assert accelerator.prepare(loader) is loader
+    assert ids(loader) == ids(accelerator.prepare(TorchLoader(list(range(10)), batch_size=4)))
     with pytest.raises(ValueError, match="split_batches"):
-        accelerator.prepare(kuat.DataLoader(list(range(8)), batch_size=4))
+        accelerator.prepare(kuat.DataLoader(list(range(8)), batch_size=4, rank=0, world_size=2))
+    config = DataLoaderConfiguration(dispatch_batches=True)
+    with pytest.raises(ValueError, match="dispatch_batches"):
+        Accelerator(cpu=True, dataloader_config=config).prepare(kuat.DataLoader(list(range(8)), batch_size=4))
+
+
+def test_even_batches_false_and_seedable_sampler_are_applied_not_ignored(caplog):
+    """Accelerate's own code decides (tests/test_frameworks_accelerate_ranks.py shows the
+    shares on 2 ranks); kuat no longer logs that it ignores them."""
+    from accelerate import DataLoaderConfiguration
+
+    config = DataLoaderConfiguration(even_batches=False, use_seedable_sampler=True)
+    accelerator = Accelerator(cpu=True, dataloader_config=config)
+    with caplog.at_level("WARNING", logger="kuat"):
+        loader = accelerator.prepare(kuat.DataLoader(list(range(25)), batch_size=4, shuffle=True, seed=1))
+        assert sorted(x for b in ids(loader) for x in b) == list(range(25))
+    assert not [r for r in caplog.records if "ignore" in r.getMessage()]
 
 
 class Stream(torch.utils.data.IterableDataset):

@@ -21,15 +21,16 @@ pl = pytest.importorskip("lightning.pytorch")
 
 SCRIPT = Path(__file__).with_name("_lightning_script.py")
 SRC = Path(kuat.__file__).resolve().parents[1]
-N, BATCH, SEED = 50, 5, 3  # as in the script
+N, BATCH, SEED, OWN, PREDICT = 50, 5, 3, 20, 25  # as in the script
 
 
 def _run_script(mode: str, out: Path) -> dict:
     env = {k: v for k, v in os.environ.items()
            if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
     env["PYTHONPATH"] = os.pathsep.join([str(SRC), env.get("PYTHONPATH", "")])
+    env["MASTER_ADDR"] = "127.0.0.1"
     proc = subprocess.run([sys.executable, str(SCRIPT), mode, str(out)], env=env, cwd=out,
-                          capture_output=True, text=True, timeout=240)
+                          capture_output=True, text=True, timeout=420)
     # Seen once in about a dozen full runs: a ddp_spawn rank aborts in C++ teardown after fit()
     # returned ("terminate called without an active exception": a joinable std::thread destroyed
     # at exit, gloo's or torch's, not a Python thread). Every rank's record is written before
@@ -39,40 +40,90 @@ def _run_script(mode: str, out: Path) -> dict:
     runs: dict = {}
     for f in out.glob("*_[01].json"):
         run, rank = f.stem.rsplit("_", 1)
-        runs.setdefault(run, {})[int(rank)] = {int(k): v for k, v in json.loads(f.read_text()).items()}
+        record = json.loads(f.read_text())
+        record["epochs"] = {int(k): v for k, v in record.get("epochs", {}).items()}
+        runs.setdefault(run, {})[int(rank)] = record
     return runs
 
 
-def _kuat_epochs(rank: int) -> dict[int, list[list[int]]]:
-    loader = kuat.DataLoader(list(range(N)), batch_size=BATCH, shuffle=True, seed=SEED, rank=rank, world_size=2)
-    return {epoch: [b.tolist() for b in loader] for epoch in range(2)}
-
-
-def _assert_halves(per_rank: dict) -> None:
+def _injected(rank: int, order=None, shuffle: bool = True) -> dict[int, list[list[int]]]:
+    """What Lightning's injected sampler gives ``rank`` in epochs 0 and 1, computed with torch's
+    ``DistributedSampler`` (seed 0, Lightning's default): over the dataset (torch's loader), or
+    over the order of the loader's own sampler in that epoch (``order(epoch)``: Lightning's
+    ``DistributedSamplerWrapper`` around a sampler that is not torch's)."""
+    out = {}
     for epoch in range(2):
-        a, b = ({i for batch in per_rank[r][epoch] for i in batch} for r in (0, 1))
+        ds = DistributedSampler(range(N), num_replicas=2, rank=rank, shuffle=shuffle, seed=0)
+        ds.set_epoch(epoch)
+        base = order(epoch) if order is not None else list(range(N))
+        ids = [base[i] for i in ds]
+        out[epoch] = [ids[i:i + BATCH] for i in range(0, len(ids), BATCH)]
+    return out
+
+
+def _kuat_order(epoch: int) -> list[int]:  # the kuat loader's own order of that epoch (seed=SEED)
+    loader = kuat.DataLoader(list(range(N)), batch_size=BATCH, shuffle=True, seed=SEED)
+    loader.set_epoch(epoch)
+    return [int(x) for b in loader for x in b]
+
+
+def _assert_halves(per_rank: dict, epochs=(0, 1)) -> None:
+    for epoch in epochs:
+        a, b = ({i for batch in per_rank[r]["epochs"][epoch] for i in batch} for r in (0, 1))
         assert len(a) == len(b) == N // 2 and not a & b, epoch
 
 
 @pytest.mark.slow
-def test_lightning_ddp_loader_passed_to_fit_built_in_hook_and_resumed(tmp_path):
+def test_lightning_ddp_gives_torchs_answer(tmp_path):
+    """Lightning DDP (2 CPU ranks): each row against torch's loader in the same processes."""
     runs = _run_script("ddp", tmp_path)
-    _assert_halves(runs["torch"])  # what torch's loader gets: 25 each, disjoint
-    for run in ("kuat", "hook"):  # kuat's: the same shares, in kuat's epoch-k order of each rank
-        _assert_halves(runs[run])
-        for rank in (0, 1):
-            assert runs[run][rank] == _kuat_epochs(rank), (run, rank)
-    # checkpoint at step 7 = epoch 1 after 2 batches: the resumed fit trains exactly the rest
     for rank in (0, 1):
-        assert runs["resumed"][rank] == {1: runs["kuat"][rank][1][2:]}
+        # use_distributed_sampler=True: Lightning injects its DistributedSampler into the
+        # rebuilt kuat loader, as into torch's; unshuffled, the very batches torch's loader gets
+        assert runs["torch"][rank]["epochs"] == _injected(rank)
+        assert runs["kuat"][rank]["epochs"] == runs["torch"][rank]["epochs"]
+        assert runs["kuat"][rank]["meta"] == {"loader": "DataLoader", "sampler": "DistributedSamplerWrapper",
+                                              "kuat_served": True}
+        # shuffled with seed=, built in train_dataloader(): the injected wrapper's share of
+        # kuat's own (seed, epoch) order, which kuat reads
+        assert runs["hook"][rank]["epochs"] == _injected(rank, _kuat_order)
+        assert runs["hook"][rank]["meta"]["kuat_served"]
+        # checkpoint at step 7 = epoch 1 after 2 batches: the resumed fit trains exactly the rest
+        assert runs["resumed"][rank]["epochs"] == {1: runs["kuat"][rank]["epochs"][1][2:]}
+        # use_distributed_sampler=False, each rank's own data: each rank reads its own 20
+        own = list(range(rank * OWN, (rank + 1) * OWN))
+        assert runs["own_kuat"][rank]["epochs"] == runs["own_torch"][rank]["epochs"]
+        assert [x for b in runs["own_kuat"][rank]["epochs"][0] for x in b] == own
+    for run in ("torch", "kuat", "hook"):
+        _assert_halves(runs[run])
+    # predict, 25 samples: 25 in all (Lightning's unrepeated sampler), built before or after the
+    # process group, as torch's
+    expected = [runs["predict_torch"][r]["predicted"] for r in (0, 1)]
+    assert sorted(expected[0] + expected[1]) == list(range(PREDICT))
+    for run in ("predict_kuat_before", "predict_kuat_after"):
+        assert [runs[run][r]["predicted"] for r in (0, 1)] == expected, run
 
 
 @pytest.mark.slow
 def test_lightning_ddp_spawn_pickles_the_loader(tmp_path):
     runs = _run_script("spawn", tmp_path)
     _assert_halves(runs["spawn"])
+    for rank in (0, 1):  # unshuffled: the injected DistributedSampler's batches, as torch's
+        assert runs["spawn"][rank]["epochs"] == _injected(rank)
+
+
+@pytest.mark.slow
+def test_fabric_ddp_gives_torchs_answer(tmp_path):
+    """Fabric DDP (2 CPU ranks): setup_dataloaders injects its DistributedSampler (unshuffled
+    for an unshuffled loader) into kuat's as into torch's; without it each rank reads its own."""
+    runs = _run_script("fabric", tmp_path)
     for rank in (0, 1):
-        assert runs["spawn"][rank] == _kuat_epochs(rank)
+        assert runs["fabric_kuat"][rank]["epochs"] == runs["fabric_torch"][rank]["epochs"]
+        assert runs["fabric_torch"][rank]["epochs"][0] == _injected(rank, shuffle=False)[0]
+        assert runs["fabric_kuat"][rank]["meta"]["kuat_served"]
+        own = list(range(rank * OWN, (rank + 1) * OWN))
+        assert runs["fabric_own_kuat"][rank]["epochs"] == runs["fabric_own_torch"][rank]["epochs"]
+        assert [x for b in runs["fabric_own_kuat"][rank]["epochs"][0] for x in b] == own
 
 
 def test_lightning_rebuild_with_an_injected_sampler_keeps_kuat_and_its_options():
@@ -92,13 +143,17 @@ def test_lightning_rebuild_with_an_injected_sampler_keeps_kuat_and_its_options()
     assert rebuilt.stats()["batches"] == len(torch_rebuilt)  # kuat's engine served them
 
 
-def test_lightning_sees_a_distributed_sampler_and_keeps_kuats():
+def test_lightning_injects_its_sampler_into_kuats_loader_as_into_torchs():
+    """kuat's own sampler is not a DistributedSampler (kuat shards nothing unless asked), so
+    Lightning injects its own in DDP, as for torch's loader; one kuat shards itself is left."""
     from lightning.pytorch.utilities.data import _is_dataloader_shuffled
 
     loader = kuat.DataLoader(list(range(10)), batch_size=2, shuffle=True, seed=0)
     assert isinstance(loader, torch.utils.data.DataLoader)
-    assert isinstance(loader.sampler, DistributedSampler)  # so no sampler is injected
-    assert not _is_dataloader_shuffled(loader)  # (it would inject shuffle=False otherwise)
+    assert not isinstance(loader.sampler, DistributedSampler)  # so Lightning injects its own
+    assert not _is_dataloader_shuffled(loader)  # (as for any sampler it does not know)
+    sharded = kuat.DataLoader(list(range(10)), batch_size=2, shuffle=True, seed=0, rank=0, world_size=2)
+    assert isinstance(sharded.sampler, DistributedSampler)  # kuat's own sharding, asked for: kept
 
 
 def test_fabric_setup_dataloaders_accepts_and_places_batches():
@@ -126,3 +181,19 @@ def test_pickles_before_and_after_iterating_as_torch_does():
     copy.load_state_dict(copy.state_dict())  # the position is resumed as from a checkpoint
     assert [b.tolist() for b in copy] == expected[0][1:]
     loader.close()
+
+
+def test_lightning_wrapper_over_a_seedless_shuffled_kuat_loader():
+    """What Lightning does in DDP to ``kuat.DataLoader(ds, shuffle=True)``: rank 0's and rank 1's
+    rebuilt loaders over ``DistributedSamplerWrapper(loader.sampler)``; with torch's global seed
+    equal on both ranks (``seed_everything``) they must read disjoint halves, as torch's would."""
+    from lightning.fabric.utilities.data import _update_dataloader
+    from lightning.fabric.utilities.distributed import DistributedSamplerWrapper
+
+    shares = []
+    for rank in (0, 1):
+        torch.manual_seed(0)
+        loader = kuat.DataLoader(list(range(10)), batch_size=2, shuffle=True)
+        wrapper = DistributedSamplerWrapper(loader.sampler, num_replicas=2, rank=rank, shuffle=True, seed=0)
+        shares.append([x for b in _update_dataloader(loader, wrapper) for x in b.tolist()])
+    assert sorted(shares[0] + shares[1]) == list(range(10))

@@ -40,7 +40,10 @@ def test_is_a_torch_dataloader_with_torchs_attributes():
         with pytest.raises(ValueError, match="should not be set after"):  # torch's guard, inherited
             setattr(ours, name, None)
     plain = kuat.DataLoader(ds, batch_size=None)
-    assert plain.batch_sampler is None and isinstance(plain.sampler, DistributedSampler)
+    # unsharded (torch's semantics) the sampler is not a DistributedSampler, so Lightning and
+    # Fabric inject theirs as they do for torch's loader; kuat's own sharding is one
+    assert plain.batch_sampler is None and not isinstance(plain.sampler, DistributedSampler)
+    assert isinstance(kuat.DataLoader(ds, rank=0, world_size=2).sampler, DistributedSampler)
     assert isinstance(kuat.DataLoader(ds, batch_sampler=[[0, 1]]).sampler, SequentialSampler)
 
 
@@ -58,11 +61,25 @@ def test_iter_without_next_starts_nothing_and_keeps_the_epoch(worker_type):
     assert loader.state_dict()["epoch"] == 1
 
 
+def test_environment_rank_alone_shards_nothing_as_torch(monkeypatch):
+    """``RANK=0 WORLD_SIZE=4`` with no process group and no sampler (an evaluation script on
+    rank 0): torch's DataLoader reads all 10 samples; so does kuat's, on every rank."""
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    for rank in range(4):
+        monkeypatch.setenv("RANK", str(rank))
+        for kw in ({}, {"num_workers": 2}, {"shuffle": True}):
+            torch.manual_seed(7)
+            expected = [b.tolist() for b in torch.utils.data.DataLoader(list(range(10)), batch_size=3, **kw)]
+            torch.manual_seed(7)
+            got = [b.tolist() for b in kuat.DataLoader(list(range(10)), batch_size=3, **kw)]
+            assert got == expected and sorted(x for b in got for x in b) == list(range(10))
+
+
 def test_rank_from_environment_with_one_warning_then_from_torch_distributed(monkeypatch, caplog):
     monkeypatch.setattr(kuat.distributed, "_warned_env", False)
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("WORLD_SIZE", "2")
-    loader = kuat.DataLoader(list(range(10)), batch_size=2, seed=0)
+    loader = kuat.DataLoader(list(range(10)), batch_size=2, seed=0, shard=True)
     assert (loader.rank, loader.world_size) == (1, 2) and len(loader) == 3
     expected = list(DistributedSampler(list(range(10)), num_replicas=2, rank=1, shuffle=False))
     with caplog.at_level(logging.WARNING, logger="kuat"):
@@ -73,6 +90,12 @@ def test_rank_from_environment_with_one_warning_then_from_torch_distributed(monk
     assert (loader.rank, loader.world_size) == (0, 1) and len(loader) == 5  # resolved again
     explicit = kuat.DataLoader(list(range(10)), batch_size=2, rank=0, world_size=5)
     assert len(explicit) == 1
+    with pytest.raises(ValueError, match="give one of"):
+        kuat.DataLoader(list(range(10)), rank=0, world_size=2, mesh=object())
+    with pytest.raises(ValueError, match="contradicts"):
+        kuat.DataLoader(list(range(10)), rank=0, world_size=2, shard=False)
+    with pytest.raises(TypeError, match="DeviceMesh"):
+        kuat.DataLoader(list(range(10)), mesh=object())
 
 
 def test_statefuldataloader_arguments_and_call_pattern():
@@ -99,12 +122,17 @@ def test_a_stream_built_before_the_rank_is_known_reads_its_share(monkeypatch):
     def ids(loader):
         return [int(x) for b in loader for x in b["id"]]
 
-    loader = kuat.DataLoader(stream, batch_size=2, num_workers=2)  # rank unknown yet
+    loader = kuat.DataLoader(stream, batch_size=2, num_workers=2, shard=True)  # rank unknown yet
+    unsharded = kuat.DataLoader(stream, batch_size=2, num_workers=2)
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("WORLD_SIZE", "2")
     explicit = [ids(kuat.DataLoader(stream, batch_size=2, rank=r, world_size=2)) for r in (0, 1)]
     assert ids(loader) == explicit[1]
     assert sorted(explicit[0] + explicit[1]) == list(range(12))
+    # an unsplit datasets stream: torch's DataLoader gives every rank all of it; so does kuat's
+    theirs = [int(x) for b in torch.utils.data.DataLoader(stream, batch_size=2, num_workers=2)
+              for x in b["id"]]
+    assert sorted(ids(unsharded)) == sorted(theirs) == list(range(12))
 
 
 def test_loading_another_ranks_state_is_exact_and_quiet():

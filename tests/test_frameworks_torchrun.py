@@ -1,5 +1,5 @@
-"""torchrun with 2 processes (gloo): a loader built before ``init_process_group``, and Accelerate's
-``prepare`` across ranks; each compared with torch's loader in the same run (issue #10)."""
+"""torchrun with 2 processes (gloo): loaders built before ``init_process_group``, and Accelerate's
+``prepare`` across ranks; each compared with torch's loader in the same run (issues #10, #28)."""
 
 import json
 import os
@@ -45,18 +45,28 @@ def _disjoint_equal_halves(a: list[int], b: list[int]) -> bool:
 
 
 @pytest.mark.slow
-def test_loader_built_before_init_process_group_reads_its_share(ranks):
-    assert [r["env_rank"] for r in ranks] == [[0, 2], [1, 2]]
+def test_loaders_built_before_init_process_group(ranks):
+    """Unsharded (the default): every rank reads every sample, before and after the process
+    group exists, as torch's loader. ``shard=True``: the share from RANK/WORLD_SIZE, then from
+    torch.distributed (the same), in kuat's order of that rank; unshuffled, it is
+    DistributedSampler's share."""
+    assert [r["env_share"] for r in ranks] == [[0, 2], [1, 2]]
+    for r in ranks:
+        assert r["plain"] == [r["torch_plain"]] * 2 == [list(range(N))] * 2
+        assert r["kuat_sharded_unshuffled"] == r["torch_sharded"]
     for epoch in range(2):
-        assert _disjoint_equal_halves(*(r["torch"][epoch] for r in ranks))
-        assert _disjoint_equal_halves(*(r["kuat"][epoch] for r in ranks))
-    for rank, r in enumerate(ranks):  # and in kuat's order of that rank, epoch after epoch
+        assert _disjoint_equal_halves(*(r["sharded"][epoch] for r in ranks))
+    for rank, r in enumerate(ranks):
         expected = kuat.DataLoader(list(range(N)), batch_size=4, shuffle=True, seed=1, rank=rank, world_size=2)
-        assert r["kuat"] == [[int(x) for b in expected for x in b] for _ in range(2)]
+        assert r["sharded"] == [[int(x) for b in expected for x in b] for _ in range(2)]
 
 
 @pytest.mark.slow
 def test_accelerate_prepare_gives_disjoint_equal_shares(ranks):
+    """Accelerate shards kuat's loader as torch's (its BatchSamplerShard): unshuffled, the same
+    batches; shuffled with seed=, disjoint halves (the order is kuat's (seed, epoch))."""
     assert all(r["accelerate_kuat_is_kuat"] for r in ranks)
     assert _disjoint_equal_halves(*(r["accelerate_torch"] for r in ranks))
     assert _disjoint_equal_halves(*(r["accelerate_kuat"] for r in ranks))
+    for r in ranks:
+        assert r["accelerate_kuat_unshuffled"] == r["accelerate_torch_unshuffled"]

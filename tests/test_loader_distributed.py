@@ -1,8 +1,10 @@
-"""Rank and world size from an initialised torch.distributed (gloo, two forked processes)."""
+"""Rank and world size from an initialised torch.distributed (gloo, two forked processes):
+``shard=True`` splits by the group's ranks; the default, as torch's DataLoader, splits nothing."""
 
 import multiprocessing
 import queue
 
+import torch
 import torch.distributed as dist
 
 import kuat
@@ -14,9 +16,12 @@ def _rank_main(rank, init_file, out):
         results = {}
         for drop_last in (False, True):
             dl = kuat.DataLoader(list(range(26)), batch_size=6, shuffle=True, seed=5,
-                                 drop_last=drop_last, num_workers=1)
+                                 drop_last=drop_last, num_workers=1, shard=True)
             results[drop_last] = (dl.rank, dl.world_size, len(dl),
                                   [[b.tolist() for b in dl] for _ in range(2)])
+        plain = kuat.DataLoader(list(range(26)), batch_size=6, num_workers=1)
+        torch_plain = torch.utils.data.DataLoader(list(range(26)), batch_size=6, num_workers=1)
+        results["unsharded"] = ([b.tolist() for b in plain], [b.tolist() for b in torch_plain])
         out.put((rank, results))
     finally:
         dist.destroy_process_group()
@@ -51,4 +56,7 @@ def test_ranks_read_from_torch_distributed_get_equal_shares(tmp_path):
             else:
                 assert set(seen) == set(range(26)) and len(seen) == 26
         assert e0[0] != e0[1]  # a new order each epoch
+    for r in (0, 1):  # torch's DataLoader shards nothing: every rank reads all 26
+        ours, torchs = got[r]["unsharded"]
+        assert ours == torchs and sum(map(len, ours)) == 26
     assert not dist.is_initialized()

@@ -188,7 +188,8 @@ def test_hooks_are_looked_up_only_through_the_protocol():
             continue
         for m in pattern.finditer(path.read_text()):
             # not source hooks: the samplers' (kuat.sampling), a fetched batch's (kuat.padding)
-            if m.group(1) not in ("set_epoch", "columns"):
+            sampler_hook = path == SRC / "sampling.py" and m.group(1) == "set_distributed"
+            if m.group(1) not in ("set_epoch", "columns") and not sampler_hook:
                 offenders.append(f"{path.relative_to(SRC)}: kuat_{m.group(1)}")
     assert offenders == []
     # and every hook a kuat source provides is one the protocol documents

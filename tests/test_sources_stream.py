@@ -119,10 +119,21 @@ def test_hf_stream_split_by_shards_reads_each_example_once(hf_stream):
             for x in b["x"].tolist()
         ]
         assert sorted(got) == list(range(26))
+    # kuat's sharding promises equal steps, which whole shards cannot: refused, naming why
+    with pytest.raises(ValueError, match="split='shards'"):
+        kuat.DataLoader(src, batch_size=4, rank=0, world_size=2)
+    # each example once over ranks: datasets' own split, read by an unsharded loader (torch's
+    # semantics: the loader reads what it is given, in shares that may differ)
+    from datasets.distributed import split_dataset_by_node
+
     shares = []
     for rank in range(2):
-        loader = kuat.DataLoader(src, batch_size=4, num_workers=2, rank=rank, world_size=2)
+        part = HFIterableSource(split_dataset_by_node(hf_stream, rank=rank, world_size=2),
+                                split="shards")
+        loader = kuat.DataLoader(part, batch_size=4, num_workers=2)
         shares.append({x for b in loader for x in b["x"].tolist()})
+        with pytest.raises(ValueError, match="split_dataset_by_node"):
+            kuat.DataLoader(part, batch_size=4, rank=rank, world_size=2)
     assert not shares[0] & shares[1] and shares[0] | shares[1] == set(range(26))
 
 

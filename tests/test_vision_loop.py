@@ -138,6 +138,25 @@ def test_stats_split_fetch_into_native_kernels_and_python(jpegs, num_workers):
         s["loader_overhead_us_per_batch"] * 1e-6 * s["batches"] / s["elapsed_s"])
 
 
+@pytest.mark.parametrize("num_workers,worker_type", [(0, None), (2, "thread"), (1, "process")])
+def test_stats_report_python_time_per_sample(jpegs, num_workers, worker_type):
+    """``python_us_per_sample`` (issue 31's GIL budget, measured inside): the workers' CPU
+    outside the GIL-releasing kernels, the loop's own, and their sum in the main process
+    (process workers' Python runs under their own GILs: not in ``main_process``)."""
+    ds = kuat.open(jpegs).with_transform({"image": _rrc_flip()})
+    loader = kuat.DataLoader(ds, batch_size=8, num_workers=num_workers, worker_type=worker_type)
+    assert loader.stats()["python_us_per_sample"] == dict.fromkeys(
+        ("workers", "consumer", "main_process"))
+    for _ in loader:
+        pass
+    s = loader.stats()
+    py = s["python_us_per_sample"]
+    assert 0.0 < s["busy_s"]["native_cpu"] <= s["busy_s"]["fetch_cpu"]
+    assert py["workers"] > 0.0 and py["consumer"] > 0.0
+    in_main = py["consumer"] + (0.0 if worker_type == "process" else py["workers"])
+    assert py["main_process"] == pytest.approx(in_main)
+
+
 def test_stats_without_native_kernels_report_none():
     data = torch.arange(40).reshape(20, 2)
     loader = kuat.DataLoader(torch.utils.data.TensorDataset(data), batch_size=4, num_workers=2)

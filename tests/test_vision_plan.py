@@ -339,3 +339,56 @@ def test_generators_continue_after_the_c_plan_as_a_list_would(corpus):
         np.testing.assert_array_equal(got[0][0], want[0][0])
         np.testing.assert_array_equal(got[0][1], want[0][1])
         assert got[1] == want[1]
+
+
+@pytest.mark.skipif(getattr(roi, "plan_decode_rrc", None) is None,
+                    reason="the ROI decoder predates plan_decode_rrc")
+@pytest.mark.parametrize("t", TRANSFORMS, ids=repr)
+def test_plan_decode_in_one_call_equals_plan_then_decode(corpus, t):
+    """``plan_decode_rrc`` (plan, weights, decode and resize in one C call, no per-image Python
+    object) gives ``plan_rrc``'s boxes and draws and ``decode_resize_batch``'s pixels: the
+    same unplanned samples, the same failed decodes (a JPEG cut in its scan data), the same
+    bytes in every slot, untouched slots left as they were."""
+    cut = _jpeg(160, 120, 15)
+    datas = [d for d, _, _ in corpus] + [cut[: len(cut) // 2]]
+    widths = np.array([w for _, w, _ in corpus] + [160], np.int64)
+    heights = np.array([h for _, _, h in corpus] + [120], np.int64)
+    size, n = t.output_size(), len(datas)
+    with rng.epoch_context(3, 1):
+        words = rng.BatchGenerators(range(n)).pcg_words
+        c_args = t._c_plan_args(widths, heights, rng.BatchGenerators(range(n)))
+    want_draws, got_draws = np.zeros(n, np.int64), np.zeros(n, np.int64)
+    boxes = roi.plan_rrc(datas, widths, heights, words, *size, *c_args[3], want_draws)
+    want = np.full((n, 3, *size), 7, np.uint8)
+    from kuat.vision.compose import _batch_job_of
+
+    jobs = [(j, _batch_job_of(datas[j], b, j, size)) for j, b in enumerate(boxes) if b is not None]
+    want_failed = [(jobs[k][0], why) for k, why in
+                   kdecode.decode_resize_batch([job for _, job in jobs], want)]
+    got = np.full((n, 3, *size), 7, np.uint8)
+    unplanned, failed = kdecode.plan_decode_rrc(datas, widths, heights, words, got, c_args[3],
+                                                got_draws)
+    assert unplanned == [j for j, b in enumerate(boxes) if b is None]
+    assert [j for j, _ in failed] == [j for j, _ in want_failed] and failed  # the cut JPEG
+    np.testing.assert_array_equal(got_draws, want_draws)
+    np.testing.assert_array_equal(got, want)
+
+
+def test_a_batch_shared_by_idle_cores_equals_the_one_call(corpus):
+    """An epoch's first batch, shared by helper threads (``kuat._parallel``), keeps the
+    plan-then-decode path; its pixels and generators equal the one-call path's."""
+    from kuat import _parallel
+
+    keep = [c for c in corpus if c[0][:2] == b"\xff\xd8" and len(c[0]) > 400] * 3
+    datas, widths, heights = zip(*keep)
+    t, n = TRANSFORMS[0], len(keep)
+    outs, after = [], []
+    for width in (1, 2):
+        out = np.zeros((n, 3, 224, 224), np.uint8)
+        with rng.epoch_context(9, 0), _parallel.share(width):
+            rngs = rng.BatchGenerators(range(n))
+            t.apply_encoded_many(datas, widths, heights, rngs, out)
+        outs.append(out)
+        after.append([g.random() for g in rngs])
+    np.testing.assert_array_equal(outs[0], outs[1])
+    assert after[0] == after[1]

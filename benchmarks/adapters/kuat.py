@@ -116,4 +116,6 @@ def build(workload: str, data: dict, spec: dict) -> Loader:
     def epoch(e):
         return iter(loader)
 
-    return Loader(epoch, getattr(loader, "close", None))
+    out = Loader(epoch, getattr(loader, "close", None))
+    out.stats = loader.stats  # kuat's own measure of its Python per image (--scaling)
+    return out

@@ -28,6 +28,7 @@ _EXPORTS = {
     "SharedMemoryError": "kuat.errors",
     "RemoteError": "kuat.errors",
     "MissingDependencyError": "kuat.errors",
+    "ReplicaMismatchError": "kuat.replicas",
     # randomness
     "sample_rng": "kuat.rng",
     "SampleRNG": "kuat.rng",

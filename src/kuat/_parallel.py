@@ -40,8 +40,9 @@ __all__ = ["share", "width", "run_parts", "helper_totals", "split_even"]
 class _Local(threading.local):
     def __init__(self):
         self.width = 1
-        # (busy wall s, cpu s, native s) of parts helpers ran for this thread (cumulative)
-        self.busy_s = self.cpu_s = self.native_s = 0.0
+        # (busy wall s, cpu s, native s, native cpu s) of parts helpers ran for this thread
+        # (cumulative)
+        self.busy_s = self.cpu_s = self.native_s = self.native_cpu_s = 0.0
 
 
 _local = _Local()
@@ -68,10 +69,11 @@ def width() -> int:
     return _local.width
 
 
-def helper_totals() -> tuple[float, float, float]:
-    """``(busy_s, cpu_s, native_s)`` of the parts helpers ran for this thread, cumulative
-    (only differences are meaningful): wall seconds, CPU seconds, native-kernel seconds."""
-    return _local.busy_s, _local.cpu_s, _local.native_s
+def helper_totals() -> tuple[float, float, float, float]:
+    """``(busy_s, cpu_s, native_s, native_cpu_s)`` of the parts helpers ran for this thread,
+    cumulative (only differences are meaningful): wall seconds, CPU seconds, native-kernel
+    wall and CPU seconds (:mod:`kuat._native`)."""
+    return _local.busy_s, _local.cpu_s, _local.native_s, _local.native_cpu_s
 
 
 def split_even(costs: Sequence[float], parts: int) -> list[tuple[int, int]]:
@@ -94,16 +96,17 @@ def split_even(costs: Sequence[float], parts: int) -> list[tuple[int, int]]:
 
 
 class _Part:
-    __slots__ = ("fn", "result", "error", "busy_s", "cpu_s", "native_s")
+    __slots__ = ("fn", "result", "error", "busy_s", "cpu_s", "native_s", "native_cpu_s")
 
     def __init__(self, fn: Callable[[], Any]):
         self.fn = fn
         self.result = self.error = None
-        self.busy_s = self.cpu_s = self.native_s = 0.0
+        self.busy_s = self.cpu_s = self.native_s = self.native_cpu_s = 0.0
 
 
 def _run_part(part: _Part) -> None:
     t0, c0, n0 = time.perf_counter(), time.thread_time(), _native.seconds()
+    nc0 = _native.cpu_seconds()
     try:
         part.result = part.fn()
     except BaseException as e:  # handed to the caller, raised there
@@ -111,6 +114,7 @@ def _run_part(part: _Part) -> None:
     part.busy_s = time.perf_counter() - t0
     part.cpu_s = time.thread_time() - c0
     part.native_s = _native.seconds() - n0
+    part.native_cpu_s = _native.cpu_seconds() - nc0
     part.fn = None
 
 
@@ -134,16 +138,17 @@ def run_parts(fns: Sequence[Callable[[], Any]]) -> list[Any]:
         results[0] = fns[0]()
     except BaseException as e:
         first_error = e
-    t0 = time.perf_counter()
+    t0 = _native.clock()
     for t in threads:
         # no time-out: a part writes into the caller's buffer, which must not be handed on
         # (or reused) while a helper may still write; parts are bounded C kernels
         t.join()
-    _native.add(time.perf_counter() - t0)  # waiting for the helpers' kernels: no Python runs
+    _native.add_since(t0)  # waiting for the helpers' kernels: no Python runs
     for p in parts:
         _local.busy_s += p.busy_s
         _local.cpu_s += p.cpu_s
         _local.native_s += p.native_s
+        _local.native_cpu_s += p.native_cpu_s
         if first_error is None and p.error is not None:
             first_error = p.error
         results.append(p.result)

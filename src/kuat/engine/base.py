@@ -111,12 +111,16 @@ class WorkStats:
     (``False``: every worker yields every item); ``None`` when not applicable.
     """
 
-    __slots__ = ("fetch_s", "fetch_cpu_s", "native_s", "collate_s", "pin_s", "rng_wait_s",
-                 "samples", "skipped", "worker_info_consulted", "worker_state", "sched")
+    __slots__ = ("fetch_s", "fetch_cpu_s", "native_s", "native_cpu_s", "collate_s", "pin_s",
+                 "rng_wait_s", "samples", "skipped", "worker_info_consulted", "worker_state",
+                 "method", "python_s", "sched")
 
     def __init__(self):
         self.fetch_s = self.fetch_cpu_s = self.collate_s = self.pin_s = self.rng_wait_s = 0.0
         self.native_s = 0.0  # of fetch_s: inside GIL-releasing kernels (kuat._native)
+        self.native_cpu_s = 0.0  # of fetch_cpu_s: the same kernels' CPU seconds
+        self.method = ""  # the worker kind that ran it: "inline", "thread" or "process"
+        self.python_s = 0.0  # CPU s outside those kernels (fetch + collate): the GIL held
         self.samples = 0
         self.skipped: list[tuple[object, str, str]] = []  # (index, type name, message)
         self.worker_info_consulted: bool | None = None

@@ -52,11 +52,22 @@ from kuat.engine.worker_info import (
     set_worker_info,
     worker_info_consulted,
 )
+from kuat.sampling import flag_padding, split_padding
 from kuat.sources import protocol
 
 __all__ = ["FetchJob", "WorkerCtx", "per_sample_getitems", "worker_dataset"]
 
 log = logging.getLogger("kuat.engine")
+
+
+def _short_rank(key, skipped) -> RuntimeError:
+    first = f": {skipped[0][1]}: {skipped[0][2]}" if skipped else ""
+    return RuntimeError(
+        f"on_error='skip' dropped every sample of the batch {key!r:.200}{first}. Under kuat's "
+        "sharding (rank=/world_size=, mesh=, shard=True) every rank yields the same number of "
+        "batches; dropping this one would leave this rank a step short of the others, whose "
+        "next collective (all_reduce, gather) would then wait for it forever. Fix or filter the "
+        "failing samples, or use a larger batch_size")
 
 
 def per_sample_getitems(dataset) -> bool:
@@ -104,6 +115,13 @@ class FetchJob(IsolatedFetch):
     # shards it over (rank, world size) x workers, as torch's DataLoader (graph_settings)
     datapipe: bool = False
     shard: tuple[int, int] = (0, 1)  # (rank, world_size) the datapipe is sharded over
+    # kuat's own sharding (rank=/mesh=/shard=True): every rank must yield every batch, so a
+    # batch on_error="skip" empties raises instead of vanishing (a rank a step short hangs the
+    # others' next collective)
+    equal_steps: bool = False
+    # exact evaluation (exact_eval=True): keys hold kuat.sampling.PaddingIndex values, whose
+    # samples the batch flags in its "is_padding" (B,) bool field
+    flag_padding: bool = False
     # while on, thread workers report how their fetches ran (WorkStats.sched: CPU, runqueue and
     # wall seconds), so the loader can tell work that holds the GIL (kuat.loader._auto)
     sched_probe: SchedProbe = field(default_factory=SchedProbe)
@@ -242,7 +260,11 @@ class FetchJob(IsolatedFetch):
         ``width``: threads the fetch may use (:mod:`kuat._parallel`; the loader gives an
         epoch's first batch its number of workers when the source splits batches). Work done
         by helper threads is added to ``stats`` (``fetch_s`` and ``native_s``: their busy
-        seconds, ``fetch_cpu_s``: their CPU seconds), as if the worker had done it.
+        seconds, ``fetch_cpu_s`` and ``native_cpu_s``: their CPU seconds), as if the worker had
+        done it. ``stats.python_s``: CPU seconds of the fetch outside the GIL-releasing kernels
+        that report themselves (:mod:`kuat._native`), plus the collate's CPU seconds: about
+        the time this task held the GIL (an upper bound: other code that releases it, a
+        system call, a NumPy copy, counts too).
 
         Returns ``(kind, batch, stats)``: ``(OK, batch, stats)``; ``(EMPTY, None, stats)`` when
         ``on_error="skip"`` dropped every sample; ``(END, None, stats)`` when this worker's
@@ -256,12 +278,17 @@ class FetchJob(IsolatedFetch):
         ctx.stage = FETCH
         if ctx.epoch != epoch:
             self._new_epoch(ctx, epoch, base_seed, key)
+        padding = None
+        if self.flag_padding and not self.iterable:  # plain ints for the dataset
+            key, padding = split_padding(key)
         st = WorkStats()
         s0 = sched_times() if self.sched_probe.wanted(ctx.method) else None
+        st.method = ctx.method
         # buffers kuat allocates while fetching this batch are its own: the collate may return
         # views of them; anything else it copies (collate.py)
         with batch_scope(self.buffer_pool):
             t0, c0, n0 = time.perf_counter(), time.thread_time(), _native.seconds()
+            nc0 = _native.cpu_seconds()
             h0 = _parallel.helper_totals() if width > 1 else None  # split fetches only
             with krng.epoch_context(self.seed, epoch), _parallel.share(width), \
                     self._own_stream(ctx, st):
@@ -271,11 +298,14 @@ class FetchJob(IsolatedFetch):
                     data = self._fetch_indices(ctx, epoch, key, st)
             st.fetch_s, st.fetch_cpu_s = time.perf_counter() - t0, time.thread_time() - c0
             st.native_s = _native.seconds() - n0
+            st.native_cpu_s = _native.cpu_seconds() - nc0
             if width > 1:  # what helper threads did for this fetch (kuat._parallel)
                 h1 = _parallel.helper_totals()
                 st.fetch_s += h1[0] - h0[0]
                 st.fetch_cpu_s += h1[1] - h0[1]
                 st.native_s += h1[2] - h0[2]
+                st.native_cpu_s += h1[3] - h0[3]
+            st.python_s = max(0.0, st.fetch_cpu_s - st.native_cpu_s)  # the GIL held, about
             # iterable: all workers iterating all items? (#11.6); map-style: may the consumer
             # fetch in place of this worker? (consumer_may_fetch)
             if ctx.method != "inline" and (ctx.num_workers > 1 or not self.iterable):
@@ -285,15 +315,20 @@ class FetchJob(IsolatedFetch):
                 st.worker_state = self._state_of(ctx)
             if data is None:
                 self._sched(st, s0, t0)
+                if self.equal_steps and not self.iterable:
+                    raise _short_rank(key, st.skipped)
                 return (END if self.iterable else EMPTY), None, st
             if self.fetch_collated:  # the columnar gather went straight to batch tensors
                 st.samples, batch = len(key), data
             else:
                 st.samples = len(data) if self.auto_collation else 1
-                t1 = time.perf_counter()
+                t1, c1 = time.perf_counter(), time.thread_time()
                 ctx.stage = COLLATE
                 batch = self.collate_fn(data)
                 st.collate_s = time.perf_counter() - t1
+                st.python_s += time.thread_time() - c1
+            if padding is not None:
+                batch = flag_padding(batch, padding)
             self._sched(st, s0, t0)
         if self.pin and ctx.method != "process":
             from kuat.device import pin_batch

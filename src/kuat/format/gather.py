@@ -45,9 +45,12 @@ class ImageBatch(NamedTuple):
     codec: list
 
 
-def gather_column(name: str, ftype: FieldType, groups: list, b: int) -> object:
+def gather_column(name: str, ftype: FieldType, groups: list, b: int, advise: bool = True) -> object:
     """Field ``name``'s column for the ``b`` rows of ``groups`` (``Store._groups``' list of
-    ``(shard, positions or None, local rows)``), in batch order, as ``read_batch`` returns it."""
+    ``(shard, positions or None, local rows)``), in batch order, as ``read_batch`` returns it.
+    ``advise=False``: an image field's rows are not advised (their reader does it)."""
+    if ftype.kind == "image":
+        return _images(name, ftype, groups, b, advise)
     return _GATHER[ftype.kind](name, ftype, groups, b)
 
 
@@ -69,14 +72,15 @@ def _fixed(name: str, ftype: FieldType, groups: list, b: int) -> np.ndarray:
     return res
 
 
-def _images(name: str, ftype: FieldType, groups: list, b: int) -> ImageBatch:
+def _images(name: str, ftype: FieldType, groups: list, b: int, advise: bool = True) -> ImageBatch:
     data, codec = [None] * b, [None] * b
     width, height = np.empty(b, np.int32), np.empty(b, np.int32)
     for shard, pos, rows in groups:
         col = shard.columns[name]
         p = range(b) if pos is None else pos
         starts, ends = col.bytes.spans(rows)
-        col.bytes.will_need(starts, ends)  # read the rows' pages now, all at once
+        if advise:  # read the rows' pages now, all at once
+            col.bytes.will_need(starts, ends)
         mv = col.bytes.mv
         cs, ce = col.codec.spans(rows)
         cdata = col.codec.data

@@ -23,7 +23,7 @@ import array
 import operator
 import os
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -274,12 +274,16 @@ class Store:
         rows = local.tolist()  # Python ints: indexing with them is cheaper than tiny arrays
         return sid, [(self.shard(k), pos, [rows[j] for j in pos]) for k, pos in by_shard.items()]
 
-    def gather(self, idx: np.ndarray, fields: Sequence[str]) -> tuple[np.ndarray, dict]:
+    def gather(self, idx: np.ndarray, fields: Sequence[str],
+               self_advised: Collection[str] = ()) -> tuple[np.ndarray, dict]:
         """Shard id per row ``(B,)`` int64 and column-wise values of rows ``idx`` (checked
-        ``(B,)`` int64 from :meth:`indices`), as :meth:`read_batch` returns them."""
+        ``(B,)`` int64 from :meth:`indices`), as :meth:`read_batch` returns them.
+        ``self_advised``: image fields whose reader asks the kernel for the rows' pages itself
+        (``kuat.vision.Compose``'s batch decode, without the GIL): not advised here."""
         sid, groups = self._groups(idx)
         b = len(idx)
-        out = {name: gather_column(name, self.schema[name].type, groups, b) for name in fields}
+        out = {name: gather_column(name, self.schema[name].type, groups, b,
+                                   advise=name not in self_advised) for name in fields}
         return sid, out
 
     def read_batch(self, indices: Sequence[int], fields: Sequence[str] | None = None) -> dict:

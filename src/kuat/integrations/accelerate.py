@@ -11,19 +11,36 @@ equivalent for a ``kuat.DataLoader``; every other loader runs Accelerate's own c
 otherwise right after ``accelerate.data_loader`` loads (an import hook), so the integration does
 not depend on import order; ``import kuat`` imports neither Accelerate nor torch.
 
-What ``prepare`` does for a kuat loader (it returns the same object):
+What ``prepare`` does for a kuat loader: what Accelerate's ``prepare_data_loader`` does for torch's
+loader, with Accelerate's own objects, and a kuat loader back.
 
-* sharding: none is added; kuat shards by rank itself, resolved when each epoch starts (the
-  Accelerator has initialised ``torch.distributed`` by then), in equal shares as Accelerate's
-  ``even_batches=True`` does. ``split_batches=True`` and ``dispatch_batches=True`` raise
-  ``ValueError`` (kuat has no equivalent).
+* sharding (who reads what): Accelerate's. Its own ``prepare_data_loader`` runs on the kuat loader
+  (with ``dispatch_batches``/``put_on_device`` off), so its rules apply unchanged: a
+  ``BatchSamplerShard`` over the loader's batch sampler (``even_batches``, ``split_batches``,
+  ``torch_device_mesh`` as given), an ``IterableDatasetShard`` (or ``datasets``' ``shard``) for an
+  iterable dataset, ``SeedableRandomSampler`` for a ``RandomSampler`` with
+  ``use_seedable_sampler``, a generator for the sampler, synchronised from process 0 at each
+  epoch's start. The kuat loader is then rebuilt with the same arguments and Accelerate's
+  batch sampler or dataset, so kuat's engine reads exactly the batches Accelerate's
+  ``DataLoaderShard`` would. On one process Accelerate changes nothing and ``prepare`` returns
+  the loader itself. kuat's own sampler follows torch's ``RandomSampler`` there: with ``seed=``
+  its order is ``(seed, epoch)`` on every rank (no generator is added); with ``seed=None`` it
+  draws from the generator Accelerate synchronises (or, with ``use_seedable_sampler``, from
+  ``data_seed``, else ``torch.initial_seed()``, and the epoch, as ``SeedableRandomSampler``).
+  A loader sharded by kuat itself (``rank=``/``world_size=``, ``mesh=``, ``shard=True``) keeps
+  its share and is not sharded again (``split_batches=True`` then raises ``ValueError``).
+  ``dispatch_batches=True`` raises ``ValueError``: each rank reads its own batches.
 * device placement: with ``device_placement`` and an accelerator device, batches are copied
   there by kuat (as ``device=``), on a side stream.
 * end of data: each epoch registers the loader with Accelerate's ``GradientState`` and sets
-  ``loader.end_of_dataloader`` before the last batch is returned (``remainder`` as Accelerate
-  computes it), so ``accelerator.accumulate()`` steps on the last, partial window.
+  ``loader.end_of_dataloader`` before the last batch is returned, with ``remainder`` computed
+  as ``DataLoaderShard`` computes it (the dataset length modulo its total batch size over all
+  processes), so ``accelerator.accumulate()`` steps on the last, partial window and
+  ``gather_for_metrics`` drops exactly the padding of ``even_batches``.
 * checkpoints: kuat loaders declare ``use_stateful_dataloader = True``, so
-  ``accelerator.save_state``/``load_state`` store and restore ``loader.state_dict()``.
+  ``accelerator.save_state``/``load_state`` store and restore ``loader.state_dict()`` (for a
+  sharded loader it names the epoch and the synchronised generator's state: the resumed
+  epoch is the same order, from the next batch).
 
 ``skip_first_batches(loader, n)`` returns a kuat loader with the same options, engine, batch
 transform and epoch order whose next epoch skips its first ``n`` batches (kuat skips by index,
@@ -33,13 +50,24 @@ fetching nothing); its position is shared with ``loader``, so ``loader``'s next 
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import inspect
 import logging
 import sys
 import threading
 import types
 
-__all__ = ["GradientStateObserver", "install", "prepare_data_loader", "skip_first_batches"]
+import torch
+from torch.utils.data import BatchSampler, IterableDataset
+
+try:
+    from accelerate.data_loader import BatchSamplerShard as _BatchSamplerShard
+except ImportError:  # Accelerate absent: install() raises ImportError, nothing here is used
+    _BatchSamplerShard = object
+
+__all__ = ["GradientStateObserver", "ShardedBatchSampler", "install", "prepare_data_loader",
+           "skip_first_batches"]
 
 log = logging.getLogger("kuat.integrations.accelerate")
 
@@ -57,20 +85,35 @@ class GradientStateObserver:
     """One epoch of a kuat loader as Accelerate's ``DataLoaderShard`` reports it to
     ``GradientState`` (``kuat.loader._plan.EpochObserver``): registered when the epoch starts
     (``end_of_dataloader`` cleared, ``remainder`` as ``DataLoaderStateMixin.begin`` computes
-    it), ``end_of_dataloader`` set before the last batch is returned, removed at the end."""
+    it: the dataset's length modulo ``total_batch_size``, unless ``drop_last``), sets
+    ``end_of_dataloader`` before the last batch is returned, removed at the end.
 
-    def __init__(self, gradient_state, loader):
+    ``total_batch_size(loader)``: the batch size over all processes (``DataLoaderShard``'s
+    property for a loader Accelerate sharded; ``batch_size * world_size`` for one kuat
+    shards itself); ``drop_last``: the prepared loader's ``drop_last`` as Accelerate saw it.
+    """
+
+    def __init__(self, gradient_state, loader, total_batch_size=None, drop_last=None):
         self._gradient_state, self._loader = gradient_state, loader
+        self._total = total_batch_size or _kuat_total_batch_size
+        self._drop_last = loader.drop_last if drop_last is None else drop_last
 
     def epoch_started(self, batches: int | None) -> None:
         loader = self._loader
         loader.end_of_dataloader = False
         loader.remainder = -1
-        if not loader.drop_last and loader.batch_size is not None:
-            try:  # as Accelerate's DataLoaderStateMixin.begin
-                loader.remainder = len(loader.dataset) % (loader.batch_size * loader.world_size)
-            except TypeError:
-                pass
+        sharded = loader._options.sharding.sharded
+        if sharded and not loader.exact_eval and not self._drop_last:
+            # kuat's own strided shares pad by wrap-around between the ranks' samples, where
+            # gather_for_metrics' truncation of the last step would drop real samples: keep
+            # every gathered sample instead, and say how to make evaluation exact
+            _warn_inexact_gather()
+            self._gradient_state._add_dataloader(loader)
+            return
+        with contextlib.suppress(Exception):  # as DataLoaderStateMixin.begin
+            if not self._drop_last:
+                length = getattr(loader.dataset, "total_dataset_length", len(loader.dataset))
+                loader.remainder = length % self._total(loader)
         self._gradient_state._add_dataloader(loader)
 
     def last_batch(self) -> None:
@@ -80,35 +123,203 @@ class GradientStateObserver:
         self._gradient_state._remove_dataloader(self._loader)
 
 
+_warned_inexact = False
+
+
+def _warn_inexact_gather() -> None:
+    global _warned_inexact
+    if not _warned_inexact:
+        _warned_inexact = True
+        log.warning("kuat.DataLoader sharded by kuat (rank=/mesh=/shard=True) without "
+                    "exact_eval=True under Accelerate: its last step is padded by wrap-around, "
+                    "so gather_for_metrics returns the padding too (remainder -1, nothing "
+                    "dropped); pass exact_eval=True to an evaluation loader for every sample "
+                    "exactly once (docs/distributed.md)")
+
+
+def _kuat_total_batch_size(loader) -> int:
+    return loader.batch_size * loader.world_size  # (TypeError without batch_size: no remainder)
+
+
+class ShardedBatchSampler(_BatchSamplerShard):
+    """Accelerate's ``BatchSamplerShard`` as the batch sampler of a kuat loader it sharded.
+
+    The same object Accelerate built (its attributes copied: ``batch_sampler``,
+    ``num_processes``, ``process_index``, ``split_batches``, ``even_batches``, and Accelerate's
+    own ``__iter__``/``__len__``), plus what ``DataLoaderShard`` does to its sampler when each
+    epoch starts, which kuat's loader calls through ``kuat_set_epoch(epoch)``: synchronise
+    ``rng_types`` (``synchronized_generator`` from process 0: a collective, every rank starts
+    the epoch) and set the epoch of the sampler inside (kuat's own sampler: its epoch;
+    another: its ``set_epoch``). ``state_dict()`` names what the epoch's order depends on (the
+    epoch, the inner sampler's generator state when the epoch started, a stateful sampler's
+    own state); ``load_state_dict`` restores it, so a resumed epoch replays the same order.
+
+    Thread-safety: called by the loader's consumer thread only.
+    """
+
+    @classmethod
+    def of(cls, shard, rng_types, generator) -> ShardedBatchSampler:
+        sharded = cls.__new__(cls)
+        sharded.__dict__.update(shard.__dict__)
+        sharded.rng_types = list(rng_types) if rng_types else None
+        sharded.synchronized_generator = generator
+        sharded.epoch = 0
+        return sharded
+
+    def _inner(self):
+        return getattr(self.batch_sampler, "sampler", None)
+
+    def kuat_set_epoch(self, epoch: int) -> None:
+        from accelerate.utils import synchronize_rng_states
+
+        if self.rng_types:  # as DataLoaderShard.__iter__, before the epoch's draws
+            synchronize_rng_states(self.rng_types, self.synchronized_generator)
+        self.epoch = int(epoch)
+        _set_inner_epoch(self._inner(), self.epoch)
+
+    def state_dict(self) -> dict:
+        inner = self._inner()
+        gen = getattr(inner, "generator", None)
+        state = {"epoch": self.epoch,
+                 "generator": gen.get_state() if isinstance(gen, torch.Generator) else None}
+        if callable(getattr(inner, "state_dict", None)) and callable(getattr(inner, "load_state_dict", None)):
+            state["sampler"] = inner.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        inner = self._inner()
+        self.epoch = int(state["epoch"])
+        _set_inner_epoch(inner, self.epoch)
+        gen = getattr(inner, "generator", None)
+        if state.get("generator") is not None:
+            if not isinstance(gen, torch.Generator):
+                raise ValueError(f"the saved loader state holds a generator state, but "
+                                 f"{type(inner).__name__} has no generator")
+            gen.set_state(state["generator"])
+        if "sampler" in state:
+            inner.load_state_dict(state["sampler"])
+
+
+def _set_inner_epoch(sampler, epoch: int) -> None:
+    from kuat.sampling import EpochSampler
+
+    if isinstance(sampler, EpochSampler):
+        sampler.epoch = epoch  # kuat's own: its order of (seed, epoch) (not a set_epoch request)
+    elif callable(getattr(sampler, "set_epoch", None)):  # as DataLoaderShard.set_epoch
+        sampler.set_epoch(epoch)
+
+
+# The loader's arguments that are not read back from its attributes: its share (only loaders
+# kuat does not shard are rebuilt: their defaults), and the ones Accelerate's shard replaces.
+_NOT_COPIED = frozenset({"self", "dataset", "batch_size", "shuffle", "sampler", "batch_sampler",
+                         "drop_last", "rank", "world_size", "mesh", "dp_dims", "shard"})
+
+
+def _rebuild(loader, **overrides):
+    """``type(loader)(...)`` with the loader's own arguments (its public attributes of those
+    names, as Lightning rebuilds loaders; the choices kuat made for ``prefetch_factor``,
+    ``worker_type`` and ``seed`` left to the new loader, as they were) and ``overrides``."""
+    opts = loader._options
+    params = inspect.signature(type(loader).__init__).parameters
+    args = {name: getattr(loader, name) for name in params
+            if name not in _NOT_COPIED and hasattr(loader, name)}
+    if opts.adaptive_prefetch:
+        args["prefetch_factor"] = None
+    if opts.auto_worker_type:
+        args["worker_type"] = None
+    if opts.seed_was_none:
+        args["seed"] = None
+    args.update(overrides)
+    return type(loader)(**args)
+
+
+def _index_batches(loader):
+    return loader.sampler if isinstance(loader.sampler, BatchSampler) else loader.batch_sampler
+
+
+def _shard(dataloader, num_processes, process_index, split_batches, rng_types, even_batches,
+           kwargs):
+    """Accelerate's sharding of ``dataloader`` (its ``prepare_data_loader``, which builds a
+    ``DataLoaderShard``; only its batch sampler, dataset and generator are kept), applied to a
+    rebuilt kuat loader. Returns ``(loader, total_batch_size)``."""
+    from accelerate.data_loader import DataLoaderShard, get_sampler
+
+    from kuat.sampling import EpochSampler
+
+    inner = get_sampler(dataloader)
+    own = isinstance(inner, EpochSampler)
+    had_generator = own and inner.generator is not None
+    kwargs = {**kwargs, "use_stateful_dataloader": False, "non_blocking": False}
+    shard = _ORIGINALS["prepare_data_loader"](
+        dataloader, None, num_processes, process_index, split_batches, False,
+        list(rng_types) if rng_types is not None else None, False, even_batches, **kwargs)
+    if not isinstance(shard, DataLoaderShard):
+        raise TypeError(f"kuat.DataLoader: Accelerate's prepare_data_loader gave a "
+                        f"{type(shard).__name__}, not the DataLoaderShard kuat rebuilds from")
+    total = DataLoaderShard.total_batch_size.fget
+    iterable = isinstance(shard.dataset, IterableDataset)
+    if shard.dataset is dataloader.dataset and (iterable or _index_batches(shard) is _index_batches(dataloader)):
+        return dataloader, total  # one process: Accelerate changes nothing
+    generator = shard.synchronized_generator
+    if own and not had_generator and not dataloader._options.seed_was_none:
+        # kuat's own sampler with seed=: the order is (seed, epoch) on every rank already
+        inner.generator = generator = None
+    if own and inner.shuffle and inner.generator is None and dataloader._options.seed_was_none:
+        # use_seedable_sampler (no generator added): as SeedableRandomSampler, the order is
+        # the data seed's (else torch's initial seed) and the epoch's, not a seed this rank
+        # drew (if the loader ran an epoch already)
+        seed = kwargs.get("data_seed")
+        inner.seed = int(seed if seed is not None else torch.random.initial_seed())
+    rng = [t for t in (shard.rng_types or ()) if generator is not None or t != "generator"]
+    if iterable:
+        rebuilt = _rebuild(dataloader, dataset=shard.dataset, batch_size=shard.batch_size,
+                           drop_last=shard.drop_last)
+        # Accelerate's save_state/load_state ask a loader over an IterableDatasetShard for it
+        rebuilt.get_sampler = functools.partial(get_sampler, rebuilt)
+    elif isinstance(shard.sampler, BatchSampler):  # a batch sampler given as sampler=
+        rebuilt = _rebuild(dataloader, dataset=shard.dataset, batch_size=shard.batch_size,
+                           sampler=ShardedBatchSampler.of(shard.sampler, rng, generator))
+    else:
+        rebuilt = _rebuild(dataloader, dataset=shard.dataset,
+                           batch_sampler=ShardedBatchSampler.of(shard.batch_sampler, rng, generator))
+    return rebuilt, total
+
+
 def prepare_data_loader(dataloader, device=None, num_processes=None, process_index=None,
                         split_batches: bool = False, put_on_device: bool = False, rng_types=None,
                         dispatch_batches=None, even_batches: bool = True, **kwargs):
     """Accelerate's ``prepare_data_loader`` for a kuat loader (see the module doc).
 
-    Returns ``dataloader`` itself, prepared. Raises ``ValueError`` for ``split_batches=True`` or
-    ``dispatch_batches=True``.
+    Returns a kuat loader: ``dataloader`` itself on one process or when kuat shards it itself,
+    else a kuat loader rebuilt with the same arguments over Accelerate's ``BatchSamplerShard``
+    (map-style) or ``IterableDatasetShard``. Raises ``ValueError`` for ``dispatch_batches=True``,
+    for ``split_batches=True`` on a loader kuat shards itself, and Accelerate's own errors (e.g.
+    a batch size that ``split_batches`` cannot divide by the number of processes).
     """
-    if split_batches:
-        raise ValueError("kuat.DataLoader: Accelerate's split_batches=True is not supported; each "
-                         "rank reads batches of batch_size from its own share")
     if dispatch_batches:
         raise ValueError("kuat.DataLoader: Accelerate's dispatch_batches=True is not supported; "
                          "each rank reads its own share through its own workers")
-    if not even_batches:
-        log.warning("kuat.DataLoader ignores Accelerate's even_batches=False: ranks always get "
-                    "equal shares (padded by wrap-around, or truncated with drop_last)")
-    if kwargs.get("use_seedable_sampler"):  # the HF Trainer's default (AcceleratorConfig)
-        log.warning("kuat.DataLoader ignores Accelerate's use_seedable_sampler=True: its order "
-                    "is kuat's own, from seed= (or torch's default generator with seed=None), "
-                    "and resumes exactly through state_dict()")
     from accelerate.state import GradientState
 
-    observe = functools.partial(GradientStateObserver, GradientState())
-    dataloader._attach_framework(observer_factory=observe,
-                                 device=device if put_on_device else None)
-    dataloader.end_of_dataloader = False
-    dataloader.remainder = -1
-    return dataloader
+    if dataloader._options.sharding.sharded:  # kuat's own sharding, asked for: kept
+        if split_batches:
+            raise ValueError("kuat.DataLoader: Accelerate's split_batches=True is not supported "
+                             "on a loader kuat shards itself (rank=/world_size=, mesh=, "
+                             "shard=True); build it without those to let Accelerate shard it")
+        if not even_batches:
+            log.warning("kuat.DataLoader sharded by kuat (rank=/world_size=, mesh=, shard=True) "
+                        "ignores Accelerate's even_batches=False: its ranks get equal shares")
+        prepared, total, drop_last = dataloader, None, dataloader.drop_last
+    else:
+        prepared, total = _shard(dataloader, num_processes, process_index, split_batches,
+                                 rng_types, even_batches, kwargs)
+        drop_last = dataloader.drop_last
+    observe = functools.partial(GradientStateObserver, GradientState(), total_batch_size=total,
+                                drop_last=drop_last)
+    prepared._attach_framework(observer_factory=observe, device=device if put_on_device else None)
+    prepared.end_of_dataloader = False
+    prepared.remainder = -1
+    return prepared
 
 
 def skip_first_batches(dataloader, num_batches: int = 0):

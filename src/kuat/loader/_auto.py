@@ -280,9 +280,10 @@ class WorkerChoice:
         self.worker_type, self.num_workers = "process", num_workers
         self.decided, self.by, self.reason = True, "rng", reason
 
-    def report(self, worker_type: str, num_workers: int) -> dict:
+    def report(self, loader) -> dict:
         """``stats()["workers"]``: the type and count in use, how they were chosen and why,
         and the measured numbers (empty before a measurement)."""
+        worker_type, num_workers = loader.worker_type, loader.num_workers
         return {"type": worker_type if num_workers else "inline", "num_workers": num_workers,
                 "chosen": ("measuring" if not self.decided else self.by),
                 "auto_type": self.auto_type, "auto_count": self.auto_count,

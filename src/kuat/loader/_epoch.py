@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from kuat import distributed
 from kuat.engine.base import ResumeAt, Seeded, WorkerResume
 from kuat.engine.inline import InlineEngine
 from kuat.engine.thread import ThreadEngine
@@ -36,8 +37,9 @@ from kuat.loader import _notices
 from kuat.loader._adaptive import Adaptation
 from kuat.loader._plan import EpochPlan, LoaderEvents
 from kuat.loader._state import Pending, Position, WorkerStates, persists
+from kuat.loader._workers import Lease
 from kuat.rng import epoch_context, worker_base_seed
-from kuat.sampling import EpochSampler, epoch_hook, order_state, restore_order
+from kuat.sampling import EpochSampler, distributed_hook, epoch_hook, order_state, restore_order
 from kuat.sources import protocol as _protocol
 from kuat.sources.stream import Stream
 
@@ -47,23 +49,45 @@ log = logging.getLogger("kuat.loader")
 
 
 def apply_distributed(loader) -> tuple[int, int]:
-    """Resolve rank and world size and hand them to the sampler / iterable source."""
-    rank, world_size = loader._resolve_distributed()
+    """Resolve the loader's share (:mod:`kuat.distributed`; ``(0, 1)`` unsharded) and hand it
+    to its sampler, iterable source and kuat batch sampler. An ``IterDataPipe`` is sharded over
+    torch's process group when the loader itself is unsharded, as torch's DataLoader does."""
+    sharding = loader._options.sharding
+    rank, world_size = sharding.resolve(warn=True)
     if isinstance(loader.sampler, EpochSampler):
         loader.sampler.set_distributed(rank, world_size)
     if (rank, world_size) != loader._dist_applied:
         if loader._job.datapipe:  # workers shard its graph over ranks, then workers
-            loader._job.shard = (rank, world_size)
+            loader._job.shard = (rank, world_size) if sharding.sharded else distributed.torch_group()
             loader._workers.drop_persistent()
         if loader._traits.iterable and loader._traits.distributed:
             loader._source.kuat_set_distributed(rank, world_size)
             loader._workers.drop_persistent()  # persistent workers hold the old share
+        hook = distributed_hook(loader.batch_sampler)
+        if sharding.sharded and hook is not None:  # e.g. kuat.text.TokenBudgetBatchSampler
+            hook(rank, world_size)
         if world_size > 1 and loader._options.seed_was_none and loader._traits.own_sampler:
             log.warning("kuat.DataLoader on rank %d of %d drew its seed from torch's default "
                         "generator; pass the same seed= on every rank so that all ranks "
                         "shuffle alike", rank, world_size)
         loader._dist_applied = (rank, world_size)
     return rank, world_size
+
+
+def epoch_length(loader) -> int:
+    """``len(loader)`` before a ``skip_first_batches`` skip: batches of the index sampler, or
+    of an iterable's ``len()`` (this rank's share of it when kuat shards the source), as torch
+    counts them (``TypeError`` from an iterable without ``__len__``)."""
+    if not loader._traits.iterable:
+        return len(loader._index_sampler)
+    length = len(loader._source)
+    if loader._options.sharding.sharded and loader._traits.distributed:  # this rank's share
+        ws = loader._resolve_distributed(warn=False)[1]
+        length = length // ws if loader.drop_last else -(-length // ws)
+    loader._IterableDataset_len_called = length
+    if loader.batch_size is not None:
+        length = length // loader.batch_size if loader.drop_last else -(-length // loader.batch_size)
+    return length
 
 
 def next_epoch(loader) -> tuple[int, int, dict, Pending | None]:
@@ -237,7 +261,11 @@ def plan_epoch(loader, it) -> EpochPlan:
     if shared_seed is not None:  # an IterDataPipe: every worker seeds its graph with it
         shared_seed = at_start.setdefault("shared_seed", shared_seed)  # (saved, or restored)
         keys = (Seeded(int(shared_seed), key) for key in keys)
-    lease = loader._workers.lease(loader, base_seed, it)
+    feed = loader._feed
+    if feed is not None and feed.is_peer():  # replicas="broadcast": the leader reads for it
+        lease = Lease(loader._workers, loader, InlineEngine(loader._job, base_seed), True, base_seed)
+    else:
+        lease = loader._workers.lease(loader, base_seed, it)
     position = st.position = Position(epoch, skip, False, at_start, workers)
     reported = loader._IterableDataset_len_called
     if traits.iterable and reported is not None:  # torch's warning when more batches come
@@ -338,6 +366,7 @@ def _plan(loader, epoch, base_seed, keys, discard, position, lease, first_worker
                             finished=functools.partial(_notices.advise, loader)),
         iterable=traits.iterable,
         first_worker=first_worker,
+        feed=loader._feed,
     )
 
 

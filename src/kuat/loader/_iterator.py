@@ -71,6 +71,7 @@ class LoaderIter:
         self._staged = None
         self._deferred: BaseException | None = None
         self._transform = plan.transform
+        self._feed = plan.feed
         self._observer = plan.observer
         self._epoch_batches = None
         self._look_ahead = False
@@ -104,7 +105,7 @@ class LoaderIter:
 
     # --- the per-batch loop -------------------------------------------------------------------
     def __next__(self):
-        t0 = time.perf_counter()  # starting the epoch (workers) is time the loop waits, too
+        t0, c0 = time.perf_counter(), time.thread_time()  # an epoch's start is waiting, too
         if not self._started:
             if self._closed:
                 raise StopIteration
@@ -115,7 +116,7 @@ class LoaderIter:
         try:
             batch = self._next_looking_ahead() if self._look_ahead else self._produce()
         finally:  # every second inside next() is a second the training loop waited for input
-            self._account_time(t0)
+            self._account_time(t0, c0)
         self._adapt.loop_paused()
         self._position.advance()
         self._returned += 1
@@ -130,12 +131,8 @@ class LoaderIter:
     def _produce(self):
         """The next batch, transformed; raises StopIteration at the end of the epoch."""
         failed = None
-        try:
-            batch = self._next_device_batch() if self._copier else self._next_batch()
-            if self._transform is not None:
-                t1 = time.perf_counter()
-                batch = self._transform(batch)
-                self._stats.transform_s += time.perf_counter() - t1
+        try:  # fetched here, or received from the replica group's leader (_plan.BatchFeed)
+            batch = self._fetch() if self._feed is None else self._feed.next(self._fetch, _BatchError)
         except StopIteration:
             self._finish()
             raise
@@ -155,6 +152,14 @@ class LoaderIter:
                 raise exc
             finally:
                 del exc
+        return batch
+
+    def _fetch(self):
+        batch = self._next_device_batch() if self._copier else self._next_batch()
+        if self._transform is not None:
+            t1 = time.perf_counter()
+            batch = self._transform(batch)
+            self._stats.transform_s += time.perf_counter() - t1
         return batch
 
     def _next_looking_ahead(self):
@@ -317,7 +322,7 @@ class LoaderIter:
                 self._dispatch()
 
     def _get(self):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         try:
             return self._lease.engine.get(self._timeout if self._timeout > 0 else None)
         except queue.Empty:
@@ -326,9 +331,7 @@ class LoaderIter:
                 f"{self._nw} {self._lease.worker_type} workers ({len(self._tasks)} batches in flight)"
             ) from None
         finally:
-            w = time.perf_counter() - t0
-            with self._stats.lock:
-                self._stats.worker_wait_s += w
+            self._stats.waited(time.perf_counter() - t0, time.thread_time() - c0)
 
     def _next_device_batch(self):
         """Stage the next host batch's copy before returning the current one (one ahead)."""
@@ -372,11 +375,12 @@ class LoaderIter:
         if st.worker_info_consulted is False and self._plan.iterable:
             self._events.unsplit_iterable()
 
-    def _account_time(self, t0: float) -> None:
+    def _account_time(self, t0: float, c0: float) -> None:
         # wall time from the first next() of the epoch to the end of the latest one, and the
-        # part of it spent inside next() (from t0)
-        now = time.perf_counter()
+        # part of it spent inside next() (from t0); this thread's CPU time since c0
+        now, cpu = time.perf_counter(), time.thread_time() - c0
         with self._stats.lock:
+            self._stats.consumer_cpu_s += cpu
             self._stats.elapsed_s += now - self._t_mark
             self._stats.wait_s += now - t0
         self._t_mark = now

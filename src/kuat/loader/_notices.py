@@ -8,10 +8,11 @@ error for skipped samples). Called from the consumer thread (the iterator's even
 from __future__ import annotations
 
 import logging
+import os
 import re
 import warnings
 
-__all__ = ["advise", "iterable_length", "unsplit_iterable", "skipped"]
+__all__ = ["advise", "iterable_length", "unsplit_iterable", "skipped", "worker_number"]
 
 log = logging.getLogger("kuat.loader")
 
@@ -83,3 +84,28 @@ def skipped(loader, samples) -> None:
                 RuntimeWarning,
                 stacklevel=4,
             )
+
+
+def worker_number(loader) -> None:
+    """Warn, as torch does and in torch's words, when more worker *processes* than usable
+    CPUs are asked for (``DataLoader.check_worker_number_rationality``). Thread workers are
+    not counted: they are cheap and mostly wait on work that releases the GIL."""
+    if not loader.num_workers or loader.worker_type != "process":
+        return
+    # torch's count: the CPUs this process may run on where os.sched_getaffinity exists
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    if cpus is not None and loader.num_workers <= cpus:
+        return
+    cpuset = "" if hasattr(os, "sched_getaffinity") else " (`cpuset` is not taken into account)"
+    suggest = (f"Our suggested max number of worker in current system is {cpus}{cpuset}, "
+               "which is smaller than what this DataLoader is going to create."
+               if cpus is not None else
+               "DataLoader is not able to compute a suggested max number of worker in "
+               "current system.")
+    warnings.warn(
+        f"This DataLoader will create {loader.num_workers} worker processes in total. "
+        f"{suggest} Please be aware that excessive worker creation might get DataLoader "
+        "running slow or even freeze, lower the worker number to avoid potential "
+        "slowness/freeze if necessary.",
+        stacklevel=5,
+    )

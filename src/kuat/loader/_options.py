@@ -21,8 +21,8 @@ from kuat.device import accelerator_available
 from kuat.engine.job import per_sample_getitems
 from kuat.sources import protocol as _protocol
 
-__all__ = ["LoaderOptions", "SourceTraits", "check_arguments", "check_device", "is_iter_datapipe",
-           "resolve_pin", "wrap_datapipe"]
+__all__ = ["LoaderOptions", "SourceTraits", "check_arguments", "check_device",
+           "check_equal_steps", "is_iter_datapipe", "resolve_pin", "wrap_datapipe"]
 
 
 @dataclass(frozen=True)
@@ -38,11 +38,13 @@ class LoaderOptions:
     worker_type: str  # "thread" or "process" (the first engine's)
     auto_worker_type: bool  # worker_type=None with workers: may move to processes
     device: torch.device | None  # a CUDA device, or None (host batches)
-    rank: int | None  # explicit rank=/world_size=, or None (resolved each epoch)
-    world_size: int | None
+    sharding: distributed.Sharding  # who reads what: unsharded unless asked (kuat.distributed)
     seed: int | None
     seed_was_none: bool  # the first epoch's base_seed draw becomes the seed
     pin: bool  # pin batches (pin_memory, or a CUDA device), an accelerator being present
+    replicas: str = "read"  # "read": every rank reads; "broadcast": a leader per replica group
+    replica_check_every: int | None = None  # compare replicas' batch hashes every N batches
+    exact_eval: bool = False  # every sample once over the ranks, padding flagged (sampling.py)
 
 
 @dataclass(frozen=True)
@@ -200,7 +202,8 @@ def check_torch_sampling(iterable, shuffle, sampler, batch_sampler, batch_size, 
 
 def check_arguments(*, num_workers, timeout, prefetch_factor, persistent_workers, worker_type,
                     on_error, seed, snapshot_every_n_steps, device, rank,
-                    world_size) -> LoaderOptions:
+                    world_size, mesh=None, dp_dims=None, shard=None, replicas="read",
+                    replica_check_every=None, exact_eval=False) -> LoaderOptions:
     """Every argument but the dataset and sampling ones, checked (torch's first)."""
     prefetch_factor, adaptive = check_torch_workers(num_workers, timeout, prefetch_factor,
                                                     persistent_workers)
@@ -225,20 +228,95 @@ def check_arguments(*, num_workers, timeout, prefetch_factor, persistent_workers
             f"{snapshot_every_n_steps=!r}"
         )
     dev = check_device(device)
-    rank, world_size = distributed.check_explicit(rank, world_size)
-    distributed.resolve(rank, world_size)  # RANK/WORLD_SIZE errors surface at construction
+    if not isinstance(exact_eval, bool):
+        raise TypeError(f"exact_eval should be a bool, got {exact_eval=!r}")
+    spec = distributed.sharding(rank, world_size, mesh, dp_dims, shard)
+    check_replicas(spec, seed, replicas, replica_check_every)
     return LoaderOptions(
         prefetch_factor=prefetch_factor,
         adaptive_prefetch=adaptive,
         worker_type="thread" if worker_type is None else worker_type,
         auto_worker_type=worker_type is None and num_workers > 0,
         device=dev,
-        rank=rank,
-        world_size=world_size,
+        sharding=spec,
         seed=None if seed is None else int(seed),
         seed_was_none=seed is None,
         pin=False,  # resolve_pin, after the sampling arguments are checked (torch's order)
+        replicas=replicas,
+        replica_check_every=replica_check_every,
+        exact_eval=exact_eval,
     )
+
+
+def check_replicas(spec, seed, replicas, replica_check_every) -> None:
+    """``replicas`` and ``replica_check_every`` (:mod:`kuat.replicas`), and ``seed=`` with
+    ``mesh=``: ``seed=None`` would take each rank's seed from its own torch default generator
+    (often seeded per rank), so replicas could shuffle and augment differently; kuat asks for
+    the seed rather than agree on one by a collective that ranks without a loader (middle
+    pipeline stages) or a rank calling ``state_dict()`` alone would never join."""
+    if replicas not in ("read", "broadcast"):
+        raise ValueError(f"replicas should be 'read' or 'broadcast', got {replicas=!r}")
+    if replica_check_every is not None and (
+            isinstance(replica_check_every, bool) or not isinstance(replica_check_every, int)
+            or replica_check_every < 1):
+        raise ValueError("replica_check_every should be a positive int (batches) or None, got "
+                         f"{replica_check_every=!r}")
+    if spec.kind == "mesh" and seed is None:
+        raise ValueError(
+            "mesh= needs seed= (the same int on every rank): with seed=None each rank would "
+            "take its seed from its own torch default generator, and ranks that differ only "
+            "along the mesh's other dimensions (replicas) could shuffle and augment "
+            "differently")
+
+
+def check_equal_steps(opts: LoaderOptions, traits: SourceTraits, source, *, sampler,
+                      batch_sampler, batch_size, drop_last, on_error, in_order=True) -> None:
+    """What kuat's sharding (every rank the same number of batches) and ``exact_eval`` (every
+    sample once, padding flagged) need of the source and the sampling arguments, checked at
+    construction (``docs/distributed.md``, "Equal steps and exact evaluation"). ``sampler`` and
+    ``batch_sampler`` are the user's (``None`` when not given).
+
+    Raises:
+        ValueError: naming what cannot be served in equal steps (or exactly) and why.
+    """
+    name = type(source).__name__
+    if opts.exact_eval:
+        why = None
+        if traits.iterable:
+            why = (f"the dataset ({name}) is an IterableDataset: its samples cannot be counted "
+                   "and laid out ahead; use a map-style dataset")
+        elif sampler is not None or batch_sampler is not None:
+            why = ("a sampler/batch_sampler given decides the order and shares itself; leave "
+                   "both out so the loader lays the epoch out")
+        elif batch_size is None or drop_last:
+            why = f"it needs batch_size >= 1 and drop_last=False, got {batch_size=} {drop_last=}"
+        elif on_error == "skip":
+            why = "on_error='skip' drops samples; use on_error='raise'"
+        elif not in_order:
+            why = ("in_order=False may yield the padded last batch before others, where "
+                   "gather_for_metrics would not truncate it; use in_order=True")
+        if why is not None:
+            raise ValueError(f"exact_eval=True serves every sample exactly once: {why}")
+    if not opts.sharding.sharded or not traits.iterable:
+        return
+    how = "kuat's sharding (rank=/world_size=, mesh=, shard=True)"
+    if not traits.distributed:
+        raise ValueError(
+            f"{how} gives every rank the same number of batches, but {name} is an "
+            "IterableDataset kuat cannot split: it does not take a share "
+            "(kuat_set_distributed), so how many samples each rank would yield is unknown, "
+            "and a rank a step short hangs the others' collectives. Either split it in its "
+            "__iter__ (by torch.distributed's rank) and drop kuat's sharding, or make it a "
+            "kuat.sources.stream.Stream (samples(epoch); kuat.mix([it]) wraps any iterable)")
+    reason = _protocol.unequal_shares(source)
+    if reason:
+        raise ValueError(f"{how} gives every rank the same number of batches, but {name} "
+                         f"cannot: {reason}")
+    if on_error == "skip":
+        raise ValueError(
+            f"{how} over an IterableDataset ({name}) with on_error='skip': a skipped sample "
+            "changes how many batches this rank yields (a failing generator ends), and a "
+            "rank a step short hangs the others' collectives; use on_error='raise'")
 
 
 def resolve_pin(pin_memory: bool, pin_memory_device: str, device: torch.device | None) -> bool:

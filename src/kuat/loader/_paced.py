@@ -1,5 +1,5 @@
-"""An epoch's keys, pulled from the sampler no later than torch's multi-worker iterator pulls
-them (:class:`PacedKeys`; used by :mod:`kuat.loader._iterator`)."""
+"""When an epoch's keys are pulled from the sampler: no later than torch's multi-worker
+iterator pulls them (:class:`PacedKeys`, used by :mod:`kuat.loader._iterator`)."""
 
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from kuat.loader._stats import LoaderStats
     from kuat.loader._workers import Lease
 
-__all__ = ["EpochPlan", "EpochObserver", "LoaderEvents"]
+__all__ = ["BatchFeed", "EpochPlan", "EpochObserver", "LoaderEvents"]
 
 
 class EpochObserver(Protocol):
@@ -37,6 +37,19 @@ class EpochObserver(Protocol):
 
     def epoch_ended(self) -> None:
         """The iterator is done with the epoch (called once)."""
+
+
+class BatchFeed(Protocol):
+    """Where each batch of a replica group comes from (:mod:`kuat.replicas`: ``replicas=``,
+    ``replica_check_every=``). Called by the iterator in the consumer thread, once per batch,
+    on every rank of the group in the same order (it may run collectives)."""
+
+    def next(self, fetch: Callable[[], Any], dataset_error: type[BaseException]) -> Any:
+        """The next batch: ``fetch()``'s (this rank reads), or the one the group's leader
+        fetched (this rank is a peer: ``fetch`` is not called). Raises ``StopIteration`` at
+        the end of the epoch; a ``dataset_error`` (its ``exc`` the dataset's exception; built
+        as ``dataset_error(exc)`` on peers) when the dataset raised; anything else ends the
+        epoch."""
 
 
 @dataclass(frozen=True)
@@ -75,6 +88,7 @@ class EpochPlan:
         iterable: an iterable source (warnings differ).
         first_worker: the worker the epoch's first task goes to (then round-robin): the one
             after the last batch served, when a torch IterableDataset resumes mid-epoch.
+        feed: the replica group's :class:`BatchFeed`, or ``None`` (this rank reads alone).
     """
 
     epoch: int
@@ -95,3 +109,4 @@ class EpochPlan:
     events: LoaderEvents
     iterable: bool
     first_worker: int = 0
+    feed: BatchFeed | None = None

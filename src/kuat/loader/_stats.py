@@ -36,7 +36,10 @@ class LoaderStats:
 
     def reset(self):
         self.fetch_s = self.fetch_cpu_s = self.collate_s = self.pin_s = self.rng_wait_s = 0.0
-        self.native_s = self.runq_s = 0.0  # runq_s: of fetch + collate, waiting for a core
+        self.native_s = self.native_cpu_s = self.consumer_cpu_s = self.wait_cpu_s = 0.0
+        self.runq_s = 0.0  # of fetch + collate, waiting for a core (when measured)
+        # CPU seconds outside GIL-releasing kernels (WorkStats.python_s), by worker kind
+        self.python_s = {"inline": 0.0, "thread": 0.0, "process": 0.0}
         self.device_s = self.transform_s = self.wait_s = self.worker_wait_s = self.elapsed_s = 0.0
         self.batches = self.samples = self.skipped = 0
 
@@ -47,6 +50,9 @@ class LoaderStats:
             self.fetch_s += st.fetch_s
             self.fetch_cpu_s += st.fetch_cpu_s
             self.native_s += st.native_s
+            self.native_cpu_s += st.native_cpu_s
+            if st.method in self.python_s:
+                self.python_s[st.method] += st.python_s
             self.collate_s += st.collate_s
             self.pin_s += st.pin_s
             self.rng_wait_s += st.rng_wait_s
@@ -56,13 +62,22 @@ class LoaderStats:
                 self.samples += st.samples
             self.skipped += len(st.skipped)
 
+    def waited(self, wall_s: float, cpu_s: float) -> None:
+        """The loop waited ``wall_s`` for a worker's result, ``cpu_s`` of it on a CPU (waking
+        up, taking the GIL back: not Python, left out of ``python_us_per_sample``'s consumer;
+        an inline fetch runs inside this wait, and is counted as a worker's)."""
+        with self.lock:
+            self.worker_wait_s += wall_s
+            self.wait_cpu_s += cpu_s
+
     def overhead_s(self, num_workers: int) -> float:
         """Seconds ``next()`` spent in kuat's own machinery (see :meth:`report`)."""
         work = self.fetch_s + self.collate_s + self.pin_s if num_workers == 0 else self.worker_wait_s
         return max(0.0, self.wait_s - work - self.device_s - self.transform_s)
 
-    def report(self, num_workers: int) -> dict[str, Any]:
-        """The dict :meth:`kuat.DataLoader.stats` returns (its docstring says what each key is)."""
+    def report(self, num_workers: int, workers: dict | None = None) -> dict[str, Any]:
+        """The dict :meth:`kuat.DataLoader.stats` returns (its docstring says what each key is);
+        ``workers``: the worker choice's report (``kuat.loader._auto``), under ``"workers"``."""
         with self.lock:
             el = self.elapsed_s
             overhead = self.overhead_s(num_workers)
@@ -75,6 +90,7 @@ class LoaderStats:
                     "fetch": self.fetch_s,
                     "fetch_cpu": self.fetch_cpu_s,
                     "native": self.native_s,
+                    "native_cpu": self.native_cpu_s,
                     "runqueue": self.runq_s,
                     "collate": self.collate_s,
                     "pin": self.pin_s,
@@ -96,4 +112,32 @@ class LoaderStats:
                 # themselves (kuat.vision's decodes and resizes); None when none reported
                 "fetch_python_fraction": max(0.0, self.fetch_s - self.native_s) / self.fetch_s
                 if self.native_s > 0 and self.fetch_s > 0 else None,
+                "python_us_per_sample": self._python_per_sample(),
+                "workers": workers if workers is not None else {},
             }
+
+    def _python_per_sample(self) -> dict[str, float | None]:
+        """Microseconds of Python (CPU time outside the GIL-releasing kernels) per sample.
+
+        ``workers``: the fetches and collates, wherever they ran (CPU time of the fetch outside
+        the kernels that report themselves through :mod:`kuat._native`, plus the collate's);
+        ``consumer``: the loop thread's CPU time inside ``next()``, less the fetches it ran
+        itself and its waits for a result (the system calls of blocking and waking: the GIL
+        is free then): dispatch, hand-off, ordering, bookkeeping, device copies; ``main_process``:
+        ``consumer`` plus the fetches of thread and inline workers, the time the training
+        process's GIL is held per sample, the budget of issue 31 (process workers hold their
+        own GILs). How it compares to an external sampler of the GIL (py-spy ``--gil``,
+        ``docs/benchmarks.md``, "GIL per image"): CPU time is what holds the GIL on an idle
+        machine; it counts GIL-free system calls and copies as Python (an upper bound there),
+        and it misses the time a preempted thread holds the GIL while off a CPU (which a
+        wall-clock sampler counts on a busy machine). All ``None`` before any sample.
+        Caller holds ``lock``."""
+        n = self.samples
+        if not n:
+            return {"workers": None, "consumer": None, "main_process": None}
+        workers = sum(self.python_s.values())
+        # (an inline fetch runs inside the loop's wait for its result: in wait_cpu_s)
+        consumer = max(0.0, self.consumer_cpu_s - self.wait_cpu_s)
+        main = consumer + self.python_s["thread"] + self.python_s["inline"]
+        return {"workers": 1e6 * workers / n, "consumer": 1e6 * consumer / n,
+                "main_process": 1e6 * main / n}  # fmt: skip

@@ -21,10 +21,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import logging
-import math
-import os
 import sys
-import warnings
 import weakref
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
@@ -37,7 +34,7 @@ from torch.utils.data._utils.collate import default_collate as torch_default_col
 from torch.utils.data._utils.collate import default_convert
 from torch.utils.data.dataloader import _DatasetKind
 
-from kuat import distributed
+from kuat import replicas as _replicas
 from kuat import sources as _sources
 from kuat._buffers import BufferPool
 from kuat.collate import default_collate
@@ -46,7 +43,7 @@ from kuat.loader import _auto, _epoch, _notices, _options, _state
 from kuat.loader._iterator import LoaderIter
 from kuat.loader._stats import LoaderStats
 from kuat.loader._workers import WorkerPool
-from kuat.sampling import EpochSampler, next_request
+from kuat.sampling import DistributedEpochSampler, EpochSampler, InfiniteSampler, next_request
 
 __all__ = ["DataLoader"]
 
@@ -70,8 +67,7 @@ class DataLoader(_TorchDataLoader[_T_co]):  # generic as torch's: kuat.DataLoade
             default ``collate_fn`` is :func:`kuat.default_collate` (torch's structures, zero-copy
             when samples are consecutive views of one batch buffer).
         num_workers: ``0`` fetches in the calling thread; ``N`` uses N worker threads
-            (``worker_type="thread"``) or processes (``worker_type="process"``); ``"auto"``
-            (a kuat extension): the count the first batches call for (``docs/loader.md``).
+            (``worker_type="thread"``) or processes; ``"auto"``: measured (``docs/loader.md``).
         pin_memory: return tensors in pinned memory (containers as torch). Without an
             accelerator pinning is skipped with one warning, as torch does.
         timeout: seconds (>= 0) to wait for a batch from the workers before
@@ -90,9 +86,8 @@ class DataLoader(_TorchDataLoader[_T_co]):  # generic as torch's: kuat.DataLoade
         persistent_workers: keep workers between epochs.
         pin_memory_device: deprecated in torch; ignored with torch's warning.
         in_order: yield batches in sampler order (``True``) or as they complete.
-        worker_type: ``None`` (default: threads, moving to processes once the dataset is seen
-            to draw from the global random generators or the first batches hold the GIL),
-            ``"thread"`` or ``"process"``.
+        worker_type: ``None`` (default: threads, moving to processes once the dataset draws
+            from the global RNGs or holds the GIL), ``"thread"`` or ``"process"``.
             ``loader.worker_type`` tells which is in use (``docs/loader.md``, "Workers").
         seed: the run seed (int): shuffle order depends only on ``(seed, epoch, rank,
             world_size)`` and each sample's randomness on ``(seed, epoch, index)``. ``None``
@@ -104,10 +99,32 @@ class DataLoader(_TorchDataLoader[_T_co]):  # generic as torch's: kuat.DataLoade
         on_error: ``"raise"`` (default) or ``"skip"``: drop samples whose fetch raises (the
             batch is retried one sample at a time), warn once per distinct error, count them
             in :meth:`stats`, never yield an empty batch.
-        rank, world_size: this process's share of the loader's own sampler; give both or
-            neither. ``None``: resolved when each epoch starts by :mod:`kuat.distributed`
-            (``torch.distributed``, else ``RANK``/``WORLD_SIZE``, else 0 of 1). Every rank gets
-            the same number of batches (wrap-around padding, or truncation with ``drop_last``).
+        rank, world_size, mesh, dp_dims, shard: who reads what (``docs/loader.md``, "Who reads
+            what"). By default none of them: kuat shards nothing, as torch's DataLoader (every
+            rank reads every sample; a sampler a framework injects or the user passes decides
+            the share). kuat's own sharding, asked for with one of: ``rank=``/``world_size=``
+            (both ints); ``mesh=`` a ``DeviceMesh`` (the share is this rank's coordinate over
+            its data-parallel dimensions, ``dp_dims=`` or those named like ``dp``; the other
+            dimensions read identical batches); ``shard=True`` (the global rank, from
+            ``torch.distributed`` else ``RANK``/``WORLD_SIZE``, resolved each epoch). Sharded,
+            every rank gets the same number of batches (wrap-around padding, or truncation
+            with ``drop_last``) and ``loader.sampler`` is a ``DistributedSampler``, so
+            frameworks add none. ``ValueError`` for two ways at once, a mesh with no
+            data-parallel dimension, or ``mesh=`` without ``seed=``.
+        replicas: ``"read"`` (default: every rank reads its share) or ``"broadcast"``: in each
+            replica group (ranks reading the same share: ``mesh=``'s non-data-parallel
+            dimensions, else equal ``loader.rank``) one leader reads and sends each batch to
+            its peers (``docs/distributed.md``, "Meshes and replicas"; :mod:`kuat.replicas`).
+        replica_check_every: ``None`` (default) or N: every N batches the replicas compare a
+            64-bit hash of their batches and every rank raises
+            ``kuat.replicas.ReplicaMismatchError`` naming the ranks that differ.
+        exact_eval: serve every sample exactly once over the ranks, still in equal steps: the
+            few samples that even out the last step are flagged by a ``(B,) torch.bool``
+            ``"is_padding"`` key added to every (dict) batch, laid out where Accelerate's
+            ``gather_for_metrics`` truncates (``docs/distributed.md``, "Equal steps and exact
+            evaluation"). Map-style, the loader's own sampler, ``drop_last=False``, no
+            ``on_error="skip"``, ``in_order=True`` (else ``ValueError``); a non-dict batch
+            raises ``TypeError``.
         isolate_global_rng: make a map-style dataset's draws from ``random``, NumPy's global
             generator and torch's default CPU generator reproducible whatever the workers
             (``docs/loader.md``, "Global random generators"). ``None``: on unless the source
@@ -157,6 +174,12 @@ class DataLoader(_TorchDataLoader[_T_co]):  # generic as torch's: kuat.DataLoade
         on_error: str = "raise",
         rank: int | None = None,
         world_size: int | None = None,
+        mesh=None,
+        dp_dims=None,
+        shard: bool | None = None,
+        replicas: str = "read",
+        replica_check_every: int | None = None,
+        exact_eval: bool = False,
         isolate_global_rng: bool | None = None,
         snapshot_every_n_steps: int | None = None,
     ):
@@ -165,7 +188,8 @@ class DataLoader(_TorchDataLoader[_T_co]):  # generic as torch's: kuat.DataLoade
             num_workers=num_workers, timeout=timeout, prefetch_factor=prefetch_factor,
             persistent_workers=persistent_workers, worker_type=worker_type, on_error=on_error,
             seed=seed, snapshot_every_n_steps=snapshot_every_n_steps, device=device, rank=rank,
-            world_size=world_size,
+            world_size=world_size, mesh=mesh, dp_dims=dp_dims, shard=shard, replicas=replicas,
+            replica_check_every=replica_check_every, exact_eval=exact_eval,
         )
         self._device = opts.device
         datapipe = _options.is_iter_datapipe(dataset)
@@ -184,6 +208,11 @@ class DataLoader(_TorchDataLoader[_T_co]):  # generic as torch's: kuat.DataLoade
         self.device = self._device
         self.on_error = on_error
         self.snapshot_every_n_steps = snapshot_every_n_steps
+        self.replicas, self.replica_check_every = replicas, replica_check_every
+        # kept, so that Lightning's type(loader)(**attributes) rebuild keeps kuat's sharding
+        self.mesh, self.dp_dims, self.shard = mesh, dp_dims, shard
+        self._feed = _replicas.feed_for(opts.sharding, replicas, replica_check_every)
+        self.exact_eval = opts.exact_eval
         self._torch_order = opts.seed_was_none  # shuffle=True on one process shuffles as torch's
         self._dist_applied: tuple[int, int] | None = None  # (rank, world_size) of the last epoch
 
@@ -195,17 +224,21 @@ class DataLoader(_TorchDataLoader[_T_co]):  # generic as torch's: kuat.DataLoade
         self._dataset_kind = _DatasetKind.Iterable if iterable else _DatasetKind.Map
         own_sampler = sampler is None and not iterable and batch_sampler is None
         traits = _options.SourceTraits.of(source, iterable=iterable, own_sampler=own_sampler)
+        _options.check_equal_steps(opts, traits, source, sampler=sampler, batch_sampler=batch_sampler,
+                                   batch_size=batch_size, drop_last=drop_last, on_error=on_error,
+                                   in_order=in_order)
         if sampler is None:
             if iterable:
-                sampler = _InfiniteSampler()
+                sampler = InfiniteSampler()
                 if traits.batching:  # workers take whole batches
                     source.kuat_set_batching(batch_size, drop_last)
             elif batch_sampler is None:
-                r, ws = distributed.resolve(opts.rank, opts.world_size)
-                sampler = EpochSampler(
+                r, ws = opts.sharding.resolve()
+                kind = DistributedEpochSampler if opts.sharding.sharded else EpochSampler
+                sampler = kind(
                     source, shuffle=shuffle, seed=self.seed, rank=r,
                     world_size=ws, drop_last=drop_last, generator=generator,
-                )
+                    exact=opts.exact_eval, batch_size=batch_size)
             else:
                 sampler = SequentialSampler(source)
         if batch_size is not None and batch_sampler is None:
@@ -255,7 +288,7 @@ class DataLoader(_TorchDataLoader[_T_co]):  # generic as torch's: kuat.DataLoade
             buffer_pool=BufferPool(),
             worker_state=iterable and not traits.resumable,  # per-worker dataset states
             datapipe=datapipe,  # seeded and sharded per worker, as torch (graph_settings)
-        )
+            equal_steps=opts.sharding.sharded, flag_padding=opts.exact_eval)
         self._stats = LoaderStats()
         self._choice = _auto.WorkerChoice(auto_type=opts.auto_worker_type, auto_count=auto_count,
                                           worker_type=opts.worker_type, num_workers=num_workers)
@@ -280,41 +313,22 @@ class DataLoader(_TorchDataLoader[_T_co]):  # generic as torch's: kuat.DataLoade
 
     def check_worker_number_rationality(self) -> None:
         """Warn, as torch does and in torch's words, when more worker *processes* than usable
-        CPUs are asked for. Thread workers are not counted: they are cheap and mostly wait on
-        work that releases the GIL."""
-        if not self.num_workers or self.worker_type != "process":
-            return
-        # torch's count: the CPUs this process may run on where os.sched_getaffinity exists
-        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-        if cpus is not None and self.num_workers <= cpus:
-            return
-        cpuset = "" if hasattr(os, "sched_getaffinity") else " (`cpuset` is not taken into account)"
-        suggest = (f"Our suggested max number of worker in current system is {cpus}{cpuset}, "
-                   "which is smaller than what this DataLoader is going to create."
-                   if cpus is not None else
-                   "DataLoader is not able to compute a suggested max number of worker in "
-                   "current system.")
-        warnings.warn(
-            f"This DataLoader will create {self.num_workers} worker processes in total. "
-            f"{suggest} Please be aware that excessive worker creation might get DataLoader "
-            "running slow or even freeze, lower the worker number to avoid potential "
-            "slowness/freeze if necessary.",
-            stacklevel=3,
-        )
+        CPUs are asked for (threads are not counted: :func:`kuat.loader._notices.worker_number`)."""
+        _notices.worker_number(self)
 
     # --- rank and world size ------------------------------------------------------------------
     @property
     def rank(self) -> int:
-        """This process's rank now (the explicit ``rank=``, else :mod:`kuat.distributed`'s)."""
+        """This process's share now (``0`` unsharded; see ``shard``/``mesh``/``rank`` above)."""
         return self._resolve_distributed(warn=False)[0]
 
     @property
     def world_size(self) -> int:
-        """The number of ranks now (the explicit ``world_size=``, else resolved)."""
+        """The number of shares now (``1`` unsharded: every rank reads everything)."""
         return self._resolve_distributed(warn=False)[1]
 
     def _resolve_distributed(self, warn: bool = True) -> tuple[int, int]:
-        return distributed.resolve(self._options.rank, self._options.world_size, warn=warn)
+        return self._options.sharding.resolve(warn=warn)
 
     def __len__(self) -> int:
         _epoch.apply_distributed(self)
@@ -322,12 +336,7 @@ class DataLoader(_TorchDataLoader[_T_co]):  # generic as torch's: kuat.DataLoade
         return max(0, self._len() - skip) if skip else self._len()
 
     def _len(self) -> int:
-        if self._traits.iterable:
-            length = self._IterableDataset_len_called = len(self._source)
-            if self.batch_size is not None:
-                length = length // self.batch_size if self.drop_last else math.ceil(length / self.batch_size)
-            return length
-        return len(self._index_sampler)
+        return _epoch.epoch_length(self)
 
     def _batches_per_epoch(self) -> int | None:
         if self._traits.iterable:
@@ -403,9 +412,9 @@ class DataLoader(_TorchDataLoader[_T_co]):  # generic as torch's: kuat.DataLoade
         seconds each stage was busy, summed over workers: ``fetch`` (dataset calls),
         ``fetch_cpu`` (their CPU time: far below ``fetch`` in thread mode means GIL-bound or
         I/O-bound), ``native`` (of ``fetch``, inside GIL-releasing kernels that report
-        themselves: ``kuat.vision``'s decodes and resizes), ``runqueue`` (of ``fetch`` and
-        ``collate``, runnable but waiting for a core; measured only while kuat measures: the
-        first batches under ``worker_type=None``, ``kuat.doctor``), ``collate``, ``pin``,
+        themselves: ``kuat.vision``'s decodes and resizes; ``native_cpu``: their CPU),
+        ``runqueue`` (waiting for a core, while kuat measures: ``_auto``, ``kuat.doctor``),
+        ``collate``, ``pin``,
         ``rng_lock_wait`` (waiting for global-RNG isolation), ``device`` (consumer: copies out
         of shared memory or to the device), ``batch_transform``; ``consumer_wait_s`` (every
         second the training loop spent inside ``next()``), ``worker_wait_s`` (the part of it
@@ -417,11 +426,11 @@ class DataLoader(_TorchDataLoader[_T_co]):  # generic as torch's: kuat.DataLoade
         ``worker_wait_s`` with workers, minus device copies and batch transforms);
         ``loader_overhead_fraction``: those seconds over ``elapsed_s``;
         ``fetch_python_fraction``: ``(fetch - native) / fetch``, ``None`` when no kernel
-        reported; ``workers``: the type and count in use and how they were chosen
-        (``kuat.loader._auto.WorkerChoice.report``).
+        reported; ``python_us_per_sample``: CPU microseconds of Python (outside those kernels)
+        per sample, ``{"workers", "consumer", "main_process"}`` (``LoaderStats.report``);
+        ``workers``: the type and count in use and how they were chosen (``_auto``).
         """
-        return {**self._stats.report(self.num_workers),
-                "workers": self._choice.report(self.worker_type, self.num_workers)}
+        return self._stats.report(self.num_workers, self._choice.report(self))
 
     # --- iteration --------------------------------------------------------------------------
     def __iter__(self) -> LoaderIter:
@@ -488,10 +497,3 @@ class DataLoader(_TorchDataLoader[_T_co]):  # generic as torch's: kuat.DataLoade
     def _advise(self) -> None:
         _notices.advise(self)
 
-
-class _InfiniteSampler(Sampler):
-    """The sampler attribute of an iterable-dataset loader (as torch's, yields ``None``)."""
-
-    def __iter__(self):
-        while True:
-            yield None

@@ -201,10 +201,11 @@ class Dataset:
         idx = self._store.indices(indices)
         if self._sample_transform is not None or len(idx) == 0:
             return default_collate(self._samples(idx, batch_buffer=True))
-        sid, cols = self._store.gather(idx, self.schema.names)
+        ft = self._field_transforms
+        own = [n for n, t in ft.items() if vision_protocol.advises_reads(t)]
+        sid, cols = self._store.gather(idx, self.schema.names, own)
         import torch
 
-        ft = self._field_transforms
         out = {}
         index_list = None
         for f in self.schema:

@@ -310,6 +310,17 @@ class HFIterableSource(Stream):
         if getattr(dataset, "_distributed", None) is not None:
             _log.info("the datasets.IterableDataset is already split by node; kuat keeps its split")
 
+    @property
+    def kuat_unequal_shares(self) -> str | None:
+        """Why ranks may get unequal numbers of examples (``Stream.kuat_unequal_shares``)."""
+        if getattr(self.dataset, "_distributed", None) is not None:
+            return ("the datasets.IterableDataset is already split by split_dataset_by_node, "
+                    "whose shares may differ by rank; give kuat the unsplit dataset")
+        if self.split == "shards":
+            return ("split='shards' gives each rank whole shards, whose sizes may differ; use "
+                    "split='position'")
+        return None
+
     def kuat_set_distributed(self, rank: int, world_size: int) -> None:
         if getattr(self.dataset, "_distributed", None) is not None:
             return  # split_dataset_by_node already took this rank's share

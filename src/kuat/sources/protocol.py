@@ -32,6 +32,7 @@ hook                        protocol / accessor    when the loader calls or read
 ``set_epoch``               :class:`EpochAware`    each epoch start, in every worker (iterable)
 ``kuat_set_distributed``    :class:`Distributed`   each epoch start whose rank/world size changed
 ``kuat_set_batching``       :class:`Batching`      construction (iterable, loader's sampler)
+``kuat_unequal_shares``     :func:`unequal_shares` construction, sharded: a reason refuses it
 ``state_dict``/``load_…``   :class:`Stateful`      ``loader.state_dict()`` / ``load_state_dict()``
 ``kuat_iter_from``          :class:`ResumableIterable` epoch start after ``load_state_dict()``, in
                                                    every worker, instead of ``iter()`` (iterable)
@@ -174,8 +175,9 @@ class EpochAware(Protocol):
 @runtime_checkable
 class Distributed(Protocol):
     """``kuat_set_distributed(rank, world_size)`` (iterable sources): called on the loader's
-    source when an epoch starts and the resolved rank or world size differs from the last
-    call; the source then yields only rank ``rank``'s share (equal shares, padded as
+    source when an epoch starts and the loader's share (``(0, 1)`` unless the loader was asked
+    to shard: :mod:`kuat.distributed`) differs from the last call; the source then yields only
+    rank ``rank``'s share (equal shares, padded as
     ``DistributedSampler`` pads, truncated with ``drop_last``). Workers started before get a
     new copy."""
 
@@ -411,6 +413,11 @@ def prefetcher(source: object) -> Callable[[Sequence[int]], None] | None:
                 h(share)
 
     return concat
+
+
+def unequal_shares(source: object) -> str | None:
+    """Why a stream cannot give ranks equal shares (``Stream.kuat_unequal_shares``), or None."""
+    return getattr(source, "kuat_unequal_shares", None) or None
 
 
 def uses_sample_rng(source: object) -> bool:

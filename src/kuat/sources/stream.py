@@ -18,8 +18,10 @@ The price: every rank and worker reads the whole stream (and skips what is not i
 ``datasets``' ``split_dataset_by_node`` does when shards do not divide evenly.
 
 The loader hands a stream its batching with ``kuat_set_batching(batch_size, drop_last)`` and
-its rank with ``kuat_set_distributed(rank, world_size)``; without those (torch's DataLoader),
-the rank comes from :mod:`kuat.distributed` (as the loader's) and workers split sample by sample.
+its share with ``kuat_set_distributed(rank, world_size)`` (``(0, 1)`` unless the loader was
+asked to shard: :mod:`kuat.distributed`); without those (torch's DataLoader), a stream is not
+split by rank (every rank reads it whole, as any torch ``IterableDataset``) and workers split
+sample by sample.
 :func:`kuat.sources.reading.stream_of` reads any source as one such stream.
 """
 
@@ -45,6 +47,11 @@ class Stream(torch.utils.data.IterableDataset):
     independent iterator); ``set_epoch`` and the ``kuat_set_*`` hooks are called by the loader
     before iterating.
     """
+
+    # why this stream cannot give every rank the same number of samples under kuat's sharding
+    # (a sentence), or None: it can (rank_share pads or truncates). A sharded kuat.DataLoader
+    # refuses a stream that gives a reason, at construction.
+    kuat_unequal_shares: str | None = None
 
     def __init__(self):
         super().__init__()
@@ -76,9 +83,9 @@ class Stream(torch.utils.data.IterableDataset):
         self._drop_last = bool(drop_last)
 
     def _rank_and_world(self) -> tuple[int, int]:
-        from kuat import distributed
-
-        return distributed.resolve(self._rank, self._world_size)
+        if self._rank is None:
+            return 0, 1  # not split by rank unless told (kuat.distributed: who reads what)
+        return self._rank, self._world_size
 
     def __iter__(self) -> Iterator:
         rank, world_size = self._rank_and_world()

@@ -42,8 +42,11 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
             about a hundred batches; ``N`` sorts the whole epoch: least padding, least
             randomness).
         pad_to_multiple_of: see ``max_tokens``.
-        rank, world_size: this rank's share, both or neither (as ``kuat.DataLoader``); neither:
-            from ``torch.distributed`` when it is initialised at ``iter()``, else 0 and 1.
+        rank, world_size: this rank's share, both or neither; neither: the global rank
+            (``kuat.distributed.resolve``: ``torch.distributed`` when it is initialised at
+            ``iter()``, else ``RANK``/``WORLD_SIZE``, else 0 and 1), as a
+            ``DistributedSampler`` shards. A sharded ``kuat.DataLoader`` (``mesh=``,
+            ``rank=``, ``shard=True``) hands it its share (:meth:`kuat_set_distributed`).
         drop_last: with ``world_size > 1``, drop the last batches that do not fill a round of
             ranks instead of repeating the first ones (every rank gets the same number of
             batches either way, as ``DistributedSampler`` does for samples).
@@ -115,6 +118,13 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
         self.epoch = int(epoch)
 
     kuat_set_epoch = set_epoch  # kuat.DataLoader calls this with its epoch before each epoch
+
+    def kuat_set_distributed(self, rank: int, world_size: int) -> None:
+        """Take share ``rank`` of ``world_size`` (a sharded ``kuat.DataLoader`` calls it at each
+        epoch start, so a mesh's data-parallel share wins over the global rank)."""
+        from kuat import distributed
+
+        self.rank, self.world_size = distributed.check_explicit(rank, world_size)
 
     def _rank_and_world(self) -> tuple[int, int]:
         from kuat import distributed

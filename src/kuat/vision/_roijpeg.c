@@ -79,6 +79,8 @@
 #include <string.h>
 #include <math.h>
 #include <dlfcn.h>
+#include <sys/mman.h>
+#include <unistd.h>
 #include <jpeglib.h> /* the vendored _libjpeg_turbo/include comes first on the include path */
 
 /* libjpeg is not linked. load() dlopens one (RTLD_LOCAL: its symbols never interpose on
@@ -790,22 +792,17 @@ static double pairwise_sum(const double *a, Py_ssize_t n) {
     }
 }
 
-/* taps(in_size, out_size) -> (start bytes (out,) int32, weights bytes (out, taps) int16, taps,
- * precision): kuat.vision.resize.taps computed in C (the same float64 operations in the
- * same order; tests compare the two over thousands of sizes). */
-static PyObject *taps_py(PyObject *self, PyObject *args) {
-    int in_size, out_size;
-    if (!PyArg_ParseTuple(args, "ii", &in_size, &out_size))
-        return NULL;
-    if (in_size <= 0 || out_size <= 0)
-        return PyErr_Format(PyExc_ValueError, "taps: sizes must be positive, got %d -> %d",
-                            in_size, out_size);
+/* The weights of taps_py into malloc'd *start_out (out,) and *weights_out (out, taps), which
+ * the caller frees (one block: free(*start_out) frees both). Calls no Python API (runs with
+ * the GIL released in plan_decode_rrc). Returns 0, or -1 when out of memory. */
+static int taps_c(int in_size, int out_size, int32_t **start_out, int16_t **weights_out,
+                  int *taps_out, int *precision_out) {
     double scale = (double)in_size / (double)out_size;
     double support = scale >= 1.0 ? scale : 1.0;
     double invscale = scale >= 1.0 ? 1.0 / scale : 1.0;
     int64_t *xmin = (int64_t *)malloc(sizeof(int64_t) * out_size * 2);
     if (xmin == NULL)
-        return PyErr_NoMemory();
+        return -1;
     int64_t *xsize = xmin + out_size;
     int64_t taps = 0;
     for (int i = 0; i < out_size; i++) {
@@ -818,14 +815,13 @@ static PyObject *taps_py(PyObject *self, PyObject *args) {
             taps = xsize[i];
     }
     double *w = (double *)malloc(sizeof(double) * (size_t)out_size * (size_t)taps);
-    PyObject *start_b = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)out_size * 4);
-    PyObject *weights_b = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)out_size * taps * 2);
-    if (w == NULL || start_b == NULL || weights_b == NULL) {
+    /* start (out,) int32 then weights (out, taps) int16: one block, 4-byte aligned */
+    char *block = (char *)malloc((size_t)out_size * 4 + (size_t)out_size * taps * 2);
+    if (w == NULL || block == NULL) {
         free(xmin);
         free(w);
-        Py_XDECREF(start_b);
-        Py_XDECREF(weights_b);
-        return PyErr_NoMemory();
+        free(block);
+        return -1;
     }
     double w_max = 0.0;
     for (int i = 0; i < out_size; i++) {
@@ -847,8 +843,8 @@ static PyObject *taps_py(PyObject *self, PyObject *args) {
     int precision = 0;
     while (precision < 22 && (int64_t)(0.5 + w_max * (double)(1 << (precision + 1))) < (1 << 15))
         precision++;
-    int32_t *start = (int32_t *)PyBytes_AS_STRING(start_b);
-    int16_t *weights = (int16_t *)PyBytes_AS_STRING(weights_b);
+    int32_t *start = (int32_t *)block;
+    int16_t *weights = (int16_t *)(block + (size_t)out_size * 4);
     memset(weights, 0, (size_t)out_size * taps * 2);
     for (int i = 0; i < out_size; i++) {
         int64_t st = xmin[i] < in_size - taps ? xmin[i] : in_size - taps;
@@ -860,7 +856,30 @@ static PyObject *taps_py(PyObject *self, PyObject *args) {
     }
     free(xmin);
     free(w);
-    return Py_BuildValue("NNii", start_b, weights_b, (int)taps, precision);
+    *start_out = start, *weights_out = weights, *taps_out = (int)taps;
+    *precision_out = precision;
+    return 0;
+}
+
+/* taps(in_size, out_size) -> (start bytes (out,) int32, weights bytes (out, taps) int16, taps,
+ * precision): kuat.vision.resize.taps computed in C (the same float64 operations in the
+ * same order; tests compare the two over thousands of sizes). */
+static PyObject *taps_py(PyObject *self, PyObject *args) {
+    int in_size, out_size, taps, precision;
+    int32_t *start;
+    int16_t *weights;
+    if (!PyArg_ParseTuple(args, "ii", &in_size, &out_size))
+        return NULL;
+    if (in_size <= 0 || out_size <= 0)
+        return PyErr_Format(PyExc_ValueError, "taps: sizes must be positive, got %d -> %d",
+                            in_size, out_size);
+    if (taps_c(in_size, out_size, &start, &weights, &taps, &precision) != 0)
+        return PyErr_NoMemory();
+    PyObject *res = Py_BuildValue("y#y#ii", (const char *)start, (Py_ssize_t)out_size * 4,
+                                  (const char *)weights, (Py_ssize_t)out_size * taps * 2, taps,
+                                  precision);
+    free(start);
+    return res;
 }
 
 static PyObject *load(PyObject *self, PyObject *args) {
@@ -927,6 +946,26 @@ static PyObject *load(PyObject *self, PyObject *args) {
                          PyUnicode_DecodeLatin1(copyright, (Py_ssize_t)strcspn(copyright, "\n"),
                                                 NULL),
                          file);
+}
+
+/* Ask the kernel to read the pages of buf[0:len) now (madvise MADV_WILLNEED), so that a batch's
+ * encoded images, scattered over a memory-mapped shard not in the page cache, are read all at
+ * once rather than one page fault at a time as the decodes reach them (what the format's
+ * gather did per row in Python: kuat.format.shard._Var.will_need). A hint: errors (memory
+ * that is not a file mapping, a platform without it) are ignored. Calls no Python API. */
+static void advise_willneed(const void *buf, size_t len) {
+#if defined(MADV_WILLNEED)
+    static long page = 0;
+    if (page <= 0)
+        page = sysconf(_SC_PAGESIZE);
+    if (len == 0 || page <= 0)
+        return;
+    uintptr_t lo = (uintptr_t)buf & ~((uintptr_t)page - 1);
+    (void)madvise((void *)lo, (uintptr_t)buf + len - lo, MADV_WILLNEED);
+#else
+    (void)buf;
+    (void)len;
+#endif
 }
 
 /* One job of decode_resize_batch: a crop decoded and resized into one batch slot. */
@@ -1020,6 +1059,9 @@ static PyObject *decode_resize_batch(PyObject *self, PyObject *args) {
     unsigned char *tmp_buf = NULL;
     int oom = 0;
     Py_BEGIN_ALLOW_THREADS
+    if (shared == NULL || __atomic_load_n(shared, __ATOMIC_RELAXED) == 0)
+        for (Py_ssize_t k = 0; k < n; k++)
+            advise_willneed(jobs[k].data.buf, (size_t)jobs[k].data.len);
     tmp_buf = (unsigned char *)malloc(max_tmp ? max_tmp : 1);
     if (tmp_buf == NULL) {
         oom = 1;
@@ -1400,6 +1442,66 @@ static int jpeg_walk(const uint8_t *b, Py_ssize_t n, long long *h, long long *w,
     return 0;
 }
 
+/* One image of plan_rrc: its box (scale_num, y0, y1, x0, x1, flip) into box[6] and the
+ * doubles drawn into *n_drawn (0 when not planned). Returns 0 where the per-image path must
+ * take the image (not a baseline JPEG the ROI decoder takes, EXIF-rotated, over max_pixels, a
+ * size Python refuses), 1 otherwise. `words`: the sample's 4 PCG64 seeding words (32 bytes,
+ * any alignment). Calls no Python API. */
+static int plan_one(const uint8_t *buf, Py_ssize_t len, long long width, long long height,
+                    const char *words, const rrc_params *p, const double *flip_p, Py_ssize_t n_flips,
+                    int out_h, int out_w, long long max_pixels, long long box6[6],
+                    long long *n_drawn) {
+    long long sh = 0, sw = 0;
+    int ncomp = 0, orientation = 1;
+    *n_drawn = 0;
+    int ok = width > 0 && height > 0 && jpeg_walk(buf, len, &sh, &sw, &ncomp, &orientation) &&
+             (ncomp == 1 || ncomp == 3) && (orientation == 1 || orientation == 2) &&
+             (max_pixels < 0 || sh * sw <= max_pixels);
+    kuat_pcg64 g = {0};
+    long long box[4];
+    if (!ok)
+        return 0;
+    uint64_t w4[4];
+    memcpy(w4, words, 32);
+    pcg64_seed(&g, w4);
+    if (!rrc_box(&g, height, width, p, box)) /* Python raises: let it */
+        return 0;
+    int flip = 0;
+    for (Py_ssize_t f = 0; f < n_flips; f++)
+        if (pcg64_double(&g) < flip_p[f])
+            flip = !flip;
+    /* geometry.Plan.min_scale, decode.pick_scale */
+    double bh = (double)box[2], bw = (double)box[3];
+    double ms = fmax((double)out_h / bh, (double)out_w / bw);
+    ms = ms < 1.0 ? ms : 1.0;
+    int k = 8;
+    for (int c = 1; c <= 8; c *= 2)
+        if ((double)c >= 8.0 * ms - 1e-9) {
+            k = c;
+            break;
+        }
+    long long ph = (sh * k + 7) / 8, pw = (sw * k + 7) / 8;
+    /* geometry.stored_crop_box for orientations 1 and 2 */
+    double top = (double)box[0], left = (double)box[1];
+    if (sw != width || sh != height) {
+        double fy = (double)sh / (double)height, fx = (double)sw / (double)width;
+        top *= fy;
+        left *= fx;
+        bh *= fy;
+        bw *= fx;
+    }
+    if (orientation == 2)
+        left = (double)sw - left - bw;
+    double s = (double)k / 8.0;
+    long long y0, y1, x0, x1;
+    snap_c(top, bh, s, ph, &y0, &y1);
+    snap_c(left, bw, s, pw, &x0, &x1);
+    box6[0] = k, box6[1] = y0, box6[2] = y1, box6[3] = x0, box6[4] = x1;
+    box6[5] = flip != (orientation == 2);
+    *n_drawn = (long long)g.n;
+    return 1;
+}
+
 static PyObject *plan_rrc(PyObject *self, PyObject *args) {
 #ifndef __SIZEOF_INT128__
     PyErr_SetString(PyExc_NotImplementedError, "plan_rrc needs a compiler with 128-bit integers");
@@ -1446,53 +1548,14 @@ static PyObject *plan_rrc(PyObject *self, PyObject *args) {
             PyList_SET_ITEM(result, j, item);
             continue;
         }
-        long long width = widths[j], height = heights[j], sh = 0, sw = 0;
-        int ncomp = 0, orientation = 1;
-        int ok = width > 0 && height > 0 &&
-                 jpeg_walk((const uint8_t *)data.buf, data.len, &sh, &sw, &ncomp, &orientation) &&
-                 (ncomp == 1 || ncomp == 3) && (orientation == 1 || orientation == 2) &&
-                 (max_pixels < 0 || sh * sw <= max_pixels);
+        long long box[6], n_drawn = 0;
+        int ok = plan_one((const uint8_t *)data.buf, data.len, widths[j], heights[j],
+                          (const char *)wordsb.buf + 32 * j, &p, flip_p, n_flips, out_h, out_w,
+                          max_pixels, box, &n_drawn);
         PyBuffer_Release(&data);
-        kuat_pcg64 g = {0};
-        long long box[4];
         if (ok) {
-            uint64_t w4[4];
-            memcpy(w4, (const char *)wordsb.buf + 32 * j, 32);
-            pcg64_seed(&g, w4);
-            ok = rrc_box(&g, height, width, &p, box); /* 0: Python raises, let it */
-        }
-        if (ok) {
-            int flip = 0;
-            for (Py_ssize_t f = 0; f < n_flips; f++)
-                if (pcg64_double(&g) < flip_p[f])
-                    flip = !flip;
-            /* geometry.Plan.min_scale, decode.pick_scale */
-            double bh = (double)box[2], bw = (double)box[3];
-            double ms = fmax((double)out_h / bh, (double)out_w / bw);
-            ms = ms < 1.0 ? ms : 1.0;
-            int k = 8;
-            for (int c = 1; c <= 8; c *= 2)
-                if ((double)c >= 8.0 * ms - 1e-9) {
-                    k = c;
-                    break;
-                }
-            long long ph = (sh * k + 7) / 8, pw = (sw * k + 7) / 8;
-            /* geometry.stored_crop_box for orientations 1 and 2 */
-            double top = (double)box[0], left = (double)box[1];
-            if (sw != width || sh != height) {
-                double fy = (double)sh / (double)height, fx = (double)sw / (double)width;
-                top *= fy;
-                left *= fx;
-                bh *= fy;
-                bw *= fx;
-            }
-            if (orientation == 2)
-                left = (double)sw - left - bw;
-            double s = (double)k / 8.0;
-            long long y0, y1, x0, x1;
-            snap_c(top, bh, s, ph, &y0, &y1);
-            snap_c(left, bw, s, pw, &x0, &x1);
-            item = Py_BuildValue("iLLLLi", k, y0, y1, x0, x1, flip != (orientation == 2));
+            item = Py_BuildValue("iLLLLi", (int)box[0], box[1], box[2], box[3], box[4],
+                                 (int)box[5]);
             if (item == NULL) {
                 Py_CLEAR(result);
                 goto done;
@@ -1501,10 +1564,8 @@ static PyObject *plan_rrc(PyObject *self, PyObject *args) {
             Py_INCREF(item);
         }
         PyList_SET_ITEM(result, j, item);
-        if (drawsb.obj != NULL) {
-            long long n = ok ? g.n : 0;
-            memcpy((char *)drawsb.buf + 8 * j, &n, 8);
-        }
+        if (drawsb.obj != NULL)
+            memcpy((char *)drawsb.buf + 8 * j, &n_drawn, 8);
     }
 done:
     Py_XDECREF(datas);
@@ -1512,6 +1573,171 @@ done:
     PyBuffer_Release(&wb);
     PyBuffer_Release(&hb);
     PyBuffer_Release(&wordsb);
+    PyBuffer_Release(&drawsb);
+    return result;
+#endif
+}
+
+/* plan_decode_rrc(datas, widths, heights, words, out, out_h, out_w, scale_lo, scale_hi,
+ * log_ratio_lo, log_ratio_hi, ratio_lo, ratio_hi, flip_ps, max_pixels, draws) ->
+ * (unplanned, failed): plan_rrc, then decode_resize_batch of every planned image into its
+ * own slot out[j] (its resize weights computed here, as kuat.vision.resize.taps), in one call
+ * that holds the GIL only to take the B buffers and to build the answer: the header walks,
+ * draws, boxes, weights, decodes and resizes all run with it released. The same boxes, draws
+ * and pixels as plan_rrc + decode_resize_batch. `unplanned`: the j plan_rrc gives None (the
+ * per-image path takes them); `failed`: (j, reason) for each planned image that could not be
+ * decoded (its slot left as it was, draws[j] as planned). `draws`: (B,) int64, written. */
+static PyObject *plan_decode_rrc(PyObject *self, PyObject *args) {
+#ifndef __SIZEOF_INT128__
+    PyErr_SetString(PyExc_NotImplementedError, "plan_decode_rrc needs 128-bit integers");
+    return NULL;
+#else
+    if (kj.read_scanlines == NULL)
+        return PyErr_Format(PyExc_RuntimeError, "no libjpeg loaded: call load(path) first");
+    PyObject *datas_obj, *flips_obj;
+    Py_buffer wb, hb, wordsb, out, drawsb;
+    int out_h, out_w;
+    rrc_params p;
+    long long max_pixels;
+    if (!PyArg_ParseTuple(args, "Oy*y*y*w*iiddddddOLw*", &datas_obj, &wb, &hb, &wordsb, &out,
+                          &out_h, &out_w, &p.scale_lo, &p.scale_hi, &p.log_lo, &p.log_hi,
+                          &p.ratio_lo, &p.ratio_hi, &flips_obj, &max_pixels, &drawsb))
+        return NULL;
+    PyObject *result = NULL, *datas = NULL, *flips = NULL, *unplanned = NULL, *failed = NULL;
+    Py_buffer *bufs = NULL;
+    char *held = NULL, *msgs = NULL;
+    int *codes = NULL;
+    double flip_p[16];
+    Py_ssize_t b = 0;
+    datas = PySequence_Fast(datas_obj, "plan_decode_rrc: datas must be a sequence");
+    flips = datas ? PySequence_Fast(flips_obj, "plan_decode_rrc: flip_ps must be a sequence")
+                  : NULL;
+    if (flips == NULL)
+        goto done;
+    b = PySequence_Fast_GET_SIZE(datas);
+    Py_ssize_t n_flips = PySequence_Fast_GET_SIZE(flips);
+    const size_t slot_bytes = (size_t)3 * (size_t)(out_h > 0 ? out_h : 0) * (out_w > 0 ? out_w : 0);
+    if (wb.len != b * 8 || hb.len != b * 8 || wordsb.len != b * 32 || n_flips > 16 ||
+        out_h <= 0 || out_w <= 0 || drawsb.len != b * 8 || (size_t)out.len < slot_bytes * b) {
+        PyErr_Format(PyExc_ValueError,
+                     "plan_decode_rrc: want B=%zd images, (B,) int64 widths and heights, (B, 4) "
+                     "uint64 words, a (B, 3, out_h, out_w) uint8 out, at most 16 flips, a "
+                     "positive output size and (B,) int64 draws", b);
+        goto done;
+    }
+    for (Py_ssize_t f = 0; f < n_flips; f++) {
+        flip_p[f] = PyFloat_AsDouble(PySequence_Fast_GET_ITEM(flips, f));
+        if (flip_p[f] == -1.0 && PyErr_Occurred())
+            goto done;
+    }
+    bufs = (Py_buffer *)calloc(b > 0 ? b : 1, sizeof(Py_buffer));
+    held = (char *)calloc(b > 0 ? b : 1, 1);
+    codes = (int *)calloc(b > 0 ? b : 1, sizeof(int));
+    msgs = (char *)calloc(b > 0 ? b : 1, ROI_MSG);
+    if (bufs == NULL || held == NULL || codes == NULL || msgs == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t j = 0; j < b; j++) {
+        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(datas, j), &bufs[j], PyBUF_SIMPLE) < 0)
+            PyErr_Clear(); /* not a contiguous buffer: the per-image path takes (or reports) it */
+        else
+            held[j] = 1;
+    }
+    const int64_t *widths = (const int64_t *)wb.buf, *heights = (const int64_t *)hb.buf;
+    int oom = 0;
+    Py_BEGIN_ALLOW_THREADS
+    unsigned char *tmp_buf = NULL;
+    size_t tmp_size = 0;
+    for (Py_ssize_t j = 0; j < b; j++) /* all the batch's pages read at once */
+        if (held[j])
+            advise_willneed(bufs[j].buf, (size_t)bufs[j].len);
+    for (Py_ssize_t j = 0; j < b && !oom; j++) {
+        long long box[6], n_drawn = 0;
+        codes[j] = -1; /* not planned */
+        if (held[j] &&
+            plan_one((const uint8_t *)bufs[j].buf, bufs[j].len, widths[j], heights[j],
+                     (const char *)wordsb.buf + 32 * j, &p, flip_p, n_flips, out_h, out_w,
+                     max_pixels, box, &n_drawn)) {
+            int h = (int)(box[2] - box[1]), w = (int)(box[4] - box[3]);
+            if (h <= 0 || w <= 0) { /* never planned so; the per-image path decides */
+                codes[j] = ROI_BAD_ARGS;
+                snprintf(msgs + (size_t)j * ROI_MSG, ROI_MSG, "empty box %dx%d", w, h);
+                memcpy((char *)drawsb.buf + 8 * j, &n_drawn, 8);
+                continue;
+            }
+            int32_t *xs = NULL, *ys = NULL;
+            int16_t *xw = NULL, *yw = NULL;
+            int xt, xp, yt, yp;
+            size_t need = 3 * KUAT_TMP_ROWS(h) * out_w;
+            if (need > tmp_size) {
+                free(tmp_buf);
+                tmp_buf = (unsigned char *)malloc(need);
+                tmp_size = tmp_buf != NULL ? need : 0;
+            }
+            if (tmp_buf == NULL || taps_c(w, out_w, &xs, &xw, &xt, &xp) != 0 ||
+                taps_c(h, out_h, &ys, &yw, &yt, &yp) != 0) {
+                free(xs);
+                oom = 1;
+                break;
+            }
+            const size_t plane = KUAT_TMP_ROWS(h) * out_w;
+            hpass hp;
+            hpass_init(&hp, 4, out_w, (int)box[5], xs, xw, xt, xp, tmp_buf, plane);
+            codes[j] = roi_decode((const unsigned char *)bufs[j].buf, (size_t)bufs[j].len,
+                                  (int)box[0], (unsigned)box[1], (unsigned)box[2],
+                                  (unsigned)box[3], (unsigned)box[4], NULL, 0, 4, &hp,
+                                  msgs + (size_t)j * ROI_MSG);
+            hpass_free(&hp);
+            if (codes[j] == ROI_OK)
+                vertical_pass(tmp_buf, plane, (unsigned char *)out.buf + slot_bytes * j, out_h,
+                              out_w, ys, yw, yt, yp);
+            free(xs);
+            free(ys);
+        }
+        memcpy((char *)drawsb.buf + 8 * j, &n_drawn, 8);
+    }
+    free(tmp_buf);
+    Py_END_ALLOW_THREADS
+    if (oom) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    unplanned = PyList_New(0);
+    failed = PyList_New(0);
+    for (Py_ssize_t j = 0; unplanned != NULL && failed != NULL && j < b; j++) {
+        PyObject *item = NULL;
+        if (codes[j] == ROI_OK)
+            continue;
+        if (codes[j] == -1) {
+            item = PyLong_FromSsize_t(j);
+            if (item == NULL || PyList_Append(unplanned, item) != 0)
+                Py_CLEAR(unplanned);
+        } else {
+            item = Py_BuildValue("(ns)", j, msgs + (size_t)j * ROI_MSG);
+            if (item == NULL || PyList_Append(failed, item) != 0)
+                Py_CLEAR(failed);
+        }
+        Py_XDECREF(item);
+    }
+    if (unplanned != NULL && failed != NULL)
+        result = PyTuple_Pack(2, unplanned, failed);
+done:
+    for (Py_ssize_t j = 0; held != NULL && j < b; j++)
+        if (held[j])
+            PyBuffer_Release(&bufs[j]);
+    free(bufs);
+    free(held);
+    free(codes);
+    free(msgs);
+    Py_XDECREF(unplanned);
+    Py_XDECREF(failed);
+    Py_XDECREF(datas);
+    Py_XDECREF(flips);
+    PyBuffer_Release(&wb);
+    PyBuffer_Release(&hb);
+    PyBuffer_Release(&wordsb);
+    PyBuffer_Release(&out);
     PyBuffer_Release(&drawsb);
     return result;
 #endif
@@ -1557,6 +1783,11 @@ static PyMethodDef methods[] = {
      "plan_rrc(datas, widths, heights, words, out_h, out_w, scale_lo, scale_hi, log_ratio_lo, "
      "log_ratio_hi, ratio_lo, ratio_hi, flip_ps, max_pixels, draws=None) -> [(scale_num, y0, "
      "y1, x0, x1, flip) or None, ...]: RandomResizedCrop(+flips) boxes on the decoded grid"},
+    {"plan_decode_rrc", plan_decode_rrc, METH_VARARGS,
+     "plan_decode_rrc(datas, widths, heights, words, out, out_h, out_w, scale_lo, scale_hi, "
+     "log_ratio_lo, log_ratio_hi, ratio_lo, ratio_hi, flip_ps, max_pixels, draws) -> "
+     "(unplanned, failed): plan_rrc then decode_resize_batch into out[j], the GIL released "
+     "once"},
     {"decode_crop", decode_crop, METH_VARARGS,
      "decode_crop(data, scale_num, y0, y1, x0, x1, out, channels=3) -> None: the crop, contiguous"},
     {NULL, NULL, 0, NULL}};

@@ -34,6 +34,7 @@ from kuat.vision.decode import (
     DEFAULT_MAX_PIXELS,
     decode_image,
     decode_resize_batch,
+    plan_decode_rrc,
     roi_batch_available,
     roi_function,
     roi_header,
@@ -182,6 +183,14 @@ class Compose(Transform):
         return (self._output_size is not None and not self.exact_resize
                 and str(self.decode_device) == "cpu" and roi_batch_available())
 
+    @property
+    def advises_reads(self) -> bool:
+        """Whether :meth:`apply_encoded_many` asks the kernel for the batch's pages itself
+        (``_roijpeg.c``'s ``plan_decode_rrc`` and ``decode_resize_batch``, without the GIL):
+        ``RandomResizedCrop`` then flips on the ROI decoder's one-call path."""
+        return (self._c_plan is not None and self.splits_batches
+                and roi_function("plan_decode_rrc") is not None)
+
     def plan(self, width: int, height: int, rng: np.random.Generator) -> Plan:
         """Draw this sample's geometry for an oriented ``width x height`` image."""
         plan = Plan(height, width)
@@ -260,11 +269,54 @@ class Compose(Transform):
         indices = list(indices) if indices is not None else [None] * n
         sources = list(sources) if sources is not None else [None] * n
         batched = roi_batch_available() and not self.exact_resize and out.flags.c_contiguous
+        draws = np.zeros(n, np.int64)  # (B,): the doubles the C planner drew per sample
+        c_args = self._c_plan_args(widths, heights, rngs) if batched else None
+        later = None  # (j, plan or None) for the per-image path; None: the planner draws it
+        if c_args is not None and _parallel.width() <= 1:
+            later = self._plan_decode_in_c(datas, c_args, out, draws, indices)
+        if later is None:
+            later = self._plan_then_decode(datas, widths, heights, rngs, out, c_args, draws,
+                                           indices, batched)
+        for j, plan in sorted(later, key=lambda jp: jp[0]):
+            width, height = int(widths[j]), int(heights[j])
+            if plan is None:
+                plan = self.plan(width, height, rngs[j])  # a fresh generator: the same draws
+            self._apply_planned(
+                datas[j], width, height, plan, rngs[j], out[j], indices[j], sources[j]
+            )
+        return out
+
+    def _plan_decode_in_c(self, datas, c_args, out, draws, indices) -> list | None:
+        """The batch planned, decoded and resized in one C call (``plan_decode_rrc``: the boxes
+        of :meth:`_plan_in_c`, the pixels of ``decode_resize_batch``, no per-image Python);
+        returns the per-image path's ``[(j, None)]``, or ``None`` when the decoder's build
+        predates that call (the caller plans and decodes apart)."""
+        done = plan_decode_rrc(datas, *c_args[:3], out, c_args[3], draws)
+        if done is None:
+            return None
+        unplanned, failed = done
+        later = [(j, None) for j in unplanned]
+        for j, reason in failed:
+            logger.debug("batch decode skipped sample %s: %s", indices[j], reason)
+            later.append((j, None))
+            draws[j] = 0  # planned again on the per-image path, from a fresh generator
+        # the C-planned samples' generators continue after the plan's draws, as a list of
+        # generators would (a caller drawing more from rngs afterwards gets new numbers)
+        c_args[4]._drew(draws)
+        return later
+
+    def _plan_then_decode(self, datas, widths, heights, rngs, out, c_args, draws, indices,
+                          batched: bool) -> list:
+        """The boxes planned (in C with ``c_args``, else per sample in Python), then decoded
+        by ``decode_resize_batch`` (shared by idle cores when the loader allows); returns the
+        per-image path's ``[(j, plan or None)]``."""
+        n, size = len(datas), self._output_size
         # jobs: decode_resize_batch's; job_samples[k]: job k's sample; later: (j, plan or None)
         # for the per-image path, None where the C planner drew the box (planned again there)
         jobs, job_samples, later = [], [], []
-        draws = np.zeros(n, np.int64)  # (B,): the doubles the C planner drew per sample
-        planned = self._plan_in_c(datas, widths, heights, rngs, size, draws) if batched else None
+        planned = None
+        if c_args is not None:
+            planned = roi_function("plan_rrc")(datas, *c_args[:3], *size, *c_args[3], draws)
         if planned is not None:
             for j, box in enumerate(planned):
                 if box is None:
@@ -290,34 +342,23 @@ class Compose(Transform):
                 later.append(job_samples[k])
                 draws[job_samples[k][0]] = 0  # planned again below, from a fresh generator
         if planned is not None:
-            # the C-planned samples' generators continue after the plan's draws, as a list of
-            # generators would (a caller drawing more from rngs afterwards gets new numbers)
-            rngs._drew(draws)
-        for j, plan in sorted(later, key=lambda jp: jp[0]):
-            width, height = int(widths[j]), int(heights[j])
-            if plan is None:
-                plan = self.plan(width, height, rngs[j])  # a fresh generator: the same draws
-            self._apply_planned(
-                datas[j], width, height, plan, rngs[j], out[j], indices[j], sources[j]
-            )
-        return out
+            rngs._drew(draws)  # as in _plan_decode_in_c
+        return later
 
-    def _plan_in_c(self, datas, widths, heights, rngs, size, draws=None) -> list | None:
-        """The batch's ``(scale_num, y0, y1, x0, x1, flip)`` boxes (``None`` for a sample the
-        per-image path must take) drawn by ``_roijpeg.c``'s ``plan_rrc``: what ``plan`` and
-        ``_batch_job`` compute, without a generator, a Python header walk or box mapping per
-        image (about 45 us of a smooth 224 crop's 550). ``None`` (plan in Python) unless the
-        transforms are ``RandomResizedCrop`` then flips, ``rngs`` carries the PCG64 seeding
-        words (``kuat.rng.BatchGenerators``), the ROI decoder has the planner, and every size
-        is positive (the Python path raises for the others), and no stream has been drawn from
-        yet (the caller's draws, or an earlier call with the same ``rngs``). ``draws``: an
-        optional ``(B,)`` int64 array, set to the doubles drawn for each planned sample."""
+    def _c_plan_args(self, widths, heights, rngs) -> tuple | None:
+        """``(widths, heights, words, params, rngs)`` for ``_roijpeg.c``'s planners
+        (``plan_rrc``, ``plan_decode_rrc``): ``(B,)`` int64 sizes, ``(B, 4)`` uint64 PCG64
+        words, and ``(scale_lo, scale_hi, log_ratio_lo, log_ratio_hi, ratio_lo, ratio_hi,
+        flip_ps, max_pixels)``. ``None`` (plan in Python) unless the transforms are
+        ``RandomResizedCrop`` then flips, ``rngs`` carries the PCG64 seeding words
+        (``kuat.rng.BatchGenerators``), the ROI decoder has the planner, every size is
+        positive (the Python path raises for the others), and no stream has been drawn from
+        yet (the caller's draws, or an earlier call with the same ``rngs``)."""
         words = getattr(rngs, "pcg_words", None)
-        plan_rrc = roi_function("plan_rrc")
         fresh = getattr(rngs, "_fresh", False)
-        if self._c_plan is None or words is None or plan_rrc is None or not fresh:
+        if self._c_plan is None or words is None or roi_function("plan_rrc") is None or not fresh:
             return None
-        widths = np.ascontiguousarray(widths, np.int64)  # (B,): plan_rrc reads the buffer
+        widths = np.ascontiguousarray(widths, np.int64)  # (B,): the planners read the buffer
         heights = np.ascontiguousarray(heights, np.int64)
         if len(widths) and (widths.min() <= 0 or heights.min() <= 0):
             return None
@@ -327,11 +368,23 @@ class Compose(Transform):
         # raises for each)
         mp = self.max_pixels
         max_pixels = -1 if mp is None or not mp < 2**62 else max(0, math.floor(mp))
-        return plan_rrc(
-            datas, widths, heights, words, size[0], size[1], float(rrc.scale[0]),
-            float(rrc.scale[1]), *rrc.log_ratio, float(rrc.ratio[0]), float(rrc.ratio[1]),
-            flips, max_pixels, *(() if draws is None else (draws,)),
-        )  # fmt: skip
+        params = (float(rrc.scale[0]), float(rrc.scale[1]), *rrc.log_ratio, float(rrc.ratio[0]),
+                  float(rrc.ratio[1]), flips, max_pixels)  # fmt: skip
+        return widths, heights, words, params, rngs
+
+    def _plan_in_c(self, datas, widths, heights, rngs, size, draws=None) -> list | None:
+        """The batch's ``(scale_num, y0, y1, x0, x1, flip)`` boxes (``None`` for a sample the
+        per-image path must take) drawn by ``_roijpeg.c``'s ``plan_rrc``: what ``plan`` and
+        ``_batch_job`` compute, without a generator, a Python header walk or box mapping per
+        image (about 45 us of a smooth 224 crop's 550). ``None`` (plan in Python) where
+        :meth:`_c_plan_args` says so. ``draws``: an optional ``(B,)`` int64 array, set to the
+        doubles drawn for each planned sample."""
+        c_args = self._c_plan_args(widths, heights, rngs)
+        if c_args is None:
+            return None
+        return roi_function("plan_rrc")(
+            datas, *c_args[:3], size[0], size[1], *c_args[3], *(() if draws is None else (draws,))
+        )
 
     def _batch_job(self, data, width, height, plan, slot, size) -> tuple | None:
         """``decode_resize_batch``'s job for one sample, or ``None`` when it needs the

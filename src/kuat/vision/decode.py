@@ -31,7 +31,6 @@ import functools
 import io
 import logging
 import threading
-import time
 from typing import NamedTuple
 
 import numpy as np
@@ -155,7 +154,7 @@ def decode_stored(
             min_w = -(-width * k // 8)  # ceil: libjpeg's scaled size, so simplejpeg picks k/8
             min_h = -(-height * k // 8)
             try:
-                t0 = time.perf_counter()
+                t0 = _native.clock()
                 if reuse_buffer:
                     out = _scratch(min_w * min_h * 3)
                     pixels = simplejpeg.decode_jpeg(
@@ -163,7 +162,7 @@ def decode_stored(
                     )
                 else:
                     pixels = simplejpeg.decode_jpeg(data, min_width=min_w, min_height=min_h)
-                _native.add(time.perf_counter() - t0)
+                _native.add_since(t0)
                 return Decoded(pixels, height, width, k / 8, _exif.jpeg_orientation(data))
             except Exception as e:  # noqa: BLE001 (ValueError, or any other refusal)
                 # Truncated files fail again in Pillow (and are reported there); files with
@@ -214,9 +213,9 @@ def decode_jpeg_roi(
     """
     n = (y1 - y0) * (x1 - x0) * channels
     buf = _scratch(n)
-    t0 = time.perf_counter()
+    t0 = _native.clock()
     _roi.decode_crop(data, scale_num, y0, y1, x0, x1, buf, channels)
-    _native.add(time.perf_counter() - t0)
+    _native.add_since(t0)
     return buf[:n].reshape(y1 - y0, x1 - x0, channels)  # (rows, cols, channels)
 
 
@@ -234,9 +233,9 @@ def resize_rgbx_planar(src: np.ndarray, out: np.ndarray, flip: bool, x_taps, y_t
     if fn is None:
         return False
     h, w = src.shape[:2]
-    t0 = time.perf_counter()
+    t0 = _native.clock()
     fn(src, h, w, 4, out, out.shape[1], out.shape[2], int(flip), *x_taps, *y_taps)
-    _native.add(time.perf_counter() - t0)
+    _native.add_since(t0)
     return True
 
 
@@ -294,13 +293,41 @@ def decode_resize_batch(
     b, c, h, w = out.shape
     if c != 3 or out.dtype != np.uint8 or not out.flags.c_contiguous:
         raise ValueError(f"out must be C-contiguous (B, 3, H, W) uint8, got {out.shape} {out.dtype}")
-    t0 = time.perf_counter()
+    t0 = _native.clock()
     if counter is None:
         failed = _roi.decode_resize_batch(jobs, out, b, h, w)
     else:
         failed = _roi.decode_resize_batch(jobs, out, b, h, w, counter)
-    _native.add(time.perf_counter() - t0)  # kernel seconds for stats()["busy_s"]["native"]
+    _native.add_since(t0)  # kernel seconds for stats()["busy_s"]["native"]
     return failed
+
+
+def plan_decode_rrc(datas, widths, heights, words, out, params: tuple, draws: np.ndarray):
+    """``_roijpeg.c``'s ``plan_decode_rrc``: a ``RandomResizedCrop`` + flips batch planned
+    (as ``plan_rrc``), decoded and resized into ``out[j]`` (as :func:`decode_resize_batch`)
+    in one C call that releases the GIL once, with no per-image Python object.
+
+    Args:
+        datas: B encoded images; widths, heights: ``(B,)`` int64 (after EXIF orientation);
+        words: ``(B, 4)`` uint64 PCG64 seeding words (``kuat.rng.BatchGenerators``).
+        out: ``(B, 3, H, W)`` uint8, C-contiguous; sample ``j`` writes ``out[j]`` only.
+        params: ``plan_rrc``'s ``(scale_lo, scale_hi, log_ratio_lo, log_ratio_hi, ratio_lo,
+            ratio_hi, flip_ps, max_pixels)``.
+        draws: ``(B,)`` int64, set to the doubles drawn per planned sample (0 elsewhere).
+
+    Returns:
+        ``(unplanned, failed)``: the ``j`` the per-image path must plan and take, and
+        ``(j, reason)`` for each planned sample the decoder could not decode. ``None`` when
+        the ROI decoder is not built or predates the function. Internal.
+    """
+    fn = getattr(_roi, "plan_decode_rrc", None)
+    if fn is None:
+        return None
+    b, _, h, w = out.shape
+    t0 = _native.clock()
+    res = fn(datas, widths, heights, words, out, h, w, *params, draws)
+    _native.add_since(t0)  # kernel seconds for stats()["busy_s"]["native"]
+    return res
 
 
 def _decode_pil(data, min_scale, max_pixels, index, source) -> Decoded:

@@ -161,6 +161,11 @@ class BufferBatchTransform(FusedImageTransform, Protocol):
         ``kuat._parallel.width()`` parts on idle cores when the loader grants more than one
         (an epoch's first batch), with the same pixels at every width."""
 
+    @property
+    def advises_reads(self) -> bool:
+        """Whether ``apply_encoded_many`` asks the kernel for every image's pages itself, all
+        at once (``madvise(MADV_WILLNEED)``, as ``kuat.format``'s gather does per row)."""
+
     def apply_encoded_many(
         self,
         datas: list,
@@ -252,6 +257,15 @@ def fills_buffers(t: object) -> bool:
     """Whether ``t`` fills a whole batch buffer in one call (:class:`BufferBatchTransform`:
     ``apply_encoded_many`` is callable)."""
     return callable(getattr(t, "apply_encoded_many", None))
+
+
+def advises_reads(t: object) -> bool:
+    """Whether ``t`` fills batch buffers on the CPU (:func:`fills_buffers`) and says its
+    ``advises_reads`` is ``True``: it asks the kernel for the encoded bytes' pages itself, for
+    the whole batch at once and without the GIL, so the gather need not (a system call per
+    row, ~4 us warm, under the worker's Python)."""
+    return (fills_buffers(t) and not decodes_batches(t)
+            and getattr(t, "advises_reads", False) is True)
 
 
 def splits_batches(t: object) -> bool:
