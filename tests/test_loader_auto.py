@@ -252,7 +252,6 @@ def test_decide_rules_on_given_numbers():
             c.gil_waited(gil_busy, 1.0)  # what the probe thread found
         # the window as long as the workers' CPU seconds (after the first) over ``parallel``
         c._t0 = time.perf_counter() - (_auto.PROBE_BATCHES - 1) * cpu / parallel
-        c._win_loop = loop * (_auto.PROBE_BATCHES - 1)
         return c.decide(num_workers=n, iterable=False, persistent=False, cores=cores)
 
     # long batches convoying on the GIL: each waits about as long as the other runs

@@ -17,8 +17,8 @@ batches of the first epoch (after each worker's first, which warms up):
   per second stayed under :data:`MAX_PARALLEL` (above it they evidently ran in parallel); and
   either the fetches convoyed (blocked at least :data:`WAIT_SHARE` of their time, and no more
   than :data:`EXPLAIN` times what the other workers' CPU time explains: threads waiting on I/O
-  wait far longer than the others run) or, with two or more workers, the loop waited for them
-  at least :data:`WAITED_SHARE` of the time while the fetches themselves ran unblocked (whole
+  wait far longer than the others run) or, with two or more workers, they were busy fetching
+  at least :data:`BUSY_SHARE` of the time while the fetches themselves ran unblocked (whole
   batches of Python one at a time, each shorter than the GIL's switch interval). GIL-bound
   work moves to process workers on a machine with at least two usable cores that are not
   already busy (the workers waited for a core at most :data:`BUSY_MACHINE` of the time they
@@ -66,7 +66,7 @@ MIN_CPU_S = 0.5e-3  # CPU seconds per batch below which a hand-off to a process 
 # (the loader's "cheap" batches: kuat.loader._adaptive.CHEAP_BATCH_S, which go inline instead)
 WAIT_SHARE = 0.25  # of the workers' busy time spent blocked (GIL or I/O)
 EXPLAIN = 1.5  # blocked time at most this many times the other workers' CPU time: the GIL
-WAITED_SHARE = 0.5  # of the window the loop waited for the workers (they were never idle)
+BUSY_SHARE = 0.5  # of the window the workers spent fetching (they had work queued all along)
 MAX_PARALLEL = 1.3  # worker CPU seconds per second above which they evidently ran in parallel
 GIL_BUSY = 0.35  # of the probe thread's time spent waiting for the GIL: held for long stretches
 PROBE_SLEEP_S = 1e-3  # the probe thread's sleep between two takes of the GIL
@@ -130,7 +130,7 @@ class WorkerChoice:
         # the window from the first measured result to the decision: its wall start, and the
         # worker CPU + runqueue seconds and loop seconds within it
         self._t0: float | None = None
-        self._win_busy = self._win_loop = 0.0
+        self._win_busy = self._win_wall = 0.0
         self._gil_wait = self._gil_total = 0.0  # the probe thread's (GilProbe)
         self._gil_probe: GilProbe | None = None
         self.worker_dependent = False  # a worker called get_worker_info(): keep the count
@@ -176,6 +176,7 @@ class WorkerChoice:
             self._t0 = time.perf_counter()
         else:
             self._win_busy += cpu
+            self._win_wall += wall
         self._n += 1
         self._wall += wall
         self._cpu += cpu
@@ -187,8 +188,6 @@ class WorkerChoice:
         """The training loop's own wall seconds between two ``next()`` calls."""
         self._loop_s += seconds
         self._loops += 1
-        if self._t0 is not None:
-            self._win_loop += seconds
 
     # --- deciding ---------------------------------------------------------------------------
     def decide(self, *, num_workers: int, iterable: bool, persistent: bool,
@@ -203,17 +202,18 @@ class WorkerChoice:
         loop = self._loop_s / self._loops if self._loops else 0.0
         window = time.perf_counter() - self._t0 if self._t0 is not None else 0.0
         # worker CPU seconds per second of the window (above 1: they ran in parallel), and the
-        # share of it the loop waited for them (they had work queued all along)
+        # share of it the workers spent fetching (the loop's own time is no measure: its Python
+        # waits for the GIL too)
         parallel = self._win_busy / window if window > 0 else 0.0
-        waited = 1.0 - self._win_loop / window if window > 0 else 0.0
+        busy = self._win_wall / (num_workers * window) if window > 0 else 0.0
         gil_busy = self._gil_wait / self._gil_total if self._gil_total > 0 else 0.0
         # one fetch waited for another's Python (batches longer than the GIL's switch
-        # interval), or, while the loop waited for the workers (they had work all along), the
+        # interval), or, while the workers were busy (they had work all along), the
         # GIL was held for long stretches: whole batches of Python ran one at a time
         # (either way the probe thread found the GIL held for long stretches: I/O waits, or
         # work that releases the GIL, leave it free)
         convoy = wait >= WAIT_SHARE * wall and wait <= EXPLAIN * others
-        serial = num_workers >= 2 and waited >= WAITED_SHARE and wait < 0.5 * wall
+        serial = num_workers >= 2 and busy >= BUSY_SHARE and wait < 0.5 * wall
         gil = (self._threads and cpu / n >= MIN_CPU_S and self._native < 0.5 * wall
                and gil_busy >= GIL_BUSY and parallel <= MAX_PARALLEL and (convoy or serial))
         kind, why = self.worker_type, "as given"
@@ -236,8 +236,8 @@ class WorkerChoice:
                 kind, why = "thread", "batches too cheap for a process hand-off"
             elif wait >= cpu:
                 kind, why = "thread", "the workers mostly wait on I/O, not on the GIL"
-            elif waited < WAITED_SHARE:
-                kind, why = "thread", "the loop seldom waited for the workers: threads keep up"
+            elif busy < BUSY_SHARE:
+                kind, why = "thread", "the workers were mostly idle: threads keep up"
             else:
                 kind, why = "thread", "the work releases the GIL: threads run in parallel"
         count = num_workers
@@ -263,15 +263,15 @@ class WorkerChoice:
             "loop_ms_per_batch": 1e3 * loop,
             "workers_on_cpu": parallel,
             "gil_busy_share": gil_busy,
-            "loop_waited_share": waited,
+            "workers_busy_share": busy,
             "usable_cores": cores,
         }
         log.info("kuat.DataLoader: %d %s workers (%s): %d batches, %.3f ms CPU and %.3f ms wall "
                  "per batch, blocked %.0f%% of the time (%.2fx the other workers' CPU time), "
-                 "GIL busy %.0f%% while the loop waited %.0f%% of the time, loop %.3f ms "
+                 "GIL busy %.0f%% while the workers were busy %.0f%% of the time, loop %.3f ms "
                  "per batch, %d usable cores", count, kind, why, self._n, 1e3 * cpu / n,
                  1e3 * wall / n, 100 * self.numbers["blocked_share"],
-                 self.numbers["blocked_per_other_cpu"], 100 * gil_busy, 100 * waited,
+                 self.numbers["blocked_per_other_cpu"], 100 * gil_busy, 100 * busy,
                  1e3 * loop, cores)
         return kind, count
 
