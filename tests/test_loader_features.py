@@ -137,7 +137,8 @@ def test_stats_count_batches_samples_and_stage_times():
     assert s["elapsed_s"] > 0 and 0 <= s["input_bound_fraction"] <= 1
     assert s["batches_per_s"] > 0 and s["samples_per_s"] > 0
     assert s["busy_s"]["fetch"] > 0 and s["busy_s"]["collate"] > 0
-    assert set(s["busy_s"]) == {"fetch", "fetch_cpu", "native", "native_cpu", "collate", "pin",
+    assert set(s["busy_s"]) == {"fetch", "fetch_cpu", "native", "native_cpu", "runqueue",
+                                "collate", "pin",
                                 "rng_lock_wait", "device", "batch_transform"}
     # kuat's own per-batch cost: part of the time inside next(), not the dataset's
     assert 0 < s["loader_overhead_us_per_batch"] * s["batches"] / 1e6 <= s["elapsed_s"]

@@ -47,6 +47,8 @@ _EXPORTS = {
     "mix": "kuat.sources",
     "shuffle_buffer": "kuat.sources",
     "check_resume": "kuat.testing",
+    # diagnostics: is the loop input-bound, and where
+    "doctor": ("kuat._doctor", "doctor"),
     # text: packing and token-budget batching
     "pack": "kuat.text",
     "pack_collate": "kuat.text",

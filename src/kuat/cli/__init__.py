@@ -13,7 +13,7 @@ import logging
 import os
 import sys
 
-_COMMANDS = ["demo", "convert", "inspect", "verify", "merge", "bench"]
+_COMMANDS = ["demo", "convert", "inspect", "verify", "merge", "bench", "doctor"]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -65,7 +65,7 @@ def _close_live_engines() -> None:
     for engine in engines:
         engine._wait_stopped(deadline)
 
-__all__ = ["OK", "END", "FAIL", "EMPTY", "Task", "Result", "WorkStats", "WorkerResume", "Seeded",
+__all__ = ["OK", "END", "FAIL", "EMPTY", "Task", "Result", "WorkStats", "SchedProbe", "sched_times", "WorkerResume", "Seeded",
            "Failure",
            "failure",
            "serve", "START", "FETCH", "COLLATE", "PIN", "SEND", "WorkerCtx"]
@@ -99,6 +99,11 @@ class WorkStats:
     "iterator", "ended"}``), reported when the job asks for it (``FetchJob.worker_state``) and
     the worker's IterableDataset or its iterator has ``state_dict``; ``None`` otherwise.
 
+    ``sched``: ``(cpu_s, runq_s, wall_s)`` of the fetch and collate, measured by a thread
+    worker while the loader probes how its work shares the GIL (:class:`SchedProbe`): the
+    thread's CPU seconds, its seconds runnable but waiting for a core (Linux
+    ``/proc/thread-self/schedstat``; 0 elsewhere) and the wall seconds; ``None`` otherwise.
+
     ``worker_info_consulted``: whether this worker's dataset (or collate) had called
     ``torch.utils.data.get_worker_info()`` by the end of the task; set by thread and process
     workers of a map-style dataset (``True``: its batches may depend on the worker, so the
@@ -108,7 +113,7 @@ class WorkStats:
 
     __slots__ = ("fetch_s", "fetch_cpu_s", "native_s", "native_cpu_s", "collate_s", "pin_s",
                  "rng_wait_s", "samples", "skipped", "worker_info_consulted", "worker_state",
-                 "method", "python_s")
+                 "method", "python_s", "sched")
 
     def __init__(self):
         self.fetch_s = self.fetch_cpu_s = self.collate_s = self.pin_s = self.rng_wait_s = 0.0
@@ -120,6 +125,7 @@ class WorkStats:
         self.skipped: list[tuple[object, str, str]] = []  # (index, type name, message)
         self.worker_info_consulted: bool | None = None
         self.worker_state: bytes | None = None
+        self.sched: tuple[float, float, float] | None = None
 
     def __getstate__(self):
         return tuple(getattr(self, k) for k in self.__slots__)
@@ -127,6 +133,41 @@ class WorkStats:
     def __setstate__(self, state):
         for k, v in zip(self.__slots__, state):
             setattr(self, k, v)
+
+
+class SchedProbe:
+    """Shared by a loader's thread workers (``FetchJob.sched_probe``): while ``on`` (the
+    loader's worker choice measures) or ``forced`` (``kuat.doctor`` runs; the inline engine
+    too), each fetch reports :attr:`WorkStats.sched`. Set by the consumer thread, read by the
+    workers (bools: no lock needed)."""
+
+    __slots__ = ("on", "forced", "__weakref__")
+
+    def __init__(self):
+        self.on = self.forced = False
+
+    def wanted(self, method: str) -> bool:
+        return (self.on and method == "thread") or (self.forced and method != "process")
+
+    def __getstate__(self):
+        return (False,)  # process workers never probe
+
+    def __setstate__(self, state):
+        self.on = self.forced = False
+
+
+def sched_times() -> tuple[float, float]:
+    """``(cpu_s, runq_s)`` of the calling thread: CPU seconds, and seconds it was runnable
+    but waiting for a core (``/proc/thread-self/schedstat``; ``runq_s`` is 0 where that is
+    missing). About 10 us."""
+    try:
+        with open("/proc/thread-self/schedstat", "rb") as f:
+            cpu, runq = f.read().split()[:2]
+        return int(cpu) * 1e-9, int(runq) * 1e-9
+    except (OSError, ValueError):
+        import time
+
+        return time.thread_time(), 0.0
 
 
 class Result:

@@ -36,11 +36,13 @@ from kuat.engine.base import (
     OK,
     PIN,
     ResumeAt,
+    SchedProbe,
     Seeded,
     WorkerCtx,
     WorkerResume,
     WorkerStopped,
     WorkStats,
+    sched_times,
 )
 from kuat.engine.isolated_fetch import IsolatedFetch
 from kuat.engine.worker_copy import worker_dataset
@@ -120,6 +122,9 @@ class FetchJob(IsolatedFetch):
     # exact evaluation (exact_eval=True): keys hold kuat.sampling.PaddingIndex values, whose
     # samples the batch flags in its "is_padding" (B,) bool field
     flag_padding: bool = False
+    # while on, thread workers report how their fetches ran (WorkStats.sched: CPU, runqueue and
+    # wall seconds), so the loader can tell work that holds the GIL (kuat.loader._auto)
+    sched_probe: SchedProbe = field(default_factory=SchedProbe)
 
     @property
     def thread_agnostic(self) -> bool:
@@ -299,6 +304,7 @@ class FetchJob(IsolatedFetch):
         if self.flag_padding and not self.iterable:  # plain ints for the dataset
             key, padding = split_padding(key)
         st = WorkStats()
+        s0 = sched_times() if self.sched_probe.wanted(ctx.method) else None
         st.method = ctx.method
         # buffers kuat allocates while fetching this batch are its own: the collate may return
         # views of them; anything else it copies (collate.py)
@@ -337,6 +343,7 @@ class FetchJob(IsolatedFetch):
                 # (an IterDataPipe is sharded by the loader, as torch does)
                 st.worker_info_consulted = worker_info_consulted() or self.datapipe
             if data is None:
+                self._sched(st, s0, t0)
                 if self.equal_steps and not self.iterable:
                     raise _short_rank(key, st.skipped)
                 return (END if self.iterable else EMPTY), None, st
@@ -353,6 +360,7 @@ class FetchJob(IsolatedFetch):
                 st.python_s += time.thread_time() - c1
             if padding is not None:
                 batch = flag_padding(batch, padding)
+            self._sched(st, s0, t0)
         if self.pin and ctx.method != "process":
             from kuat.device import pin_batch
 
@@ -361,6 +369,13 @@ class FetchJob(IsolatedFetch):
             batch = pin_batch(batch)
             st.pin_s = time.perf_counter() - t2
         return OK, batch, st
+
+    @staticmethod
+    def _sched(st: WorkStats, s0, t0: float) -> None:
+        """``st.sched`` from the probe's start ``s0`` (``sched_times()``) and ``t0``."""
+        if s0 is not None:
+            cpu, runq = sched_times()
+            st.sched = (cpu - s0[0], runq - s0[1], time.perf_counter() - t0)
 
     def _own_stream(self, ctx: WorkerCtx, st: WorkStats, probe: bool):
         """The worker's own global generators around its fetch (a thread worker whose

@@ -20,12 +20,15 @@ where is ``state_dict`` built                 :mod:`kuat.loader._state` (``Posit
 can a state continue on another layout        :mod:`kuat.loader._elastic` (global position,
 (world, batch size, workers)                  layout fingerprint; what raises)
 where do batches cross threads                :mod:`kuat.loader._iterator` (dispatch to workers,
-                                              order, device copy) over :mod:`kuat.engine`
+                                              order, device copy) over :mod:`kuat.engine`; the
+                                              sampler's pace: :mod:`kuat.loader._paced`
 which engine runs an epoch                    :mod:`kuat.loader._workers` (``WorkerPool``,
                                               ``Lease``; persistent workers)
 what adapts during an epoch                   :mod:`kuat.loader._adaptive` (prefetch depth,
                                               inline fetching, threads -> processes, first-
                                               batch split)
+which worker type and count (``worker_type=  :mod:`kuat.loader._auto` (``WorkerChoice``: the
+None``, ``num_workers="auto"``)               first batches measured, the GIL probe, the rule)
 what the iterator is handed                   :mod:`kuat.loader._plan` (``EpochPlan``,
                                               ``EpochObserver`` for framework integrations)
 where input time went                         :mod:`kuat.loader._stats` (``stats()``)

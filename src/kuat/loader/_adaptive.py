@@ -14,7 +14,9 @@ where and how far ahead batches are fetched:
   their work, thread workers hand over to the consumer thread (a hand-off costs more than the
   work);
 * **threads -> processes** (``worker_type=None``): once the dataset is seen to draw from the
-  global random generators, the epoch continues on process workers;
+  global random generators, or the first batches show work that holds the GIL
+  (:mod:`kuat.loader._auto`, which also picks ``num_workers="auto"``'s count), the epoch
+  continues on the chosen workers (a map-style epoch; an iterable's next epoch);
 * **first-batch split**: an epoch's first batch of a source whose batch kernel splits
   (``kuat_splits_batches``) is fetched alone with every worker's width, the others held back
   until it is out.
@@ -57,11 +59,19 @@ class Adaptation:
         split_first: the source splits batches and this is a map-style epoch.
         auto_processes: ``worker_type=None`` with workers.
         rng_use: the job's ``kuat.engine.isolate.RngUse`` (``draws`` once seen drawing).
+        choice: the loader's ``_auto.WorkerChoice`` while it measures, else ``None``.
+        probe: the job's ``SchedProbe`` (on while ``choice`` measures thread workers).
+        iterable: an iterable dataset's epoch (moved mid-epoch only when ``replay``).
+        replay: the iterable is a deterministic stream per epoch (``kuat.sources.stream.Stream``:
+            HF streaming, mixes, shuffle buffers), so new workers may replay the epoch's first
+            batches and skip them.
+        persistent: ``persistent_workers``.
     """
 
     def __init__(self, *, num_workers: int, inline: bool, prefetch_factor: int, adaptive: bool,
                  thread_engine: bool, consumer_may_fetch: bool, agnostic: bool,
-                 split_first: bool, auto_processes: bool, rng_use):
+                 split_first: bool, auto_processes: bool, rng_use, choice=None, probe=None,
+                 iterable: bool = False, persistent: bool = False, replay: bool = False):
         self.num_workers = num_workers
         self.max_inflight = 1 if inline else max(1, prefetch_factor * num_workers)
         self._base_inflight = self.max_inflight
@@ -72,10 +82,20 @@ class Adaptation:
         self.first_width = num_workers if num_workers > 1 and not inline and split_first else 1
         self.holding: int | None = None  # task id of the split first batch while it is fetched
         self._auto_processes = auto_processes and thread_engine
+        self._engine_kind = "thread" if thread_engine else "process"
         self._rng_use = rng_use
         self._seen = self._cheap = self.blocked = 0
         self._work_s = self._loop_s = 0.0  # of the batches seen: their work; the loop's own time
         self._loop_mark: float | None = None  # thread_time() when next() last returned
+        self._choice = choice if choice is not None and choice.probing and not inline else None
+        self._probe, self._iterable, self._persistent = probe, iterable, persistent
+        self._replay = iterable and replay
+        if probe is not None:
+            probe.on = self._choice is not None and thread_engine
+            if probe.on:
+                self._choice.start_probe(probe)
+        self._wall_mark: float | None = None  # perf_counter() when next() last returned
+        self._move: tuple[str, int] | None = None  # (type, count) the choice wants now
 
     # --- the training loop's own time (for the inline decision) ------------------------------
     def loop_resumed(self) -> None:
@@ -83,15 +103,22 @@ class Adaptation:
         would count the time the workers held the GIL)."""
         if self.may_go_inline and self._loop_mark is not None:
             self._loop_s += time.thread_time() - self._loop_mark
+        if self._choice is not None and self._wall_mark is not None:
+            self._choice.loop(time.perf_counter() - self._wall_mark)
 
     def loop_paused(self) -> None:
         """``next()`` returns a batch."""
         if self.may_go_inline:
             self._loop_mark = time.thread_time()
+        if self._choice is not None:
+            self._wall_mark = time.perf_counter()
 
     # --- results -----------------------------------------------------------------------------
     def on_result(self, st) -> None:
-        """A worker's result arrived with its ``WorkStats``: adapt the prefetch depth."""
+        """A worker's result arrived with its ``WorkStats``: measure it for the worker choice
+        and adapt the prefetch depth."""
+        if self._choice is not None and self._choice.observe(st):
+            self._decide()
         if not self._adapt:
             return
         # Cheap batches (the work takes less than a worker hand-off and wake-up costs many
@@ -106,10 +133,28 @@ class Adaptation:
         if st.worker_info_consulted and not self._agnostic:
             self.may_go_inline = False  # its batches may depend on the worker
 
+    def _decide(self) -> None:
+        choice, self._choice = self._choice, None
+        if self._probe is not None:
+            self._probe.on = False
+        kind, count = choice.decide(num_workers=self.num_workers, iterable=self._iterable,
+                                    persistent=self._persistent and not self._replay)
+        if ((not self._iterable or self._replay)
+                and (kind, count) != (self._engine_kind, self.num_workers)):
+            self._move = (kind, count)  # (another iterable's next epoch starts on them)
+
     # --- switches ----------------------------------------------------------------------------
+    @property
+    def move_to(self) -> tuple[str, int]:
+        """``(worker_type, num_workers)`` :meth:`processes_wanted` asks for."""
+        return self._move if self._move is not None else ("process", self.num_workers)
+
     def processes_wanted(self, busy: bool) -> int:
-        """``worker_type=None``: ``NOW`` to move to process workers (the dataset draws from the
-        global RNGs), ``WAIT`` while thread batches are in flight (``busy``), else ``NO``."""
+        """``NOW`` to move to other workers: process workers under ``worker_type=None`` once the
+        dataset draws from the global RNGs, or the workers :mod:`._auto` chose (:attr:`move_to`);
+        ``WAIT`` while batches are in flight (``busy``), else ``NO``."""
+        if self._move is not None:
+            return WAIT if busy else NOW
         use = self._rng_use
         # not while workers draw from the streams their worker_init_fn seeded: new workers
         # would start them again (the next epoch's workers are processes: _workers.py)
@@ -118,8 +163,9 @@ class Adaptation:
         return WAIT if busy else NOW
 
     def moved_to_processes(self, num_workers: int) -> None:
-        self.num_workers = num_workers
-        self.may_go_inline = False
+        kind = self.move_to[0]
+        self.num_workers, self._move, self._engine_kind = num_workers, None, kind
+        self.may_go_inline = self.may_go_inline and kind == "thread"
         self._auto_processes = False
         self.max_inflight = self._base_inflight = max(1, self._prefetch_factor * num_workers)
 

@@ -41,6 +41,7 @@ from kuat.loader._workers import Lease
 from kuat.rng import epoch_context, worker_base_seed
 from kuat.sampling import EpochSampler, distributed_hook, epoch_hook, order_state, restore_order
 from kuat.sources import protocol as _protocol
+from kuat.sources.stream import Stream
 
 __all__ = ["apply_distributed", "next_epoch", "plan_epoch", "epoch_keys", "batched"]
 
@@ -351,6 +352,11 @@ def _plan(loader, epoch, base_seed, keys, discard, position, lease, first_worker
                      and _protocol.splits_batches(loader._source)),
         auto_processes=opts.auto_worker_type,
         rng_use=job.rng_use,
+        choice=loader._choice,  # (measures while undecided: kuat.loader._auto)
+        probe=job.sched_probe,
+        iterable=traits.iterable,
+        persistent=loader.persistent_workers,
+        replay=isinstance(loader._source, Stream),  # one deterministic stream per epoch
     )
     factory = loader._observer_factory
     observer = factory(loader) if factory is not None else None

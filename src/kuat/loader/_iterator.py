@@ -51,6 +51,7 @@ class LoaderIter:
         self._epoch, self._base_seed = plan.epoch, plan.base_seed
         self._keys = PacedKeys(plan.keys, *plan.pace) if plan.pace is not None else plan.keys
         self._returned = 0
+        self._taken = 0  # results of kind OK taken from the engine (yielded or discarded)
         self._keys_done = False
         self._discard = plan.discard
         self._position = plan.position
@@ -252,15 +253,19 @@ class LoaderIter:
                 return
 
     def _to_processes(self) -> bool:
-        """``worker_type=None``: once the dataset is seen to draw from the global RNGs, let the
-        thread workers' batches in flight finish (True while they do), then continue the
-        epoch on process workers."""
-        answer = self._adapt.processes_wanted(busy=bool(self._tasks))
+        """Other workers wanted (``_adaptive``: the dataset draws from the global RNGs, or the
+        worker choice measured): let the batches in flight finish and be yielded (True while
+        they are), then continue the epoch on them, the round-robin where it was."""
+        answer = self._adapt.processes_wanted(busy=bool(self._tasks or self._ready))
         if answer != _adaptive.NOW:
             return answer == _adaptive.WAIT
-        new = self._lease.to_processes()
+        new = self._lease.to_processes(*self._adapt.move_to)
         self._nw = new.num_workers
-        self._active, self._rr, self._load = [True] * self._nw, 0, [0] * self._nw
+        self._active, self._rr, self._load = [True] * self._nw, self._rr % self._nw, [0] * self._nw
+        if self._plan.iterable:  # a replayable stream (_adaptive): the new workers start the
+            # epoch again and skip every batch the old ones produced (as a replayed resume)
+            self._discard, self._taken = self._discard + self._taken, 0
+            self._rr = self._plan.first_worker
         self._adapt.moved_to_processes(self._nw)
         return False
 
@@ -364,6 +369,7 @@ class LoaderIter:
 
     # --- bookkeeping --------------------------------------------------------------------------
     def _account(self, r) -> None:
+        self._taken += r.kind == OK
         st = r.stats
         if st is None:
             return

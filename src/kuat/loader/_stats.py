@@ -37,6 +37,7 @@ class LoaderStats:
     def reset(self):
         self.fetch_s = self.fetch_cpu_s = self.collate_s = self.pin_s = self.rng_wait_s = 0.0
         self.native_s = self.native_cpu_s = self.consumer_cpu_s = self.wait_cpu_s = 0.0
+        self.runq_s = 0.0  # of fetch + collate, waiting for a core (when measured)
         # CPU seconds outside GIL-releasing kernels (WorkStats.python_s), by worker kind
         self.python_s = {"inline": 0.0, "thread": 0.0, "process": 0.0}
         self.device_s = self.transform_s = self.wait_s = self.worker_wait_s = self.elapsed_s = 0.0
@@ -55,6 +56,8 @@ class LoaderStats:
             self.collate_s += st.collate_s
             self.pin_s += st.pin_s
             self.rng_wait_s += st.rng_wait_s
+            if st.sched is not None:  # measured (kuat.engine.base.SchedProbe)
+                self.runq_s += st.sched[1]
             if counted:
                 self.samples += st.samples
             self.skipped += len(st.skipped)
@@ -72,8 +75,9 @@ class LoaderStats:
         work = self.fetch_s + self.collate_s + self.pin_s if num_workers == 0 else self.worker_wait_s
         return max(0.0, self.wait_s - work - self.device_s - self.transform_s)
 
-    def report(self, num_workers: int) -> dict[str, Any]:
-        """The dict :meth:`kuat.DataLoader.stats` returns (its docstring says what each key is)."""
+    def report(self, num_workers: int, workers: dict | None = None) -> dict[str, Any]:
+        """The dict :meth:`kuat.DataLoader.stats` returns (its docstring says what each key is);
+        ``workers``: the worker choice's report (``kuat.loader._auto``), under ``"workers"``."""
         with self.lock:
             el = self.elapsed_s
             overhead = self.overhead_s(num_workers)
@@ -87,6 +91,7 @@ class LoaderStats:
                     "fetch_cpu": self.fetch_cpu_s,
                     "native": self.native_s,
                     "native_cpu": self.native_cpu_s,
+                    "runqueue": self.runq_s,
                     "collate": self.collate_s,
                     "pin": self.pin_s,
                     "rng_lock_wait": self.rng_wait_s,
@@ -108,6 +113,7 @@ class LoaderStats:
                 "fetch_python_fraction": max(0.0, self.fetch_s - self.native_s) / self.fetch_s
                 if self.native_s > 0 and self.fetch_s > 0 else None,
                 "python_us_per_sample": self._python_per_sample(),
+                "workers": workers if workers is not None else {},
             }
 
     def _python_per_sample(self) -> dict[str, float | None]:

@@ -41,20 +41,23 @@ class WorkerPool:
         """A new engine for ``loader`` (its options and its job), seeded from ``base_seed``.
 
         ``worker_type=None``: once the job saw the dataset draw from the global RNGs, process
-        workers are made instead of threads, and ``loader.worker_type`` says so.
+        workers are made instead of threads, and ``loader.worker_type`` says so; a decision of
+        :mod:`kuat.loader._auto` not yet applied (an iterable's, taken during the last epoch)
+        sets ``loader.worker_type`` and ``loader.num_workers`` first.
         """
         job = loader._job
+        adopt(loader)
         if loader.num_workers == 0:
             return InlineEngine(job, base_seed)
         use = job.rng_use
         if (loader.worker_type == "thread" and loader._options.auto_worker_type
                 and (use.draws or use.worker_seeded)):
             loader.worker_type = "process"
+            why = ("worker_init_fn seeds the global random generators" if use.worker_seeded
+                   else "the dataset draws from the global random generators")
+            loader._choice.by_rng(why, loader.num_workers)
             log.info("kuat.DataLoader: %s; moving to %d process workers (in threads its samples "
-                     "would run one at a time)",
-                     "worker_init_fn seeds the global random generators" if use.worker_seeded
-                     else "the dataset draws from the global random generators",
-                     loader.num_workers)
+                     "would run one at a time)", why, loader.num_workers)
         if loader.worker_type == "thread":
             return ThreadEngine(job, loader.num_workers, base_seed)
         ctx = loader.multiprocessing_context
@@ -80,6 +83,8 @@ class WorkerPool:
         or a new one the epoch owns."""
         if not loader.persistent_workers:
             return Lease(self, loader, self.make(loader, base_seed), True, base_seed)
+        if self.persistent is not None and adopt(loader):
+            self.drop_persistent()  # the chosen workers replace them
         if self.persistent is None:
             self.persistent = self.make(loader, base_seed)
         previous = self.live_iter() if self.live_iter is not None else None
@@ -90,6 +95,22 @@ class WorkerPool:
 
     def close(self) -> None:
         self.drop_persistent()
+
+
+def adopt(loader) -> bool:
+    """Apply a decision of the loader's ``_auto.WorkerChoice`` not applied yet (the type under
+    ``worker_type=None``, the count under ``num_workers="auto"``, unless the attribute was set
+    since); True when it changed either. Idempotent (a ``skip_first_batches`` copy shares the
+    choice, and each applies it to itself)."""
+    choice = loader._choice
+    if not choice.decided or choice.by != "measured" or not loader.num_workers:
+        return False
+    before = (loader.worker_type, loader.num_workers)
+    if choice.auto_type and loader.worker_type == "thread":  # (it only ever moves to processes)
+        loader.worker_type = choice.worker_type
+    if choice.auto_count and loader.num_workers == choice.initial:
+        loader.num_workers = choice.num_workers
+    return (loader.worker_type, loader.num_workers) != before
 
 
 class Lease:
@@ -103,8 +124,13 @@ class Lease:
     def worker_type(self) -> str:
         return self._loader.worker_type
 
-    def to_processes(self):
-        """Replace thread workers (idle now) with process workers; returns the new engine."""
+    def to_processes(self, worker_type: str = "process", num_workers: int | None = None):
+        """Replace the workers (idle now) with ``num_workers`` (default: as many) workers of
+        ``worker_type``; returns the new engine."""
+        loader = self._loader
+        loader.worker_type = worker_type
+        if num_workers is not None:
+            loader.num_workers = num_workers
         old, pool = self.engine, self._pool
         if self.owned or pool.persistent is old:
             old.close()

@@ -39,7 +39,7 @@ from kuat import sources as _sources
 from kuat._buffers import BufferPool
 from kuat.collate import default_collate
 from kuat.engine.job import FetchJob
-from kuat.loader import _epoch, _notices, _options, _state
+from kuat.loader import _auto, _epoch, _notices, _options, _state
 from kuat.loader._iterator import LoaderIter
 from kuat.loader._stats import LoaderStats
 from kuat.loader._workers import WorkerPool
@@ -67,7 +67,7 @@ class DataLoader(_TorchDataLoader[_T_co]):  # generic as torch's: kuat.DataLoade
             default ``collate_fn`` is :func:`kuat.default_collate` (torch's structures, zero-copy
             when samples are consecutive views of one batch buffer).
         num_workers: ``0`` fetches in the calling thread; ``N`` uses N worker threads
-            (``worker_type="thread"``) or processes (``worker_type="process"``).
+            (``worker_type="thread"``) or processes; ``"auto"``: measured (``docs/loader.md``).
         pin_memory: return tensors in pinned memory (containers as torch). Without an
             accelerator pinning is skipped with one warning, as torch does.
         timeout: seconds (>= 0) to wait for a batch from the workers before
@@ -86,8 +86,8 @@ class DataLoader(_TorchDataLoader[_T_co]):  # generic as torch's: kuat.DataLoade
         persistent_workers: keep workers between epochs.
         pin_memory_device: deprecated in torch; ignored with torch's warning.
         in_order: yield batches in sampler order (``True``) or as they complete.
-        worker_type: ``None`` (default: threads, moving to processes once the dataset is seen
-            to draw from the global random generators), ``"thread"`` or ``"process"``.
+        worker_type: ``None`` (default: threads, moving to processes once the dataset draws
+            from the global RNGs or holds the GIL), ``"thread"`` or ``"process"``.
             ``loader.worker_type`` tells which is in use (``docs/loader.md``, "Workers").
         seed: the run seed (int): shuffle order depends only on ``(seed, epoch, rank,
             world_size)`` and each sample's randomness on ``(seed, epoch, index)``. ``None``
@@ -183,6 +183,7 @@ class DataLoader(_TorchDataLoader[_T_co]):  # generic as torch's: kuat.DataLoade
         isolate_global_rng: bool | None = None,
         snapshot_every_n_steps: int | None = None,
     ):
+        num_workers, auto_count = _auto.resolve_num_workers(num_workers)  # "auto": a guess
         opts = _options.check_arguments(
             num_workers=num_workers, timeout=timeout, prefetch_factor=prefetch_factor,
             persistent_workers=persistent_workers, worker_type=worker_type, on_error=on_error,
@@ -289,6 +290,8 @@ class DataLoader(_TorchDataLoader[_T_co]):  # generic as torch's: kuat.DataLoade
             datapipe=datapipe,  # seeded and sharded per worker, as torch (graph_settings)
             equal_steps=opts.sharding.sharded, flag_padding=opts.exact_eval)
         self._stats = LoaderStats()
+        self._choice = _auto.WorkerChoice(auto_type=opts.auto_worker_type, auto_count=auto_count,
+                                          worker_type=opts.worker_type, num_workers=num_workers)
         self._warned: set[tuple[str, str]] = set()
         self._advised = False
         self._warned_unsplit = False
@@ -410,7 +413,9 @@ class DataLoader(_TorchDataLoader[_T_co]):  # generic as torch's: kuat.DataLoade
         seconds each stage was busy, summed over workers: ``fetch`` (dataset calls),
         ``fetch_cpu`` (their CPU time: far below ``fetch`` in thread mode means GIL-bound or
         I/O-bound), ``native`` (of ``fetch``, inside GIL-releasing kernels that report
-        themselves: ``kuat.vision``'s decodes and resizes; ``native_cpu``: their CPU), ``collate``, ``pin``,
+        themselves: ``kuat.vision``'s decodes and resizes; ``native_cpu``: their CPU),
+        ``runqueue`` (waiting for a core, while kuat measures: ``_auto``, ``kuat.doctor``),
+        ``collate``, ``pin``,
         ``rng_lock_wait`` (waiting for global-RNG isolation), ``device`` (consumer: copies out
         of shared memory or to the device), ``batch_transform``; ``consumer_wait_s`` (every
         second the training loop spent inside ``next()``), ``worker_wait_s`` (the part of it
@@ -423,9 +428,10 @@ class DataLoader(_TorchDataLoader[_T_co]):  # generic as torch's: kuat.DataLoade
         ``loader_overhead_fraction``: those seconds over ``elapsed_s``;
         ``fetch_python_fraction``: ``(fetch - native) / fetch``, ``None`` when no kernel
         reported; ``python_us_per_sample``: CPU microseconds of Python (outside those kernels)
-        per sample, ``{"workers", "consumer", "main_process"}`` (``LoaderStats.report``).
+        per sample, ``{"workers", "consumer", "main_process"}`` (``LoaderStats.report``);
+        ``workers``: the type and count in use and how they were chosen (``_auto``).
         """
-        return self._stats.report(self.num_workers)
+        return self._stats.report(self.num_workers, self._choice.report(self))
 
     # --- iteration --------------------------------------------------------------------------
     def __iter__(self) -> LoaderIter:

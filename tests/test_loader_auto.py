@@ -1,0 +1,288 @@
+"""The loader's choices for its user (kuat/loader/_auto.py): the worker type under
+worker_type=None and the count under num_workers="auto", decided from the first batches, never
+changing a batch. Assertions are on the decision, never on speed."""
+
+import time
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import Dataset, IterableDataset, get_worker_info
+
+import kuat
+from kuat.engine.process import ProcessEngine
+from kuat.loader import _auto
+from kuat.sources.stream import Stream
+
+N = 480  # items: 30 batches of 16
+
+
+def _python_work(i: int) -> int:
+    """About 0.5 ms of pure Python (holds the GIL): a batch of 16 holds it longer than the
+    interpreter's switch interval (5 ms), the case a loaded machine cannot blur."""
+    s = 0
+    for k in range(5000):
+        s += (k * i) % 7
+    return s
+
+
+class GilBound(Dataset):
+    """A torch-style dataset: per-sample Python, and (``worker``) which worker fetched it."""
+
+    def __init__(self, worker=True):
+        self.worker = worker
+
+    def __len__(self):
+        return N
+
+    def __getitem__(self, i):
+        if not self.worker:
+            return {"i": i, "v": _python_work(i)}
+        info = get_worker_info()
+        return {"i": i, "v": _python_work(i), "worker": -1 if info is None else info.id}
+
+
+class SleepyIO(Dataset):
+    """I/O-bound: each sample waits (the GIL released), little Python."""
+
+    def __len__(self):
+        return N
+
+    def __getitem__(self, i):
+        time.sleep(0.0004)
+        return i
+
+
+class NumpyHeavy(Dataset):
+    """GIL-free compute: a sort of 100,000 floats per sample (NumPy releases the GIL)."""
+
+    def __init__(self):
+        self.a = np.random.default_rng(0).random(100_000)
+
+    def __len__(self):
+        return N // 4
+
+    def __getitem__(self, i):
+        return float(np.sort(self.a * (i + 1))[i])
+
+
+class GilBoundStream(IterableDataset):
+    """A per-row Python iterable split by worker, as a lazily mapped stream."""
+
+    def __iter__(self):
+        info = get_worker_info()
+        wid, nw = (0, 1) if info is None else (info.id, info.num_workers)
+        for i in range(wid, N, nw):
+            yield {"i": i, "v": _python_work(i)}
+
+
+@pytest.fixture(autouse=True)
+def two_idle_cores(monkeypatch):
+    """Decisions as on a machine with 2 usable cores (whatever this one has), taken as idle
+    whatever the load of this one (test_decide_rules tests the busy-machine rule)."""
+    monkeypatch.setattr(_auto, "usable_cores", lambda: 2)
+    monkeypatch.setattr(_auto, "BUSY_MACHINE", 1.0)
+
+
+def _batches(loader):
+    return [{k: v.clone() for k, v in b.items()} if isinstance(b, dict) else b.clone()
+            for b in loader]
+
+
+def _equal(a, b):
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        if isinstance(x, dict):
+            assert x.keys() == y.keys()
+            for k in x:
+                assert torch.equal(x[k], y[k]), k
+        else:
+            assert torch.equal(x, y)
+
+
+def _force_processes(monkeypatch):
+    """The decision made "process" whatever this machine's load makes of the measurement (the
+    measurement is tested on its own): for tests of the move itself."""
+    measured = _auto.WorkerChoice.decide
+
+    def decide(self, **kw):
+        measured(self, **kw)
+        self.worker_type = "process"
+        return "process", self.num_workers
+
+    monkeypatch.setattr(_auto.WorkerChoice, "decide", decide)
+
+
+def test_gil_bound_map_dataset_moves_to_processes_with_torchs_batches():
+    torch_batches = _batches(torch.utils.data.DataLoader(GilBound(), batch_size=16, num_workers=2))
+    dl = kuat.DataLoader(GilBound(), batch_size=16, num_workers=2)
+    assert dl.worker_type == "thread"  # before any batch: threads
+    batches = _batches(dl)
+    w = dl.stats()["workers"]
+    assert (dl.worker_type, w["type"], w["chosen"]) == ("process", "process", "measured"), w
+    assert "GIL" in w["reason"] and w["measured"]["batches"] >= _auto.PROBE_BATCHES
+    # same samples, order and worker per batch as torch's two worker processes
+    _equal(batches, torch_batches)
+    # an explicit type is honoured
+    dl = kuat.DataLoader(GilBound(), batch_size=16, num_workers=2, worker_type="thread")
+    _equal(_batches(dl), torch_batches)
+    assert dl.worker_type == "thread" and dl.stats()["workers"]["chosen"] == "given"
+
+
+@pytest.mark.parametrize("ds, bs", [(SleepyIO, 16), (NumpyHeavy, 4)], ids=["io", "numpy"])
+def test_gil_free_work_stays_on_threads(ds, bs):
+    dl = kuat.DataLoader(ds(), batch_size=bs, num_workers=2)
+    out = _batches(dl)
+    w = dl.stats()["workers"]
+    assert (dl.worker_type, w["chosen"]) == ("thread", "measured"), w
+    assert "GIL" not in w["reason"] or "releases" in w["reason"] or "I/O" in w["reason"]
+    _equal(out, _batches(torch.utils.data.DataLoader(ds(), batch_size=bs)))
+
+
+def test_kuat_format_dataset_stays_on_threads(tmp_path):
+    path = tmp_path / "d"
+    with kuat.Writer(path, {"x": kuat.format.int64()}) as w:
+        w.write_batch({"x": np.arange(4000, dtype=np.int64)})
+    ds = kuat.open(path)
+    dl = kuat.DataLoader(ds, batch_size=64, num_workers=2, prefetch_factor=2)
+    list(dl)
+    w = dl.stats()["workers"]
+    assert (dl.worker_type, w["chosen"]) == ("thread", "measured"), w
+
+
+def test_the_decision_is_stable_across_epochs_and_resume(monkeypatch):
+    _force_processes(monkeypatch)
+    dl = kuat.DataLoader(GilBound(worker=False), batch_size=16, num_workers=2, shuffle=True,
+                         seed=3)
+    first = _batches(dl)
+    decided = dl.stats()["workers"]
+    assert dl.worker_type == "process"
+    it = iter(dl)
+    head = [next(it) for _ in range(5)]
+    state = dl.state_dict()
+    rest = list(it)
+    assert dl.stats()["workers"] == decided  # not measured again
+    assert len(first) == len(head) + len(rest)
+    # the same loader, resumed: still processes, the same batches
+    dl.load_state_dict(state)
+    _equal(_batches(dl), rest)
+    assert dl.worker_type == "process" and dl.stats()["workers"] == decided
+    # a new loader resumed from the state: the same rest of the epoch whatever it measures
+    fresh = kuat.DataLoader(GilBound(worker=False), batch_size=16, num_workers=2, shuffle=True,
+                            seed=3)
+    fresh.load_state_dict(state)
+    _equal(_batches(fresh), rest)
+
+
+def test_gil_bound_iterable_moves_at_the_next_epoch_with_torchs_batches(monkeypatch):
+    _force_processes(monkeypatch)
+    torch_dl = torch.utils.data.DataLoader(GilBoundStream(), batch_size=16, num_workers=2)
+    expected = _batches(torch_dl)
+    dl = kuat.DataLoader(GilBoundStream(), batch_size=16, num_workers=2)
+    _equal(_batches(dl), expected)  # the first epoch ends on its threads
+    assert dl.stats()["workers"]["chosen"] == "measured" and dl.worker_type == "thread"
+    _equal(_batches(dl), expected)  # the next one runs on processes
+    assert dl.worker_type == "process"
+    assert dl.stats()["workers"]["num_workers"] == 2  # an iterable's count never changes
+
+
+class PyStream(Stream):
+    """A kuat stream (one deterministic stream per epoch, as HF streaming) of per-row Python."""
+
+    def samples(self, epoch):
+        for i in range(N):
+            yield {"i": i + 1000 * epoch, "v": _python_work(i)}
+
+
+def test_a_gil_bound_kuat_stream_moves_mid_epoch_and_replays_exactly(monkeypatch):
+    _force_processes(monkeypatch)
+    inline = kuat.DataLoader(PyStream(), batch_size=16)
+    want = [_batches(inline) for _ in range(2)]
+    dl = kuat.DataLoader(PyStream(), batch_size=16, num_workers=2)
+    it = iter(dl)
+    first = [{k: v.clone() for k, v in b.items()} for b in it]
+    assert isinstance(it._engine, ProcessEngine)  # moved within the first epoch
+    _equal(first, want[0])  # every batch once, in order: the new workers skipped the old ones'
+    _equal(_batches(dl), want[1])
+    assert dl.worker_type == "process" and dl.stats()["workers"]["chosen"] == "measured"
+
+
+# --- num_workers="auto" ------------------------------------------------------------------------
+def _run(ds, step_s: float, **kw):
+    dl = kuat.DataLoader(ds, batch_size=16, num_workers="auto", **kw)
+    assert dl.num_workers == _auto.initial_workers(2) == 2  # an int before the decision
+    for _ in dl:
+        if step_s and dl._choice.probing:
+            time.sleep(step_s)  # (then the rest of the epoch, on the workers chosen)
+    return dl
+
+
+def test_auto_with_a_fast_consumer_uses_the_cores(monkeypatch):
+    with monkeypatch.context() as m:
+        _force_processes(m)  # (the type is measured in the tests above; the count here)
+        dl = _run(GilBound(worker=False), 0)
+    assert (dl.worker_type, dl.num_workers) == ("process", 2)
+    assert isinstance(dl.num_workers, int) and dl.stats()["workers"]["auto_count"]
+    dl = _run(SleepyIO(), 0)  # threads waiting on I/O: up to 4 per core
+    assert (dl.worker_type, dl.num_workers) == ("thread", 8)
+
+
+def test_auto_with_a_slow_consumer_needs_one_worker():
+    dl = _run(GilBound(worker=False), 0.1)  # 100 ms per step: one worker keeps up
+    assert dl.num_workers == 1
+    dl = _run(SleepyIO(), 0.06)
+    assert (dl.worker_type, dl.num_workers) == ("thread", 1)
+
+
+def test_auto_keeps_an_iterables_count_and_torchs_checks_stay():
+    dl = _run(GilBoundStream(), 0)
+    assert dl.num_workers == 2
+    with pytest.raises(ValueError, match="num_workers option should be non-negative"):
+        kuat.DataLoader(range(4), num_workers=-1)
+    with pytest.raises(ValueError, match="'auto'"):
+        kuat.DataLoader(range(4), num_workers="many")
+
+
+def test_decide_rules_on_given_numbers():
+    """The rule itself, on synthetic measurements (no timing involved)."""
+    from kuat.engine.base import WorkStats
+
+    def choice(cpu, runq, wall, loop, n=2, auto_count=False, gil_busy=0.0, cores=4,
+               parallel=1.0):
+        c = _auto.WorkerChoice(auto_type=True, auto_count=auto_count, worker_type="thread",
+                               num_workers=n)
+        c._skip = 0
+        for _ in range(_auto.PROBE_BATCHES):
+            st = WorkStats()
+            st.sched = (cpu, runq, wall)
+            c.observe(st)
+            c.loop(loop)
+            c.gil_waited(gil_busy, 1.0)  # what the probe thread found
+        # the window as long as the workers' CPU seconds (after the first) over ``parallel``
+        c._t0 = time.perf_counter() - (_auto.PROBE_BATCHES - 1) * cpu / parallel
+        return c.decide(num_workers=n, iterable=False, persistent=False, cores=cores)
+
+    # long batches convoying on the GIL: each waits about as long as the other runs
+    assert choice(0.010, 0.001, 0.021, 0.0, gil_busy=0.6)[0] == "process"
+    # ... unless the workers' CPU seconds show they ran in parallel (not one at a time)
+    assert choice(0.010, 0.001, 0.021, 0.0, gil_busy=0.6, parallel=1.9)[0] == "thread"
+    # short batches of Python one at a time, while the loop waits: the GIL is held throughout
+    assert choice(0.002, 0.0, 0.0021, 0.0, gil_busy=0.6)[0] == "process"
+    # ... but not when the probe found the GIL free (the waits are not for the GIL)
+    assert choice(0.010, 0.001, 0.021, 0.0, gil_busy=0.05)[0] == "thread"
+    # ... nor with one core
+    assert choice(0.002, 0.0, 0.0021, 0.0, gil_busy=0.6, cores=1)[0] == "thread"
+    # ... nor on a machine whose cores are busy (the workers waited for one most of the time)
+    _auto.BUSY_MACHINE = 0.5  # (the fixture's monkeypatch restores it)
+    assert choice(0.002, 0.006, 0.0081, 0.0, gil_busy=0.6)[0] == "thread"
+    assert choice(0.002, 0.0005, 0.0026, 0.0, gil_busy=0.6)[0] == "process"
+    # waiting on I/O: far longer than the other worker's CPU time
+    assert choice(0.001, 0.0, 0.030, 0.0, gil_busy=0.6)[0] == "thread"
+    # running or runnable all along (a loaded machine): GIL-free
+    assert choice(0.004, 0.006, 0.010, 0.0)[0] == "thread"
+    # too cheap for processes
+    assert choice(0.0001, 0.0, 0.0003, 0.0)[0] == "thread"
+    # the count: 1.25 * cost / loop, within [1, cores]
+    assert choice(0.004, 0.006, 0.010, 0.005, auto_count=True) == ("thread", 3)
+    assert choice(0.004, 0.006, 0.010, 1.0, auto_count=True) == ("thread", 1)
+    assert choice(0.004, 0.006, 0.010, 1e-5, auto_count=True) == ("thread", 4)
