@@ -1,8 +1,8 @@
 """Run under ``torchrun --nproc_per_node=2`` by tests/test_distributed.py (not a test module).
 
 Usage: _distributed_script.py DATA_DIR OUT_JSON. Each rank reads a kuat dataset, an HF map-style
-dataset, an HF stream and two mixes through kuat.DataLoader (rank and world size from
-torch.distributed), for 2 epochs with and without drop_last; rank 0 gathers every rank's batches
+dataset, an HF stream and two mixes through kuat.DataLoader with kuat's own sharding
+(``shard=True``: rank and world size from torch.distributed), for 2 epochs with and without drop_last; rank 0 gathers every rank's batches
 and writes them to OUT_JSON.
 """
 
@@ -52,6 +52,7 @@ def main() -> None:
                 num_workers=2,
                 collate_fn=collate,
                 seed=5,
+                shard=True,
             )
             assert (loader.rank, loader.world_size) == (rank, world)
             epochs = [[ids_of(b) for b in loader] for _ in range(2)]
