@@ -19,19 +19,10 @@ from torch.utils.data import DataLoader as TorchLoader
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 import kuat
+from tests.test_parity_threads import InitialSeed  # torch's SeedDataset
 
 MODES = [dict(worker_type="thread"), dict(worker_type="process")]
 IDS = ["threads", "processes"]
-
-
-class InitialSeed(Dataset):
-    """torch's SeedDataset: each sample is its worker's torch.initial_seed()."""
-
-    def __len__(self):
-        return 8
-
-    def __getitem__(self, i):
-        return torch.initial_seed()
 
 
 class InitialSeedAndDraw(InitialSeed):
