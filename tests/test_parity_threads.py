@@ -156,7 +156,7 @@ class Synchronized(Dataset):
         return i
 
     def __copy__(self):  # the synchronisation objects are shared, as torch's mp.Value
-        new = Synchronized.__new__(Synchronized)
+        new = type(self).__new__(type(self))
         new.__dict__.update(self.__dict__)
         return new
 

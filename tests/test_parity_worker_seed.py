@@ -9,17 +9,17 @@ generators, seeded as torch seeds worker processes (``kuat.engine.worker_rng``, 
 """
 
 import random
-import threading
 import time
 
 import numpy as np
 import pytest
 import torch
 from torch.utils.data import DataLoader as TorchLoader
-from torch.utils.data import Dataset, IterableDataset, get_worker_info
+from torch.utils.data import IterableDataset, get_worker_info
 
 import kuat
 from tests.test_parity_threads import InitialSeed  # torch's SeedDataset
+from tests.test_parity_threads import Synchronized as _Synchronized
 
 MODES = [dict(worker_type="thread"), dict(worker_type="process")]
 IDS = ["threads", "processes"]
@@ -60,33 +60,16 @@ def test_initial_seed_in_samples_is_torchs(mode, ds):
         assert len(set(expected)) == 2  # base_seed + worker_id
 
 
-class Synchronized(Dataset):
+class Synchronized(_Synchronized):
     """torch's SynchronizedSeedDataset: every worker's first sample waits for all the others
     (under the probe's lock in kuat), then reads torch.initial_seed()."""
 
     def __init__(self, n):
-        self.n = n
-        self.count = [0]
-        self.lock = threading.Lock()
-        self.barrier = threading.Semaphore(0)
-
-    def __len__(self):
-        return self.n
+        super().__init__(n, n)
 
     def __getitem__(self, i):
-        with self.lock:
-            self.count[0] += 1
-            if self.count[0] == self.n:
-                self.barrier.release()
-        if not self.barrier.acquire(timeout=30):
-            raise RuntimeError("the other workers never came")
-        self.barrier.release()
+        super().__getitem__(i)
         return torch.initial_seed()
-
-    def __copy__(self):  # the synchronisation objects are shared, as torch's mp.Value
-        new = Synchronized.__new__(Synchronized)
-        new.__dict__.update(self.__dict__)
-        return new
 
 
 def test_worker_seed_reproducibility_with_a_barrier_in_thread_workers():
