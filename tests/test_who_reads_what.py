@@ -95,3 +95,17 @@ def test_per_rank_data_is_read_whole_on_each_rank_as_torch():
         for key, (ours, theirs) in out.items():
             assert ours == theirs, key
             assert sorted(ours) == list(range(rank * 20, rank * 20 + 20)), key
+
+
+def test_datapipe_loader_built_before_the_process_group_reads_its_rank_share(monkeypatch):
+    """torch's iterator asks the process group for an IterDataPipe's shares each time it
+    starts; a kuat loader built before init_process_group must too (it kept 0 of 1)."""
+    from torch.utils.data.datapipes.iter import IterableWrapper
+    from torch.utils.data.graph_settings import apply_sharding
+
+    loader = kuat.DataLoader(IterableWrapper(range(8)).sharding_filter(), batch_size=2)
+    assert [x for b in loader for x in b.tolist()] == list(range(8))  # no group: everything
+    monkeypatch.setattr(kuat.distributed, "torch_group", lambda: (1, 2))  # the group is up
+    expected = IterableWrapper(range(8)).sharding_filter()
+    apply_sharding(expected, 2, 1)
+    assert [x for b in loader for x in b.tolist()] == list(expected) == [1, 3, 5, 7]

@@ -51,15 +51,19 @@ log = logging.getLogger("kuat.loader")
 def apply_distributed(loader) -> tuple[int, int]:
     """Resolve the loader's share (:mod:`kuat.distributed`; ``(0, 1)`` unsharded) and hand it
     to its sampler, iterable source and kuat batch sampler. An ``IterDataPipe`` is sharded over
-    torch's process group when the loader itself is unsharded, as torch's DataLoader does."""
+    torch's process group, as torch's DataLoader does (a sharded loader refuses one)."""
     sharding = loader._options.sharding
     rank, world_size = sharding.resolve(warn=True)
     if isinstance(loader.sampler, EpochSampler):
         loader.sampler.set_distributed(rank, world_size)
-    if (rank, world_size) != loader._dist_applied:
-        if loader._job.datapipe:  # workers shard its graph over ranks, then workers
-            loader._job.shard = (rank, world_size) if sharding.sharded else distributed.torch_group()
+    if loader._job.datapipe:  # workers shard its graph over torch's ranks, then workers
+        # (asked at every epoch start, as torch's iterator does: the group may come up after
+        # the loader is built; kuat's own sharding refuses a datapipe: _options.check_equal_steps)
+        group = distributed.torch_group()
+        if group != loader._job.shard:
+            loader._job.shard = group
             loader._workers.drop_persistent()
+    if (rank, world_size) != loader._dist_applied:
         if loader._traits.iterable and loader._traits.distributed:
             loader._source.kuat_set_distributed(rank, world_size)
             loader._workers.drop_persistent()  # persistent workers hold the old share
