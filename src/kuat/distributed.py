@@ -235,14 +235,6 @@ class Sharding:
             return self._mesh_share
         return resolve(warn=warn)
 
-    def describe(self) -> str:
-        if self.kind == "none":
-            return "unsharded (every rank reads every sample)"
-        rank, world_size = self.resolve()
-        how = {"explicit": "rank=/world_size=", "global": "shard=True",
-               "mesh": f"mesh= over {self.dp_dims or 'its data-parallel dimensions'}"}[self.kind]
-        return f"share {rank} of {world_size} ({how})"
-
     def __repr__(self) -> str:
         return f"Sharding({self.kind!r}, rank={self.rank}, world_size={self.world_size})"
 
