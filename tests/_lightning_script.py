@@ -101,6 +101,8 @@ def fabric_mode(out: str) -> None:
     loaders = {  # (loader, use_distributed_sampler)
         "fabric_torch": (TorchLoader(list(range(N)), batch_size=BATCH), True),
         "fabric_kuat": (kuat_loader(), True),
+        "fabric_shuffled_torch": (TorchLoader(list(range(N)), batch_size=BATCH, shuffle=True), True),
+        "fabric_shuffled_kuat": (kuat_loader(shuffle=True), True),
         "fabric_own_torch": (own_data(TorchLoader, rank), False),
         "fabric_own_kuat": (own_data(kuat.DataLoader, rank), False),
     }
@@ -128,6 +130,8 @@ def main() -> None:
                            filename="{step}")
     trainer(callbacks=[ckpt], enable_checkpointing=True).fit(Recorder(out, "kuat"), train_dataloaders=loader)
     trainer().fit(Recorder(out, "hook", lambda rank: kuat_loader(shuffle=True, seed=SEED)))
+    # shuffle=True without seed= is torch's RandomSampler: Lightning injects the same sampler
+    trainer().fit(Recorder(out, "kuat_shuffled"), train_dataloaders=kuat_loader(shuffle=True))
     trainer().fit(Recorder(out, "resumed"), train_dataloaders=kuat_loader(),
                   ckpt_path=os.path.join(out, "ckpt", "step=7.ckpt"))
     for run, cls in (("own_torch", TorchLoader), ("own_kuat", kuat.DataLoader)):

@@ -148,6 +148,29 @@ def test_even_batches_false_and_seedable_sampler_are_applied_not_ignored(caplog)
     assert not [r for r in caplog.records if "ignore" in r.getMessage()]
 
 
+def test_seedable_sampler_on_one_process_replaces_kuats_random_sampler_as_torchs():
+    """use_seedable_sampler (the HF Trainer's default) on one process: Accelerate swaps torch's
+    RandomSampler for its SeedableRandomSampler; kuat's (shuffle=True, no seed=) is one too."""
+    from accelerate import DataLoaderConfiguration
+    from accelerate.utils import set_seed
+
+    def epochs(cls):
+        set_seed(3)
+        config = DataLoaderConfiguration(use_seedable_sampler=True)
+        loader = Accelerator(cpu=True, dataloader_config=config).prepare(
+            cls(list(range(12)), batch_size=4, shuffle=True))
+        out = []
+        for epoch in range(2):
+            loader.set_epoch(epoch)
+            out.append(ids(loader))
+        return out, loader
+
+    expected, _ = epochs(TorchLoader)
+    got, loader = epochs(kuat.DataLoader)
+    assert got == expected and expected[0] != expected[1]
+    assert isinstance(loader, kuat.DataLoader) and loader.stats()["batches"] == 6
+
+
 class Stream(torch.utils.data.IterableDataset):
     """40 ints, no length: the end of data is known only by reading one batch ahead."""
 

@@ -77,9 +77,9 @@ def _two_ranks(rank, world_size, tmp):
     # use_seedable_sampler (the HF Trainer's default), seed=None: the order is torch's initial
     # seed's (set alike on every rank, as set_seed does) and the epoch's, as SeedableRandomSampler
     acc = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True))
-    torch.manual_seed(5)
-    ours = acc.prepare(kuat.DataLoader(ds, batch_size=4, shuffle=True))
+    theirs, ours = _both(acc, lambda cls: cls(ds, batch_size=4, shuffle=True), 5)
     out["seedable"] = [_ids(ours) for _ in range(2)]
+    out["seedable_torch"] = [_ids(theirs) for _ in range(2)]
     # even_batches=False (25 samples), split_batches=True; an IterableDataset (22 items):
     # Accelerate's IterableDatasetShard (without dispatching, which kuat does not do)
     for name, config, data in (("uneven", {"even_batches": False}, list(range(25))),
@@ -115,6 +115,8 @@ def test_accelerate_shards_kuat_as_torch_on_two_ranks(tmp_path):
     for r in results:  # resumed from its state: the rest of the epoch, in the same order
         head, rest, resumed = r["resume"]
         assert resumed == rest and len(head) + len(rest) == 3
+    for r in results:  # Accelerate's SeedableRandomSampler replaces kuat's, as torch's
+        assert r["seedable"] == r["seedable_torch"]
     for run in ("seeded", "seedable"):  # the same order on every rank: disjoint shares
         for epoch in range(2):
             _assert_shares([r[run][epoch] for r in results], 24)

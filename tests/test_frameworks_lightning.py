@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from torch.utils.data import DataLoader as TorchLoader
-from torch.utils.data import DistributedSampler, RandomSampler
+from torch.utils.data import DistributedSampler, RandomSampler, SequentialSampler
 
 import kuat
 
@@ -82,8 +82,12 @@ def test_lightning_ddp_gives_torchs_answer(tmp_path):
         # rebuilt kuat loader, as into torch's; unshuffled, the very batches torch's loader gets
         assert runs["torch"][rank]["epochs"] == _injected(rank)
         assert runs["kuat"][rank]["epochs"] == runs["torch"][rank]["epochs"]
-        assert runs["kuat"][rank]["meta"] == {"loader": "DataLoader", "sampler": "DistributedSamplerWrapper",
+        assert runs["kuat"][rank]["meta"] == {"loader": "DataLoader", "sampler": "DistributedSampler",
                                               "kuat_served": True}
+        # shuffle=True, no seed=: kuat's sampler is a RandomSampler, so Lightning injects
+        # DistributedSampler(dataset, shuffle=True) as for torch's: the very same batches
+        assert runs["kuat_shuffled"][rank]["epochs"] == runs["torch"][rank]["epochs"]
+        assert runs["kuat_shuffled"][rank]["meta"]["sampler"] == "DistributedSampler"
         # shuffled with seed=, built in train_dataloader(): the injected wrapper's share of
         # kuat's own (seed, epoch) order, which kuat reads
         assert runs["hook"][rank]["epochs"] == _injected(rank, _kuat_order)
@@ -121,6 +125,10 @@ def test_fabric_ddp_gives_torchs_answer(tmp_path):
         assert runs["fabric_kuat"][rank]["epochs"] == runs["fabric_torch"][rank]["epochs"]
         assert runs["fabric_torch"][rank]["epochs"][0] == _injected(rank, shuffle=False)[0]
         assert runs["fabric_kuat"][rank]["meta"]["kuat_served"]
+        # shuffle=True: Fabric's shuffled DistributedSampler, as for torch's RandomSampler
+        assert runs["fabric_shuffled_kuat"][rank] == {
+            **runs["fabric_shuffled_torch"][rank], "meta": {"sampler": "DistributedSampler", "kuat_served": True}}
+        assert runs["fabric_shuffled_torch"][rank]["epochs"][0] == _injected(rank)[0]
         own = list(range(rank * OWN, (rank + 1) * OWN))
         assert runs["fabric_own_kuat"][rank]["epochs"] == runs["fabric_own_torch"][rank]["epochs"]
         assert [x for b in runs["fabric_own_kuat"][rank]["epochs"][0] for x in b] == own
@@ -151,7 +159,14 @@ def test_lightning_injects_its_sampler_into_kuats_loader_as_into_torchs():
     loader = kuat.DataLoader(list(range(10)), batch_size=2, shuffle=True, seed=0)
     assert isinstance(loader, torch.utils.data.DataLoader)
     assert not isinstance(loader.sampler, DistributedSampler)  # so Lightning injects its own
-    assert not _is_dataloader_shuffled(loader)  # (as for any sampler it does not know)
+    assert not _is_dataloader_shuffled(loader)  # seed=: kuat's order, a sampler it wraps
+    for shuffle, kind in ((True, RandomSampler), (False, SequentialSampler)):
+        # torch's semantics (no seed=): the loader's sampler is torch's kind, so Lightning and
+        # Fabric replace it by DistributedSampler(dataset) exactly as for torch's loader
+        ours, theirs = (cls(list(range(10)), batch_size=2, shuffle=shuffle) for cls in (kuat.DataLoader, TorchLoader))
+        assert isinstance(ours.sampler, kind) and not isinstance(ours.sampler, DistributedSampler)
+        assert _is_dataloader_shuffled(ours) == _is_dataloader_shuffled(theirs) == shuffle
+        assert len(ours.sampler.data_source) == 10 and (not shuffle or not ours.sampler.replacement)
     sharded = kuat.DataLoader(list(range(10)), batch_size=2, shuffle=True, seed=0, rank=0, world_size=2)
     assert isinstance(sharded.sampler, DistributedSampler)  # kuat's own sharding, asked for: kept
 

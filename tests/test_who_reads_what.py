@@ -109,3 +109,27 @@ def test_datapipe_loader_built_before_the_process_group_reads_its_rank_share(mon
     expected = IterableWrapper(range(8)).sharding_filter()
     apply_sharding(expected, 2, 1)
     assert [x for b in loader for x in b.tolist()] == list(expected) == [1, 3, 5, 7]
+
+
+def test_a_sampler_given_under_kuats_sharding_must_take_the_share():
+    """rank=/world_size= shard the loader's own sampler; a user sampler that takes no share
+    would give every rank every index (the rank silently ignored): refused. Samplers that take
+    their share are served as torch's DataLoader serves them."""
+    from torch.utils.data import (BatchSampler, DistributedSampler, RandomSampler,
+                                  SequentialSampler, WeightedRandomSampler)
+
+    ds = list(range(10))
+    refused = [dict(sampler=RandomSampler(ds)), dict(sampler=SequentialSampler(ds)),
+               dict(sampler=WeightedRandomSampler([1.0] * 10, 10)), dict(sampler=[3, 1, 2]),
+               dict(batch_sampler=BatchSampler(RandomSampler(ds), 2, False))]
+    for kw in refused:
+        size = {} if "batch_sampler" in kw else {"batch_size": 2}
+        with pytest.raises(ValueError, match="does not take a rank's share"):
+            kuat.DataLoader(ds, rank=1, world_size=2, **size, **kw)
+    shares = [dict(sampler=DistributedSampler(ds, num_replicas=2, rank=1, shuffle=True, seed=4)),
+              dict(batch_sampler=BatchSampler(DistributedSampler(ds, num_replicas=2, rank=1), 2, False))]
+    for kw in shares:
+        size = {} if "batch_sampler" in kw else {"batch_size": 2}
+        expected = [b.tolist() for b in torch.utils.data.DataLoader(ds, **size, **kw)]
+        assert [b.tolist() for b in kuat.DataLoader(ds, rank=1, world_size=2, **size, **kw)] == expected
+        assert sum(len(b) for b in expected) == 5

@@ -8,7 +8,10 @@ those integers.
 Unsharded (the loader's default, as torch's DataLoader: :mod:`kuat.distributed`), an
 :class:`EpochSampler` gives every index of the epoch; it is not a ``DistributedSampler``, so
 frameworks that inject one when they find none (Lightning, Fabric) inject theirs, as they do for
-torch's loader. Sharded (kuat's own sharding, asked for), a :class:`DistributedEpochSampler`
+torch's loader. With torch's semantics (no ``seed=``) the loader's sampler is also torch's kind
+(:class:`RandomEpochSampler` is a ``RandomSampler``, :class:`SequentialEpochSampler` a
+``SequentialSampler``), so those frameworks replace it by ``DistributedSampler(dataset)``
+exactly as they replace torch's, and every rank reads the samples it would read with torch. Sharded (kuat's own sharding, asked for), a :class:`DistributedEpochSampler`
 follows ``torch.utils.data.DistributedSampler``: all ranks see the same permutation; without
 ``drop_last`` it is padded by wrapping around to a multiple of ``world_size``, with
 ``drop_last`` the tail is dropped; rank ``r`` takes every ``world_size``-th index starting at
@@ -28,9 +31,9 @@ indices as padding. The ranks' batches of a step, concatenated in rank order, ar
 epoch's order, padding only at the end of the last step (``W c - R < W`` positions), so
 truncating that step to ``N % (W B)`` samples is exact.
 
-User samplers: :func:`order_state` / :func:`restore_order` save and restore what the order of a
-torch sampler depends on (its generator, torch's global RNG, its epoch, or its own
-``state_dict``), so that a loader resumed mid-epoch replays exactly the same order.
+User samplers: :mod:`kuat._sampler_order` saves and restores what the order of a torch sampler
+depends on (its generator, torch's global RNG, its epoch, or its own ``state_dict``), so that a
+loader resumed mid-epoch replays exactly the same order.
 
 Thread-safety: :class:`EpochSampler` is read-only after construction except for
 :meth:`EpochSampler.set_epoch` and the loader's :meth:`EpochSampler.set_distributed` at epoch
@@ -42,17 +45,13 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Iterator, Sized
-from typing import Any
 
 import torch
 from torch.utils.data import (
-    BatchSampler,
     DistributedSampler,
     RandomSampler,
     Sampler,
     SequentialSampler,
-    SubsetRandomSampler,
-    WeightedRandomSampler,
 )
 
 from kuat.rng import SALT_SHUFFLE, derive_seed
@@ -68,12 +67,9 @@ __all__ = [
     "split_padding",
     "shuffle_seed",
     "batches_of",
-    "describe_sampler",
-    "distributed_hook",
-    "epoch_hook",
-    "order_state",
-    "restore_order",
-    "sampler_generator",
+    "RandomEpochSampler",
+    "SequentialEpochSampler",
+    "default_sampler",
 ]
 
 _REQUESTS = itertools.count(1)  # orders set_epoch calls on loaders and samplers (latest wins)
@@ -331,6 +327,48 @@ class DistributedEpochSampler(EpochSampler, DistributedSampler):
     none, leave this one in place rather than sharding a second time."""
 
 
+class RandomEpochSampler(EpochSampler, RandomSampler):
+    """The loader's own sampler for ``shuffle=True`` with ``seed=None``, unsharded: it shuffles
+    as torch's ``RandomSampler`` (a seed drawn from torch's default generator each epoch) and
+    *is* one (``replacement=False``), so frameworks that recognise torch's samplers treat the
+    loader exactly as torch's: Lightning injects ``DistributedSampler(dataset, shuffle=True)``
+    (not a wrapper around this order), Accelerate's ``use_seedable_sampler`` replaces it with
+    its ``SeedableRandomSampler``. With ``seed=`` the order is kuat's ``(seed, epoch)`` and the
+    sampler a plain :class:`EpochSampler`, which frameworks wrap instead."""
+
+    @property
+    def data_source(self) -> Sized:
+        return self.dataset if self.dataset is not None else range(self._n)
+
+    replacement = False
+    _num_samples = None  # RandomSampler's: "all of the data source"
+
+
+class SequentialEpochSampler(EpochSampler, SequentialSampler):
+    """The loader's own sampler for ``shuffle=False``, unsharded: every index in order, and a
+    ``torch.utils.data.SequentialSampler`` (frameworks treat it as torch's)."""
+
+    @property
+    def data_source(self) -> Sized:
+        return self.dataset if self.dataset is not None else range(self._n)
+
+
+def default_sampler(num_samples: int | Sized, *, sharded: bool, shuffle: bool, seed: int | None,
+                seed_given: bool, **kwargs) -> EpochSampler:
+    """The sampler a loader builds when given none: a :class:`DistributedEpochSampler` under
+    kuat's sharding; unsharded, a :class:`SequentialEpochSampler` (``shuffle=False``), a
+    :class:`RandomEpochSampler` (``shuffle=True`` with ``seed_given=False``: torch's semantics)
+    or an :class:`EpochSampler` (``shuffle=True`` with a seed given: kuat's order).
+    ``kwargs`` are :class:`EpochSampler`'s."""
+    if sharded:
+        kind = DistributedEpochSampler
+    elif not shuffle:
+        kind = SequentialEpochSampler
+    else:
+        kind = EpochSampler if seed_given else RandomEpochSampler
+    return kind(num_samples, shuffle=shuffle, seed=seed, **kwargs)
+
+
 def _exact_count(n: int, world_size: int, batch_size: int) -> int:
     """Indices per rank in exact mode: ``K B + ceil(R / W)`` (module docstring)."""
     full, rest = divmod(n, world_size * batch_size)
@@ -369,113 +407,3 @@ def batches_of(indices: list[int], batch_size: int, drop_last: bool) -> list[lis
     """Split ``indices`` into consecutive batches of ``batch_size`` (the last may be shorter)."""
     stop = len(indices) - len(indices) % batch_size if drop_last else len(indices)
     return [indices[i : i + batch_size] for i in range(0, stop, batch_size)]
-
-
-# --- user samplers: what their order depends on ---------------------------------------------------
-# torch's samplers that draw from torch's global generator when their ``generator`` is None.
-_GLOBAL_RNG_SAMPLERS = (RandomSampler, SubsetRandomSampler, WeightedRandomSampler)
-
-
-def _inner(sampler):
-    """The index sampler inside a batch sampler (torch's BatchSampler keeps it as ``.sampler``)."""
-    if isinstance(sampler, BatchSampler) and not hasattr(sampler, "state_dict"):
-        return sampler.sampler
-    return sampler
-
-
-def epoch_hook(*samplers):
-    """The first ``kuat_set_epoch(epoch)`` hook of ``samplers`` (the one sampler hook kuat's
-    loader calls, before each epoch: ``kuat.TokenBudgetBatchSampler``,
-    ``kuat.ShardShuffleSampler``), or ``None``. Give the batch sampler, then the sampler."""
-    for s in samplers:
-        hook = getattr(s, "kuat_set_epoch", None)
-        if callable(hook):
-            return hook
-    return None
-
-
-def distributed_hook(batch_sampler):
-    """A batch sampler's ``kuat_set_distributed(rank, world_size)`` hook
-    (``kuat.TokenBudgetBatchSampler``), which a sharded loader calls at each epoch start, or
-    ``None``."""
-    hook = getattr(batch_sampler, "kuat_set_distributed", None)
-    return hook if callable(hook) else None
-
-
-def describe_sampler(sampler) -> str:
-    """``"BatchSampler(MySampler)"``: a sampler's type, with the one inside a batch sampler."""
-    inner = _inner(sampler)
-    if inner is sampler:
-        return type(sampler).__name__
-    return f"{type(sampler).__name__}({type(inner).__name__})"
-
-
-def sampler_generator(sampler) -> torch.Generator | None:
-    """The ``torch.Generator`` a sampler (or the sampler inside a batch sampler) draws from."""
-    gen = getattr(_inner(sampler), "generator", None)
-    return gen if isinstance(gen, torch.Generator) else None
-
-
-def order_state(sampler) -> dict[str, Any] | None:
-    """What the next ``iter(sampler)`` depends on, taken just before it starts; ``None`` if unknown.
-
-    ``sampler`` is a user sampler or batch sampler. Kinds, in order of preference:
-
-    * ``{"state_dict": ...}``: the sampler's own ``state_dict()`` (torchdata's stateful samplers);
-    * ``{"generator": ByteTensor}``: the state of its ``generator`` attribute;
-    * ``{"global_rng": ByteTensor}``: torch's default CPU generator, which torch's RandomSampler,
-      SubsetRandomSampler and WeightedRandomSampler draw their seed from without a generator;
-    * ``{"epoch": int}``: a ``DistributedSampler``'s epoch (its order is ``(seed, epoch)``);
-    * ``{}``: a ``SequentialSampler`` (or a batch sampler over one), or a sampler whose order the
-      loader sets through ``kuat_set_epoch(epoch)`` (``kuat.TokenBudgetBatchSampler``): nothing
-      to save.
-
-    The generator states are copies (``torch.Generator.get_state``), a few KiB.
-    """
-    s = _inner(sampler)
-    if callable(getattr(s, "state_dict", None)) and callable(getattr(s, "load_state_dict", None)):
-        return {"state_dict": s.state_dict()}
-    if epoch_hook(sampler, s) is not None:
-        return {}  # its order is (seed, epoch), and the loader sets the epoch
-    gen = getattr(s, "generator", None)
-    if isinstance(gen, torch.Generator):
-        return {"generator": gen.get_state()}
-    if isinstance(s, _GLOBAL_RNG_SAMPLERS):
-        return {"global_rng": torch.get_rng_state()}
-    if isinstance(s, DistributedSampler):
-        return {"epoch": int(s.epoch)}
-    if isinstance(s, SequentialSampler) or type(s) in (range, list, tuple):
-        return {}
-    return None
-
-
-def restore_order(sampler, state: dict[str, Any]) -> Iterator:
-    """``iter(sampler)`` giving the order recorded by :func:`order_state` (same sampler type).
-
-    With ``"global_rng"`` the first element is drawn under the saved global generator state and
-    the caller's state is restored afterwards (so the training loop's own randomness is not
-    touched). Raises ``ValueError`` when ``state`` does not fit ``sampler``.
-    """
-    s = _inner(sampler)
-    if "state_dict" in state:
-        s.load_state_dict(state["state_dict"])
-    elif "generator" in state:
-        gen = getattr(s, "generator", None)
-        if not isinstance(gen, torch.Generator):
-            raise ValueError(
-                f"the saved loader state holds the generator state of a sampler, but "
-                f"{type(s).__name__} has no generator"
-            )
-        gen.set_state(state["generator"])
-    elif "epoch" in state:
-        s.set_epoch(state["epoch"])
-    elif "global_rng" in state:
-        caller = torch.get_rng_state()
-        torch.set_rng_state(state["global_rng"])
-        try:
-            it = iter(sampler)
-            first = list(itertools.islice(it, 1))  # the sampler draws its seed at its first element
-        finally:
-            torch.set_rng_state(caller)
-        return itertools.chain(first, it)
-    return iter(sampler)

@@ -22,11 +22,12 @@ loader, with Accelerate's own objects, and a kuat loader back.
   ``use_seedable_sampler``, a generator for the sampler, synchronised from process 0 at each
   epoch's start. The kuat loader is then rebuilt with the same arguments and Accelerate's
   batch sampler or dataset, so kuat's engine reads exactly the batches Accelerate's
-  ``DataLoaderShard`` would. On one process Accelerate changes nothing and ``prepare`` returns
-  the loader itself. kuat's own sampler follows torch's ``RandomSampler`` there: with ``seed=``
-  its order is ``(seed, epoch)`` on every rank (no generator is added); with ``seed=None`` it
-  draws from the generator Accelerate synchronises (or, with ``use_seedable_sampler``, from
-  ``data_seed``, else ``torch.initial_seed()``, and the epoch, as ``SeedableRandomSampler``).
+  ``DataLoaderShard`` would. On one process Accelerate changes nothing (but the sampler, with
+  ``use_seedable_sampler``) and ``prepare`` returns the loader itself. kuat's own sampler with
+  ``shuffle=True`` and ``seed=None`` *is* a ``RandomSampler`` (:class:`kuat.sampling.RandomEpochSampler`),
+  so Accelerate treats it as torch's: it draws from the generator Accelerate synchronises, or
+  is replaced by ``SeedableRandomSampler``; with ``seed=`` its order is ``(seed, epoch)`` on every
+  rank (no generator is added).
   A loader sharded by kuat itself (``rank=``/``world_size=``, ``mesh=``, ``shard=True``) keeps
   its share and is not sharded again (``split_batches=True`` then raises ``ValueError``).
   ``dispatch_batches=True`` raises ``ValueError``: each rank reads its own batches.
@@ -159,6 +160,8 @@ class ShardedBatchSampler(_BatchSamplerShard):
 
     @classmethod
     def of(cls, shard, rng_types, generator) -> ShardedBatchSampler:
+        if not isinstance(shard, _BatchSamplerShard):  # one process: the batch sampler itself
+            shard = _BatchSamplerShard(shard, num_processes=1, process_index=0)
         sharded = cls.__new__(cls)
         sharded.__dict__.update(shard.__dict__)
         sharded.rng_types = list(rng_types) if rng_types else None
@@ -258,18 +261,16 @@ def _shard(dataloader, num_processes, process_index, split_batches, rng_types, e
                         f"{type(shard).__name__}, not the DataLoaderShard kuat rebuilds from")
     total = DataLoaderShard.total_batch_size.fget
     iterable = isinstance(shard.dataset, IterableDataset)
-    if shard.dataset is dataloader.dataset and (iterable or _index_batches(shard) is _index_batches(dataloader)):
+    # use_seedable_sampler: Accelerate puts its SeedableRandomSampler in place of a RandomSampler
+    # (kuat's own with shuffle=True and no seed= is one), into the loader's own batch sampler
+    replaced = not iterable and get_sampler(shard) is not inner
+    if shard.dataset is dataloader.dataset and not replaced and (
+            iterable or _index_batches(shard) is _index_batches(dataloader)):
         return dataloader, total  # one process: Accelerate changes nothing
     generator = shard.synchronized_generator
     if own and not had_generator and not dataloader._options.seed_was_none:
         # kuat's own sampler with seed=: the order is (seed, epoch) on every rank already
         inner.generator = generator = None
-    if own and inner.shuffle and inner.generator is None and dataloader._options.seed_was_none:
-        # use_seedable_sampler (no generator added): as SeedableRandomSampler, the order is
-        # the data seed's (else torch's initial seed) and the epoch's, not a seed this rank
-        # drew (if the loader ran an epoch already)
-        seed = kwargs.get("data_seed")
-        inner.seed = int(seed if seed is not None else torch.random.initial_seed())
     rng = [t for t in (shard.rng_types or ()) if generator is not None or t != "generator"]
     if iterable:
         rebuilt = _rebuild(dataloader, dataset=shard.dataset, batch_size=shard.batch_size,

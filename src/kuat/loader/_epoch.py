@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from kuat import distributed
+from kuat._sampler_order import distributed_hook, epoch_hook, order_state, restore_order
 from kuat.engine.base import ResumeAt, Seeded, WorkerResume
 from kuat.engine.inline import InlineEngine
 from kuat.engine.thread import ThreadEngine
@@ -39,7 +40,7 @@ from kuat.loader._plan import EpochPlan, LoaderEvents
 from kuat.loader._state import KeysDone, Pending, Position, WorkerStates, persists, skip_done
 from kuat.loader._workers import Lease
 from kuat.rng import epoch_context, worker_base_seed
-from kuat.sampling import EpochSampler, distributed_hook, epoch_hook, order_state, restore_order
+from kuat.sampling import EpochSampler
 from kuat.sources import protocol as _protocol
 from kuat.sources.stream import Stream
 

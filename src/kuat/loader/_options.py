@@ -297,6 +297,8 @@ def check_equal_steps(opts: LoaderOptions, traits: SourceTraits, source, *, samp
                    "gather_for_metrics would not truncate it; use in_order=True")
         if why is not None:
             raise ValueError(f"exact_eval=True serves every sample exactly once: {why}")
+    if opts.sharding.sharded and not traits.iterable:
+        _check_sampler_takes_a_share(sampler, batch_sampler)
     if not opts.sharding.sharded or not traits.iterable:
         return
     how = "kuat's sharding (rank=/world_size=, mesh=, shard=True)"
@@ -317,6 +319,30 @@ def check_equal_steps(opts: LoaderOptions, traits: SourceTraits, source, *, samp
             f"{how} over an IterableDataset ({name}) with on_error='skip': a skipped sample "
             "changes how many batches this rank yields (a failing generator ends), and a "
             "rank a step short hangs the others' collectives; use on_error='raise'")
+
+
+def _takes_a_share(s) -> bool:
+    """A sampler that decides its rank's share itself: a ``DistributedSampler``, one with a rank
+    and a number of ranks (``kuat.ShardShuffleSampler``), or one the loader gives its share to
+    (``kuat_set_distributed``: ``kuat.TokenBudgetBatchSampler``)."""
+    return (isinstance(s, torch.utils.data.DistributedSampler)
+            or callable(getattr(s, "kuat_set_distributed", None))
+            or (hasattr(s, "rank") and (hasattr(s, "num_replicas") or hasattr(s, "world_size"))))
+
+
+def _check_sampler_takes_a_share(sampler, batch_sampler) -> None:
+    """Under kuat's sharding, a user's sampler (or batch sampler, or the sampler inside it)
+    must take this rank's share; one that does not would give every rank every sample, the
+    rank silently ignored. ``ValueError`` naming it."""
+    given = batch_sampler if batch_sampler is not None else sampler
+    if given is None or any(_takes_a_share(s) for s in (given, getattr(given, "sampler", None))):
+        return
+    raise ValueError(
+        f"kuat's sharding (rank=/world_size=, mesh=, shard=True) shards the loader's own "
+        f"sampler, but a {type(given).__name__} was given, which does not take a rank's share: "
+        "every rank would read all of its indices. Give a sampler that shards, e.g. "
+        "torch.utils.data.DistributedSampler(dataset, num_replicas=world_size, rank=rank) (or a "
+        "batch sampler over one), or leave the sampler out (shuffle=, seed=) for kuat's own")
 
 
 def resolve_pin(pin_memory: bool, pin_memory_device: str, device: torch.device | None) -> bool:

@@ -27,8 +27,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from kuat._sampler_order import describe_sampler, order_state, sampler_generator
 from kuat.loader._elastic import layout, resume_offset, same_stride, samples_consumed, stride
-from kuat.sampling import describe_sampler, order_state, sampler_generator
 from kuat.sources import protocol as _protocol
 
 __all__ = ["Position", "KeysDone", "skip_done", "WorkerStates", "Pending", "SourceAt", "LoaderState", "STATE_VERSION",

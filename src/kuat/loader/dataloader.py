@@ -43,7 +43,7 @@ from kuat.loader import _auto, _epoch, _notices, _options, _state
 from kuat.loader._iterator import LoaderIter
 from kuat.loader._stats import LoaderStats
 from kuat.loader._workers import WorkerPool
-from kuat.sampling import DistributedEpochSampler, EpochSampler, InfiniteSampler, next_request
+from kuat.sampling import EpochSampler, InfiniteSampler, default_sampler, next_request
 
 __all__ = ["DataLoader"]
 
@@ -234,11 +234,10 @@ class DataLoader(_TorchDataLoader[_T_co]):  # generic as torch's: kuat.DataLoade
                     source.kuat_set_batching(batch_size, drop_last)
             elif batch_sampler is None:
                 r, ws = opts.sharding.resolve()
-                kind = DistributedEpochSampler if opts.sharding.sharded else EpochSampler
-                sampler = kind(
-                    source, shuffle=shuffle, seed=self.seed, rank=r,
-                    world_size=ws, drop_last=drop_last, generator=generator,
-                    exact=opts.exact_eval, batch_size=batch_size)
+                sampler = default_sampler(
+                    source, sharded=opts.sharding.sharded, shuffle=shuffle, seed=self.seed,
+                    seed_given=not opts.seed_was_none, rank=r, world_size=ws, drop_last=drop_last,
+                    generator=generator, exact=opts.exact_eval, batch_size=batch_size)
             else:
                 sampler = SequentialSampler(source)
         if batch_size is not None and batch_sampler is None:
@@ -372,7 +371,7 @@ class DataLoader(_TorchDataLoader[_T_co]):  # generic as torch's: kuat.DataLoade
         has ``kuat_state_at()`` (iterable sources) or ``state_dict()``; ``generator`` (a
         ``torch.uint8`` state tensor of ``generator=`` as it was when the epoch started, as
         torchdata's ``StatefulDataLoader`` saves it); for a user ``sampler``/``batch_sampler``,
-        ``sampler``: what its order depends on (:func:`kuat.sampling.order_state`), or
+        ``sampler``: what its order depends on (:func:`kuat._sampler_order.order_state`), or
         ``None`` when kuat cannot tell. Taken mid-epoch it resumes after the last batch
         yielded; at the end of an epoch it points at the start of the next one. Costs a few
         microseconds (plus a generator state copy, a few KiB, and the source's own cost).
