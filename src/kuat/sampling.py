@@ -62,6 +62,7 @@ __all__ = [
     "EpochSampler",
     "InfiniteSampler",
     "PaddingIndex",
+    "exact_count",
     "exact_share",
     "flag_padding",
     "split_padding",
@@ -240,7 +241,7 @@ class EpochSampler(Sampler[int]):
         if self.num_replicas == 1:
             return n
         if self.exact:
-            return _exact_count(n, self.num_replicas, self.exact_batch_size)
+            return exact_count(n, self.num_replicas, self.exact_batch_size)
         if self.drop_last:
             return n // self.num_replicas
         return math.ceil(n / self.num_replicas)
@@ -369,7 +370,7 @@ def default_sampler(num_samples: int | Sized, *, sharded: bool, shuffle: bool, s
     return kind(num_samples, shuffle=shuffle, seed=seed, **kwargs)
 
 
-def _exact_count(n: int, world_size: int, batch_size: int) -> int:
+def exact_count(n: int, world_size: int, batch_size: int) -> int:
     """Indices per rank in exact mode: ``K B + ceil(R / W)`` (module docstring)."""
     full, rest = divmod(n, world_size * batch_size)
     return full * batch_size + -(-rest // world_size)
@@ -378,7 +379,7 @@ def _exact_count(n: int, world_size: int, batch_size: int) -> int:
 def exact_share(order: list[int], rank: int, world_size: int, batch_size: int,
                 skip: int = 0) -> list[int]:
     """Rank ``rank``'s indices of the epoch ``order`` in exact mode (the block layout of the
-    module docstring): ``_exact_count`` of them, padding positions as :class:`PaddingIndex`.
+    module docstring): ``exact_count`` of them, padding positions as :class:`PaddingIndex`.
     ``skip``: lay out ``order[skip:]``, padded from ``order``'s start (elastic resume)."""
     whole, order = order, order[skip:]
     n, b = len(order), batch_size

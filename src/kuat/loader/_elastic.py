@@ -33,7 +33,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from kuat import distributed
-from kuat.sampling import EpochSampler, _exact_count, exact_share
+from kuat.sampling import EpochSampler, exact_count, exact_share
 
 __all__ = ["layout", "samples_consumed", "resume_offset", "same_stride", "stride", "stream_starts",
            "start_stream", "rest_size", "rest_of", "rest_indices", "rest_iter"]
@@ -46,7 +46,7 @@ def rest_size(sampler: EpochSampler, start: int) -> int:
     if world == 1:
         return left
     if sampler.exact:
-        return _exact_count(left, world, sampler.exact_batch_size)
+        return exact_count(left, world, sampler.exact_batch_size)
     return left // world if sampler.drop_last else -(-left // world)
 
 
