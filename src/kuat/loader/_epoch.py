@@ -312,13 +312,17 @@ def _state_names_draws(loader, pending) -> bool:
 
 
 def _worker_states(loader, previous, pending, skip):
-    """``(states, first worker, restore)`` of a torch IterableDataset's epoch: the workers'
+    """``(states, first worker, restore)`` of an epoch: a torch IterableDataset's workers'
     own dataset states it starts from (``None`` for other sources), the worker its first
     batch comes from (the one after the last batch served, when resumed mid-epoch), and
     whether the workers must load them (a ``load_state_dict``; persistent copies that carry
     their state over from the last epoch need not)."""
     if not loader._job.worker_state:
-        return None, 0, False
+        # map-style, resumed from a loaded state: the round-robin goes on where it was (batch
+        # k to worker k % W, as torchdata's resume advances its worker cycle), so data that
+        # depends on the worker (get_worker_info(), the worker's generators) is the same
+        loaded = pending is not None and pending.loaded is not None
+        return None, (skip % loader.num_workers if loaded and loader.num_workers else 0), False
     workers = pending.workers if pending is not None else None
     loaded = pending is not None and pending.loaded is not None
     if workers is None and not loaded and previous is not None and previous.exhausted:
