@@ -237,19 +237,21 @@ class BatchGenerators(Sequence):
     Thread-safety: owned by the thread fetching the batch, like the samples' generators.
     """
 
-    __slots__ = ("seeds", "pcg_words", "_gens", "_drawn")
+    __slots__ = ("seeds", "pcg_words", "_gens", "_drawn", "_made")
 
     def __init__(self, indices):
         self.seeds, self.pcg_words = _batch_words(indices)
         self.pcg_words.flags.writeable = False
         self._gens: list[np.random.Generator | None] = [None] * len(self.seeds)
         self._drawn: np.ndarray | None = None  # (B,) int64, see _drew
+        self._made = False  # a generator was made (a stream may have been drawn from)
 
     @property
     def _fresh(self) -> bool:
         """Whether every stream is still at its start (no generator made, nothing drawn):
-        what a planner reading ``pcg_words`` instead of the generators needs."""
-        return self._drawn is None and all(g is None for g in self._gens)
+        what a planner reading ``pcg_words`` instead of the generators needs. O(1): read
+        once per batch, with the GIL held."""
+        return self._drawn is None and not self._made
 
     def _drew(self, draws: np.ndarray) -> None:
         """``draws[j]`` doubles were drawn from sample j's stream without its generator (the C
@@ -265,6 +267,7 @@ class BatchGenerators(Sequence):
             return [self[k] for k in range(*j.indices(len(self)))]
         g = self._gens[j]
         if g is None:
+            self._made = True
             g = self._gens[j] = SampleRNG(int(self.seeds[j]), self.pcg_words[j]).numpy
             if self._drawn is not None and self._drawn[j]:
                 g.bit_generator.advance(int(self._drawn[j]))  # one step per double

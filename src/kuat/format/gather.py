@@ -36,7 +36,8 @@ class ImageBatch(NamedTuple):
     Attributes:
         data: B zero-copy ``memoryview`` s of the encoded bytes (read-only, valid while held).
         width, height: ``(B,)`` int32, pixels after EXIF orientation.
-        codec: B lower-case codec names (``"jpeg"``, ``"png"``, ...).
+        codec: B lower-case codec names (``"jpeg"``, ``"png"``, ...); ``None`` for a field
+            whose reader decodes the bytes itself (``Store.gather``'s ``self_advised``).
     """
 
     data: list
@@ -48,7 +49,8 @@ class ImageBatch(NamedTuple):
 def gather_column(name: str, ftype: FieldType, groups: list, b: int, advise: bool = True) -> object:
     """Field ``name``'s column for the ``b`` rows of ``groups`` (``Store._groups``' list of
     ``(shard, positions or None, local rows)``), in batch order, as ``read_batch`` returns it.
-    ``advise=False``: an image field's rows are not advised (their reader does it)."""
+    ``advise=False``: an image field's rows are not advised (their reader does it, from the
+    bytes alone: its codec names are not made either, ``codec=None``)."""
     if ftype.kind == "image":
         return _images(name, ftype, groups, b, advise)
     return _GATHER[ftype.kind](name, ftype, groups, b)
@@ -73,20 +75,30 @@ def _fixed(name: str, ftype: FieldType, groups: list, b: int) -> np.ndarray:
 
 
 def _images(name: str, ftype: FieldType, groups: list, b: int, advise: bool = True) -> ImageBatch:
-    data, codec = [None] * b, [None] * b
     width, height = np.empty(b, np.int32), np.empty(b, np.int32)
+    if not advise and len(groups) == 1:  # one shard, read by a batch decoder: B views only
+        shard, _, rows = groups[0]
+        col = shard.columns[name]
+        starts, ends = col.bytes.spans(rows)
+        mv = col.bytes.mv
+        np.take(col.width, rows, out=width, mode="clip")
+        np.take(col.height, rows, out=height, mode="clip")
+        return ImageBatch([mv[s:e] for s, e in zip(starts, ends)], width, height, None)
+    data = [None] * b
+    codec = [None] * b if advise else None
     for shard, pos, rows in groups:
         col = shard.columns[name]
         p = range(b) if pos is None else pos
         starts, ends = col.bytes.spans(rows)
+        mv = col.bytes.mv
         if advise:  # read the rows' pages now, all at once
             col.bytes.will_need(starts, ends)
-        mv = col.bytes.mv
-        cs, ce = col.codec.spans(rows)
-        cdata = col.codec.data
-        for j, s, e, s2, e2 in zip(p, starts, ends, cs, ce):
+            cs, ce = col.codec.spans(rows)
+            cdata = col.codec.data
+            for j, s2, e2 in zip(p, cs, ce):
+                codec[j] = cdata[s2:e2].tobytes().decode()
+        for j, s, e in zip(p, starts, ends):
             data[j] = mv[s:e]
-            codec[j] = cdata[s2:e2].tobytes().decode()
         if pos is None:
             np.take(col.width, rows, out=width, mode="clip")
             np.take(col.height, rows, out=height, mode="clip")

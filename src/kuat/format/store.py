@@ -220,9 +220,16 @@ class Store:
         arr = None
         if type(indices) is list:  # what batch samplers give: Python ints (floats refused)
             try:
-                arr = np.frombuffer(array.array("q", indices), np.int64)  # (B,) read-only
+                packed = array.array("q", indices)
             except (TypeError, OverflowError):
-                arr = None
+                packed = None
+            # the usual case, once per batch with the GIL held: no NumPy call but the view
+            # (array.array holds int64s; the builtins check the range without NumPy's
+            # dispatch, which costs tens of us after a batch decode has evicted the caches)
+            if packed and min(packed) >= 0 and max(packed) < self.num_rows:
+                return np.frombuffer(packed, np.int64)  # (B,) read-only
+            if packed is not None:
+                arr = np.frombuffer(packed, np.int64)
         if arr is None:
             if hasattr(indices, "detach"):  # torch.Tensor
                 indices = indices.detach().cpu().numpy()
@@ -279,7 +286,8 @@ class Store:
         """Shard id per row ``(B,)`` int64 and column-wise values of rows ``idx`` (checked
         ``(B,)`` int64 from :meth:`indices`), as :meth:`read_batch` returns them.
         ``self_advised``: image fields whose reader asks the kernel for the rows' pages itself
-        (``kuat.vision.Compose``'s batch decode, without the GIL): not advised here."""
+        (``kuat.vision.Compose``'s batch decode, without the GIL): not advised here, and
+        their ``ImageBatch.codec`` is ``None`` (that reader reads the bytes alone)."""
         sid, groups = self._groups(idx)
         b = len(idx)
         out = {name: gather_column(name, self.schema[name].type, groups, b,

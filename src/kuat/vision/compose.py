@@ -98,6 +98,11 @@ def _decode_resize_split(jobs: list[tuple], out: np.ndarray) -> list[tuple[int, 
     return [(lo + k, reason) for (lo, _), failed in zip(ranges, parts) for k, reason in failed]
 
 
+def _at(seq, j):
+    """``seq[j]``, or ``None`` when ``seq`` is (an optional ``indices`` / ``sources``)."""
+    return None if seq is None else seq[j]
+
+
 class Compose(Transform):
     """A chain of kuat transforms, fused into the decode on kuat datasets.
 
@@ -266,8 +271,7 @@ class Compose(Transform):
                 f"out must be ({n}, 3, H, W) uint8 with (H, W) = output_size() = {size}, "
                 f"got {out.shape} {out.dtype}"
             )
-        indices = list(indices) if indices is not None else [None] * n
-        sources = list(sources) if sources is not None else [None] * n
+        # (indices and sources are read only for a sample the per-image path takes: no copy)
         batched = roi_batch_available() and not self.exact_resize and out.flags.c_contiguous
         draws = np.zeros(n, np.int64)  # (B,): the doubles the C planner drew per sample
         c_args = self._c_plan_args(widths, heights, rngs) if batched else None
@@ -281,9 +285,8 @@ class Compose(Transform):
             width, height = int(widths[j]), int(heights[j])
             if plan is None:
                 plan = self.plan(width, height, rngs[j])  # a fresh generator: the same draws
-            self._apply_planned(
-                datas[j], width, height, plan, rngs[j], out[j], indices[j], sources[j]
-            )
+            self._apply_planned(datas[j], width, height, plan, rngs[j], out[j],
+                                _at(indices, j), _at(sources, j))
         return out
 
     def _plan_decode_in_c(self, datas, c_args, out, draws, indices) -> list | None:
@@ -297,7 +300,7 @@ class Compose(Transform):
         unplanned, failed = done
         later = [(j, None) for j in unplanned]
         for j, reason in failed:
-            logger.debug("batch decode skipped sample %s: %s", indices[j], reason)
+            logger.debug("batch decode skipped sample %s: %s", _at(indices, j), reason)
             later.append((j, None))
             draws[j] = 0  # planned again on the per-image path, from a fresh generator
         # the C-planned samples' generators continue after the plan's draws, as a list of
@@ -338,7 +341,8 @@ class Compose(Transform):
                     job_samples.append((j, plan))
         if jobs:
             for k, reason in _decode_resize_split(jobs, out):
-                logger.debug("batch decode skipped sample %s: %s", indices[job_samples[k][0]], reason)
+                logger.debug("batch decode skipped sample %s: %s",
+                             _at(indices, job_samples[k][0]), reason)
                 later.append(job_samples[k])
                 draws[job_samples[k][0]] = 0  # planned again below, from a fresh generator
         if planned is not None:
@@ -359,7 +363,7 @@ class Compose(Transform):
         if self._c_plan is None or words is None or roi_function("plan_rrc") is None or not fresh:
             return None
         widths = np.ascontiguousarray(widths, np.int64)  # (B,): the planners read the buffer
-        heights = np.ascontiguousarray(heights, np.int64)
+        heights = np.ascontiguousarray(heights, np.int64)  # (an int32 column: one copy)
         if len(widths) and (widths.min() <= 0 or heights.min() <= 0):
             return None
         rrc, flips = self._c_plan
