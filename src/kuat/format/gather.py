@@ -22,7 +22,7 @@ import numpy as np
 
 from kuat.format.schema import FieldType
 
-__all__ = ["ImageBatch", "gather_column", "gather_flat"]
+__all__ = ["ImageBatch", "gather_column", "gather_flat", "native", "use_native"]
 
 # Binary/sequence/string rows are advised to the kernel (madvise WILLNEED) only when a batch's
 # rows average at least this: 16 pages, where the ~3.5 us system call per row is small beside
@@ -44,6 +44,45 @@ class ImageBatch(NamedTuple):
     width: np.ndarray
     height: np.ndarray
     codec: list
+
+
+# (take_rows, image_rows) of kuat.vision._roijpeg, registered when the ROI decoder loads
+# (kuat.vision.decode, as kuat.rng.use_native_words): scalar, bool, tensor and self-advised
+# image columns of a batch gathered across shards in one C call each, no per-row Python
+_native: tuple | None = None
+
+
+def use_native(take_rows, image_rows) -> None:
+    """Gather fixed-size and self-advised image columns with these C functions (``_roijpeg.c``
+    ``take_rows`` and ``image_rows``: the same values as the Python gather; tests compare).
+    Not for users."""
+    global _native
+    _native = (take_rows, image_rows)
+
+
+def native() -> tuple | None:
+    """``(take_rows, image_rows)`` when registered (:func:`use_native`), else ``None``."""
+    return _native
+
+
+def native_fixed(take_rows, table: list, ftype: FieldType, sid: np.ndarray,
+                 local: np.ndarray) -> np.ndarray | None:
+    """A fixed-size field's ``(B, *shape)`` column, rows ``local`` of shards ``sid`` (``(B,)``
+    int64 each), gathered by ``take_rows`` from ``table`` (per shard its column's values, or
+    None while unmapped); ``None`` when a shard of the batch is not mapped (the caller gathers
+    by shard groups, which maps it)."""
+    dt = ftype.np_dtype if ftype.kind != "bool" else np.dtype(bool)
+    res = np.empty((len(sid), *(ftype.shape or ())), dt)  # (B, *shape)
+    return res if take_rows(table, sid, local, res) < 0 else None
+
+
+def native_images(image_rows, table: list, sid: np.ndarray, local: np.ndarray) -> ImageBatch | None:
+    """A self-advised image field's :class:`ImageBatch` (``codec=None``), as
+    :func:`native_fixed` (``table``: per shard ``(bytes view, offsets, width, height)``)."""
+    b = len(sid)
+    width, height = np.empty(b, np.int32), np.empty(b, np.int32)
+    views = image_rows(table, sid, local, width, height)
+    return None if type(views) is int else ImageBatch(views, width, height, None)
 
 
 def gather_column(name: str, ftype: FieldType, groups: list, b: int, advise: bool = True) -> object:

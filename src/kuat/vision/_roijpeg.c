@@ -1743,6 +1743,181 @@ done:
 #endif
 }
 
+/* take_rows(columns, sid, local, out) -> -1 or k
+ *   columns  list of S entries, one per shard: a C-contiguous buffer holding that shard's
+ *            column (rows of itemsize bytes, end to end), or None (shard not mapped yet)
+ *   sid, local  (B,) int64: each row's shard and its row within that shard
+ *   out      writable C-contiguous buffer of B * itemsize bytes
+ * Copies row local[j] of columns[sid[j]] to row j of out, for every j: a fixed-size field
+ * (scalar, bool, tensor) gathered across shards in one call, no per-row or per-shard Python.
+ * Returns -1 when done, else the first shard k whose entry is None (rows from the first row
+ * of that shard on are not written: the caller maps shard k and calls again). ValueError: a
+ * shard id or row out of range, or sizes that do not fit. Holds the GIL (a memcpy per row). */
+static PyObject *take_rows(PyObject *self, PyObject *args) {
+    PyObject *cols;
+    Py_buffer sidb, locb, out, cur;
+    if (!PyArg_ParseTuple(args, "O!y*y*w*", &PyList_Type, &cols, &sidb, &locb, &out))
+        return NULL;
+    PyObject *result = NULL;
+    int have = 0;
+    long long cur_k = -1, missing = -1;
+    Py_ssize_t b = sidb.len / 8, n_shards = PyList_GET_SIZE(cols);
+    if (sidb.len % 8 || locb.len != sidb.len || (b > 0 && out.len % b) || (b == 0 && out.len)) {
+        PyErr_Format(PyExc_ValueError,
+                     "take_rows: want (B,) int64 sid and local and an out of B rows, got %zd, "
+                     "%zd and %zd bytes", sidb.len, locb.len, out.len);
+        goto done;
+    }
+    const size_t itemsize = b > 0 ? (size_t)(out.len / b) : 0;
+    const int64_t *sid = (const int64_t *)sidb.buf, *loc = (const int64_t *)locb.buf;
+    for (Py_ssize_t j = 0; j < b; j++) {
+        long long k = sid[j], r = loc[j];
+        if (k != cur_k) {
+            if (k < 0 || k >= n_shards) {
+                PyErr_Format(PyExc_ValueError, "take_rows: shard %lld of %zd", k, n_shards);
+                goto done;
+            }
+            if (have)
+                PyBuffer_Release(&cur);
+            have = 0;
+            PyObject *col = PyList_GET_ITEM(cols, k);
+            if (col == Py_None) {
+                missing = k;
+                break;
+            }
+            if (PyObject_GetBuffer(col, &cur, PyBUF_SIMPLE) < 0)
+                goto done;
+            have = 1;
+            cur_k = k;
+        }
+        if (r < 0 || (size_t)r >= (size_t)cur.len / (itemsize ? itemsize : 1)) {
+            PyErr_Format(PyExc_ValueError, "take_rows: row %lld outside shard %lld's column of "
+                         "%zd bytes (%zu per row)", r, k, cur.len, itemsize);
+            goto done;
+        }
+        memcpy((char *)out.buf + (size_t)j * itemsize, (const char *)cur.buf + (size_t)r * itemsize,
+               itemsize);
+    }
+    result = PyLong_FromLongLong(missing);
+done:
+    if (have)
+        PyBuffer_Release(&cur);
+    PyBuffer_Release(&sidb);
+    PyBuffer_Release(&locb);
+    PyBuffer_Release(&out);
+    return result;
+}
+
+/* image_rows(tables, sid, local, width_out, height_out) -> list or k
+ *   tables   list of S entries, one per shard: None (not mapped yet) or a tuple (view, offsets,
+ *            width, height) of that shard's image column: view a memoryview of its encoded
+ *            bytes, offsets its (n + 1,) int32 row offsets into them, width and height its
+ *            (n,) int32 oriented sizes
+ *   sid, local  (B,) int64: each row's shard and its row within that shard
+ *   width_out, height_out  writable (B,) int32
+ * Returns the B zero-copy views view[offsets[r]:offsets[r + 1]] (each keeps its shard mapped)
+ * and writes each row's width and height: the image column of a batch gathered across shards
+ * in one call. Or the first shard k whose entry is None (the caller maps it and calls again).
+ * ValueError: a shard id, row or offsets out of range. */
+static PyObject *image_rows(PyObject *self, PyObject *args) {
+    PyObject *tables;
+    Py_buffer sidb, locb, wout, hout, ob, wb, hb;
+    if (!PyArg_ParseTuple(args, "O!y*y*w*w*", &PyList_Type, &tables, &sidb, &locb, &wout, &hout))
+        return NULL;
+    PyObject *result = NULL, *views = NULL, *view = NULL;
+    int have = 0;
+    long long cur_k = -1, missing = -1;
+    Py_ssize_t b = sidb.len / 8, n_shards = PyList_GET_SIZE(tables), n_rows = 0, data_len = 0;
+    if (sidb.len % 8 || locb.len != sidb.len || wout.len != b * 4 || hout.len != b * 4) {
+        PyErr_Format(PyExc_ValueError, "image_rows: want (B,) int64 sid and local and (B,) "
+                     "int32 width and height, got %zd, %zd, %zd and %zd bytes", sidb.len,
+                     locb.len, wout.len, hout.len);
+        goto done;
+    }
+    views = PyList_New(b);
+    if (views == NULL)
+        goto done;
+    const int64_t *sid = (const int64_t *)sidb.buf, *loc = (const int64_t *)locb.buf;
+    for (Py_ssize_t j = 0; j < b; j++) {
+        long long k = sid[j], r = loc[j];
+        if (k != cur_k) {
+            if (k < 0 || k >= n_shards) {
+                PyErr_Format(PyExc_ValueError, "image_rows: shard %lld of %zd", k, n_shards);
+                goto done;
+            }
+            if (have) {
+                PyBuffer_Release(&ob);
+                PyBuffer_Release(&wb);
+                PyBuffer_Release(&hb);
+            }
+            have = 0;
+            PyObject *t = PyList_GET_ITEM(tables, k);
+            if (t == Py_None) {
+                missing = k;
+                break;
+            }
+            if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != 4) {
+                PyErr_SetString(PyExc_TypeError,
+                                "image_rows: a shard's entry is (view, offsets, width, height)");
+                goto done;
+            }
+            view = PyTuple_GET_ITEM(t, 0);
+            if (PyObject_GetBuffer(PyTuple_GET_ITEM(t, 1), &ob, PyBUF_SIMPLE) < 0)
+                goto done;
+            if (PyObject_GetBuffer(PyTuple_GET_ITEM(t, 2), &wb, PyBUF_SIMPLE) < 0) {
+                PyBuffer_Release(&ob);
+                goto done;
+            }
+            if (PyObject_GetBuffer(PyTuple_GET_ITEM(t, 3), &hb, PyBUF_SIMPLE) < 0) {
+                PyBuffer_Release(&ob);
+                PyBuffer_Release(&wb);
+                goto done;
+            }
+            have = 1;
+            cur_k = k;
+            n_rows = ob.len / 4 - 1;
+            data_len = PyObject_Length(view);
+            if (data_len < 0)
+                goto done;
+            if (n_rows < 0 || wb.len < n_rows * 4 || hb.len < n_rows * 4) {
+                PyErr_Format(PyExc_ValueError, "image_rows: shard %lld's offsets, widths and "
+                             "heights do not fit (%zd, %zd, %zd bytes)", k, ob.len, wb.len, hb.len);
+                goto done;
+            }
+        }
+        const int32_t *off = (const int32_t *)ob.buf;
+        if (r < 0 || r >= n_rows || off[r] < 0 || off[r] > off[r + 1] || off[r + 1] > data_len) {
+            PyErr_Format(PyExc_ValueError, "image_rows: row %lld outside shard %lld (%zd rows)",
+                         r, k, n_rows);
+            goto done;
+        }
+        PyObject *item = PySequence_GetSlice(view, off[r], off[r + 1]);
+        if (item == NULL)
+            goto done;
+        PyList_SET_ITEM(views, j, item);
+        ((int32_t *)wout.buf)[j] = ((const int32_t *)wb.buf)[r];
+        ((int32_t *)hout.buf)[j] = ((const int32_t *)hb.buf)[r];
+    }
+    if (missing >= 0)
+        result = PyLong_FromLongLong(missing);
+    else {
+        result = views;
+        views = NULL;
+    }
+done:
+    if (have) {
+        PyBuffer_Release(&ob);
+        PyBuffer_Release(&wb);
+        PyBuffer_Release(&hb);
+    }
+    Py_XDECREF(views);
+    PyBuffer_Release(&sidb);
+    PyBuffer_Release(&locb);
+    PyBuffer_Release(&wout);
+    PyBuffer_Release(&hout);
+    return result;
+}
+
 static PyObject *simd_py(PyObject *self, PyObject *args) {
     int level = -1;
     if (!PyArg_ParseTuple(args, "|i", &level))
@@ -1759,6 +1934,12 @@ static PyObject *simd_py(PyObject *self, PyObject *args) {
 }
 
 static PyMethodDef methods[] = {
+    {"take_rows", take_rows, METH_VARARGS,
+     "take_rows(columns, sid, local, out) -> -1 or the first unmapped shard: rows of a "
+     "fixed-size field gathered across shards"},
+    {"image_rows", image_rows, METH_VARARGS,
+     "image_rows(tables, sid, local, width_out, height_out) -> B views or the first unmapped "
+     "shard: an image field's rows gathered across shards"},
     {"simd", simd_py, METH_VARARGS,
      "simd(level=-1) -> level: the resize kernels in use (0 C, 1 SSE2, 2 SSSE3, 3 AVX2); a "
      "level >= 0 sets it, at most the best this CPU runs. Not thread-safe: for tests and "
