@@ -277,6 +277,7 @@ class BatchGenerators(Sequence):
         return f"BatchGenerators(B={len(self)})"
 
 
+_min = np.minimum.reduce
 _native_words = None  # sample_words(seed, epoch, idx, seeds_out, words_out), when registered
 
 
@@ -293,7 +294,7 @@ def _batch_words(indices) -> tuple[np.ndarray, np.ndarray]:
     idx = np.ascontiguousarray(np.asarray(indices, dtype=np.int64).reshape(-1))  # (B,)
     if idx.size == 0:
         return np.empty(0, np.uint64), np.empty((0, 4), np.uint64)
-    if int(idx.min()) < 0:
+    if _min(idx) < 0:  # (the ufunc itself: ndarray.min's Python wrapper costs more, per batch)
         raise ValueError(f"sample indices must be >= 0, got {int(idx.min())}")
     seed, epoch = _context()
     if _native_words is not None:
