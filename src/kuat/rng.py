@@ -231,20 +231,55 @@ class BatchGenerators(Sequence):
         pcg_words: ``(B, 4)`` uint64, each generator's PCG64 seeding words
             (``SeedSequence(seed).generate_state(4, np.uint64)``, read-only).
 
+    Both are hashed on first access, from the ``(seed, epoch)`` current at construction (a
+    planner that hashes them itself without the GIL, ``_roijpeg.c``'s ``plan_decode_rrc``,
+    reads :attr:`_unhashed` instead and they are never made).
+
     Raises (at construction):
         ValueError: an index is negative.
 
     Thread-safety: owned by the thread fetching the batch, like the samples' generators.
     """
 
-    __slots__ = ("seeds", "pcg_words", "_gens", "_drawn", "_made")
+    __slots__ = ("_idx", "_context", "_seeds", "_words", "_gens", "_drawn", "_made")
 
     def __init__(self, indices):
-        self.seeds, self.pcg_words = _batch_words(indices)
-        self.pcg_words.flags.writeable = False
-        self._gens: list[np.random.Generator | None] = [None] * len(self.seeds)
+        idx = np.ascontiguousarray(np.asarray(indices, dtype=np.int64).reshape(-1))  # (B,)
+        if idx.size and _min(idx) < 0:  # (the ufunc: ndarray.min's Python wrapper costs more)
+            raise ValueError(f"sample indices must be >= 0, got {int(idx.min())}")
+        self._idx = idx
+        self._context = _context()  # (seed, epoch): the streams are this epoch's, whenever hashed
+        self._seeds = self._words = None
+        self._gens: list[np.random.Generator | None] = [None] * idx.size
         self._drawn: np.ndarray | None = None  # (B,) int64, see _drew
         self._made = False  # a generator was made (a stream may have been drawn from)
+
+    @property
+    def seeds(self) -> np.ndarray:
+        if self._seeds is None:
+            self._hash()
+        return self._seeds
+
+    @property
+    def pcg_words(self) -> np.ndarray:
+        if self._words is None:
+            self._hash()
+        return self._words
+
+    def _hash(self) -> None:
+        seeds, words = _batch_words(self._idx, self._context)
+        words.flags.writeable = False
+        self._seeds, self._words = seeds, words
+
+    @property
+    def _unhashed(self) -> tuple[int, int, np.ndarray] | None:
+        """``(seed, epoch, indices)`` (64-bit seed and epoch, ``(B,)`` int64 indices) while
+        neither ``seeds`` nor ``pcg_words`` has been made: what a C planner hashes itself
+        (``kuat.vision.Compose``). ``None`` once they are. Internal."""
+        if self._words is not None:
+            return None
+        seed, epoch = self._context
+        return seed & _MASK64, epoch & _MASK64, self._idx
 
     @property
     def _fresh(self) -> bool:
@@ -289,14 +324,15 @@ def use_native_words(fn) -> None:
     _native_words = fn
 
 
-def _batch_words(indices) -> tuple[np.ndarray, np.ndarray]:
-    """``(seeds (B,) uint64, pcg_words (B, 4) uint64)`` of the samples ``indices``."""
+def _batch_words(indices, context: tuple[int, int] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """``(seeds (B,) uint64, pcg_words (B, 4) uint64)`` of the samples ``indices`` in
+    ``context`` (``(seed, epoch)``; default: this thread's current one)."""
     idx = np.ascontiguousarray(np.asarray(indices, dtype=np.int64).reshape(-1))  # (B,)
     if idx.size == 0:
         return np.empty(0, np.uint64), np.empty((0, 4), np.uint64)
     if _min(idx) < 0:  # (the ufunc itself: ndarray.min's Python wrapper costs more, per batch)
         raise ValueError(f"sample indices must be >= 0, got {int(idx.min())}")
-    seed, epoch = _context()
+    seed, epoch = _context() if context is None else context
     if _native_words is not None:
         seeds = np.empty(idx.size, np.uint64)
         words = np.empty((idx.size, 4), np.uint64)

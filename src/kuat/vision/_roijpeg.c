@@ -1579,14 +1579,16 @@ done:
 }
 
 /* plan_decode_rrc(datas, widths, heights, words, out, out_h, out_w, scale_lo, scale_hi,
- * log_ratio_lo, log_ratio_hi, ratio_lo, ratio_hi, flip_ps, max_pixels, draws) ->
- * (unplanned, failed): plan_rrc, then decode_resize_batch of every planned image into its
+ * log_ratio_lo, log_ratio_hi, ratio_lo, ratio_hi, flip_ps, max_pixels, draws,
+ * unhashed=None) -> (unplanned, failed): plan_rrc, then decode_resize_batch of every planned image into its
  * own slot out[j] (its resize weights computed here, as kuat.vision.resize.taps), in one call
  * that holds the GIL only to take the B buffers and to build the answer: the header walks,
  * draws, boxes, weights, decodes and resizes all run with it released. The same boxes, draws
  * and pixels as plan_rrc + decode_resize_batch. `unplanned`: the j plan_rrc gives None (the
  * per-image path takes them); `failed`: (j, reason) for each planned image that could not be
- * decoded (its slot left as it was, draws[j] as planned). `draws`: (B,) int64, written. */
+ * decoded (its slot left as it was, draws[j] as planned). `draws`: (B,) int64, written.
+ * unhashed = (seed, epoch): `words` is then the (B,) int64 sample indices, and each sample's
+ * words are hashed here, without the GIL (sample_words' values). */
 static PyObject *plan_decode_rrc(PyObject *self, PyObject *args) {
 #ifndef __SIZEOF_INT128__
     PyErr_SetString(PyExc_NotImplementedError, "plan_decode_rrc needs 128-bit integers");
@@ -1594,15 +1596,27 @@ static PyObject *plan_decode_rrc(PyObject *self, PyObject *args) {
 #else
     if (kj.read_scanlines == NULL)
         return PyErr_Format(PyExc_RuntimeError, "no libjpeg loaded: call load(path) first");
-    PyObject *datas_obj, *flips_obj;
+    PyObject *datas_obj, *flips_obj, *unhashed = Py_None;
     Py_buffer wb, hb, wordsb, out, drawsb;
     int out_h, out_w;
     rrc_params p;
     long long max_pixels;
-    if (!PyArg_ParseTuple(args, "Oy*y*y*w*iiddddddOLw*", &datas_obj, &wb, &hb, &wordsb, &out,
+    unsigned long long ss_seed = 0, ss_epoch = 0;
+    if (!PyArg_ParseTuple(args, "Oy*y*y*w*iiddddddOLw*|O", &datas_obj, &wb, &hb, &wordsb, &out,
                           &out_h, &out_w, &p.scale_lo, &p.scale_hi, &p.log_lo, &p.log_hi,
-                          &p.ratio_lo, &p.ratio_hi, &flips_obj, &max_pixels, &drawsb))
+                          &p.ratio_lo, &p.ratio_hi, &flips_obj, &max_pixels, &drawsb, &unhashed))
         return NULL;
+    /* unhashed = (seed, epoch): `words` holds the (B,) int64 sample indices instead, and each
+     * sample's PCG64 words are hashed here without the GIL (sample_words_one: the same words) */
+    const int hash_here = unhashed != Py_None;
+    if (hash_here && !PyArg_ParseTuple(unhashed, "KK", &ss_seed, &ss_epoch)) {
+        PyBuffer_Release(&wb);
+        PyBuffer_Release(&hb);
+        PyBuffer_Release(&wordsb);
+        PyBuffer_Release(&out);
+        PyBuffer_Release(&drawsb);
+        return NULL;
+    }
     PyObject *result = NULL, *datas = NULL, *flips = NULL, *unplanned = NULL, *failed = NULL;
     Py_buffer *bufs = NULL;
     char *held = NULL, *msgs = NULL;
@@ -1617,11 +1631,11 @@ static PyObject *plan_decode_rrc(PyObject *self, PyObject *args) {
     b = PySequence_Fast_GET_SIZE(datas);
     Py_ssize_t n_flips = PySequence_Fast_GET_SIZE(flips);
     const size_t slot_bytes = (size_t)3 * (size_t)(out_h > 0 ? out_h : 0) * (out_w > 0 ? out_w : 0);
-    if (wb.len != b * 8 || hb.len != b * 8 || wordsb.len != b * 32 || n_flips > 16 ||
+    if (wb.len != b * 8 || hb.len != b * 8 || wordsb.len != b * (hash_here ? 8 : 32) || n_flips > 16 ||
         out_h <= 0 || out_w <= 0 || drawsb.len != b * 8 || (size_t)out.len < slot_bytes * b) {
         PyErr_Format(PyExc_ValueError,
                      "plan_decode_rrc: want B=%zd images, (B,) int64 widths and heights, (B, 4) "
-                     "uint64 words, a (B, 3, out_h, out_w) uint8 out, at most 16 flips, a "
+                     "uint64 words (or (B,) int64 indices with unhashed), a (B, 3, out_h, out_w) uint8 out, at most 16 flips, a "
                      "positive output size and (B,) int64 draws", b);
         goto done;
     }
@@ -1654,11 +1668,17 @@ static PyObject *plan_decode_rrc(PyObject *self, PyObject *args) {
             advise_willneed(bufs[j].buf, (size_t)bufs[j].len);
     for (Py_ssize_t j = 0; j < b && !oom; j++) {
         long long box[6], n_drawn = 0;
+        uint64_t own_words[4], own_seed;
+        const char *words_j = (const char *)wordsb.buf + 32 * j;
+        if (hash_here) {
+            sample_words_one(ss_seed, ss_epoch, (uint64_t)((const int64_t *)wordsb.buf)[j],
+                             &own_seed, own_words);
+            words_j = (const char *)own_words;
+        }
         codes[j] = -1; /* not planned */
         if (held[j] &&
             plan_one((const uint8_t *)bufs[j].buf, bufs[j].len, widths[j], heights[j],
-                     (const char *)wordsb.buf + 32 * j, &p, flip_p, n_flips, out_h, out_w,
-                     max_pixels, box, &n_drawn)) {
+                     words_j, &p, flip_p, n_flips, out_h, out_w, max_pixels, box, &n_drawn)) {
             int h = (int)(box[2] - box[1]), w = (int)(box[4] - box[3]);
             if (h <= 0 || w <= 0) { /* never planned so; the per-image path decides */
                 codes[j] = ROI_BAD_ARGS;

@@ -34,6 +34,7 @@ from kuat.vision.decode import (
     DEFAULT_MAX_PIXELS,
     decode_image,
     decode_resize_batch,
+    hashes_words,
     plan_decode_rrc,
     roi_batch_available,
     roi_function,
@@ -294,7 +295,12 @@ class Compose(Transform):
         of :meth:`_plan_in_c`, the pixels of ``decode_resize_batch``, no per-image Python);
         returns the per-image path's ``[(j, None)]``, or ``None`` when the decoder's build
         predates that call (the caller plans and decodes apart)."""
-        done = plan_decode_rrc(datas, *c_args[:3], out, c_args[3], draws)
+        widths, heights, words, params, _, unhashed = c_args
+        if unhashed is None:
+            done = plan_decode_rrc(datas, widths, heights, words, out, params, draws)
+        else:  # the words hashed in the call, without the GIL
+            done = plan_decode_rrc(datas, widths, heights, unhashed[2], out, params, draws,
+                                   unhashed[:2])
         if done is None:
             return None
         unplanned, failed = done
@@ -319,7 +325,8 @@ class Compose(Transform):
         jobs, job_samples, later = [], [], []
         planned = None
         if c_args is not None:
-            planned = roi_function("plan_rrc")(datas, *c_args[:3], *size, *c_args[3], draws)
+            words = c_args[4].pcg_words if c_args[2] is None else c_args[2]  # (B, 4): hashed now
+            planned = roi_function("plan_rrc")(datas, *c_args[:2], words, *size, *c_args[3], draws)
         if planned is not None:
             for j, box in enumerate(planned):
                 if box is None:
@@ -350,17 +357,22 @@ class Compose(Transform):
         return later
 
     def _c_plan_args(self, widths, heights, rngs) -> tuple | None:
-        """``(widths, heights, words, params, rngs)`` for ``_roijpeg.c``'s planners
+        """``(widths, heights, words, params, rngs, unhashed)`` for ``_roijpeg.c``'s planners
         (``plan_rrc``, ``plan_decode_rrc``): ``(B,)`` int64 sizes, ``(B, 4)`` uint64 PCG64
-        words, and ``(scale_lo, scale_hi, log_ratio_lo, log_ratio_hi, ratio_lo, ratio_hi,
+        words (``None`` with ``unhashed``: ``rngs``' ``(seed, epoch, indices)`` for
+        ``plan_decode_rrc`` to hash, or ``rngs.pcg_words`` to hash them in Python), and ``(scale_lo, scale_hi, log_ratio_lo, log_ratio_hi, ratio_lo, ratio_hi,
         flip_ps, max_pixels)``. ``None`` (plan in Python) unless the transforms are
         ``RandomResizedCrop`` then flips, ``rngs`` carries the PCG64 seeding words
         (``kuat.rng.BatchGenerators``), the ROI decoder has the planner, every size is
         positive (the Python path raises for the others), and no stream has been drawn from
         yet (the caller's draws, or an earlier call with the same ``rngs``)."""
-        words = getattr(rngs, "pcg_words", None)
         fresh = getattr(rngs, "_fresh", False)
-        if self._c_plan is None or words is None or roi_function("plan_rrc") is None or not fresh:
+        if self._c_plan is None or roi_function("plan_rrc") is None or not fresh:
+            return None
+        # the words, or (seed, epoch, indices) for plan_decode_rrc to hash them without the GIL
+        unhashed = getattr(rngs, "_unhashed", None) if hashes_words() else None
+        words = None if unhashed is not None else getattr(rngs, "pcg_words", None)
+        if words is None and unhashed is None:
             return None
         widths = np.ascontiguousarray(widths, np.int64)  # (B,): the planners read the buffer
         heights = np.ascontiguousarray(heights, np.int64)  # (an int32 column: one copy)
@@ -375,7 +387,7 @@ class Compose(Transform):
         max_pixels = -1 if mp is None or not mp < 2**62 else max(0, math.floor(mp))
         params = (float(rrc.scale[0]), float(rrc.scale[1]), *rrc.log_ratio, float(rrc.ratio[0]),
                   float(rrc.ratio[1]), flips, max_pixels)  # fmt: skip
-        return widths, heights, words, params, rngs
+        return widths, heights, words, params, rngs, unhashed
 
     def _plan_in_c(self, datas, widths, heights, rngs, size, draws=None) -> list | None:
         """The batch's ``(scale_num, y0, y1, x0, x1, flip)`` boxes (``None`` for a sample the
@@ -387,8 +399,10 @@ class Compose(Transform):
         c_args = self._c_plan_args(widths, heights, rngs)
         if c_args is None:
             return None
+        words = rngs.pcg_words if c_args[2] is None else c_args[2]  # (B, 4): hashed now
         return roi_function("plan_rrc")(
-            datas, *c_args[:3], size[0], size[1], *c_args[3], *(() if draws is None else (draws,))
+            datas, *c_args[:2], words, size[0], size[1], *c_args[3],
+            *(() if draws is None else (draws,))
         )
 
     def _batch_job(self, data, width, height, plan, slot, size) -> tuple | None:
