@@ -296,11 +296,9 @@ class Compose(Transform):
         returns the per-image path's ``[(j, None)]``, or ``None`` when the decoder's build
         predates that call (the caller plans and decodes apart)."""
         widths, heights, words, params, _, unhashed = c_args
-        if unhashed is None:
-            done = plan_decode_rrc(datas, widths, heights, words, out, params, draws)
-        else:  # the words hashed in the call, without the GIL
-            done = plan_decode_rrc(datas, widths, heights, unhashed[2], out, params, draws,
-                                   unhashed[:2])
+        if unhashed is not None:  # the words hashed in the call, without the GIL
+            words, unhashed = unhashed[2], unhashed[:2]
+        done = plan_decode_rrc(datas, widths, heights, words, out, params, draws, unhashed)
         if done is None:
             return None
         unplanned, failed = done
@@ -400,10 +398,8 @@ class Compose(Transform):
         if c_args is None:
             return None
         words = rngs.pcg_words if c_args[2] is None else c_args[2]  # (B, 4): hashed now
-        return roi_function("plan_rrc")(
-            datas, *c_args[:2], words, size[0], size[1], *c_args[3],
-            *(() if draws is None else (draws,))
-        )
+        return roi_function("plan_rrc")(datas, *c_args[:2], words, size[0], size[1], *c_args[3],
+                                        *(() if draws is None else (draws,)))
 
     def _batch_job(self, data, width, height, plan, slot, size) -> tuple | None:
         """``decode_resize_batch``'s job for one sample, or ``None`` when it needs the
