@@ -90,8 +90,20 @@ def test_a_shard_unmapped_again_is_gathered_by_groups(path, monkeypatch):
     assert [bytes(v) for v in got[1]["image"].data] == [bytes(v) for v in want[1]["image"].data]
 
 
+def test_rows_are_located_as_searchsorted_does():
+    locate_rows = gather.native()[2]
+    starts = np.array([0, 3, 3, 7, 20], np.int64)  # shard 1 is empty
+    idx = np.array([0, 2, 3, 6, 7, 19, 20, 500], np.int64)
+    sid, local = np.empty(8, np.int64), np.empty(8, np.int64)
+    locate_rows(starts, idx, sid, local)
+    want = np.searchsorted(starts, idx, side="right") - 1
+    assert sid.tolist() == want.tolist() and local.tolist() == (idx - starts[want]).tolist()
+    with pytest.raises(ValueError, match="before the first shard"):
+        locate_rows(starts, np.array([-1], np.int64), sid[:1], local[:1])
+
+
 def test_bad_rows_and_shards_are_refused():
-    take_rows, image_rows = gather.native()
+    take_rows, image_rows, _ = gather.native()
     col = np.arange(4, dtype=np.int64)
     out = np.empty(2, np.int64)
     i64 = lambda *v: np.array(v, np.int64)  # noqa: E731

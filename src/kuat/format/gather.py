@@ -46,22 +46,24 @@ class ImageBatch(NamedTuple):
     codec: list
 
 
-# (take_rows, image_rows) of kuat.vision._roijpeg, registered when the ROI decoder loads
-# (kuat.vision.decode, as kuat.rng.use_native_words): scalar, bool, tensor and self-advised
-# image columns of a batch gathered across shards in one C call each, no per-row Python
+# (take_rows, image_rows, locate_rows) of kuat.vision._roijpeg, registered when the ROI
+# decoder loads (kuat.vision.decode, as kuat.rng.use_native_words): scalar, bool, tensor and
+# self-advised image columns of a batch gathered across shards in one C call each, no
+# per-row Python; the rows' shards located in one more
 _native: tuple | None = None
 
 
-def use_native(take_rows, image_rows) -> None:
+def use_native(take_rows, image_rows, locate_rows) -> None:
     """Gather fixed-size and self-advised image columns with these C functions (``_roijpeg.c``
-    ``take_rows`` and ``image_rows``: the same values as the Python gather; tests compare).
-    Not for users."""
+    ``take_rows``, ``image_rows`` and ``locate_rows``: the same values as the Python gather
+    and ``np.searchsorted``; tests compare). Not for users."""
     global _native
-    _native = (take_rows, image_rows)
+    _native = (take_rows, image_rows, locate_rows)
 
 
 def native() -> tuple | None:
-    """``(take_rows, image_rows)`` when registered (:func:`use_native`), else ``None``."""
+    """``(take_rows, image_rows, locate_rows)`` when registered (:func:`use_native`), else
+    ``None``."""
     return _native
 
 

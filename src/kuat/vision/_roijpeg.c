@@ -1938,6 +1938,54 @@ done:
     return result;
 }
 
+/* locate_rows(starts, idx, sid_out, local_out) -> None
+ *   starts  (S,) int64, ascending: each shard's first global row (starts[0] == 0)
+ *   idx     (B,) int64 global rows, each in [0, total rows) (checked by the caller)
+ *   sid_out, local_out  writable (B,) int64: each row's shard (the last k with
+ *           starts[k] <= idx[j]) and its row within that shard
+ * What np.searchsorted(starts, idx, "right") - 1 and idx - starts[sid] give, in one call.
+ * ValueError: a row before starts[0], or sizes that do not fit. */
+static PyObject *locate_rows(PyObject *self, PyObject *args) {
+    Py_buffer sb, ib, so, lo;
+    if (!PyArg_ParseTuple(args, "y*y*w*w*", &sb, &ib, &so, &lo))
+        return NULL;
+    PyObject *result = NULL;
+    Py_ssize_t n_shards = sb.len / 8, b = ib.len / 8;
+    if (sb.len % 8 || n_shards == 0 || ib.len % 8 || so.len != ib.len || lo.len != ib.len) {
+        PyErr_SetString(PyExc_ValueError, "locate_rows: want (S,) int64 starts (S >= 1) and (B,) "
+                        "int64 rows, shard ids and local rows");
+        goto done;
+    }
+    const int64_t *st = (const int64_t *)sb.buf, *ix = (const int64_t *)ib.buf;
+    int64_t *sid = (int64_t *)so.buf, *loc = (int64_t *)lo.buf;
+    for (Py_ssize_t j = 0; j < b; j++) {
+        int64_t i = ix[j];
+        if (i < st[0]) {
+            PyErr_Format(PyExc_ValueError, "locate_rows: row %lld before the first shard",
+                         (long long)i);
+            goto done;
+        }
+        Py_ssize_t lo_k = 0, hi_k = n_shards; /* the last k with st[k] <= i: in [lo_k, hi_k) */
+        while (hi_k - lo_k > 1) {
+            Py_ssize_t mid = lo_k + (hi_k - lo_k) / 2;
+            if (st[mid] <= i)
+                lo_k = mid;
+            else
+                hi_k = mid;
+        }
+        sid[j] = lo_k;
+        loc[j] = i - st[lo_k];
+    }
+    result = Py_None;
+    Py_INCREF(result);
+done:
+    PyBuffer_Release(&sb);
+    PyBuffer_Release(&ib);
+    PyBuffer_Release(&so);
+    PyBuffer_Release(&lo);
+    return result;
+}
+
 static PyObject *simd_py(PyObject *self, PyObject *args) {
     int level = -1;
     if (!PyArg_ParseTuple(args, "|i", &level))
@@ -1954,6 +2002,8 @@ static PyObject *simd_py(PyObject *self, PyObject *args) {
 }
 
 static PyMethodDef methods[] = {
+    {"locate_rows", locate_rows, METH_VARARGS,
+     "locate_rows(starts, idx, sid_out, local_out) -> None: each row's shard and row in it"},
     {"take_rows", take_rows, METH_VARARGS,
      "take_rows(columns, sid, local, out) -> -1 or the first unmapped shard: rows of a "
      "fixed-size field gathered across shards"},

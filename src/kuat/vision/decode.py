@@ -64,11 +64,11 @@ _roi, _roi_libjpeg = load_roi()
 if getattr(_roi, "sample_words", None) is not None:
     # the batch's sample seeds hashed in C (same values as kuat._seedseq's NumPy; tested)
     rng.use_native_words(_roi.sample_words)
-if getattr(_roi, "image_rows", None) is not None:
+if getattr(_roi, "locate_rows", None) is not None:
     # a batch's fixed-size and batch-decoded image columns gathered in C (kuat.format.gather)
     from kuat.format import gather as _gather
 
-    _gather.use_native(_roi.take_rows, _roi.image_rows)
+    _gather.use_native(_roi.take_rows, _roi.image_rows, _roi.locate_rows)
 
 
 class Decoded(NamedTuple):
