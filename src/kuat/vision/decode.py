@@ -344,8 +344,8 @@ def plan_decode_rrc(datas, widths, heights, words, out, params: tuple, draws: np
 
 def hashes_words() -> bool:
     """Whether :func:`plan_decode_rrc` takes ``unhashed`` (a build of ``_roijpeg.c`` that has
-    the C gather, ``take_rows``, has it too). Internal."""
-    return getattr(_roi, "take_rows", None) is not None
+    ``locate_rows`` has it too). Internal."""
+    return getattr(_roi, "locate_rows", None) is not None
 
 
 def _decode_pil(data, min_scale, max_pixels, index, source) -> Decoded:
