@@ -392,3 +392,32 @@ def test_a_batch_shared_by_idle_cores_equals_the_one_call(corpus):
         after.append([g.random() for g in rngs])
     np.testing.assert_array_equal(outs[0], outs[1])
     assert after[0] == after[1]
+
+
+def test_words_hashed_in_the_batch_call_equal_the_generators_words(corpus):
+    """``plan_decode_rrc`` hashing each sample's words itself, without the GIL (fresh
+    ``BatchGenerators``: ``_unhashed``), gives the pixels and the continued streams of the
+    words hashed in Python first (``pcg_words`` read before the call); both are the epoch's
+    current at construction, whatever is current when the batch is decoded."""
+    keep = [c for c in corpus if c[0][:2] == b"\xff\xd8" and len(c[0]) > 400]
+    datas, widths, heights = zip(*keep)
+    t, n = TRANSFORMS[3], len(datas)
+    outs, nexts = [], []
+    for hashed_first in (False, True):
+        with rng.epoch_context(9, 4):
+            gens = rng.BatchGenerators(range(100, 100 + n))
+        if hashed_first:
+            gens.pcg_words  # noqa: B018  (hashed now, in Python)
+        assert (gens._unhashed is None) == hashed_first
+        out = np.zeros((n, 3, *t.output_size()), np.uint8)
+        with rng.epoch_context(1, 1):  # another epoch current: the words stay epoch 4's
+            t.apply_encoded_many(datas, widths, heights, gens, out)
+        outs.append(out)
+        nexts.append([g.random() for g in gens])
+    np.testing.assert_array_equal(outs[0], outs[1])
+    assert nexts[0] == nexts[1]
+    with rng.epoch_context(9, 4):
+        want = [rng.sample_rng(100 + j).numpy for j in range(n)]
+    for j in range(n):  # the C planner's draws, then the same stream
+        t.plan(int(widths[j]), int(heights[j]), want[j])
+    assert nexts[0] == [g.random() for g in want]

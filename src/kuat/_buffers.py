@@ -21,8 +21,10 @@ faults, no zeroing, and at most ``max_free`` idle buffers per size. ``clear()`` 
 
 How a buffer comes back: :meth:`take` returns a fresh NumPy array object viewing the mapping;
 ``torch.from_numpy`` keeps that array alive for as long as any tensor (the batch, a view of
-it, a slice the user keeps) uses the memory; when it dies, a ``weakref.finalize`` callback puts
+it, a slice the user keeps) uses the memory; when it dies, a weak reference's callback puts
 the mapping back on the free list. So reuse can never overwrite memory the user still holds.
+(A plain ``weakref.ref`` with a callback, kept in the pool, rather than ``weakref.finalize``,
+whose registry bookkeeping is Python: both ends run once per batch, with the GIL held.)
 
 Thread-safety: :meth:`take` and the callbacks may run in any thread (a lock guards the lists).
 Pickling gives an empty pool (process workers each keep their own). A scope is the thread's own.
@@ -30,6 +32,7 @@ Pickling gives an empty pool (process workers each keep their own). A scope is t
 
 from __future__ import annotations
 
+import math
 import mmap
 import threading
 import weakref
@@ -62,6 +65,7 @@ class BufferPool:
         # (_give_back) then runs in this same thread
         self._lock = threading.RLock()
         self._free: dict[int, list[mmap.mmap]] = {}
+        self._leased: dict[int, tuple] = {}  # id(weakref) -> (weakref to the lease, mapping)
         self._closed = False
         self.created = self.reused = 0  # counters, for tests and stats
         # bytes mapped now (leased + idle) and the most ever mapped at once: what the pool adds
@@ -96,8 +100,13 @@ class BufferPool:
                 except OSError:
                     pass
         lease = np.frombuffer(mm, np.uint8)  # (nbytes,) writable view (mmap is read-write)
-        weakref.finalize(lease, self._give_back, mm).atexit = False
+        ref = weakref.ref(lease, self._returned)
+        self._leased[id(ref)] = (ref, mm)  # (one dict store: atomic under the GIL)
         return lease
+
+    def _returned(self, ref: weakref.ref) -> None:
+        # the lease died (its last tensor was freed), in whichever thread freed it
+        self._give_back(self._leased.pop(id(ref))[1])
 
     def _give_back(self, mm: mmap.mmap) -> None:
         new_list = []  # allocated outside the lock
@@ -174,13 +183,15 @@ def new_batch_buffer(shape, dtype: torch.dtype, device=None) -> torch.Tensor:
     as ``torch.empty``'s)."""
     pool = _owned.pool
     if pool is not None and (device is None or torch.device(device).type == "cpu"):
-        shape = tuple(int(d) for d in shape)
-        nbytes = dtype.itemsize
-        for d in shape:
-            nbytes *= d
+        shape = tuple(map(int, shape))
+        nbytes = dtype.itemsize * math.prod(shape)
         if nbytes >= MIN_POOLED_BYTES:
             raw = torch.from_numpy(pool.take(nbytes))  # (nbytes,) uint8, keeps the lease alive
-            return own_batch_buffer(raw.view(dtype).view(shape))
+            t = (raw if dtype is torch.uint8 else raw.view(dtype)).view(shape)
+            owned = _owned.buffers  # (own_batch_buffer, inlined: once per batch)
+            if owned is not None:
+                owned.append(t)
+            return t
     return own_batch_buffer(torch.empty(shape, dtype=dtype, device=device))
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import threading
 import time
 
-__all__ = ["add", "add_since", "clock", "cpu_seconds", "seconds"]
+__all__ = ["add", "add_since", "clock", "cpu_seconds", "seconds", "totals"]
 
 
 class _Total(threading.local):
@@ -41,6 +41,12 @@ def add(seconds_: float) -> None:
 def seconds() -> float:
     """This thread's running total of kernel seconds (only differences are meaningful)."""
     return _total.s
+
+
+def totals() -> tuple[float, float]:
+    """``(seconds(), cpu_seconds())`` in one call (the engine reads both around each fetch)."""
+    t = _total
+    return t.s, t.cpu
 
 
 def cpu_seconds() -> float:

@@ -231,25 +231,62 @@ class BatchGenerators(Sequence):
         pcg_words: ``(B, 4)`` uint64, each generator's PCG64 seeding words
             (``SeedSequence(seed).generate_state(4, np.uint64)``, read-only).
 
+    Both are hashed on first access, from the ``(seed, epoch)`` current at construction (a
+    planner that hashes them itself without the GIL, ``_roijpeg.c``'s ``plan_decode_rrc``,
+    reads :attr:`_unhashed` instead and they are never made).
+
     Raises (at construction):
         ValueError: an index is negative.
 
     Thread-safety: owned by the thread fetching the batch, like the samples' generators.
     """
 
-    __slots__ = ("seeds", "pcg_words", "_gens", "_drawn")
+    __slots__ = ("_idx", "_context", "_seeds", "_words", "_gens", "_drawn", "_made")
 
     def __init__(self, indices):
-        self.seeds, self.pcg_words = _batch_words(indices)
-        self.pcg_words.flags.writeable = False
-        self._gens: list[np.random.Generator | None] = [None] * len(self.seeds)
+        idx = np.ascontiguousarray(np.asarray(indices, dtype=np.int64).reshape(-1))  # (B,)
+        if idx.size and _min(idx) < 0:  # (the ufunc: ndarray.min's Python wrapper costs more)
+            raise ValueError(f"sample indices must be >= 0, got {int(idx.min())}")
+        self._idx = idx
+        self._context = _context()  # (seed, epoch): the streams are this epoch's, whenever hashed
+        self._seeds = self._words = None
+        self._gens: list[np.random.Generator | None] = [None] * idx.size
         self._drawn: np.ndarray | None = None  # (B,) int64, see _drew
+        self._made = False  # a generator was made (a stream may have been drawn from)
+
+    @property
+    def seeds(self) -> np.ndarray:
+        if self._seeds is None:
+            self._hash()
+        return self._seeds
+
+    @property
+    def pcg_words(self) -> np.ndarray:
+        if self._words is None:
+            self._hash()
+        return self._words
+
+    def _hash(self) -> None:
+        seeds, words = _batch_words(self._idx, self._context)
+        words.flags.writeable = False
+        self._seeds, self._words = seeds, words
+
+    @property
+    def _unhashed(self) -> tuple[int, int, np.ndarray] | None:
+        """``(seed, epoch, indices)`` (64-bit seed and epoch, ``(B,)`` int64 indices) while
+        neither ``seeds`` nor ``pcg_words`` has been made: what a C planner hashes itself
+        (``kuat.vision.Compose``). ``None`` once they are. Internal."""
+        if self._words is not None:
+            return None
+        seed, epoch = self._context
+        return seed & _MASK64, epoch & _MASK64, self._idx
 
     @property
     def _fresh(self) -> bool:
         """Whether every stream is still at its start (no generator made, nothing drawn):
-        what a planner reading ``pcg_words`` instead of the generators needs."""
-        return self._drawn is None and all(g is None for g in self._gens)
+        what a planner reading ``pcg_words`` instead of the generators needs. O(1): read
+        once per batch, with the GIL held."""
+        return self._drawn is None and not self._made
 
     def _drew(self, draws: np.ndarray) -> None:
         """``draws[j]`` doubles were drawn from sample j's stream without its generator (the C
@@ -265,6 +302,7 @@ class BatchGenerators(Sequence):
             return [self[k] for k in range(*j.indices(len(self)))]
         g = self._gens[j]
         if g is None:
+            self._made = True
             g = self._gens[j] = SampleRNG(int(self.seeds[j]), self.pcg_words[j]).numpy
             if self._drawn is not None and self._drawn[j]:
                 g.bit_generator.advance(int(self._drawn[j]))  # one step per double
@@ -274,6 +312,7 @@ class BatchGenerators(Sequence):
         return f"BatchGenerators(B={len(self)})"
 
 
+_min = np.minimum.reduce
 _native_words = None  # sample_words(seed, epoch, idx, seeds_out, words_out), when registered
 
 
@@ -285,14 +324,15 @@ def use_native_words(fn) -> None:
     _native_words = fn
 
 
-def _batch_words(indices) -> tuple[np.ndarray, np.ndarray]:
-    """``(seeds (B,) uint64, pcg_words (B, 4) uint64)`` of the samples ``indices``."""
+def _batch_words(indices, context: tuple[int, int] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """``(seeds (B,) uint64, pcg_words (B, 4) uint64)`` of the samples ``indices`` in
+    ``context`` (``(seed, epoch)``; default: this thread's current one)."""
     idx = np.ascontiguousarray(np.asarray(indices, dtype=np.int64).reshape(-1))  # (B,)
     if idx.size == 0:
         return np.empty(0, np.uint64), np.empty((0, 4), np.uint64)
-    if int(idx.min()) < 0:
+    if _min(idx) < 0:  # (the ufunc itself: ndarray.min's Python wrapper costs more, per batch)
         raise ValueError(f"sample indices must be >= 0, got {int(idx.min())}")
-    seed, epoch = _context()
+    seed, epoch = _context() if context is None else context
     if _native_words is not None:
         seeds = np.empty(idx.size, np.uint64)
         words = np.empty((idx.size, 4), np.uint64)

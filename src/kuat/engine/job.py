@@ -58,6 +58,7 @@ from kuat.sources import protocol
 __all__ = ["FetchJob", "WorkerCtx", "per_sample_getitems", "worker_dataset"]
 
 log = logging.getLogger("kuat.engine")
+_NO_STREAM = contextlib.nullcontext()  # (reusable: one fewer object per batch)
 
 
 def _short_rank(key, skipped) -> RuntimeError:
@@ -309,8 +310,7 @@ class FetchJob(IsolatedFetch):
         # buffers kuat allocates while fetching this batch are its own: the collate may return
         # views of them; anything else it copies (collate.py)
         with batch_scope(self.buffer_pool):
-            t0, c0, n0 = time.perf_counter(), time.thread_time(), _native.seconds()
-            nc0 = _native.cpu_seconds()
+            t0, c0, (n0, nc0) = time.perf_counter(), time.thread_time(), _native.totals()
             h0 = _parallel.helper_totals() if width > 1 else None  # split fetches only
             # (a new epoch's iter() and state restore, and the state taken after the batch,
             # run with the worker's own generators too: they may draw, save or set them)
@@ -328,8 +328,8 @@ class FetchJob(IsolatedFetch):
                 with worker_rng.swapped(ctx.rng, st):  # may read its generators)
                     st.worker_state = self._state_of(ctx)
             st.fetch_s, st.fetch_cpu_s = time.perf_counter() - t0, time.thread_time() - c0
-            st.native_s = _native.seconds() - n0
-            st.native_cpu_s = _native.cpu_seconds() - nc0
+            n1, nc1 = _native.totals()
+            st.native_s, st.native_cpu_s = n1 - n0, nc1 - nc0
             if width > 1:  # what helper threads did for this fetch (kuat._parallel)
                 h1 = _parallel.helper_totals()
                 st.fetch_s += h1[0] - h0[0]
@@ -360,7 +360,8 @@ class FetchJob(IsolatedFetch):
                 st.python_s += time.thread_time() - c1
             if padding is not None:
                 batch = flag_padding(batch, padding)
-            self._sched(st, s0, t0)
+            if s0 is not None:
+                self._sched(st, s0, t0)
         if self.pin and ctx.method != "process":
             from kuat.device import pin_batch
 
@@ -382,7 +383,7 @@ class FetchJob(IsolatedFetch):
         worker_init_fn seeded them, or an iterable's: worker_rng.py; ``probe``: an epoch's
         first batch); nothing otherwise."""
         if ctx.rng is None or ctx.method != "thread":
-            return contextlib.nullcontext()
+            return _NO_STREAM
         return worker_rng.own_stream(ctx.rng, st, self.rng_use, probe)
 
     def _next_items(self, ctx: WorkerCtx, st: WorkStats):

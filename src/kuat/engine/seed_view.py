@@ -100,7 +100,8 @@ class showing:  # noqa: N801 (a context manager used like a function; runs once 
         self._shown = shown
 
     def __enter__(self) -> None:
-        install()
+        if not _installed:
+            install()
         v = _view
         self._old = (v.shown, v.hidden)
         v.shown, v.hidden = self._shown, None

@@ -22,7 +22,7 @@ import numpy as np
 
 from kuat.format.schema import FieldType
 
-__all__ = ["ImageBatch", "gather_column", "gather_flat"]
+__all__ = ["ImageBatch", "gather_column", "gather_flat", "native", "use_native"]
 
 # Binary/sequence/string rows are advised to the kernel (madvise WILLNEED) only when a batch's
 # rows average at least this: 16 pages, where the ~3.5 us system call per row is small beside
@@ -36,7 +36,8 @@ class ImageBatch(NamedTuple):
     Attributes:
         data: B zero-copy ``memoryview`` s of the encoded bytes (read-only, valid while held).
         width, height: ``(B,)`` int32, pixels after EXIF orientation.
-        codec: B lower-case codec names (``"jpeg"``, ``"png"``, ...).
+        codec: B lower-case codec names (``"jpeg"``, ``"png"``, ...); ``None`` for a field
+            whose reader decodes the bytes itself (``Store.gather``'s ``self_advised``).
     """
 
     data: list
@@ -45,10 +46,52 @@ class ImageBatch(NamedTuple):
     codec: list
 
 
+# (take_rows, image_rows, locate_rows) of kuat.vision._roijpeg, registered when the ROI
+# decoder loads (kuat.vision.decode, as kuat.rng.use_native_words): scalar, bool, tensor and
+# self-advised image columns of a batch gathered across shards in one C call each, no
+# per-row Python; the rows' shards located in one more
+_native: tuple | None = None
+
+
+def use_native(take_rows, image_rows, locate_rows) -> None:
+    """Gather fixed-size and self-advised image columns with these C functions (``_roijpeg.c``
+    ``take_rows``, ``image_rows`` and ``locate_rows``: the same values as the Python gather
+    and ``np.searchsorted``; tests compare). Not for users."""
+    global _native
+    _native = (take_rows, image_rows, locate_rows)
+
+
+def native() -> tuple | None:
+    """``(take_rows, image_rows, locate_rows)`` when registered (:func:`use_native`), else
+    ``None``."""
+    return _native
+
+
+def native_fixed(take_rows, table: list, ftype: FieldType, sid: np.ndarray,
+                 local: np.ndarray) -> np.ndarray | None:
+    """A fixed-size field's ``(B, *shape)`` column, rows ``local`` of shards ``sid`` (``(B,)``
+    int64 each), gathered by ``take_rows`` from ``table`` (per shard its column's values, or
+    None while unmapped); ``None`` when a shard of the batch is not mapped (the caller gathers
+    by shard groups, which maps it)."""
+    dt = ftype.np_dtype if ftype.kind != "bool" else np.dtype(bool)
+    res = np.empty((len(sid), *(ftype.shape or ())), dt)  # (B, *shape)
+    return res if take_rows(table, sid, local, res) < 0 else None
+
+
+def native_images(image_rows, table: list, sid: np.ndarray, local: np.ndarray) -> ImageBatch | None:
+    """A self-advised image field's :class:`ImageBatch` (``codec=None``), as
+    :func:`native_fixed` (``table``: per shard ``(bytes view, offsets, width, height)``)."""
+    b = len(sid)
+    width, height = np.empty(b, np.int32), np.empty(b, np.int32)
+    views = image_rows(table, sid, local, width, height)
+    return None if type(views) is int else ImageBatch(views, width, height, None)
+
+
 def gather_column(name: str, ftype: FieldType, groups: list, b: int, advise: bool = True) -> object:
     """Field ``name``'s column for the ``b`` rows of ``groups`` (``Store._groups``' list of
     ``(shard, positions or None, local rows)``), in batch order, as ``read_batch`` returns it.
-    ``advise=False``: an image field's rows are not advised (their reader does it)."""
+    ``advise=False``: an image field's rows are not advised (their reader does it, from the
+    bytes alone: its codec names are not made either, ``codec=None``)."""
     if ftype.kind == "image":
         return _images(name, ftype, groups, b, advise)
     return _GATHER[ftype.kind](name, ftype, groups, b)
@@ -73,20 +116,30 @@ def _fixed(name: str, ftype: FieldType, groups: list, b: int) -> np.ndarray:
 
 
 def _images(name: str, ftype: FieldType, groups: list, b: int, advise: bool = True) -> ImageBatch:
-    data, codec = [None] * b, [None] * b
     width, height = np.empty(b, np.int32), np.empty(b, np.int32)
+    if not advise and len(groups) == 1:  # one shard, read by a batch decoder: B views only
+        shard, _, rows = groups[0]
+        col = shard.columns[name]
+        starts, ends = col.bytes.spans(rows)
+        mv = col.bytes.mv
+        np.take(col.width, rows, out=width, mode="clip")
+        np.take(col.height, rows, out=height, mode="clip")
+        return ImageBatch([mv[s:e] for s, e in zip(starts, ends)], width, height, None)
+    data = [None] * b
+    codec = [None] * b if advise else None
     for shard, pos, rows in groups:
         col = shard.columns[name]
         p = range(b) if pos is None else pos
         starts, ends = col.bytes.spans(rows)
+        mv = col.bytes.mv
         if advise:  # read the rows' pages now, all at once
             col.bytes.will_need(starts, ends)
-        mv = col.bytes.mv
-        cs, ce = col.codec.spans(rows)
-        cdata = col.codec.data
-        for j, s, e, s2, e2 in zip(p, starts, ends, cs, ce):
+            cs, ce = col.codec.spans(rows)
+            cdata = col.codec.data
+            for j, s2, e2 in zip(p, cs, ce):
+                codec[j] = cdata[s2:e2].tobytes().decode()
+        for j, s, e in zip(p, starts, ends):
             data[j] = mv[s:e]
-            codec[j] = cdata[s2:e2].tobytes().decode()
         if pos is None:
             np.take(col.width, rows, out=width, mode="clip")
             np.take(col.height, rows, out=height, mode="clip")

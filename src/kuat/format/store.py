@@ -31,13 +31,29 @@ import numpy as np
 from kuat.errors import FormatError
 from kuat.format.cache import Prefetcher, ShardCache
 from kuat.format.fs import Remote, is_url, local_path, open_remote
-from kuat.format.gather import ImageBatch, gather_column, gather_flat
+from kuat.format.gather import (
+    ImageBatch,
+    gather_column,
+    gather_flat,
+    native,
+    native_fixed,
+    native_images,
+)
 from kuat.format.manifest import Manifest, ShardInfo, read_manifest
 from kuat.format.members import member_path
 from kuat.format.schema import EncodedImage
 from kuat.format.shard import Shard, open_shard
 
 __all__ = ["ImageBatch", "Store", "open_store"]
+
+
+def _table_entry(shard, name: str):
+    """What the C gather reads of ``shard``'s column ``name``: a fixed-size field's values
+    array, or an image field's ``(bytes view, offsets, width, height)``."""
+    col = shard.columns[name]
+    if hasattr(col, "values"):
+        return col.values
+    return (col.bytes.mv, col.bytes.offsets, col.width, col.height)
 
 
 class Store:
@@ -87,6 +103,9 @@ class Store:
         self.shards: list[Shard | None] = [None] * len(self.shard_paths)
         self.lock = threading.Lock()
         self.opened: list[int] = []  # remote: ids of mapped shards, oldest first
+        # field -> per shard, what the C gather reads of its column (None while unmapped):
+        # kept in step with `shards` under `lock` (_native_table)
+        self._tables: dict[str, list] = {}
         self.prefetcher: Prefetcher | None = None
         self.pid = os.getpid()
 
@@ -94,7 +113,7 @@ class Store:
         state = self.__dict__.copy()
         # pickled Arrow schemas lose nested not-null flags: rebuild it from ours on load
         del state["shards"], state["lock"], state["arrow_schema"]
-        del state["opened"], state["prefetcher"], state["pid"]
+        del state["opened"], state["prefetcher"], state["pid"], state["_tables"]
         return state
 
     def __setstate__(self, state):
@@ -121,6 +140,8 @@ class Store:
                     else:
                         s = self._open_remote(k, info, where)
                     self.shards[k] = s
+                    for name, table in self._tables.items():
+                        table[k] = _table_entry(s, name)
         return s
 
     def _after_fork(self) -> None:
@@ -149,7 +170,10 @@ class Store:
             self.prefetcher.used(k)
         self.opened.append(k)
         if len(self.opened) > self.max_open:  # drop the oldest mapping (arrays stay valid)
-            self.shards[self.opened.pop(0)] = None
+            old = self.opened.pop(0)
+            self.shards[old] = None
+            for table in self._tables.values():
+                table[old] = None
         return s
 
     def prefetch(self, indices) -> None:
@@ -187,6 +211,7 @@ class Store:
     def close(self) -> None:
         with self.lock:
             self.shards = [None] * len(self.shard_paths)
+            self._tables = {}
             self.opened = []
             if self.prefetcher is not None:
                 self.prefetcher.close()
@@ -220,9 +245,16 @@ class Store:
         arr = None
         if type(indices) is list:  # what batch samplers give: Python ints (floats refused)
             try:
-                arr = np.frombuffer(array.array("q", indices), np.int64)  # (B,) read-only
+                packed = array.array("q", indices)
             except (TypeError, OverflowError):
-                arr = None
+                packed = None
+            # the usual case, once per batch with the GIL held: no NumPy call but the view
+            # (array.array holds int64s; the builtins check the range without NumPy's
+            # dispatch, which costs tens of us after a batch decode has evicted the caches)
+            if packed and min(packed) >= 0 and max(packed) < self.num_rows:
+                return np.frombuffer(packed, np.int64)  # (B,) read-only
+            if packed is not None:
+                arr = np.frombuffer(packed, np.int64)
         if arr is None:
             if hasattr(indices, "detach"):  # torch.Tensor
                 indices = indices.detach().cpu().numpy()
@@ -279,12 +311,63 @@ class Store:
         """Shard id per row ``(B,)`` int64 and column-wise values of rows ``idx`` (checked
         ``(B,)`` int64 from :meth:`indices`), as :meth:`read_batch` returns them.
         ``self_advised``: image fields whose reader asks the kernel for the rows' pages itself
-        (``kuat.vision.Compose``'s batch decode, without the GIL): not advised here."""
-        sid, groups = self._groups(idx)
-        b = len(idx)
-        out = {name: gather_column(name, self.schema[name].type, groups, b,
-                                   advise=name not in self_advised) for name in fields}
+        (``kuat.vision.Compose``'s batch decode, without the GIL): not advised here, and
+        their ``ImageBatch.codec`` is ``None`` (that reader reads the bytes alone).
+
+        With the C gather (:func:`kuat.format.gather.native`), fixed-size fields and
+        self-advised image fields take one C call each for the whole batch, whatever the
+        shards (no per-row or per-shard Python: a batch of an ImageNet-sized dataset spans
+        about as many shards as rows); the other fields go by shard groups."""
+        c = native()
+        if c is None or not any(self._native_kind(n, self_advised) for n in fields):
+            sid, groups = self._groups(idx)
+            b = len(idx)
+            out = {name: gather_column(name, self.schema[name].type, groups, b,
+                                       advise=name not in self_advised) for name in fields}
+            return sid, out
+        sid, local = self._rows(idx, c[2])
+        out, groups = {}, None
+        for name in fields:
+            ftype = self.schema[name].type
+            how, col = self._native_kind(name, self_advised), None
+            if how == "fixed":
+                col = native_fixed(c[0], self._native_table(name), ftype, sid, local)
+            elif how == "image":
+                col = native_images(c[1], self._native_table(name), sid, local)
+            if col is None:  # not a C field, or a shard of the batch not mapped yet: by groups
+                if groups is None:  # (which map the batch's shards and hold them)
+                    groups = self._groups(idx)[1]
+                col = gather_column(name, ftype, groups, len(idx), advise=name not in self_advised)
+            out[name] = col
         return sid, out
+
+    def _native_kind(self, name: str, self_advised: Collection[str]) -> str | None:
+        """How the C gather takes field ``name``: ``"fixed"``, ``"image"`` or ``None``."""
+        kind = self.schema[name].type.kind
+        if kind in ("scalar", "bool", "tensor"):
+            return "fixed"
+        return "image" if kind == "image" and name in self_advised else None
+
+    def _rows(self, idx: np.ndarray, locate_rows) -> tuple[np.ndarray, np.ndarray]:
+        """``(sid, local)``: each row's shard and row within it, ``(B,)`` int64 each (located
+        by the C ``locate_rows``: one call where NumPy takes four)."""
+        if len(self.starts) == 1:
+            return np.zeros(len(idx), np.int64), idx
+        sid, local = np.empty(len(idx), np.int64), np.empty(len(idx), np.int64)
+        locate_rows(self.starts, idx, sid, local)
+        return sid, local
+
+    def _native_table(self, name: str) -> list:
+        """Per shard, what the C gather reads of field ``name``'s column (``None`` while the
+        shard is not mapped; :meth:`shard` fills the entry as it maps it)."""
+        table = self._tables.get(name)
+        if table is None:
+            with self.lock:
+                table = self._tables.get(name)
+                if table is None:
+                    table = [None if s is None else _table_entry(s, name) for s in self.shards]
+                    self._tables[name] = table
+        return table
 
     def read_batch(self, indices: Sequence[int], fields: Sequence[str] | None = None) -> dict:
         """Column-wise read of rows ``indices`` with one gather per field and shard.

@@ -22,13 +22,15 @@ Every call into a transform runs with its sample's index set (``kuat.rng.sample_
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from kuat.format.store import ImageBatch
 from kuat.rng import BatchGenerators, sample_context
 from kuat.vision import protocol as vision_protocol
 
-__all__ = ["image_batch", "image_values"]
+__all__ = ["fills_batch", "fill_batch", "image_batch", "image_values"]
 
 
 def image_values(c: ImageBatch, index_list: list, sid: np.ndarray, paths: list, t,
@@ -60,6 +62,79 @@ def image_batch(c: ImageBatch, index_list: list, sid: np.ndarray, paths: list, t
     from kuat.collate import default_collate
 
     return default_collate(values)
+
+
+def fills_batch(t) -> tuple[int, int] | None:
+    """``(H, W)`` when :func:`fill_batch` takes transform ``t``'s batches (a fused transform
+    of fixed output size that fills a CPU batch buffer in one call), else ``None``. Asked once
+    per dataset view (``Dataset.kuat_fetch_collated`` keeps the answer), not per batch."""
+    if t is None or not vision_protocol.is_fused(t) or vision_protocol.decodes_batches(t):
+        return None
+    if not vision_protocol.fills_buffers(t):
+        return None
+    global _new_batch_buffer, _uint8  # torch is imported when first needed, not with kuat
+    if _new_batch_buffer is None:
+        import torch
+
+        from kuat._buffers import new_batch_buffer
+
+        _new_batch_buffer, _uint8 = new_batch_buffer, torch.uint8
+    return vision_protocol.output_size(t)
+
+
+_new_batch_buffer = _uint8 = None  # kuat._buffers.new_batch_buffer, torch.uint8 (fills_batch)
+
+
+def fill_batch(c: ImageBatch, idx: np.ndarray, sid: np.ndarray, paths: list, t, size):
+    """:func:`image_batch` for a transform :func:`fills_batch` took (``size``: its answer),
+    with nothing made per sample in Python: the batch buffer, the samples' generators
+    (:class:`kuat.rng.BatchGenerators` of ``idx``, the ``(B,)`` int64 checked indices) and one
+    ``apply_encoded_many`` call given ``c``'s ``(B,)`` width and height arrays, and the
+    indices and sources as lazy sequences (made into ints and paths only for a sample an
+    error or the per-image path names). Returns the ``(B, 3, H, W)`` uint8 batch buffer.
+
+    Raises:
+        kuat.DecodeError: a sample cannot be decoded (the transform's, naming it).
+    """
+    h, w = size
+    buf = _new_batch_buffer((len(idx), 3, h, w), _uint8)  # (B, 3, H, W)
+    t.apply_encoded_many(c.data, c.width, c.height, BatchGenerators(idx), buf.numpy(),
+                         indices=_Indices(idx), sources=_Sources(sid, paths))
+    return buf
+
+
+class _Indices(Sequence):
+    """The batch's sample indices as Python ints, ``(B,)`` int64 ``idx`` read on access."""
+
+    __slots__ = ("_idx",)
+
+    def __init__(self, idx: np.ndarray):
+        self._idx = idx
+
+    def __len__(self) -> int:
+        return len(self._idx)
+
+    def __getitem__(self, j):
+        if isinstance(j, slice):
+            return self._idx[j].tolist()
+        return int(self._idx[j])
+
+
+class _Sources(Sequence):
+    """The batch's shard paths, ``paths[sid[j]]``, looked up on access."""
+
+    __slots__ = ("_sid", "_paths")
+
+    def __init__(self, sid: np.ndarray, paths: list):
+        self._sid, self._paths = sid, paths
+
+    def __len__(self) -> int:
+        return len(self._sid)
+
+    def __getitem__(self, j):
+        if isinstance(j, slice):
+            return [self._paths[k] for k in self._sid[j].tolist()]
+        return self._paths[int(self._sid[j])]
 
 
 def _decode(data, index: int, source: str) -> np.ndarray:

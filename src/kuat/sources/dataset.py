@@ -26,10 +26,14 @@ from kuat.format.manifest import Manifest
 from kuat.format.schema import Schema
 from kuat.format.store import Store, open_store
 from kuat.rng import map_samples
-from kuat.sources._images import image_batch, image_values
+from kuat.sources._images import fill_batch, fills_batch, image_batch, image_values
 from kuat.vision import protocol as vision_protocol
 
 __all__ = ["Dataset", "open_dataset"]
+
+# how kuat_fetch_collated builds a field (Dataset._collated_routes)
+_TENSOR, _NUMBER, _AS_IS, _FILL, _OTHER = "tensor", "number", "as is", "fill", "other"
+_torch = None  # torch, once a view has decided its routes
 
 
 class Dataset:
@@ -196,36 +200,73 @@ class Dataset:
         built per sample and collated per field. With a whole-sample transform the samples are
         built and collated as they would be. Thread-safe (as ``__getitems__``).
         """
-        from kuat.collate import default_collate
-
         idx = self._store.indices(indices)
         if self._sample_transform is not None or len(idx) == 0:
-            return default_collate(self._samples(idx, batch_buffer=True))
-        ft = self._field_transforms
-        own = [n for n, t in ft.items() if vision_protocol.advises_reads(t)]
-        sid, cols = self._store.gather(idx, self.schema.names, own)
-        import torch
+            from kuat.collate import default_collate
 
-        out = {}
+            return default_collate(self._samples(idx, batch_buffer=True))
+        names, own, routes = self._collated_routes()
+        sid, cols = self._store.gather(idx, names, own)
+        out = dict.fromkeys(names)  # the schema's order; filled in the routes' order
         index_list = None
-        for f in self.schema:
-            c, kind, t = cols[f.name], f.type.kind, ft.get(f.name)
-            if t is None and kind == "tensor":
-                out[f.name] = torch.from_numpy(c)  # (B, *shape): the gather's fresh copy
-            elif t is None and kind in ("scalar", "bool") and c.dtype != np.uint64:
-                # as torch.tensor(list of Python numbers): int64, float64 or bool, (B,)
-                want = np.bool_ if kind == "bool" else np.float64 if c.dtype.kind == "f" else np.int64
-                out[f.name] = torch.from_numpy(c.astype(want, copy=False))
-            elif t is None and kind == "string":
-                out[f.name] = c  # B str, as default_collate leaves strings
+        for name, route, arg in routes:
+            c = cols[name]
+            if route is _TENSOR:
+                out[name] = _torch.from_numpy(c)  # (B, *shape): the gather's fresh copy
+            elif route is _NUMBER:  # as torch.tensor(list of Python numbers): (B,) int64,
+                want = arg or (np.float64 if c.dtype.kind == "f" else np.int64)  # float64, bool
+                out[name] = _torch.from_numpy(c.astype(want, copy=False))
+            elif route is _AS_IS:
+                out[name] = c  # B str, as default_collate leaves strings
+            elif route is _FILL:  # a fused transform's batch buffer is the batch as it is
+                out[name] = fill_batch(c, idx, sid, self._store.shard_paths,
+                                       self._field_transforms[name], arg)
             else:
                 if index_list is None:
                     index_list = idx.tolist()
-                if kind == "image":  # a fused transform's batch buffer is the batch as it is
-                    out[f.name] = image_batch(c, index_list, sid, self._store.shard_paths, t)
+                t = self._field_transforms.get(name)
+                if arg == "image":
+                    out[name] = image_batch(c, index_list, sid, self._store.shard_paths, t)
                 else:
-                    out[f.name] = default_collate(self._field_values(f, c, index_list, sid, True))
+                    from kuat.collate import default_collate
+
+                    f = self.schema[name]
+                    out[name] = default_collate(self._field_values(f, c, index_list, sid, True))
         return out
+
+    def _collated_routes(self) -> tuple[list, tuple, tuple]:
+        """How :meth:`kuat_fetch_collated` builds each field, decided once per view (its
+        transforms are fixed when it is made): ``(field names, image fields whose transform
+        advises its own reads, ((name, route, arg), ...))``."""
+        routes = self.__dict__.get("_routes")
+        if routes is None:
+            global _torch  # imported when first needed, not with kuat
+            import torch
+
+            _torch = torch
+            ft = self._field_transforms
+            per = []
+            for f in self.schema:
+                kind, t = f.type.kind, ft.get(f.name)
+                size = fills_batch(t) if kind == "image" else None
+                if t is None and kind == "tensor":
+                    per.append((f.name, _TENSOR, None))
+                elif t is None and kind in ("scalar", "bool") and f.type.np_dtype != np.uint64:
+                    per.append((f.name, _NUMBER, np.bool_ if kind == "bool" else None))
+                elif t is None and kind == "string":
+                    per.append((f.name, _AS_IS, None))
+                elif size is not None:
+                    per.append((f.name, _FILL, size))
+                else:
+                    per.append((f.name, _OTHER, kind))
+            own = tuple(n for n, route, _ in per  # (their gather makes no codec names)
+                        if route is _FILL and vision_protocol.advises_reads(ft[n]))
+            # the columns that cannot fail first: their Python runs before an image batch's
+            # decode evicts the caches (it then costs several times its warm price); fields
+            # that may raise keep the schema's order (the first one fails the batch)
+            per.sort(key=lambda r: r[1] is _FILL or r[1] is _OTHER)
+            routes = self._routes = (self.schema.names, own, tuple(per))
+        return routes
 
     def __iter__(self):
         for i in range(len(self)):

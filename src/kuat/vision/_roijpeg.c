@@ -1579,14 +1579,16 @@ done:
 }
 
 /* plan_decode_rrc(datas, widths, heights, words, out, out_h, out_w, scale_lo, scale_hi,
- * log_ratio_lo, log_ratio_hi, ratio_lo, ratio_hi, flip_ps, max_pixels, draws) ->
- * (unplanned, failed): plan_rrc, then decode_resize_batch of every planned image into its
+ * log_ratio_lo, log_ratio_hi, ratio_lo, ratio_hi, flip_ps, max_pixels, draws,
+ * unhashed=None) -> (unplanned, failed): plan_rrc, then decode_resize_batch of every planned image into its
  * own slot out[j] (its resize weights computed here, as kuat.vision.resize.taps), in one call
  * that holds the GIL only to take the B buffers and to build the answer: the header walks,
  * draws, boxes, weights, decodes and resizes all run with it released. The same boxes, draws
  * and pixels as plan_rrc + decode_resize_batch. `unplanned`: the j plan_rrc gives None (the
  * per-image path takes them); `failed`: (j, reason) for each planned image that could not be
- * decoded (its slot left as it was, draws[j] as planned). `draws`: (B,) int64, written. */
+ * decoded (its slot left as it was, draws[j] as planned). `draws`: (B,) int64, written.
+ * unhashed = (seed, epoch): `words` is then the (B,) int64 sample indices, and each sample's
+ * words are hashed here, without the GIL (sample_words' values). */
 static PyObject *plan_decode_rrc(PyObject *self, PyObject *args) {
 #ifndef __SIZEOF_INT128__
     PyErr_SetString(PyExc_NotImplementedError, "plan_decode_rrc needs 128-bit integers");
@@ -1594,15 +1596,27 @@ static PyObject *plan_decode_rrc(PyObject *self, PyObject *args) {
 #else
     if (kj.read_scanlines == NULL)
         return PyErr_Format(PyExc_RuntimeError, "no libjpeg loaded: call load(path) first");
-    PyObject *datas_obj, *flips_obj;
+    PyObject *datas_obj, *flips_obj, *unhashed = Py_None;
     Py_buffer wb, hb, wordsb, out, drawsb;
     int out_h, out_w;
     rrc_params p;
     long long max_pixels;
-    if (!PyArg_ParseTuple(args, "Oy*y*y*w*iiddddddOLw*", &datas_obj, &wb, &hb, &wordsb, &out,
+    unsigned long long ss_seed = 0, ss_epoch = 0;
+    if (!PyArg_ParseTuple(args, "Oy*y*y*w*iiddddddOLw*|O", &datas_obj, &wb, &hb, &wordsb, &out,
                           &out_h, &out_w, &p.scale_lo, &p.scale_hi, &p.log_lo, &p.log_hi,
-                          &p.ratio_lo, &p.ratio_hi, &flips_obj, &max_pixels, &drawsb))
+                          &p.ratio_lo, &p.ratio_hi, &flips_obj, &max_pixels, &drawsb, &unhashed))
         return NULL;
+    /* unhashed = (seed, epoch): `words` holds the (B,) int64 sample indices instead, and each
+     * sample's PCG64 words are hashed here without the GIL (sample_words_one: the same words) */
+    const int hash_here = unhashed != Py_None;
+    if (hash_here && !PyArg_ParseTuple(unhashed, "KK", &ss_seed, &ss_epoch)) {
+        PyBuffer_Release(&wb);
+        PyBuffer_Release(&hb);
+        PyBuffer_Release(&wordsb);
+        PyBuffer_Release(&out);
+        PyBuffer_Release(&drawsb);
+        return NULL;
+    }
     PyObject *result = NULL, *datas = NULL, *flips = NULL, *unplanned = NULL, *failed = NULL;
     Py_buffer *bufs = NULL;
     char *held = NULL, *msgs = NULL;
@@ -1617,11 +1631,11 @@ static PyObject *plan_decode_rrc(PyObject *self, PyObject *args) {
     b = PySequence_Fast_GET_SIZE(datas);
     Py_ssize_t n_flips = PySequence_Fast_GET_SIZE(flips);
     const size_t slot_bytes = (size_t)3 * (size_t)(out_h > 0 ? out_h : 0) * (out_w > 0 ? out_w : 0);
-    if (wb.len != b * 8 || hb.len != b * 8 || wordsb.len != b * 32 || n_flips > 16 ||
+    if (wb.len != b * 8 || hb.len != b * 8 || wordsb.len != b * (hash_here ? 8 : 32) || n_flips > 16 ||
         out_h <= 0 || out_w <= 0 || drawsb.len != b * 8 || (size_t)out.len < slot_bytes * b) {
         PyErr_Format(PyExc_ValueError,
                      "plan_decode_rrc: want B=%zd images, (B,) int64 widths and heights, (B, 4) "
-                     "uint64 words, a (B, 3, out_h, out_w) uint8 out, at most 16 flips, a "
+                     "uint64 words (or (B,) int64 indices with unhashed), a (B, 3, out_h, out_w) uint8 out, at most 16 flips, a "
                      "positive output size and (B,) int64 draws", b);
         goto done;
     }
@@ -1654,11 +1668,17 @@ static PyObject *plan_decode_rrc(PyObject *self, PyObject *args) {
             advise_willneed(bufs[j].buf, (size_t)bufs[j].len);
     for (Py_ssize_t j = 0; j < b && !oom; j++) {
         long long box[6], n_drawn = 0;
+        uint64_t own_words[4], own_seed;
+        const char *words_j = (const char *)wordsb.buf + 32 * j;
+        if (hash_here) {
+            sample_words_one(ss_seed, ss_epoch, (uint64_t)((const int64_t *)wordsb.buf)[j],
+                             &own_seed, own_words);
+            words_j = (const char *)own_words;
+        }
         codes[j] = -1; /* not planned */
         if (held[j] &&
             plan_one((const uint8_t *)bufs[j].buf, bufs[j].len, widths[j], heights[j],
-                     (const char *)wordsb.buf + 32 * j, &p, flip_p, n_flips, out_h, out_w,
-                     max_pixels, box, &n_drawn)) {
+                     words_j, &p, flip_p, n_flips, out_h, out_w, max_pixels, box, &n_drawn)) {
             int h = (int)(box[2] - box[1]), w = (int)(box[4] - box[3]);
             if (h <= 0 || w <= 0) { /* never planned so; the per-image path decides */
                 codes[j] = ROI_BAD_ARGS;
@@ -1743,6 +1763,229 @@ done:
 #endif
 }
 
+/* take_rows(columns, sid, local, out) -> -1 or k
+ *   columns  list of S entries, one per shard: a C-contiguous buffer holding that shard's
+ *            column (rows of itemsize bytes, end to end), or None (shard not mapped yet)
+ *   sid, local  (B,) int64: each row's shard and its row within that shard
+ *   out      writable C-contiguous buffer of B * itemsize bytes
+ * Copies row local[j] of columns[sid[j]] to row j of out, for every j: a fixed-size field
+ * (scalar, bool, tensor) gathered across shards in one call, no per-row or per-shard Python.
+ * Returns -1 when done, else the first shard k whose entry is None (rows from the first row
+ * of that shard on are not written: the caller maps shard k and calls again). ValueError: a
+ * shard id or row out of range, or sizes that do not fit. Holds the GIL (a memcpy per row). */
+static PyObject *take_rows(PyObject *self, PyObject *args) {
+    PyObject *cols;
+    Py_buffer sidb, locb, out, cur;
+    if (!PyArg_ParseTuple(args, "O!y*y*w*", &PyList_Type, &cols, &sidb, &locb, &out))
+        return NULL;
+    PyObject *result = NULL;
+    int have = 0;
+    long long cur_k = -1, missing = -1;
+    Py_ssize_t b = sidb.len / 8, n_shards = PyList_GET_SIZE(cols);
+    if (sidb.len % 8 || locb.len != sidb.len || (b > 0 && out.len % b) || (b == 0 && out.len)) {
+        PyErr_Format(PyExc_ValueError,
+                     "take_rows: want (B,) int64 sid and local and an out of B rows, got %zd, "
+                     "%zd and %zd bytes", sidb.len, locb.len, out.len);
+        goto done;
+    }
+    const size_t itemsize = b > 0 ? (size_t)(out.len / b) : 0;
+    const int64_t *sid = (const int64_t *)sidb.buf, *loc = (const int64_t *)locb.buf;
+    for (Py_ssize_t j = 0; j < b; j++) {
+        long long k = sid[j], r = loc[j];
+        if (k != cur_k) {
+            if (k < 0 || k >= n_shards) {
+                PyErr_Format(PyExc_ValueError, "take_rows: shard %lld of %zd", k, n_shards);
+                goto done;
+            }
+            if (have)
+                PyBuffer_Release(&cur);
+            have = 0;
+            PyObject *col = PyList_GET_ITEM(cols, k);
+            if (col == Py_None) {
+                missing = k;
+                break;
+            }
+            if (PyObject_GetBuffer(col, &cur, PyBUF_SIMPLE) < 0)
+                goto done;
+            have = 1;
+            cur_k = k;
+        }
+        if (r < 0 || (size_t)r >= (size_t)cur.len / (itemsize ? itemsize : 1)) {
+            PyErr_Format(PyExc_ValueError, "take_rows: row %lld outside shard %lld's column of "
+                         "%zd bytes (%zu per row)", r, k, cur.len, itemsize);
+            goto done;
+        }
+        memcpy((char *)out.buf + (size_t)j * itemsize, (const char *)cur.buf + (size_t)r * itemsize,
+               itemsize);
+    }
+    result = PyLong_FromLongLong(missing);
+done:
+    if (have)
+        PyBuffer_Release(&cur);
+    PyBuffer_Release(&sidb);
+    PyBuffer_Release(&locb);
+    PyBuffer_Release(&out);
+    return result;
+}
+
+/* image_rows(tables, sid, local, width_out, height_out) -> list or k
+ *   tables   list of S entries, one per shard: None (not mapped yet) or a tuple (view, offsets,
+ *            width, height) of that shard's image column: view a memoryview of its encoded
+ *            bytes, offsets its (n + 1,) int32 row offsets into them, width and height its
+ *            (n,) int32 oriented sizes
+ *   sid, local  (B,) int64: each row's shard and its row within that shard
+ *   width_out, height_out  writable (B,) int32
+ * Returns the B zero-copy views view[offsets[r]:offsets[r + 1]] (each keeps its shard mapped)
+ * and writes each row's width and height: the image column of a batch gathered across shards
+ * in one call. Or the first shard k whose entry is None (the caller maps it and calls again).
+ * ValueError: a shard id, row or offsets out of range. */
+static PyObject *image_rows(PyObject *self, PyObject *args) {
+    PyObject *tables;
+    Py_buffer sidb, locb, wout, hout, ob, wb, hb;
+    if (!PyArg_ParseTuple(args, "O!y*y*w*w*", &PyList_Type, &tables, &sidb, &locb, &wout, &hout))
+        return NULL;
+    PyObject *result = NULL, *views = NULL, *view = NULL;
+    int have = 0;
+    long long cur_k = -1, missing = -1;
+    Py_ssize_t b = sidb.len / 8, n_shards = PyList_GET_SIZE(tables), n_rows = 0, data_len = 0;
+    if (sidb.len % 8 || locb.len != sidb.len || wout.len != b * 4 || hout.len != b * 4) {
+        PyErr_Format(PyExc_ValueError, "image_rows: want (B,) int64 sid and local and (B,) "
+                     "int32 width and height, got %zd, %zd, %zd and %zd bytes", sidb.len,
+                     locb.len, wout.len, hout.len);
+        goto done;
+    }
+    views = PyList_New(b);
+    if (views == NULL)
+        goto done;
+    const int64_t *sid = (const int64_t *)sidb.buf, *loc = (const int64_t *)locb.buf;
+    for (Py_ssize_t j = 0; j < b; j++) {
+        long long k = sid[j], r = loc[j];
+        if (k != cur_k) {
+            if (k < 0 || k >= n_shards) {
+                PyErr_Format(PyExc_ValueError, "image_rows: shard %lld of %zd", k, n_shards);
+                goto done;
+            }
+            if (have) {
+                PyBuffer_Release(&ob);
+                PyBuffer_Release(&wb);
+                PyBuffer_Release(&hb);
+            }
+            have = 0;
+            PyObject *t = PyList_GET_ITEM(tables, k);
+            if (t == Py_None) {
+                missing = k;
+                break;
+            }
+            if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != 4) {
+                PyErr_SetString(PyExc_TypeError,
+                                "image_rows: a shard's entry is (view, offsets, width, height)");
+                goto done;
+            }
+            view = PyTuple_GET_ITEM(t, 0);
+            if (PyObject_GetBuffer(PyTuple_GET_ITEM(t, 1), &ob, PyBUF_SIMPLE) < 0)
+                goto done;
+            if (PyObject_GetBuffer(PyTuple_GET_ITEM(t, 2), &wb, PyBUF_SIMPLE) < 0) {
+                PyBuffer_Release(&ob);
+                goto done;
+            }
+            if (PyObject_GetBuffer(PyTuple_GET_ITEM(t, 3), &hb, PyBUF_SIMPLE) < 0) {
+                PyBuffer_Release(&ob);
+                PyBuffer_Release(&wb);
+                goto done;
+            }
+            have = 1;
+            cur_k = k;
+            n_rows = ob.len / 4 - 1;
+            data_len = PyObject_Length(view);
+            if (data_len < 0)
+                goto done;
+            if (n_rows < 0 || wb.len < n_rows * 4 || hb.len < n_rows * 4) {
+                PyErr_Format(PyExc_ValueError, "image_rows: shard %lld's offsets, widths and "
+                             "heights do not fit (%zd, %zd, %zd bytes)", k, ob.len, wb.len, hb.len);
+                goto done;
+            }
+        }
+        const int32_t *off = (const int32_t *)ob.buf;
+        if (r < 0 || r >= n_rows || off[r] < 0 || off[r] > off[r + 1] || off[r + 1] > data_len) {
+            PyErr_Format(PyExc_ValueError, "image_rows: row %lld outside shard %lld (%zd rows)",
+                         r, k, n_rows);
+            goto done;
+        }
+        PyObject *item = PySequence_GetSlice(view, off[r], off[r + 1]);
+        if (item == NULL)
+            goto done;
+        PyList_SET_ITEM(views, j, item);
+        ((int32_t *)wout.buf)[j] = ((const int32_t *)wb.buf)[r];
+        ((int32_t *)hout.buf)[j] = ((const int32_t *)hb.buf)[r];
+    }
+    if (missing >= 0)
+        result = PyLong_FromLongLong(missing);
+    else {
+        result = views;
+        views = NULL;
+    }
+done:
+    if (have) {
+        PyBuffer_Release(&ob);
+        PyBuffer_Release(&wb);
+        PyBuffer_Release(&hb);
+    }
+    Py_XDECREF(views);
+    PyBuffer_Release(&sidb);
+    PyBuffer_Release(&locb);
+    PyBuffer_Release(&wout);
+    PyBuffer_Release(&hout);
+    return result;
+}
+
+/* locate_rows(starts, idx, sid_out, local_out) -> None
+ *   starts  (S,) int64, ascending: each shard's first global row (starts[0] == 0)
+ *   idx     (B,) int64 global rows, each in [0, total rows) (checked by the caller)
+ *   sid_out, local_out  writable (B,) int64: each row's shard (the last k with
+ *           starts[k] <= idx[j]) and its row within that shard
+ * What np.searchsorted(starts, idx, "right") - 1 and idx - starts[sid] give, in one call.
+ * ValueError: a row before starts[0], or sizes that do not fit. */
+static PyObject *locate_rows(PyObject *self, PyObject *args) {
+    Py_buffer sb, ib, so, lo;
+    if (!PyArg_ParseTuple(args, "y*y*w*w*", &sb, &ib, &so, &lo))
+        return NULL;
+    PyObject *result = NULL;
+    Py_ssize_t n_shards = sb.len / 8, b = ib.len / 8;
+    if (sb.len % 8 || n_shards == 0 || ib.len % 8 || so.len != ib.len || lo.len != ib.len) {
+        PyErr_SetString(PyExc_ValueError, "locate_rows: want (S,) int64 starts (S >= 1) and (B,) "
+                        "int64 rows, shard ids and local rows");
+        goto done;
+    }
+    const int64_t *st = (const int64_t *)sb.buf, *ix = (const int64_t *)ib.buf;
+    int64_t *sid = (int64_t *)so.buf, *loc = (int64_t *)lo.buf;
+    for (Py_ssize_t j = 0; j < b; j++) {
+        int64_t i = ix[j];
+        if (i < st[0]) {
+            PyErr_Format(PyExc_ValueError, "locate_rows: row %lld before the first shard",
+                         (long long)i);
+            goto done;
+        }
+        Py_ssize_t lo_k = 0, hi_k = n_shards; /* the last k with st[k] <= i: in [lo_k, hi_k) */
+        while (hi_k - lo_k > 1) {
+            Py_ssize_t mid = lo_k + (hi_k - lo_k) / 2;
+            if (st[mid] <= i)
+                lo_k = mid;
+            else
+                hi_k = mid;
+        }
+        sid[j] = lo_k;
+        loc[j] = i - st[lo_k];
+    }
+    result = Py_None;
+    Py_INCREF(result);
+done:
+    PyBuffer_Release(&sb);
+    PyBuffer_Release(&ib);
+    PyBuffer_Release(&so);
+    PyBuffer_Release(&lo);
+    return result;
+}
+
 static PyObject *simd_py(PyObject *self, PyObject *args) {
     int level = -1;
     if (!PyArg_ParseTuple(args, "|i", &level))
@@ -1759,6 +2002,14 @@ static PyObject *simd_py(PyObject *self, PyObject *args) {
 }
 
 static PyMethodDef methods[] = {
+    {"locate_rows", locate_rows, METH_VARARGS,
+     "locate_rows(starts, idx, sid_out, local_out) -> None: each row's shard and row in it"},
+    {"take_rows", take_rows, METH_VARARGS,
+     "take_rows(columns, sid, local, out) -> -1 or the first unmapped shard: rows of a "
+     "fixed-size field gathered across shards"},
+    {"image_rows", image_rows, METH_VARARGS,
+     "image_rows(tables, sid, local, width_out, height_out) -> B views or the first unmapped "
+     "shard: an image field's rows gathered across shards"},
     {"simd", simd_py, METH_VARARGS,
      "simd(level=-1) -> level: the resize kernels in use (0 C, 1 SSE2, 2 SSSE3, 3 AVX2); a "
      "level >= 0 sets it, at most the best this CPU runs. Not thread-safe: for tests and "

@@ -34,6 +34,7 @@ from kuat.vision.decode import (
     DEFAULT_MAX_PIXELS,
     decode_image,
     decode_resize_batch,
+    hashes_words,
     plan_decode_rrc,
     roi_batch_available,
     roi_function,
@@ -96,6 +97,11 @@ def _decode_resize_split(jobs: list[tuple], out: np.ndarray) -> list[tuple[int, 
         [lambda lo=lo, hi=hi: decode_resize_batch(jobs[lo:hi], out) for lo, hi in ranges]
     )
     return [(lo + k, reason) for (lo, _), failed in zip(ranges, parts) for k, reason in failed]
+
+
+def _at(seq, j):
+    """``seq[j]``, or ``None`` when ``seq`` is (an optional ``indices`` / ``sources``)."""
+    return None if seq is None else seq[j]
 
 
 class Compose(Transform):
@@ -266,8 +272,7 @@ class Compose(Transform):
                 f"out must be ({n}, 3, H, W) uint8 with (H, W) = output_size() = {size}, "
                 f"got {out.shape} {out.dtype}"
             )
-        indices = list(indices) if indices is not None else [None] * n
-        sources = list(sources) if sources is not None else [None] * n
+        # (indices and sources are read only for a sample the per-image path takes: no copy)
         batched = roi_batch_available() and not self.exact_resize and out.flags.c_contiguous
         draws = np.zeros(n, np.int64)  # (B,): the doubles the C planner drew per sample
         c_args = self._c_plan_args(widths, heights, rngs) if batched else None
@@ -281,9 +286,8 @@ class Compose(Transform):
             width, height = int(widths[j]), int(heights[j])
             if plan is None:
                 plan = self.plan(width, height, rngs[j])  # a fresh generator: the same draws
-            self._apply_planned(
-                datas[j], width, height, plan, rngs[j], out[j], indices[j], sources[j]
-            )
+            self._apply_planned(datas[j], width, height, plan, rngs[j], out[j],
+                                _at(indices, j), _at(sources, j))
         return out
 
     def _plan_decode_in_c(self, datas, c_args, out, draws, indices) -> list | None:
@@ -291,13 +295,16 @@ class Compose(Transform):
         of :meth:`_plan_in_c`, the pixels of ``decode_resize_batch``, no per-image Python);
         returns the per-image path's ``[(j, None)]``, or ``None`` when the decoder's build
         predates that call (the caller plans and decodes apart)."""
-        done = plan_decode_rrc(datas, *c_args[:3], out, c_args[3], draws)
+        widths, heights, words, params, _, unhashed = c_args
+        if unhashed is not None:  # the words hashed in the call, without the GIL
+            words, unhashed = unhashed[2], unhashed[:2]
+        done = plan_decode_rrc(datas, widths, heights, words, out, params, draws, unhashed)
         if done is None:
             return None
         unplanned, failed = done
         later = [(j, None) for j in unplanned]
         for j, reason in failed:
-            logger.debug("batch decode skipped sample %s: %s", indices[j], reason)
+            logger.debug("batch decode skipped sample %s: %s", _at(indices, j), reason)
             later.append((j, None))
             draws[j] = 0  # planned again on the per-image path, from a fresh generator
         # the C-planned samples' generators continue after the plan's draws, as a list of
@@ -316,7 +323,8 @@ class Compose(Transform):
         jobs, job_samples, later = [], [], []
         planned = None
         if c_args is not None:
-            planned = roi_function("plan_rrc")(datas, *c_args[:3], *size, *c_args[3], draws)
+            words = c_args[4].pcg_words if c_args[2] is None else c_args[2]  # (B, 4): hashed now
+            planned = roi_function("plan_rrc")(datas, *c_args[:2], words, *size, *c_args[3], draws)
         if planned is not None:
             for j, box in enumerate(planned):
                 if box is None:
@@ -338,7 +346,8 @@ class Compose(Transform):
                     job_samples.append((j, plan))
         if jobs:
             for k, reason in _decode_resize_split(jobs, out):
-                logger.debug("batch decode skipped sample %s: %s", indices[job_samples[k][0]], reason)
+                logger.debug("batch decode skipped sample %s: %s",
+                             _at(indices, job_samples[k][0]), reason)
                 later.append(job_samples[k])
                 draws[job_samples[k][0]] = 0  # planned again below, from a fresh generator
         if planned is not None:
@@ -346,21 +355,27 @@ class Compose(Transform):
         return later
 
     def _c_plan_args(self, widths, heights, rngs) -> tuple | None:
-        """``(widths, heights, words, params, rngs)`` for ``_roijpeg.c``'s planners
+        """``(widths, heights, words, params, rngs, unhashed)`` for ``_roijpeg.c``'s planners
         (``plan_rrc``, ``plan_decode_rrc``): ``(B,)`` int64 sizes, ``(B, 4)`` uint64 PCG64
-        words, and ``(scale_lo, scale_hi, log_ratio_lo, log_ratio_hi, ratio_lo, ratio_hi,
+        words (``None`` with ``unhashed``: ``rngs``' ``(seed, epoch, indices)`` for
+        ``plan_decode_rrc`` to hash, or ``rngs.pcg_words`` to hash them in Python), and ``(scale_lo, scale_hi, log_ratio_lo, log_ratio_hi, ratio_lo, ratio_hi,
         flip_ps, max_pixels)``. ``None`` (plan in Python) unless the transforms are
         ``RandomResizedCrop`` then flips, ``rngs`` carries the PCG64 seeding words
         (``kuat.rng.BatchGenerators``), the ROI decoder has the planner, every size is
         positive (the Python path raises for the others), and no stream has been drawn from
         yet (the caller's draws, or an earlier call with the same ``rngs``)."""
-        words = getattr(rngs, "pcg_words", None)
         fresh = getattr(rngs, "_fresh", False)
-        if self._c_plan is None or words is None or roi_function("plan_rrc") is None or not fresh:
+        if self._c_plan is None or roi_function("plan_rrc") is None or not fresh:
+            return None
+        # the words, or (seed, epoch, indices) for plan_decode_rrc to hash them without the GIL
+        unhashed = getattr(rngs, "_unhashed", None) if hashes_words() else None
+        words = None if unhashed is not None else getattr(rngs, "pcg_words", None)
+        if words is None and unhashed is None:
             return None
         widths = np.ascontiguousarray(widths, np.int64)  # (B,): the planners read the buffer
-        heights = np.ascontiguousarray(heights, np.int64)
-        if len(widths) and (widths.min() <= 0 or heights.min() <= 0):
+        heights = np.ascontiguousarray(heights, np.int64)  # (an int32 column: one copy)
+        # (the ufunc itself: ndarray.min's Python wrapper costs more, once per batch)
+        if len(widths) and (np.minimum.reduce(widths) <= 0 or np.minimum.reduce(heights) <= 0):
             return None
         rrc, flips = self._c_plan
         # the C limit as _batch_job's `w * h > max_pixels` reads any number: -1 none (None,
@@ -370,7 +385,7 @@ class Compose(Transform):
         max_pixels = -1 if mp is None or not mp < 2**62 else max(0, math.floor(mp))
         params = (float(rrc.scale[0]), float(rrc.scale[1]), *rrc.log_ratio, float(rrc.ratio[0]),
                   float(rrc.ratio[1]), flips, max_pixels)  # fmt: skip
-        return widths, heights, words, params, rngs
+        return widths, heights, words, params, rngs, unhashed
 
     def _plan_in_c(self, datas, widths, heights, rngs, size, draws=None) -> list | None:
         """The batch's ``(scale_num, y0, y1, x0, x1, flip)`` boxes (``None`` for a sample the
@@ -382,9 +397,9 @@ class Compose(Transform):
         c_args = self._c_plan_args(widths, heights, rngs)
         if c_args is None:
             return None
-        return roi_function("plan_rrc")(
-            datas, *c_args[:3], size[0], size[1], *c_args[3], *(() if draws is None else (draws,))
-        )
+        words = rngs.pcg_words if c_args[2] is None else c_args[2]  # (B, 4): hashed now
+        return roi_function("plan_rrc")(datas, *c_args[:2], words, size[0], size[1], *c_args[3],
+                                        *(() if draws is None else (draws,)))
 
     def _batch_job(self, data, width, height, plan, slot, size) -> tuple | None:
         """``decode_resize_batch``'s job for one sample, or ``None`` when it needs the

@@ -64,6 +64,11 @@ _roi, _roi_libjpeg = load_roi()
 if getattr(_roi, "sample_words", None) is not None:
     # the batch's sample seeds hashed in C (same values as kuat._seedseq's NumPy; tested)
     rng.use_native_words(_roi.sample_words)
+if getattr(_roi, "locate_rows", None) is not None:
+    # a batch's fixed-size and batch-decoded image columns gathered in C (kuat.format.gather)
+    from kuat.format import gather as _gather
+
+    _gather.use_native(_roi.take_rows, _roi.image_rows, _roi.locate_rows)
 
 
 class Decoded(NamedTuple):
@@ -302,7 +307,8 @@ def decode_resize_batch(
     return failed
 
 
-def plan_decode_rrc(datas, widths, heights, words, out, params: tuple, draws: np.ndarray):
+def plan_decode_rrc(datas, widths, heights, words, out, params: tuple, draws: np.ndarray,
+                    unhashed: tuple[int, int] | None = None):
     """``_roijpeg.c``'s ``plan_decode_rrc``: a ``RandomResizedCrop`` + flips batch planned
     (as ``plan_rrc``), decoded and resized into ``out[j]`` (as :func:`decode_resize_batch`)
     in one C call that releases the GIL once, with no per-image Python object.
@@ -314,6 +320,9 @@ def plan_decode_rrc(datas, widths, heights, words, out, params: tuple, draws: np
         params: ``plan_rrc``'s ``(scale_lo, scale_hi, log_ratio_lo, log_ratio_hi, ratio_lo,
             ratio_hi, flip_ps, max_pixels)``.
         draws: ``(B,)`` int64, set to the doubles drawn per planned sample (0 elsewhere).
+        unhashed: ``(seed, epoch)`` (64-bit): ``words`` is then the ``(B,)`` int64 sample
+            indices and the C call hashes each sample's words itself, without the GIL
+            (``kuat.rng.BatchGenerators._unhashed``; only with :func:`hashes_words`).
 
     Returns:
         ``(unplanned, failed)``: the ``j`` the per-image path must plan and take, and
@@ -325,9 +334,18 @@ def plan_decode_rrc(datas, widths, heights, words, out, params: tuple, draws: np
         return None
     b, _, h, w = out.shape
     t0 = _native.clock()
-    res = fn(datas, widths, heights, words, out, h, w, *params, draws)
+    if unhashed is None:
+        res = fn(datas, widths, heights, words, out, h, w, *params, draws)
+    else:
+        res = fn(datas, widths, heights, words, out, h, w, *params, draws, unhashed)
     _native.add_since(t0)  # kernel seconds for stats()["busy_s"]["native"]
     return res
+
+
+def hashes_words() -> bool:
+    """Whether :func:`plan_decode_rrc` takes ``unhashed`` (a build of ``_roijpeg.c`` that has
+    ``locate_rows`` has it too). Internal."""
+    return getattr(_roi, "locate_rows", None) is not None
 
 
 def _decode_pil(data, min_scale, max_pixels, index, source) -> Decoded:
