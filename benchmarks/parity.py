@@ -21,8 +21,9 @@ Process`` children, ``sys.executable -c`` scripts). It reads ``KUAT_PARITY_MODE`
 - ``thread`` / ``process``: a subclass of ``kuat.DataLoader`` whose ``worker_type`` defaults to
   that value (an explicit ``worker_type=`` still wins).
 
-Each run is a pytest process over a scratch copy of the file, with a per-test timeout
-(pytest-timeout, ``--timeout``) so no test can hang the run; a test past it ends its pytest
+Each run is a pytest process over a scratch copy of the file (a test that sets the
+multiprocessing start method globally does not leave it to the tests after it: ``CONFTEST``),
+with a per-test timeout (pytest-timeout, ``--timeout``) so no test can hang the run; a test past it ends its pytest
 process (threads it left blocked would otherwise break the tests after it) and the run resumes
 after it (``hung``), as it does after a test that kills the process (``crashed``).
 
@@ -120,6 +121,28 @@ if _mode != "torch":
     if _os.environ.get("KUAT_PARITY_SWAP_TORCHDATA") == "1":
         _sdl.StatefulDataLoader = _Swap
         _sdl_mod.StatefulDataLoader = _Swap
+'''
+
+# Each test starts with the start method the run began with: torch's test_worker_init_fn_forkserver
+# sets it to "forkserver" for the rest of the process (force=True) and never resets it, so every
+# later test's worker processes then import torch on start (about 2.2 s of CPU each, torch's
+# loader and kuat's alike) and TestIndividualWorkerQueue::test_ind_worker_queue (45 workers)
+# took 130 s (kuat) and 270 s (torch's own loader) on a loaded 2-core machine instead of seconds:
+# past --timeout, reported as a hang. Tests that want a start method pass their context.
+CONFTEST = '''\
+# Written by benchmarks/parity.py: no test leaves its multiprocessing start method to the next.
+import multiprocessing as _mp
+
+import pytest
+
+_START = _mp.get_start_method(allow_none=True)
+
+
+@pytest.fixture(autouse=True)
+def _kuat_parity_start_method():
+    yield
+    if _mp.get_start_method(allow_none=True) != _START:
+        _mp.set_start_method(_START, force=True)
 '''
 
 _VERBOSE_LINE = re.compile(r"^(\S+::\S+) (PASSED|FAILED|SKIPPED|XFAIL|XPASS|ERROR)\b")
@@ -240,6 +263,7 @@ def run_suite(suite: Suite, mode: str, source: Path, *, timeout_s: float = 60,
         work.mkdir()
         shutil.copy(source, work / suite.file_name)
         (work / "pytest.ini").write_text("[pytest]\naddopts =\n")  # not the repo's options
+        (work / "conftest.py").write_text(CONFTEST)  # (start methods do not leak: CONFTEST)
         env = run_env(site, suite, mode, extra_path)
         collect_log = logs / f"{suite.name}-{mode}-collect.log"
         _pytest(["--collect-only", "-q", suite.file_name], env, work, 600, collect_log)

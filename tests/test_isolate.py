@@ -276,3 +276,48 @@ def test_only_the_first_thread_batch_is_probed_and_the_watch_catches_the_others(
     assert {wid for wid, _ in seen.values()} == {0, 1, 2, 3}
     for i, (wid, vals) in seen.items():
         assert vals == ((0.0, 0.0, 0.0) if wid == 0 else pytest.approx(_expected(i))), (i, wid)
+
+
+class DrawBeside(PerSample):
+    """Samples 0 and 1 (the two workers' first batches) draw while the other's runs: sample 0
+    draws, lets sample 1 draw, then draws again; whichever one is probed, the other is
+    fetched beside it (isolate.py, 1) and its draw lands in the probed sample's stream."""
+
+    def __init__(self, started, drew):
+        super().__init__(8)
+        self.started, self.drew = started, drew
+
+    def __getitem__(self, i):
+        if i == 0:
+            first = _draws()
+            self.started.set()
+            if not self.drew.wait(20):
+                raise RuntimeError("sample 1 never drew")
+            return (i, *first, *_draws())
+        if i == 1:
+            if not self.started.wait(20):
+                raise RuntimeError("sample 0 never started")
+            out = (i, *_draws(), 0.0, 0.0, 0.0)
+            self.drew.set()
+            return out
+        return (i, *_draws(), 0.0, 0.0, 0.0)
+
+
+def test_a_draw_beside_a_probed_sample_has_both_fetched_again_isolated():
+    # the probed sample cannot tell its draws from the other's: it is fetched again once the
+    # other is gone, and the other, whose generators changed, is fetched again isolated; each
+    # sample's draws are those isolation gives it, as with one worker
+    def expected(i):
+        saved = isolate.save()
+        try:
+            isolate.seed_globals_cpu(global_rng_seed(SEED, 0, i))
+            return _draws() + (_draws() if i == 0 else (0.0, 0.0, 0.0))
+        finally:
+            isolate.restore(saved)
+
+    started, drew = threading.Event(), threading.Event()
+    dl = kuat.DataLoader(DrawBeside(started, drew), batch_size=1, num_workers=2,
+                         worker_type="thread", seed=SEED, timeout=30)
+    rows = {int(b[0]): tuple(float(v) for v in b[1:]) for b in dl}
+    assert rows == {i: pytest.approx(expected(i)) for i in range(8)}
+    assert dl._job.rng_use.draws

@@ -97,6 +97,32 @@ def test_run_suite_bounds_hangs_and_resumes_after_a_dead_test_process(tmp_path):
     assert len(logged) == 2 and "test_c_kills_the_test_process" in logged[0]
 
 
+LEAKY_SUITE = textwrap.dedent("""
+    import multiprocessing as mp
+    import unittest
+
+    START = mp.get_start_method(allow_none=True)
+
+    class TestLeak(unittest.TestCase):
+        def test_a_sets_forkserver_for_good(self):  # as torch's test_worker_init_fn_forkserver
+            mp.set_start_method("forkserver", force=True)
+
+        def test_b_starts_with_the_runs_start_method(self):
+            self.assertEqual(mp.get_start_method(allow_none=True), START)
+""")
+
+
+def test_a_start_method_set_by_one_test_does_not_reach_the_next(tmp_path):
+    # torch's test_worker_init_fn_forkserver leaked "forkserver" to every later test, whose
+    # workers then each imported torch: test_ind_worker_queue ran past --timeout (a "hang")
+    src = tmp_path / "leaky.py"
+    src.write_text(LEAKY_SUITE)
+    results = parity.run_suite(parity.SUITES["torch"], "torch", src, timeout_s=60)
+    assert {t: o.status for t, o in results.items()} == {
+        "TestLeak::test_a_sets_forkserver_for_good": "passed",
+        "TestLeak::test_b_starts_with_the_runs_start_method": "passed"}
+
+
 def test_compare_flags_a_new_failure_and_a_stale_entry():
     Out = parity.Outcome
     results = {"T::ok": Out("passed"), "T::listed": Out("failed", "x"), "T::new": Out("failed", "boom"),

@@ -329,9 +329,8 @@ def test_an_end_of_epoch_state_carries_the_iterators_side_effects(num_workers, p
 @pytest.mark.parametrize("pw", [False, True], ids=["processes", "processes-persistent"])
 def test_a_state_before_the_first_batch_of_a_stateful_iterable(pw):
     # torchdata's TestSnapshotZero.test_iterable: loaded into the same loader after its epoch,
-    # the state (no worker has reported yet) replays that epoch from fresh copies. (Not with
-    # num_workers=0: torchdata's state there holds the state of an iterator made at iter(),
-    # whose saved global RNG it restores; kuat makes none before the first next().)
+    # the state (no worker has reported yet) replays that epoch from fresh copies. (With
+    # num_workers=0 the state holds the iterator iter() made: tests/test_parity_iter_open.py)
     num_workers = 2
     make = _loaders(num_workers, "process", collate_fn=_identity, persistent_workers=pw)
     for kind in ("torchdata", "kuat"):

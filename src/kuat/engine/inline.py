@@ -29,6 +29,11 @@ class InlineEngine:
         self._ctx = job.start(0, 1, "inline", base_seed, own_copy=own_copy)
         self._tasks: collections.deque[Task] = collections.deque()
 
+    def open_epoch(self, epoch: int, base_seed: int, key) -> bytes | None:
+        """Begin an iterable's epoch now (``FetchJob.open_epoch``: ``iter(dataset)``, or its
+        restore); its dataset state then, or None. Raises what that raises."""
+        return self._job.open_epoch(self._ctx, epoch, base_seed, key)
+
     def submit(self, worker_id: int, task: Task) -> None:
         self._tasks.append(task)
 

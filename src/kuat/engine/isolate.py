@@ -21,6 +21,14 @@ done only for datasets seen to draw:
    :data:`STALL_GRACE_S` later is stuck on something else (a slow read), and the unlocked
    result stands when nothing drew. A batch that must run isolated keeps waiting, with a
    warning (:func:`warn_stalled`).
+   While a probe runs, no other worker waits for it (its sample may be slow): the probe
+   *opens* the lock, and the other threads' batches (first ones included) are fetched watched
+   *beside* it, on the shared side joined while it holds the exclusive one. Such a batch
+   stands when the generators did not change and the prober did not reseed them meanwhile
+   (:attr:`SharedExclusiveLock.generation`); otherwise it is fetched again as it would have
+   been (isolated once something drew). A probed sample whose generators changed while a batch
+   was fetched beside it cannot tell whose draw it saw (and a draw beside it may have taken
+   its own): the prober closes the lock, lets those fetches end and fetches the sample again.
 2. **Watch.** Later batches of a dataset not (yet) seen drawing run without reseeding, under
    the shared side of :data:`GLOBAL_RNG_LOCK`, with one fingerprint before and one after the
    batch (under 1 us each). If they differ, something drew: the batch is fetched again,
@@ -52,13 +60,14 @@ import os
 import random
 import sys
 import threading
-import time
 
 import numpy as np
 import torch
 
-__all__ = ["GLOBAL_RNG_LOCK", "RngUse", "STALL_S", "STALL_GRACE_S", "fingerprint", "seed_globals_cpu", "save", "restore",
-           "warn_stalled"]
+from kuat.engine.rng_lock import JOINED, SharedExclusiveLock
+
+__all__ = ["GLOBAL_RNG_LOCK", "JOINED", "RngUse", "STALL_S", "STALL_GRACE_S", "fingerprint",
+           "seed_globals_cpu", "save", "restore", "warn_stalled"]
 
 log = logging.getLogger("kuat.engine")
 
@@ -66,86 +75,9 @@ MAX_FALSE_ALARMS = 3
 _MASK32 = (1 << 32) - 1
 
 
-class _SharedExclusiveLock:
-    """Many holders of the shared side at once, or one holder of the exclusive side.
-
-    ``patience`` (seconds, both sides): give up (return False) once the lock has been held
-    without a break, by anyone, for that long; ``None`` waits for ever. Measured from when the
-    lock was taken, not from when this waiter came: once a holder is stuck (its sample waits
-    for another worker), later waiters give up at once instead of each waiting again.
-    """
-
-    def __init__(self):
-        self._cond = threading.Condition(threading.Lock())
-        self._shared = 0
-        self._exclusive = False
-        self._waiting = 0  # threads waiting for the exclusive side
-        self._held_since = 0.0  # time.monotonic() when the lock was last taken while free
-
-    def _wait(self, free, patience: float | None, not_before: float) -> bool:
-        while not free():
-            if patience is None:
-                self._cond.wait()
-                continue
-            left = max(self._held_since + patience, not_before) - time.monotonic()
-            if left <= 0:
-                return False
-            self._cond.wait(left)
-        return True
-
-    def acquire_shared(self, patience: float | None = None, not_before: float = 0.0) -> bool:
-        """Take the shared side; False (not taken) once the lock was held ``patience`` s
-        (and not before ``time.monotonic()`` is ``not_before``)."""
-        with self._cond:
-            if not self._wait(lambda: not self._exclusive, patience, not_before):
-                return False
-            if not self._shared:
-                self._held_since = time.monotonic()
-            self._shared += 1
-            return True
-
-    def release_shared(self) -> None:
-        with self._cond:
-            self._shared -= 1
-            if not self._shared and self._waiting:
-                self._cond.notify_all()
-
-    def acquire(self, patience: float | None = None, not_before: float = 0.0) -> bool:
-        """Take the exclusive side; False (not taken) once the lock was held ``patience`` s
-        (and not before ``time.monotonic()`` is ``not_before``)."""
-        with self._cond:
-            self._waiting += 1
-            try:
-                if not self._wait(lambda: not (self._exclusive or self._shared), patience,
-                                  not_before):
-                    return False
-            finally:
-                self._waiting -= 1
-            self._exclusive = True
-            self._held_since = time.monotonic()
-            return True
-
-    def release(self) -> None:
-        with self._cond:
-            self._exclusive = False
-            self._cond.notify_all()
-
-    @property
-    def held_since(self) -> float:
-        """``time.monotonic()`` when the lock was last taken while free (names one hold)."""
-        return self._held_since
-
-    def __enter__(self):
-        self.acquire()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.release()
-
-
 # Exclusive: a sample runs with reseeded global RNGs. Shared: a batch runs un-isolated and
 # watched (nothing may reseed meanwhile, or the watch would blame the dataset).
-GLOBAL_RNG_LOCK = _SharedExclusiveLock()
+GLOBAL_RNG_LOCK = SharedExclusiveLock()
 
 
 # How long the lock may be held before a waiter suspects that the holder's sample is waiting
@@ -174,7 +106,7 @@ def warn_stalled(what: str) -> None:
 def _reset_lock_in_child() -> None:
     # A fork while another thread held the lock would leave it held forever in the child.
     global GLOBAL_RNG_LOCK
-    GLOBAL_RNG_LOCK = _SharedExclusiveLock()
+    GLOBAL_RNG_LOCK = SharedExclusiveLock()
 
 
 _forking_np_lock = None  # the NumPy global generator's lock, held by the forking thread

@@ -23,6 +23,9 @@ __all__ = ["IsolatedFetch"]
 
 _WATCH = object()  # FetchJob._isolated: fetch this first batch watched, not probed
 _STALLED = object()  # FetchJob._isolated: the lock was held too long; fetch watched, unlocked
+_JOINED = object()  # FetchJob._isolated: the shared side joined beside an open prober
+# fetches beside an open prober (isolate.py, 1) a batch may try while it reseeds meanwhile
+BESIDE_TRIES = 3
 
 
 def _index_key(index) -> int:
@@ -60,19 +63,67 @@ class IsolatedFetch:
             # a draw all the same and re-fetches the batch isolated. Without the watch (false
             # alarms) and in worker processes (their own generators) each worker still probes.
             if not self._may_watch_first(ctx):
-                data = self._isolated(ctx, epoch, key, st, first=True)
-                if data is _STALLED:
-                    return self._watched(ctx, epoch, key, st, locked=False)
-                if data is not _WATCH:
-                    return data
+                return self._first(ctx, epoch, key, st, join=True)
+        return self._watch(ctx, epoch, key, st, join=True)
+
+    def _first(self, ctx: WorkerCtx, epoch: int, key, st: WorkStats, join: bool):
+        """A worker's first batch: probed (isolated), or watched once a probe saw no draw;
+        with ``join``, fetched beside a probe that runs now (:meth:`_beside`)."""
+        data = self._isolated(ctx, epoch, key, st, first=True, join=join)
+        if data is _STALLED:
+            return self._watched(ctx, epoch, key, st, locked=False)
+        if data is _JOINED:
+            return self._beside(ctx, epoch, key, st, first=True)
+        if data is _WATCH:
+            return self._watch(ctx, epoch, key, st, join=join)
+        return data
+
+    def _watch(self, ctx: WorkerCtx, epoch: int, key, st: WorkStats, join: bool):
+        """A later batch (or a first one after a probe saw no draw): watched."""
+        use = self.rng_use
         if not use.watch:
             return self._get(ctx, key)
         # A holder of the exclusive side for STALL_S may be a sample waiting for this worker
         # (a barrier across workers, as in torch's own tests): unless the dataset is known to
-        # draw, the batch is then fetched without the lock, watched all the same
+        # draw, the batch is then fetched without the lock, watched all the same. A probe
+        # (an open holder) is not waited for: the batch is fetched beside it (_beside)
         lock = isolate.GLOBAL_RNG_LOCK
-        locked = lock.acquire_shared(patience=None if use.draws else isolate.STALL_S)
+        locked = lock.acquire_shared(patience=None if use.draws else isolate.STALL_S,
+                                     join=join and not use.draws)
+        if locked is isolate.JOINED:
+            return self._beside(ctx, epoch, key, st, first=False)
         return self._watched(ctx, epoch, key, st, locked)
+
+    def _beside(self, ctx: WorkerCtx, epoch: int, key, st: WorkStats, first: bool):
+        """The samples of ``key`` fetched watched beside an open prober (this thread joined
+        the shared side; isolate.py, 1), which it releases: they stand when the generators
+        did not change and the prober did not reseed them meanwhile (``generation``). When
+        something drew, the batch is fetched again isolated (as a watched batch that drew);
+        when the prober reseeded, beside it again (``BESIDE_TRIES`` in all) while it is open,
+        then as it would have been without joining."""
+        use, lock = self.rng_use, isolate.GLOBAL_RNG_LOCK
+        for attempt in range(BESIDE_TRIES):
+            if attempt and not lock.try_join():
+                break  # the prober closed the lock, or is gone
+            generation = lock.generation
+            try:
+                before = isolate.fingerprint()
+                data = self._get(ctx, key)
+                drew = isolate.fingerprint() != before
+            finally:
+                reseeded = lock.generation != generation
+                lock.release_shared(joined=True)
+            if not drew and not reseeded:
+                return data
+            del data
+            if not reseeded:  # something drew (the dataset, or another thread): isolated
+                data = self._isolated(ctx, epoch, key, st)
+                if not use.draws:
+                    use.false_alarm()
+                return data
+        if first:
+            return self._first(ctx, epoch, key, st, join=False)
+        return self._watch(ctx, epoch, key, st, join=False)
 
     def _watched(self, ctx: WorkerCtx, epoch: int, key, st: WorkStats, locked: bool):
         """The samples of ``key`` fetched un-isolated between two fingerprints (holding the
@@ -116,7 +167,7 @@ class IsolatedFetch:
         return ctx.method != "process" and use.probed and use.watch and not use.draws
 
     def _isolated(self, ctx: WorkerCtx, epoch: int, key, st: WorkStats, first: bool = False,
-                  grace_until: float | None = None):
+                  grace_until: float | None = None, join: bool = False):
         """The samples of ``key`` with the global RNGs reseeded per sample (``__getitem__``)
         or per batch (``__getitems__``), under the exclusive lock; probes whether the dataset
         draws until that is known. With ``first`` (a worker's first batch), returns ``_WATCH``
@@ -124,11 +175,21 @@ class IsolatedFetch:
         batch and seen no draw (workers that started together then watch side by side instead
         of probing one after another). Returns ``_STALLED`` instead when the lock has been
         held ``STALL_S`` (and it is past ``grace_until``) by then, for a first batch or one
-        given ``grace_until``, while the dataset is not known to draw (``_watched``)."""
+        given ``grace_until``, while the dataset is not known to draw (``_watched``). With
+        ``join``, returns ``_JOINED`` (the shared side held, beside the holder) as soon as the
+        holder is an open prober, while the dataset is not known to draw (``_beside``).
+
+        While the dataset is not known to draw, the holder opens the lock: others fetch beside
+        it instead of waiting for its samples (:meth:`_probed`)."""
         use = self.rng_use
         lock = isolate.GLOBAL_RNG_LOCK
         t0 = time.perf_counter()
-        if not lock.acquire(patience=isolate.STALL_S, not_before=grace_until or 0.0):
+        got = lock.acquire(patience=isolate.STALL_S, not_before=grace_until or 0.0,
+                           join=join and not use.draws)
+        if got is isolate.JOINED:
+            st.rng_wait_s += time.perf_counter() - t0
+            return _JOINED
+        if not got:
             if (first or grace_until is not None) and not use.draws:
                 # the holder may be waiting for this worker's sample: the caller fetches it
                 # watched, without the lock
@@ -145,6 +206,8 @@ class IsolatedFetch:
             # a collate_fn, then draws from base_seed + worker_id's stream, as in torch); once
             # every batch is isolated it is not restored (0.15 ms a batch)
             saved = isolate.save() if ctx.method != "process" or not use.draws else None
+            if not use.draws:
+                lock.open()  # (after the save: a draw beside it is in the state restored)
             view = seed_view.current()
             viewed = view.shown, view.hidden
             if view.shown is None:  # torch.initial_seed() answers what it would unisolated
@@ -154,29 +217,49 @@ class IsolatedFetch:
             try:
                 if self.use_getitems:
                     s = krng.global_rng_seed(self.seed, epoch, _batch_key(key))
-                    isolate.seed_globals_cpu(s)
-                    seed_view.hide(s)
-                    probe = None if use.draws else isolate.fingerprint()
-                    out = self._get(ctx, key)
-                    if probe is not None and isolate.fingerprint() != probe:
-                        use.draws = True
+                    out = self._probed(s, lambda: self._get(ctx, key))
                     use.probed = True
                     return out
                 out = []
                 getitem = self._getitem(ctx)
                 for i in key:
                     s = krng.global_rng_seed(self.seed, epoch, _index_key(i))
-                    isolate.seed_globals_cpu(s)
-                    seed_view.hide(s)
-                    probe = None if use.draws else isolate.fingerprint()
-                    out += krng.map_samples(getitem, (i,))
-                    if probe is not None and isolate.fingerprint() != probe:
-                        use.draws = True
+                    out += self._probed(s, lambda i=i: krng.map_samples(getitem, (i,)))
                 use.probed = True
                 return out
             finally:
                 if saved is not None:
+                    lock.bump()
                     isolate.restore(saved)
                 view.shown, view.hidden = viewed
         finally:
             lock.release()
+
+    def _probed(self, seed: int, fetch):
+        """``fetch()`` with the global generators seeded from ``seed`` (the caller holds the
+        exclusive side); sets ``rng_use.draws`` when it drew. A change of the generators
+        while another thread fetched beside it (the lock open) may be that thread's draw, and
+        that draw may have taken the sample's own: the lock is then closed (no more joiners;
+        those there finish) and the sample fetched again."""
+        use, lock = self.rng_use, isolate.GLOBAL_RNG_LOCK
+        while True:
+            lock.bump()
+            isolate.seed_globals_cpu(seed)
+            seed_view.hide(seed)
+            lock.mark()
+            probe = None if use.draws else isolate.fingerprint()
+            out = fetch()
+            if probe is None or isolate.fingerprint() == probe:
+                return out
+            if not lock.overlapped():
+                use.draws = True  # (from now on every sample runs isolated: no joiners)
+                self._close(lock)
+                return out
+            del out
+            self._close(lock)
+
+    @staticmethod
+    def _close(lock) -> None:
+        if not lock.close(patience=isolate.STALL_S):
+            isolate.warn_stalled("a sample fetched again with the generators to itself")
+            lock.close()

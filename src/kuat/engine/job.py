@@ -243,11 +243,24 @@ class FetchJob(IsolatedFetch):
             return None
         return ctx.dataset.kuat_iter_collated(self.collate_fn, self.batch_size, self.drop_last)
 
+    def open_epoch(self, ctx: WorkerCtx, epoch: int, base_seed: int, key) -> bytes | None:
+        """Begin epoch ``epoch`` of an iterable now, before its first task: ``iter()`` of the
+        dataset, or its restore from ``key`` (torch's single-process iterator calls
+        ``iter(dataset)`` when it is made, and torchdata's restores the saved state there).
+        Returns the worker's dataset state then (:meth:`_state_of`), or None when it has none.
+        Raises what ``iter()`` or a ``load_state_dict`` raises."""
+        with krng.epoch_context(self.seed, epoch):
+            self._new_epoch(ctx, epoch, base_seed, key)
+            return self._state_of(ctx) if ctx.reports_state else None
+
     @staticmethod
     def _restore(ctx: WorkerCtx, blob: bytes | None, fresh: bool) -> None:
         """Resume this worker's copy from its own saved state (torchdata's order: the dataset's
         state, then ``iter()``, then the iterator's state); ``None``: start afresh. ``fresh``:
-        the epoch starts (a state saved at an epoch's end): then a new ``iter()`` begins it."""
+        the epoch starts. Its state then is either one its iterator ran out with (saved at the
+        previous epoch's end), whose side effects carry over while a new ``iter()`` begins the
+        epoch, or that of the epoch's own iterator, made by ``iter(loader)`` before its first
+        batch (:meth:`open_epoch`), which goes on as restored."""
         saved = pickle.loads(blob) if blob is not None else {}
         ds = ctx.dataset
         if saved.get("dataset") is not None and protocol.provides(ds, protocol.Stateful):
@@ -256,7 +269,7 @@ class FetchJob(IsolatedFetch):
         if saved.get("iterator") is not None and protocol.provides(ctx.iterator, protocol.Stateful):
             ctx.iterator.load_state_dict(saved["iterator"])
         ctx.ended = bool(saved.get("ended", False))
-        if fresh and blob is not None:
+        if fresh and ctx.ended:
             ctx.iterator, ctx.ended = iter(ds), False
 
     @staticmethod

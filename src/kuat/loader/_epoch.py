@@ -1,6 +1,7 @@
 """Where the epoch order is decided: turn the loader's position into an :class:`EpochPlan`.
 
-When an epoch starts (its iterator's first ``next()``), :func:`plan_epoch`
+When an epoch starts (its iterator's first ``next()``; with ``num_workers=0`` over a torch
+``IterableDataset``, ``iter()``: :func:`opens_at_iter`), :func:`plan_epoch`
 
 1. resolves rank and world size (:mod:`kuat.distributed`) and hands them to the loader's
    sampler or iterable source (:func:`apply_distributed`);
@@ -44,7 +45,7 @@ from kuat.sampling import EpochSampler
 from kuat.sources import protocol as _protocol
 from kuat.sources.stream import Stream
 
-__all__ = ["apply_distributed", "next_epoch", "plan_epoch", "epoch_keys", "batched"]
+__all__ = ["apply_distributed", "next_epoch", "plan_epoch", "opens_at_iter", "epoch_keys", "batched"]
 
 log = logging.getLogger("kuat.loader")
 
@@ -209,12 +210,13 @@ def _set_sampler_epoch(loader, epoch: int) -> None:
 
 
 def plan_epoch(loader, it) -> EpochPlan:
-    """Start the epoch of iterator ``it`` (its first ``next()``) and describe it."""
+    """Start the epoch of iterator ``it`` (at its first ``next()``, or when it is made:
+    :func:`opens_at_iter`) and describe it."""
     if loader._closed:
         raise RuntimeError("this kuat DataLoader was closed")
     apply_distributed(loader)
     st, traits = loader._state, loader._traits
-    previous = st.position
+    previous, skip_first = st.position, st.skip_first
     epoch, skip, restore, pending = next_epoch(loader)
     # elastic resume: the epoch continues after this many positions of its global order
     start = pending.offset if pending is not None else None
@@ -278,15 +280,23 @@ def plan_epoch(loader, it) -> EpochPlan:
         keys = (Seeded(int(shared_seed), key) for key in keys)
     _elastic.start_stream(loader, epoch, start)  # (before workers copy the source)
     feed = loader._feed
-    if feed is not None and feed.is_peer():  # replicas="broadcast": the leader reads for it
+    peer = feed is not None and feed.is_peer()  # replicas="broadcast": the leader reads for it
+    if peer:
         lease = Lease(loader._workers, loader, InlineEngine(loader._job, base_seed), True, base_seed)
     else:
         lease = loader._workers.lease(loader, base_seed, it)
-    position = st.position = Position(epoch, skip, False, at_start, workers)
+    position = Position(epoch, skip, False, at_start, workers)
     if start is not None:  # (skip: the batches counted as served before the offset)
         position.offset, position.base = start, skip
     # which keys are done, as batches come back (in order or not; an iterable's: whether)
     position.keys = KeysDone(*(done if done is not None else (skip,)))
+    if opens_at_iter(loader) and not peer:
+        try:
+            keys = _open(lease, epoch, base_seed, keys, position)
+        except BaseException:  # not started: a loaded or requested position still waits
+            st.pending, st.skip_first = pending, skip_first
+            raise
+    st.position = position
     reported = loader._IterableDataset_len_called
     if traits.iterable and reported is not None:  # torch's warning when more batches come
         position.on_batch = functools.partial(_notices.iterable_length, loader, reported)
@@ -296,6 +306,32 @@ def plan_epoch(loader, it) -> EpochPlan:
         if owner.seed is None:  # and from the seed the copy's first epoch drew
             owner._set_seed(loader.seed)
     return _plan(loader, epoch, base_seed, keys, discard, position, lease, first_worker)
+
+
+def opens_at_iter(loader) -> bool:
+    """Whether ``iter(loader)`` starts the epoch, where it otherwise starts at the first
+    ``next()``: ``num_workers=0`` over a torch ``IterableDataset`` (not a kuat stream), as
+    torch's single-process iterator calls ``iter(dataset)`` when it is made (and torchdata's
+    restores the saved iterator there), so that a state taken before the first batch holds
+    that iterator's state. Workers start nothing (none), and an iterator dropped unused leaves
+    the epoch to the next one (``Position.opened``)."""
+    return loader.num_workers == 0 and loader._job.worker_state
+
+
+def _open(lease, epoch: int, base_seed: int, keys, position: Position):
+    """Begin the epoch in the inline engine now (:func:`opens_at_iter`); the keys, unchanged.
+    The dataset state then is the position's until a batch is served. Raises what ``iter()``
+    of the dataset (or its restore) raises, after releasing the engine."""
+    first = next(keys)
+    try:
+        state = lease.engine.open_epoch(epoch, base_seed, first)
+    except BaseException:
+        lease.release(broken=True)
+        raise
+    position.opened = True
+    if state is not None:
+        position.workers.states[0] = state
+    return itertools.chain((first,), keys)
 
 
 def _state_names_draws(loader, pending) -> bool:

@@ -1,8 +1,8 @@
 """One epoch of a loader: dispatch tasks to workers, restore order, copy, transform, yield.
 
-:class:`LoaderIter` is what ``iter(loader)`` returns. It is created without side effects; its
-first ``next()`` asks for the epoch's plan (``_plan.EpochPlan``) (the loader decides
-the epoch, its keys and its engine then) and from there reads only the plan. The per-batch
+:class:`LoaderIter` is what ``iter(loader)`` returns. It is created without side effects
+(unless ``eager``); its first ``next()`` asks for the epoch's plan (``_plan.EpochPlan``) (the
+loader decides the epoch, its keys and its engine then) and from there reads only the plan. The per-batch
 loop (:meth:`LoaderIter._next_batch`) dispatches tasks round-robin to workers up to the
 prefetch bound, takes results in order (or as completed), and hands the batch on.
 """
@@ -32,17 +32,22 @@ class LoaderIter:
     """One epoch of a :class:`kuat.DataLoader`: dispatches tasks, restores order, yields batches.
 
     Args:
-        start: called once, at the first ``next()``, with this iterator; returns the epoch's
-            plan (the loader starts the epoch then: rank, seeds, workers).
+        start: called once, at the first ``next()`` (``eager``: now), with this iterator;
+            returns the epoch's plan (the loader starts the epoch then: rank, seeds, workers).
         length: ``len()`` of the epoch (the loader's ``len``).
+        eager: start the epoch now (what the loader asks for ``num_workers=0`` over a torch
+            ``IterableDataset``, whose ``iter()`` torch calls when its iterator is made).
     """
 
-    def __init__(self, start: Callable[[LoaderIter], _plan.EpochPlan], length: Callable[[], int]):
+    def __init__(self, start: Callable[[LoaderIter], _plan.EpochPlan], length: Callable[[], int],
+                 eager: bool = False):
         self._start = start
         self._length = length
         self._started = False
         self._closed = False
         self._finished = False
+        if eager:
+            self._begin()
 
     def _setup(self, plan: _plan.EpochPlan) -> None:
         self._started = True
@@ -111,6 +116,7 @@ class LoaderIter:
             if self._closed:
                 raise StopIteration
             self._begin()
+        self._position.opened = False  # (an epoch opened by iter() is started: _state)
         if self._t_mark is None:
             self._t_mark = t0
         self._adapt.loop_resumed()

@@ -174,6 +174,9 @@ class Position:
     # called with ``yielded`` after each batch (torch's IterableDataset length warning)
     on_batch: Callable[[int], None] | None = None
     keys: KeysDone | None = None  # which keys are done (map-style; None: the first ``served``)
+    # started by iter() (num_workers=0 over a torch IterableDataset: _epoch.opens_at_iter) and
+    # not next()-ed yet: an iterator dropped unused leaves the epoch to the next one started
+    opened: bool = False
 
     def dispatched(self) -> int | None:
         """The ordinal of the key the iterator dispatches now (None: not tracked)."""
@@ -242,8 +245,11 @@ class LoaderState:
     owner: Any = None  # weakref to the loader a skip_first_batches copy reports its position to
 
     def following_epoch(self) -> int:
-        """The epoch after the last one started (0 before any)."""
-        return 0 if self.position is None else self.position.epoch + 1
+        """The epoch after the last one started (0 before any; an epoch opened by ``iter()``
+        whose iterator saw no ``next()`` was not started: it comes again)."""
+        if self.position is None:
+            return 0
+        return self.position.epoch + (not self.position.opened)
 
 
 def order_at_start(loader) -> dict[str, Any]:

@@ -132,8 +132,9 @@ class DataLoader(_TorchDataLoader[_T_co]):  # generic as torch's: kuat.DataLoade
         snapshot_every_n_steps: accepted for ``StatefulDataLoader`` compatibility (an int >= 0
             or ``None``, as torchdata); every :meth:`state_dict` call is exact whatever its value.
 
-    Iteration is lazy: ``iter(loader)`` neither starts workers nor advances the epoch; the
-    epoch starts at the first ``next()``. The loader pickles (live workers are not carried).
+    Iteration is lazy: ``iter(loader)`` neither starts workers nor advances the epoch, which
+    starts at the first ``next()`` (at ``iter()`` with ``num_workers=0`` over a torch
+    ``IterableDataset``: torch calls ``iter(dataset)`` there). Pickles without live workers.
 
     Raises:
         ValueError / TypeError: invalid arguments (torch's messages for torch's arguments and
@@ -206,8 +207,7 @@ class DataLoader(_TorchDataLoader[_T_co]):  # generic as torch's: kuat.DataLoade
         self.seed = opts.seed
         self._torch_base_seed: int | None = None  # the last base_seed drawn as torch draws it
         self.device = self._device
-        self.on_error = on_error
-        self.snapshot_every_n_steps = snapshot_every_n_steps
+        self.on_error, self.snapshot_every_n_steps = on_error, snapshot_every_n_steps
         self.replicas, self.replica_check_every = replicas, replica_check_every
         # kept, so that Lightning's type(loader)(**attributes) rebuild keeps kuat's sharding
         self.mesh, self.dp_dims, self.shard = mesh, dp_dims, shard
@@ -292,8 +292,7 @@ class DataLoader(_TorchDataLoader[_T_co]):  # generic as torch's: kuat.DataLoade
         self._choice = _auto.WorkerChoice(auto_type=opts.auto_worker_type, auto_count=auto_count,
                                           worker_type=opts.worker_type, num_workers=num_workers)
         self._warned: set[tuple[str, str]] = set()
-        self._advised = False
-        self._warned_unsplit = False
+        self._advised = self._warned_unsplit = False
         self._workers = WorkerPool()
         self._state = _state.LoaderState()
         self._observer_factory = None  # a framework's per-epoch observer (kuat.integrations)
@@ -434,13 +433,14 @@ class DataLoader(_TorchDataLoader[_T_co]):  # generic as torch's: kuat.DataLoade
 
     # --- iteration --------------------------------------------------------------------------
     def __iter__(self) -> LoaderIter:
-        """An iterator over one epoch; nothing starts until its first ``next()``."""
+        """An iterator over one epoch; it starts at its first ``next()`` (see the class)."""
         return self._get_iterator()
 
     def _get_iterator(self) -> LoaderIter:
         if self._closed:
             raise RuntimeError("this kuat DataLoader was closed")
-        return LoaderIter(lambda it: _epoch.plan_epoch(self, it), self.__len__)
+        return LoaderIter(lambda it: _epoch.plan_epoch(self, it), self.__len__,
+                          eager=_epoch.opens_at_iter(self))
 
     def close(self) -> None:
         """Stop persistent workers and refuse further iteration. Idempotent."""
