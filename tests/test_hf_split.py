@@ -80,11 +80,13 @@ def _stream(name, files):
         return ds.map(_mapped).filter(_odd)
     if name == "split-by-node":  # 3 shards over 2 nodes: by position, above the map
         return split_dataset_by_node(ds.map(_mapped), rank=1, world_size=2)
+    if name == "skip-take":  # kept by position above the map: moved under it
+        return ds.map(_mapped).skip(7).take(90).map(lambda r: {"k": r["twice"] + 1})
     raise AssertionError(name)
 
 
 STREAMS = ["plain", "shuffled", "interleaved", "mapped", "filtered-then-mapped",
-           "mapped-then-filtered", "split-by-node"]
+           "mapped-then-filtered", "split-by-node", "skip-take"]
 CUT = {"mapped-then-filtered": False}  # whether the split is taken before per-row work
 
 
