@@ -120,7 +120,7 @@ class _Feed:
 def _tail_over(tail: list, pairs: Iterator, prefix) -> Iterator:
     """``iter(tail[0])`` with ``pairs`` in place of ``iter(prefix)``: copies of the tail's
     nodes (their resume state cleared), each reading the next one."""
-    child = _Feed(pairs, prefix.is_typed, prefix.features)
+    child = _Feed(pairs, prefix.is_typed, getattr(prefix, "features", None))
     for node in reversed(tail):
         clone = copy.copy(node)
         clone._state_dict = None
