@@ -196,3 +196,33 @@ def test_rows_equal_torch_loader_with_default_collate(files):
     assert len(got) == len(want)
     assert all(torch.equal(a["n"], b["n"]) and torch.equal(a["k"], b["k"])
                for a, b in zip(got, want, strict=True))
+
+
+def test_decoded_images_only_for_kept_rows(monkeypatch):
+    """An Image feature decodes in the formatting node on top of the Arrow reading: the share
+    is taken on its Arrow tables and only kept rows are decoded (the same images, same order,
+    plain, shuffled and mapped)."""
+    import io
+
+    from PIL import Image
+
+    def png(i):
+        b = io.BytesIO()
+        Image.fromarray(np.full((2, 2, 3), i, np.uint8)).save(b, "PNG")
+        return {"bytes": b.getvalue(), "path": None}
+
+    feats = datasets.Features({"img": datasets.Image(), "i": datasets.Value("int64")})
+    base = datasets.Dataset.from_dict({"img": [png(i) for i in range(30)], "i": list(range(30))},
+                                      features=feats)
+    streams = [base.to_iterable_dataset(num_shards=3),
+               base.to_iterable_dataset(num_shards=3).shuffle(seed=2, buffer_size=7),
+               base.to_iterable_dataset(num_shards=3).map(lambda r: {"s": int(r["i"]) * 3})]
+
+    def values(batches):
+        return [(r["i"], np.asarray(r["img"]).tolist(), r.get("s")) for b in batches for r in b]
+
+    for ds in streams:
+        assert _uses_cut(ds, monkeypatch)
+        want = values(_batches(list(ds)))
+        assert values(_loader(ds, 2, "thread")) == want
+        assert values(_loader(ds, 2, "process")) == want

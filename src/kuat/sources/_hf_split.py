@@ -22,9 +22,10 @@ The share is taken on the prefix's rows, and only kept rows go through the tail:
 nodes are shallow copies of ``datasets``' own, reading a feed of kept rows instead of their
 child, so each kept sample is made by ``datasets``' own code. The prefix is read as Arrow
 blocks (:func:`kuat.sources._hf_arrow.arrow_tables`) when it can be and decodes nothing (no
-``Image``/``Audio``... feature below the tail): the share is then a slice of each block, and
-rows of other workers never become Python dicts; else it is iterated row by row and only the
-tail is skipped. With neither (no tail, no Arrow prefix: a ``map`` then a ``filter``, a buffer
+``Image``/``Audio``... feature below the tail, except in the formatting node at the prefix's
+top, which then decodes the kept rows only): the share is then a slice of each block, and rows
+of other workers never become Python dicts; else it is iterated row by row and only the tail
+is skipped. With neither (no tail, no Arrow prefix: a ``map`` then a ``filter``, a buffer
 shuffle over a ``map``, a generator source) nothing is saved: :func:`owned_examples` returns
 ``None`` and the caller iterates the whole stream as before.
 
@@ -129,14 +130,37 @@ def _tail_over(tail: list, pairs: Iterator, prefix) -> Iterator:
     return iter(child)
 
 
-def _arrow_rows(blocks: Iterator) -> Iterator:
-    """``(key, row)`` pairs of the rows of ``blocks`` (Arrow tables or PyBlocks), in order,
-    as the prefix's ``__iter__`` gives them (plain values: ``_plain_below``)."""
+def _row_maker(node):
+    """``block -> list of rows``: the prefix ``node``'s rows of one of its Arrow blocks
+    (:func:`kuat.sources._hf_arrow.arrow_tables`) as its ``__iter__`` gives them, or None.
+
+    Values decode to themselves when nothing below decodes (``_plain_below``): the rows are
+    the Arrow values' ``as_py()``. A ``FormattedExamplesIterable`` over Arrow whose features
+    decode (``Image``, ``Audio``...) formats its cast tables with ``datasets``' Python formatter,
+    value by value: the same formatter on the kept rows' tables gives those rows, so other
+    workers' images are not decoded either."""
     from kuat.sources._hf_blocks import PyBlock
 
+    if _plain_below(node):
+        return lambda block: block.rows() if isinstance(block, PyBlock) else block.to_pylist()
+    fmt = getattr(node, "formatting", None)
+    if (type(node).__name__ != "FormattedExamplesIterable" or node.ex_iterable.iter_arrow is None
+            or (fmt is not None and fmt.format_type not in (None, "python"))
+            or not _plain_below(node.ex_iterable)):
+        return None
+    from datasets.formatting import PythonFormatter
+    from datasets.iterable_dataset import _batch_to_examples
+
+    formatter = PythonFormatter(  # FormattedExamplesIterable.__iter__'s own
+        features=node._features if not node.ex_iterable.is_typed else None,
+        token_per_repo_id=node.token_per_repo_id)
+    return lambda table: list(_batch_to_examples(formatter.format_batch(table)))
+
+
+def _arrow_rows(blocks: Iterator, rows_of) -> Iterator:
+    """``(key, row)`` pairs of the rows of ``blocks``, in order (``rows_of``: _row_maker)."""
     for block in blocks:
-        rows = block.rows() if isinstance(block, PyBlock) else block.to_pylist()
-        for row in rows:
+        for row in rows_of(block):
             yield None, row  # the tail passes keys through; samples() drops them
 
 
@@ -166,9 +190,10 @@ def owned_examples(stream, ds) -> Iterator | None:
     resumed = start is not None and start[0] == stream._epoch
     if world_size == 1 and workers == 1 and not resumed:
         return None  # every row is kept: nothing to skip
-    blocks = None
-    if not resumed and _plain_below(node):
-        blocks = _hf_arrow.arrow_tables(node)
+    blocks = rows_of = None
+    if not resumed:
+        rows_of = _row_maker(node)
+        blocks = None if rows_of is None else _hf_arrow.arrow_tables(node)
     if blocks is not None:
         tables = blocks()
         if world_size > 1:
@@ -176,7 +201,7 @@ def owned_examples(stream, ds) -> Iterator | None:
         if workers > 1:
             tables = _hf_arrow.batches_of(tables, stream._batch_size or 1, False, info.id,
                                           workers)
-        pairs = _arrow_rows(tables)
+        pairs = _arrow_rows(tables, rows_of)
     elif tail:
         pairs = stream._share(iter(node))
     else:
