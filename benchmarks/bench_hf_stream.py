@@ -8,6 +8,8 @@ streaming=True)``; batch 256. Three streams:
 * ``stream``: the dataset as loaded;
 * ``stream + map``: with a lazy batched ``.map`` (each row's ids truncated to 128 and a
   ``length`` column added, the kind of step a fine-tuning recipe applies);
+* ``stream + row map``: the same step as a per-row ``.map`` (``batched=False``, as torchtune's
+  transforms run): kuat's workers take their share before it (``kuat.sources._hf_split``);
 * ``interleave``: ``datasets.interleave_datasets`` of two streams (files 0-3 and 4-7,
   probabilities 0.5/0.5, seed 0).
 
@@ -61,7 +63,7 @@ LOADERS = (  # (column label, kind, workers, worker_type)
     ('datasets .with_format("arrow").iter', "arrow", 0, None),
 )
 TORCH = ("torch, 0 workers", "torch, 2 processes")
-CASES = ("stream", "stream + map", "interleave")
+CASES = ("stream", "stream + map", "stream + row map", "interleave")
 
 
 def write_parquet(n: int, out: Path, seed: int = 0) -> list[str]:
@@ -93,6 +95,12 @@ def truncate(batch: dict) -> dict:
     return {"input_ids": ids, "length": [len(r) for r in ids]}
 
 
+def truncate_row(row: dict) -> dict:
+    """The same step on one row (a per-row map)."""
+    ids = row["input_ids"][:TRUNCATE]
+    return {"input_ids": ids, "length": len(ids)}
+
+
 def small_collate(rows: list[dict]) -> dict:
     """A training script's collate: ids padded with 0 to the longest, labels stacked."""
     ids = [torch.tensor(r["input_ids"]) for r in rows]
@@ -111,6 +119,7 @@ def streams(files: list[str]) -> dict[str, Callable[[], object]]:
     return {
         "stream": lambda: load(files),
         "stream + map": lambda: load(files).map(truncate, batched=True),
+        "stream + row map": lambda: load(files).map(truncate_row),
         "interleave": lambda: datasets.interleave_datasets(
             [load(files[: FILES // 2]), load(files[FILES // 2 :])],
             probabilities=[0.5, 0.5], seed=0),

@@ -21,7 +21,9 @@ same types (``int`` / ``list``, ``numpy`` scalars and arrays, 0-d and 1-d tensor
 float32 in the ``numpy`` and ``torch`` formats) and the same values.
 :class:`HFIterableSource` wraps a streaming ``datasets.IterableDataset``: each epoch is the
 dataset's own iteration for that epoch (``set_epoch``: its shard order and shuffle buffer), split
-across ranks and workers by position (:mod:`kuat.sources.stream`).
+across ranks and workers by position (:mod:`kuat.sources.stream`), the split taken before the
+per-row work (Arrow to Python, per-row ``map``) wherever that is exact
+(:mod:`kuat.sources._hf_split`).
 """
 
 from __future__ import annotations
@@ -284,7 +286,10 @@ class HFIterableSource(Stream):
     ``datasets`` applies inside torch workers: kuat splits the stream itself, by position, so
     that every rank gets the same number of samples and a resumed run is exact whatever the
     number of workers (see :mod:`kuat.sources.stream` for the cost: each rank and worker reads
-    every shard). A dataset already split with ``datasets.distributed.split_dataset_by_node`` is
+    every shard; :mod:`kuat.sources._hf_split` for what it skips: other workers' rows are not
+    turned into Python rows nor mapped by a per-row ``map`` wherever the stream allows,
+    assuming, as ``datasets`` and torch do, that a ``map`` function's output for a row depends
+    on that row only). A dataset already split with ``datasets.distributed.split_dataset_by_node`` is
     read as given, and not split across ranks again.
 
     ``split="shards"`` reads each example once instead: ranks take shards as
@@ -361,7 +366,7 @@ class HFIterableSource(Stream):
 
     def __iter__(self):
         if self.split == "position":
-            return super().__iter__()
+            return self._position_share()
         from datasets.distributed import split_dataset_by_node
 
         ds = self._copy(self._epoch)
@@ -369,6 +374,16 @@ class HFIterableSource(Stream):
         if world_size > 1:
             ds = split_dataset_by_node(ds, rank=rank, world_size=world_size)
         return iter(ds)  # datasets shards by worker itself (get_worker_info)
+
+    def _position_share(self):
+        """``split="position"``: this rank's and worker's share of the epoch, taken before the
+        per-row work wherever that is exact (:mod:`kuat.sources._hf_split`), else of the whole
+        stream (a generator: nothing is read before the first ``next``)."""
+        from kuat.sources import _hf_split
+
+        ds = self._copy(self._epoch)
+        owned = _hf_split.owned_examples(self, ds)
+        yield from self._share(self._examples(ds)) if owned is None else owned
 
     def kuat_iter_collated(self, collate_fn, batch_size: int, drop_last: bool):
         """This worker's batches of the current epoch, read as Arrow record batches and
@@ -441,9 +456,12 @@ class HFIterableSource(Stream):
         """The dataset's examples for ``epoch``, as ``iter(dataset)`` gives them in the main
         process (mirrors ``datasets`` 5.2 ``IterableDataset.__iter__`` without its torch-worker
         branch)."""
+        return self._examples(self._copy(epoch))
+
+    @staticmethod
+    def _examples(ds):
         from datasets.formatting import get_formatter
 
-        ds = self._copy(epoch)
         ex_iterable = ds._prepare_ex_iterable_for_iteration()
         if ds._formatting and (ex_iterable.iter_arrow or ds._formatting.is_table):
             formatter = get_formatter(ds._formatting.format_type, features=ds.features)

@@ -96,9 +96,15 @@ class Stream(torch.utils.data.IterableDataset):
         return self._rank, self._world_size
 
     def __iter__(self) -> Iterator:
+        return self._share(self.samples(self._epoch))
+
+    def _share(self, items: Iterator) -> Iterator:
+        """This rank's and worker's items of ``items`` (the epoch's whole stream, in order):
+        the split of the module docstring. It never looks inside an item, so ``items`` may be
+        stand-ins for samples (what :mod:`kuat.sources._hf_split` passes: raw rows that become
+        samples only once kept)."""
         rank, world_size = self._rank_and_world()
         info = torch.utils.data.get_worker_info()
-        items = self.samples(self._epoch)
         start, head = getattr(self, "_start", None), None
         if start is not None and start[0] == self._epoch:  # elastic resume (start_at)
             head = []
