@@ -115,8 +115,13 @@ def test_a_sampler_given_under_kuats_sharding_must_take_the_share():
     """rank=/world_size= shard the loader's own sampler; a user sampler that takes no share
     would give every rank every index (the rank silently ignored): refused. Samplers that take
     their share are served as torch's DataLoader serves them."""
-    from torch.utils.data import (BatchSampler, DistributedSampler, RandomSampler,
-                                  SequentialSampler, WeightedRandomSampler)
+    from torch.utils.data import (
+        BatchSampler,
+        DistributedSampler,
+        RandomSampler,
+        SequentialSampler,
+        WeightedRandomSampler,
+    )
 
     ds = list(range(10))
     refused = [dict(sampler=RandomSampler(ds)), dict(sampler=SequentialSampler(ds)),
