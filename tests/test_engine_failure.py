@@ -222,7 +222,7 @@ def test_worker_error_is_the_originals_equal_with_a_note(kind, c_attrs, num_work
         assert got.original_type == f"{__name__}.{type(want).__qualname__}"
         assert got.stage == "fetch" and f"{type(want).__name__}: {want}" in str(got)
         assert "raise self.raised[-1] from e" in got.worker_traceback
-        assert "sample indices [2, 3] from the dataset" in str(got)
+        assert "sample index 3 (of sample indices [2, 3]) from the dataset" in str(got)
         assert next(it).tolist() == [[4], [5]]
         return
     _assert_equal(got, want, c_attrs)
@@ -233,7 +233,7 @@ def test_worker_error_is_the_originals_equal_with_a_note(kind, c_attrs, num_work
     # the notes the dataset added come first; then exactly one kuat note
     assert got.__notes__[: len(getattr(want, "__notes__", []))] == getattr(want, "__notes__", [])
     (note,) = _kuat_notes(got)
-    assert "while fetching sample indices [2, 3] from the dataset" in note
+    assert "while fetching sample index 3 (of sample indices [2, 3]) from the dataset" in note
     if num_workers:
         assert re.search(rf"kuat worker kuat-worker-\d \({'thread' if worker_type == 'thread' else 'process'}", note)
     else:
@@ -376,7 +376,7 @@ def test_one_exception_object_raised_again_has_the_note_of_this_raise_only(num_w
         got = _raised(it)
         assert got is ds.error
         (note,) = _kuat_notes(got)
-        assert f"sample indices {indices} from the dataset" in note
+        assert f"sample index {indices[0]} (of sample indices {indices}) from the dataset" in note
 
 
 class Opaque:
@@ -543,3 +543,15 @@ def test_a_ray_conversion_task_error_keeps_its_chain_and_names_the_task():
     (note,) = _kuat_notes(got)
     assert re.match(r"Raised in kuat's Ray task for item 3 \(process \d+ on ", note)
     assert "Worker traceback:" in note and "raise kuat.SchemaError" in note
+
+
+@pytest.mark.parametrize("kw", [dict(num_workers=0), dict(num_workers=2, worker_type="thread"),
+                                dict(num_workers=2, worker_type="process")], ids=["inline", "threads", "processes"])
+def test_the_note_names_the_sample_that_raised_not_only_its_batch(kw):
+    """Sample 3 raises in the batch [4, 5, 3, 1]: the note names 3 (torch names nothing)."""
+    it = iter(kuat.DataLoader(Opaque(lambda i: ValueError(f"corrupt sample {i}")), batch_size=4,
+                              sampler=[4, 5, 3, 1], **kw))
+    got = _raised(it)
+    assert "corrupt sample 3" in str(got)
+    (note,) = _kuat_notes(got)
+    assert "while fetching sample index 3 (of sample indices [4, 5, 3, 1]) from the dataset" in note

@@ -99,6 +99,7 @@ class _Current:
 class _Local(threading.local):
     def __init__(self):
         self.current = _Current()
+        self.failed = None  # (exception, sample index) of map_samples' last failure
 
 
 _local = _Local()
@@ -432,7 +433,8 @@ class sample_context:  # noqa: N801
 def map_samples(fn, indices) -> list:
     """``[fn(i) for i in indices]``, each call made with ``i`` as this thread's current sample
     (what ``sample_rng()`` without an index uses), as :func:`sample_context` per call would,
-    at a fraction of its cost (one attribute store per sample, not a context manager)."""
+    at a fraction of its cost (one attribute store per sample, not a context manager). The
+    sample whose ``fn(i)`` raised is then :func:`failed_sample`'s answer, in this thread."""
     cur = _local.current
     old = cur.index
     out = []
@@ -440,10 +442,21 @@ def map_samples(fn, indices) -> list:
     try:
         for i in indices:
             cur.index = i
-            append(fn(i))
+            try:
+                append(fn(i))
+            except Exception as e:  # the failing sample, for the error's note (engine.base)
+                _local.failed = (e, i)
+                raise
     finally:
         cur.index = old
     return out
+
+
+def failed_sample(exc: BaseException) -> int | None:
+    """The index whose call raised ``exc`` in this thread's last :func:`map_samples`, or None
+    (another exception, or none); forgets it (the exception is not kept alive)."""
+    failed, _local.failed = _local.failed, None
+    return failed[1] if failed is not None and failed[0] is exc else None
 
 
 def seed_worker_globals(base_seed: int, worker_id: int, *, cuda: bool = True) -> None:

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from kuat import rng as krng
 from kuat.engine.failure import Failure
 
 _LIVE: weakref.WeakSet = weakref.WeakSet()
@@ -298,8 +299,12 @@ def failure(exc: BaseException, worker: str, where: str, stage: str, key: object
     stage and the batch: ``"Raised in kuat worker kuat-worker-1 (thread) in collate_fn,
     collating sample indices [2, 3]."``
     """
-    note = f"Raised in {where} {describe_failure(stage, key)}."
     indices = None if stage == START else key_indices(key)
+    sample = krng.failed_sample(exc) if stage == FETCH else None
+    if sample is not None and indices is not None and len(indices) > 1:
+        note = f"Raised in {where} while fetching sample index {sample} (of sample indices {indices}) from the dataset."
+    else:
+        note = f"Raised in {where} {describe_failure(stage, key)}."
     return Failure(exc, worker, note, indices=indices, stage=stage)
 
 
