@@ -113,3 +113,21 @@ def test_the_command_line_runs_a_scripts_loader(tmp_path):
     out = subprocess.run(run[:4] + ["nocolon"], capture_output=True, text=True, env=env,
                          timeout=120)
     assert out.returncode == 1 and "module:function" in out.stderr
+    out = subprocess.run(run[:4] + ["no_such_module_xyz:make"], capture_output=True, text=True,
+                         env=env, timeout=120)  # one line, no traceback
+    assert out.returncode == 1 and "cannot import 'no_such_module_xyz'" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_an_empty_loop_gets_no_speed_up_and_process_workers_no_advice_to_use_them():
+    """A loop that does nothing else (no step) has no meaningful "x faster with instant input";
+    Python-bound process workers are told to add workers, not to use process workers."""
+    d = kuat.doctor(kuat.DataLoader(Python(), batch_size=8, num_workers=0), steps=6)
+    assert d.input_bound and "faster with instant input" not in d.line, d.line
+    assert "runs at the input's rate" in d.line
+    numbers = dict(fetch=4.0, fetch_cpu=3.9, native=0.0, collate=0.1, num_workers=2, chosen="given")
+    advice = {kind: _doctor._evidence("Python/GIL", {**numbers, "workers": kind}) for kind in ("process", "thread")}
+    assert "more process workers" in advice["process"] and "worker_type=None chooses" not in advice["process"]
+    assert "worker_type=None chooses" in advice["thread"]
+    assert "(type still being measured)" in _doctor._evidence("Python/GIL", {**numbers, "workers": "thread",
+                                                                             "chosen": "measuring"})

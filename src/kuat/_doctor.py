@@ -184,12 +184,17 @@ def diagnose(before: dict, after: dict, steps: int, step_s: float, total_s: floa
     stage = _stage(ms, workers) if bound else None
     head = (f"input-bound: the loop waited {100 * wait_share:.0f}% of {total_s:.2f} s "
             f"({numbers['wait']:.2f} ms per batch, its own step {numbers['step']:.2f} ms); "
-            f"{_times(speedup)} faster with instant input" if bound else
+            + (f"{_times(speedup)} faster with instant input" if numbers["step"] >= MIN_STEP_MS
+               else "the loop does nothing else (time a real step, or give --step), so it "
+                    "runs at the input's rate") if bound else
             f"not input-bound: the loop waited {100 * wait_share:.0f}% of {total_s:.2f} s "
             f"({numbers['wait']:.2f} ms per batch against a step of {numbers['step']:.2f} ms): "
             "the step itself is the bottleneck")
     line = head if stage is None else f"{head}. Look at {stage}: {_evidence(stage, numbers)}"
     return Diagnosis(bound, wait_share, speedup, stage, steps, numbers, line)
+
+
+MIN_STEP_MS = 0.05  # a loop step shorter than this per batch is an empty loop: no speed-up
 
 
 def _times(x: float) -> str:
@@ -217,7 +222,8 @@ def _stage(ms: dict, workers: dict) -> str:
 
 
 def _evidence(stage: str, n: dict) -> str:
-    who = (f"{n['num_workers']} {n['workers']} workers ({n['chosen']})" if n["num_workers"]
+    chosen = _CHOSEN.get(n["chosen"], n["chosen"])
+    who = (f"{n['num_workers']} {n['workers']} workers ({chosen})" if n["num_workers"]
            else "no workers (the loop's own thread)")
     per = "ms per batch"
     if stage == "host-to-device copy":
@@ -233,7 +239,13 @@ def _evidence(stage: str, n: dict) -> str:
         return (f"fetches took {n['fetch']:.2f} {per}, only {n['fetch_cpu']:.2f} of it on CPU "
                 f"({n['runqueue']:.2f} waiting for a core): waiting on reads; {who}: more "
                 "workers, a local copy, or larger reads")
+    fix = ("more process workers (num_workers=), or batched reads (__getitems__, kuat's "
+           "formats)" if n["workers"] == "process" else
+           "process workers (worker_type=None chooses them when this holds the GIL), or "
+           "batched reads (__getitems__, kuat's formats)")
     return (f"fetches took {n['fetch']:.2f} {per} ({n['fetch_cpu']:.2f} on CPU, "
-            f"{n['native']:.2f} in native kernels) and collate {n['collate']:.2f}; {who}: "
-            "process workers (worker_type=None chooses them when this holds the GIL), or "
-            "batched reads (__getitems__, kuat's formats)")
+            f"{n['native']:.2f} in native kernels) and collate {n['collate']:.2f}; {who}: {fix}")
+
+
+# stats()["workers"]["chosen"] in words
+_CHOSEN = {"measuring": "type still being measured", "measured": "type chosen by measurement"}

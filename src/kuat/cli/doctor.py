@@ -56,7 +56,10 @@ def load(spec: str):
         sys.path.insert(0, os.path.dirname(os.path.abspath(where)))
         spec_.loader.exec_module(module)
     else:
-        module = importlib.import_module(where)
+        try:
+            module = importlib.import_module(where)
+        except ImportError as e:
+            raise KuatError(f"cannot import {where!r}: {e}") from None
     try:
         return getattr(module, name)
     except AttributeError:

@@ -120,7 +120,9 @@ class WorkerChoice:
         self.worker_type, self.num_workers = worker_type, num_workers
         self.decided = not (auto_type or auto_count)
         self.by = "measured" if not self.decided else "given"
-        self.reason = "as given" if self.decided else "not measured yet"
+        self.reason = "as given" if self.decided else (
+            f"not decided yet: {PROBE_BATCHES} batches after each worker's first decide (an "
+            "epoch shorter than that keeps the type it started with)")
         self.numbers: dict[str, float] = {}
         self._skip = num_workers  # each worker's first batch warms up: not measured
         self._n = 0
@@ -231,7 +233,9 @@ class WorkerChoice:
             elif gil:
                 kind, why = "process", "the work holds the GIL: thread workers wait for each other"
             elif not self._threads:
-                kind, why = "process", "process workers (measured in processes)"
+                kind, why = "process", ("the measured batches already ran in process workers "
+                                        "(moved there first, e.g. for a dataset drawing from "
+                                        "the global random generators): processes kept")
             elif cpu / n < MIN_CPU_S:
                 kind, why = "thread", "batches too cheap for a process hand-off"
             elif wait >= cpu:
