@@ -325,15 +325,12 @@ def read_manifest(
             raw = f.read(MAX_MANIFEST_BYTES + 1)
     except FileNotFoundError as e:
         if not os.path.isdir(directory):
-            where = "directory does not exist"
-        else:  # a folder of raw data (an ImageFolder, Parquet files ...) is the usual mistake
-            where = (
-                "no manifest: kuat.open reads a dataset written by kuat; convert raw data first "
-                "with `kuat convert SRC DST.kuat` or kuat.convert.from_*"
-            )
+            raise FormatError(f"not a kuat dataset: {directory} does not exist", path=path) from e
+        # a folder of raw data (an ImageFolder, Parquet files ...) is the usual mistake
         raise FormatError(
-            f"not a kuat dataset: {path} not found ({where}; an interrupted write leaves no "
-            "manifest)",
+            f"not a kuat dataset: {path} not found (no manifest: kuat.open reads a dataset "
+            "written by kuat; convert raw data first with `kuat convert SRC DST.kuat` or "
+            "kuat.convert.from_*; an interrupted write leaves no manifest)",
             path=path,
         ) from e
     except NotADirectoryError as e:
