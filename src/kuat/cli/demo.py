@@ -5,7 +5,7 @@
 3. one epoch through torch's DataLoader over torchvision's ImageFolder (PIL decode) and one
    through kuat's DataLoader over the kuat dataset, same augmentations and output, each in a
    fresh process that has imported every library of both sides before it measures anything;
-   print images/s and time to first batch (a cold epoch, worker start-up included), then, in
+   print images/s and time to first batch (one epoch from a fresh loader, worker start-up included), then, in
    separate runs (the memory sampler costs CPU), the memory each loader adds (PSS summed over
    all the loader's processes, anonymous and file-backed apart);
 4. train a small CNN for a bounded time from the kuat loader, printing the loss and the
@@ -344,12 +344,13 @@ def run(args) -> int:
     )
     conv_s = time.perf_counter() - t0
     print(
-        f"  {dst}: {args.num_images} images in {conv_s:.1f}s ({args.num_images / conv_s:,.0f} images/s)"
+        f"  {dst}: {args.num_images} images in {conv_s:.1f}s ({args.num_images / conv_s:,.0f} images/s, start-up included)"
     )
 
     print(
-        "\n[3/4] one cold epoch each (worker start-up included): torch DataLoader + torchvision "
-        "ImageFolder (PIL) vs kuat.DataLoader; every library imported before the clock starts"
+        "\n[3/4] one epoch each from a fresh loader (worker start-up included; files in the "
+        "page cache): torch DataLoader + torchvision ImageFolder (PIL) vs kuat.DataLoader; every "
+        "library imported before the clock starts"
     )
     res = {
         w: _measure_in_subprocess("rate", w, src if w == "torch" else dst, args) for w in LOADERS
@@ -386,7 +387,7 @@ def run(args) -> int:
     ]
     print(_table(rows))
     print(
-        f"  against {LOADERS['torch']}, over one cold epoch: kuat "
+        f"  against {LOADERS['torch']}, over one epoch from a fresh loader: kuat "
         f"{k['images_per_s'] / t['images_per_s']:.2f}x the images/s, "
         f"{k['first_batch_s'] / t['first_batch_s']:.2f}x the time to first batch. Memory "
         "from separate runs; shared is the machine's /dev/shm and memfd pages, mapped or not "
