@@ -174,3 +174,14 @@ def test_output_into_a_closed_pipe_is_quiet(tree, tmp_path):
         os.close(w)
     assert "Traceback" not in proc.stderr, proc.stderr
     assert proc.returncode == 1
+
+
+def test_a_mistyped_option_is_reported_with_the_commands_own_usage_and_not_abbreviated(capsys):
+    from kuat.cli import main
+
+    for typo in ("--wokers", "--worker"):  # (argparse would take --worker for --workers)
+        with pytest.raises(SystemExit) as e:
+            main(["convert", typo, "2", "/nonexistent-src", "/nonexistent-dst.kuat"])
+        assert e.value.code == 2
+        err = capsys.readouterr().err
+        assert err.startswith("usage: kuat convert") and f"unrecognized arguments: {typo}" in err

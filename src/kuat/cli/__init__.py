@@ -33,13 +33,16 @@ def build_parser() -> argparse.ArgumentParser:
                 continue
             raise
         p = module.add_parser(sub)
-        p.set_defaults(_run=module.run)
+        p.allow_abbrev = False  # --worker is a typo, not --workers
+        p.set_defaults(_run=module.run, _parser=p)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # reported with the command's own usage, not the top level's
+        getattr(args, "_parser", parser).error(f"unrecognized arguments: {' '.join(extra)}")
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(levelname)s %(name)s: %(message)s",
