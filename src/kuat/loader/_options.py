@@ -327,7 +327,20 @@ def _takes_a_share(s) -> bool:
     (``kuat_set_distributed``: ``kuat.TokenBudgetBatchSampler``)."""
     return (isinstance(s, torch.utils.data.DistributedSampler)
             or callable(getattr(s, "kuat_set_distributed", None))
-            or (hasattr(s, "rank") and (hasattr(s, "num_replicas") or hasattr(s, "world_size"))))
+            or (hasattr(s, "rank") and (hasattr(s, "num_replicas") or hasattr(s, "world_size")))
+            or (hasattr(s, "process_index") and hasattr(s, "num_processes")))  # Accelerate's
+
+
+def _wrapped(s, depth: int = 4):
+    """``s`` and the samplers it wraps (``sampler``/``batch_sampler``/``_batch_sampler``:
+    torch's ``BatchSampler``, Accelerate's ``SkipBatchSampler``, Lightning's predict wrapper),
+    ``depth`` levels down."""
+    yield s
+    if depth:
+        for attr in ("sampler", "batch_sampler", "_batch_sampler"):
+            inner = getattr(s, attr, None)
+            if inner is not None and inner is not s:
+                yield from _wrapped(inner, depth - 1)
 
 
 def _check_sampler_takes_a_share(sampler, batch_sampler) -> None:
@@ -335,7 +348,7 @@ def _check_sampler_takes_a_share(sampler, batch_sampler) -> None:
     must take this rank's share; one that does not would give every rank every sample, the
     rank silently ignored. ``ValueError`` naming it."""
     given = batch_sampler if batch_sampler is not None else sampler
-    if given is None or any(_takes_a_share(s) for s in (given, getattr(given, "sampler", None))):
+    if given is None or any(_takes_a_share(s) for s in _wrapped(given)):
         return
     raise ValueError(
         f"kuat's sharding (rank=/world_size=, mesh=, shard=True) shards the loader's own "

@@ -1,0 +1,63 @@
+"""Batch samplers that wrap a batch sampler (Accelerate's ``BatchSamplerShard`` and
+``SkipBatchSampler``: torch ``BatchSampler`` subclasses with no ``.sampler``): kuat's loader
+gives torch's batches, resumes them, and under kuat's sharding accepts one that takes the
+rank's share (the check looks through the wrapping) and refuses one that does not."""
+
+import pytest
+import torch
+from torch.utils.data import BatchSampler, DistributedSampler, RandomSampler, SequentialSampler
+from torch.utils.data import DataLoader as TorchLoader
+
+import kuat
+
+accelerate_data_loader = pytest.importorskip("accelerate.data_loader")
+BatchSamplerShard = accelerate_data_loader.BatchSamplerShard
+SkipBatchSampler = accelerate_data_loader.SkipBatchSampler
+
+DS = list(range(23))
+
+
+def wrapped(kind):
+    inner = BatchSampler(RandomSampler(DS), 4, False)
+    if kind == "shard":
+        return BatchSamplerShard(inner, num_processes=2, process_index=1)
+    return SkipBatchSampler(inner, 2)
+
+
+def epochs(loader_cls, kind, n=2, **kw):
+    torch.manual_seed(7)
+    loader = loader_cls(DS, batch_sampler=wrapped(kind), **kw)
+    return [[b.tolist() for b in loader] for _ in range(n)]
+
+
+@pytest.mark.parametrize("kind", ["shard", "skip"])
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_wrapping_batch_sampler_gives_torchs_batches(kind, num_workers):
+    assert epochs(kuat.DataLoader, kind, num_workers=num_workers) == epochs(TorchLoader, kind)
+
+
+@pytest.mark.parametrize("kind", ["shard", "skip"])
+def test_wrapping_batch_sampler_resumes(kind):
+    whole = epochs(TorchLoader, kind, n=1)[0]
+    torch.manual_seed(7)
+    loader = kuat.DataLoader(DS, batch_sampler=wrapped(kind))
+    it = iter(loader)
+    head = [next(it).tolist()]
+    state = loader.state_dict()
+    torch.manual_seed(99)  # the training loop's draws between save and resume
+    resumed = kuat.DataLoader(DS, batch_sampler=wrapped(kind))
+    resumed.load_state_dict(state)
+    assert head + [b.tolist() for b in resumed] == whole
+
+
+def test_kuat_sharding_accepts_a_wrapped_share_and_refuses_a_wrapped_whole():
+    share = BatchSamplerShard(BatchSampler(SequentialSampler(DS), 4, False),
+                              num_processes=2, process_index=0)
+    skipped = SkipBatchSampler(
+        BatchSampler(DistributedSampler(DS, num_replicas=2, rank=0, shuffle=False), 4, False), 1)
+    for bs in (share, skipped):
+        got = [b.tolist() for b in kuat.DataLoader(DS, batch_sampler=bs, rank=0, world_size=2)]
+        assert got == [b.tolist() for b in TorchLoader(DS, batch_sampler=bs)]
+    whole = SkipBatchSampler(BatchSampler(SequentialSampler(DS), 4, False), 1)
+    with pytest.raises(ValueError, match="SkipBatchSampler was given, which does not take"):
+        kuat.DataLoader(DS, batch_sampler=whole, rank=0, world_size=2)
