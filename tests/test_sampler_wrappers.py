@@ -61,3 +61,16 @@ def test_kuat_sharding_accepts_a_wrapped_share_and_refuses_a_wrapped_whole():
     whole = SkipBatchSampler(BatchSampler(SequentialSampler(DS), 4, False), 1)
     with pytest.raises(ValueError, match="SkipBatchSampler was given, which does not take"):
         kuat.DataLoader(DS, batch_sampler=whole, rank=0, world_size=2)
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_seed_warning_only_where_ranks_would_shuffle_apart(shuffle, caplog):
+    """Without seed= a sharded loader warns that ranks may shuffle apart; unshuffled, every
+    rank's order is torch's DistributedSampler(shuffle=False) share, whatever the seed: no
+    warning (torch's loader gives none)."""
+    want = list(DistributedSampler(DS, num_replicas=2, rank=1, shuffle=False))
+    with caplog.at_level("WARNING", logger="kuat"):
+        got = [i for b in kuat.DataLoader(DS, batch_size=4, shuffle=shuffle, rank=1,
+                                           world_size=2) for i in b.tolist()]
+    assert (got == want) if not shuffle else len(got) == len(want)
+    assert ("drew its seed" in caplog.text) is shuffle
