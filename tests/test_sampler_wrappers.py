@@ -74,3 +74,19 @@ def test_seed_warning_only_where_ranks_would_shuffle_apart(shuffle, caplog):
                                            world_size=2) for i in b.tolist()]
     assert (got == want) if not shuffle else len(got) == len(want)
     assert ("drew its seed" in caplog.text) is shuffle
+
+
+def test_a_wrapped_sampler_the_loader_would_give_its_share_is_refused():
+    """kuat's loader gives its share (kuat_set_distributed) to the batch sampler it holds, not
+    to one inside a wrapper: wrapped without rank=, kuat.TokenBudgetBatchSampler would read
+    every rank's batches, so it is refused; with its own rank= it takes torch's
+    DistributedSampler-like share itself and is accepted."""
+    lengths = [3] * len(DS)
+    plain = kuat.TokenBudgetBatchSampler(lengths, max_tokens=12, seed=0)
+    with pytest.raises(ValueError, match="SkipBatchSampler was given, which does not take"):
+        kuat.DataLoader(DS, batch_sampler=SkipBatchSampler(plain, 1), rank=1, world_size=2)
+    direct = kuat.DataLoader(DS, batch_sampler=kuat.TokenBudgetBatchSampler(
+        lengths, max_tokens=12, seed=0), rank=1, world_size=2)
+    own = kuat.TokenBudgetBatchSampler(lengths, max_tokens=12, seed=0, rank=1, world_size=2)
+    wrapped = kuat.DataLoader(DS, batch_sampler=SkipBatchSampler(own, 1), rank=1, world_size=2)
+    assert [b.tolist() for b in wrapped] == [b.tolist() for b in direct][1:]

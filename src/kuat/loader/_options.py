@@ -348,7 +348,12 @@ def _check_sampler_takes_a_share(sampler, batch_sampler) -> None:
     must take this rank's share; one that does not would give every rank every sample, the
     rank silently ignored. ``ValueError`` naming it."""
     given = batch_sampler if batch_sampler is not None else sampler
-    if given is None or any(_takes_a_share(s) for s in _wrapped(given)):
+    if given is None or _takes_a_share(given) or any(
+            # one inside a wrapper: the loader gives its share only to the batch sampler it
+            # holds (kuat_set_distributed), so an inner one must have its rank already
+            _takes_a_share(s) and (getattr(s, "kuat_set_distributed", None) is None
+                                   or getattr(s, "rank", None) is not None)
+            for s in _wrapped(given)):
         return
     raise ValueError(
         f"kuat's sharding (rank=/world_size=, mesh=, shard=True) shards the loader's own "
