@@ -90,3 +90,18 @@ def test_a_wrapped_sampler_the_loader_would_give_its_share_is_refused():
     own = kuat.TokenBudgetBatchSampler(lengths, max_tokens=12, seed=0, rank=1, world_size=2)
     wrapped = kuat.DataLoader(DS, batch_sampler=SkipBatchSampler(own, 1), rank=1, world_size=2)
     assert [b.tolist() for b in wrapped] == [b.tolist() for b in direct][1:]
+
+
+def test_a_sampler_reading_another_share_than_the_loaders_is_refused():
+    """rank=1/world_size=2 with a sampler built for another share (a DistributedSampler of
+    rank 0, Accelerate's shard of 1 process) would read that share silently; torch's
+    DistributedSampler of the loader's pair is accepted."""
+    for s in (DistributedSampler(DS, num_replicas=2, rank=0),
+              BatchSamplerShard(BatchSampler(SequentialSampler(DS), 4, False), num_processes=1,
+                                process_index=0)):
+        how = {"batch_sampler": s} if isinstance(s, BatchSampler) else {"sampler": s}
+        with pytest.raises(ValueError, match="reads share 0 of"):
+            kuat.DataLoader(DS, rank=1, world_size=2, **how)
+    ok = DistributedSampler(DS, num_replicas=2, rank=1, shuffle=False)
+    got = [b.tolist() for b in kuat.DataLoader(DS, sampler=ok, batch_size=4, rank=1, world_size=2)]
+    assert got == [b.tolist() for b in TorchLoader(DS, sampler=ok, batch_size=4)]

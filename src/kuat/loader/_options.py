@@ -298,7 +298,7 @@ def check_equal_steps(opts: LoaderOptions, traits: SourceTraits, source, *, samp
         if why is not None:
             raise ValueError(f"exact_eval=True serves every sample exactly once: {why}")
     if opts.sharding.sharded and not traits.iterable:
-        _check_sampler_takes_a_share(sampler, batch_sampler)
+        _check_sampler_takes_a_share(sampler, batch_sampler, opts.sharding)
     if not opts.sharding.sharded or not traits.iterable:
         return
     how = "kuat's sharding (rank=/world_size=, mesh=, shard=True)"
@@ -343,11 +343,30 @@ def _wrapped(s, depth: int = 4):
                 yield from _wrapped(inner, depth - 1)
 
 
-def _check_sampler_takes_a_share(sampler, batch_sampler) -> None:
+def _declared_share(s) -> tuple[int, int] | None:
+    """``(rank, world_size)`` a sampler says it reads, where it says one."""
+    for r, w in (("rank", "num_replicas"), ("process_index", "num_processes"), ("rank", "world_size")):
+        rank, world = getattr(s, r, None), getattr(s, w, None)
+        if isinstance(rank, int) and isinstance(world, int):
+            return rank, world
+    return None
+
+
+def _check_sampler_takes_a_share(sampler, batch_sampler, sharding) -> None:
     """Under kuat's sharding, a user's sampler (or batch sampler, or the sampler inside it)
     must take this rank's share; one that does not would give every rank every sample, the
-    rank silently ignored. ``ValueError`` naming it."""
+    rank silently ignored. ``ValueError`` naming it; also (explicit ``rank=``/``world_size=``)
+    when one says it reads another share than the loader's."""
     given = batch_sampler if batch_sampler is not None else sampler
+    if given is not None and sharding.kind == "explicit":
+        pair = (sharding.rank, sharding.world_size)
+        for s in _wrapped(given):
+            declared = _declared_share(s)
+            if declared is not None and declared != pair:
+                raise ValueError(
+                    f"kuat.DataLoader(rank={pair[0]}, world_size={pair[1]}) was given a "
+                    f"{type(s).__name__} that reads share {declared[0]} of {declared[1]}: "
+                    "build the sampler with the loader's rank and world size")
     if given is None or _takes_a_share(given) or any(
             # one inside a wrapper: the loader gives its share only to the batch sampler it
             # holds (kuat_set_distributed), so an inner one must have its rank already
