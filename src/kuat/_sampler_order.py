@@ -30,9 +30,14 @@ _GLOBAL_RNG_SAMPLERS = (RandomSampler, SubsetRandomSampler, WeightedRandomSample
 
 
 def _inner(sampler):
-    """The index sampler inside a batch sampler (torch's BatchSampler keeps it as ``.sampler``)."""
+    """The index sampler inside a batch sampler (torch's BatchSampler keeps it as ``.sampler``;
+    Accelerate's ``BatchSamplerShard`` and ``SkipBatchSampler``, BatchSampler subclasses without
+    one, wrap a batch sampler as ``.batch_sampler``: the one inside it)."""
     if isinstance(sampler, BatchSampler) and not hasattr(sampler, "state_dict"):
-        return sampler.sampler
+        if hasattr(sampler, "sampler"):
+            return sampler.sampler
+        inner = getattr(sampler, "batch_sampler", None)
+        return sampler if inner is None or inner is sampler else _inner(inner)
     return sampler
 
 

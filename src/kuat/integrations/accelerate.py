@@ -161,7 +161,8 @@ class ShardedBatchSampler(_BatchSamplerShard):
     @classmethod
     def of(cls, shard, rng_types, generator) -> ShardedBatchSampler:
         if not isinstance(shard, _BatchSamplerShard):  # one process: the batch sampler itself
-            shard = _BatchSamplerShard(shard, num_processes=1, process_index=0)
+            # (its batches as they are: even_batches would pad a short last one by wrapping)
+            shard = _BatchSamplerShard(shard, num_processes=1, process_index=0, even_batches=False)
         sharded = cls.__new__(cls)
         sharded.__dict__.update(shard.__dict__)
         sharded.rng_types = list(rng_types) if rng_types else None
@@ -187,6 +188,8 @@ class ShardedBatchSampler(_BatchSamplerShard):
                  "generator": gen.get_state() if isinstance(gen, torch.Generator) else None}
         if callable(getattr(inner, "state_dict", None)) and callable(getattr(inner, "load_state_dict", None)):
             state["sampler"] = inner.state_dict()
+        if isinstance(getattr(inner, "initial_seed", None), int):  # SeedableRandomSampler's:
+            state["initial_seed"] = inner.initial_seed  # its order is (initial_seed + epoch)
         return state
 
     def load_state_dict(self, state: dict) -> None:
@@ -195,12 +198,18 @@ class ShardedBatchSampler(_BatchSamplerShard):
         _set_inner_epoch(inner, self.epoch)
         gen = getattr(inner, "generator", None)
         if state.get("generator") is not None:
+            if gen is None and type(inner).__name__ == "SeedableRandomSampler":
+                # Accelerate's makes its generator at its first __iter__ (then seeds it with
+                # initial_seed + epoch): a fresh loader's has none yet
+                gen = inner.generator = torch.Generator()
             if not isinstance(gen, torch.Generator):
                 raise ValueError(f"the saved loader state holds a generator state, but "
                                  f"{type(inner).__name__} has no generator")
             gen.set_state(state["generator"])
         if "sampler" in state:
             inner.load_state_dict(state["sampler"])
+        if "initial_seed" in state and hasattr(inner, "initial_seed"):
+            inner.initial_seed = int(state["initial_seed"])
 
 
 def _set_inner_epoch(sampler, epoch: int) -> None:

@@ -72,7 +72,8 @@ def apply_distributed(loader) -> tuple[int, int]:
         hook = distributed_hook(loader.batch_sampler)
         if sharding.sharded and hook is not None:  # e.g. kuat.text.TokenBudgetBatchSampler
             hook(rank, world_size)
-        if world_size > 1 and loader._options.seed_was_none and loader._traits.own_sampler:
+        if (world_size > 1 and loader._options.seed_was_none and loader._traits.own_sampler
+                and getattr(loader.sampler, "shuffle", True)):  # an unshuffled order agrees
             log.warning("kuat.DataLoader on rank %d of %d drew its seed from torch's default "
                         "generator; pass the same seed= on every rank so that all ranks "
                         "shuffle alike", rank, world_size)

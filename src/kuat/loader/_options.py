@@ -298,7 +298,7 @@ def check_equal_steps(opts: LoaderOptions, traits: SourceTraits, source, *, samp
         if why is not None:
             raise ValueError(f"exact_eval=True serves every sample exactly once: {why}")
     if opts.sharding.sharded and not traits.iterable:
-        _check_sampler_takes_a_share(sampler, batch_sampler)
+        _check_sampler_takes_a_share(sampler, batch_sampler, opts.sharding)
     if not opts.sharding.sharded or not traits.iterable:
         return
     how = "kuat's sharding (rank=/world_size=, mesh=, shard=True)"
@@ -327,15 +327,52 @@ def _takes_a_share(s) -> bool:
     (``kuat_set_distributed``: ``kuat.TokenBudgetBatchSampler``)."""
     return (isinstance(s, torch.utils.data.DistributedSampler)
             or callable(getattr(s, "kuat_set_distributed", None))
-            or (hasattr(s, "rank") and (hasattr(s, "num_replicas") or hasattr(s, "world_size"))))
+            or (hasattr(s, "rank") and (hasattr(s, "num_replicas") or hasattr(s, "world_size")))
+            or (hasattr(s, "process_index") and hasattr(s, "num_processes")))  # Accelerate's
 
 
-def _check_sampler_takes_a_share(sampler, batch_sampler) -> None:
+def _wrapped(s, depth: int = 4):
+    """``s`` and the samplers it wraps (``sampler``/``batch_sampler``/``_batch_sampler``:
+    torch's ``BatchSampler``, Accelerate's ``SkipBatchSampler``, Lightning's predict wrapper),
+    ``depth`` levels down."""
+    yield s
+    if depth:
+        for attr in ("sampler", "batch_sampler", "_batch_sampler"):
+            inner = getattr(s, attr, None)
+            if inner is not None and inner is not s:
+                yield from _wrapped(inner, depth - 1)
+
+
+def _declared_share(s) -> tuple[int, int] | None:
+    """``(rank, world_size)`` a sampler says it reads, where it says one."""
+    for r, w in (("rank", "num_replicas"), ("process_index", "num_processes"), ("rank", "world_size")):
+        rank, world = getattr(s, r, None), getattr(s, w, None)
+        if isinstance(rank, int) and isinstance(world, int):
+            return rank, world
+    return None
+
+
+def _check_sampler_takes_a_share(sampler, batch_sampler, sharding) -> None:
     """Under kuat's sharding, a user's sampler (or batch sampler, or the sampler inside it)
     must take this rank's share; one that does not would give every rank every sample, the
-    rank silently ignored. ``ValueError`` naming it."""
+    rank silently ignored. ``ValueError`` naming it; also (explicit ``rank=``/``world_size=``)
+    when one says it reads another share than the loader's."""
     given = batch_sampler if batch_sampler is not None else sampler
-    if given is None or any(_takes_a_share(s) for s in (given, getattr(given, "sampler", None))):
+    if given is not None and sharding.kind == "explicit":
+        pair = (sharding.rank, sharding.world_size)
+        for s in _wrapped(given):
+            declared = _declared_share(s)
+            if declared is not None and declared != pair:
+                raise ValueError(
+                    f"kuat.DataLoader(rank={pair[0]}, world_size={pair[1]}) was given a "
+                    f"{type(s).__name__} that reads share {declared[0]} of {declared[1]}: "
+                    "build the sampler with the loader's rank and world size")
+    if given is None or _takes_a_share(given) or any(
+            # one inside a wrapper: the loader gives its share only to the batch sampler it
+            # holds (kuat_set_distributed), so an inner one must have its rank already
+            _takes_a_share(s) and (getattr(s, "kuat_set_distributed", None) is None
+                                   or getattr(s, "rank", None) is not None)
+            for s in _wrapped(given)):
         return
     raise ValueError(
         f"kuat's sharding (rank=/world_size=, mesh=, shard=True) shards the loader's own "

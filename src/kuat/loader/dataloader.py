@@ -349,15 +349,16 @@ class DataLoader(_TorchDataLoader[_T_co]):  # generic as torch's: kuat.DataLoade
         """Make the next epoch started ``epoch`` (later ones follow from it).
 
         Calling ``loader.sampler.set_epoch(epoch)`` (what Lightning and the HF Trainer do with a
-        ``DistributedSampler``) has the same effect; the later call wins, except that it keeps
-        the position of a :meth:`load_state_dict` of the same epoch.
+        ``DistributedSampler``) has the same effect; the later call wins, but either keeps a
+        :meth:`load_state_dict`'s position in that epoch (a resumed HF Trainer calls both).
 
         Raises:
             ValueError: ``epoch`` is not a non-negative int.
         """
         if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or epoch < 0:
             raise ValueError(f"epoch should be a non-negative int, got {epoch=!r}")
-        self._state.pending = _state.Pending(next_request(), int(epoch), 0, {})
+        if getattr(p := self._state.pending, "loaded", None) is None or p.epoch != int(epoch):
+            self._state.pending = _state.Pending(next_request(), int(epoch), 0, {})
 
     def state_dict(self) -> dict[str, Any]:
         """The position to resume from: a small dict of ints (plus the source's own state).
