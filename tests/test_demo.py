@@ -178,6 +178,6 @@ def test_cli_raises_an_oserror_that_names_no_path(monkeypatch):
         raise OSError(5, "Input/output error")
 
     ns = argparse.Namespace(command="x", verbose=False, _run=fail)
-    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", lambda self, argv: ns)
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_known_args", lambda self, argv: (ns, []))
     with pytest.raises(OSError, match="Input/output"):
         cli.main([])

@@ -358,7 +358,8 @@ def _worker_states(loader, previous, pending, skip):
         # map-style, resumed from a loaded state: the round-robin goes on where it was (batch
         # k to worker k % W, as torchdata's resume advances its worker cycle), so data that
         # depends on the worker (get_worker_info(), the worker's generators) is the same
-        loaded = pending is not None and pending.loaded is not None
+        # (an iterable's workers split it themselves: its batches start at worker 0)
+        loaded = pending is not None and pending.loaded is not None and not loader._traits.iterable
         return None, (skip % loader.num_workers if loaded and loader.num_workers else 0), False
     workers = pending.workers if pending is not None else None
     loaded = pending is not None and pending.loaded is not None
