@@ -328,7 +328,15 @@ class DistributedEpochSampler(EpochSampler, DistributedSampler):
     none, leave this one in place rather than sharding a second time."""
 
 
-class RandomEpochSampler(EpochSampler, RandomSampler):
+class _TorchKind(EpochSampler):
+    """What torch's ``RandomSampler``/``SequentialSampler`` expose beyond an EpochSampler."""
+
+    @property
+    def data_source(self) -> Sized:
+        return self.dataset if self.dataset is not None else range(self._n)
+
+
+class RandomEpochSampler(_TorchKind, RandomSampler):
     """The loader's own sampler for ``shuffle=True`` with ``seed=None``, unsharded: it shuffles
     as torch's ``RandomSampler`` (a seed drawn from torch's default generator each epoch) and
     *is* one (``replacement=False``), so frameworks that recognise torch's samplers treat the
@@ -337,21 +345,13 @@ class RandomEpochSampler(EpochSampler, RandomSampler):
     its ``SeedableRandomSampler``. With ``seed=`` the order is kuat's ``(seed, epoch)`` and the
     sampler a plain :class:`EpochSampler`, which frameworks wrap instead."""
 
-    @property
-    def data_source(self) -> Sized:
-        return self.dataset if self.dataset is not None else range(self._n)
-
     replacement = False
     _num_samples = None  # RandomSampler's: "all of the data source"
 
 
-class SequentialEpochSampler(EpochSampler, SequentialSampler):
+class SequentialEpochSampler(_TorchKind, SequentialSampler):
     """The loader's own sampler for ``shuffle=False``, unsharded: every index in order, and a
     ``torch.utils.data.SequentialSampler`` (frameworks treat it as torch's)."""
-
-    @property
-    def data_source(self) -> Sized:
-        return self.dataset if self.dataset is not None else range(self._n)
 
 
 def default_sampler(num_samples: int | Sized, *, sharded: bool, shuffle: bool, seed: int | None,
