@@ -107,9 +107,7 @@ class IsolatedFetch:
                 break  # the prober closed the lock, or is gone
             generation = lock.generation
             try:
-                before = isolate.fingerprint()
-                data = self._get(ctx, key)
-                drew = isolate.fingerprint() != before
+                data, drew = self._fetch_watched(ctx, key)
             finally:
                 reseeded = lock.generation != generation
                 lock.release_shared(joined=True)
@@ -138,9 +136,7 @@ class IsolatedFetch:
         workers must go on) and the fetch drew nothing: its result then stands."""
         use = self.rng_use
         try:
-            before = isolate.fingerprint()
-            data = self._get(ctx, key)
-            drew = isolate.fingerprint() != before
+            data, drew = self._fetch_watched(ctx, key)
         finally:
             if locked:
                 isolate.GLOBAL_RNG_LOCK.release_shared()
@@ -159,6 +155,12 @@ class IsolatedFetch:
         if locked and not use.draws:
             use.false_alarm()
         return data
+
+    def _fetch_watched(self, ctx: WorkerCtx, key):
+        """``(samples of key, whether the global generators changed while they were fetched)``."""
+        before = isolate.fingerprint()
+        data = self._get(ctx, key)
+        return data, isolate.fingerprint() != before
 
     def _may_watch_first(self, ctx: WorkerCtx) -> bool:
         """Whether this worker's first batch may be watched instead of probed: a thread (or the
