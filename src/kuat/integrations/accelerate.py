@@ -64,8 +64,9 @@ from torch.utils.data import BatchSampler, IterableDataset
 
 try:
     from accelerate.data_loader import BatchSamplerShard as _BatchSamplerShard
+    from accelerate.data_loader import SeedableRandomSampler
 except ImportError:  # Accelerate absent: install() raises ImportError, nothing here is used
-    _BatchSamplerShard = object
+    _BatchSamplerShard = SeedableRandomSampler = object
 
 __all__ = ["GradientStateObserver", "ShardedBatchSampler", "install", "prepare_data_loader",
            "skip_first_batches"]
@@ -198,7 +199,7 @@ class ShardedBatchSampler(_BatchSamplerShard):
         _set_inner_epoch(inner, self.epoch)
         gen = getattr(inner, "generator", None)
         if state.get("generator") is not None:
-            if gen is None and type(inner).__name__ == "SeedableRandomSampler":
+            if gen is None and isinstance(inner, SeedableRandomSampler):
                 # Accelerate's makes its generator at its first __iter__ (then seeds it with
                 # initial_seed + epoch): a fresh loader's has none yet
                 gen = inner.generator = torch.Generator()
