@@ -327,8 +327,11 @@ def _takes_a_share(s) -> bool:
     (``kuat_set_distributed``: ``kuat.TokenBudgetBatchSampler``)."""
     return (isinstance(s, torch.utils.data.DistributedSampler)
             or callable(getattr(s, "kuat_set_distributed", None))
-            or (hasattr(s, "rank") and (hasattr(s, "num_replicas") or hasattr(s, "world_size")))
-            or (hasattr(s, "process_index") and hasattr(s, "num_processes")))  # Accelerate's
+            or any(hasattr(s, r) and hasattr(s, w) for r, w in _SHARE_ATTRS))
+
+
+# (rank, number of ranks) attribute names: DistributedSampler's, Accelerate's, kuat's
+_SHARE_ATTRS = (("rank", "num_replicas"), ("process_index", "num_processes"), ("rank", "world_size"))
 
 
 def _wrapped(s, depth: int = 4):
@@ -345,7 +348,7 @@ def _wrapped(s, depth: int = 4):
 
 def _declared_share(s) -> tuple[int, int] | None:
     """``(rank, world_size)`` a sampler says it reads, where it says one."""
-    for r, w in (("rank", "num_replicas"), ("process_index", "num_processes"), ("rank", "world_size")):
+    for r, w in _SHARE_ATTRS:
         rank, world = getattr(s, r, None), getattr(s, w, None)
         if isinstance(rank, int) and isinstance(world, int):
             return rank, world
