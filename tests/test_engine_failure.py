@@ -9,6 +9,7 @@ works, and then replaces args; kuat keeps the type in every one of those cases."
 
 import collections
 import errno
+import gc
 import re
 import subprocess
 import sys
@@ -143,6 +144,23 @@ def _cause(i):
     return OSError(errno.EIO, f"read failed at sample {i}")
 
 
+_KEPT: list = []  # every Raises' list of the exceptions it raised (emptied after each test)
+
+
+@pytest.fixture(autouse=True)
+def _drop_kept_exceptions():
+    """Each kept exception's traceback holds the frames it crossed, the consumer's iterator
+    among them, and the thread workers hold the dataset: kept, they would keep the iterator
+    and its idle workers (and GIL probes) alive after the test, as they keep torch's worker
+    processes, and slow the tests after this file. Emptied, the iterator is collected and
+    shuts its workers down."""
+    yield
+    for kept in _KEPT:
+        kept.clear()
+    _KEPT.clear()
+    gc.collect()
+
+
 class Raises:
     """Samples ``[i]``; sample ``bad`` raises ``MAKERS[kind](bad)`` from an OSError, and keeps
     it in ``raised`` (an object the thread workers' copies share: a plain list would be each
@@ -151,6 +169,7 @@ class Raises:
     def __init__(self, kind, bad=3, n=8):
         self.kind, self.bad, self.n = kind, bad, n
         self.raised = collections.UserList()
+        _KEPT.append(self.raised)
 
     def __len__(self):
         return self.n
