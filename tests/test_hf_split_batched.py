@@ -121,11 +121,16 @@ def _stream(name, files):
     if name == "split-by-node":  # by position (3 shards over 2 nodes), above the map
         return split_dataset_by_node(ds.map(drop, batched=True, batch_size=10), rank=1,
                                      world_size=2)
+    if name == "node-split-then-map":  # the node's rows numbered from 0 by with_indices
+        return split_dataset_by_node(ds, rank=1, world_size=2).map(
+            indexed, batched=True, batch_size=9, with_indices=True, input_columns=["n", "ids"],
+            fn_kwargs={"scale": 5})
     raise AssertionError(name)
 
 
 STREAMS = ["keep", "drop", "dup", "indices", "drop-last-batch", "whole-stream-batch",
-           "shuffled", "shuffled-after", "interleaved", "row-tail", "split-by-node"]
+           "shuffled", "shuffled-after", "interleaved", "row-tail", "split-by-node",
+           "node-split-then-map"]
 
 
 def _collate(rows):
@@ -169,7 +174,7 @@ def test_same_samples_as_the_stream_and_torch(files, name, monkeypatch):
     assert list(torch.utils.data.DataLoader(ds, batch_size=B, collate_fn=_collate)) == want
     assert list(_loader(ds, 0)) == want
     assert list(_loader(ds, 2, "thread")) == want
-    if name == "split-by-node":
+    if name in ("split-by-node", "node-split-then-map"):
         return  # kuat refuses to split by rank a dataset split by node
     for rank in range(3):  # kuat's own rank split: DistributedSampler's rule on the stream
         for drop_last in (False, True):
