@@ -7,7 +7,9 @@ streaming=True)``; batch 256. Three streams:
 
 * ``stream``: the dataset as loaded;
 * ``stream + map``: with a lazy batched ``.map`` (each row's ids truncated to 128 and a
-  ``length`` column added, the kind of step a fine-tuning recipe applies);
+  ``length`` column added, the kind of step a fine-tuning recipe applies): kuat's row path
+  reads it as Arrow blocks and maps them in every worker (a batched map's output may depend
+  on its batch), and makes only its kept rows into dicts (``kuat.sources._hf_split``);
 * ``stream + row map``: the same step as a per-row ``.map`` (``batched=False``, as torchtune's
   transforms run): kuat's workers take their share before it (``kuat.sources._hf_split``);
 * ``interleave``: ``datasets.interleave_datasets`` of two streams (files 0-3 and 4-7,

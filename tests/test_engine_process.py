@@ -75,3 +75,61 @@ def test_get_drains_every_ready_worker_and_refuses_after_close():
         engine.close()
     with pytest.raises(RuntimeError, match="closed"):
         engine.get(0.05)
+
+
+class _GcThreshold(torch.utils.data.Dataset):
+    """Sample i is ``(i, gc.get_threshold()[0])`` as seen where the sample is fetched."""
+
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        import gc
+
+        return i, gc.get_threshold()[0]
+
+
+def _own_threshold(worker_id):
+    import gc
+
+    gc.set_threshold(1234)
+
+
+def test_process_workers_raise_the_young_gc_threshold_and_worker_init_fn_wins():
+    # Short-lived containers (rows, token lists) would trigger a young collection every 700
+    # alive; a worker raises the threshold (kuat.engine.process._YOUNG). The consumer's own is
+    # left alone, and a worker_init_fn (run after) sets its own.
+    import gc
+
+    from kuat.engine.process import _YOUNG
+
+    before = gc.get_threshold()
+    seen = [t for _i, t in kuat.DataLoader(_GcThreshold(), batch_size=2, num_workers=2,
+                                           worker_type="process", seed=0)]
+    assert torch.cat(seen).tolist() == [_YOUNG] * 4
+    seen = [t for _i, t in kuat.DataLoader(_GcThreshold(), batch_size=2, num_workers=2,
+                                           worker_type="process", seed=0,
+                                           worker_init_fn=_own_threshold)]
+    assert torch.cat(seen).tolist() == [1234] * 4
+    assert gc.get_threshold() == before
+
+
+def test_young_threshold_keeps_a_higher_one_and_collection_off():
+    from kuat.engine import process
+
+    class _Gc:  # stands for the gc module: records what the worker would set
+        def __init__(self, threshold):
+            self.threshold = threshold
+
+        def get_threshold(self):
+            return self.threshold
+
+        def set_threshold(self, *t):
+            self.threshold = t
+
+    for start, want in (((700, 10, 10), (process._YOUNG, 10, 10)),
+                        ((50_000, 5, 5), (50_000, 5, 5)),
+                        ((0, 10, 10), (0, 10, 10))):
+        fake = _Gc(start)
+        process._young_threshold(fake)
+        assert fake.threshold == want

@@ -20,12 +20,20 @@ of nodes, ``_prepare_ex_iterable_for_iteration``) is cut in two:
 
 The share is taken on the prefix's rows, and only kept rows go through the tail: the tail's
 nodes are shallow copies of ``datasets``' own, reading a feed of kept rows instead of their
-child, so each kept sample is made by ``datasets``' own code. The prefix is read as Arrow
-blocks (:func:`kuat.sources._hf_arrow.arrow_tables`) when it can be and decodes nothing (no
-``Image``/``Audio``... feature below the tail, except in the formatting node at the prefix's
-top, which then decodes the kept rows only): the share is then a slice of each block, and rows
-of other workers never become Python dicts; else it is iterated row by row and only the tail
-is skipped. With neither (no tail, no Arrow prefix: a ``map`` then a ``filter``, a buffer
+child, so each kept sample is made by ``datasets``' own code. The prefix is read as blocks
+the columnar path's way (:func:`kuat.sources._hf_arrow.arrow_tables`, the same code) when it
+can be and decodes nothing (no ``Image``/``Audio``... feature below the tail, except in the
+formatting node at the prefix's top, which then decodes the kept rows only): Arrow tables
+from the shards, through shuffles, interleaves, ``take``/``skip`` and the node split, and a
+``map(batched=True)`` applied by :mod:`kuat.sources._hf_map` (the function gets exactly the
+dict of lists ``datasets`` gives it, once per batch; its output stays Python values column
+by column, a :class:`kuat.sources._hf_blocks.PyBlock`). The share is then a slice of each
+block, and rows of other workers never become Python dicts. A batched map may change the
+number of rows and its output may depend on the whole batch, so its function runs on every
+batch of the stream in every worker; only ``datasets``' per-row Python (rows to dicts to
+batches to rows) is saved for the rows other workers keep. A prefix that cannot be read as
+blocks (a ``filter``, a per-row map under a batched one, an async function, a table format)
+is iterated row by row and only the tail is skipped. With neither (no tail, no Arrow prefix: a ``map`` then a ``filter``, a buffer
 shuffle over a ``map``, a generator source) nothing is saved: :func:`owned_examples` returns
 ``None`` and the caller iterates the whole stream as before.
 
