@@ -66,6 +66,35 @@ class NumpyHeavy(Dataset):
         return float(np.sort(self.a * (i + 1))[i])
 
 
+class ShortPython(Dataset):
+    """Issue 30's case: about 10 us of pure Python per item, so that a batch of 64 holds the
+    GIL for well under the interpreter's switch interval (5 ms): the GIL waits fall between
+    fetches, not inside them."""
+
+    def __len__(self):
+        return 64 * 60
+
+    def __getitem__(self, i):
+        s = 0
+        for k in range(160):
+            s += (k * i) % 7
+        return {"i": i, "v": s}
+
+
+class ShortNumpy(Dataset):
+    """Short GIL-free batches: a NumPy sort of 5,000 floats per item (about 0.2 ms, the GIL
+    released), batch 8: about as long as ShortPython's batches."""
+
+    def __init__(self):
+        self.a = np.random.default_rng(0).random(5000)
+
+    def __len__(self):
+        return 800
+
+    def __getitem__(self, i):
+        return float(np.sort(self.a * (i + 1))[i % 100])
+
+
 class GilBoundStream(IterableDataset):
     """A per-row Python iterable split by worker, as a lazily mapped stream."""
 
@@ -140,7 +169,45 @@ def test_gil_bound_map_dataset_moves_to_processes_with_torchs_batches():
     assert dl.worker_type == "thread" and dl.stats()["workers"]["chosen"] == "given"
 
 
-@pytest.mark.parametrize("ds, bs", [(SleepyIO, 16), (NumpyHeavy, 4)], ids=["io", "numpy"])
+def test_short_gil_bound_batches_leave_threads_with_torchs_batches(monkeypatch):
+    """Issue 30: batches of pure Python shorter than the switch interval were read as GIL-free
+    (the probe's mean wait was low; the waits fell between fetches). They leave threads: for
+    processes on a machine with spare cores, else fetched inline; every batch torch's."""
+    ref = _batches(torch.utils.data.DataLoader(ShortPython(), batch_size=64))
+    seen = []
+    for _ in range(3):  # a measurement: three fresh loaders (see the test above)
+        dl = kuat.DataLoader(ShortPython(), batch_size=64, num_workers=2)
+        _equal(_batches(dl), ref)
+        w = dl.stats()["workers"]
+        seen.append((w["type"], w["reason"], w["measured"].get("gil_held_share")))
+        if w["type"] == "process" and "GIL" in w["reason"]:
+            break
+    else:
+        raise AssertionError(f"short GIL-bound batches stayed on threads in 3 runs: {seen}")
+    # where no core is spare (here: every machine counts as busy), the loop waits for its
+    # batches: they are fetched inline, in this epoch and the next, torch's batches throughout
+    monkeypatch.setattr(_auto, "BUSY_MACHINE", -1.0)
+    seen = []
+    for _ in range(3):
+        dl = kuat.DataLoader(ShortPython(), batch_size=64, num_workers=2)
+        first = _batches(dl)
+        w = dl.stats()["workers"]
+        seen.append((w["type"], w["reason"], w["measured"].get("gil_held_share")))
+        if w["type"] == "inline":
+            break
+    else:
+        raise AssertionError(f"short GIL-bound batches on a busy machine not inline: {seen}")
+    assert "GIL-bound, but" in w["reason"] and dl.worker_type == "thread", w
+    _equal(first, ref)
+    it = iter(dl)  # the next epoch: inline from its first batch
+    second = _batches([next(it)])
+    assert it._inline
+    _equal(second + _batches(it), ref)
+    assert dl.stats()["workers"] == w  # decided once
+
+
+@pytest.mark.parametrize("ds, bs", [(SleepyIO, 16), (NumpyHeavy, 4), (ShortNumpy, 8)],
+                         ids=["io", "numpy", "short-numpy"])
 def test_gil_free_work_stays_on_threads(ds, bs):
     dl = kuat.DataLoader(ds(), batch_size=bs, num_workers=2)
     out = _batches(dl)

@@ -79,6 +79,7 @@ class Adaptation:
         self._prefetch_factor = prefetch_factor
         self._adapt = adaptive and not inline
         self.may_go_inline = self._adapt and thread_engine and consumer_may_fetch
+        self._cheap_policy = True  # the cheap-batch test may still send the epoch inline
         self._agnostic = agnostic
         self.first_width = num_workers if num_workers > 1 and not inline and split_first else 1
         self.holding: int | None = None  # task id of the split first batch while it is fetched
@@ -180,16 +181,19 @@ class Adaptation:
 
     def inline_wanted(self, busy: bool) -> int:
         """``NOW`` to fetch the rest of the epoch in the consumer thread, ``WAIT`` while worker
-        batches are in flight (``busy``), ``NO`` (and never again this epoch) otherwise.
+        batches are in flight (``busy``), ``NO`` otherwise (and never again this epoch for cheap
+        batches).
         Under the worker choice's inline decision, ``NOW`` (or ``WAIT``) from the first batch,
         whatever the batches cost (its measurement stands for the loader)."""
-        if self._inline_chosen and self.may_go_inline:
+        if not self.may_go_inline:
+            return NO
+        if self._inline_chosen:
             return WAIT if busy else NOW
-        if not (self.may_go_inline and self._seen >= INLINE_PROBE):
+        if not (self._cheap_policy and self._seen >= INLINE_PROBE):
             return NO
         if (self._cheap < 0.75 * self._seen or self.blocked < 0.75 * self._seen
                 or self._loop_s > INLINE_MAX_LOOP_SHARE * self._work_s):
-            self.may_go_inline = False
+            self._cheap_policy = False  # (the worker choice may still decide on inline)
             return NO
         return WAIT if busy else NOW
 
