@@ -334,7 +334,7 @@ def test_decide_rules_on_given_numbers():
             st = WorkStats()
             st.sched = (cpu, runq, wall)
             c.observe(st)
-            c.loop(loop)
+            c.loop(loop, loop)  # (wall and CPU seconds alike)
             # what the probe thread found: ``gil_held`` of its 10 takes per batch waited
             # (2 ms) for the GIL, the others got it at once
             for t in range(10):
@@ -355,6 +355,13 @@ def test_decide_rules_on_given_numbers():
     # on the CPU together, and the probe found the GIL held at nearly every look
     assert choice(0.0009, 0.00005, 0.001, 0.0, gil_held=0.9, parallel=0.7)[0] == "process"
     assert choice(0.0009, 0.00005, 0.001, 0.0, gil_held=0.9, parallel=0.7, n=4)[0] == "process"
+    # ... on an idle machine the GIL is released at each hand-off and found held less often;
+    # with workers that never ran together (CPU seconds per second at most 1.1) that is enough
+    assert choice(0.0009, 0.00005, 0.001, 0.0, gil_held=0.5, parallel=0.8)[0] == "process"
+    # ... but not for workers that did run together a good part of the time
+    assert choice(0.0009, 0.00005, 0.001, 0.0, gil_held=0.5, parallel=1.3)[0] == "thread"
+    # ... nor for workers kept apart by a loaded machine (they waited for a core)
+    assert choice(0.0009, 0.0006, 0.0016, 0.0, gil_held=0.5, parallel=0.8)[0] == "thread"
     # ... the same numbers with the GIL found free (short GIL-free kernels, a loop's sleeps):
     # something else kept the workers from running together, not the GIL
     assert choice(0.0009, 0.00005, 0.001, 0.0, gil_held=0.2, parallel=0.7)[0] == "thread"

@@ -105,14 +105,17 @@ class Adaptation:
     def loop_resumed(self) -> None:
         """``next()`` was called: count the loop's CPU time since the last batch (its wall time
         would count the time the workers held the GIL)."""
-        if self.may_go_inline and self._loop_mark is not None:
-            self._loop_s += time.thread_time() - self._loop_mark
+        if self._loop_mark is None:
+            return
+        cpu = time.thread_time() - self._loop_mark
+        if self.may_go_inline:
+            self._loop_s += cpu
         if self._choice is not None and self._wall_mark is not None:
-            self._choice.loop(time.perf_counter() - self._wall_mark)
+            self._choice.loop(time.perf_counter() - self._wall_mark, cpu)
 
     def loop_paused(self) -> None:
         """``next()`` returns a batch."""
-        if self.may_go_inline:
+        if self.may_go_inline or self._choice is not None:
             self._loop_mark = time.thread_time()
         if self._choice is not None:
             self._wall_mark = time.perf_counter()

@@ -3,7 +3,7 @@
 
 Thread workers measure how their first batches ran (``kuat.engine.base.WorkStats.sched``: the
 thread's CPU seconds, its seconds runnable but waiting for a core, and the wall seconds of each
-fetch and collate), a probe thread (:class:`GilProbe`) measures how long it waits for the GIL,
+fetch and collate), a probe thread (:class:`GilProbe`) samples whether it finds the GIL held,
 and the consumer measures its own time between batches. Over the first :data:`PROBE_BATCHES`
 batches of the first epoch (after each worker's first, which warms up), and for thread workers
 until the probe has looked at the GIL for :data:`PROBE_WINDOW_S` (short batches: 12 of them may
@@ -16,12 +16,17 @@ and at most :data:`MAX_PROBE_BATCHES` batches are measured):
 * **GIL-bound** when all of: the batches do real CPU work (at least :data:`MIN_CPU_S` per batch:
   cheaper ones are the inline policy's), outside GIL-releasing kernels that report themselves;
   the probe thread found the GIL held (it waited over :data:`GIL_HELD_S` for it, beyond its
-  sleep and its own wait for a core) in at least :data:`GIL_HELD` of its takes: a time average
-  of the GIL's occupancy, whatever the length of a batch (Python holds it nearly all the time;
+  sleep and its own wait for a core) in at least :data:`GIL_HELD` of its takes (a time average
+  of the GIL's occupancy, whatever the length of a batch: Python holds it nearly all the time;
   I/O waits and NumPy-style kernels leave it free; the probe's mean wait, by contrast, shrinks
-  with batches shorter than the switch interval, which release it at each hand-off); the
-  workers' CPU seconds
-  per second stayed under :data:`MAX_PARALLEL` (above it they evidently ran in parallel); and
+  with batches shorter than the switch interval, which release it at each hand-off), or in at
+  least :data:`GIL_SOME` of them while the workers' CPU seconds per second stayed at most
+  :data:`SERIAL_PARALLEL` though they waited for a core at most :data:`SERIAL_RUNQ` of the
+  time they wanted one (workers with cores to run on that never ran together: the GIL
+  serialized them; short batches on an idle machine, whose GIL is released at every hand-off,
+  read 0.5-0.65; on a loaded machine CPU seconds per second say nothing); the workers' CPU
+  seconds per second stayed under
+  :data:`MAX_PARALLEL` (above it they evidently ran in parallel); and
   either the fetches convoyed (blocked at least :data:`WAIT_SHARE` of their time, and no more
   than :data:`EXPLAIN` times what the other workers' CPU time explains: threads waiting on I/O
   wait far longer than the others run) or, with two or more workers, they were fetching
@@ -33,12 +38,12 @@ and at most :data:`MAX_PROBE_BATCHES` batches are measured):
   wanted one: on a busier machine each process hand-off waits for a core on both sides, and
   short batches ran at half the speed of inline fetching, see docs/benchmarks.md). Where
   processes cannot help (one core, a busy machine) and the loop waited for its batches (its
-  own time under :data:`kuat.loader._adaptive.INLINE_MAX_LOOP_SHARE` of a batch's CPU), a
+  own CPU time under :data:`kuat.loader._adaptive.INLINE_MAX_LOOP_SHARE` of a batch's CPU), a
   map-style dataset whose batches do not depend on the worker is fetched **inline**, in the
   loop's thread (threads holding the GIL run one at a time anyway, and each hand-off costs);
   else threads stay. Anything else (kuat's own datasets, decoding, Arrow gathers, NumPy, I/O)
   stays on threads. On a heavily loaded machine the signals blur, and the rule keeps threads
-  (the default before it) unless the probe found the GIL held.
+  (the default before it) unless the probe found the GIL held (then inline, as above).
 * **count** (``num_workers="auto"``): ``ceil(1.25 * cost / loop)`` workers, ``cost`` the
   seconds one batch takes a worker of the chosen type (CPU seconds for processes, wall seconds
   for threads), ``loop`` the training loop's own wall seconds per batch (between ``next()``
@@ -52,7 +57,8 @@ and at most :data:`MAX_PROBE_BATCHES` batches are measured):
 The decision is taken once per loader (it survives epochs and ``load_state_dict``; a loader
 built afresh measures again, and the choice never changes a batch), logged once at INFO, and
 shown by ``stats()["workers"]``. A map-style epoch moves at once (in-flight batches finish
-first, the worker assignment goes on where it was), and so does a kuat stream
+first, the worker assignment goes on where it was; an inline decision takes the next batch
+and every batch of later epochs: ``kuat.loader._adaptive``), and so does a kuat stream
 (``kuat.sources.stream.Stream``: the new workers replay the epoch's first batches and skip
 them); any other iterable dataset's epoch ends on its threads and the next epoch starts on the
 chosen workers. Not thread-safe: the consumer thread's.
@@ -87,6 +93,10 @@ BUSY_SHARE = 0.5  # of the window the workers spent fetching, together (they, no
 # held the GIL)
 MAX_PARALLEL = 1.5  # worker CPU seconds per second above which they evidently ran in parallel
 GIL_HELD = 0.6  # of the probe's takes that found the GIL held: Python held it most of the time
+GIL_SOME = 0.3  # ... or this much, while the workers' CPU per second stayed <= SERIAL_PARALLEL
+SERIAL_PARALLEL = 1.1  # (two workers with GIL-free work on 2 idle cores: 1.4-1.9)
+SERIAL_RUNQ = 0.15  # ... while they waited for a core at most this share of the time (idle
+# machine: under 0.1; a load of 3-5 on 2 cores: 0.35-0.75)
 # (measured on 2 cores, 10-20 us of Python per item, batch 64: 0.6-1.0; NumPy sorts, sleeps and
 # kuat's datasets: 0.05-0.27, 0.45 once for NumPy work that also ran 1.6 workers in parallel)
 GIL_HELD_S = 100e-6  # a take that waited longer than this found the GIL held (a sleep's own
@@ -153,6 +163,7 @@ class WorkerChoice:
         self._wall = self._cpu = self._runq = self._native = 0.0
         self._threads = True  # every measured batch came from a thread worker
         self._loop_s, self._loops = 0.0, 0
+        self._loop_cpu = 0.0  # the loop's own CPU seconds (its wall time counts GIL waits)
         # the window from the first measured result to the decision: its wall start, and the
         # worker CPU + runqueue seconds and loop seconds within it
         self._t0: float | None = None
@@ -217,9 +228,11 @@ class WorkerChoice:
             not self._threads or self._gil_total >= PROBE_WINDOW_S  # (looked long enough)
             or self._cpu < MIN_CPU_S * self._n or self._n >= MAX_PROBE_BATCHES)  # (no need)
 
-    def loop(self, seconds: float) -> None:
-        """The training loop's own wall seconds between two ``next()`` calls."""
+    def loop(self, seconds: float, cpu: float = 0.0) -> None:
+        """The training loop's own wall seconds between two ``next()`` calls, and its thread's
+        CPU seconds in them."""
         self._loop_s += seconds
+        self._loop_cpu += cpu
         self._loops += 1
 
     # --- deciding ---------------------------------------------------------------------------
@@ -233,6 +246,7 @@ class WorkerChoice:
         wait = max(0.0, wall - cpu - runq)
         others = max(1, num_workers - 1) * (cpu + runq)
         loop = self._loop_s / self._loops if self._loops else 0.0
+        loop_cpu = self._loop_cpu / self._loops if self._loops else 0.0
         window = time.perf_counter() - self._t0 if self._t0 is not None else 0.0
         # worker CPU seconds per second of the window (above 1: they ran in parallel), and the
         # share of it the workers spent fetching (the loop's own time is no measure: its Python
@@ -249,11 +263,13 @@ class WorkerChoice:
         convoy = wait >= WAIT_SHARE * wall and wait <= EXPLAIN * others
         serial = num_workers >= 2 and busy * num_workers >= BUSY_SHARE and wait < 0.5 * wall
         gil = (self._threads and cpu / n >= MIN_CPU_S and self._native < 0.5 * wall
-               and held >= GIL_HELD and parallel <= MAX_PARALLEL and (convoy or serial))
+               and (held >= GIL_HELD or (held >= GIL_SOME and parallel <= SERIAL_PARALLEL
+                                         and runq <= SERIAL_RUNQ * (cpu + runq)))
+               and parallel <= MAX_PARALLEL and (convoy or serial))
         # inline instead, where processes cannot help: the loop waits for its batches (threads
         # holding the GIL run them one at a time, as the loop's thread would, plus hand-offs)
         inline_ok = (not iterable and not self.worker_dependent
-                     and loop <= INLINE_MAX_LOOP_SHARE * cpu / n)
+                     and loop_cpu <= INLINE_MAX_LOOP_SHARE * cpu / n)
         busy_machine = runq > BUSY_MACHINE * (cpu + runq)
         kind, why = self.worker_type, "as given"
         if self.auto_type:
@@ -306,6 +322,7 @@ class WorkerChoice:
             "blocked_share": wait / wall if wall > 0 else 0.0,
             "blocked_per_other_cpu": wait / others if others > 0 else 0.0,
             "loop_ms_per_batch": 1e3 * loop,
+            "loop_cpu_ms_per_batch": 1e3 * loop_cpu,
             "workers_on_cpu": parallel,
             "gil_busy_share": gil_busy,
             "gil_held_share": held,
@@ -345,7 +362,8 @@ class GilProbe(threading.Thread):
     it wait (until the holder's next release: the end of its batch, or the switch interval, 5
     ms); work that releases the GIL, or waits on I/O, lets it in at once. The share of takes
     that waited (:data:`GIL_HELD_S`) samples how much of the time the GIL was held. Costs about
-    5% of a core while it runs (the first batches of an epoch, until the choice is made)."""
+    10% of a core while it runs (the first batches of an epoch, until the choice is made: 30 ms
+    for short batches)."""
 
     def __init__(self, choice: WorkerChoice, flag):
         super().__init__(name="kuat-gil-probe", daemon=True)
@@ -355,11 +373,11 @@ class GilProbe(threading.Thread):
     def run(self) -> None:
         end = time.perf_counter() + PROBE_MAX_S
         seen, idle_until = -1, 0.0
+        _, r0 = sched_times()
         while True:
             choice, flag = self._choice(), self._flag()
             if choice is None or flag is None or not flag.on or choice.decided:
                 return
-            _, r0 = sched_times()
             t0 = time.perf_counter()
             if choice._n != seen:  # no batch for PROBE_IDLE_S: the epoch ended (or paused)
                 seen, idle_until = choice._n, t0 + PROBE_IDLE_S
@@ -369,7 +387,7 @@ class GilProbe(threading.Thread):
             time.sleep(PROBE_SLEEP_S)
             t1 = time.perf_counter()
             _, r1 = sched_times()
-            runq = r1 - r0  # (its share of a loaded machine counts neither way)
+            runq, r0 = r1 - r0, r1  # (its share of a loaded machine counts neither way)
             choice = self._choice()
             if choice is not None:
                 choice.gil_waited(max(0.0, t1 - t0 - PROBE_SLEEP_S - runq),
