@@ -72,7 +72,7 @@ class ShortPython(Dataset):
     fetches, not inside them."""
 
     def __len__(self):
-        return 64 * 60
+        return 64 * 150
 
     def __getitem__(self, i):
         s = 0
