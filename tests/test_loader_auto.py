@@ -108,8 +108,9 @@ class GilBoundStream(IterableDataset):
 @pytest.fixture(autouse=True)
 def two_idle_cores(monkeypatch):
     """Decisions as on a machine with 2 usable cores (whatever this one has), taken as idle
-    whatever the load of this one (test_decide_rules tests the busy-machine rule)."""
+    (no runqueue limit, load average 0) whatever the load of this one (test_decide_rules tests the busy-machine rule)."""
     monkeypatch.setattr(_auto, "usable_cores", lambda: 2)
+    monkeypatch.setattr(_auto, "machine_load", lambda: 0.0)
     monkeypatch.setattr(_auto, "BUSY_MACHINE", 1.0)
 
 
@@ -326,7 +327,7 @@ def test_decide_rules_on_given_numbers():
     from kuat.engine.base import WorkStats
 
     def choice(cpu, runq, wall, loop, n=2, auto_count=False, gil_held=0.0, cores=4,
-               parallel=1.0, iterable=False, c=None):
+               parallel=1.0, iterable=False, c=None, load=0.0):
         c = c or _auto.WorkerChoice(auto_type=True, auto_count=auto_count,
                                     worker_type="thread", num_workers=n)
         c._skip = 0
@@ -342,7 +343,8 @@ def test_decide_rules_on_given_numbers():
                 c.gil_waited(waited, _auto.PROBE_SLEEP_S + waited)
         # the window as long as the workers' CPU seconds (after the first) over ``parallel``
         c._t0 = time.perf_counter() - (_auto.PROBE_BATCHES - 1) * cpu / parallel
-        return c.decide(num_workers=n, iterable=iterable, persistent=False, cores=cores)
+        return c.decide(num_workers=n, iterable=iterable, persistent=False, cores=cores,
+                        load=load)
 
     # long batches convoying on the GIL: each waits about as long as the other runs
     assert choice(0.010, 0.001, 0.021, 0.0, gil_held=0.9)[0] == "process"
@@ -386,6 +388,13 @@ def test_decide_rules_on_given_numbers():
     assert choice(0.002, 0.006, 0.0081, 0.0, gil_held=0.9, iterable=True, c=c)[0] == "thread"
     assert not c.inline
     assert choice(0.002, 0.0002, 0.0026, 0.0, gil_held=0.9)[0] == "process"
+    # ... nor when the load average leaves under 1.5 cores idle (this process's thread aside),
+    # though the GIL-bound threads rarely waited for a core (one runnable at a time)
+    c = _auto.WorkerChoice(auto_type=True, auto_count=False, worker_type="thread", num_workers=2)
+    assert choice(0.002, 0.0002, 0.0026, 0.0, gil_held=0.9, cores=2, load=2.0, c=c)[0] == "thread"
+    assert c.inline and "load average (2.0" in c.reason
+    assert choice(0.002, 0.0002, 0.0026, 0.0, gil_held=0.9, cores=2, load=1.4)[0] == "process"
+    assert choice(0.002, 0.0002, 0.0026, 0.0, gil_held=0.9, cores=8, load=6.0)[0] == "process"
     # waiting on I/O: far longer than the other worker's CPU time
     assert choice(0.001, 0.0, 0.030, 0.0, gil_held=0.9)[0] == "thread"
     # running or runnable all along (a loaded machine): GIL-free

@@ -35,7 +35,8 @@ and at most :data:`MAX_PROBE_BATCHES` batches are measured):
   shorter than the GIL's switch interval: the waits fall between fetches). GIL-bound
   work moves to process workers on a machine with at least two usable cores that are not
   already busy (the workers waited for a core at most :data:`BUSY_MACHINE` of the time they
-  wanted one: on a busier machine each process hand-off waits for a core on both sides, and
+  wanted one, and the 1-minute load average, less this process's one runnable thread, leaves
+  at least :data:`SPARE_CORES` of the usable cores idle: on a busier machine each process hand-off waits for a core on both sides, and
   short batches ran at half the speed of inline fetching, see docs/benchmarks.md). Where
   processes cannot help (one core, a busy machine) and the loop waited for its batches (its
   own CPU time under :data:`kuat.loader._adaptive.INLINE_MAX_LOOP_SHARE` of a batch's CPU), a
@@ -76,7 +77,8 @@ import weakref
 from kuat.engine.base import sched_times
 from kuat.loader._adaptive import INLINE_MAX_LOOP_SHARE
 
-__all__ = ["AUTO", "WorkerChoice", "initial_workers", "resolve_num_workers", "usable_cores"]
+__all__ = ["AUTO", "WorkerChoice", "initial_workers", "machine_load", "resolve_num_workers",
+           "usable_cores"]
 
 log = logging.getLogger("kuat.loader")
 
@@ -104,6 +106,9 @@ GIL_HELD_S = 100e-6  # a take that waited longer than this found the GIL held (a
 PROBE_SLEEP_S = 0.5e-3  # the probe thread's sleep between two takes of the GIL
 PROBE_MAX_S = 30.0  # the probe thread ends by itself after this long
 PROBE_IDLE_S = 5.0  # ... or after this long without a measured batch (the epoch ended)
+SPARE_CORES = 1.5  # idle cores (usable cores less the load average's other tasks) below which
+# processes wait for cores (at a load of 4-5 on 2 cores, 2 processes ran a 0.7 ms-batch Python
+# dataset at 0.5-0.65x inline even when the GIL-bound threads rarely waited for a core)
 BUSY_MACHINE = 0.25  # runqueue share of the workers' wanted CPU above which no core is spare
 # (load ~3 on 2 cores: 0.35-0.55, and 2 processes ran a 0.7 ms-batch Python dataset at 0.5x
 # inline; an idle machine: under 0.1)
@@ -116,6 +121,15 @@ def usable_cores() -> int:
     if hasattr(os, "sched_getaffinity"):
         return max(1, len(os.sched_getaffinity(0)))
     return max(1, os.cpu_count() or 1)
+
+
+def machine_load() -> float:
+    """The machine's 1-minute load average (``os.getloadavg``: runnable and waiting tasks,
+    this process's included); 0 where there is none."""
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return 0.0
 
 
 def initial_workers(cores: int) -> int:
@@ -237,10 +251,13 @@ class WorkerChoice:
 
     # --- deciding ---------------------------------------------------------------------------
     def decide(self, *, num_workers: int, iterable: bool, persistent: bool,
-               cores: int | None = None) -> tuple[str, int]:
+               cores: int | None = None, load: float | None = None) -> tuple[str, int]:
         """Decide from what was measured; returns ``(worker_type, num_workers)`` (logged once,
-        kept in ``self``)."""
+        kept in ``self``). ``cores`` and ``load`` (the 1-minute load average) are the
+        machine's unless given."""
         cores = usable_cores() if cores is None else cores
+        load = machine_load() if load is None else load
+        spare = cores - max(0.0, load - 1)  # (the 1: this process's own runnable thread)
         n = max(1, self._n)
         wall, cpu, runq = self._wall, self._cpu, self._runq
         wait = max(0.0, wall - cpu - runq)
@@ -270,16 +287,17 @@ class WorkerChoice:
         # holding the GIL run them one at a time, as the loop's thread would, plus hand-offs)
         inline_ok = (not iterable and not self.worker_dependent
                      and loop_cpu <= INLINE_MAX_LOOP_SHARE * cpu / n)
-        busy_machine = runq > BUSY_MACHINE * (cpu + runq)
+        busy_machine = runq > BUSY_MACHINE * (cpu + runq) or spare < SPARE_CORES
         kind, why = self.worker_type, "as given"
         if self.auto_type:
             if gil and (cores < 2 or busy_machine):
-                kind, why = "thread", ("GIL-bound, but one usable core: processes cannot run in "
-                                       "parallel" if cores < 2 else
-                                       f"GIL-bound, but the workers waited for a core "
-                                       f"{100 * runq / (cpu + runq):.0f}% of the time: no spare "
-                                       "core for processes to run in parallel (each batch's "
-                                       "hand-off would wait for one too)")
+                kind, why = "thread", (
+                    "GIL-bound, but one usable core: processes cannot run in parallel"
+                    if cores < 2 else
+                    f"GIL-bound, but the workers waited for a core {100 * runq / (cpu + runq):.0f}"
+                    f"% of the time and the load average ({load:.1f}, this process included) "
+                    f"leaves {spare:.1f} of {cores} cores idle: no spare core for processes to "
+                    "run in parallel (each batch's hand-off would wait for one too)")
                 if inline_ok:
                     self.inline = True
                     why += ("; fetched inline, in the loop's thread (it waited for its batches: "
@@ -329,6 +347,7 @@ class WorkerChoice:
             "gil_probe_takes": self._takes,
             "workers_busy_share": busy,
             "usable_cores": cores,
+            "load_average": load,
         }
         log.info("kuat.DataLoader: %d %s workers (%s): %d batches, %.3f ms CPU and %.3f ms wall "
                  "per batch, blocked %.0f%% of the time (%.2fx the other workers' CPU time), "
