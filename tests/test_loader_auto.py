@@ -359,16 +359,16 @@ def test_decide_rules_on_given_numbers():
     assert choice(0.0009, 0.00005, 0.001, 0.0, gil_held=0.9, parallel=0.7, n=4)[0] == "process"
     # ... on an idle machine the GIL is released at each hand-off and found held less often;
     # with workers that never ran together (CPU seconds per second at most 1.1) that is enough
-    assert choice(0.0009, 0.00005, 0.001, 0.0, gil_held=0.5, parallel=0.8)[0] == "process"
+    assert choice(0.0009, 0.00005, 0.001, 0.0, gil_held=0.3, parallel=0.8)[0] == "process"
     # ... but not for workers that did run together a good part of the time
-    assert choice(0.0009, 0.00005, 0.001, 0.0, gil_held=0.5, parallel=1.3)[0] == "thread"
+    assert choice(0.0009, 0.00005, 0.001, 0.0, gil_held=0.3, parallel=1.3)[0] == "thread"
     # ... nor for workers kept apart by a loaded machine (they waited for a core)
-    assert choice(0.0009, 0.0006, 0.0016, 0.0, gil_held=0.5, parallel=0.8)[0] == "thread"
+    assert choice(0.0009, 0.0006, 0.0016, 0.0, gil_held=0.3, parallel=0.8)[0] == "thread"
     # ... the same numbers with the GIL found free (short GIL-free kernels, a loop's sleeps):
     # something else kept the workers from running together, not the GIL
     assert choice(0.0009, 0.00005, 0.001, 0.0, gil_held=0.2, parallel=0.7)[0] == "thread"
     # ... and short GIL-free batches that did run in parallel
-    assert choice(0.0009, 0.00005, 0.001, 0.0, gil_held=0.7, parallel=1.8)[0] == "thread"
+    assert choice(0.0009, 0.00005, 0.001, 0.0, gil_held=0.5, parallel=1.8)[0] == "thread"
     # ... but not when the probe found the GIL free (the waits are not for the GIL)
     assert choice(0.010, 0.001, 0.021, 0.0, gil_held=0.1)[0] == "thread"
     # ... nor with one core

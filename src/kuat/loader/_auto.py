@@ -24,7 +24,7 @@ and at most :data:`MAX_PROBE_BATCHES` batches are measured):
   :data:`SERIAL_PARALLEL` though they waited for a core at most :data:`SERIAL_RUNQ` of the
   time they wanted one (workers with cores to run on that never ran together: the GIL
   serialized them; short batches on an idle machine, whose GIL is released at every hand-off,
-  read 0.5-0.65; on a loaded machine CPU seconds per second say nothing); the workers' CPU
+  can read under 0.4; on a loaded machine CPU seconds per second say nothing); the workers' CPU
   seconds per second stayed under
   :data:`MAX_PARALLEL` (above it they evidently ran in parallel); and
   either the fetches convoyed (blocked at least :data:`WAIT_SHARE` of their time, and no more
@@ -94,13 +94,13 @@ EXPLAIN = 1.5  # blocked time at most this many times the other workers' CPU tim
 BUSY_SHARE = 0.5  # of the window the workers spent fetching, together (they, not the loop,
 # held the GIL)
 MAX_PARALLEL = 1.5  # worker CPU seconds per second above which they evidently ran in parallel
-GIL_HELD = 0.6  # of the probe's takes that found the GIL held: Python held it most of the time
+GIL_HELD = 0.4  # of the probe's takes that found the GIL held: Python held it much of the time
+# (measured on 2 cores at loads of 1.5-5, batch 64 of 10-20 us of Python per item: 0.46-1.0;
+# NumPy sorts and sleeps: 0.02-0.27)
 GIL_SOME = 0.3  # ... or this much, while the workers' CPU per second stayed <= SERIAL_PARALLEL
 SERIAL_PARALLEL = 1.1  # (two workers with GIL-free work on 2 idle cores: 1.4-1.9)
 SERIAL_RUNQ = 0.15  # ... while they waited for a core at most this share of the time (idle
 # machine: under 0.1; a load of 3-5 on 2 cores: 0.35-0.75)
-# (measured on 2 cores, 10-20 us of Python per item, batch 64: 0.6-1.0; NumPy sorts, sleeps and
-# kuat's datasets: 0.05-0.27, 0.45 once for NumPy work that also ran 1.6 workers in parallel)
 GIL_HELD_S = 100e-6  # a take that waited longer than this found the GIL held (a sleep's own
 # overshoot, Linux's 50 us timer slack, stays under it)
 PROBE_SLEEP_S = 0.5e-3  # the probe thread's sleep between two takes of the GIL
