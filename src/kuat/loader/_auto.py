@@ -17,7 +17,7 @@ and at most :data:`MAX_PROBE_BATCHES` batches are measured):
   cheaper ones are the inline policy's), outside GIL-releasing kernels that report themselves;
   the probe thread found the GIL held (it waited over :data:`GIL_HELD_S` for it, beyond its
   sleep and its own wait for a core) in at least :data:`GIL_HELD` of its takes (a time average
-  of the GIL's occupancy, whatever the length of a batch: Python holds it nearly all the time;
+  of the GIL's occupancy, whatever the length of a batch: Python holds it most of the time;
   I/O waits and NumPy-style kernels leave it free; the probe's mean wait, by contrast, shrinks
   with batches shorter than the switch interval, which release it at each hand-off), or in at
   least :data:`GIL_SOME` of them while the workers' CPU seconds per second stayed at most
@@ -25,9 +25,8 @@ and at most :data:`MAX_PROBE_BATCHES` batches are measured):
   time they wanted one (workers with cores to run on that never ran together: the GIL
   serialized them; short batches on an idle machine, whose GIL is released at every hand-off,
   can read under 0.4; on a loaded machine CPU seconds per second say nothing); the workers' CPU
-  seconds per second stayed under
-  :data:`MAX_PARALLEL` (above it they evidently ran in parallel); and
-  either the fetches convoyed (blocked at least :data:`WAIT_SHARE` of their time, and no more
+  seconds per second stayed under :data:`MAX_PARALLEL` (above it they evidently ran in
+  parallel); and either the fetches convoyed (blocked at least :data:`WAIT_SHARE` of their time, and no more
   than :data:`EXPLAIN` times what the other workers' CPU time explains: threads waiting on I/O
   wait far longer than the others run) or, with two or more workers, they were fetching
   (together: one worker at a time is all the GIL allows) at least :data:`BUSY_SHARE` of the
@@ -36,8 +35,9 @@ and at most :data:`MAX_PROBE_BATCHES` batches are measured):
   work moves to process workers on a machine with at least two usable cores that are not
   already busy (the workers waited for a core at most :data:`BUSY_MACHINE` of the time they
   wanted one, and the 1-minute load average, less this process's one runnable thread, leaves
-  at least :data:`SPARE_CORES` of the usable cores idle: on a busier machine each process hand-off waits for a core on both sides, and
-  short batches ran at half the speed of inline fetching, see docs/benchmarks.md). Where
+  at least :data:`SPARE_CORES` of the usable cores idle: on a busier machine each process
+  hand-off waits for a core on both sides, and short batches ran at 0.2-0.65x the speed of
+  inline fetching, see docs/benchmarks.md). Where
   processes cannot help (one core, a busy machine) and the loop waited for its batches (its
   own CPU time under :data:`kuat.loader._adaptive.INLINE_MAX_LOOP_SHARE` of a batch's CPU), a
   map-style dataset whose batches do not depend on the worker is fetched **inline**, in the
