@@ -12,7 +12,8 @@ where and how far ahead batches are fetched:
 * **inline fetching**: after :data:`INLINE_PROBE` batches, when most were cheap, the loop
   waited for them and its own time between batches is under :data:`INLINE_MAX_LOOP_SHARE` of
   their work, thread workers hand over to the consumer thread (a hand-off costs more than the
-  work);
+  work); and at once, in this and every later epoch, when the worker choice
+  (:mod:`kuat.loader._auto`) found the work GIL-bound with no spare core for processes;
 * **threads -> processes** (``worker_type=None``): once the dataset is seen to draw from the
   global random generators, or the first batches show work that holds the GIL
   (:mod:`kuat.loader._auto`, which also picks ``num_workers="auto"``'s count), the epoch
@@ -78,6 +79,7 @@ class Adaptation:
         self._prefetch_factor = prefetch_factor
         self._adapt = adaptive and not inline
         self.may_go_inline = self._adapt and thread_engine and consumer_may_fetch
+        self._cheap_policy = True  # the cheap-batch test may still send the epoch inline
         self._agnostic = agnostic
         self.first_width = num_workers if num_workers > 1 and not inline and split_first else 1
         self.holding: int | None = None  # task id of the split first batch while it is fetched
@@ -96,19 +98,24 @@ class Adaptation:
                 self._choice.start_probe(probe)
         self._wall_mark: float | None = None  # perf_counter() when next() last returned
         self._move: tuple[str, int] | None = None  # (type, count) the choice wants now
+        # the choice decided on inline fetching (GIL-bound, no core for processes): go at once
+        self._inline_chosen = choice is not None and choice.decided and choice.inline
 
     # --- the training loop's own time (for the inline decision) ------------------------------
     def loop_resumed(self) -> None:
         """``next()`` was called: count the loop's CPU time since the last batch (its wall time
         would count the time the workers held the GIL)."""
-        if self.may_go_inline and self._loop_mark is not None:
-            self._loop_s += time.thread_time() - self._loop_mark
+        if self._loop_mark is None:
+            return
+        cpu = time.thread_time() - self._loop_mark
+        if self.may_go_inline:
+            self._loop_s += cpu
         if self._choice is not None and self._wall_mark is not None:
-            self._choice.loop(time.perf_counter() - self._wall_mark)
+            self._choice.loop(time.perf_counter() - self._wall_mark, cpu)
 
     def loop_paused(self) -> None:
         """``next()`` returns a batch."""
-        if self.may_go_inline:
+        if self.may_go_inline or self._choice is not None:
             self._loop_mark = time.thread_time()
         if self._choice is not None:
             self._wall_mark = time.perf_counter()
@@ -139,6 +146,12 @@ class Adaptation:
             self._probe.on = False
         kind, count = choice.decide(num_workers=self.num_workers, iterable=self._iterable,
                                     persistent=self._persistent and not self._replay)
+        if choice.inline and not self.may_go_inline:
+            choice.inline = False
+            choice.reason += (" (not inline: this loader may not fetch in the loop's thread: "
+                              "prefetch_factor given, a worker_init_fn, or batches that depend "
+                              "on the worker; threads kept)")
+        self._inline_chosen = choice.inline
         if ((not self._iterable or self._replay)
                 and (kind, count) != (self._engine_kind, self.num_workers)):
             self._move = (kind, count)  # (another iterable's next epoch starts on them)
@@ -171,12 +184,19 @@ class Adaptation:
 
     def inline_wanted(self, busy: bool) -> int:
         """``NOW`` to fetch the rest of the epoch in the consumer thread, ``WAIT`` while worker
-        batches are in flight (``busy``), ``NO`` (and never again this epoch) otherwise."""
-        if not (self.may_go_inline and self._seen >= INLINE_PROBE):
+        batches are in flight (``busy``), ``NO`` otherwise (and never again this epoch for cheap
+        batches).
+        Under the worker choice's inline decision, ``NOW`` (or ``WAIT``) from the first batch,
+        whatever the batches cost (its measurement stands for the loader)."""
+        if not self.may_go_inline:
+            return NO
+        if self._inline_chosen:
+            return WAIT if busy else NOW
+        if not (self._cheap_policy and self._seen >= INLINE_PROBE):
             return NO
         if (self._cheap < 0.75 * self._seen or self.blocked < 0.75 * self._seen
                 or self._loop_s > INLINE_MAX_LOOP_SHARE * self._work_s):
-            self.may_go_inline = False
+            self._cheap_policy = False  # (the worker choice may still decide on inline)
             return NO
         return WAIT if busy else NOW
 
