@@ -33,11 +33,11 @@ from kuat.format.cache import Prefetcher, ShardCache
 from kuat.format.fs import Remote, is_url, local_path, open_remote
 from kuat.format.gather import (
     ImageBatch,
+    ImageRows,
     gather_column,
     gather_flat,
     native,
     native_fixed,
-    native_images,
 )
 from kuat.format.manifest import Manifest, ShardInfo, read_manifest
 from kuat.format.members import member_path
@@ -314,10 +314,12 @@ class Store:
         (``kuat.vision.Compose``'s batch decode, without the GIL): not advised here, and
         their ``ImageBatch.codec`` is ``None`` (that reader reads the bytes alone).
 
-        With the C gather (:func:`kuat.format.gather.native`), fixed-size fields and
-        self-advised image fields take one C call each for the whole batch, whatever the
-        shards (no per-row or per-shard Python: a batch of an ImageNet-sized dataset spans
-        about as many shards as rows); the other fields go by shard groups."""
+        With the C gather (:func:`kuat.format.gather.native`), fixed-size fields take one C
+        call each for the whole batch, whatever the shards (no per-row or per-shard Python: a
+        batch of an ImageNet-sized dataset spans about as many shards as rows), and a
+        self-advised image field is an :class:`kuat.format.gather.ImageRows` (its rows, read
+        by the batch decoder in C, or gathered in one C call when asked); the other fields go
+        by shard groups."""
         c = native()
         if c is None or not any(self._native_kind(n, self_advised) for n in fields):
             sid, groups = self._groups(idx)
@@ -332,8 +334,8 @@ class Store:
             how, col = self._native_kind(name, self_advised), None
             if how == "fixed":
                 col = native_fixed(c[0], self._native_table(name), ftype, sid, local)
-            elif how == "image":
-                col = native_images(c[1], self._native_table(name), sid, local)
+            elif how == "image":  # read by a batch decoder: its rows, sliced if it asks
+                col = ImageRows(self, name, self._native_table(name), sid, local, idx)
             if col is None:  # not a C field, or a shard of the batch not mapped yet: by groups
                 if groups is None:  # (which map the batch's shards and hold them)
                     groups = self._groups(idx)[1]

@@ -243,6 +243,8 @@ class Dataset:
             global _torch  # imported when first needed, not with kuat
             import torch
 
+            from kuat.vision._rows import rows_filler
+
             _torch = torch
             ft = self._field_transforms
             per = []
@@ -255,8 +257,8 @@ class Dataset:
                     per.append((f.name, _NUMBER, np.bool_ if kind == "bool" else None))
                 elif t is None and kind == "string":
                     per.append((f.name, _AS_IS, None))
-                elif size is not None:
-                    per.append((f.name, _FILL, size))
+                elif size is not None:  # (with the transform's rows path, if it has one)
+                    per.append((f.name, _FILL, (size, rows_filler(t))))
                 else:
                     per.append((f.name, _OTHER, kind))
             own = tuple(n for n, route, _ in per  # (their gather makes no codec names)
