@@ -67,20 +67,11 @@ def native() -> tuple | None:
     return _native
 
 
-def native_fixed(take_rows, table: list, ftype: FieldType, sid: np.ndarray,
-                 local: np.ndarray) -> np.ndarray | None:
-    """A fixed-size field's ``(B, *shape)`` column, rows ``local`` of shards ``sid`` (``(B,)``
-    int64 each), gathered by ``take_rows`` from ``table`` (per shard its column's values, or
-    None while unmapped); ``None`` when a shard of the batch is not mapped (the caller gathers
-    by shard groups, which maps it)."""
-    dt = ftype.np_dtype if ftype.kind != "bool" else np.dtype(bool)
-    res = np.empty((len(sid), *(ftype.shape or ())), dt)  # (B, *shape)
-    return res if take_rows(table, sid, local, res) < 0 else None
-
-
 def native_images(image_rows, table: list, sid: np.ndarray, local: np.ndarray) -> ImageBatch | None:
-    """A self-advised image field's :class:`ImageBatch` (``codec=None``), as
-    :func:`native_fixed` (``table``: per shard ``(bytes view, offsets, width, height)``)."""
+    """A self-advised image field's :class:`ImageBatch` (``codec=None``), rows ``local`` of
+    shards ``sid`` (``(B,)`` int64 each), gathered by ``image_rows`` from ``table`` (per shard
+    ``(bytes view, offsets, width, height)``, or None while unmapped); ``None`` when a shard of
+    the batch is not mapped."""
     b = len(sid)
     width, height = np.empty(b, np.int32), np.empty(b, np.int32)
     views = image_rows(table, sid, local, width, height)
