@@ -14,7 +14,8 @@ from kuat.engine.fetch_scope import FetchScope
 
 def _settings() -> tuple:
     """This thread's four settings, as the code that reads them sees them."""
-    return (_buffers._owned.buffers, _buffers._owned.pool, _parallel.width(),
+    own = _buffers.thread_state()
+    return (own.buffers, own.pool, _parallel.width(),
             krng.current_epoch(), torch.initial_seed())
 
 

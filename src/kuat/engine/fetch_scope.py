@@ -18,6 +18,10 @@ from kuat.engine import seed_view
 
 __all__ = ["FetchScope"]
 
+# the modules' per-thread states (threading.local objects: their attributes are per thread)
+_OWNED, _PAR, _RNG, _VIEW = (_buffers.thread_state(), _parallel.thread_state(),
+                             krng.thread_state(), seed_view.current())
+
 
 class FetchScope:
     """The four per-batch settings of one worker (see the module), as one context.
@@ -32,19 +36,21 @@ class FetchScope:
     Thread-safety: one per worker, used by that worker's thread only.
     """
 
-    __slots__ = ("pool", "seed", "epoch", "width", "shown", "_old")
+    __slots__ = ("pool", "seed", "epoch", "width", "shown", "_old", "_installed")
 
     def __init__(self, pool, seed: int):
         self.pool, self.seed = pool, seed
         self.epoch, self.width, self.shown = 0, 1, None
+        self._installed = False  # seed_view.install() called (once: it is idempotent)
 
     def __enter__(self) -> FetchScope:
-        own, par, cur = _buffers._owned, _parallel._local, krng._local.current
+        own, par, cur = _OWNED, _PAR, _RNG.current
         shown = self.shown
         if shown is not None:
-            if not seed_view._installed:
+            if not self._installed:
                 seed_view.install()
-            view = seed_view._view
+                self._installed = True
+            view = _VIEW
             self._old = (own.buffers, own.pool, par.width, cur.seed, cur.epoch, view.shown,
                          view.hidden)
             view.shown, view.hidden = shown, None
@@ -60,13 +66,12 @@ class FetchScope:
         view staying set (what a worker's collate and state run in); ``__exit__`` restores
         all, whether or not this ran."""
         old = self._old
-        cur = krng._local.current
-        _parallel._local.width, cur.seed, cur.epoch = old[2:5]
+        cur = _RNG.current
+        _PAR.width, cur.seed, cur.epoch = old[2:5]
 
     def __exit__(self, *exc) -> None:
         old = self._old
-        own, cur = _buffers._owned, krng._local.current
-        own.buffers, own.pool, _parallel._local.width, cur.seed, cur.epoch = old[:5]
+        own, cur = _OWNED, _RNG.current
+        own.buffers, own.pool, _PAR.width, cur.seed, cur.epoch = old[:5]
         if len(old) > 5:
-            view = seed_view._view
-            view.shown, view.hidden = old[5], old[6]
+            _VIEW.shown, _VIEW.hidden = old[5], old[6]

@@ -205,7 +205,7 @@ class Dataset:
             from kuat.collate import default_collate
 
             return default_collate(self._samples(idx, batch_buffer=True))
-        names, own, routes = self._collated_routes()
+        names, own, routes = self.__dict__.get("_routes") or self._collated_routes()
         sid, cols = self._store.gather(idx, names, own)
         out = dict.fromkeys(names)  # the schema's order; filled in the routes' order
         index_list = None

@@ -21,7 +21,7 @@ import logging
 
 from kuat import _native, _parallel
 from kuat.rng import BatchGenerators, current_epoch
-from kuat.vision.compose import Compose, _at
+from kuat.vision.compose import Compose
 from kuat.vision.decode import roi_function
 from kuat.vision.steps import rrc_params
 
@@ -32,21 +32,22 @@ _MASK64 = (1 << 64) - 1
 
 
 def rows_filler(t):
-    """``fill(rows, out, indices, sources) -> bool`` for transform ``t`` when it can take a
+    """``fill(rows, out, paths) -> bool`` for transform ``t`` when it can take a
     batch's rows in one C call (a :class:`kuat.vision.Compose` of ``RandomResizedCrop`` then
     flips, with the ROI decoder's ``plan_decode_rows``), else ``None``. Asked once per dataset
     view (its transforms are fixed when it is made)."""
     if type(t) is not Compose or t._c_plan is None or roi_function("plan_decode_rows") is None:
         return None
-    return lambda rows, out, indices, sources: _fill(t, rows, out, indices, sources)
+    return lambda rows, out, paths: _fill(t, rows, out, paths)
 
 
-def _fill(t, rows, out, indices, sources) -> bool:
+def _fill(t, rows, out, paths: list) -> bool:
     """Sample ``j``'s pixels into ``out[j]`` (``(B, 3, H, W)`` uint8, C-contiguous) for the
     ``rows`` (:class:`kuat.format.gather.ImageRows`) of a batch, as
     ``t.apply_encoded_many(rows.data, rows.width, rows.height, BatchGenerators(rows.idx),
-    out, indices=indices, sources=sources)`` fills it. Returns ``False`` with nothing written
-    when this path does not take the batch (the caller calls that), else ``True``.
+    out, indices=..., sources=...)`` fills it, the sample indices and shard paths (``paths``:
+    the store's, by shard id) named only in a sample's error. Returns ``False`` with nothing
+    written when this path does not take the batch (the caller calls that), else ``True``.
 
     Raises:
         kuat.DecodeError: a sample cannot be decoded (the lowest such ``j``).
@@ -69,17 +70,18 @@ def _fill(t, rows, out, indices, sources) -> bool:
         return False
     unplanned, failed = res
     if unplanned or failed:
-        _rest(t, rows, out, unplanned, failed, indices, sources)
+        _rest(t, rows, out, unplanned, failed, paths)
     return True
 
 
-def _rest(t, rows, out, unplanned: list, failed: list, indices, sources) -> None:
+def _rest(t, rows, out, unplanned: list, failed: list, paths: list) -> None:
     """The samples ``plan_decode_rows`` left, through ``t``'s per-image path in sample order."""
+    idx, sid = rows.idx.tolist(), rows.sid.tolist()  # (B,) int64 -> ints
     from kuat.vision.resize import single_threaded_torch
 
     single_threaded_torch()
     for j, reason in failed:
-        logger.debug("batch decode skipped sample %s: %s", _at(indices, j), reason)
+        logger.debug("batch decode skipped sample %s: %s", idx[j], reason)
     later = sorted([*unplanned, *(j for j, _ in failed)])
     widths, heights = rows.width, rows.height  # (B,) int32, gathered now
     for j in later:  # the Python planner raises for the first such sample, before any decode
@@ -89,5 +91,4 @@ def _rest(t, rows, out, unplanned: list, failed: list, indices, sources) -> None
     for j in later:
         width, height = int(widths[j]), int(heights[j])
         plan = t.plan(width, height, rngs[j])
-        t._apply_planned(datas[j], width, height, plan, rngs[j], out[j], _at(indices, j),
-                         _at(sources, j))
+        t._apply_planned(datas[j], width, height, plan, rngs[j], out[j], idx[j], paths[sid[j]])
