@@ -243,8 +243,6 @@ class Dataset:
             global _torch  # imported when first needed, not with kuat
             import torch
 
-            from kuat.vision._rows import rows_filler
-
             _torch = torch
             ft = self._field_transforms
             per = []
@@ -258,6 +256,8 @@ class Dataset:
                 elif t is None and kind == "string":
                     per.append((f.name, _AS_IS, None))
                 elif size is not None:  # (with the transform's rows path, if it has one)
+                    from kuat.vision._rows import rows_filler
+
                     per.append((f.name, _FILL, (size, rows_filler(t))))
                 else:
                     per.append((f.name, _OTHER, kind))
