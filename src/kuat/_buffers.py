@@ -42,7 +42,7 @@ import torch
 
 __all__ = [
     "BufferPool", "MIN_POOLED_BYTES", "batch_scope", "has_batch_buffers", "is_batch_buffer",
-    "new_batch_buffer", "own_batch_buffer",
+    "new_batch_array", "new_batch_buffer", "own_batch_buffer",
 ]
 
 # Below this, malloc is cheap and its arenas hold little: the pool is for batch-sized buffers.
@@ -144,6 +144,13 @@ class _Owned(threading.local):
 _owned = _Owned()
 
 
+def thread_state() -> _Owned:
+    """This module's per-thread state (a ``threading.local``: ``buffers``, ``pool``), for
+    :class:`kuat.engine.fetch_scope.FetchScope`, which sets it as :class:`batch_scope` does
+    together with the fetch's other settings. Internal."""
+    return _owned
+
+
 class batch_scope:  # noqa: N801 (used like a function: ``with batch_scope():``)
     """Context in which :func:`new_batch_buffer` allocations count as the batch's own.
 
@@ -193,6 +200,24 @@ def new_batch_buffer(shape, dtype: torch.dtype, device=None) -> torch.Tensor:
                 owned.append(t)
             return t
     return own_batch_buffer(torch.empty(shape, dtype=dtype, device=device))
+
+
+def new_batch_array(shape: tuple[int, ...]) -> tuple[torch.Tensor, np.ndarray]:
+    """``(t, a)``: ``t = new_batch_buffer(shape, torch.uint8)`` (on the CPU) and ``a`` its
+    NumPy array, the same memory: what a batch filled by NumPy or C code writes into, without
+    a tensor view and a ``.numpy()`` call per batch (a pooled buffer is shaped as an array,
+    then wrapped once). ``shape``: a tuple of ints, e.g. ``(B, 3, H, W)``."""
+    pool = _owned.pool
+    nbytes = math.prod(shape)
+    if pool is not None and nbytes >= MIN_POOLED_BYTES:
+        a = pool.take(nbytes).reshape(shape)  # (nbytes,) uint8 lease -> shape; keeps it alive
+        t = torch.from_numpy(a)
+        owned = _owned.buffers
+        if owned is not None:
+            owned.append(t)
+        return t, a
+    t = new_batch_buffer(shape, torch.uint8)
+    return t, t.numpy()
 
 
 def has_batch_buffers() -> bool:

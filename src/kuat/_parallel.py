@@ -48,6 +48,13 @@ class _Local(threading.local):
 _local = _Local()
 
 
+def thread_state() -> _Local:
+    """This module's per-thread state (a ``threading.local``: ``width``, ...), for
+    :class:`kuat.engine.fetch_scope.FetchScope`, which sets ``width`` as :class:`share` does
+    together with the fetch's other settings. Internal."""
+    return _local
+
+
 class share:  # noqa: N801 (used like a function: ``with share(2):``)
     """Let the fetch in this thread use up to ``n`` threads (itself included); nestable."""
 

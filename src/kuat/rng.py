@@ -76,11 +76,9 @@ def _splitmix64(x: int) -> int:
 def global_rng_seed(seed: int, epoch: int, index: int) -> int:
     """Seed of the global RNGs for one sample (global-RNG isolation, ``kuat.engine.isolate``):
     SplitMix64 (Steele, Lea & Flood, "Fast splittable pseudorandom number generators", 2014)
-    chained over ``(seed, epoch, index)``.
-
-    A few microseconds (:func:`derive_seed`'s SeedSequence costs ~20-100 us, too much per
-    sample); the streams it seeds are distinct from :func:`sample_rng`'s.
-    """
+    chained over ``(seed, epoch, index)``. A few microseconds (:func:`derive_seed`'s
+    SeedSequence costs ~20-100 us, too much per sample); the streams it seeds are distinct
+    from :func:`sample_rng`'s."""
     h = _splitmix64(seed & _MASK64)
     h = _splitmix64(h ^ (epoch & _MASK64))
     return _splitmix64(h ^ (index & _MASK64))
@@ -103,6 +101,10 @@ class _Local(threading.local):
 
 
 _local = _Local()
+
+
+def thread_state() -> _Local:  # internal: FetchScope (kuat.engine) sets .current's seed, epoch
+    return _local
 
 
 def sample_seed(seed: int, epoch: int, index: int) -> int:
@@ -164,14 +166,13 @@ class SampleRNG:
         return f"SampleRNG(seed={self.seed:#018x})"
 
 
-def _context() -> tuple[int, int]:
+def current_epoch() -> tuple[int, int]:
+    """``(seed, epoch)`` of the loader running in this thread, ``(0, 0)`` outside one."""
     cur = _local.current
     return (0, 0) if cur.seed is None else (cur.seed, cur.epoch)
 
 
-def current_epoch() -> tuple[int, int]:
-    """``(seed, epoch)`` of the loader running in this thread, ``(0, 0)`` outside one."""
-    return _context()
+_context = current_epoch  # (the name this module's code calls it by)
 
 
 def sample_rng(index: int | None = None) -> SampleRNG:

@@ -267,6 +267,8 @@ class WorkerCtx:
     rng: object = None
     # set when the engine is closed (thread workers): no further sample of the task starts
     stop: threading.Event | None = None
+    scope: object = None  # its FetchScope (kuat.engine.fetch_scope), made at its first batch
+    fetch: object = None  # its dataset's collated fetch (FetchJob._get), found at first use
 
 
 def describe_failure(stage: str, key: object) -> str:

@@ -26,8 +26,7 @@ import torch
 
 from kuat import _native, _parallel
 from kuat import rng as krng
-from kuat.collate import batch_scope
-from kuat.engine import isolate, seed_view, worker_rng
+from kuat.engine import isolate, worker_rng
 from kuat.engine.base import (
     COLLATE,
     EMPTY,
@@ -44,6 +43,7 @@ from kuat.engine.base import (
     WorkStats,
     sched_times,
 )
+from kuat.engine.fetch_scope import FetchScope
 from kuat.engine.isolated_fetch import IsolatedFetch
 from kuat.engine.worker_copy import worker_dataset
 from kuat.engine.worker_info import (
@@ -307,13 +307,13 @@ class FetchJob(IsolatedFetch):
         ``PIN``); the engine turns that into a ``FAIL`` result.
         """
         ctx.stage = FETCH
-        if ctx.method == "thread" and (ctx.rng is None or ctx.rng.seeded):
-            # torch.initial_seed() answers the worker's seed, not the training loop's
-            with seed_view.showing(base_seed + ctx.worker_id):
-                return self._run(ctx, epoch, key, base_seed, width)
-        return self._run(ctx, epoch, key, base_seed, width)
-
-    def _run(self, ctx: WorkerCtx, epoch: int, key, base_seed: int, width: int):
+        scope = ctx.scope  # batch_scope, epoch_context, _parallel.share and seed_view.showing
+        if scope is None:  # as one object per worker (fetch_scope.py)
+            scope = ctx.scope = FetchScope(self.buffer_pool, self.seed)
+        scope.epoch, scope.width = epoch, width
+        # in a thread worker, torch.initial_seed() answers the worker's seed, not the loop's
+        scope.shown = (base_seed + ctx.worker_id if ctx.method == "thread"
+                       and (ctx.rng is None or ctx.rng.seeded) else None)
         padding = None
         if self.flag_padding and not self.iterable:  # plain ints for the dataset
             key, padding = split_padding(key)
@@ -322,13 +322,12 @@ class FetchJob(IsolatedFetch):
         st.method = ctx.method
         # buffers kuat allocates while fetching this batch are its own: the collate may return
         # views of them; anything else it copies (collate.py)
-        with batch_scope(self.buffer_pool):
+        with scope:
             t0, c0, (n0, nc0) = time.perf_counter(), time.thread_time(), _native.totals()
             h0 = _parallel.helper_totals() if width > 1 else None  # split fetches only
             # (a new epoch's iter() and state restore, and the state taken after the batch,
             # run with the worker's own generators too: they may draw, save or set them)
-            with krng.epoch_context(self.seed, epoch), _parallel.share(width), \
-                    self._own_stream(ctx, st, probe=ctx.epoch != epoch) as swapped_in:
+            with self._own_stream(ctx, st, probe=ctx.epoch != epoch) as swapped_in:
                 if ctx.epoch != epoch:
                     self._new_epoch(ctx, epoch, base_seed, key)
                 if self.iterable:
@@ -337,6 +336,7 @@ class FetchJob(IsolatedFetch):
                     data = self._fetch_indices(ctx, epoch, key, st)
                 if ctx.reports_state and swapped_in is not False:
                     st.worker_state = self._state_of(ctx)  # where its iterable is now
+            scope.end_fetch()  # (the epoch and width: the state and the collate run without)
             if ctx.reports_state and swapped_in is False:  # (fetched watched: the state
                 with worker_rng.swapped(ctx.rng, st):  # may read its generators)
                     st.worker_state = self._state_of(ctx)
@@ -465,7 +465,10 @@ class FetchJob(IsolatedFetch):
         """The samples of ``key``: one ``__getitems__`` call, or ``dataset[i]`` per sample (or
         the collated batch, with ``fetch_collated``)."""
         if self.fetch_collated:  # the source's kuat_fetch_collated (or a torch Subset's, mapped)
-            return protocol.fetch_collated(ctx.dataset)(key)
+            fetch = ctx.fetch
+            if fetch is None:  # (the worker's dataset is fixed: found once)
+                fetch = ctx.fetch = protocol.fetch_collated(ctx.dataset)
+            return fetch(key)
         if self.use_getitems:
             return ctx.dataset.__getitems__(key)
         return krng.map_samples(self._getitem(ctx), key)

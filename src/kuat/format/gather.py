@@ -22,7 +22,7 @@ import numpy as np
 
 from kuat.format.schema import FieldType
 
-__all__ = ["ImageBatch", "gather_column", "gather_flat", "native", "use_native"]
+__all__ = ["ImageBatch", "ImageRows", "gather_column", "gather_flat", "native", "use_native"]
 
 # Binary/sequence/string rows are advised to the kernel (madvise WILLNEED) only when a batch's
 # rows average at least this: 16 pages, where the ~3.5 us system call per row is small beside
@@ -67,24 +67,59 @@ def native() -> tuple | None:
     return _native
 
 
-def native_fixed(take_rows, table: list, ftype: FieldType, sid: np.ndarray,
-                 local: np.ndarray) -> np.ndarray | None:
-    """A fixed-size field's ``(B, *shape)`` column, rows ``local`` of shards ``sid`` (``(B,)``
-    int64 each), gathered by ``take_rows`` from ``table`` (per shard its column's values, or
-    None while unmapped); ``None`` when a shard of the batch is not mapped (the caller gathers
-    by shard groups, which maps it)."""
-    dt = ftype.np_dtype if ftype.kind != "bool" else np.dtype(bool)
-    res = np.empty((len(sid), *(ftype.shape or ())), dt)  # (B, *shape)
-    return res if take_rows(table, sid, local, res) < 0 else None
-
-
 def native_images(image_rows, table: list, sid: np.ndarray, local: np.ndarray) -> ImageBatch | None:
-    """A self-advised image field's :class:`ImageBatch` (``codec=None``), as
-    :func:`native_fixed` (``table``: per shard ``(bytes view, offsets, width, height)``)."""
+    """A self-advised image field's :class:`ImageBatch` (``codec=None``), rows ``local`` of
+    shards ``sid`` (``(B,)`` int64 each), gathered by ``image_rows`` from ``table`` (per shard
+    ``(bytes view, offsets, width, height)``, or None while unmapped); ``None`` when a shard of
+    the batch is not mapped."""
     b = len(sid)
     width, height = np.empty(b, np.int32), np.empty(b, np.int32)
     views = image_rows(table, sid, local, width, height)
     return None if type(views) is int else ImageBatch(views, width, height, None)
+
+
+class ImageRows:
+    """A self-advised image column of a batch not yet sliced (``Store.gather`` with the C
+    gather): the rows as their shards' table entries, for a batch decoder that reads them in C
+    (``kuat.vision._rows``: no per-row view, no ``(B,)`` size array made). Reads as an
+    :class:`ImageBatch` (``data``, ``width``, ``height``; ``codec`` ``None``): the views and
+    sizes are gathered on first access (one ``image_rows`` call; by the store's shard groups
+    when a shard of the batch is not mapped, which maps it and holds its views).
+
+    Attributes:
+        table: per shard ``(bytes view, offsets, width, height)`` of the column, or ``None``
+            while the shard is not mapped (the store's list: read, never written, here).
+        sid, local, idx: ``(B,)`` int64 each row's shard, its row in that shard, and its
+            global row (the sample index).
+
+    Thread-safety: owned by the thread fetching the batch.
+    """
+
+    __slots__ = ("table", "sid", "local", "idx", "_store", "_name", "_batch")
+
+    def __init__(self, store, name: str, table: list, sid: np.ndarray, local: np.ndarray,
+                 idx: np.ndarray):
+        self.table, self.sid, self.local, self.idx = table, sid, local, idx
+        self._store, self._name, self._batch = store, name, None
+
+    def batch(self) -> ImageBatch:
+        """The rows as an :class:`ImageBatch` (``codec=None``), gathered once."""
+        if self._batch is None:
+            c = native_images(_native[1], self.table, self.sid, self.local)
+            if c is None:  # a shard not mapped (or dropped since): by the store's shard
+                store, name = self._store, self._name  # groups, which map them (not advised:
+                c = gather_column(name, store.schema[name].type, store._groups(self.idx)[1],
+                                  len(self.idx), advise=False)  # the reader does it)
+            self._batch = c
+        return self._batch
+
+    def __len__(self) -> int:
+        return len(self.sid)
+
+    data = property(lambda self: self.batch().data)
+    width = property(lambda self: self.batch().width)
+    height = property(lambda self: self.batch().height)
+    codec = property(lambda self: None)
 
 
 def gather_column(name: str, ftype: FieldType, groups: list, b: int, advise: bool = True) -> object:

@@ -33,11 +33,10 @@ from kuat.format.cache import Prefetcher, ShardCache
 from kuat.format.fs import Remote, is_url, local_path, open_remote
 from kuat.format.gather import (
     ImageBatch,
+    ImageRows,
     gather_column,
     gather_flat,
     native,
-    native_fixed,
-    native_images,
 )
 from kuat.format.manifest import Manifest, ShardInfo, read_manifest
 from kuat.format.members import member_path
@@ -106,6 +105,7 @@ class Store:
         # field -> per shard, what the C gather reads of its column (None while unmapped):
         # kept in step with `shards` under `lock` (_native_table)
         self._tables: dict[str, list] = {}
+        self._plans: dict[tuple, list | None] = {}  # (fields, self_advised) -> _gather_plan's
         self.prefetcher: Prefetcher | None = None
         self.pid = os.getpid()
 
@@ -113,7 +113,7 @@ class Store:
         state = self.__dict__.copy()
         # pickled Arrow schemas lose nested not-null flags: rebuild it from ours on load
         del state["shards"], state["lock"], state["arrow_schema"]
-        del state["opened"], state["prefetcher"], state["pid"], state["_tables"]
+        del state["opened"], state["prefetcher"], state["pid"], state["_tables"], state["_plans"]
         return state
 
     def __setstate__(self, state):
@@ -314,12 +314,15 @@ class Store:
         (``kuat.vision.Compose``'s batch decode, without the GIL): not advised here, and
         their ``ImageBatch.codec`` is ``None`` (that reader reads the bytes alone).
 
-        With the C gather (:func:`kuat.format.gather.native`), fixed-size fields and
-        self-advised image fields take one C call each for the whole batch, whatever the
-        shards (no per-row or per-shard Python: a batch of an ImageNet-sized dataset spans
-        about as many shards as rows); the other fields go by shard groups."""
+        With the C gather (:func:`kuat.format.gather.native`), fixed-size fields take one C
+        call each for the whole batch, whatever the shards (no per-row or per-shard Python: a
+        batch of an ImageNet-sized dataset spans about as many shards as rows), and a
+        self-advised image field is an :class:`kuat.format.gather.ImageRows` (its rows, read
+        by the batch decoder in C, or gathered in one C call when asked); the other fields go
+        by shard groups."""
         c = native()
-        if c is None or not any(self._native_kind(n, self_advised) for n in fields):
+        plan = None if c is None else self._gather_plan(fields, self_advised)
+        if plan is None:
             sid, groups = self._groups(idx)
             b = len(idx)
             out = {name: gather_column(name, self.schema[name].type, groups, b,
@@ -327,19 +330,37 @@ class Store:
             return sid, out
         sid, local = self._rows(idx, c[2])
         out, groups = {}, None
-        for name in fields:
-            ftype = self.schema[name].type
-            how, col = self._native_kind(name, self_advised), None
-            if how == "fixed":
-                col = native_fixed(c[0], self._native_table(name), ftype, sid, local)
-            elif how == "image":
-                col = native_images(c[1], self._native_table(name), sid, local)
+        for name, how, ftype, dt in plan:
+            col = None
+            if how == "fixed":  # (native_fixed, inlined: once per field and batch)
+                col = np.empty((len(idx), *(ftype.shape or ())), dt)  # (B, *shape)
+                if c[0](self._native_table(name), sid, local, col) >= 0:
+                    col = None  # a shard of the batch not mapped yet
+            elif how == "image":  # read by a batch decoder: its rows, sliced if it asks
+                col = ImageRows(self, name, self._native_table(name), sid, local, idx)
             if col is None:  # not a C field, or a shard of the batch not mapped yet: by groups
                 if groups is None:  # (which map the batch's shards and hold them)
                     groups = self._groups(idx)[1]
                 col = gather_column(name, ftype, groups, len(idx), advise=name not in self_advised)
             out[name] = col
         return sid, out
+
+    def _gather_plan(self, fields: Sequence[str], self_advised: Collection[str]) -> list | None:
+        """``[(name, how, field type, dtype)]`` of :meth:`gather` with the C gather (``how``:
+        :meth:`_native_kind`), or ``None`` when no field takes it; kept per ``(fields,
+        self_advised)``, so that a batch reads no schema entry."""
+        key = (tuple(fields), tuple(self_advised))
+        plan = self._plans.get(key, False)
+        if plan is False:
+            plan = []
+            for name in fields:
+                ftype = self.schema[name].type
+                dt = ftype.np_dtype if ftype.kind != "bool" else np.dtype(bool)
+                plan.append((name, self._native_kind(name, self_advised), ftype, dt))
+            if not any(how for _, how, _, _ in plan):
+                plan = None
+            self._plans[key] = plan  # (one dict store: atomic under the GIL)
+        return plan
 
     def _native_kind(self, name: str, self_advised: Collection[str]) -> str | None:
         """How the C gather takes field ``name``: ``"fixed"``, ``"image"`` or ``None``."""

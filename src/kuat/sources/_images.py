@@ -26,6 +26,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from kuat.format.gather import ImageRows
 from kuat.format.store import ImageBatch
 from kuat.rng import BatchGenerators, sample_context
 from kuat.vision import protocol as vision_protocol
@@ -72,34 +73,38 @@ def fills_batch(t) -> tuple[int, int] | None:
         return None
     if not vision_protocol.fills_buffers(t):
         return None
-    global _new_batch_buffer, _uint8  # torch is imported when first needed, not with kuat
-    if _new_batch_buffer is None:
-        import torch
+    global _new_batch_array  # torch is imported when first needed, not with kuat
+    if _new_batch_array is None:
+        from kuat._buffers import new_batch_array
 
-        from kuat._buffers import new_batch_buffer
-
-        _new_batch_buffer, _uint8 = new_batch_buffer, torch.uint8
+        _new_batch_array = new_batch_array
     return vision_protocol.output_size(t)
 
 
-_new_batch_buffer = _uint8 = None  # kuat._buffers.new_batch_buffer, torch.uint8 (fills_batch)
+_new_batch_array = None  # kuat._buffers.new_batch_array (fills_batch)
 
 
-def fill_batch(c: ImageBatch, idx: np.ndarray, sid: np.ndarray, paths: list, t, size):
-    """:func:`image_batch` for a transform :func:`fills_batch` took (``size``: its answer),
-    with nothing made per sample in Python: the batch buffer, the samples' generators
-    (:class:`kuat.rng.BatchGenerators` of ``idx``, the ``(B,)`` int64 checked indices) and one
-    ``apply_encoded_many`` call given ``c``'s ``(B,)`` width and height arrays, and the
-    indices and sources as lazy sequences (made into ints and paths only for a sample an
-    error or the per-image path names). Returns the ``(B, 3, H, W)`` uint8 batch buffer.
+def fill_batch(c, idx: np.ndarray, sid: np.ndarray, paths: list, t, how):
+    """:func:`image_batch` for a transform :func:`fills_batch` took, with nothing made per
+    sample in Python: the batch buffer, and either one call of ``fill`` (``how``: ``(size,
+    fill)``, ``size`` :func:`fills_batch`'s answer, ``fill`` the transform's rows path,
+    :func:`kuat.vision._rows.rows_filler`, or ``None``) on the rows of ``c`` (an
+    :class:`kuat.format.gather.ImageRows`) with the shard ``paths``, or, where that does not
+    take the batch, one
+    ``apply_encoded_many`` call given ``c``'s ``(B,)`` width and height arrays and the
+    samples' generators (:class:`kuat.rng.BatchGenerators` of ``idx``, the ``(B,)`` int64
+    checked indices). Indices and sources go as lazy sequences (made into ints and paths only
+    for a sample an error or the per-image path names). Returns the ``(B, 3, H, W)`` uint8
+    batch buffer.
 
     Raises:
         kuat.DecodeError: a sample cannot be decoded (the transform's, naming it).
     """
-    h, w = size
-    buf = _new_batch_buffer((len(idx), 3, h, w), _uint8)  # (B, 3, H, W)
-    t.apply_encoded_many(c.data, c.width, c.height, BatchGenerators(idx), buf.numpy(),
-                         indices=_Indices(idx), sources=_Sources(sid, paths))
+    (h, w), fill = how
+    buf, out = _new_batch_array((len(idx), 3, h, w))  # (B, 3, H, W) uint8 tensor and array
+    if fill is None or type(c) is not ImageRows or not fill(c, out, paths):
+        t.apply_encoded_many(c.data, c.width, c.height, BatchGenerators(idx), out,
+                             indices=_Indices(idx), sources=_Sources(sid, paths))
     return buf
 
 

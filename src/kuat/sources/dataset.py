@@ -205,7 +205,7 @@ class Dataset:
             from kuat.collate import default_collate
 
             return default_collate(self._samples(idx, batch_buffer=True))
-        names, own, routes = self._collated_routes()
+        names, own, routes = self.__dict__.get("_routes") or self._collated_routes()
         sid, cols = self._store.gather(idx, names, own)
         out = dict.fromkeys(names)  # the schema's order; filled in the routes' order
         index_list = None
@@ -255,8 +255,10 @@ class Dataset:
                     per.append((f.name, _NUMBER, np.bool_ if kind == "bool" else None))
                 elif t is None and kind == "string":
                     per.append((f.name, _AS_IS, None))
-                elif size is not None:
-                    per.append((f.name, _FILL, size))
+                elif size is not None:  # (with the transform's rows path, if it has one)
+                    from kuat.vision._rows import rows_filler
+
+                    per.append((f.name, _FILL, (size, rows_filler(t))))
                 else:
                     per.append((f.name, _OTHER, kind))
             own = tuple(n for n, route, _ in per  # (their gather makes no codec names)

@@ -1578,6 +1578,54 @@ done:
 #endif
 }
 
+/* One image of plan_decode_rrc and plan_decode_rows: planned (plan_one) and, when planned,
+ * decoded and resized into `slot` (3 x out_h x out_w). *code: -1 not planned (the per-image
+ * path takes it), ROI_OK, or a decode failure with its reason in msg (ROI_MSG bytes). *tmp and
+ * *tmp_size: the caller's scratch buffer, grown here (freed by the caller). Returns 1 when out
+ * of memory (nothing more should be done), else 0. Calls no Python API. */
+static int plan_decode_one(const uint8_t *buf, Py_ssize_t len, long long width, long long height,
+                           const char *words, const rrc_params *p, const double *flip_p,
+                           Py_ssize_t n_flips, int out_h, int out_w, long long max_pixels,
+                           unsigned char *slot, unsigned char **tmp, size_t *tmp_size, int *code,
+                           char *msg, long long *n_drawn) {
+    long long box[6];
+    *code = -1;
+    if (!plan_one(buf, len, width, height, words, p, flip_p, n_flips, out_h, out_w, max_pixels,
+                  box, n_drawn))
+        return 0;
+    int h = (int)(box[2] - box[1]), w = (int)(box[4] - box[3]);
+    if (h <= 0 || w <= 0) { /* never planned so; the per-image path decides */
+        *code = ROI_BAD_ARGS;
+        snprintf(msg, ROI_MSG, "empty box %dx%d", w, h);
+        return 0;
+    }
+    int32_t *xs = NULL, *ys = NULL;
+    int16_t *xw = NULL, *yw = NULL;
+    int xt, xp, yt, yp;
+    size_t need = 3 * KUAT_TMP_ROWS(h) * out_w;
+    if (need > *tmp_size) {
+        free(*tmp);
+        *tmp = (unsigned char *)malloc(need);
+        *tmp_size = *tmp != NULL ? need : 0;
+    }
+    if (*tmp == NULL || taps_c(w, out_w, &xs, &xw, &xt, &xp) != 0 ||
+        taps_c(h, out_h, &ys, &yw, &yt, &yp) != 0) {
+        free(xs);
+        return 1;
+    }
+    const size_t plane = KUAT_TMP_ROWS(h) * out_w;
+    hpass hp;
+    hpass_init(&hp, 4, out_w, (int)box[5], xs, xw, xt, xp, *tmp, plane);
+    *code = roi_decode(buf, (size_t)len, (int)box[0], (unsigned)box[1], (unsigned)box[2],
+                       (unsigned)box[3], (unsigned)box[4], NULL, 0, 4, &hp, msg);
+    hpass_free(&hp);
+    if (*code == ROI_OK)
+        vertical_pass(*tmp, plane, slot, out_h, out_w, ys, yw, yt, yp);
+    free(xs);
+    free(ys);
+    return 0;
+}
+
 /* plan_decode_rrc(datas, widths, heights, words, out, out_h, out_w, scale_lo, scale_hi,
  * log_ratio_lo, log_ratio_hi, ratio_lo, ratio_hi, flip_ps, max_pixels, draws,
  * unhashed=None) -> (unplanned, failed): plan_rrc, then decode_resize_batch of every planned image into its
@@ -1667,7 +1715,7 @@ static PyObject *plan_decode_rrc(PyObject *self, PyObject *args) {
         if (held[j])
             advise_willneed(bufs[j].buf, (size_t)bufs[j].len);
     for (Py_ssize_t j = 0; j < b && !oom; j++) {
-        long long box[6], n_drawn = 0;
+        long long n_drawn = 0;
         uint64_t own_words[4], own_seed;
         const char *words_j = (const char *)wordsb.buf + 32 * j;
         if (hash_here) {
@@ -1676,45 +1724,12 @@ static PyObject *plan_decode_rrc(PyObject *self, PyObject *args) {
             words_j = (const char *)own_words;
         }
         codes[j] = -1; /* not planned */
-        if (held[j] &&
-            plan_one((const uint8_t *)bufs[j].buf, bufs[j].len, widths[j], heights[j],
-                     words_j, &p, flip_p, n_flips, out_h, out_w, max_pixels, box, &n_drawn)) {
-            int h = (int)(box[2] - box[1]), w = (int)(box[4] - box[3]);
-            if (h <= 0 || w <= 0) { /* never planned so; the per-image path decides */
-                codes[j] = ROI_BAD_ARGS;
-                snprintf(msgs + (size_t)j * ROI_MSG, ROI_MSG, "empty box %dx%d", w, h);
-                memcpy((char *)drawsb.buf + 8 * j, &n_drawn, 8);
-                continue;
-            }
-            int32_t *xs = NULL, *ys = NULL;
-            int16_t *xw = NULL, *yw = NULL;
-            int xt, xp, yt, yp;
-            size_t need = 3 * KUAT_TMP_ROWS(h) * out_w;
-            if (need > tmp_size) {
-                free(tmp_buf);
-                tmp_buf = (unsigned char *)malloc(need);
-                tmp_size = tmp_buf != NULL ? need : 0;
-            }
-            if (tmp_buf == NULL || taps_c(w, out_w, &xs, &xw, &xt, &xp) != 0 ||
-                taps_c(h, out_h, &ys, &yw, &yt, &yp) != 0) {
-                free(xs);
-                oom = 1;
-                break;
-            }
-            const size_t plane = KUAT_TMP_ROWS(h) * out_w;
-            hpass hp;
-            hpass_init(&hp, 4, out_w, (int)box[5], xs, xw, xt, xp, tmp_buf, plane);
-            codes[j] = roi_decode((const unsigned char *)bufs[j].buf, (size_t)bufs[j].len,
-                                  (int)box[0], (unsigned)box[1], (unsigned)box[2],
-                                  (unsigned)box[3], (unsigned)box[4], NULL, 0, 4, &hp,
-                                  msgs + (size_t)j * ROI_MSG);
-            hpass_free(&hp);
-            if (codes[j] == ROI_OK)
-                vertical_pass(tmp_buf, plane, (unsigned char *)out.buf + slot_bytes * j, out_h,
-                              out_w, ys, yw, yt, yp);
-            free(xs);
-            free(ys);
-        }
+        if (held[j])
+            oom = plan_decode_one((const uint8_t *)bufs[j].buf, bufs[j].len, widths[j],
+                                  heights[j], words_j, &p, flip_p, n_flips, out_h, out_w,
+                                  max_pixels, (unsigned char *)out.buf + slot_bytes * j,
+                                  &tmp_buf, &tmp_size, &codes[j], msgs + (size_t)j * ROI_MSG,
+                                  &n_drawn);
         memcpy((char *)drawsb.buf + 8 * j, &n_drawn, 8);
     }
     free(tmp_buf);
@@ -1759,6 +1774,221 @@ done:
     PyBuffer_Release(&wordsb);
     PyBuffer_Release(&out);
     PyBuffer_Release(&drawsb);
+    return result;
+#endif
+}
+
+/* One shard's image column, as plan_decode_rows holds it while it decodes. */
+typedef struct {
+    long long k; /* shard id; -1: an empty slot of the table */
+    Py_buffer data, off, wid, hei;
+    Py_ssize_t n_rows;
+} held_shard;
+
+static void release_shards(held_shard *hs, Py_ssize_t n) {
+    for (Py_ssize_t i = 0; hs != NULL && i < n; i++)
+        if (hs[i].k >= 0) {
+            PyBuffer_Release(&hs[i].data);
+            PyBuffer_Release(&hs[i].off);
+            PyBuffer_Release(&hs[i].wid);
+            PyBuffer_Release(&hs[i].hei);
+        }
+}
+
+/* plan_decode_rows(tables, sid, local, idx, out, out_h, out_w, scale_lo, scale_hi,
+ * log_ratio_lo, log_ratio_hi, ratio_lo, ratio_hi, flip_ps, max_pixels, seed, epoch)
+ *   -> (unplanned, failed) or k
+ * plan_decode_rrc with the unhashed words (seed, epoch), for a batch given as rows of a kuat
+ * image column instead of B views and sizes: `tables` is image_rows' (per shard None or
+ * (view, offsets, width, height)), `sid` and `local` (B,) int64 each row's shard and row in it,
+ * `idx` (B,) int64 the sample indices (hashed into each sample's words). Each row's bytes and
+ * oriented size are read from its shard's column here: no per-row Python object, no (B,)
+ * array made. The same boxes and pixels as image_rows then plan_decode_rrc (no draws: a
+ * sample the per-image path takes was drawn from by nothing). Returns the first shard k of the
+ * batch whose entry is None (nothing decoded: the caller maps it, or gathers the views), else
+ * (unplanned, failed) as plan_decode_rrc. ValueError: a shard id, row or offsets out of range,
+ * or sizes that do not fit. Holds the GIL only to take the shards' buffers and to build the
+ * answer. */
+static PyObject *plan_decode_rows(PyObject *self, PyObject *args) {
+#ifndef __SIZEOF_INT128__
+    PyErr_SetString(PyExc_NotImplementedError, "plan_decode_rows needs 128-bit integers");
+    return NULL;
+#else
+    if (kj.read_scanlines == NULL)
+        return PyErr_Format(PyExc_RuntimeError, "no libjpeg loaded: call load(path) first");
+    PyObject *tables, *flips_obj;
+    Py_buffer sidb, locb, idxb, out;
+    int out_h, out_w;
+    rrc_params p;
+    long long max_pixels;
+    unsigned long long ss_seed, ss_epoch;
+    if (!PyArg_ParseTuple(args, "O!y*y*y*w*iiddddddOLKK", &PyList_Type, &tables, &sidb, &locb,
+                          &idxb, &out, &out_h, &out_w, &p.scale_lo, &p.scale_hi, &p.log_lo,
+                          &p.log_hi, &p.ratio_lo, &p.ratio_hi, &flips_obj, &max_pixels,
+                          &ss_seed, &ss_epoch))
+        return NULL;
+    PyObject *result = NULL, *flips = NULL, *unplanned = NULL, *failed = NULL;
+    held_shard *hs = NULL;
+    Py_ssize_t n_slots = 0;
+    const uint8_t **ptrs = NULL;
+    Py_ssize_t *lens = NULL;
+    int64_t *sizes = NULL;
+    int *codes = NULL;
+    char *msgs = NULL;
+    double flip_p[16];
+    const Py_ssize_t b = sidb.len / 8, n_shards = PyList_GET_SIZE(tables);
+    const size_t slot_bytes = (size_t)3 * (size_t)(out_h > 0 ? out_h : 0) * (out_w > 0 ? out_w : 0);
+    flips = PySequence_Fast(flips_obj, "plan_decode_rows: flip_ps must be a sequence");
+    if (flips == NULL)
+        goto done;
+    Py_ssize_t n_flips = PySequence_Fast_GET_SIZE(flips);
+    if (sidb.len % 8 || locb.len != sidb.len || idxb.len != sidb.len || n_flips > 16 ||
+        out_h <= 0 || out_w <= 0 || (size_t)out.len != slot_bytes * (size_t)b) {
+        PyErr_Format(PyExc_ValueError,
+                     "plan_decode_rows: want (B,) int64 sid, local and idx (%zd, %zd and %zd "
+                     "bytes), a (B, 3, out_h, out_w) uint8 out (%zd bytes), at most 16 flips and "
+                     "a positive output size", sidb.len, locb.len, idxb.len, out.len);
+        goto done;
+    }
+    for (Py_ssize_t f = 0; f < n_flips; f++) {
+        flip_p[f] = PyFloat_AsDouble(PySequence_Fast_GET_ITEM(flips, f));
+        if (flip_p[f] == -1.0 && PyErr_Occurred())
+            goto done;
+    }
+    /* the batch's shards in an open-addressed table of a power of two >= 2B slots */
+    n_slots = 16;
+    while (n_slots < 2 * b)
+        n_slots *= 2;
+    hs = (held_shard *)malloc((size_t)n_slots * sizeof(held_shard));
+    ptrs = (const uint8_t **)malloc((size_t)(b > 0 ? b : 1) * sizeof(*ptrs));
+    lens = (Py_ssize_t *)malloc((size_t)(b > 0 ? b : 1) * sizeof(*lens));
+    sizes = (int64_t *)malloc((size_t)(b > 0 ? b : 1) * 2 * sizeof(*sizes));
+    codes = (int *)malloc((size_t)(b > 0 ? b : 1) * sizeof(int));
+    msgs = (char *)calloc((size_t)(b > 0 ? b : 1), ROI_MSG);
+    for (Py_ssize_t i = 0; hs != NULL && i < n_slots; i++)
+        hs[i].k = -1;
+    if (hs == NULL || ptrs == NULL || lens == NULL || sizes == NULL || codes == NULL ||
+        msgs == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    const int64_t *sid = (const int64_t *)sidb.buf, *loc = (const int64_t *)locb.buf;
+    for (Py_ssize_t j = 0; j < b; j++) {
+        long long k = sid[j], r = loc[j];
+        if (k < 0 || k >= n_shards) {
+            PyErr_Format(PyExc_ValueError, "plan_decode_rows: shard %lld of %zd", k, n_shards);
+            goto done;
+        }
+        Py_ssize_t s = (Py_ssize_t)((unsigned long long)k * 0x9E3779B97F4A7C15ULL >> 17) &
+                       (n_slots - 1);
+        while (hs[s].k >= 0 && hs[s].k != k)
+            s = (s + 1) & (n_slots - 1);
+        held_shard *h = &hs[s];
+        if (h->k < 0) {
+            PyObject *t = PyList_GET_ITEM(tables, k);
+            if (t == Py_None) {
+                result = PyLong_FromLongLong(k);
+                goto done;
+            }
+            if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != 4) {
+                PyErr_SetString(PyExc_TypeError, "plan_decode_rows: a shard's entry is (view, "
+                                "offsets, width, height)");
+                goto done;
+            }
+            if (PyObject_GetBuffer(PyTuple_GET_ITEM(t, 0), &h->data, PyBUF_SIMPLE) < 0)
+                goto done;
+            if (PyObject_GetBuffer(PyTuple_GET_ITEM(t, 1), &h->off, PyBUF_SIMPLE) < 0) {
+                PyBuffer_Release(&h->data);
+                goto done;
+            }
+            if (PyObject_GetBuffer(PyTuple_GET_ITEM(t, 2), &h->wid, PyBUF_SIMPLE) < 0) {
+                PyBuffer_Release(&h->data);
+                PyBuffer_Release(&h->off);
+                goto done;
+            }
+            if (PyObject_GetBuffer(PyTuple_GET_ITEM(t, 3), &h->hei, PyBUF_SIMPLE) < 0) {
+                PyBuffer_Release(&h->data);
+                PyBuffer_Release(&h->off);
+                PyBuffer_Release(&h->wid);
+                goto done;
+            }
+            h->k = k;
+            h->n_rows = h->off.len / 4 - 1;
+            if (h->n_rows < 0 || h->wid.len < h->n_rows * 4 || h->hei.len < h->n_rows * 4) {
+                PyErr_Format(PyExc_ValueError, "plan_decode_rows: shard %lld's offsets, widths "
+                             "and heights do not fit (%zd, %zd, %zd bytes)", k, h->off.len,
+                             h->wid.len, h->hei.len);
+                goto done;
+            }
+        }
+        const int32_t *off = (const int32_t *)h->off.buf;
+        if (r < 0 || r >= h->n_rows || off[r] < 0 || off[r] > off[r + 1] ||
+            off[r + 1] > h->data.len) {
+            PyErr_Format(PyExc_ValueError, "plan_decode_rows: row %lld outside shard %lld (%zd "
+                         "rows)", r, k, h->n_rows);
+            goto done;
+        }
+        ptrs[j] = (const uint8_t *)h->data.buf + off[r];
+        lens[j] = (Py_ssize_t)(off[r + 1] - off[r]);
+        sizes[2 * j] = ((const int32_t *)h->wid.buf)[r];
+        sizes[2 * j + 1] = ((const int32_t *)h->hei.buf)[r];
+    }
+    int oom = 0;
+    const int64_t *ix = (const int64_t *)idxb.buf;
+    Py_BEGIN_ALLOW_THREADS
+    unsigned char *tmp_buf = NULL;
+    size_t tmp_size = 0;
+    for (Py_ssize_t j = 0; j < b; j++) /* all the batch's pages read at once */
+        advise_willneed(ptrs[j], (size_t)lens[j]);
+    for (Py_ssize_t j = 0; j < b && !oom; j++) {
+        long long n_drawn = 0;
+        uint64_t words[4], own_seed;
+        sample_words_one(ss_seed, ss_epoch, (uint64_t)ix[j], &own_seed, words);
+        oom = plan_decode_one(ptrs[j], lens[j], sizes[2 * j], sizes[2 * j + 1],
+                              (const char *)words, &p, flip_p, n_flips, out_h, out_w, max_pixels,
+                              (unsigned char *)out.buf + slot_bytes * j, &tmp_buf, &tmp_size,
+                              &codes[j], msgs + (size_t)j * ROI_MSG, &n_drawn);
+    }
+    free(tmp_buf);
+    Py_END_ALLOW_THREADS
+    if (oom) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    unplanned = PyList_New(0);
+    failed = PyList_New(0);
+    for (Py_ssize_t j = 0; unplanned != NULL && failed != NULL && j < b; j++) {
+        PyObject *item = NULL;
+        if (codes[j] == ROI_OK)
+            continue;
+        if (codes[j] == -1) {
+            item = PyLong_FromSsize_t(j);
+            if (item == NULL || PyList_Append(unplanned, item) != 0)
+                Py_CLEAR(unplanned);
+        } else {
+            item = Py_BuildValue("(ns)", j, msgs + (size_t)j * ROI_MSG);
+            if (item == NULL || PyList_Append(failed, item) != 0)
+                Py_CLEAR(failed);
+        }
+        Py_XDECREF(item);
+    }
+    if (unplanned != NULL && failed != NULL)
+        result = PyTuple_Pack(2, unplanned, failed);
+done:
+    release_shards(hs, n_slots);
+    free(hs);
+    free(ptrs);
+    free(lens);
+    free(sizes);
+    free(codes);
+    free(msgs);
+    Py_XDECREF(unplanned);
+    Py_XDECREF(failed);
+    Py_XDECREF(flips);
+    PyBuffer_Release(&sidb);
+    PyBuffer_Release(&locb);
+    PyBuffer_Release(&idxb);
+    PyBuffer_Release(&out);
     return result;
 #endif
 }
@@ -2039,6 +2269,11 @@ static PyMethodDef methods[] = {
      "log_ratio_lo, log_ratio_hi, ratio_lo, ratio_hi, flip_ps, max_pixels, draws) -> "
      "(unplanned, failed): plan_rrc then decode_resize_batch into out[j], the GIL released "
      "once"},
+    {"plan_decode_rows", plan_decode_rows, METH_VARARGS,
+     "plan_decode_rows(tables, sid, local, idx, out, out_h, out_w, scale_lo, scale_hi, "
+     "log_ratio_lo, log_ratio_hi, ratio_lo, ratio_hi, flip_ps, max_pixels, seed, epoch) -> "
+     "(unplanned, failed) or the first unmapped shard: plan_decode_rrc of an image column's "
+     "rows, read from the shards' tables"},
     {"decode_crop", decode_crop, METH_VARARGS,
      "decode_crop(data, scale_num, y0, y1, x0, x1, out, channels=3) -> None: the crop, contiguous"},
     {NULL, NULL, 0, NULL}};

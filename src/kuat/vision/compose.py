@@ -24,7 +24,6 @@ to the collated ``(B, 3, H, W)`` uint8 batch on its device.
 from __future__ import annotations
 
 import logging
-import math
 
 import numpy as np
 import torch
@@ -49,6 +48,7 @@ from kuat.vision.steps import (
     RandomHorizontalFlip,
     RandomResizedCrop,
     Transform,
+    rrc_params,
     run_plan,
     standalone_rng,
 )
@@ -377,14 +377,7 @@ class Compose(Transform):
         # (the ufunc itself: ndarray.min's Python wrapper costs more, once per batch)
         if len(widths) and (np.minimum.reduce(widths) <= 0 or np.minimum.reduce(heights) <= 0):
             return None
-        rrc, flips = self._c_plan
-        # the C limit as _batch_job's `w * h > max_pixels` reads any number: -1 none (None,
-        # inf, nan, or above any JPEG's size), 0 every image (negative: the per-image path
-        # raises for each)
-        mp = self.max_pixels
-        max_pixels = -1 if mp is None or not mp < 2**62 else max(0, math.floor(mp))
-        params = (float(rrc.scale[0]), float(rrc.scale[1]), *rrc.log_ratio, float(rrc.ratio[0]),
-                  float(rrc.ratio[1]), flips, max_pixels)  # fmt: skip
+        params = rrc_params(*self._c_plan, self.max_pixels)
         return widths, heights, words, params, rngs, unhashed
 
     def _plan_in_c(self, datas, widths, heights, rngs, size, draws=None) -> list | None:

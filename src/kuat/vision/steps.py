@@ -342,3 +342,15 @@ class Normalize(Transform):
 
     def __repr__(self):
         return f"Normalize(mean={self.mean}, std={self.std}, dtype={self.dtype})"
+
+
+def rrc_params(rrc, flips: tuple, max_pixels) -> tuple:
+    """``_roijpeg.c``'s planner parameters ``(scale_lo, scale_hi, log_ratio_lo, log_ratio_hi,
+    ratio_lo, ratio_hi, flip_ps, max_pixels)`` of ``RandomResizedCrop`` ``rrc`` and the flips'
+    probabilities ``flips``, with ``max_pixels`` as ``_batch_job``'s ``w * h > max_pixels``
+    reads any number: -1 none (``None``, inf, nan, or above any JPEG's size), 0 every image
+    (negative: the per-image path raises for each)."""
+    mp = max_pixels
+    limit = -1 if mp is None or not mp < 2**62 else max(0, math.floor(mp))
+    return (float(rrc.scale[0]), float(rrc.scale[1]), *rrc.log_ratio, float(rrc.ratio[0]),
+            float(rrc.ratio[1]), flips, limit)  # fmt: skip
