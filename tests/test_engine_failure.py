@@ -321,6 +321,27 @@ def test_iterable_worker_error_is_the_originals_equal(num_workers, worker_type):
     _assert_equal(got, KwOnly("bad item 3", code=3))
     (note,) = _kuat_notes(got)
     assert "while fetching the next batch of its IterableDataset" in note
+    # the item is named by its position in the worker's items (worker 1 of 2 yields 1, 3, ...)
+    assert f"raised at item {3 // max(1, num_workers)} of this worker's items in this epoch" in note
+
+
+@pytest.mark.parametrize("num_workers,worker_type", MODES, ids=MODE_IDS)
+@pytest.mark.parametrize("batch_size", [2, 4])
+def test_iterable_error_names_the_items_position_in_batches(num_workers, worker_type,
+                                                           batch_size):
+    # item 5: worker 1 of 2 yields 1, 3, 5 (position 2); one worker yields 0..5 (position 5)
+    dl = kuat.DataLoader(RaisesIterable(bad=5), batch_size=batch_size, num_workers=num_workers,
+                         worker_type=worker_type)
+    got = None
+    try:
+        for _ in dl:
+            pass
+    except KwOnly as e:
+        got = e
+    assert got is not None and got.args == ("bad item 5",)
+    (note,) = _kuat_notes(got)
+    at = 5 // max(1, num_workers)
+    assert f"its iterator raised at item {at} of this worker's items in this epoch" in note
 
 
 def _collate_raising(batch):

@@ -218,6 +218,7 @@ class FetchJob(IsolatedFetch):
             apply_random_seed(ctx.dataset, torch.Generator().manual_seed(key.shared_seed))
             key = key.key
         if self.iterable:
+            ctx.items = 0
             if protocol.provides(ctx.dataset, protocol.EpochAware):
                 ctx.dataset.set_epoch(epoch)
             if isinstance(key, ResumeAt) and isinstance(key.state, WorkerResume):
@@ -410,6 +411,7 @@ class FetchJob(IsolatedFetch):
             return item
         if not self.auto_collation:
             while True:
+                ctx.items += 1  # (counts the item being drawn: the failing one is items - 1)
                 try:
                     return next(it)
                 except StopIteration:
@@ -417,10 +419,11 @@ class FetchJob(IsolatedFetch):
                     return None
                 except Exception as e:
                     if self.on_error != "skip":
+                        ctx.failed_item = (e, ctx.items - 1)  # (named by the error's note)
                         raise
                     st.skipped.append((None, type(e).__qualname__, str(e)))
         data = []
-        stop = ctx.stop
+        stop, skipped = ctx.stop, 0
         while len(data) < self.batch_size:
             if stop is not None and stop.is_set():
                 raise WorkerStopped
@@ -431,8 +434,12 @@ class FetchJob(IsolatedFetch):
                 break
             except Exception as e:
                 if self.on_error != "skip":
+                    ctx.failed_item = (e, ctx.items + skipped + len(data))
+                    ctx.items += skipped + len(data) + 1
                     raise
+                skipped += 1
                 st.skipped.append((None, type(e).__qualname__, str(e)))
+        ctx.items += skipped + len(data)
         if not data or (self.drop_last and len(data) < self.batch_size):
             return None
         return data
