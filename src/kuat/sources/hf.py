@@ -114,7 +114,8 @@ class HFMapSource(torch.utils.data.Dataset):
         dataset: the ``datasets.Dataset``, with any indices mapping, format and transform.
 
     ``__getitems__(indices)`` returns a list of B samples for B indices (negative indices count
-    from the end, as in ``datasets``); ``__getitem__(i)`` is ``__getitems__([i])[0]``.
+    from the end, as in ``datasets``), as ``datasets.Dataset.__getitems__`` does;
+    ``__getitem__(i)`` is ``dataset[i]`` (in the ``"pandas"`` format a one-row frame).
     Thread-safety: reads are thread-safe (the gather plan is read-only once built; a transform
     must itself be thread-safe to be run by several thread workers). Picklable: the plan is
     rebuilt after unpickling (memory-mapped tables are reopened by path).
@@ -182,7 +183,7 @@ class HFMapSource(torch.utils.data.Dataset):
         return len(self.dataset)
 
     def __getitem__(self, index: int):
-        return self.__getitems__([index])[0]
+        return self._fetch([index], single=True)[0]
 
     def _rows(self, indices) -> np.ndarray:
         """Table row numbers ``(B,) int64`` of dataset ``indices`` (bounds-checked)."""
@@ -197,6 +198,12 @@ class HFMapSource(torch.utils.data.Dataset):
         return self._indices.take(keys).astype(np.int64)  # (B,) uint64 -> int64
 
     def __getitems__(self, indices) -> list:
+        """The samples of ``indices``, as ``datasets.Dataset.__getitems__`` gives them (what
+        torch's DataLoader fetches with a batch size): one dict per row in every format
+        (``"pandas"`` too), except ``"arrow"`` (one-row tables, where datasets fails)."""
+        return self._fetch(indices)
+
+    def _fetch(self, indices, single: bool = False) -> list:
         from datasets.formatting.formatting import format_table
 
         rows = self._rows(indices)
@@ -215,7 +222,7 @@ class HFMapSource(torch.utils.data.Dataset):
                 output_all_columns=self.dataset._output_all_columns,
             )
         if not self._fast:
-            return _split_rows(batch, n, self.dataset, indices)
+            return _split_rows(batch, n, self.dataset, indices, single)
         batch_columns = {}
         for col in self._fast:
             columns[col.name], info = col.values(rows)
@@ -247,8 +254,9 @@ class HFMapSource(torch.utils.data.Dataset):
         return hf_columnar.ColumnarCollate(default_collate, None)(table)
 
 
-def _split_rows(batch, n: int, dataset, indices) -> list:
-    """Per-sample values of a formatted batch, as indexing the dataset would give each."""
+def _split_rows(batch, n: int, dataset, indices, single: bool) -> list:
+    """Per-sample values of a formatted batch: ``dataset[i]``'s (``single``) or
+    ``dataset.__getitems__``' (a dict per row: ``{column: batch[column][i]}``)."""
     import pyarrow as pa
 
     if isinstance(batch, Mapping):  # python / numpy / torch / custom transform
@@ -259,8 +267,10 @@ def _split_rows(batch, n: int, dataset, indices) -> list:
         return [{k: batch[k][i] for k in keys} for i in range(n)]
     if isinstance(batch, pa.Table):  # "arrow": a one-row table per sample, zero-copy slices
         return [batch.slice(i, 1) for i in range(n)]
-    if hasattr(batch, "iloc"):  # "pandas": one-row frames indexed from 0, like dataset[i]
+    if hasattr(batch, "iloc") and single:  # "pandas": one-row frames indexed from 0 (dataset[i])
         return [batch.iloc[i : i + 1].reset_index(drop=True) for i in range(n)]
+    if hasattr(batch, "iloc"):  # datasets.Dataset.__getitems__ (torch's DataLoader reads it)
+        return [{col: array[i] for col, array in batch.items()} for i in range(len(batch))]
     # Other formats (jax, tensorflow, polars): index the dataset row by row.
     return [dataset[int(i)] for i in np.asarray(indices).reshape(-1)]
 

@@ -1,0 +1,116 @@
+"""Inputs that broke kuat.DataLoader on Hugging Face datasets (issue #30's breaker): each test
+computes the reference with torch's DataLoader (or ``datasets``) itself."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+datasets = pytest.importorskip("datasets")
+pa = pytest.importorskip("pyarrow")
+pq = pytest.importorskip("pyarrow.parquet")
+
+import kuat  # noqa: E402
+from _same import assert_same  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _no_shutdown_sleep(monkeypatch):
+    monkeypatch.setattr(datasets.config, "SLEEP_TIME_ON_THREADS_SHUTDOWN", 0)
+
+
+def _rows(batch):
+    return batch
+
+
+# --- a datasets.Dataset in a table format: torch's DataLoader reads __getitems__ -----------
+
+@pytest.mark.parametrize("fmt", ["pandas", "numpy", "torch", None])
+@pytest.mark.parametrize("workers", [0, 2])
+def test_map_dataset_formats_give_torchs_samples(fmt, workers):
+    """With a batch size, torch's DataLoader fetches ``dataset.__getitems__(indices)``: for
+    ``datasets.Dataset`` that is one dict per row (``{column: batch[column][i]}``) in every
+    format, pandas included; without one, ``dataset[i]`` (a one-row DataFrame)."""
+    pytest.importorskip("pandas")
+    ds = datasets.Dataset.from_dict({"id": list(range(10)), "s": list("abcdefghij"),
+                                     "x": [i / 4 for i in range(10)]}).with_format(fmt)
+    for kw in ({"batch_size": 4}, {"batch_size": 4, "collate_fn": _rows},
+               {"batch_size": None, "collate_fn": _rows}):
+        want = list(torch.utils.data.DataLoader(ds, **kw))
+        got = list(kuat.DataLoader(ds, num_workers=workers, **kw))
+        if kw["batch_size"] is None and fmt == "pandas":
+            assert [g.equals(w) for g, w in zip(got, want, strict=True)] == [True] * len(want)
+            continue
+        assert_same([list(b) if kw.get("collate_fn") else b for b in got],
+                    [list(b) if kw.get("collate_fn") else b for b in want])
+
+
+# --- datasets' own set_epoch on a stream --------------------------------------------------
+
+@pytest.fixture(scope="module")
+def stream_files(tmp_path_factory):
+    out = tmp_path_factory.mktemp("hfbreak")
+    paths = []
+    for f, n in enumerate((23, 17, 11)):
+        p = out / f"part-{f}.parquet"
+        pq.write_table(pa.table({"id": list(range(100 * f, 100 * f + n))}), p, row_group_size=5)
+        paths.append(str(p))
+    return paths
+
+
+def _shuffled(files):
+    ds = datasets.load_dataset("parquet", data_files=files, split="train", streaming=True)
+    return ds.shuffle(seed=3, buffer_size=6)
+
+
+def _ids(batches):
+    return [int(i) for b in batches for i in (b["id"] if isinstance(b, dict) else [r["id"] for r in b])]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("collate_fn", [None, _rows])
+def test_stream_follows_the_datasets_set_epoch(stream_files, workers, collate_fn):
+    """``dataset.set_epoch(epoch)`` before each epoch (datasets' documented way to reshuffle a
+    stream) picks that epoch's shard order and shuffle buffer in torch's DataLoader: kuat's
+    epochs follow it too, also when they do not start at 0 (a script restarted at epoch 3
+    without kuat's state) or when it is set before the loader is built."""
+    ds_t, ds_k = _shuffled(stream_files), _shuffled(stream_files)
+    ds_t.set_epoch(2)
+    ds_k.set_epoch(2)
+    torch_dl = torch.utils.data.DataLoader(ds_t, batch_size=4, collate_fn=collate_fn)
+    kuat_dl = kuat.DataLoader(ds_k, batch_size=4, num_workers=workers, collate_fn=collate_fn)
+    assert _ids(kuat_dl) == _ids(torch_dl)  # epoch 2, set before the loader was built
+    for epoch in (5, 6, 1):
+        ds_t.set_epoch(epoch)
+        ds_k.set_epoch(epoch)
+        want = list(torch_dl)
+        assert _ids(want) != _ids(list(torch.utils.data.DataLoader(_shuffled(stream_files),
+                                                                   batch_size=4,
+                                                                   collate_fn=collate_fn)))
+        assert_same(list(kuat_dl), want)
+
+
+def test_loader_set_epoch_after_the_datasets_wins(stream_files):
+    """Both ``set_epoch``s: the later call decides the epoch, as between the loader's and its
+    sampler's (and a ``load_state_dict`` of the same epoch keeps its position)."""
+    ds = _shuffled(stream_files)
+    ref = _shuffled(stream_files)
+    dl = kuat.DataLoader(ds, batch_size=4)
+    ds.set_epoch(4)
+    dl.set_epoch(1)
+    ref.set_epoch(1)
+    assert _ids(dl) == _ids(torch.utils.data.DataLoader(ref, batch_size=4))
+    dl.set_epoch(7)
+    ds.set_epoch(3)
+    ref.set_epoch(3)
+    assert _ids(dl) == _ids(torch.utils.data.DataLoader(ref, batch_size=4))
+    # resume mid-epoch 3, then the script's own ds.set_epoch(3): the position is kept
+    it = iter(dl)
+    first = [next(it) for _ in range(2)]
+    state = dl.state_dict()
+    del it
+    ds2 = _shuffled(stream_files)
+    dl2 = kuat.DataLoader(ds2, batch_size=4)
+    dl2.load_state_dict(state)
+    ds2.set_epoch(3)
+    assert _ids(first) + _ids(dl2) == _ids(torch.utils.data.DataLoader(ref, batch_size=4))
