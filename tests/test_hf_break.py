@@ -10,8 +10,9 @@ datasets = pytest.importorskip("datasets")
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
 
-import kuat  # noqa: E402
 from _same import assert_same  # noqa: E402
+
+import kuat  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
