@@ -106,6 +106,7 @@ def test_loader_set_epoch_after_the_datasets_wins(stream_files):
     ref.set_epoch(3)
     assert _ids(dl) == _ids(torch.utils.data.DataLoader(ref, batch_size=4))
     # resume mid-epoch 3, then the script's own ds.set_epoch(3): the position is kept
+    dl.set_epoch(3)
     it = iter(dl)
     first = [next(it) for _ in range(2)]
     state = dl.state_dict()
