@@ -116,3 +116,39 @@ def test_loader_set_epoch_after_the_datasets_wins(stream_files):
     dl2.load_state_dict(state)
     ds2.set_epoch(3)
     assert _ids(first) + _ids(dl2) == _ids(torch.utils.data.DataLoader(ref, batch_size=4))
+
+
+# --- a datasets.Dataset whose format changes in place after the loader is built -----------
+
+def _add_z(batch):
+    return {"z": [i * 10 for i in batch["id"]]}
+
+
+@pytest.mark.parametrize("change", ["set_format", "set_format_columns", "set_transform",
+                                    "reset_format"])
+@pytest.mark.parametrize("workers", [(0, None), (2, "thread"), (2, "process")])
+@pytest.mark.parametrize("collate_fn", [None, _rows])
+def test_map_dataset_format_set_in_place_after_the_loader_is_built(change, workers, collate_fn):
+    """``Dataset.set_format``/``set_transform``/``reset_format`` change the dataset in place;
+    torch's DataLoader reads it live, so the next epoch has the new format: kuat's too."""
+    ds = datasets.Dataset.from_dict({"id": list(range(10)), "x": [i / 2 for i in range(10)]})
+    if change == "reset_format":
+        ds.set_format("numpy")
+    w, wt = workers
+    torch_dl = torch.utils.data.DataLoader(ds, batch_size=4, collate_fn=collate_fn)
+    kuat_dl = kuat.DataLoader(ds, batch_size=4, num_workers=w, collate_fn=collate_fn,
+                              **({"worker_type": wt} if wt else {}))
+    assert_same([list(b) for b in kuat_dl] if collate_fn else list(kuat_dl),
+                [list(b) for b in torch_dl] if collate_fn else list(torch_dl))
+    if change == "set_format":
+        ds.set_format("torch")
+    elif change == "set_format_columns":
+        ds.set_format("numpy", columns=["x"])
+    elif change == "set_transform":
+        ds.set_transform(_add_z)
+    else:
+        ds.reset_format()
+    want = list(torch_dl)
+    got = list(kuat_dl)
+    assert_same([list(b) for b in got] if collate_fn else got,
+                [list(b) for b in want] if collate_fn else want)

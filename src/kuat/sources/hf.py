@@ -31,13 +31,13 @@ from __future__ import annotations
 import copy
 import logging
 import threading
-from collections.abc import Mapping
 
 import numpy as np
 import torch
 
 from kuat.collate import own_batch_buffer
 from kuat.padding import BatchColumn, Samples
+from kuat.sources import _hf_rows
 from kuat.sources._arrow import ListColumn, ScalarColumn, numeric_column, numeric_list_column
 from kuat.sources.stream import Stream
 
@@ -45,6 +45,7 @@ __all__ = ["HFMapSource", "HFIterableSource", "is_hf_map_dataset", "is_hf_iterab
 
 _log = logging.getLogger("kuat.sources.hf")
 _COPY_LOCK = threading.Lock()
+_PLAN_LOCK = threading.Lock()
 
 
 def is_hf_map_dataset(obj) -> bool:
@@ -116,6 +117,8 @@ class HFMapSource(torch.utils.data.Dataset):
     ``__getitems__(indices)`` returns a list of B samples for B indices (negative indices count
     from the end, as in ``datasets``), as ``datasets.Dataset.__getitems__`` does;
     ``__getitem__(i)`` is ``dataset[i]`` (in the ``"pandas"`` format a one-row frame).
+    The plan is rebuilt when the dataset's format changes in place (``set_format``,
+    ``set_transform``: the next batch has the new format, as in torch).
     Thread-safety: reads are thread-safe (the gather plan is read-only once built; a transform
     must itself be thread-safe to be run by several thread workers). Picklable: the plan is
     rebuilt after unpickling (memory-mapped tables are reopened by path).
@@ -136,6 +139,7 @@ class HFMapSource(torch.utils.data.Dataset):
         from datasets.formatting import get_format_type_from_alias, get_formatter
 
         ds = self.dataset
+        self._plan_key = _hf_rows.format_key(ds)
         self._format_type = get_format_type_from_alias(ds._format_type)
         self._formatter = get_formatter(
             ds._format_type, features=ds._info.features, **(ds._format_kwargs or {})
@@ -185,6 +189,13 @@ class HFMapSource(torch.utils.data.Dataset):
     def __getitem__(self, index: int):
         return self._fetch([index], single=True)[0]
 
+    def _refresh(self) -> None:
+        """Rebuild the plan when the dataset's format was changed in place (``set_format``,
+        ``set_transform``, ``reset_format``: torch's DataLoader reads the dataset live)."""
+        if not _hf_rows.same_format(self._plan_key, _hf_rows.format_key(self.dataset)):
+            with _PLAN_LOCK:
+                self._build_plan()
+
     def _rows(self, indices) -> np.ndarray:
         """Table row numbers ``(B,) int64`` of dataset ``indices`` (bounds-checked)."""
         keys = np.asarray(indices, dtype=np.int64).reshape(-1)  # (B,)
@@ -206,6 +217,7 @@ class HFMapSource(torch.utils.data.Dataset):
     def _fetch(self, indices, single: bool = False) -> list:
         from datasets.formatting.formatting import format_table
 
+        self._refresh()
         rows = self._rows(indices)
         n = len(rows)
         if n == 0:
@@ -222,7 +234,7 @@ class HFMapSource(torch.utils.data.Dataset):
                 output_all_columns=self.dataset._output_all_columns,
             )
         if not self._fast:
-            return _split_rows(batch, n, self.dataset, indices, single)
+            return _hf_rows.split_rows(batch, n, self.dataset, indices, single)
         batch_columns = {}
         for col in self._fast:
             columns[col.name], info = col.values(rows)
@@ -244,6 +256,7 @@ class HFMapSource(torch.utils.data.Dataset):
         from kuat.collate import default_collate
 
         ds = self.dataset
+        self._refresh()
         if ds._format_type is not None or ds._format_columns is not None or not len(indices):
             return default_collate(self.__getitems__(indices))
         from kuat.sources import hf_columnar
@@ -252,27 +265,6 @@ class HFMapSource(torch.utils.data.Dataset):
             return default_collate(self.__getitems__(indices))
         table = ds._data.fast_gather(self._rows(indices))  # pyarrow.Table, B rows
         return hf_columnar.ColumnarCollate(default_collate, None)(table)
-
-
-def _split_rows(batch, n: int, dataset, indices, single: bool) -> list:
-    """Per-sample values of a formatted batch: ``dataset[i]``'s (``single``) or
-    ``dataset.__getitems__``' (a dict per row: ``{column: batch[column][i]}``)."""
-    import pyarrow as pa
-
-    if isinstance(batch, Mapping):  # python / numpy / torch / custom transform
-        keys = list(batch)
-        if not keys:
-            return [{} for _ in range(n)]
-        n = len(batch[keys[0]])  # as datasets: a transform may return another number of rows
-        return [{k: batch[k][i] for k in keys} for i in range(n)]
-    if isinstance(batch, pa.Table):  # "arrow": a one-row table per sample, zero-copy slices
-        return [batch.slice(i, 1) for i in range(n)]
-    if hasattr(batch, "iloc") and single:  # "pandas": one-row frames indexed from 0 (dataset[i])
-        return [batch.iloc[i : i + 1].reset_index(drop=True) for i in range(n)]
-    if hasattr(batch, "iloc"):  # datasets.Dataset.__getitems__ (torch's DataLoader reads it)
-        return [{col: array[i] for col, array in batch.items()} for i in range(len(batch))]
-    # Other formats (jax, tensorflow, polars): index the dataset row by row.
-    return [dataset[int(i)] for i in np.asarray(indices).reshape(-1)]
 
 
 def _shared_memo() -> dict:
