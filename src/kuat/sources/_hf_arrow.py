@@ -38,9 +38,17 @@ import numpy as np
 from kuat.sources._hf_blocks import PyBlock, Tables, concat, take
 from kuat.sources._hf_map import formatted_blocks, mapped_blocks
 
-__all__ = ["arrow_tables", "batches_of", "position_share", "stateless"]
+__all__ = ["arrow_tables", "batches_of", "position_share", "resumed_inside", "stateless"]
 
 _CHUNK = 4096  # rows per output block of an interleave (one take each)
+def resumed_inside(ds) -> bool:
+    """Whether iterating ``ds`` (a ``datasets.IterableDataset`` at its epoch) starts from a
+    state given to its ``load_state_dict``: ``datasets`` then loads it into its nodes at
+    ``__iter__`` for the epoch it was saved in (only), which :func:`stateless` reads ignore."""
+    start = getattr(ds, "_starting_state_dict", None)
+    return bool(start) and ds.epoch == start.get("epoch")
+
+
 def stateless(node) -> None:
     """Clear the resume state ``datasets`` keeps on ``node`` and every node below it (the
     caller's own copy): each iteration then starts at the beginning, as a fresh iterator

@@ -421,7 +421,8 @@ class HFIterableSource(Stream):
             return None  # an epoch resumed part-way (Stream.start_at): the row path skips
         ds = self._copy(self._epoch)
         fmt = ds._formatting
-        if fmt is not None and fmt.format_type not in (None, "python"):
+        if fmt is not None and fmt.format_type not in (None, "python") or (
+                _hf_arrow.resumed_inside(ds)):  # ds.load_state_dict: datasets' own iteration
             return None
         if not hf_columnar.plain_features(ds.features):
             return None
