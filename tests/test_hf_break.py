@@ -159,10 +159,13 @@ def test_map_dataset_format_set_in_place_after_the_loader_is_built(change, worke
 @pytest.mark.parametrize("kind", ["plain", "shuffled", "batched_map"])
 @pytest.mark.parametrize("workers", [(0, None), (2, "thread")])
 @pytest.mark.parametrize("collate_fn", [None, _rows])
-def test_stream_resumed_by_datasets_load_state_dict(stream_files, kind, workers, collate_fn):
+@pytest.mark.parametrize("loaded", ["before", "after"])
+def test_stream_resumed_by_datasets_load_state_dict(stream_files, kind, workers, collate_fn,
+                                                    loaded):
     """``IterableDataset.load_state_dict(state)`` (datasets' own resume, e.g. with torchdata's
     StatefulDataLoader) makes the epoch it was saved in start where it was saved, in torch's
-    DataLoader and so in kuat's, columnar path included; later epochs start at the top."""
+    DataLoader and so in kuat's, columnar path included, whether it is called before or after
+    the loader is built; later epochs start at the top."""
     def make():
         ds = datasets.load_dataset("parquet", data_files=stream_files, split="train",
                                    streaming=True)
@@ -178,12 +181,16 @@ def test_stream_resumed_by_datasets_load_state_dict(stream_files, kind, workers,
         next(it)
     state = src.state_dict()
     ref, ds = make(), make()
-    ref.load_state_dict(state)
-    ds.load_state_dict(state)
+    if loaded == "before":
+        ref.load_state_dict(state)
+        ds.load_state_dict(state)
     w, wt = workers
     torch_dl = torch.utils.data.DataLoader(ref, batch_size=4, collate_fn=collate_fn)
     kuat_dl = kuat.DataLoader(ds, batch_size=4, num_workers=w, collate_fn=collate_fn,
                               **({"worker_type": wt} if wt else {}))
+    if loaded == "after":
+        ref.load_state_dict(state)
+        ds.load_state_dict(state)
     for _epoch in range(2):
         want = list(torch_dl)
         ref.set_epoch(ref.epoch + 1)

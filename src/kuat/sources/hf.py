@@ -373,9 +373,13 @@ class HFIterableSource(Stream):
         """A private deep copy of the dataset at ``epoch``: datasets keeps iteration progress
         on the dataset and its examples iterables, so two workers iterating one object would
         disturb each other. The snapshot taken at construction is only ever copied, one
-        copy at a time."""
+        copy at a time. The state given to the dataset's own ``load_state_dict`` is read from
+        the dataset itself, as torch's DataLoader reading it would (also when given after the
+        loader was built)."""
+        start = getattr(self.dataset, "_starting_state_dict", None)
         with _COPY_LOCK:
             ds = copy.deepcopy(self._prototype, _shared_memo())
+            ds._starting_state_dict = copy.deepcopy(start)
         ds.set_epoch(epoch)
         return ds
 
