@@ -195,3 +195,39 @@ def test_stream_resumed_by_datasets_load_state_dict(stream_files, kind, workers,
         want = list(torch_dl)
         ref.set_epoch(ref.epoch + 1)
         assert_same(list(kuat_dl), want)
+
+
+# --- a stream whose files have different Arrow types (CSV/JSON typed file by file) -------
+
+@pytest.fixture(scope="module")
+def csv_files(tmp_path_factory):
+    """Two CSV files that pyarrow types differently (x: double then int64, s: string then
+    int64): ``datasets`` streams each file's rows with its own types."""
+    out = tmp_path_factory.mktemp("hfcsv")
+    a, b = out / "a.csv", out / "b.csv"
+    a.write_text("id,x,s\n" + "".join(f"{i},{i / 4},s{i}\n" for i in range(12)))
+    b.write_text("id,x,s\n" + "".join(f"{100 + i},{i},{7 * i}\n" for i in range(8)))
+    return [str(a), str(b)]
+
+
+@pytest.mark.parametrize("workers", [(0, None), (2, "thread"), (3, "thread")])
+@pytest.mark.parametrize("collate_fn", [None, _rows])
+@pytest.mark.parametrize("shuffled", [False, True])
+def test_stream_of_files_with_different_types(csv_files, workers, collate_fn, shuffled):
+    """Blocks of different Arrow types are never concatenated as Arrow (pyarrow refuses, or
+    would promote ints to floats): the rows keep each file's Python values, as in torch."""
+    ds = datasets.load_dataset("csv", data_files=csv_files, split="train", streaming=True)
+    if shuffled:
+        ds = ds.shuffle(seed=1, buffer_size=6)
+    w, wt = workers
+    kuat_dl = kuat.DataLoader(ds, batch_size=4, num_workers=w, collate_fn=collate_fn,
+                              **({"worker_type": wt} if wt else {}))
+    if collate_fn is None and shuffled:  # a batch mixes str and int: torch's collate error
+        with pytest.raises(TypeError) as want:
+            list(torch.utils.data.DataLoader(ds, batch_size=4))
+        with pytest.raises(TypeError) as got:
+            list(kuat_dl)
+        assert str(want.value) in str(got.value)  # torch's message, plus where it happened
+        return
+    want = list(torch.utils.data.DataLoader(ds, batch_size=4, collate_fn=collate_fn))
+    assert_same(list(kuat_dl), want)
