@@ -231,3 +231,37 @@ def test_stream_of_files_with_different_types(csv_files, workers, collate_fn, sh
         return
     want = list(torch.utils.data.DataLoader(ds, batch_size=4, collate_fn=collate_fn))
     assert_same(list(kuat_dl), want)
+
+
+# --- interleave_datasets of streams with different columns --------------------------------
+
+@pytest.fixture(scope="module")
+def two_schemas(tmp_path_factory):
+    out = tmp_path_factory.mktemp("hfinter")
+    a, b = out / "a.parquet", out / "b.parquet"
+    pq.write_table(pa.table({"id": list(range(9)), "s": [str(i) for i in range(9)]}), a,
+                   row_group_size=4)
+    pq.write_table(pa.table({"extra": [1.5] * 7, "id": list(range(100, 107)),
+                             "s": [f"b{i}" for i in range(7)]}), b, row_group_size=3)
+    return str(a), str(b)
+
+
+@pytest.mark.parametrize("kind", ["plain", "probabilities", "mapped_source", "selected"])
+@pytest.mark.parametrize("workers", [0, 2, 3])
+def test_interleave_of_streams_with_different_columns(two_schemas, kind, workers):
+    """``interleave_datasets`` gives every row the union of the sources' columns (``None``
+    where a source has none): kuat's Arrow reads too, instead of refusing to join the blocks."""
+    a, b = (datasets.load_dataset("parquet", data_files=[f], split="train", streaming=True)
+            for f in two_schemas)
+    if kind == "mapped_source":
+        a = a.map(lambda bt: {"q": [i * 2 for i in bt["id"]]}, batched=True, batch_size=2)
+    kw = {"probabilities": [0.4, 0.6], "seed": 3, "stopping_strategy": "all_exhausted"}
+    ds = datasets.interleave_datasets([a, b], **(kw if kind == "probabilities" else {}))
+    collates = [_rows]
+    if kind == "selected":
+        ds = ds.select_columns(["id", "s"])
+        collates.append(None)  # the columnar path
+    for collate_fn in collates:
+        want = list(torch.utils.data.DataLoader(ds, batch_size=4, collate_fn=collate_fn))
+        got = list(kuat.DataLoader(ds, batch_size=4, num_workers=workers, collate_fn=collate_fn))
+        assert_same(got, want)
