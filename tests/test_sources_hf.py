@@ -167,10 +167,16 @@ def test_arrow_format_works_where_datasets_getitems_fails(chunked):
 
 
 def test_pandas_format_rows_match_indexing(chunked):
+    """``src[i]`` is ``ds[i]`` (a one-row frame); ``__getitems__`` is datasets' own (a dict
+    per row, what torch's DataLoader fetches with a batch size)."""
     ds = chunked.with_format("pandas")
-    got = as_source(ds).__getitems__([4, 9])
-    for s, i in zip(got, [4, 9], strict=True):
-        assert s.equals(ds[i])
+    src = as_source(ds)
+    for i in (4, 9):
+        assert src[i].equals(ds[i])
+    got, want = src.__getitems__([4, 9]), ds.__getitems__([4, 9])
+    assert [list(r) for r in got] == [list(r) for r in want]
+    for r, w in zip(got, want, strict=True):
+        assert all(type(r[k]) is type(w[k]) and np.array_equal(r[k], w[k]) for k in w)
 
 
 def test_nulls_and_nested_lists_fall_back_to_datasets():

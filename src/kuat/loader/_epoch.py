@@ -107,9 +107,17 @@ def next_epoch(loader) -> tuple[int, int, dict, Pending | None]:
         loader.sampler.epoch_request = None
         if pending is None or (request[0] > pending.request and request[1] != pending.epoch):
             return request[1], 0, {}, None
+    asked = dataset_epoch_request(loader)  # later than the loader's calls, which consume it
+    if asked is not None and (pending is None or asked != pending.epoch):
+        return asked, 0, {}, None
     if pending is not None:
         return pending.epoch, pending.served, pending.rng, pending
     return st.following_epoch(), 0, {}, None
+
+
+def dataset_epoch_request(loader) -> int | None:
+    """The epoch a stream's own ``set_epoch`` set since last asked (``kuat_epoch_request``)."""
+    return hook() if callable(hook := getattr(loader._source, "kuat_epoch_request", None)) else None
 
 
 def _shuffles_as_torch(loader) -> bool:

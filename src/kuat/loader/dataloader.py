@@ -197,14 +197,12 @@ class DataLoader(_TorchDataLoader[_T_co]):  # generic as torch's: kuat.DataLoade
         self.dataset = dataset = _options.wrap_datapipe(dataset, shuffle)
         self.num_workers = num_workers
         self.prefetch_factor = opts.prefetch_factor
-        self.pin_memory = pin_memory
-        self.pin_memory_device = pin_memory_device
+        self.pin_memory, self.pin_memory_device = pin_memory, pin_memory_device
         self.timeout = timeout
         self.worker_init_fn = worker_init_fn
         self.multiprocessing_context = multiprocessing_context
         self.in_order = in_order
-        self.worker_type = opts.worker_type
-        self.seed = opts.seed
+        self.worker_type, self.seed = opts.worker_type, opts.seed
         self._torch_base_seed: int | None = None  # the last base_seed drawn as torch draws it
         self.device = self._device
         self.on_error, self.snapshot_every_n_steps = on_error, snapshot_every_n_steps
@@ -351,6 +349,7 @@ class DataLoader(_TorchDataLoader[_T_co]):  # generic as torch's: kuat.DataLoade
         Calling ``loader.sampler.set_epoch(epoch)`` (what Lightning and the HF Trainer do with a
         ``DistributedSampler``) has the same effect; the later call wins, but either keeps a
         :meth:`load_state_dict`'s position in that epoch (a resumed HF Trainer calls both).
+        So does a streaming ``datasets.IterableDataset``'s own ``set_epoch`` (as in torch).
 
         Raises:
             ValueError: ``epoch`` is not a non-negative int.
@@ -359,6 +358,7 @@ class DataLoader(_TorchDataLoader[_T_co]):  # generic as torch's: kuat.DataLoade
             raise ValueError(f"epoch should be a non-negative int, got {epoch=!r}")
         if getattr(p := self._state.pending, "loaded", None) is None or p.epoch != int(epoch):
             self._state.pending = _state.Pending(next_request(), int(epoch), 0, {})
+        _epoch.dataset_epoch_request(self)  # an earlier dataset.set_epoch() is overridden
 
     def state_dict(self) -> dict[str, Any]:
         """The position to resume from: a small dict of ints (plus the source's own state).

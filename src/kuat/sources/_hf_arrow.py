@@ -38,9 +38,17 @@ import numpy as np
 from kuat.sources._hf_blocks import PyBlock, Tables, concat, take
 from kuat.sources._hf_map import formatted_blocks, mapped_blocks
 
-__all__ = ["arrow_tables", "batches_of", "position_share", "stateless"]
+__all__ = ["arrow_tables", "batches_of", "position_share", "resumed_inside", "stateless"]
 
 _CHUNK = 4096  # rows per output block of an interleave (one take each)
+def resumed_inside(ds) -> bool:
+    """Whether iterating ``ds`` (a ``datasets.IterableDataset`` at its epoch) starts from a
+    state given to its ``load_state_dict``: ``datasets`` then loads it into its nodes at
+    ``__iter__`` for the epoch it was saved in (only), which :func:`stateless` reads ignore."""
+    start = getattr(ds, "_starting_state_dict", None)
+    return bool(start) and ds.epoch == start.get("epoch")
+
+
 def stateless(node) -> None:
     """Clear the resume state ``datasets`` keeps on ``node`` and every node below it (the
     caller's own copy): each iteration then starts at the beginning, as a fresh iterator
@@ -250,7 +258,7 @@ def _interleave(node, children: list[Tables]) -> Iterator:
     base = 0
 
     def flush():
-        return take(concat([t for _b, t in order]), rows)
+        return take(concat(_same_columns([t for _b, t in order])), rows)
 
     for i in node._get_indices_iterator():
         if stop(exhausted):
@@ -281,6 +289,33 @@ def _interleave(node, children: list[Tables]) -> Iterator:
                 base += len(t)
     if rows:
         yield flush()
+
+
+def _same_columns(blocks: list) -> list:
+    """Arrow blocks of interleaved sources with different columns, each given the others'
+    (null, of the type they have there): ``interleave_datasets`` gives the stream the union of
+    its sources' features, and the formatting node above adds a row's missing columns as
+    ``None`` and casts to those features, so the rows are the same."""
+    import pyarrow as pa
+
+    names = [list(b.columns) if isinstance(b, PyBlock) else b.column_names for b in blocks]
+    if len({tuple(n) for n in names}) < 2:
+        return blocks
+    if any(isinstance(b, PyBlock) for b in blocks):  # Python values: missing ones are None
+        union = list(dict.fromkeys(k for n in names for k in n))
+        py = [b if isinstance(b, PyBlock) else PyBlock(b.to_pydict(), b.num_rows) for b in blocks]
+        return [PyBlock({k: b.columns.get(k, [None] * b.n) for k in union}, b.n) for b in py]
+    fields: dict = {}
+    for b in blocks:
+        for f in b.schema:
+            fields.setdefault(f.name, f.type)
+    out = []
+    for b in blocks:
+        for name in fields:
+            if name not in b.column_names:
+                b = b.append_column(name, pa.nulls(len(b), fields[name]))
+        out.append(b.select(list(fields)))
+    return out
 
 
 def position_share(tables: Iterator, rank: int, world_size: int, drop_last: bool) -> Iterator:

@@ -62,12 +62,16 @@ def take(block, indices):
 
 
 def concat(blocks: list):
-    """One block with the rows of ``blocks`` in order (Arrow when every block is Arrow)."""
+    """One block with the rows of ``blocks`` in order: Arrow when every block is Arrow of one
+    schema, else a :class:`PyBlock` of each block's Python values (tables of other types,
+    e.g. the files of a CSV or JSON stream typed one by one, keep their own values, as their
+    rows do: no promotion of ints to floats)."""
     import pyarrow as pa
 
     if len(blocks) == 1:
         return blocks[0]
-    if not any(isinstance(b, PyBlock) for b in blocks):
+    if not any(isinstance(b, PyBlock) for b in blocks) and all(
+            b.schema.equals(blocks[0].schema) for b in blocks[1:]):
         return pa.concat_tables(blocks)
     parts = [_pyblock(b) for b in blocks]
     keys = list(parts[0].columns)

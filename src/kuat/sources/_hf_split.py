@@ -184,7 +184,7 @@ def owned_examples(stream, ds) -> Iterator | None:
 
     from kuat.sources import _hf_arrow
 
-    if getattr(ds, "_starting_state_dict", None) is not None:
+    if _hf_arrow.resumed_inside(ds):
         return None  # datasets resumes inside its nodes: leave that to its own iteration
     ex = ds._prepare_ex_iterable_for_iteration()
     if ds._formatting and (ex.iter_arrow or ds._formatting.is_table):

@@ -31,13 +31,13 @@ from __future__ import annotations
 import copy
 import logging
 import threading
-from collections.abc import Mapping
 
 import numpy as np
 import torch
 
 from kuat.collate import own_batch_buffer
 from kuat.padding import BatchColumn, Samples
+from kuat.sources import _hf_rows
 from kuat.sources._arrow import ListColumn, ScalarColumn, numeric_column, numeric_list_column
 from kuat.sources.stream import Stream
 
@@ -45,6 +45,7 @@ __all__ = ["HFMapSource", "HFIterableSource", "is_hf_map_dataset", "is_hf_iterab
 
 _log = logging.getLogger("kuat.sources.hf")
 _COPY_LOCK = threading.Lock()
+_PLAN_LOCK = threading.Lock()
 
 
 def is_hf_map_dataset(obj) -> bool:
@@ -114,7 +115,10 @@ class HFMapSource(torch.utils.data.Dataset):
         dataset: the ``datasets.Dataset``, with any indices mapping, format and transform.
 
     ``__getitems__(indices)`` returns a list of B samples for B indices (negative indices count
-    from the end, as in ``datasets``); ``__getitem__(i)`` is ``__getitems__([i])[0]``.
+    from the end, as in ``datasets``), as ``datasets.Dataset.__getitems__`` does;
+    ``__getitem__(i)`` is ``dataset[i]`` (in the ``"pandas"`` format a one-row frame).
+    The plan is rebuilt when the dataset's format changes in place (``set_format``,
+    ``set_transform``: the next batch has the new format, as in torch).
     Thread-safety: reads are thread-safe (the gather plan is read-only once built; a transform
     must itself be thread-safe to be run by several thread workers). Picklable: the plan is
     rebuilt after unpickling (memory-mapped tables are reopened by path).
@@ -135,6 +139,7 @@ class HFMapSource(torch.utils.data.Dataset):
         from datasets.formatting import get_format_type_from_alias, get_formatter
 
         ds = self.dataset
+        self._plan_key = _hf_rows.format_key(ds)
         self._format_type = get_format_type_from_alias(ds._format_type)
         self._formatter = get_formatter(
             ds._format_type, features=ds._info.features, **(ds._format_kwargs or {})
@@ -182,7 +187,14 @@ class HFMapSource(torch.utils.data.Dataset):
         return len(self.dataset)
 
     def __getitem__(self, index: int):
-        return self.__getitems__([index])[0]
+        return self._fetch([index], single=True)[0]
+
+    def _refresh(self) -> None:
+        """Rebuild the plan when the dataset's format was changed in place (``set_format``,
+        ``set_transform``, ``reset_format``: torch's DataLoader reads the dataset live)."""
+        if not _hf_rows.same_format(self._plan_key, _hf_rows.format_key(self.dataset)):
+            with _PLAN_LOCK:
+                self._build_plan()
 
     def _rows(self, indices) -> np.ndarray:
         """Table row numbers ``(B,) int64`` of dataset ``indices`` (bounds-checked)."""
@@ -197,8 +209,15 @@ class HFMapSource(torch.utils.data.Dataset):
         return self._indices.take(keys).astype(np.int64)  # (B,) uint64 -> int64
 
     def __getitems__(self, indices) -> list:
+        """The samples of ``indices``, as ``datasets.Dataset.__getitems__`` gives them (what
+        torch's DataLoader fetches with a batch size): one dict per row in every format
+        (``"pandas"`` too), except ``"arrow"`` (one-row tables, where datasets fails)."""
+        return self._fetch(indices)
+
+    def _fetch(self, indices, single: bool = False) -> list:
         from datasets.formatting.formatting import format_table
 
+        self._refresh()
         rows = self._rows(indices)
         n = len(rows)
         if n == 0:
@@ -215,7 +234,7 @@ class HFMapSource(torch.utils.data.Dataset):
                 output_all_columns=self.dataset._output_all_columns,
             )
         if not self._fast:
-            return _split_rows(batch, n, self.dataset, indices)
+            return _hf_rows.split_rows(batch, n, self.dataset, indices, single)
         batch_columns = {}
         for col in self._fast:
             columns[col.name], info = col.values(rows)
@@ -237,6 +256,7 @@ class HFMapSource(torch.utils.data.Dataset):
         from kuat.collate import default_collate
 
         ds = self.dataset
+        self._refresh()
         if ds._format_type is not None or ds._format_columns is not None or not len(indices):
             return default_collate(self.__getitems__(indices))
         from kuat.sources import hf_columnar
@@ -245,24 +265,6 @@ class HFMapSource(torch.utils.data.Dataset):
             return default_collate(self.__getitems__(indices))
         table = ds._data.fast_gather(self._rows(indices))  # pyarrow.Table, B rows
         return hf_columnar.ColumnarCollate(default_collate, None)(table)
-
-
-def _split_rows(batch, n: int, dataset, indices) -> list:
-    """Per-sample values of a formatted batch, as indexing the dataset would give each."""
-    import pyarrow as pa
-
-    if isinstance(batch, Mapping):  # python / numpy / torch / custom transform
-        keys = list(batch)
-        if not keys:
-            return [{} for _ in range(n)]
-        n = len(batch[keys[0]])  # as datasets: a transform may return another number of rows
-        return [{k: batch[k][i] for k in keys} for i in range(n)]
-    if isinstance(batch, pa.Table):  # "arrow": a one-row table per sample, zero-copy slices
-        return [batch.slice(i, 1) for i in range(n)]
-    if hasattr(batch, "iloc"):  # "pandas": one-row frames indexed from 0, like dataset[i]
-        return [batch.iloc[i : i + 1].reset_index(drop=True) for i in range(n)]
-    # Other formats (jax, tensorflow, polars): index the dataset row by row.
-    return [dataset[int(i)] for i in np.asarray(indices).reshape(-1)]
 
 
 def _shared_memo() -> dict:
@@ -327,6 +329,7 @@ class HFIterableSource(Stream):
             raise ValueError(f"split should be 'position' or 'shards', got {split=!r}")
         self.dataset = dataset
         self.split = split
+        self._seen_epoch = 0  # the user's dataset.epoch the loader last saw (datasets starts at 0)
         # what workers copy: a private snapshot that nothing else reads or writes (the user's
         # object may be touched while a worker copies; datasets sets attributes lazily)
         self._prototype = copy.deepcopy(dataset, _shared_memo())
@@ -344,6 +347,18 @@ class HFIterableSource(Stream):
                     "split='position'")
         return None
 
+    def kuat_epoch_request(self) -> int | None:
+        """The epoch the user's dataset was set to by its own ``set_epoch`` since the last
+        call (or since construction, from datasets' epoch 0), else ``None``: the loader starts
+        that epoch next, as torch's DataLoader re-reading the dataset would. Called by the
+        loader (main process) at each epoch start, ``set_epoch`` and ``load_state_dict``; a
+        ``set_epoch`` to the value already seen is not seen."""
+        epoch = int(getattr(self.dataset, "epoch", 0))
+        if epoch == self._seen_epoch:
+            return None
+        self._seen_epoch = epoch
+        return epoch
+
     def kuat_set_distributed(self, rank: int, world_size: int) -> None:
         if getattr(self.dataset, "_distributed", None) is not None:
             return  # split_dataset_by_node already took this rank's share
@@ -358,9 +373,13 @@ class HFIterableSource(Stream):
         """A private deep copy of the dataset at ``epoch``: datasets keeps iteration progress
         on the dataset and its examples iterables, so two workers iterating one object would
         disturb each other. The snapshot taken at construction is only ever copied, one
-        copy at a time."""
+        copy at a time. The state given to the dataset's own ``load_state_dict`` is read from
+        the dataset itself, as torch's DataLoader reading it would (also when given after the
+        loader was built)."""
+        start = getattr(self.dataset, "_starting_state_dict", None)
         with _COPY_LOCK:
             ds = copy.deepcopy(self._prototype, _shared_memo())
+            ds._starting_state_dict = copy.deepcopy(start)
         ds.set_epoch(epoch)
         return ds
 
@@ -406,7 +425,8 @@ class HFIterableSource(Stream):
             return None  # an epoch resumed part-way (Stream.start_at): the row path skips
         ds = self._copy(self._epoch)
         fmt = ds._formatting
-        if fmt is not None and fmt.format_type not in (None, "python"):
+        if fmt is not None and fmt.format_type not in (None, "python") or (
+                _hf_arrow.resumed_inside(ds)):  # ds.load_state_dict: datasets' own iteration
             return None
         if not hf_columnar.plain_features(ds.features):
             return None
