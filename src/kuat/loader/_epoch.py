@@ -117,7 +117,7 @@ def next_epoch(loader) -> tuple[int, int, dict, Pending | None]:
 
 def dataset_epoch_request(loader) -> int | None:
     """The epoch a stream's own ``set_epoch`` set since last asked (``kuat_epoch_request``)."""
-    return hook() if callable(hook := getattr(loader._source, "kuat_epoch_request", None)) else None
+    return _protocol.epoch_request(loader._source)
 
 
 def _shuffles_as_torch(loader) -> bool:

@@ -415,7 +415,6 @@ def load_state_dict(loader, state: dict[str, Any]) -> None:
         done = None
     st.pending = Pending(next_request(), int(state["epoch"]), served, rng, workers=workers,
                          loaded=dict(state), offset=offset, keys_done=done)
-    if callable(asked := getattr(loader._source, "kuat_epoch_request", None)):
-        asked()  # an earlier dataset.set_epoch() is overridden (_epoch.dataset_epoch_request)
+    _protocol.epoch_request(loader._source)  # an earlier dataset.set_epoch() is overridden
     if "source" in state and _protocol.provides(loader._source, _protocol.Stateful):
         loader._source.load_state_dict(state["source"])

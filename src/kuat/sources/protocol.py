@@ -34,6 +34,7 @@ hook                        protocol / accessor    when the loader calls or read
 ``kuat_set_distributed``    :class:`Distributed`   each epoch start whose rank/world size changed
 ``kuat_set_batching``       :class:`Batching`      construction (iterable, loader's sampler)
 ``kuat_unequal_shares``     :func:`unequal_shares` construction, sharded: a reason refuses it
+``kuat_epoch_request``      :func:`epoch_request`  epoch start, ``set_epoch``, ``load_state_dict``
 ``state_dict``/``load_…``   :class:`Stateful`      ``loader.state_dict()`` / ``load_state_dict()``
 ``kuat_iter_from``          :class:`ResumableIterable` epoch start after ``load_state_dict()``, in
                                                    every worker, instead of ``iter()`` (iterable)
@@ -404,6 +405,14 @@ def prefetcher(source: object) -> Callable[[Sequence[int]], None] | None:
 def unequal_shares(source: object) -> str | None:
     """Why a stream cannot give ranks equal shares (``Stream.kuat_unequal_shares``), or None."""
     return getattr(source, "kuat_unequal_shares", None) or None
+
+
+def epoch_request(source: object) -> int | None:
+    """The epoch the source's own dataset was set to since last asked
+    (``HFIterableSource.kuat_epoch_request``: a stream's ``set_epoch``), else None; asking
+    consumes it."""
+    hook = getattr(source, "kuat_epoch_request", None)
+    return hook() if callable(hook) else None
 
 
 def uses_sample_rng(source: object) -> bool:
