@@ -407,3 +407,17 @@ def test_views_of_one_buffer_in_another_dtype_are_not_read_as_the_buffers():
     assert all(r.base is buf for r in rows)
     with pytest.raises(ValueError, match=r"0: \(4,\) torch.uint8, 1: \(1,\) torch.int16"):
         pad_collate()([{"x": r} for r in rows])
+
+
+def test_read_only_numpy_rows_pad_without_torchs_non_writable_warning():
+    # datasets' numpy format hands out read-only arrays; padding only reads them
+    rows = [np.arange(n, dtype=np.int64)[::1].copy() for n in (3, 1, 2)]
+    for r in rows:
+        r.flags.writeable = False
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = pad_collate()([{"ids": r} for r in rows])
+    want = pad_sequence([torch.tensor(r.tolist()) for r in rows], batch_first=True)
+    assert torch.equal(got["ids"], want)

@@ -100,7 +100,10 @@ def pad(rows: list, spec: PadSpec, name: str) -> tuple[torch.Tensor, torch.Tenso
         fast = _views_of_one_array(rows)
         if fast is not None:
             return pad_offsets(*fast, spec, name)
-        rows = [torch.from_numpy(np.ascontiguousarray(r)) for r in rows]
+        # (read-only rows, as datasets' numpy format gives, are copied: torch warns on a
+        # non-writable array even though padding only reads it)
+        rows = [torch.from_numpy(np.ascontiguousarray(r) if r.flags.writeable else np.array(r))
+                for r in rows]
     elif isinstance(first, (list, tuple)):
         if all(isinstance(r, (list, tuple)) for r in rows):
             lengths = np.fromiter((len(r) for r in rows), dtype=np.int64, count=len(rows))
