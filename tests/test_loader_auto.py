@@ -14,6 +14,8 @@ from kuat.engine.process import ProcessEngine
 from kuat.loader import _auto
 from kuat.sources.stream import Stream
 
+_others_cores = _auto.others_cores  # (the fixture below replaces it)
+
 N = 480  # items: 30 batches of 16
 
 
@@ -108,9 +110,9 @@ class GilBoundStream(IterableDataset):
 @pytest.fixture(autouse=True)
 def two_idle_cores(monkeypatch):
     """Decisions as on a machine with 2 usable cores (whatever this one has), taken as idle
-    (no runqueue limit, load average 0) whatever the load of this one (test_decide_rules tests the busy-machine rule)."""
+    (no runqueue limit, no other process using CPU) whatever the load of this one (test_decide_rules tests the busy-machine rule)."""
     monkeypatch.setattr(_auto, "usable_cores", lambda: 2)
-    monkeypatch.setattr(_auto, "machine_load", lambda: 0.0)
+    monkeypatch.setattr(_auto, "others_cores", lambda *a: 0.0)
     monkeypatch.setattr(_auto, "BUSY_MACHINE", 1.0)
 
 
@@ -336,7 +338,7 @@ def test_decide_rules_on_given_numbers():
     from kuat.engine.base import WorkStats
 
     def choice(cpu, runq, wall, loop, n=2, auto_count=False, gil_held=0.0, cores=4,
-               parallel=1.0, iterable=False, c=None, load=0.0):
+               parallel=1.0, iterable=False, c=None, others=0.0):
         c = c or _auto.WorkerChoice(auto_type=True, auto_count=auto_count,
                                     worker_type="thread", num_workers=n)
         c._skip = 0
@@ -353,7 +355,7 @@ def test_decide_rules_on_given_numbers():
         # the window as long as the workers' CPU seconds (after the first) over ``parallel``
         c._t0 = time.perf_counter() - (_auto.PROBE_BATCHES - 1) * cpu / parallel
         return c.decide(num_workers=n, iterable=iterable, persistent=False, cores=cores,
-                        load=load)
+                        other_cpu=others)
 
     # long batches convoying on the GIL: each waits about as long as the other runs
     assert choice(0.010, 0.001, 0.021, 0.0, gil_held=0.9)[0] == "process"
@@ -397,13 +399,13 @@ def test_decide_rules_on_given_numbers():
     assert choice(0.002, 0.006, 0.0081, 0.0, gil_held=0.9, iterable=True, c=c)[0] == "thread"
     assert not c.inline
     assert choice(0.002, 0.0002, 0.0026, 0.0, gil_held=0.9)[0] == "process"
-    # ... nor when the load average leaves under 1.5 cores idle (this process's thread aside),
+    # ... nor when other processes used more than 0.5 of 2 cores while it was measured,
     # though the GIL-bound threads rarely waited for a core (one runnable at a time)
     c = _auto.WorkerChoice(auto_type=True, auto_count=False, worker_type="thread", num_workers=2)
-    assert choice(0.002, 0.0002, 0.0026, 0.0, gil_held=0.9, cores=2, load=2.0, c=c)[0] == "thread"
-    assert c.inline and "load average (2.0" in c.reason
-    assert choice(0.002, 0.0002, 0.0026, 0.0, gil_held=0.9, cores=2, load=1.4)[0] == "process"
-    assert choice(0.002, 0.0002, 0.0026, 0.0, gil_held=0.9, cores=8, load=6.0)[0] == "process"
+    assert choice(0.002, 0.0002, 0.0026, 0.0, gil_held=0.9, cores=2, others=1.0, c=c)[0] == "thread"
+    assert c.inline and "other processes used 1.0 of the 2" in c.reason
+    assert choice(0.002, 0.0002, 0.0026, 0.0, gil_held=0.9, cores=2, others=0.4)[0] == "process"
+    assert choice(0.002, 0.0002, 0.0026, 0.0, gil_held=0.9, cores=8, others=5.0)[0] == "process"
     # waiting on I/O: far longer than the other worker's CPU time
     assert choice(0.001, 0.0, 0.030, 0.0, gil_held=0.9)[0] == "thread"
     # running or runnable all along (a loaded machine): GIL-free
@@ -414,3 +416,18 @@ def test_decide_rules_on_given_numbers():
     assert choice(0.004, 0.006, 0.010, 0.005, auto_count=True) == ("thread", 3)
     assert choice(0.004, 0.006, 0.010, 1.0, auto_count=True) == ("thread", 1)
     assert choice(0.004, 0.006, 0.010, 1e-5, auto_count=True) == ("thread", 4)
+
+
+def test_other_processes_cpu_is_measured_over_the_window(monkeypatch):
+    # the machine's busy seconds less this process's, per second, scaled to the usable cores
+    start, end = (10.0, 1.0, 100.0, 4), (12.0, 1.5, 101.0, 4)
+    assert _others_cores(start, end, 4) == pytest.approx(1.5)
+    assert _others_cores(start, end, 2) == pytest.approx(0.75)
+    assert _others_cores(start, (11.0, 3.0, 101.0, 4), 4) == 0.0  # (never below 0)
+    # without snapshots (not Linux): the load average less this process's runnable thread
+    monkeypatch.setattr(_auto, "machine_load", lambda: 2.5)
+    assert _others_cores(None, end, 4) == pytest.approx(1.5)
+    snap = _auto.cpu_snapshot()
+    if snap is not None:  # Linux
+        busy, own, _, cpus = snap
+        assert busy > 0 and own > 0 and cpus >= 1

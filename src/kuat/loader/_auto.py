@@ -34,8 +34,10 @@ and at most :data:`MAX_PROBE_BATCHES` batches are measured):
   shorter than the GIL's switch interval: the waits fall between fetches). GIL-bound
   work moves to process workers on a machine with at least two usable cores that are not
   already busy (the workers waited for a core at most :data:`BUSY_MACHINE` of the time they
-  wanted one, and the 1-minute load average, less this process's one runnable thread, leaves
-  at least :data:`SPARE_CORES` of the usable cores idle: on a busier machine each process
+  wanted one, and other processes left at least :data:`SPARE_CORES` of the usable cores'
+  CPU idle while the window was measured (``/proc/stat``'s busy time less this process's,
+  :func:`others_cores`; elsewhere the 1-minute load average, which also counts the last
+  minute's past): on a busier machine each process
   hand-off waits for a core on both sides, and short batches ran at 0.2-0.65x the speed of
   inline fetching, see docs/benchmarks.md). Where
   processes cannot help (one core, a busy machine) and the loop waited for its batches (its
@@ -106,7 +108,7 @@ GIL_HELD_S = 100e-6  # a take that waited longer than this found the GIL held (a
 PROBE_SLEEP_S = 0.5e-3  # the probe thread's sleep between two takes of the GIL
 PROBE_MAX_S = 30.0  # the probe thread ends by itself after this long
 PROBE_IDLE_S = 5.0  # ... or after this long without a measured batch (the epoch ended)
-SPARE_CORES = 1.5  # idle cores (usable cores less the load average's other tasks) below which
+SPARE_CORES = 1.5  # idle cores (usable cores less other processes' CPU) below which
 # processes wait for cores (at a load of 4-5 on 2 cores, 2 processes ran a 0.7 ms-batch Python
 # dataset at 0.5-0.65x inline even when the GIL-bound threads rarely waited for a core)
 BUSY_MACHINE = 0.25  # runqueue share of the workers' wanted CPU above which no core is spare
@@ -125,11 +127,40 @@ def usable_cores() -> int:
 
 def machine_load() -> float:
     """The machine's 1-minute load average (``os.getloadavg``: runnable and waiting tasks,
-    this process's included); 0 where there is none."""
+    this process's included); 0 where there is none. The fallback of :func:`others_cores`."""
     try:
         return os.getloadavg()[0]
     except (AttributeError, OSError):
         return 0.0
+
+
+def cpu_snapshot() -> tuple[float, float, float, int] | None:
+    """``(machine busy CPU seconds, this process's CPU seconds, monotonic seconds, CPUs)`` now:
+    the machine's from ``/proc/stat`` (user, nice, system, irq, softirq, steal of all CPUs),
+    this process's from ``time.process_time()`` (all its threads); None where ``/proc/stat``
+    cannot be read (not Linux)."""
+    try:
+        with open("/proc/stat", "rb") as f:
+            lines = f.read(1 << 16).split(b"\n")
+        head = lines[0].split()
+        ticks = [int(x) for x in head[1:9]]
+        cpus = sum(1 for ln in lines if ln.startswith(b"cpu") and ln[3:4].isdigit())
+        busy = ticks[0] + ticks[1] + ticks[2] + ticks[5] + ticks[6] + ticks[7]
+        return busy / os.sysconf("SC_CLK_TCK"), time.process_time(), time.monotonic(), cpus
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def others_cores(start, end, cores: int) -> float:
+    r"""The usable cores' worth of CPU that *other* processes used between two
+    :func:`cpu_snapshot`\ s: the machine's busy seconds less this process's, per second,
+    scaled from the machine's CPUs to the ``cores`` this process may use (evenly spread);
+    without snapshots, the 1-minute load average less this process's one runnable thread
+    (which also counts the last minute's past, this process's earlier work included)."""
+    if start is None or end is None or end[2] - start[2] < 1e-3:
+        return max(0.0, machine_load() - 1)
+    other = max(0.0, (end[0] - start[0]) - (end[1] - start[1])) / (end[2] - start[2])
+    return other * min(1.0, cores / max(1, end[3]))
 
 
 def initial_workers(cores: int) -> int:
@@ -181,6 +212,7 @@ class WorkerChoice:
         # the window from the first measured result to the decision: its wall start, and the
         # worker CPU + runqueue seconds and loop seconds within it
         self._t0: float | None = None
+        self._cpu0 = None  # cpu_snapshot() at the window's start
         self._win_busy = self._win_wall = 0.0
         self._gil_wait = self._gil_total = 0.0  # the probe thread's (GilProbe)
         self._takes = self._held = 0  # its takes of the GIL, and those that found it held
@@ -229,7 +261,7 @@ class WorkerChoice:
             cpu, runq, wall = st.fetch_cpu_s, 0.0, st.fetch_s + st.collate_s
             self._threads = False
         if self._t0 is None:  # (its work was done before the window starts)
-            self._t0 = time.perf_counter()
+            self._t0, self._cpu0 = time.perf_counter(), cpu_snapshot()
         else:
             self._win_busy += cpu
             self._win_wall += wall
@@ -251,13 +283,15 @@ class WorkerChoice:
 
     # --- deciding ---------------------------------------------------------------------------
     def decide(self, *, num_workers: int, iterable: bool, persistent: bool,
-               cores: int | None = None, load: float | None = None) -> tuple[str, int]:
+               cores: int | None = None, other_cpu: float | None = None) -> tuple[str, int]:
         """Decide from what was measured; returns ``(worker_type, num_workers)`` (logged once,
-        kept in ``self``). ``cores`` and ``load`` (the 1-minute load average) are the
-        machine's unless given."""
+        kept in ``self``). ``cores`` (usable) and ``other_cpu`` (the cores' worth of CPU other
+        processes used during the measured window, :func:`others_cores`) are measured unless
+        given."""
         cores = usable_cores() if cores is None else cores
-        load = machine_load() if load is None else load
-        spare = cores - max(0.0, load - 1)  # (the 1: this process's own runnable thread)
+        if other_cpu is None:
+            other_cpu = others_cores(self._cpu0, cpu_snapshot(), cores)
+        spare = cores - other_cpu
         n = max(1, self._n)
         wall, cpu, runq = self._wall, self._cpu, self._runq
         wait = max(0.0, wall - cpu - runq)
@@ -295,9 +329,10 @@ class WorkerChoice:
                     "GIL-bound, but one usable core: processes cannot run in parallel"
                     if cores < 2 else
                     f"GIL-bound, but the workers waited for a core {100 * runq / (cpu + runq):.0f}"
-                    f"% of the time and the load average ({load:.1f}, this process included) "
-                    f"leaves {spare:.1f} of {cores} cores idle: no spare core for processes to "
-                    "run in parallel (each batch's hand-off would wait for one too)")
+                    f"% of the time and other processes used {other_cpu:.1f} of the {cores} "
+                    f"usable cores' CPU while it was measured, leaving {spare:.1f}: no spare "
+                    "core for processes to run in parallel (each batch's hand-off would wait "
+                    "for one too)")
                 if inline_ok:
                     self.inline = True
                     why += ("; fetched inline, in the loop's thread (it waited for its batches: "
@@ -347,7 +382,7 @@ class WorkerChoice:
             "gil_probe_takes": self._takes,
             "workers_busy_share": busy,
             "usable_cores": cores,
-            "load_average": load,
+            "other_processes_cores": other_cpu,
         }
         log.info("kuat.DataLoader: %d %s workers (%s): %d batches, %.3f ms CPU and %.3f ms wall "
                  "per batch, blocked %.0f%% of the time (%.2fx the other workers' CPU time), "
