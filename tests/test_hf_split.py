@@ -16,6 +16,8 @@ datasets = pytest.importorskip("datasets")
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
 
+from _hf_streams import load, no_shutdown_sleep, write_parts  # noqa: E402,F401
+
 import kuat  # noqa: E402
 from kuat.sources import _hf_split  # noqa: E402
 from kuat.sources.hf import HFIterableSource  # noqa: E402
@@ -24,31 +26,13 @@ from kuat.sources.stream import rank_share  # noqa: E402
 B = 8
 
 
-@pytest.fixture(autouse=True)
-def _no_shutdown_sleep(monkeypatch):
-    """datasets sleeps 5 s when an iteration over shards that used its thread pool ends."""
-    monkeypatch.setattr(datasets.config, "SLEEP_TIME_ON_THREADS_SHUTDOWN", 0)
-
-
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
-    out = tmp_path_factory.mktemp("hfsplit")
-    rng = np.random.default_rng(0)
-    paths = []
-    for f in range(3):
-        n = 41 + 6 * f
-        ids = [rng.integers(0, 99, int(k)).tolist() for k in rng.integers(1, 6, n)]
-        table = pa.table({"n": pa.array(np.arange(n) + 100 * f, pa.int64()),
-                          "ids": pa.array(ids, pa.list_(pa.int32())),
-                          "text": [f"r{f}-{i}" for i in range(n)]})
-        p = out / f"part-{f}.parquet"
-        pq.write_table(table, p, row_group_size=11)
-        paths.append(str(p))
-    return paths
+    return write_parts(tmp_path_factory.mktemp("hfsplit"), seed=0, sizes=[41 + 6 * f for f in range(3)],
+                       max_ids=6, vocab=99, row_group_size=11)
 
 
-def _load(files):
-    return datasets.load_dataset("parquet", data_files=files, split="train", streaming=True)
+_load = load
 
 
 def _mapped(row):

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import threading
 
-import numpy as np
 import pytest
 import torch
 
 datasets = pytest.importorskip("datasets")
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
+
+from _hf_streams import load, no_shutdown_sleep, write_parts  # noqa: E402,F401
 
 import kuat  # noqa: E402
 from kuat.sources import _hf_split  # noqa: E402
@@ -28,31 +29,13 @@ from kuat.sources.stream import rank_share  # noqa: E402
 B = 8
 
 
-@pytest.fixture(autouse=True)
-def _no_shutdown_sleep(monkeypatch):
-    """datasets sleeps 5 s when an iteration over shards that used its thread pool ends."""
-    monkeypatch.setattr(datasets.config, "SLEEP_TIME_ON_THREADS_SHUTDOWN", 0)
-
-
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
-    out = tmp_path_factory.mktemp("hfbmap")
-    rng = np.random.default_rng(1)
-    paths = []
-    for f in range(3):
-        n = 37 + 8 * f
-        ids = [rng.integers(0, 999, int(k)).tolist() for k in rng.integers(1, 7, n)]
-        table = pa.table({"n": pa.array(np.arange(n) + 100 * f, pa.int64()),
-                          "ids": pa.array(ids, pa.list_(pa.int32())),
-                          "text": [f"r{f}-{i}" for i in range(n)]})
-        p = out / f"part-{f}.parquet"
-        pq.write_table(table, p, row_group_size=13)
-        paths.append(str(p))
-    return paths
+    return write_parts(tmp_path_factory.mktemp("hfbmap"), seed=1, sizes=[37 + 8 * f for f in range(3)],
+                       max_ids=7, vocab=999, row_group_size=13)
 
 
-def _load(files):
-    return datasets.load_dataset("parquet", data_files=files, split="train", streaming=True)
+_load = load
 
 
 # Batched functions whose every output depends on the whole batch (its first row, its sum):

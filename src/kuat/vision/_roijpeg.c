@@ -1626,6 +1626,33 @@ static int plan_decode_one(const uint8_t *buf, Py_ssize_t len, long long width, 
     return 0;
 }
 
+/* The (unplanned, failed) answer of plan_decode_rrc / plan_decode_rows from each sample's code:
+ * ROI_OK (decoded), -1 (not planned: the caller's per-image path takes it) or an error, whose
+ * message is msgs[j * ROI_MSG]: ([j, ...], [(j, message), ...]); NULL with an exception set. */
+static PyObject *planned_result(const int *codes, const char *msgs, Py_ssize_t b) {
+    PyObject *result = NULL, *unplanned = PyList_New(0), *failed = PyList_New(0);
+    for (Py_ssize_t j = 0; unplanned != NULL && failed != NULL && j < b; j++) {
+        PyObject *item = NULL;
+        if (codes[j] == ROI_OK)
+            continue;
+        if (codes[j] == -1) {
+            item = PyLong_FromSsize_t(j);
+            if (item == NULL || PyList_Append(unplanned, item) != 0)
+                Py_CLEAR(unplanned);
+        } else {
+            item = Py_BuildValue("(ns)", j, msgs + (size_t)j * ROI_MSG);
+            if (item == NULL || PyList_Append(failed, item) != 0)
+                Py_CLEAR(failed);
+        }
+        Py_XDECREF(item);
+    }
+    if (unplanned != NULL && failed != NULL)
+        result = PyTuple_Pack(2, unplanned, failed);
+    Py_XDECREF(unplanned);
+    Py_XDECREF(failed);
+    return result;
+}
+
 /* plan_decode_rrc(datas, widths, heights, words, out, out_h, out_w, scale_lo, scale_hi,
  * log_ratio_lo, log_ratio_hi, ratio_lo, ratio_hi, flip_ps, max_pixels, draws,
  * unhashed=None) -> (unplanned, failed): plan_rrc, then decode_resize_batch of every planned image into its
@@ -1665,7 +1692,7 @@ static PyObject *plan_decode_rrc(PyObject *self, PyObject *args) {
         PyBuffer_Release(&drawsb);
         return NULL;
     }
-    PyObject *result = NULL, *datas = NULL, *flips = NULL, *unplanned = NULL, *failed = NULL;
+    PyObject *result = NULL, *datas = NULL, *flips = NULL;
     Py_buffer *bufs = NULL;
     char *held = NULL, *msgs = NULL;
     int *codes = NULL;
@@ -1738,25 +1765,7 @@ static PyObject *plan_decode_rrc(PyObject *self, PyObject *args) {
         PyErr_NoMemory();
         goto done;
     }
-    unplanned = PyList_New(0);
-    failed = PyList_New(0);
-    for (Py_ssize_t j = 0; unplanned != NULL && failed != NULL && j < b; j++) {
-        PyObject *item = NULL;
-        if (codes[j] == ROI_OK)
-            continue;
-        if (codes[j] == -1) {
-            item = PyLong_FromSsize_t(j);
-            if (item == NULL || PyList_Append(unplanned, item) != 0)
-                Py_CLEAR(unplanned);
-        } else {
-            item = Py_BuildValue("(ns)", j, msgs + (size_t)j * ROI_MSG);
-            if (item == NULL || PyList_Append(failed, item) != 0)
-                Py_CLEAR(failed);
-        }
-        Py_XDECREF(item);
-    }
-    if (unplanned != NULL && failed != NULL)
-        result = PyTuple_Pack(2, unplanned, failed);
+    result = planned_result(codes, msgs, b);
 done:
     for (Py_ssize_t j = 0; held != NULL && j < b; j++)
         if (held[j])
@@ -1765,8 +1774,6 @@ done:
     free(held);
     free(codes);
     free(msgs);
-    Py_XDECREF(unplanned);
-    Py_XDECREF(failed);
     Py_XDECREF(datas);
     Py_XDECREF(flips);
     PyBuffer_Release(&wb);
@@ -1827,7 +1834,7 @@ static PyObject *plan_decode_rows(PyObject *self, PyObject *args) {
                           &p.log_hi, &p.ratio_lo, &p.ratio_hi, &flips_obj, &max_pixels,
                           &ss_seed, &ss_epoch))
         return NULL;
-    PyObject *result = NULL, *flips = NULL, *unplanned = NULL, *failed = NULL;
+    PyObject *result = NULL, *flips = NULL;
     held_shard *hs = NULL;
     Py_ssize_t n_slots = 0;
     const uint8_t **ptrs = NULL;
@@ -1955,25 +1962,7 @@ static PyObject *plan_decode_rows(PyObject *self, PyObject *args) {
         PyErr_NoMemory();
         goto done;
     }
-    unplanned = PyList_New(0);
-    failed = PyList_New(0);
-    for (Py_ssize_t j = 0; unplanned != NULL && failed != NULL && j < b; j++) {
-        PyObject *item = NULL;
-        if (codes[j] == ROI_OK)
-            continue;
-        if (codes[j] == -1) {
-            item = PyLong_FromSsize_t(j);
-            if (item == NULL || PyList_Append(unplanned, item) != 0)
-                Py_CLEAR(unplanned);
-        } else {
-            item = Py_BuildValue("(ns)", j, msgs + (size_t)j * ROI_MSG);
-            if (item == NULL || PyList_Append(failed, item) != 0)
-                Py_CLEAR(failed);
-        }
-        Py_XDECREF(item);
-    }
-    if (unplanned != NULL && failed != NULL)
-        result = PyTuple_Pack(2, unplanned, failed);
+    result = planned_result(codes, msgs, b);
 done:
     release_shards(hs, n_slots);
     free(hs);
@@ -1982,8 +1971,6 @@ done:
     free(sizes);
     free(codes);
     free(msgs);
-    Py_XDECREF(unplanned);
-    Py_XDECREF(failed);
     Py_XDECREF(flips);
     PyBuffer_Release(&sidb);
     PyBuffer_Release(&locb);
