@@ -153,10 +153,21 @@ def save() -> tuple:
     return random.getstate(), np.random.get_state(), torch.default_generator.get_state()
 
 
+_restores = 0  # restore() calls so far (a change detector: see restores())
+
+
 def restore(state: tuple) -> None:
+    global _restores
     random.setstate(state[0])
     np.random.set_state(state[1])
     torch.default_generator.set_state(state[2])
+    _restores += 1
+
+
+def restores() -> int:
+    """How many :func:`restore` calls have run (a thread's swap of generator states in or out):
+    a fingerprint that changed while this did may have seen a swap, not a draw."""
+    return _restores
 
 
 # -- fingerprints ---------------------------------------------------------------------------

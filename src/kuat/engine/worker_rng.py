@@ -214,12 +214,14 @@ def own_stream(own: OwnRng, st, use, probe: bool):
     locked = not unowned and lock.acquire_shared(patience=YIELD_S)
     st.rng_wait_s += time.perf_counter() - t0
     try:
-        before = isolate.fingerprint()
+        before, restores = isolate.fingerprint(), isolate.restores()
         yield False
         # something drew (the dataset, or the training loop): swap in from the next batch
         changed = isolate.fingerprint() != before
         own.swap = changed
-        if changed and (unowned or not locked):
+        # (unlocked, another worker may have swapped its own states in or out meanwhile: that
+        # changes the fingerprint without a draw, and is not warned about)
+        if changed and (unowned or not locked) and isolate.restores() == restores:
             _warn_unowned()
     finally:
         if locked:
