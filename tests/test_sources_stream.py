@@ -35,8 +35,10 @@ def test_worker_share_takes_whole_batches():
     assert shares[2] == [8, 9, 10, 11, 20, 21, 22]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def hf_stream():
+    # one per test: the dataset's own set_epoch() (a test calls it) chooses a kuat loader's
+    # next epoch, as torch's DataLoader re-reading the dataset would
     datasets = pytest.importorskip("datasets")
     ds = datasets.Dataset.from_dict({"x": list(range(26)), "y": [i % 3 for i in range(26)]})
     return ds.to_iterable_dataset(num_shards=4).shuffle(seed=3, buffer_size=5)
