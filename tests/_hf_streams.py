@@ -5,6 +5,30 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+B = 8  # the tests' batch size
+
+
+def rows_collate(rows):
+    return rows  # the samples themselves, in order
+
+
+def batches(rows, drop_last=False):
+    """``rows`` cut into batches of :data:`B`, as a loader over them gives."""
+    out = [rows[i:i + B] for i in range(0, len(rows), B)]
+    return out[:-1] if drop_last and out and len(out[-1]) < B else out
+
+
+def loader(ds, workers, wtype=None, **kw):
+    """A kuat loader of ``ds`` giving the samples themselves, batches of :data:`B`."""
+    import kuat
+
+    return kuat.DataLoader(ds, batch_size=B, num_workers=workers, worker_type=wtype,
+                           collate_fn=rows_collate, timeout=60 if wtype == "process" else 0, **kw)
+
+
+class Worker0of2:  # what torch.utils.data.get_worker_info() gives worker 0 of 2
+    id, num_workers = 0, 2
+
 
 def write_parts(out, *, seed: int, sizes, max_ids: int, vocab: int, row_group_size: int) -> list[str]:
     """One Parquet file per entry of ``sizes`` (rows) in ``out``: ``n`` (int64: row + 100 * file),

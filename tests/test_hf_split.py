@@ -13,26 +13,29 @@ import pytest
 import torch
 
 datasets = pytest.importorskip("datasets")
-pa = pytest.importorskip("pyarrow")
-pq = pytest.importorskip("pyarrow.parquet")
+pytest.importorskip("pyarrow.parquet")
 
-from _hf_streams import load, no_shutdown_sleep, write_parts  # noqa: E402,F401
+from _hf_streams import (  # noqa: E402,F401
+    B,
+    Worker0of2,
+    batches,
+    load,
+    loader,
+    no_shutdown_sleep,
+    rows_collate,
+    write_parts,
+)
 
 import kuat  # noqa: E402
 from kuat.sources import _hf_split  # noqa: E402
 from kuat.sources.hf import HFIterableSource  # noqa: E402
 from kuat.sources.stream import rank_share  # noqa: E402
 
-B = 8
-
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
     return write_parts(tmp_path_factory.mktemp("hfsplit"), seed=0, sizes=[41 + 6 * f for f in range(3)],
                        max_ids=6, vocab=99, row_group_size=11)
-
-
-_load = load
 
 
 def _mapped(row):
@@ -46,13 +49,13 @@ def _odd(row):
 def _stream(name, files):
     from datasets.distributed import split_dataset_by_node
 
-    ds = _load(files)
+    ds = load(files)
     if name == "plain":
         return ds
     if name == "shuffled":  # shards and buffer
         return ds.shuffle(seed=3, buffer_size=23).map(_mapped)
     if name == "interleaved":
-        other = _load(files[:1]).shuffle(seed=1, buffer_size=9)
+        other = load(files[:1]).shuffle(seed=1, buffer_size=9)
         return datasets.interleave_datasets([ds, other], probabilities=[0.6, 0.4],
                                             seed=5).map(_mapped)
     if name == "mapped":
@@ -74,29 +77,11 @@ STREAMS = ["plain", "shuffled", "interleaved", "mapped", "filtered-then-mapped",
 CUT = {"mapped-then-filtered": False}  # whether the split is taken before per-row work
 
 
-def _collate(rows):
-    return rows  # the samples themselves, in order
-
-
-def _batches(rows, drop_last=False):
-    out = [rows[i:i + B] for i in range(0, len(rows), B)]
-    return out[:-1] if drop_last and out and len(out[-1]) < B else out
-
-
-def _loader(ds, workers, wtype=None, **kw):
-    return kuat.DataLoader(ds, batch_size=B, num_workers=workers, worker_type=wtype,
-                           collate_fn=_collate, timeout=60 if wtype == "process" else 0, **kw)
-
-
-class _Worker:  # what torch.utils.data.get_worker_info() gives worker 0 of 2
-    id, num_workers = 0, 2
-
-
 def _uses_cut(ds, monkeypatch) -> bool:
     src = HFIterableSource(ds)
     src.kuat_set_batching(B, False)
     with monkeypatch.context() as m:
-        m.setattr(torch.utils.data, "get_worker_info", lambda: _Worker())
+        m.setattr(torch.utils.data, "get_worker_info", lambda: Worker0of2())
         return _hf_split.owned_examples(src, src._copy(0)) is not None
 
 
@@ -105,49 +90,49 @@ def test_same_samples_as_the_stream(files, name, monkeypatch):
     ds = _stream(name, files)
     assert _uses_cut(ds, monkeypatch) is CUT.get(name, True)
     rows = list(ds)  # the stream's own order (datasets, main process)
-    want = _batches(rows)
-    assert list(_loader(ds, 0)) == want
-    assert list(_loader(ds, 2, "thread")) == want
+    want = batches(rows)
+    assert list(loader(ds, 0)) == want
+    assert list(loader(ds, 2, "thread")) == want
     if name == "split-by-node":
         return  # kuat refuses to split by rank a dataset split by node
     for rank in range(3):  # kuat's own rank split: DistributedSampler's rule on the stream
         for drop_last in (False, True):
             share = list(rank_share(iter(rows), rank, 3, drop_last))
-            got = list(_loader(ds, 2, "thread", rank=rank, world_size=3, drop_last=drop_last))
-            assert got == _batches(share, drop_last)
+            got = list(loader(ds, 2, "thread", rank=rank, world_size=3, drop_last=drop_last))
+            assert got == batches(share, drop_last)
 
 
 @pytest.mark.parametrize("name", ["shuffled", "mapped-then-filtered"])
 def test_equal_to_the_read_all_path(files, name, monkeypatch):
     ds = _stream(name, files)
-    dl = _loader(ds, 2, "thread", rank=1, world_size=2)
+    dl = loader(ds, 2, "thread", rank=1, world_size=2)
     got = [list(dl), list(dl)]  # epochs 0 and 1 (set_epoch reshuffles shards and buffer)
     assert got[0] != got[1] or name != "shuffled"
     with monkeypatch.context() as m:
         m.setattr(_hf_split, "owned_examples", lambda stream, ds: None)
-        dl = _loader(ds, 2, "thread", rank=1, world_size=2)
+        dl = loader(ds, 2, "thread", rank=1, world_size=2)
         assert got == [list(dl), list(dl)]
 
 
 @pytest.mark.parametrize("name", ["interleaved", "split-by-node"])
 def test_process_workers(files, name):
     ds = _stream(name, files)
-    want = _batches(list(ds))
-    assert list(_loader(ds, 2, "process")) == want
+    want = batches(list(ds))
+    assert list(loader(ds, 2, "process")) == want
 
 
 def test_resume_mid_epoch(files):
     ds = _stream("shuffled", files)
-    full = list(_loader(ds, 2, "thread"))
+    full = list(loader(ds, 2, "thread"))
     for k in (1, 5, len(full) - 1):
-        dl = _loader(ds, 2, "thread")
+        dl = loader(ds, 2, "thread")
         it = iter(dl)
         for _ in range(k):
             next(it)
         state = dl.state_dict()
         del it
         for workers, wtype in ((0, None), (2, "thread"), (3, "thread")):
-            resumed = _loader(ds, workers, wtype)
+            resumed = loader(ds, workers, wtype)
             resumed.load_state_dict(state)
             assert list(resumed) == full[k:]
 
@@ -164,17 +149,17 @@ def test_map_runs_once_per_kept_row(files):
             seen.append(row["n"])
         return {"twice": 2 * row["n"]}
 
-    ds = _load(files).map(counted)
-    n = sum(1 for _ in _load(files))
-    got = [r["twice"] for b in _loader(ds, 2, "thread") for r in b]
-    assert got == [2 * r["n"] for r in _load(files)]
+    ds = load(files).map(counted)
+    n = sum(1 for _ in load(files))
+    got = [r["twice"] for b in loader(ds, 2, "thread") for r in b]
+    assert got == [2 * r["n"] for r in load(files)]
     assert sorted(seen) == sorted(v // 2 for v in got) and len(seen) == n
 
 
 def test_rows_equal_torch_loader_with_default_collate(files):
     """With the default collate (the row path: lists of ints are ragged, so the map's output
     is collated) kuat's batches equal torch's DataLoader's at 0 workers."""
-    ds = _load(files).map(lambda r: {"k": r["n"] % 7}).select_columns(["n", "k"])
+    ds = load(files).map(lambda r: {"k": r["n"] % 7}).select_columns(["n", "k"])
     want = list(torch.utils.data.DataLoader(ds, batch_size=B))
     got = list(kuat.DataLoader(ds, batch_size=B, num_workers=2, worker_type="thread"))
     assert len(got) == len(want)
@@ -207,6 +192,6 @@ def test_decoded_images_only_for_kept_rows(monkeypatch):
 
     for ds in streams:
         assert _uses_cut(ds, monkeypatch)
-        want = values(_batches(list(ds)))
-        assert values(_loader(ds, 2, "thread")) == want
-        assert values(_loader(ds, 2, "process")) == want
+        want = values(batches(list(ds)))
+        assert values(loader(ds, 2, "thread")) == want
+        assert values(loader(ds, 2, "process")) == want

@@ -16,26 +16,28 @@ import pytest
 import torch
 
 datasets = pytest.importorskip("datasets")
-pa = pytest.importorskip("pyarrow")
-pq = pytest.importorskip("pyarrow.parquet")
+pytest.importorskip("pyarrow.parquet")
 
-from _hf_streams import load, no_shutdown_sleep, write_parts  # noqa: E402,F401
+from _hf_streams import (  # noqa: E402,F401
+    B,
+    Worker0of2,
+    batches,
+    load,
+    loader,
+    no_shutdown_sleep,
+    rows_collate,
+    write_parts,
+)
 
-import kuat  # noqa: E402
 from kuat.sources import _hf_split  # noqa: E402
 from kuat.sources.hf import HFIterableSource  # noqa: E402
 from kuat.sources.stream import rank_share  # noqa: E402
-
-B = 8
 
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
     return write_parts(tmp_path_factory.mktemp("hfbmap"), seed=1, sizes=[37 + 8 * f for f in range(3)],
                        max_ids=7, vocab=999, row_group_size=13)
-
-
-_load = load
 
 
 # Batched functions whose every output depends on the whole batch (its first row, its sum):
@@ -75,7 +77,7 @@ def indexed(n, ids, idx, scale):
 def _stream(name, files):
     from datasets.distributed import split_dataset_by_node
 
-    ds = _load(files)
+    ds = load(files)
     if name == "keep":
         return ds.map(keep, batched=True, batch_size=16)
     if name == "drop":
@@ -95,7 +97,7 @@ def _stream(name, files):
     if name == "shuffled-after":  # a buffer shuffle of the map's output
         return ds.map(dup, batched=True, batch_size=6).shuffle(seed=2, buffer_size=17)
     if name == "interleaved":
-        other = _load(files[:1]).shuffle(seed=1, buffer_size=9)
+        other = load(files[:1]).shuffle(seed=1, buffer_size=9)
         both = datasets.interleave_datasets([ds, other], probabilities=[0.6, 0.4], seed=5)
         return both.map(dup, batched=True, batch_size=12)
     if name == "row-tail":  # a per-row map above: run on kept rows only
@@ -116,24 +118,6 @@ STREAMS = ["keep", "drop", "dup", "indices", "drop-last-batch", "whole-stream-ba
            "node-split-then-map"]
 
 
-def _collate(rows):
-    return rows  # the samples themselves, in order
-
-
-def _batches(rows, drop_last=False):
-    out = [rows[i:i + B] for i in range(0, len(rows), B)]
-    return out[:-1] if drop_last and out and len(out[-1]) < B else out
-
-
-def _loader(ds, workers, wtype=None, **kw):
-    return kuat.DataLoader(ds, batch_size=B, num_workers=workers, worker_type=wtype,
-                           collate_fn=_collate, timeout=60 if wtype == "process" else 0, **kw)
-
-
-class _Worker:  # what torch.utils.data.get_worker_info() gives worker 0 of 2
-    id, num_workers = 0, 2
-
-
 def _uses_arrow_prefix(ds, monkeypatch) -> bool:
     """Whether worker 0 of 2 reads the prefix as Arrow blocks (only kept rows made)."""
     src = HFIterableSource(ds)
@@ -141,7 +125,7 @@ def _uses_arrow_prefix(ds, monkeypatch) -> bool:
     made = []
     real = _hf_split._arrow_rows
     with monkeypatch.context() as m:
-        m.setattr(torch.utils.data, "get_worker_info", lambda: _Worker())
+        m.setattr(torch.utils.data, "get_worker_info", lambda: Worker0of2())
         m.setattr(_hf_split, "_arrow_rows", lambda *a: made.append(1) or real(*a))
         owned = _hf_split.owned_examples(src, src._copy(0))
         return owned is not None and bool(made)
@@ -153,56 +137,56 @@ def test_same_samples_as_the_stream_and_torch(files, name, monkeypatch):
     assert _uses_arrow_prefix(ds, monkeypatch)
     rows = list(ds)  # the stream's own order (datasets, main process)
     assert rows
-    want = _batches(rows)
-    assert list(torch.utils.data.DataLoader(ds, batch_size=B, collate_fn=_collate)) == want
-    assert list(_loader(ds, 0)) == want
-    assert list(_loader(ds, 2, "thread")) == want
+    want = batches(rows)
+    assert list(torch.utils.data.DataLoader(ds, batch_size=B, collate_fn=rows_collate)) == want
+    assert list(loader(ds, 0)) == want
+    assert list(loader(ds, 2, "thread")) == want
     if name in ("split-by-node", "node-split-then-map"):
         return  # kuat refuses to split by rank a dataset split by node
     for rank in range(3):  # kuat's own rank split: DistributedSampler's rule on the stream
         for drop_last in (False, True):
             share = list(rank_share(iter(rows), rank, 3, drop_last))
-            got = list(_loader(ds, 2, "thread", rank=rank, world_size=3, drop_last=drop_last))
-            assert got == _batches(share, drop_last), (rank, drop_last)
+            got = list(loader(ds, 2, "thread", rank=rank, world_size=3, drop_last=drop_last))
+            assert got == batches(share, drop_last), (rank, drop_last)
 
 
 @pytest.mark.parametrize("name", ["shuffled", "interleaved", "indices"])
 def test_equal_to_the_read_all_path(files, name, monkeypatch):
     ds = _stream(name, files)
-    dl = _loader(ds, 2, "thread", rank=1, world_size=2)
+    dl = loader(ds, 2, "thread", rank=1, world_size=2)
     got = [list(dl), list(dl)]  # epochs 0 and 1 (set_epoch reshuffles shards and buffer)
     assert got[0] != got[1] or name == "indices"
     with monkeypatch.context() as m:
         m.setattr(_hf_split, "owned_examples", lambda stream, ds: None)
-        dl = _loader(ds, 2, "thread", rank=1, world_size=2)
+        dl = loader(ds, 2, "thread", rank=1, world_size=2)
         assert got == [list(dl), list(dl)]
 
 
 @pytest.mark.parametrize("name", ["dup", "shuffled", "split-by-node"])
 def test_process_workers(files, name):
     ds = _stream(name, files)
-    assert list(_loader(ds, 2, "process")) == _batches(list(ds))
+    assert list(loader(ds, 2, "process")) == batches(list(ds))
 
 
 def test_process_workers_rank_split(files):
     ds = _stream("drop", files)
     rows = list(ds)
     share = list(rank_share(iter(rows), 1, 2, False))
-    assert list(_loader(ds, 2, "process", rank=1, world_size=2)) == _batches(share)
+    assert list(loader(ds, 2, "process", rank=1, world_size=2)) == batches(share)
 
 
 def test_resume_mid_epoch(files):
     ds = _stream("shuffled", files)
-    full = list(_loader(ds, 2, "thread"))
+    full = list(loader(ds, 2, "thread"))
     for k in (1, 4, len(full) - 1):
-        dl = _loader(ds, 2, "thread")
+        dl = loader(ds, 2, "thread")
         it = iter(dl)
         for _ in range(k):
             next(it)
         state = dl.state_dict()
         del it
         for workers, wtype in ((0, None), (2, "thread"), (3, "thread")):
-            resumed = _loader(ds, workers, wtype)
+            resumed = loader(ds, workers, wtype)
             resumed.load_state_dict(state)
             assert list(resumed) == full[k:], (k, workers)
 
@@ -228,10 +212,10 @@ def test_rows_made_for_kept_rows_only(files, monkeypatch):
             yield pair
 
     monkeypatch.setattr(_hf_split, "_arrow_rows", counting)
-    ds = _load(files).map(counted, batched=True, batch_size=10)
-    n = sum(1 for _ in _load(files))
-    got = [r for b in _loader(ds, 2, "thread") for r in b]
-    assert got == [r for b in _batches(list(_load(files).map(dup, batched=True, batch_size=10)))
+    ds = load(files).map(counted, batched=True, batch_size=10)
+    n = sum(1 for _ in load(files))
+    got = [r for b in loader(ds, 2, "thread") for r in b]
+    assert got == [r for b in batches(list(load(files).map(dup, batched=True, batch_size=10)))
                    for r in b]
     assert len(made) == len(got) == 2 * n  # each output row made once, by the worker keeping it
     assert sum(calls) == 2 * n  # the function saw the whole stream in each of the 2 workers
@@ -240,6 +224,6 @@ def test_rows_made_for_kept_rows_only(files, monkeypatch):
 def test_a_filter_keeps_the_read_all_path(files, monkeypatch):
     """A filter (its mask is a map) below the batched map: rows are not counted before the
     per-row work, the worker reads the whole stream as before, with the same samples."""
-    ds = _load(files).filter(lambda r: r["n"] % 2 == 0).map(keep, batched=True, batch_size=8)
+    ds = load(files).filter(lambda r: r["n"] % 2 == 0).map(keep, batched=True, batch_size=8)
     assert not _uses_arrow_prefix(ds, monkeypatch)
-    assert list(_loader(ds, 2, "thread")) == _batches(list(ds))
+    assert list(loader(ds, 2, "thread")) == batches(list(ds))
