@@ -97,7 +97,7 @@ class _Current:
 class _Local(threading.local):
     def __init__(self):
         self.current = _Current()
-        self.failed = None  # (exception, sample index) of map_samples' last failure
+        self.failed = None  # (exception, position) of the last note_failed()
 
 
 _local = _Local()
@@ -172,8 +172,6 @@ def current_epoch() -> tuple[int, int]:
     return (0, 0) if cur.seed is None else (cur.seed, cur.epoch)
 
 
-_context = current_epoch  # (the name this module's code calls it by)
-
 
 def sample_rng(index: int | None = None) -> SampleRNG:
     """The generators of sample ``index`` in the current ``(seed, epoch)``.
@@ -192,7 +190,7 @@ def sample_rng(index: int | None = None) -> SampleRNG:
                 "kuat.sample_rng() without an index must be called while a kuat loader "
                 "fetches a sample (inside the dataset's __getitem__); pass the index explicitly"
             )
-    seed, epoch = _context()
+    seed, epoch = current_epoch()
     return SampleRNG(sample_seed(seed, epoch, index))
 
 
@@ -250,7 +248,7 @@ class BatchGenerators(Sequence):
         if idx.size and _min(idx) < 0:  # (the ufunc: ndarray.min's Python wrapper costs more)
             raise ValueError(f"sample indices must be >= 0, got {int(idx.min())}")
         self._idx = idx
-        self._context = _context()  # (seed, epoch): the streams are this epoch's, whenever hashed
+        self._context = current_epoch()  # (seed, epoch): the streams are this epoch's, whenever hashed
         self._seeds = self._words = None
         self._gens: list[np.random.Generator | None] = [None] * idx.size
         self._drawn: np.ndarray | None = None  # (B,) int64, see _drew
@@ -334,7 +332,7 @@ def _batch_words(indices, context: tuple[int, int] | None = None) -> tuple[np.nd
         return np.empty(0, np.uint64), np.empty((0, 4), np.uint64)
     if _min(idx) < 0:  # (the ufunc itself: ndarray.min's Python wrapper costs more, per batch)
         raise ValueError(f"sample indices must be >= 0, got {int(idx.min())}")
-    seed, epoch = _context() if context is None else context
+    seed, epoch = current_epoch() if context is None else context
     if _native_words is not None:
         seeds = np.empty(idx.size, np.uint64)
         words = np.empty((idx.size, 4), np.uint64)
@@ -446,15 +444,22 @@ def map_samples(fn, indices) -> list:
             try:
                 append(fn(i))
             except Exception as e:  # the failing sample, for the error's note (engine.base)
-                _local.failed = (e, i)
+                note_failed(e, i)
                 raise
     finally:
         cur.index = old
     return out
 
 
+def note_failed(exc: BaseException, position: int) -> None:
+    """Record that the sample at ``position`` raised ``exc`` in this thread (its index, for
+    :func:`map_samples`; for an iterable's items, the item's position in the worker's epoch)."""
+    _local.failed = (exc, position)
+
+
 def failed_sample(exc: BaseException) -> int | None:
-    """The index whose call raised ``exc`` in this thread's last :func:`map_samples`, or None
+    """The position :func:`note_failed` recorded for ``exc`` in this thread (the index whose
+    call raised it in the last :func:`map_samples`, or an iterable item's position), or None
     (another exception, or none); forgets it (the exception is not kept alive)."""
     failed, _local.failed = _local.failed, None
     return failed[1] if failed is not None and failed[0] is exc else None

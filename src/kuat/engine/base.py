@@ -270,13 +270,6 @@ class WorkerCtx:
     scope: object = None  # its FetchScope (kuat.engine.fetch_scope), made at its first batch
     fetch: object = None  # its dataset's collated fetch (FetchJob._get), found at first use
     items: int = 0  # items its iterable's iterator gave this epoch (or since the resume point)
-    failed_item: tuple | None = None  # (exception, item) of the iterator's last raise
-
-    def failed_at(self, exc: BaseException) -> int | None:
-        """The item (counted as :attr:`items`) at which the iterator raised ``exc``, or None;
-        forgets it (the exception is not kept alive)."""
-        failed, self.failed_item = self.failed_item, None
-        return failed[1] if failed is not None and failed[0] is exc else None
 
 
 def describe_failure(stage: str, key: object) -> str:
@@ -301,26 +294,25 @@ def describe_worker(name: str, method: str) -> str:
     return f"kuat worker {name} ({kind})"
 
 
-def failure(exc: BaseException, worker: str, where: str, stage: str, key: object,
-            item: int | None = None) -> Failure:
+def failure(exc: BaseException, worker: str, where: str, stage: str, key: object) -> Failure:
     """The :class:`Failure` of ``exc``, raised in the worker named ``worker`` (described as
     ``where``: ``"kuat worker kuat-worker-1 (thread)"``) in ``stage`` of the task of ``key``.
 
     Its note, as torch's "Caught ValueError in DataLoader worker process 1" but naming the
     stage and the batch: ``"Raised in kuat worker kuat-worker-1 (thread) in collate_fn,
-    collating sample indices [2, 3]."``; for an iterable, ``item`` (the failing item's
-    position in this worker's epoch, :meth:`WorkerCtx.failed_at`) is named.
+    collating sample indices [2, 3]."``; the failing sample (``kuat.rng.failed_sample``: its
+    index, or an iterable item's position in this worker's epoch) is named.
     """
     indices = None if stage == START else key_indices(key)
     sample = krng.failed_sample(exc) if stage == FETCH else None
     if sample is not None and indices is not None and len(indices) > 1:
         note = f"Raised in {where} while fetching sample index {sample} (of sample indices {indices}) from the dataset."
-    elif item is not None and stage == FETCH and indices is None:
+    elif sample is not None and indices is None:  # an iterable's item
         resumed = isinstance(key.key if isinstance(key, Seeded) else key, ResumeAt)
         since = ("since the resumed epoch's position" if resumed
                  else "in this epoch")
         note = (f"Raised in {where} {describe_failure(stage, key)}: its iterator raised at "
-                f"item {item} of this worker's items {since} (counting from 0).")
+                f"item {sample} of this worker's items {since} (counting from 0).")
     else:
         note = f"Raised in {where} {describe_failure(stage, key)}."
     return Failure(exc, worker, note, indices=indices, stage=stage)
@@ -367,14 +359,12 @@ def serve(
                 kind, value, stats = job.run(ctx, task.epoch, task.key, task.base_seed,
                                              task.width)
             except Exception as e:
-                kind, value, stats = FAIL, failure(e, name, where, ctx.stage, task.key,
-                                                   ctx.failed_at(e)), None
+                kind, value, stats = FAIL, failure(e, name, where, ctx.stage, task.key), None
             except WorkerStopped:  # the engine closed during the task: nobody waits for it
                 return
             except BaseException as e:  # SystemExit, KeyboardInterrupt: report, then end
                 send(Result(task.task_id, worker_id, FAIL,
-                            failure(e, name, where, ctx.stage, task.key, ctx.failed_at(e)),
-                            None))
+                            failure(e, name, where, ctx.stage, task.key), None))
                 return
             send(Result(task.task_id, worker_id, kind, value, stats))
             del value

@@ -45,8 +45,7 @@ class InlineEngine:
             kind, value, stats = self._job.run(self._ctx, task.epoch, task.key, task.base_seed,
                                                task.width)
         except Exception as e:
-            value = failure(e, self.name, self._where, self._ctx.stage, task.key,
-                            self._ctx.failed_at(e))
+            value = failure(e, self.name, self._where, self._ctx.stage, task.key)
             kind, stats = FAIL, None
         return Result(task.task_id, 0, kind, value, stats)
 

@@ -419,7 +419,7 @@ class FetchJob(IsolatedFetch):
                     return None
                 except Exception as e:
                     if self.on_error != "skip":
-                        ctx.failed_item = (e, ctx.items - 1)  # (named by the error's note)
+                        krng.note_failed(e, ctx.items - 1)  # (named by the error's note)
                         raise
                     st.skipped.append((None, type(e).__qualname__, str(e)))
         data = []
@@ -434,8 +434,9 @@ class FetchJob(IsolatedFetch):
                 break
             except Exception as e:
                 if self.on_error != "skip":
-                    ctx.failed_item = (e, ctx.items + skipped + len(data))
-                    ctx.items += skipped + len(data) + 1
+                    at = ctx.items + skipped + len(data)
+                    krng.note_failed(e, at)  # (named by the error's note)
+                    ctx.items = at + 1
                     raise
                 skipped += 1
                 st.skipped.append((None, type(e).__qualname__, str(e)))
