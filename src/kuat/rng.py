@@ -172,7 +172,6 @@ def current_epoch() -> tuple[int, int]:
     return (0, 0) if cur.seed is None else (cur.seed, cur.epoch)
 
 
-
 def sample_rng(index: int | None = None) -> SampleRNG:
     """The generators of sample ``index`` in the current ``(seed, epoch)``.
 
@@ -248,7 +247,7 @@ class BatchGenerators(Sequence):
         if idx.size and _min(idx) < 0:  # (the ufunc: ndarray.min's Python wrapper costs more)
             raise ValueError(f"sample indices must be >= 0, got {int(idx.min())}")
         self._idx = idx
-        self._context = current_epoch()  # (seed, epoch): the streams are this epoch's, whenever hashed
+        self._context = current_epoch()  # (seed, epoch): this epoch's streams, whenever hashed
         self._seeds = self._words = None
         self._gens: list[np.random.Generator | None] = [None] * idx.size
         self._drawn: np.ndarray | None = None  # (B,) int64, see _drew
@@ -452,15 +451,13 @@ def map_samples(fn, indices) -> list:
 
 
 def note_failed(exc: BaseException, position: int) -> None:
-    """Record that the sample at ``position`` raised ``exc`` in this thread (its index, for
-    :func:`map_samples`; for an iterable's items, the item's position in the worker's epoch)."""
+    """Record, in this thread, that the sample at ``position`` raised ``exc``."""
     _local.failed = (exc, position)
 
 
 def failed_sample(exc: BaseException) -> int | None:
-    """The position :func:`note_failed` recorded for ``exc`` in this thread (the index whose
-    call raised it in the last :func:`map_samples`, or an iterable item's position), or None
-    (another exception, or none); forgets it (the exception is not kept alive)."""
+    """The position (an index; an iterable item's place in its worker's epoch) recorded for
+    ``exc`` in this thread, or None; forgets it (the exception is not kept alive)."""
     failed, _local.failed = _local.failed, None
     return failed[1] if failed is not None and failed[0] is exc else None
 
