@@ -41,6 +41,8 @@ from kuat.sources._hf_map import formatted_blocks, mapped_blocks
 __all__ = ["arrow_tables", "batches_of", "position_share", "resumed_inside", "stateless"]
 
 _CHUNK = 4096  # rows per output block of an interleave (one take each)
+
+
 def resumed_inside(ds) -> bool:
     """Whether iterating ``ds`` (a ``datasets.IterableDataset`` at its epoch) starts from a
     state given to its ``load_state_dict``: ``datasets`` then loads it into its nodes at

@@ -256,13 +256,13 @@ class HFMapSource(torch.utils.data.Dataset):
         from kuat.collate import default_collate
 
         ds = self.dataset
-        self._refresh()
         if ds._format_type is not None or ds._format_columns is not None or not len(indices):
             return default_collate(self.__getitems__(indices))
         from kuat.sources import hf_columnar
 
         if not hf_columnar.plain_features(ds._info.features):
             return default_collate(self.__getitems__(indices))
+        self._refresh()  # (the plan's indices mapping; __getitems__ refreshes itself)
         table = ds._data.fast_gather(self._rows(indices))  # pyarrow.Table, B rows
         return hf_columnar.ColumnarCollate(default_collate, None)(table)
 
@@ -425,7 +425,7 @@ class HFIterableSource(Stream):
             return None  # an epoch resumed part-way (Stream.start_at): the row path skips
         ds = self._copy(self._epoch)
         fmt = ds._formatting
-        if fmt is not None and fmt.format_type not in (None, "python") or (
+        if (fmt is not None and fmt.format_type not in (None, "python")) or (
                 _hf_arrow.resumed_inside(ds)):  # ds.load_state_dict: datasets' own iteration
             return None
         if not hf_columnar.plain_features(ds.features):
