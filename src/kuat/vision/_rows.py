@@ -87,8 +87,6 @@ def _rest(t, rows, out, unplanned: list, failed: list, paths: list) -> None:
     for j in later:  # the Python planner raises for the first such sample, before any decode
         if widths[j] <= 0 or heights[j] <= 0:
             raise ValueError(f"width and height must be positive, got {widths[j]}x{heights[j]}")
-    rngs, datas = BatchGenerators(rows.idx), rows.data  # fresh: no stream drawn from
-    for j in later:
-        width, height = int(widths[j]), int(heights[j])
-        plan = t.plan(width, height, rngs[j])
-        t._apply_planned(datas[j], width, height, plan, rngs[j], out[j], idx[j], paths[sid[j]])
+    # fresh generators (no stream drawn from); the samples' shard paths for their errors
+    t._per_image([(j, None) for j in later], rows.data, widths, heights,
+                 BatchGenerators(rows.idx), out, idx, [paths[s] for s in sid])

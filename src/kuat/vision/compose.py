@@ -282,13 +282,18 @@ class Compose(Transform):
         if later is None:
             later = self._plan_then_decode(datas, widths, heights, rngs, out, c_args, draws,
                                            indices, batched)
+        self._per_image(later, datas, widths, heights, rngs, out, indices, sources)
+        return out
+
+    def _per_image(self, later, datas, widths, heights, rngs, out, indices, sources) -> None:
+        """Samples ``later`` (``[(j, plan or None)]``) through the per-image path into
+        ``out[j]``, in sample order (a ``None`` plan is drawn from ``rngs[j]``)."""
         for j, plan in sorted(later, key=lambda jp: jp[0]):
             width, height = int(widths[j]), int(heights[j])
             if plan is None:
                 plan = self.plan(width, height, rngs[j])  # a fresh generator: the same draws
             self._apply_planned(datas[j], width, height, plan, rngs[j], out[j],
                                 _at(indices, j), _at(sources, j))
-        return out
 
     def _plan_decode_in_c(self, datas, c_args, out, draws, indices) -> list | None:
         """The batch planned, decoded and resized in one C call (``plan_decode_rrc``: the boxes
