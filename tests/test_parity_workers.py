@@ -97,6 +97,39 @@ def test_lazily_opened_state_and_counters_stay_in_their_worker(mode):
     assert ds.conn is None and ds.calls == 0
 
 
+class CountsItsCalls(Dataset):
+    """Returns how many times its worker's copy was asked for each index (torch: once)."""
+
+    def __init__(self, n=24):
+        self.n, self.asked = n, {}
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        self.asked[i] = self.asked.get(i, 0) + 1
+        return torch.tensor([i, self.asked[i]])
+
+
+@pytest.mark.parametrize("kw", [dict(worker_type="thread", num_workers=2),
+                                dict(worker_type="thread", num_workers=3, in_order=False),
+                                dict(worker_type="thread", num_workers=2, prefetch_factor=1),
+                                dict(num_workers=0)], ids=["threads", "threads-out-of-order",
+                                                           "threads-prefetch-1", "inline"])
+def test_a_dataset_that_draws_nothing_is_asked_for_each_sample_once(kw):
+    # the global-RNG watch fetches a batch again only when the generators changed while it
+    # ran; a probe beside other thread workers once made their batches run twice (about one
+    # loader in 300 on a 2-core machine), which a __getitem__ with side effects could see
+    torch_kw = {k: v for k, v in kw.items() if k != "worker_type"}
+    expected = sorted(sum(_flat(TorchLoader(CountsItsCalls(), batch_size=4, shuffle=True,
+                                            **torch_kw)), []))
+    assert expected == [[i, 1] for i in range(24)]
+    for _ in range(60):  # fresh loaders: the race was at the first epoch's start
+        ds = CountsItsCalls()  # (without workers the loader reads this very object, as torch)
+        got = sorted(sum(_flat(kuat.DataLoader(ds, batch_size=4, shuffle=True, **kw)), []))
+        assert got == expected
+
+
 class CachePerWorker(Dataset):
     """A cache built in ``__init__``, made per worker by ``__copy__`` (as a torch worker
     process's copy of it is; a plain dict would be copied per worker without it too)."""

@@ -8,11 +8,14 @@ Reseeding costs about 7 us per sample (``random.seed`` 3.8, ``np.random.seed`` 1
 ``torch.manual_seed`` 1.1 on a 2-core machine), 40 times what ``range(n)[i]`` costs, so it is
 done only for datasets seen to draw:
 
-1. **Probe.** Each worker's first batch runs isolated (reseeded per sample under the
-   exclusive lock) and each sample's :func:`fingerprint` is compared before and after it.
-   A change means the dataset draws: :attr:`RngUse.draws` becomes True for good. In one
-   process only the first batch is probed while the watch is on: other threads' first
-   batches are watched (the probe's exclusive lock would stall them all for a batch).
+1. **Probe.** A worker process's first batch (and the first batch fetched without workers)
+   runs isolated (reseeded per sample under the exclusive lock) and each sample's
+   :func:`fingerprint` is compared before and after it. A change means the dataset draws:
+   :attr:`RngUse.draws` becomes True for good. Thread workers do not probe while the watch is
+   on: their first batches are watched (2.), since a probe's reseeds would stall the other
+   threads or make their batches run again, and a sample with side effects must run once, as
+   under torch (``tests/test_parity_workers.py``). A probe still runs where a watched batch
+   saw the generators change (its batch fetched again isolated, below).
    A sample that waits for another worker (a barrier across workers, as in torch's own
    tests) cannot finish under the exclusive lock: once the lock has been held for
    :data:`STALL_S`, a waiter whose dataset is not known to draw fetches its batch watched
@@ -34,7 +37,9 @@ done only for datasets seen to draw:
    batch (under 1 us each). If they differ, something drew: the batch is fetched again,
    isolated and probed (so its samples get exactly the draws isolation gives them) and its
    first result is dropped. Only a dataset whose own samples draw in that re-fetch is marked;
-   draws of another thread (the training loop's) are not the dataset's.  In thread mode the
+   draws of another thread (the training loop's) are not the dataset's. (So a sample runs
+   twice only where the generators changed while its batch ran: a dataset that draws, its
+   first batches; the training loop's draws, up to :data:`MAX_FALSE_ALARMS` batches.)  In thread mode the
    training loop may draw while a batch runs; after :data:`MAX_FALSE_ALARMS` re-fetches that
    found no draw, watching stops for that loader (logged at INFO), and only the probe decides.
 3. **Isolated.** A dataset that draws runs every sample (``__getitem__`` path) or every batch

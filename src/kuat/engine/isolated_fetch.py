@@ -163,10 +163,20 @@ class IsolatedFetch:
         return data, isolate.fingerprint() != before
 
     def _may_watch_first(self, ctx: WorkerCtx) -> bool:
-        """Whether this worker's first batch may be watched instead of probed: a thread (or the
-        consumer) of a process where a probe already saw no draw, while the watch is on."""
+        """Whether this worker's first batch may be watched instead of probed, while the watch
+        is on and the dataset is not known to draw: always for a thread worker, and for the
+        consumer of a process where a probe already saw no draw.
+
+        A thread worker never probes beside the others: a probe reseeds the generators they
+        share, so a batch fetched beside it could not tell its own draws from the reseeds and
+        was fetched again (twice, for a dataset that draws nothing: a ``__getitem__`` with side
+        effects, a counter or a lazily opened handle, then ran more often than under torch).
+        Watched, a batch is fetched again only when the generators changed while it ran (the
+        dataset drew, or the training loop did)."""
         use = self.rng_use
-        return ctx.method != "process" and use.probed and use.watch and not use.draws
+        if not use.watch or use.draws:
+            return False
+        return ctx.method == "thread" or (ctx.method != "process" and use.probed)
 
     def _isolated(self, ctx: WorkerCtx, epoch: int, key, st: WorkStats, first: bool = False,
                   grace_until: float | None = None, join: bool = False):
