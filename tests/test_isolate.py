@@ -207,9 +207,43 @@ def test_torchvision_image_folder_is_reproducible_from_the_seed_in_every_mode(im
     assert not torch.equal(x1, x0)  # the augmentations do draw
 
 
-def test_default_worker_type_moves_a_drawing_dataset_to_processes(image_folder):
-    _, _, dl = _epoch(_image_folder(image_folder), num_workers=2)
-    assert dl.worker_type == "process"  # found drawing in the first batches, moved mid-epoch
+def test_default_worker_type_moves_a_drawing_dataset_to_processes(image_folder, monkeypatch):
+    import torchvision.transforms as T1
+
+    from kuat.loader import _workers
+
+    def no_threads(*args, **kwargs):
+        raise AssertionError("thread workers started for a dataset known to draw")
+
+    # torchvision's random transforms in its attributes: processes from the start (no thread
+    # workers started, fetched and dropped first); the same batches as on threads
+    x_thread, _, _ = _epoch(_image_folder(image_folder), num_workers=2, worker_type="thread")
+    with monkeypatch.context() as m:
+        m.setattr(_workers, "ThreadEngine", no_threads)
+        x, _, dl = _epoch(Subset(_image_folder(image_folder), range(12)), num_workers=2)
+    assert dl.worker_type == "process" and torch.equal(x, x_thread)
+    workers = dl.stats()["workers"]
+    assert workers["chosen"] == "rng" and "RandomResizedCrop" in workers["reason"], workers
+    # the hint looks at attributes only: deterministic torchvision transforms, v1 or v2, are
+    # no hint; v1's random ones (and those inside RandomApply, nn.Sequential) are
+    from kuat.engine.rng_hint import draws_hint
+
+    class Holder(torch.utils.data.Dataset):
+        transform = target_transform = None
+
+    base = Holder()
+    base.transform = T1.Compose([T1.Resize(8), T1.ToTensor()])
+    assert draws_hint(base) is None
+    base.transform = T1.Compose([T1.Resize(8), T1.RandomApply([T1.ColorJitter(0.1)], p=0.5)])
+    assert draws_hint(base) == "RandomApply"
+    base.transform = torch.nn.Sequential(T1.CenterCrop(8), T1.ColorJitter(0.1))
+    assert draws_hint(base) == "ColorJitter"
+    base.transform, base.target_transform = None, T1.RandomChoice([lambda t: t])
+    assert draws_hint(base) == "RandomChoice"
+    # a drawing dataset the hint cannot see: found drawing in the first batches, moved mid-epoch
+    rows, dl = _rows(PerSample(), 2, None)
+    assert rows == {i: pytest.approx(_expected(i)) for i in range(48)}
+    assert dl.worker_type == "process" and dl.stats()["workers"]["chosen"] == "rng"
     _, _, dl = _epoch(_image_folder(image_folder), num_workers=2, worker_type="thread")
     assert dl.worker_type == "thread"  # an explicit choice stays
     dl = kuat.DataLoader(range(12), batch_size=4, num_workers=2)

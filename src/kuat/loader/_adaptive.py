@@ -177,6 +177,10 @@ class Adaptation:
 
     def moved_to_processes(self, num_workers: int) -> None:
         kind = self.move_to[0]
+        if self._move is None and self._choice is not None:  # moved for the RNG: no more
+            self._choice = None  # measuring (the loader's choice says why: _workers.py)
+            if self._probe is not None:
+                self._probe.on = False
         self.num_workers, self._move, self._engine_kind = num_workers, None, kind
         self.may_go_inline = self.may_go_inline and kind == "thread"
         self._auto_processes = False

@@ -12,6 +12,7 @@ import logging
 import multiprocessing
 import weakref
 
+from kuat.engine import rng_hint
 from kuat.engine.inline import InlineEngine
 from kuat.engine.process import ProcessEngine
 from kuat.engine.thread import ThreadEngine
@@ -40,8 +41,10 @@ class WorkerPool:
     def make(self, loader, base_seed: int):
         """A new engine for ``loader`` (its options and its job), seeded from ``base_seed``.
 
-        ``worker_type=None``: once the job saw the dataset draw from the global RNGs, process
-        workers are made instead of threads, and ``loader.worker_type`` says so; a decision of
+        ``worker_type=None``: once the job saw the dataset draw from the global RNGs, or from
+        the start when its attributes hold a torchvision random transform
+        (:mod:`kuat.engine.rng_hint`), process workers are made instead of threads, and
+        ``loader.worker_type`` says so; a decision of
         :mod:`kuat.loader._auto` not yet applied (an iterable's, taken during the last epoch)
         sets ``loader.worker_type`` and ``loader.num_workers`` first.
         """
@@ -49,12 +52,12 @@ class WorkerPool:
         adopt(loader)
         if loader.num_workers == 0:
             return InlineEngine(job, base_seed)
-        use = job.rng_use
-        if (loader.worker_type == "thread" and loader._options.auto_worker_type
-                and (use.draws or use.worker_seeded)):
+        why = None  # (a move to processes for the RNG mid-epoch comes with worker_type set)
+        if loader._options.auto_worker_type and (loader.worker_type == "thread"
+                                                 or not loader._choice.decided):
+            why = _why_processes(job.rng_use, job.dataset)
+        if why is not None:
             loader.worker_type = "process"
-            why = ("worker_init_fn seeds the global random generators" if use.worker_seeded
-                   else "the dataset draws from the global random generators")
             loader._choice.by_rng(why, loader.num_workers)
             log.info("kuat.DataLoader: %s; moving to %d process workers (in threads its samples "
                      "would run one at a time)", why, loader.num_workers)
@@ -95,6 +98,19 @@ class WorkerPool:
 
     def close(self) -> None:
         self.drop_persistent()
+
+
+def _why_processes(use, dataset) -> str | None:
+    """Why ``worker_type=None`` should start process workers rather than threads (their
+    samples would run one at a time under global-RNG isolation), or ``None``."""
+    if use.worker_seeded:
+        return "worker_init_fn seeds the global random generators"
+    if use.draws:
+        return "the dataset draws from the global random generators"
+    hint = rng_hint.draws_hint(dataset)
+    if hint is not None:
+        return f"the dataset applies torchvision's {hint}, which draws from torch's generator"
+    return None
 
 
 def adopt(loader) -> bool:
