@@ -15,10 +15,9 @@ NumPy lookup, then
   gathered with ``datasets``' own ``Table.fast_gather`` and formatted by the dataset's own
   formatter (which runs the transform once on the whole batch).
 
-Samples come out as indexing the dataset would give them: the same keys in the same order, the
-same types (``int`` / ``list``, ``numpy`` scalars and arrays, 0-d and 1-d tensors, one-row
-``pyarrow.Table``), the same dtypes (``datasets`` turns integers into int64 and floats into
-float32 in the ``numpy`` and ``torch`` formats) and the same values.
+Samples come out as indexing the dataset would give them: the same keys, order, types (``int``
+/ ``list``, ``numpy`` scalars and arrays, 0-d and 1-d tensors, one-row ``pyarrow.Table``),
+dtypes (``datasets``' int64 and float32 in the ``numpy`` and ``torch`` formats) and values.
 :class:`HFIterableSource` wraps a streaming ``datasets.IterableDataset``: each epoch is the
 dataset's own iteration for that epoch (``set_epoch``: its shard order and shuffle buffer), split
 across ranks and workers by position (:mod:`kuat.sources.stream`), the split taken before the
@@ -37,7 +36,7 @@ import torch
 
 from kuat.collate import own_batch_buffer
 from kuat.padding import BatchColumn, Samples
-from kuat.sources import _hf_rows
+from kuat.sources import _hf_progress, _hf_rows
 from kuat.sources._arrow import ListColumn, ScalarColumn, numeric_column, numeric_list_column
 from kuat.sources.stream import Stream
 
@@ -311,10 +310,10 @@ class HFIterableSource(Stream):
         ValueError: an unknown ``split``.
 
     Thread-safety: several workers may iterate at once: each iteration works on its own
-    ``copy.deepcopy`` of the dataset object (``datasets`` keeps iteration state on it). A deep
-    copy never pickles: ``map``/``filter`` lambdas and ``from_generator`` over a local function
-    work at ``num_workers=0`` and with thread workers, as with torch's DataLoader, and Arrow
-    tables are shared, not copied (``datasets`` tables are immutable and say so to deepcopy).
+    ``copy.deepcopy`` of the dataset object (``datasets`` keeps iteration state on it; without
+    workers the user's object follows the copy's progress, as under torch:
+    :mod:`kuat.sources._hf_progress`). A deep copy never pickles (lambdas and local functions
+    work without workers and in threads, as with torch); Arrow tables are shared, not copied.
     Only process workers started by ``spawn``/``forkserver`` pickle the dataset, and an
     unpicklable one then fails with pickle's own error, as in torch.
     """
@@ -332,7 +331,7 @@ class HFIterableSource(Stream):
         self._seen_epoch = 0  # the user's dataset.epoch the loader last saw (datasets starts at 0)
         # what workers copy: a private snapshot that nothing else reads or writes (the user's
         # object may be touched while a worker copies; datasets sets attributes lazily)
-        self._prototype = copy.deepcopy(dataset, _shared_memo())
+        self._prototype = copy.deepcopy(dataset, _shared_memo() | _hf_progress.memo(dataset))
         if getattr(dataset, "_distributed", None) is not None:
             _log.info("the datasets.IterableDataset is already split by node; kuat keeps its split")
 
@@ -392,7 +391,8 @@ class HFIterableSource(Stream):
         rank, world_size = self._rank_and_world()
         if world_size > 1:
             ds = split_dataset_by_node(ds, rank=rank, world_size=world_size)
-        return iter(ds)  # datasets shards by worker itself (get_worker_info)
+        rows = iter(ds)  # datasets shards by worker itself (get_worker_info)
+        return _hf_progress.live_rows(self, ds, rows) if _hf_progress.follows(self) else rows
 
     def _position_share(self):
         """``split="position"``: this rank's and worker's share of the epoch, taken before the
@@ -402,7 +402,9 @@ class HFIterableSource(Stream):
 
         ds = self._copy(self._epoch)
         owned = _hf_split.owned_examples(self, ds)
-        yield from self._share(self._examples(ds)) if owned is None else owned
+        rows = self._share(self._examples(ds)) if owned is None else owned
+        follows = owned is None and _hf_progress.follows(self)  # the user's ds follows
+        yield from _hf_progress.live_rows(self, ds, rows) if follows else rows
 
     def kuat_iter_collated(self, collate_fn, batch_size: int, drop_last: bool):
         """This worker's batches of the current epoch, read as Arrow record batches and
@@ -449,7 +451,10 @@ class HFIterableSource(Stream):
                 return None
             batches = _hf_arrow.batches_of(tables(), batch_size, drop_last)
         _log.debug("HF stream read as Arrow batches (columnar collate %s)", collate_fn)
-        return ((b.num_rows, collate(b)) for b in batches)
+        pairs = ((b.num_rows, collate(b)) for b in batches)
+        if not _hf_progress.follows(self):  # (else the user's ds.state_dict() follows)
+            return pairs
+        return _hf_progress.Replayed(self, self._epoch).counted(pairs, batch_size)
 
     def _shard_tables(self, ds, info):
         """``split="shards"``: this rank's and worker's Arrow tables, split as ``datasets``

@@ -1,0 +1,91 @@
+"""The user's ``datasets.IterableDataset`` follows the loader's progress without workers.
+
+``datasets`` keeps a stream's position on the dataset object: ``ds.state_dict()`` is "the
+state at the latest example it yielded", and its documentation resumes a loop with
+``ds.load_state_dict(state)``. torch's DataLoader with ``num_workers=0`` iterates the user's
+object itself, so that recipe works there (with workers it does not: they iterate copies).
+kuat reads a private copy (two readers of one object would disturb each other), so without
+this module ``ds.state_dict()`` stayed at the epoch's start and a resume from it read the epoch
+again. In the main process, one reader of the whole stream (world size 1, or the user's own
+``split_dataset_by_node``), the user's object now answers as under torch:
+
+* the row path: its ``_state_dict`` is the copy's live state (``datasets`` updates it in place
+  as rows are read, the state of the latest row the loader took);
+* the columnar path (Arrow batches, no per-row state kept): a stand-in, :class:`Replayed`,
+  that ``ds.state_dict()`` turns into ``datasets``' own state after the rows the loader has
+  taken, by reading that many rows of a fresh copy with ``datasets``' iteration (cost: the
+  epoch's rows so far at ``datasets``' row rate, paid only when a state is asked for).
+
+Thread-safety: called in the consumer thread only (``num_workers=0``).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable, Iterator
+from itertools import islice
+
+import torch
+
+__all__ = ["Replayed", "follows", "live_rows", "memo"]
+
+
+def follows(stream) -> bool:
+    """Whether ``stream``'s user object should follow the loader: no worker, world size 1."""
+    return torch.utils.data.get_worker_info() is None and stream._rank_and_world()[1] == 1
+
+
+def memo(dataset) -> dict:
+    """``copy.deepcopy`` memo entries for kuat's own copies of ``dataset``: a
+    :class:`Replayed` state is not copied (its copy replays rows; a copy's own iteration makes
+    its own state)."""
+    state = getattr(dataset, "_state_dict", None)
+    return {id(state): None} if isinstance(state, Replayed) else {}
+
+
+def live_rows(stream, ds, rows: Iterable) -> Iterator:
+    """``rows`` (read from ``ds``, the stream's copy); once the first is read (``datasets``
+    has made the copy's state), the user's object reads that state."""
+    it = iter(rows)
+    for first in it:
+        stream.dataset._state_dict = ds._state_dict
+        yield first
+        yield from it
+        return
+    stream.dataset._state_dict = ds._state_dict  # an empty epoch
+
+
+class Replayed:
+    """The user's ``_state_dict`` while the columnar path reads epoch ``epoch``: ``rows``
+    rows taken so far. ``datasets`` deep-copies it in ``state_dict()``: the copy is the
+    state ``datasets`` has after yielding that many rows."""
+
+    def __init__(self, stream, epoch: int):
+        self.stream, self.epoch = stream, epoch
+        self.rows: int | None = 0  # None: the stream's end was read (torch's fetcher read it)
+
+    def state(self) -> dict:
+        ds = self.stream._copy(self.epoch)
+        ds._starting_state_dict = None  # (the columnar path never reads a resumed stream)
+        it = iter(ds)
+        deque(islice(it, self.rows), maxlen=0)
+        return ds.state_dict()
+
+    def __deepcopy__(self, memo) -> dict:
+        return self.state()
+
+    def __reduce__(self):
+        # pickled (a process worker's copy of the dataset): no state, as a dataset never
+        # iterated; its iteration starts its own (a replay here would read the stream again)
+        return type(None), ()
+
+    def counted(self, batches: Iterable, batch_size: int) -> Iterator:
+        """``(rows, batch)`` pairs of ``batches``, counting the rows as they are taken; a
+        short batch, or the end, means the stream's end was read (as torch's fetcher reads
+        it, filling that batch)."""
+        self.stream.dataset._state_dict = self
+        for rows, batch in batches:
+            ended = self.rows is None or rows < batch_size
+            self.rows = None if ended else self.rows + rows
+            yield rows, batch
+        self.rows = None

@@ -1,0 +1,118 @@
+"""A streamed ``datasets.IterableDataset``'s own ``state_dict()`` while a loader reads it.
+
+``datasets`` documents resuming a loop with ``ds.state_dict()`` / ``ds.load_state_dict()``;
+torch's DataLoader at ``num_workers=0`` iterates the user's object itself, so the recipe works
+there. kuat reads a private copy; the user's object follows its progress
+(``kuat.sources._hf_progress``): the state after the batches taken, and the resume from it,
+are torch's, on the row path (a per-row collate) and the columnar path (the default collate).
+"""
+
+import pytest
+import torch
+
+import kuat
+
+datasets = pytest.importorskip("datasets")
+from datasets.distributed import split_dataset_by_node  # noqa: E402
+
+B = 4
+
+
+def rows_collate(rows):
+    return {"a": torch.tensor([r["a"] for r in rows])}
+
+
+def _base():
+    return datasets.Dataset.from_dict({"a": list(range(42))}).to_iterable_dataset(num_shards=4)
+
+
+def _double(batch):
+    return {"a": [2 * x for x in batch["a"]]}
+
+
+STREAMS = {
+    "plain": _base,
+    "batched map": lambda: _base().map(_double, batched=True, batch_size=3),
+    "row map": lambda: _base().map(lambda r: {"a": r["a"] + 1}),
+    "shuffle buffer": lambda: _base().shuffle(seed=1, buffer_size=5),
+    "interleave": lambda: datasets.interleave_datasets(
+        [_base(), _base().map(_double, batched=True)], probabilities=[0.5, 0.5], seed=2),
+    "split by node": lambda: split_dataset_by_node(_base(), rank=1, world_size=2),
+}
+LOADERS = {"torch": (torch.utils.data.DataLoader, {"collate_fn": rows_collate}),
+           "row path": (kuat.DataLoader, {"collate_fn": rows_collate}),
+           "columnar": (kuat.DataLoader, {})}
+
+
+def _run(loader_name, make, taken, epoch=0, **extra):
+    """(the dataset's state after ``taken`` batches, the batches of a loop resumed from it)."""
+    cls, kw = LOADERS[loader_name]
+    ds = make()
+    ds.set_epoch(epoch)
+    it = iter(cls(ds, batch_size=B, **kw, **extra))
+    for _ in range(taken):
+        next(it)
+    state = ds.state_dict()
+    again = make()
+    again.set_epoch(epoch)
+    again.load_state_dict(state)
+    return state, [b["a"].tolist() for b in cls(again, batch_size=B, **kw, **extra)]
+
+
+@pytest.mark.filterwarnings("ignore:Loading a state dict of a shuffle buffer")
+@pytest.mark.parametrize("stream", list(STREAMS))
+@pytest.mark.parametrize("path", ["row path", "columnar"])
+def test_the_datasets_own_state_follows_the_loader_as_under_torch(stream, path):
+    for taken, epoch in ((3, 0), (1, 1)):
+        expected = _run("torch", STREAMS[stream], taken, epoch)
+        assert expected[1]  # (something left to read)
+        assert _run(path, STREAMS[stream], taken, epoch) == expected, (taken, epoch)
+
+
+def test_the_whole_epoch_read_and_an_untouched_dataset_answer_as_under_torch():
+    # 0: never iterated; 11: every batch (42 rows, batch 4: the end read to fill the last);
+    # 10 with drop_last: every batch kept, the end not read yet
+    for taken, drop_last in ((0, False), (11, False), (10, True)):
+        expected = _run("torch", _base, taken, drop_last=drop_last)
+        for path in ("row path", "columnar"):
+            assert _run(path, _base, taken, drop_last=drop_last) == expected, (path, taken)
+
+
+def test_with_workers_the_users_object_is_not_read_as_under_torch():
+    # torch's workers iterate copies: the user's object stays where it was; so does kuat's
+    # (the batches differ by design: kuat splits a stream across workers by position)
+    expected, _ = _run("torch", _base, 3, num_workers=2)
+    for path in ("row path", "columnar"):
+        assert _run(path, _base, 3, num_workers=2)[0] == expected
+
+
+def test_a_state_asked_for_twice_and_a_deep_copy_of_the_dataset_agree():
+    import copy
+
+    ds = _base()
+    it = iter(kuat.DataLoader(ds, batch_size=B))
+    next(it), next(it)
+    first = ds.state_dict()
+    assert ds.state_dict() == first == copy.deepcopy(ds).state_dict()
+    next(it)
+    assert ds.state_dict() != first  # it moves on with the loader
+
+
+def test_a_new_loader_or_a_process_worker_does_not_replay_the_stream(monkeypatch):
+    import pickle
+
+    from kuat.sources import _hf_progress
+
+    ds = _base()
+    for _ in kuat.DataLoader(ds, batch_size=B):
+        pass
+    replays = []
+    state = _hf_progress.Replayed.state
+    monkeypatch.setattr(_hf_progress.Replayed, "state",
+                        lambda self: replays.append(self.rows) or state(self))
+    # a second loader over the same object copies it without reading the stream again
+    again = [b["a"].tolist() for b in kuat.DataLoader(ds, batch_size=B, num_workers=2,
+                                                      worker_type="process")]
+    assert sorted(sum(again, [])) == list(range(42)) and replays == []
+    assert pickle.loads(pickle.dumps(ds))._state_dict is None and replays == []
+    assert ds.state_dict() == _run("torch", _base, 11)[0] and replays == [None]
