@@ -16,7 +16,7 @@ demo: $(BIN)/python
 test: $(BIN)/python
 	$(BIN)/pip install --quiet -e ".[dev]"
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=25
 
 bench: $(BIN)/python
 	$(BIN)/pip install --quiet -e ".[bench]"
