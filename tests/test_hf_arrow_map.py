@@ -285,3 +285,32 @@ def test_errors_of_the_function(files):
     with pytest.raises(TypeError) as got:
         list(_columnar(ds))
     assert str(want.value) == str(got.value)
+
+
+def test_split_by_shards_matches_torch_workers(files, no_datasets_arrow_map):
+    """split="shards": each worker maps the shards datasets gives it in a torch worker."""
+    ds = _stream("dup", files)
+    want = list(torch.utils.data.DataLoader(ds, batch_size=B, num_workers=2, timeout=60,
+                                            collate_fn=kuat.pad_collate()))
+    no_datasets_arrow_map()
+    src = HFIterableSource(ds, split="shards")
+    assert_same(list(kuat.DataLoader(src, batch_size=B, num_workers=2, worker_type="thread",
+                                     collate_fn=kuat.pad_collate())), want)
+
+
+def test_resumed_by_datasets_load_state_dict(files):
+    """datasets' own resume (``IterableDataset.load_state_dict``) of a stream with an Arrow
+    map: that epoch starts where it was saved, as in torch's DataLoader."""
+    src = _stream("keep", files)
+    it = iter(src)
+    for _ in range(21):
+        next(it)
+    state = src.state_dict()
+    ref, ds = _stream("keep", files), _stream("keep", files)
+    ref.load_state_dict(state)
+    ds.load_state_dict(state)
+    want = list(torch.utils.data.DataLoader(ref, batch_size=B, collate_fn=kuat.pad_collate()))
+    assert len(want) < len(list(_columnar(_stream("keep", files))))
+    for workers in (0, 2):
+        assert_same(list(_columnar(ds, workers, "thread" if workers else None)), want)
+        ds.set_epoch(0)
