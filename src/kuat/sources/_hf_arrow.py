@@ -41,6 +41,7 @@ from kuat.sources._hf_map import (
     formatted_blocks,
     mapped_blocks,
     python_format,
+    table_format,
     table_mapped_blocks,
 )
 
@@ -89,7 +90,7 @@ def arrow_tables(node) -> Tables | None:
         child = arrow_tables(node.ex_iterable)
         return None if child is None else formatted_blocks(node, child)
     if name == "MappedExamplesIterable":
-        if node.formatting is not None and node.formatting.is_table:  # written for Arrow
+        if table_format(node.formatting):  # a function written for Arrow
             return table_mapped_blocks(node, _arrow_input(node.ex_iterable))
         child = arrow_tables(node.ex_iterable)
         return None if child is None else mapped_blocks(node, child)
@@ -131,8 +132,7 @@ def _arrow_order_is_row_order(node) -> bool:
     table-formatted ``map`` iterates rows as the tables of its ``_iter_arrow``, whatever is
     below it."""
     name = type(node).__name__
-    if name == "MappedExamplesIterable" and node.formatting is not None and (
-            node.formatting.is_table):
+    if name == "MappedExamplesIterable" and table_format(node.formatting):
         return True
     if name in ("BufferShuffledExamplesIterable", "InterleavedShardsExamplesIterable"):
         return False

@@ -34,8 +34,8 @@ from collections.abc import Iterator
 
 from kuat.sources._hf_blocks import PyBlock, Tables, concat
 
-__all__ = ["formatted_blocks", "mapped_blocks", "python_format", "table_mapped_blocks",
-           "to_block"]
+__all__ = ["formatted_blocks", "mapped_blocks", "python_format", "table_format",
+           "table_mapped_blocks", "to_block"]
 
 _REBATCHED = "RebatchedArrowExamplesIterable"
 
@@ -52,7 +52,14 @@ def python_format(formatting) -> bool:
     """Whether a node with ``formatting`` (a ``FormattingConfig`` or None) gives its rows as
     Python values: no format, ``"python"``, or a table format (whose rows, read one by one,
     ``datasets`` formats with its ``PythonFormatter``; a map in a table format gets tables)."""
-    return formatting is None or formatting.format_type in (None, "python") or formatting.is_table
+    return formatting is None or formatting.format_type in (None, "python") or table_format(
+        formatting)
+
+
+def table_format(formatting) -> bool:
+    """Whether ``formatting`` (a ``FormattingConfig`` or None) is a table format (``"arrow"``,
+    ``"pandas"``, ``"polars"``): a ``map`` in it gets tables."""
+    return formatting is not None and bool(getattr(formatting, "is_table", False))
 
 
 def _columns(block) -> dict:
@@ -139,10 +146,16 @@ def _call(function, args: list, kwargs: dict, first: int, n: int):
     try:
         return function(*args, **kwargs)
     except Exception as e:
-        if hasattr(e, "add_note"):  # Python >= 3.11
-            e.add_note(f"kuat: raised by the function of IterableDataset.map(batched=True) "
-                       f"called on rows {first}..{first + n - 1} of the map's input this epoch "
-                       "(the positions with_indices gives them)")
+        note = (f"kuat: raised by the function of IterableDataset.map(batched=True) called on "
+                f"rows {first}..{first + n - 1} of the map's input this epoch (the positions "
+                "with_indices gives them)")
+        try:
+            if hasattr(e, "add_note"):
+                e.add_note(note)
+            else:  # Python 3.10: kept where 3.11 keeps notes
+                e.__notes__ = [*getattr(e, "__notes__", ()), note]
+        except Exception:  # an exception without a __dict__ or with odd __notes__
+            pass
         raise
 
 
