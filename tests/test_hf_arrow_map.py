@@ -314,3 +314,17 @@ def test_resumed_by_datasets_load_state_dict(files):
     for workers in (0, 2):
         assert_same(list(_columnar(ds, workers, "thread" if workers else None)), want)
         ds.set_epoch(0)
+
+
+def test_tables_of_different_types_in_one_batch(tmp_path):
+    """CSV files typed one by one (x: double, then int64) met in one batch of an Arrow map:
+    datasets cannot join them (ArrowInvalid); neither does kuat, with the same type."""
+    a, b = tmp_path / "a.csv", tmp_path / "b.csv"
+    a.write_text("id,x\n" + "".join(f"{i},{i / 4}\n" for i in range(12)))
+    b.write_text("id,x\n" + "".join(f"{100 + i},{i}\n" for i in range(8)))
+    ds = datasets.load_dataset("csv", data_files=[str(a), str(b)], split="train", streaming=True)
+    ds = _arrow(ds).map(lambda t: t, batched=True, batch_size=5).with_format(None)
+    with pytest.raises(pa.ArrowInvalid):
+        list(ds)
+    with pytest.raises(pa.ArrowInvalid):
+        list(_columnar(ds))

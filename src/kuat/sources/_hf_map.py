@@ -11,8 +11,7 @@ need rows:
   (:class:`kuat.sources._hf_blocks.PyBlock`), so the values the collate sees are the row
   path's, value for value, without the B row dicts;
 * ``map(remove_columns=...)`` without a function (``IterableDataset.remove_columns``): the
-  columns are dropped.
-
+  columns are dropped;
 * ``batched=True`` in a table format (a function written for Arrow, declared with
   ``datasets``' own API: ``ds.with_format("arrow").map(fn, batched=True)``; also ``"pandas"``):
   :func:`table_mapped_blocks`, ``MappedExamplesIterable._iter_arrow``: the function gets
@@ -20,11 +19,12 @@ need rows:
   ``ChunkedArray`` s, ``with_indices``, ``fn_kwargs``), its output table (``remove_columns``
   dropped, input columns not merged, as there) is the block, never Python rows.
 
-A function applied row by row (``batched=False``) needs rows: ``None``, the row path.
-A numpy/torch-formatted map (the function gets tensors) and an ``async`` function: ``None``.
-An exception raised by a batched function gets a note naming the rows of the map's input it
-was called on (the positions ``with_indices`` would give them). :func:`formatted_blocks` applies a ``FormattedExamplesIterable``'s feature types above such a
-map, per row, as ``datasets`` does there.
+A function applied row by row (``batched=False``) needs rows: ``None``, the row path; so do a
+numpy/torch-formatted map (the function gets tensors) and an ``async`` function. An exception
+raised by a batched function gets a note naming the rows of the map's input it was called on
+(the positions ``with_indices`` would give them). :func:`formatted_blocks` applies a
+``FormattedExamplesIterable``'s feature types above such a map, per row, as ``datasets`` does
+there.
 """
 
 from __future__ import annotations
@@ -170,9 +170,9 @@ def table_mapped_blocks(node, inputs: Tables | None) -> Tables | None:
     order (what the child re-cuts into the function's batches).
 
     Raises what ``datasets`` raises: ``TypeError`` when the function returns something other
-    than a table (a ``pandas``/``polars`` frame is converted, as there); ``ValueError`` when
-    the stream's tables change types where two of them meet in one batch (``datasets`` cannot
-    join them either)."""
+    than a table (a ``pandas``/``polars`` frame is converted, as there);
+    ``pyarrow.ArrowInvalid`` (a ``ValueError``) when the stream's tables change types where two
+    of them meet in one batch (``datasets`` cannot join them either)."""
     from datasets import iterable_dataset as hf_iter
 
     if (not node.batched or inputs is None or inspect.iscoroutinefunction(node.function)
@@ -195,7 +195,7 @@ def _table_batched(node, batches: Iterator) -> Iterator:
     current = 0
     for table in batches:
         if not isinstance(table, pa.Table):
-            raise ValueError(
+            raise pa.ArrowInvalid(  # a ValueError, as datasets' own (pa.Table.from_batches)
                 "an Arrow-formatted map's batch joins tables of the stream with different "
                 "column types, which datasets cannot join either: give the stream one schema "
                 "(IterableDataset.cast(features)) before with_format(\"arrow\").map(...)")
