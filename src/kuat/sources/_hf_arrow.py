@@ -22,7 +22,8 @@ not know). Each node is read as its ``__iter__`` reads its child:
   and its random subclass, ``InterleavedShardsExamplesIterable``): the node's own
   source-index iterator (same generator, same draws) and its stopping rule, replayed over
   row cursors, one ``take`` per output block;
-* a batched ``map`` (:mod:`kuat.sources._hf_map`).
+* a batched ``map`` (:mod:`kuat.sources._hf_map`), also one written for Arrow (a
+  table-formatted ``map``, fed its child's Arrow order).
 
 Thread-safety: each call of the returned function builds its own iterators; the examples
 iterable must be the caller's own copy (as :class:`kuat.sources.hf.HFIterableSource` makes).
@@ -36,7 +37,13 @@ from collections.abc import Iterator
 import numpy as np
 
 from kuat.sources._hf_blocks import PyBlock, Tables, concat, take
-from kuat.sources._hf_map import formatted_blocks, mapped_blocks
+from kuat.sources._hf_map import (
+    formatted_blocks,
+    mapped_blocks,
+    python_format,
+    table_format,
+    table_mapped_blocks,
+)
 
 __all__ = ["arrow_tables", "batches_of", "position_share", "resumed_inside", "stateless"]
 
@@ -73,8 +80,8 @@ def arrow_tables(node) -> Tables | None:
     if name == "ArrowExamplesIterable":
         return lambda: (t for _key, t in node._iter_arrow() if len(t))
     if name == "FormattedExamplesIterable":
-        if node.formatting is not None and node.formatting.format_type not in (None, "python"):
-            return None  # a tensor/table format: rows are not Python values
+        if not python_format(node.formatting):
+            return None  # a tensor format: rows are not Python values
         if node.ex_iterable.iter_arrow:  # its __iter__ formats its own Arrow tables
             child = arrow_tables(node.ex_iterable) if _arrow_order_is_row_order(node) else None
             if child is None:  # datasets' own Arrow iteration (e.g. its chunked shuffle)
@@ -83,6 +90,8 @@ def arrow_tables(node) -> Tables | None:
         child = arrow_tables(node.ex_iterable)
         return None if child is None else formatted_blocks(node, child)
     if name == "MappedExamplesIterable":
+        if table_format(node.formatting):  # a function written for Arrow
+            return table_mapped_blocks(node, _arrow_input(node.ex_iterable))
         child = arrow_tables(node.ex_iterable)
         return None if child is None else mapped_blocks(node, child)
     if name == "InterleavedShardsExamplesIterable":
@@ -98,11 +107,33 @@ def arrow_tables(node) -> Tables | None:
     return None
 
 
+def _arrow_input(rebatched) -> Tables | None:
+    """Blocks whose rows are ``rebatched.ex_iterable.iter_arrow()``'s, in that order (what a
+    ``RebatchedArrowExamplesIterable`` re-cuts for a table-formatted ``map``): read as
+    :func:`arrow_tables` reads them where that is the same order, else with ``datasets``' own
+    Arrow iteration (e.g. its chunked buffer shuffle); None where ``datasets`` converts Python
+    rows to Arrow there (no Arrow below) or for another node."""
+    if type(rebatched).__name__ != "RebatchedArrowExamplesIterable":
+        return None
+    below = rebatched.ex_iterable
+    if not below.iter_arrow:
+        return None
+    if _arrow_order_is_row_order(below):
+        tables = arrow_tables(below)
+        if tables is not None:
+            return tables
+    return lambda: (t for _key, t in below._iter_arrow() if len(t))
+
+
 def _arrow_order_is_row_order(node) -> bool:
     """Whether ``node.iter_arrow()`` gives its rows in ``iter(node)``'s order: not below a
     buffer shuffle (it permutes Arrow chunks as they come) nor a cycle of sources that are not
-    re-cut into one-row tables (``interleave_datasets`` re-cuts them: then it cycles rows)."""
+    re-cut into one-row tables (``interleave_datasets`` re-cuts them: then it cycles rows). A
+    table-formatted ``map`` iterates rows as the tables of its ``_iter_arrow``, whatever is
+    below it."""
     name = type(node).__name__
+    if name == "MappedExamplesIterable" and table_format(node.formatting):
+        return True
     if name in ("BufferShuffledExamplesIterable", "InterleavedShardsExamplesIterable"):
         return False
     kids = getattr(node, "ex_iterables", None)

@@ -11,11 +11,20 @@ need rows:
   (:class:`kuat.sources._hf_blocks.PyBlock`), so the values the collate sees are the row
   path's, value for value, without the B row dicts;
 * ``map(remove_columns=...)`` without a function (``IterableDataset.remove_columns``): the
-  columns are dropped.
+  columns are dropped;
+* ``batched=True`` in a table format (a function written for Arrow, declared with
+  ``datasets``' own API: ``ds.with_format("arrow").map(fn, batched=True)``; also ``"pandas"``):
+  :func:`table_mapped_blocks`, ``MappedExamplesIterable._iter_arrow``: the function gets
+  exactly the table ``datasets`` gives it (the same rows per call, ``input_columns`` as
+  ``ChunkedArray`` s, ``with_indices``, ``fn_kwargs``), its output table (``remove_columns``
+  dropped, input columns not merged, as there) is the block, never Python rows.
 
-A function applied row by row (``batched=False``) needs rows: ``None``, the row path.
-:func:`formatted_blocks` applies a ``FormattedExamplesIterable``'s feature types above such a
-map, per row, as ``datasets`` does there.
+A function applied row by row (``batched=False``) needs rows: ``None``, the row path; so do a
+numpy/torch-formatted map (the function gets tensors) and an ``async`` function. An exception
+raised by a batched function gets a note naming the rows of the map's input it was called on
+(the positions ``with_indices`` would give them). :func:`formatted_blocks` applies a
+``FormattedExamplesIterable``'s feature types above such a map, per row, as ``datasets`` does
+there.
 """
 
 from __future__ import annotations
@@ -25,7 +34,10 @@ from collections.abc import Iterator
 
 from kuat.sources._hf_blocks import PyBlock, Tables, concat
 
-__all__ = ["formatted_blocks", "mapped_blocks", "to_block"]
+__all__ = ["formatted_blocks", "mapped_blocks", "python_format", "table_format",
+           "table_mapped_blocks", "to_block"]
+
+_REBATCHED = "RebatchedArrowExamplesIterable"
 
 def to_block(columns: dict, n: int) -> PyBlock:
     """A :class:`PyBlock` of ``columns`` (``{name: sequence of n values}``): each row's value
@@ -34,6 +46,20 @@ def to_block(columns: dict, n: int) -> PyBlock:
     collate of the Python values, which is the row path's own)."""
     return PyBlock({k: v if isinstance(v, list) else [v[i] for i in range(n)]
                     for k, v in columns.items()}, n)
+
+
+def python_format(formatting) -> bool:
+    """Whether a node with ``formatting`` (a ``FormattingConfig`` or None) gives its rows as
+    Python values: no format, ``"python"``, or a table format (whose rows, read one by one,
+    ``datasets`` formats with its ``PythonFormatter``; a map in a table format gets tables)."""
+    return formatting is None or formatting.format_type in (None, "python") or table_format(
+        formatting)
+
+
+def table_format(formatting) -> bool:
+    """Whether ``formatting`` (a ``FormattingConfig`` or None) is a table format (``"arrow"``,
+    ``"pandas"``, ``"polars"``): a ``map`` in it gets tables."""
+    return formatting is not None and bool(getattr(formatting, "is_table", False))
 
 
 def _columns(block) -> dict:
@@ -46,7 +72,7 @@ def mapped_blocks(node, child: Tables) -> Tables | None:
     from datasets.iterable_dataset import identity_func
 
     if node.formatting is not None and node.formatting.format_type not in (None, "python"):
-        return None
+        return None  # a table format: table_mapped_blocks; tensors: rows
     if inspect.iscoroutinefunction(node.function):
         return None
     if not node.batched:
@@ -63,10 +89,10 @@ def _drop(block, removed: set):
     return block.drop_columns([c for c in block.column_names if c in removed])
 
 
-def _batches(node, child: Tables) -> Iterator:
-    """The child's rows in blocks of the map's ``batch_size`` (all rows when it is None or
-    <= 0); the last one dropped if shorter and ``drop_last_batch``."""
-    size = node.batch_size if node.batch_size is not None and node.batch_size > 0 else None
+def _batches(batch_size, drop_last: bool, child: Tables) -> Iterator:
+    """The child's rows in blocks of ``batch_size`` (all rows when it is None or <= 0); the
+    last one dropped if shorter and ``drop_last``."""
+    size = batch_size if batch_size is not None and batch_size > 0 else None
     pending: list = []
     have = 0
     for block in child():
@@ -77,21 +103,21 @@ def _batches(node, child: Tables) -> Iterator:
             yield whole.slice(0, size)
             rest = whole.slice(size)
             pending, have = ([rest] if len(rest) else []), len(rest)
-    if have and not (node.drop_last_batch and size is not None):
+    if have and not (drop_last and size is not None):
         yield concat(pending)
 
 
 def _batched(node, child: Tables) -> Iterator:
     """``MappedExamplesIterable._iter`` with ``batched=True``, a block per batch."""
     current = 0
-    for block in _batches(node, child):
+    for block in _batches(node.batch_size, node.drop_last_batch, child):
         batch = _columns(block)  # the dict of lists datasets builds (_examples_to_batch)
         inputs = dict(batch)
         args = [batch] if node.input_columns is None else [batch[c] for c in node.input_columns]
         if node.with_indices:
             args.append(list(range(current, current + len(block))))
+        out = _call(node.function, args, node.fn_kwargs, current, len(block))
         current += len(block)
-        out = node.function(*args, **node.fn_kwargs)
         _check_lengths(out)
         if node.remove_columns:
             for c in node.remove_columns:
@@ -115,6 +141,83 @@ def _batched(node, child: Tables) -> Iterator:
             yield to_block(merged, n)
 
 
+def _call(function, args: list, kwargs: dict, first: int, n: int):
+    """``function(*args, **kwargs)``; an exception it raises gets a note naming the rows."""
+    try:
+        return function(*args, **kwargs)
+    except Exception as e:
+        note = (f"kuat: raised by the function of IterableDataset.map(batched=True) called on "
+                f"rows {first}..{first + n - 1} of the map's input this epoch (the positions "
+                "with_indices gives them)")
+        try:
+            if hasattr(e, "add_note"):
+                e.add_note(note)
+            else:  # Python 3.10: kept where 3.11 keeps notes
+                e.__notes__ = [*getattr(e, "__notes__", ()), note]
+        except Exception:  # an exception without a __dict__ or with odd __notes__
+            pass
+        raise
+
+
+def table_mapped_blocks(node, inputs: Tables | None) -> Tables | None:
+    """``() -> iterator of pyarrow.Table`` of ``node``, a ``MappedExamplesIterable`` in a
+    table format (``with_format("arrow")`` before ``map(fn, batched=True)``), as its
+    ``_iter_arrow`` yields them; or None (not batched, an ``async`` function, ``datasets``'
+    own accumulating function, a child that is not the ``RebatchedArrowExamplesIterable``
+    ``map`` puts there, or rows it converts from Python: ``inputs`` None).
+
+    ``inputs``: blocks whose rows are those of the child's child's ``iter_arrow()``, in that
+    order (what the child re-cuts into the function's batches).
+
+    Raises what ``datasets`` raises: ``TypeError`` when the function returns something other
+    than a table (a ``pandas``/``polars`` frame is converted, as there);
+    ``pyarrow.ArrowInvalid`` (a ``ValueError``) when the stream's tables change types where two
+    of them meet in one batch (``datasets`` cannot join them either)."""
+    from datasets import iterable_dataset as hf_iter
+
+    if (not node.batched or inputs is None or inspect.iscoroutinefunction(node.function)
+            or getattr(node, "is_batch_accumulate_arrow_table_function", False)
+            or type(node.ex_iterable).__name__ != _REBATCHED
+            or not hasattr(hf_iter, "_table_output_to_arrow")):
+        return None
+    rebatched = node.ex_iterable
+    return lambda: _table_batched(node, _batches(
+        rebatched.batch_size, rebatched.drop_last_batch or node.drop_last_batch, inputs))
+
+
+def _table_batched(node, batches: Iterator) -> Iterator:
+    """``MappedExamplesIterable._iter_arrow`` (``max_chunksize=None``) over ``batches``."""
+    import pyarrow as pa
+    from datasets.formatting import get_formatter
+    from datasets.iterable_dataset import _table_output_to_arrow
+
+    formatter = get_formatter(node.formatting.format_type)
+    current = 0
+    for table in batches:
+        if not isinstance(table, pa.Table):
+            raise pa.ArrowInvalid(  # a ValueError, as datasets' own (pa.Table.from_batches)
+                "an Arrow-formatted map's batch joins tables of the stream with different "
+                "column types, which datasets cannot join either: give the stream one schema "
+                "(IterableDataset.cast(features)) before with_format(\"arrow\").map(...)")
+        args = ([formatter.format_batch(table)] if node.input_columns is None
+                else [table[c] for c in node.input_columns])
+        if node.with_indices:
+            args.append([current + i for i in range(len(table))])
+        output = _call(node.function, args, node.fn_kwargs.copy(), current, len(table))
+        current += len(table)
+        out = _table_output_to_arrow(output)
+        if not isinstance(out, pa.Table):
+            raise TypeError(
+                f"Provided `function` which is applied to {formatter.table_type} returns a "
+                f"variable of type {type(output)}. Make sure provided `function` returns a "
+                f"{formatter.table_type} to update the dataset.")
+        for c in node.remove_columns or ():
+            if c in out.column_names:
+                out = out.remove_column(out.column_names.index(c))
+        if len(out):
+            yield out
+
+
 def _check_lengths(out) -> None:
     """``datasets``' ``validate_function_output`` for a batched function."""
     if not out:
@@ -134,7 +237,7 @@ def formatted_blocks(node, child: Tables) -> Tables | None:
     or None for a tensor/table format."""
     from datasets.iterable_dataset import _apply_feature_types_on_example
 
-    if node.formatting is not None and node.formatting.format_type not in (None, "python"):
+    if not python_format(node.formatting):
         return None
     features = node.features
     if not features or node.ex_iterable.is_typed:
