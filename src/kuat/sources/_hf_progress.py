@@ -16,7 +16,11 @@ again. In the main process, one reader of the whole stream (world size 1, or the
   taken, by reading that many rows of a fresh copy with ``datasets``' iteration (cost: the
   epoch's rows so far at ``datasets``' row rate, paid only when a state is asked for).
 
-Thread-safety: called in the consumer thread only (``num_workers=0``).
+A state given to the user's ``load_state_dict`` names the epoch the loader starts next
+(:func:`epoch_request`), also when the loader has counted its own epochs past it.
+
+Thread-safety: called in the consumer thread only (``num_workers=0``; :func:`epoch_request`:
+the loader's main process).
 """
 
 from __future__ import annotations
@@ -27,12 +31,33 @@ from itertools import islice
 
 import torch
 
-__all__ = ["Replayed", "follows", "live_rows", "memo"]
+__all__ = ["Replayed", "epoch_request", "follows", "live_rows", "memo"]
 
 
 def follows(stream) -> bool:
     """Whether ``stream``'s user object should follow the loader: no worker, world size 1."""
     return torch.utils.data.get_worker_info() is None and stream._rank_and_world()[1] == 1
+
+
+def epoch_request(stream) -> int | None:
+    """``HFIterableSource.kuat_epoch_request``: the epoch ``stream.dataset.set_epoch`` set since
+    the last call, else the epoch of a state given to its ``load_state_dict`` since then.
+
+    A loaded state names the epoch it was saved in (``datasets`` resumes it only at that
+    epoch). Under torch that is the dataset's own epoch; kuat's loader counts its epochs
+    itself (0, 1, 2... without ``set_epoch``), so a state saved in its epoch 1, or loaded
+    after an epoch ran, was dropped by ``datasets`` and the epoch read again from its start
+    (silent duplicates): it now makes its epoch the next. Both changed: ``set_epoch`` decides
+    (the state resumes only if it is of that epoch, as in ``datasets``)."""
+    epoch = int(getattr(stream.dataset, "epoch", 0))
+    state = getattr(stream.dataset, "_starting_state_dict", None)
+    new_state = state is not None and state is not stream._seen_state
+    stream._seen_state = state
+    if epoch != stream._seen_epoch:
+        stream._seen_epoch = epoch
+        return epoch
+    saved = state.get("epoch") if new_state and isinstance(state, dict) else None
+    return saved if isinstance(saved, int) else None
 
 
 def memo(dataset) -> dict:

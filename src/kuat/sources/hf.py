@@ -329,6 +329,7 @@ class HFIterableSource(Stream):
         self.dataset = dataset
         self.split = split
         self._seen_epoch = 0  # the user's dataset.epoch the loader last saw (datasets starts at 0)
+        self._seen_state = None  # the state given to its load_state_dict the loader last saw
         # what workers copy: a private snapshot that nothing else reads or writes (the user's
         # object may be touched while a worker copies; datasets sets attributes lazily)
         self._prototype = copy.deepcopy(dataset, _shared_memo() | _hf_progress.memo(dataset))
@@ -348,15 +349,13 @@ class HFIterableSource(Stream):
 
     def kuat_epoch_request(self) -> int | None:
         """The epoch the user's dataset was set to by its own ``set_epoch`` since the last
-        call (or since construction, from datasets' epoch 0), else ``None``: the loader starts
-        that epoch next, as torch's DataLoader re-reading the dataset would. Called by the
-        loader (main process) at each epoch start, ``set_epoch`` and ``load_state_dict``; a
-        ``set_epoch`` to the value already seen is not seen."""
-        epoch = int(getattr(self.dataset, "epoch", 0))
-        if epoch == self._seen_epoch:
-            return None
-        self._seen_epoch = epoch
-        return epoch
+        call (or since construction, from datasets' epoch 0), else the epoch of a state given
+        to its own ``load_state_dict`` since then (:func:`kuat.sources._hf_progress.
+        epoch_request`), else ``None``: the loader starts that epoch next, as torch's
+        DataLoader re-reading the dataset would. Called by the loader (main process) at each
+        epoch start, ``set_epoch`` and ``load_state_dict``; a ``set_epoch`` to the value
+        already seen is not seen."""
+        return _hf_progress.epoch_request(self)
 
     def kuat_set_distributed(self, rank: int, world_size: int) -> None:
         if getattr(self.dataset, "_distributed", None) is not None:
