@@ -171,3 +171,42 @@ def test_a_state_saved_in_the_loaders_second_epoch_resumes_in_a_new_run(path):
     assert sorted(sum(first + got, [])) == sorted(
         sum((b["a"].tolist() for b in torch.utils.data.DataLoader(whole, batch_size=B,
                                                                   **torch_kw)), []))
+
+
+RESUMED = {  # streams whose filter or map kuat runs only on the rows a resumed epoch keeps
+    "filter": lambda: _base().filter(lambda r: r["a"] % 3 != 0),
+    "row map": STREAMS["row map"],
+    "remove_columns": lambda: _base().map(lambda r: {"b": r["a"]}).remove_columns(["a"])
+    .rename_column("b", "a"),
+}
+
+
+@pytest.mark.parametrize("stream", list(RESUMED))
+@pytest.mark.parametrize("path", ["row path", "columnar"])
+def test_the_datasets_own_state_follows_a_loader_resumed_from_its_state_dict(stream, path):
+    # kuat's own checkpoint (loader.state_dict) resumed on a new object, two more batches:
+    # ds.state_dict() is then datasets' state after all the batches so far, as torch's after
+    # as many (the resumed epoch read the filter/map past datasets' iteration, keeping none)
+    make = RESUMED[stream]
+    cls, kw = LOADERS[path]
+    loader = cls(make(), batch_size=B, **kw)
+    first = iter(loader)
+    for _ in range(3):
+        next(first)
+    checkpoint = loader.state_dict()
+    del first
+    ds = make()
+    resumed = cls(ds, batch_size=B, **kw)
+    resumed.load_state_dict(checkpoint)
+    it = iter(resumed)
+    got = [next(it)["a"].tolist() for _ in range(2)]
+    expected = _run("torch", make, 5)
+    assert got == _run("torch", make, 3)[1][:2]
+    assert (ds.state_dict(), _run_from(path, make, ds.state_dict())) == expected
+
+
+def _run_from(loader_name, make, state):
+    cls, kw = LOADERS[loader_name]
+    again = make()
+    again.load_state_dict(state)
+    return [b["a"].tolist() for b in cls(again, batch_size=B, **kw)]

@@ -31,7 +31,7 @@ from itertools import islice
 
 import torch
 
-__all__ = ["Replayed", "epoch_request", "follows", "live_rows", "memo"]
+__all__ = ["Replayed", "epoch_request", "following", "follows", "live_rows", "memo"]
 
 
 def follows(stream) -> bool:
@@ -68,6 +68,22 @@ def memo(dataset) -> dict:
     return {id(state): None} if isinstance(state, Replayed) else {}
 
 
+def following(stream, ds, rows: Iterable, live: bool) -> Iterator:
+    """``rows``, the row path's share of the epoch read from ``ds`` (the stream's copy), with
+    the user's object following them where it should (:func:`follows`): reading the copy's
+    live state (``live``: ``datasets``' own iteration of ``ds``), else a :class:`Replayed`
+    count of the rows taken, those an elastic resume skipped included (the rows were read
+    past ``datasets``' iteration: ``kuat.sources._hf_split`` runs a filter or map only on
+    the rows kept, which keeps no state)."""
+    if not follows(stream):
+        return iter(rows)
+    if live:
+        return live_rows(stream, ds, rows)
+    start = getattr(stream, "_start", None)
+    skipped = start[1] if start is not None and start[0] == stream._epoch else 0
+    return Replayed(stream, stream._epoch, skipped).counted_rows(rows)
+
+
 def live_rows(stream, ds, rows: Iterable) -> Iterator:
     """``rows`` (read from ``ds``, the stream's copy); once the first is read (``datasets``
     has made the copy's state), the user's object reads that state."""
@@ -85,9 +101,9 @@ class Replayed:
     rows taken so far. ``datasets`` deep-copies it in ``state_dict()``: the copy is the
     state ``datasets`` has after yielding that many rows."""
 
-    def __init__(self, stream, epoch: int):
+    def __init__(self, stream, epoch: int, rows: int = 0):
         self.stream, self.epoch = stream, epoch
-        self.rows: int | None = 0  # None: the stream's end was read (torch's fetcher read it)
+        self.rows: int | None = rows  # None: the stream's end was read (torch's fetcher read it)
 
     def state(self) -> dict:
         ds = self.stream._copy(self.epoch)
@@ -103,6 +119,14 @@ class Replayed:
         # pickled (a process worker's copy of the dataset): no state, as a dataset never
         # iterated; its iteration starts its own (a replay here would read the stream again)
         return type(None), ()
+
+    def counted_rows(self, rows: Iterable) -> Iterator:
+        """``rows``, counting them as they are taken; their end means the stream's end."""
+        self.stream.dataset._state_dict = self
+        for row in rows:
+            self.rows += 1
+            yield row
+        self.rows = None
 
     def counted(self, batches: Iterable, batch_size: int) -> Iterator:
         """``(rows, batch)`` pairs of ``batches``, counting the rows as they are taken; a

@@ -402,8 +402,7 @@ class HFIterableSource(Stream):
         ds = self._copy(self._epoch)
         owned = _hf_split.owned_examples(self, ds)
         rows = self._share(self._examples(ds)) if owned is None else owned
-        follows = owned is None and _hf_progress.follows(self)  # the user's ds follows
-        yield from _hf_progress.live_rows(self, ds, rows) if follows else rows
+        yield from _hf_progress.following(self, ds, rows, live=owned is None)
 
     def kuat_iter_collated(self, collate_fn, batch_size: int, drop_last: bool):
         """This worker's batches of the current epoch, read as Arrow record batches and
