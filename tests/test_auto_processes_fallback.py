@@ -81,3 +81,40 @@ def test_a_dataset_that_does_not_pickle_stays_on_threads(context, hinted, persis
     said = [r for r in caplog.records if "could not start" in r.getMessage()]
     assert len(said) == 1, [r.getMessage() for r in said]
 
+
+
+class LockedWork(Dataset):
+    """Python work per sample and a lock in its attributes (no pickling)."""
+
+    def __init__(self, n=160):
+        self.n, self.lock = n, threading.Lock()
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        with self.lock:
+            return torch.tensor(sum(j * j for j in range(200)) + i)
+
+
+def test_a_measured_choice_of_processes_that_cannot_start_keeps_threads(monkeypatch, caplog):
+    from kuat.loader import _auto
+
+    measured = _auto.WorkerChoice.decide
+
+    def decide(self, **kw):  # the measurement found processes better (tested on its own)
+        measured(self, **kw)
+        self.worker_type = "process"
+        return "process", self.num_workers
+
+    monkeypatch.setattr(_auto.WorkerChoice, "decide", decide)
+    expected = [b.tolist() for b in TorchLoader(LockedWork(), batch_size=4)] * 2
+    dl = kuat.DataLoader(LockedWork(), batch_size=4, num_workers=2,
+                         multiprocessing_context="spawn")
+    with caplog.at_level(logging.WARNING, logger="kuat.loader"):
+        got = [b.tolist() for _ in range(2) for b in dl]
+    assert got == expected
+    workers = dl.stats()["workers"]
+    assert workers["type"] == "thread" and workers["chosen"] == "measured", workers
+    assert "process workers could not start" in workers["reason"], workers
+    assert len([r for r in caplog.records if "could not start" in r.getMessage()]) == 1
