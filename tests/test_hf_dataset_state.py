@@ -210,3 +210,33 @@ def _run_from(loader_name, make, state):
     again = make()
     again.load_state_dict(state)
     return [b["a"].tolist() for b in cls(again, batch_size=B, **kw)]
+
+
+@pytest.mark.parametrize("stream", ["plain", "row map", "batched map", "interleave", "split by node"])
+@pytest.mark.parametrize("path", ["row path", "columnar"])
+def test_a_loader_state_and_the_datasets_own_state_both_loaded_resume_once(stream, path):
+    # a checkpoint holding both (the loader's state_dict and ds.state_dict(), as datasets'
+    # docs ask): torchdata's StatefulDataLoader, whose state holds the dataset's, resumes at
+    # the position once; kuat skipped the served batches of a stream datasets had resumed.
+    # (Not a shuffle buffer: datasets' own resume refills it, losing its rows; kuat's state
+    # resumes it exactly, tests/test_hf_columnar.py)
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    def run(cls, **kw):
+        loader = cls(STREAMS[stream](), batch_size=B, **kw)
+        it = iter(loader)
+        for _ in range(3):
+            next(it)
+        state, ds_state = loader.state_dict(), loader.dataset.state_dict()
+        del it
+        ds = STREAMS[stream]()
+        resumed = cls(ds, batch_size=B, **kw)
+        resumed.load_state_dict(state)
+        ds.load_state_dict(ds_state)
+        return [b["a"].tolist() for b in resumed]
+
+    expected = run(StatefulDataLoader, collate_fn=rows_collate)
+    whole = list(torch.utils.data.DataLoader(STREAMS[stream](), batch_size=B,
+                                             collate_fn=rows_collate))
+    assert expected and len(expected) == len(whole) - 3
+    assert run(LOADERS[path][0], **LOADERS[path][1]) == expected

@@ -41,7 +41,9 @@ def follows(stream) -> bool:
 
 def epoch_request(stream) -> int | None:
     """``HFIterableSource.kuat_epoch_request``: the epoch ``stream.dataset.set_epoch`` set since
-    the last call, else the epoch of a state given to its ``load_state_dict`` since then.
+    the last call (or since construction, from datasets' epoch 0; a ``set_epoch`` to the value
+    already seen is not seen), else the epoch of a state given to its ``load_state_dict``
+    since then, else ``None``.
 
     A loaded state names the epoch it was saved in (``datasets`` resumes it only at that
     epoch). Under torch that is the dataset's own epoch; kuat's loader counts its epochs
