@@ -405,7 +405,8 @@ class WorkerChoice:
             self.by, self.reason = "rng", "processes wanted"
         self.worker_type, self.decided = "thread", True
         self.inline = False
-        self.reason = f"{self.reason}; {why}"
+        if why not in self.reason:  # (a copy of the loader tries again, once)
+            self.reason = f"{self.reason}; {why}"
 
     def report(self, loader) -> dict:
         """``stats()["workers"]``: the type and count in use, how they were chosen and why,
