@@ -190,10 +190,16 @@ class ProcessEngine(ClosedOnExit):
         base_seed: seed of the first epoch (per-worker global RNGs: ``base_seed + worker id``).
         context: a ``multiprocessing`` context.
         pin: copy batches out of shared memory straight into pinned (page-locked) memory.
+        warn_pickle: warn (torch's words) before re-raising a pickling error of a worker's
+            start; False where the caller falls back to other workers (``_workers.py``).
+
+    Raises:
+        TypeError, AttributeError, pickle.PicklingError: the job cannot be pickled for a
+            ``spawn``/``forkserver`` context (the workers started so far are closed).
     """
 
     def __init__(self, payload, num_workers: int, base_seed: int, context, *, pin: bool = False,
-                 name: str = "kuat-worker"):
+                 name: str = "kuat-worker", warn_pickle: bool = True):
         self.num_workers = num_workers
         self.pin = pin
         self._closed = False
@@ -227,6 +233,8 @@ class ProcessEngine(ClosedOnExit):
                 try:
                     p.start()
                 except (TypeError, AttributeError, pickle.PicklingError):
+                    if not warn_pickle:
+                        raise
                     warnings.warn(  # torch's words (its test matches them)
                         "Got pickle error when attempting to start a worker Process. "
                         "This might be because the worker Process arguments are not picklable. "

@@ -175,8 +175,10 @@ class Adaptation:
             return NO
         return WAIT if busy else NOW
 
-    def moved_to_processes(self, num_workers: int) -> None:
-        kind = self.move_to[0]
+    def moved_to_processes(self, num_workers: int, kind: str | None = None) -> None:
+        """The move :meth:`processes_wanted` asked for is done, to ``num_workers`` workers of
+        ``kind`` (default :attr:`move_to`'s; threads where processes could not start)."""
+        kind = kind or self.move_to[0]
         if self._move is None and self._choice is not None:  # moved for the RNG: no more
             self._choice = None  # measuring (the loader's choice says why: _workers.py)
             if self._probe is not None:

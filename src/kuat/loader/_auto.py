@@ -398,6 +398,16 @@ class WorkerChoice:
         self.worker_type, self.num_workers = "process", num_workers
         self.decided, self.by, self.reason = True, "rng", reason
 
+    def no_processes(self, why: str) -> None:
+        """Process workers chosen here, or for the RNG, could not start (``_workers.py``):
+        thread workers stay, and ``why`` joins the reason."""
+        if not self.decided:
+            self.by, self.reason = "rng", "processes wanted"
+        self.worker_type, self.decided = "thread", True
+        self.inline = False
+        if why not in self.reason:  # (a copy of the loader tries again, once)
+            self.reason = f"{self.reason}; {why}"
+
     def report(self, loader) -> dict:
         """``stats()["workers"]``: the type and count in use, how they were chosen and why,
         and the measured numbers (empty before a measurement)."""

@@ -279,7 +279,13 @@ def resume_offset(loader, state: dict, served: int, world_size: int) -> int | No
     raise _cannot(state, saved, now, wrong, why, way)
 
 
-def start_stream(loader, epoch: int, start: int | None) -> None:
-    """Tell a kuat stream where the epoch starting now begins (``None``: at its start)."""
+def start_stream(loader, epoch: int, start: int | None, resumed: bool = False) -> None:
+    """Tell a kuat stream where the epoch starting now begins (``None``: at its start), and
+    a source with ``kuat_resumed`` whether the loader resumes it from its own state
+    (``resumed``: its ``load_state_dict`` skips the batches served; a stream's own resumed
+    state then is not applied too, as torchdata applies the position once)."""
     if loader._traits.iterable and stream_starts(loader._source, loader._traits):
         loader._source.start_at(epoch, start or 0)
+    hook = getattr(loader._source, "kuat_resumed", None)
+    if hook is not None:
+        hook(epoch, resumed)

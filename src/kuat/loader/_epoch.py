@@ -287,7 +287,7 @@ def plan_epoch(loader, it) -> EpochPlan:
     if shared_seed is not None:  # an IterDataPipe: every worker seeds its graph with it
         shared_seed = at_start.setdefault("shared_seed", shared_seed)  # (saved, or restored)
         keys = (Seeded(int(shared_seed), key) for key in keys)
-    _elastic.start_stream(loader, epoch, start)  # (before workers copy the source)
+    _elastic.start_stream(loader, epoch, start, pending is not None and bool(skip or start))
     feed = loader._feed
     peer = feed is not None and feed.is_peer()  # replicas="broadcast": the leader reads for it
     if peer:

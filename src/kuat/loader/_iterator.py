@@ -266,13 +266,16 @@ class LoaderIter:
         if answer != _adaptive.NOW:
             return answer == _adaptive.WAIT
         new = self._lease.to_processes(*self._adapt.move_to)
+        if new is None:  # process workers cannot start (_workers.py): these threads go on
+            self._adapt.moved_to_processes(self._nw, kind="thread")
+            return False
         self._nw = new.num_workers
         self._active, self._rr, self._load = [True] * self._nw, self._rr % self._nw, [0] * self._nw
         if self._plan.iterable:  # a replayable stream (_adaptive): the new workers start the
             # epoch again and skip every batch the old ones produced (as a replayed resume)
             self._discard, self._taken = self._discard + self._taken, 0
             self._rr = self._plan.first_worker
-        self._adapt.moved_to_processes(self._nw)
+        self._adapt.moved_to_processes(self._nw, kind=self._lease.worker_type)
         return False
 
     def _to_inline(self) -> bool:

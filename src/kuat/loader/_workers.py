@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import pickle
 import weakref
 
 from kuat.engine import rng_hint
@@ -31,6 +32,9 @@ class WorkerPool:
     def __init__(self):
         self.persistent = None  # the engine kept between epochs
         self.live_iter = None  # weakref to the iterator using it
+        # why process workers chosen under worker_type=None could not start (the job does
+        # not pickle for a spawn/forkserver context): threads from then on, without retrying
+        self.no_processes: str | None = None
 
     def __getstate__(self):
         return {}
@@ -52,9 +56,12 @@ class WorkerPool:
         adopt(loader)
         if loader.num_workers == 0:
             return InlineEngine(job, base_seed)
+        auto = loader._options.auto_worker_type
+        if auto and self.no_processes is not None:
+            loader.worker_type = "thread"
         why = None  # (a move to processes for the RNG mid-epoch comes with worker_type set)
-        if loader._options.auto_worker_type and (loader.worker_type == "thread"
-                                                 or not loader._choice.decided):
+        if auto and (loader.worker_type == "thread" and self.no_processes is None
+                     or not loader._choice.decided):
             why = _why_processes(job.rng_use, job.dataset)
         if why is not None:
             loader.worker_type = "process"
@@ -71,7 +78,22 @@ class WorkerPool:
         # as with torch; pickled into bytes ahead of that it raises "should only be shared
         # between processes through inheritance")
         payload = job
-        return ProcessEngine(payload, loader.num_workers, base_seed, ctx, pin=loader._options.pin)
+        try:
+            return ProcessEngine(payload, loader.num_workers, base_seed, ctx,
+                                 pin=loader._options.pin, warn_pickle=not auto)
+        except (TypeError, AttributeError, pickle.PicklingError) as e:
+            if not auto:  # worker_type="process" given: torch's error, as torch raises it
+                raise
+            # kuat chose processes (worker_type=None) for a dataset that ran in threads: a job
+            # that does not pickle for this context keeps running there, as it did
+            self.no_processes = (f"process workers could not start ({type(e).__name__}: {e}, "
+                                 f"under the {ctx.get_start_method()!r} start method): thread "
+                                 "workers kept")
+            loader.worker_type = "thread"
+            loader._choice.no_processes(self.no_processes)
+            log.warning("kuat.DataLoader: %s; pass worker_type='thread' to start on them, or "
+                        "make the dataset picklable", self.no_processes)
+            return ThreadEngine(job, loader.num_workers, base_seed)
 
     def drop_persistent(self) -> None:
         """Close the persistent workers (they hold an old seed or share); the next epoch starts
@@ -142,12 +164,16 @@ class Lease:
 
     def to_processes(self, worker_type: str = "process", num_workers: int | None = None):
         """Replace the workers (idle now) with ``num_workers`` (default: as many) workers of
-        ``worker_type``; returns the new engine."""
-        loader = self._loader
+        ``worker_type``; returns the new engine (thread workers where kuat's choice of process
+        workers could not start them), or ``None`` where the pool already knows process workers
+        cannot start (the workers are kept)."""
+        loader, pool = self._loader, self._pool
+        if pool.no_processes is not None and worker_type == "process":
+            return None  # (kuat's choice of processes, which cannot start: threads kept)
         loader.worker_type = worker_type
         if num_workers is not None:
             loader.num_workers = num_workers
-        old, pool = self.engine, self._pool
+        old = self.engine
         if self.owned or pool.persistent is old:
             old.close()
         new = pool.make(self._loader, self._base_seed)

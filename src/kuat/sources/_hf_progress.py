@@ -16,7 +16,11 @@ again. In the main process, one reader of the whole stream (world size 1, or the
   taken, by reading that many rows of a fresh copy with ``datasets``' iteration (cost: the
   epoch's rows so far at ``datasets``' row rate, paid only when a state is asked for).
 
-Thread-safety: called in the consumer thread only (``num_workers=0``).
+A state given to the user's ``load_state_dict`` names the epoch the loader starts next
+(:func:`epoch_request`), also when the loader has counted its own epochs past it.
+
+Thread-safety: called in the consumer thread only (``num_workers=0``; :func:`epoch_request`:
+the loader's main process).
 """
 
 from __future__ import annotations
@@ -27,12 +31,35 @@ from itertools import islice
 
 import torch
 
-__all__ = ["Replayed", "follows", "live_rows", "memo"]
+__all__ = ["Replayed", "epoch_request", "following", "follows", "live_rows", "memo"]
 
 
 def follows(stream) -> bool:
     """Whether ``stream``'s user object should follow the loader: no worker, world size 1."""
     return torch.utils.data.get_worker_info() is None and stream._rank_and_world()[1] == 1
+
+
+def epoch_request(stream) -> int | None:
+    """``HFIterableSource.kuat_epoch_request``: the epoch ``stream.dataset.set_epoch`` set since
+    the last call (or since construction, from datasets' epoch 0; a ``set_epoch`` to the value
+    already seen is not seen), else the epoch of a state given to its ``load_state_dict``
+    since then, else ``None``.
+
+    A loaded state names the epoch it was saved in (``datasets`` resumes it only at that
+    epoch). Under torch that is the dataset's own epoch; kuat's loader counts its epochs
+    itself (0, 1, 2... without ``set_epoch``), so a state saved in its epoch 1, or loaded
+    after an epoch ran, was dropped by ``datasets`` and the epoch read again from its start
+    (silent duplicates): it now makes its epoch the next. Both changed: ``set_epoch`` decides
+    (the state resumes only if it is of that epoch, as in ``datasets``)."""
+    epoch = int(getattr(stream.dataset, "epoch", 0))
+    state = getattr(stream.dataset, "_starting_state_dict", None)
+    new_state = state is not None and state is not stream._seen_state
+    stream._seen_state = state
+    if epoch != stream._seen_epoch:
+        stream._seen_epoch = epoch
+        return epoch
+    saved = state.get("epoch") if new_state and isinstance(state, dict) else None
+    return saved if isinstance(saved, int) else None
 
 
 def memo(dataset) -> dict:
@@ -41,6 +68,22 @@ def memo(dataset) -> dict:
     its own state)."""
     state = getattr(dataset, "_state_dict", None)
     return {id(state): None} if isinstance(state, Replayed) else {}
+
+
+def following(stream, ds, rows: Iterable, live: bool) -> Iterator:
+    """``rows``, the row path's share of the epoch read from ``ds`` (the stream's copy), with
+    the user's object following them where it should (:func:`follows`): reading the copy's
+    live state (``live``: ``datasets``' own iteration of ``ds``), else a :class:`Replayed`
+    count of the rows taken, those an elastic resume skipped included (the rows were read
+    past ``datasets``' iteration: ``kuat.sources._hf_split`` runs a filter or map only on
+    the rows kept, which keeps no state)."""
+    if not follows(stream):
+        return iter(rows)
+    if live:
+        return live_rows(stream, ds, rows)
+    start = getattr(stream, "_start", None)
+    skipped = start[1] if start is not None and start[0] == stream._epoch else 0
+    return Replayed(stream, stream._epoch, skipped).counted_rows(rows)
 
 
 def live_rows(stream, ds, rows: Iterable) -> Iterator:
@@ -60,9 +103,9 @@ class Replayed:
     rows taken so far. ``datasets`` deep-copies it in ``state_dict()``: the copy is the
     state ``datasets`` has after yielding that many rows."""
 
-    def __init__(self, stream, epoch: int):
+    def __init__(self, stream, epoch: int, rows: int = 0):
         self.stream, self.epoch = stream, epoch
-        self.rows: int | None = 0  # None: the stream's end was read (torch's fetcher read it)
+        self.rows: int | None = rows  # None: the stream's end was read (torch's fetcher read it)
 
     def state(self) -> dict:
         ds = self.stream._copy(self.epoch)
@@ -78,6 +121,14 @@ class Replayed:
         # pickled (a process worker's copy of the dataset): no state, as a dataset never
         # iterated; its iteration starts its own (a replay here would read the stream again)
         return type(None), ()
+
+    def counted_rows(self, rows: Iterable) -> Iterator:
+        """``rows``, counting them as they are taken; their end means the stream's end."""
+        self.stream.dataset._state_dict = self
+        for row in rows:
+            self.rows += 1
+            yield row
+        self.rows = None
 
     def counted(self, batches: Iterable, batch_size: int) -> Iterator:
         """``(rows, batch)`` pairs of ``batches``, counting the rows as they are taken; a

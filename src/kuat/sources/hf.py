@@ -329,6 +329,7 @@ class HFIterableSource(Stream):
         self.dataset = dataset
         self.split = split
         self._seen_epoch = 0  # the user's dataset.epoch the loader last saw (datasets starts at 0)
+        self._seen_state = None  # the state given to its load_state_dict the loader last saw
         # what workers copy: a private snapshot that nothing else reads or writes (the user's
         # object may be touched while a worker copies; datasets sets attributes lazily)
         self._prototype = copy.deepcopy(dataset, _shared_memo() | _hf_progress.memo(dataset))
@@ -347,16 +348,15 @@ class HFIterableSource(Stream):
         return None
 
     def kuat_epoch_request(self) -> int | None:
-        """The epoch the user's dataset was set to by its own ``set_epoch`` since the last
-        call (or since construction, from datasets' epoch 0), else ``None``: the loader starts
-        that epoch next, as torch's DataLoader re-reading the dataset would. Called by the
-        loader (main process) at each epoch start, ``set_epoch`` and ``load_state_dict``; a
-        ``set_epoch`` to the value already seen is not seen."""
-        epoch = int(getattr(self.dataset, "epoch", 0))
-        if epoch == self._seen_epoch:
-            return None
-        self._seen_epoch = epoch
-        return epoch
+        """The epoch the user's dataset was set to by its own ``set_epoch`` (or of a state
+        given to its ``load_state_dict``) since the last call, else ``None``: the loader
+        starts it next, as torch's DataLoader re-reading the dataset would (details:
+        :func:`kuat.sources._hf_progress.epoch_request`). Called by the loader (main process)
+        at each epoch start, ``set_epoch`` and ``load_state_dict``."""
+        return _hf_progress.epoch_request(self)
+
+    def kuat_resumed(self, epoch: int, resumed: bool) -> None:  # the loader resumes it?
+        self._resumed = epoch if resumed else None
 
     def kuat_set_distributed(self, rank: int, world_size: int) -> None:
         if getattr(self.dataset, "_distributed", None) is not None:
@@ -369,13 +369,14 @@ class HFIterableSource(Stream):
         return super()._rank_and_world()
 
     def _copy(self, epoch: int):
-        """A private deep copy of the dataset at ``epoch``: datasets keeps iteration progress
-        on the dataset and its examples iterables, so two workers iterating one object would
-        disturb each other. The snapshot taken at construction is only ever copied, one
-        copy at a time. The state given to the dataset's own ``load_state_dict`` is read from
-        the dataset itself, as torch's DataLoader reading it would (also when given after the
-        loader was built)."""
-        start = getattr(self.dataset, "_starting_state_dict", None)
+        """A private deep copy of the dataset at ``epoch`` (datasets keeps iteration progress
+        on it: two workers iterating one object would disturb each other), of the snapshot
+        taken at construction, one copy at a time. The state given to the dataset's own
+        ``load_state_dict`` is read from the dataset itself, as torch's DataLoader would
+        (also after the loader was built), unless the loader resumes ``epoch`` from its own
+        state (:meth:`kuat_resumed`: the position is taken once, as torchdata takes it)."""
+        resumed = getattr(self, "_resumed", None) == epoch
+        start = None if resumed else getattr(self.dataset, "_starting_state_dict", None)
         with _COPY_LOCK:
             ds = copy.deepcopy(self._prototype, _shared_memo())
             ds._starting_state_dict = copy.deepcopy(start)
@@ -403,8 +404,7 @@ class HFIterableSource(Stream):
         ds = self._copy(self._epoch)
         owned = _hf_split.owned_examples(self, ds)
         rows = self._share(self._examples(ds)) if owned is None else owned
-        follows = owned is None and _hf_progress.follows(self)  # the user's ds follows
-        yield from _hf_progress.live_rows(self, ds, rows) if follows else rows
+        yield from _hf_progress.following(self, ds, rows, live=owned is None)
 
     def kuat_iter_collated(self, collate_fn, batch_size: int, drop_last: bool):
         """This worker's batches of the current epoch, read as Arrow record batches and

@@ -35,6 +35,7 @@ hook                        protocol / accessor    when the loader calls or read
 ``kuat_set_batching``       :class:`Batching`      construction (iterable, loader's sampler)
 ``kuat_unequal_shares``     :func:`unequal_shares` construction, sharded: a reason refuses it
 ``kuat_epoch_request``      :func:`epoch_request`  epoch start, ``set_epoch``, ``load_state_dict``
+``kuat_resumed``            (method)               epoch start: resumed from the loader's state?
 ``state_dict``/``load_…``   :class:`Stateful`      ``loader.state_dict()`` / ``load_state_dict()``
 ``kuat_iter_from``          :class:`ResumableIterable` epoch start after ``load_state_dict()``, in
                                                    every worker, instead of ``iter()`` (iterable)
