@@ -56,7 +56,7 @@ def _fill(t, rows, out, paths: list) -> bool:
             shards' columns.
     """
     size = t._output_size
-    if (t.exact_resize or _parallel.width() > 1 or out.shape != (len(rows), 3, *size)
+    if (t.exact_resize or _parallel.width() > 1 or out.shape != (len(rows.sid), 3, *size)
             or not out.flags.c_contiguous):
         return False  # (split over idle cores, or a layout apply_encoded_many reports)
     rrc, flips = t._c_plan
