@@ -62,7 +62,7 @@ class BufferPool:
             raise ValueError(f"max_free must be an int >= 0, got {max_free!r}")
         self.max_free = max_free
         # reentrant: a collection triggered inside the lock may free a lease, whose callback
-        # (_give_back) then runs in this same thread
+        # (_returned) then runs in this same thread
         self._lock = threading.RLock()
         self._free: dict[int, list[mmap.mmap]] = {}
         self._leased: dict[int, tuple] = {}  # id(weakref) -> (weakref to the lease, mapping)
@@ -105,10 +105,9 @@ class BufferPool:
         return lease
 
     def _returned(self, ref: weakref.ref) -> None:
-        # the lease died (its last tensor was freed), in whichever thread freed it
-        self._give_back(self._leased.pop(id(ref))[1])
-
-    def _give_back(self, mm: mmap.mmap) -> None:
+        # the lease died (its last tensor was freed), in whichever thread freed it (the
+        # training loop's, dropping a batch: one Python call, the mapping back in the pool)
+        mm = self._leased.pop(id(ref))[1]
         new_list = []  # allocated outside the lock
         with self._lock:
             free = None if self._closed else self._free.setdefault(len(mm), new_list)

@@ -319,7 +319,8 @@ class FetchJob(IsolatedFetch):
         if self.flag_padding and not self.iterable:  # plain ints for the dataset
             key, padding = split_padding(key)
         st = WorkStats()
-        s0 = sched_times() if self.sched_probe.wanted(ctx.method) else None
+        probe = self.sched_probe
+        s0 = sched_times() if (probe.on or probe.forced) and probe.wanted(ctx.method) else None
         st.method = ctx.method
         # buffers kuat allocates while fetching this batch are its own: the collate may return
         # views of them; anything else it copies (collate.py)
@@ -328,11 +329,18 @@ class FetchJob(IsolatedFetch):
             h0 = _parallel.helper_totals() if width > 1 else None  # split fetches only
             # (a new epoch's iter() and state restore, and the state taken after the batch,
             # run with the worker's own generators too: they may draw, save or set them)
-            with self._own_stream(ctx, st, probe=ctx.epoch != epoch) as swapped_in:
+            # (the worker's own global generators: a thread worker whose worker_init_fn
+            # seeded them, or an iterable's, worker_rng.py; probed at an epoch's first batch)
+            with (_NO_STREAM if ctx.rng is None or ctx.method != "thread" else
+                  worker_rng.own_stream(ctx.rng, st, self.rng_use, ctx.epoch != epoch)
+                  ) as swapped_in:
                 if ctx.epoch != epoch:
                     self._new_epoch(ctx, epoch, base_seed, key)
                 if self.iterable:
                     data = self._next_items(ctx, st)
+                elif (ctx.fetch is not None and not self.isolate_rng and self.auto_collation
+                      and self.on_error == "raise"):  # (what _fetch_indices calls then, found
+                    data = ctx.fetch(key)  # at the first batch by _get: three calls fewer)
                 else:
                     data = self._fetch_indices(ctx, epoch, key, st)
                 if ctx.reports_state and swapped_in is not False:
@@ -391,14 +399,6 @@ class FetchJob(IsolatedFetch):
         if s0 is not None:
             cpu, runq = sched_times()
             st.sched = (cpu - s0[0], runq - s0[1], time.perf_counter() - t0)
-
-    def _own_stream(self, ctx: WorkerCtx, st: WorkStats, probe: bool):
-        """The worker's own global generators around its fetch (a thread worker whose
-        worker_init_fn seeded them, or an iterable's: worker_rng.py; ``probe``: an epoch's
-        first batch); nothing otherwise."""
-        if ctx.rng is None or ctx.method != "thread":
-            return _NO_STREAM
-        return worker_rng.own_stream(ctx.rng, st, self.rng_use, probe)
 
     def _next_items(self, ctx: WorkerCtx, st: WorkStats):
         """Up to ``batch_size`` next items of this worker's iterator; None when exhausted."""

@@ -324,20 +324,19 @@ class Store:
         plan = None if c is None else self._gather_plan(fields, self_advised)
         if plan is None:
             sid, groups = self._groups(idx)
-            b = len(idx)
-            out = {name: gather_column(name, self.schema[name].type, groups, b,
-                                       advise=name not in self_advised) for name in fields}
-            return sid, out
+            return sid, {name: gather_column(name, self.schema[name].type, groups, len(idx),
+                                             advise=name not in self_advised) for name in fields}
         sid, local = self._rows(idx, c[2])
         out, groups = {}, None
         for name, how, ftype, dt in plan:
             col = None
+            table = how and (self._tables.get(name) or self._native_table(name))  # (once made)
             if how == "fixed":  # (native_fixed, inlined: once per field and batch)
                 col = np.empty((len(idx), *(ftype.shape or ())), dt)  # (B, *shape)
-                if c[0](self._native_table(name), sid, local, col) >= 0:
+                if c[0](table, sid, local, col) >= 0:
                     col = None  # a shard of the batch not mapped yet
             elif how == "image":  # read by a batch decoder: its rows, sliced if it asks
-                col = ImageRows(self, name, self._native_table(name), sid, local, idx)
+                col = ImageRows(self, name, table, sid, local, idx)
             if col is None:  # not a C field, or a shard of the batch not mapped yet: by groups
                 if groups is None:  # (which map the batch's shards and hold them)
                     groups = self._groups(idx)[1]

@@ -67,6 +67,10 @@ class Adaptation:
             HF streaming, mixes, shuffle buffers), so new workers may replay the epoch's first
             batches and skip them.
         persistent: ``persistent_workers``.
+
+    ``watching``: whether the iterator must call :meth:`loop_resumed` and :meth:`loop_paused`
+    around each batch (False once neither the cheap-batch test nor the worker choice can use
+    the loop's time; it never becomes True again).
     """
 
     def __init__(self, *, num_workers: int, inline: bool, prefetch_factor: int, adaptive: bool,
@@ -96,15 +100,22 @@ class Adaptation:
             probe.on = self._choice is not None and thread_engine
             if probe.on:
                 self._choice.start_probe(probe)
+        self._watch()
         self._wall_mark: float | None = None  # perf_counter() when next() last returned
         self._move: tuple[str, int] | None = None  # (type, count) the choice wants now
         # the choice decided on inline fetching (GIL-bound, no core for processes): go at once
         self._inline_chosen = choice is not None and choice.decided and choice.inline
 
     # --- the training loop's own time (for the inline decision) ------------------------------
+    def _watch(self) -> None:
+        # whether the loop's time is still wanted: by the cheap-batch test while it may still
+        # send the epoch inline, or by the worker choice while it measures (both only ever
+        # stop wanting it, so the iterator skips the two calls per batch from then on)
+        self.watching = (self.may_go_inline and self._cheap_policy) or self._choice is not None
+
     def loop_resumed(self) -> None:
         """``next()`` was called: count the loop's CPU time since the last batch (its wall time
-        would count the time the workers held the GIL)."""
+        would count the time the workers held the GIL). Needed only while :attr:`watching`."""
         if self._loop_mark is None:
             return
         cpu = time.thread_time() - self._loop_mark
@@ -139,9 +150,11 @@ class Adaptation:
         self._work_s += work
         if st.worker_info_consulted and not self._agnostic:
             self.may_go_inline = False  # its batches may depend on the worker
+            self._watch()
 
     def _decide(self) -> None:
         choice, self._choice = self._choice, None
+        self._watch()
         if self._probe is not None:
             self._probe.on = False
         kind, count = choice.decide(num_workers=self.num_workers, iterable=self._iterable,
@@ -187,6 +200,7 @@ class Adaptation:
         self.may_go_inline = self.may_go_inline and kind == "thread"
         self._auto_processes = False
         self.max_inflight = self._base_inflight = max(1, self._prefetch_factor * num_workers)
+        self._watch()
 
     def inline_wanted(self, busy: bool) -> int:
         """``NOW`` to fetch the rest of the epoch in the consumer thread, ``WAIT`` while worker
@@ -203,13 +217,27 @@ class Adaptation:
         if (self._cheap < 0.75 * self._seen or self.blocked < 0.75 * self._seen
                 or self._loop_s > INLINE_MAX_LOOP_SHARE * self._work_s):
             self._cheap_policy = False  # (the worker choice may still decide on inline)
+            self._watch()
             return NO
         return WAIT if busy else NOW
+
+    def steady(self) -> bool:
+        """Whether :meth:`processes_wanted` and :meth:`inline_wanted` would both answer ``NO``
+        now and change nothing (the usual case, checked once per batch instead of asking
+        both); ``False`` when either may answer otherwise (then ask them)."""
+        if self._move is not None:
+            return False
+        use = self._rng_use
+        if self._auto_processes and use.draws and not use.worker_seeded:
+            return False
+        return not (self.may_go_inline and (self._inline_chosen or (
+            self._cheap_policy and self._seen >= INLINE_PROBE)))
 
     def moved_inline(self) -> None:
         self.num_workers = 1
         self.max_inflight, self._adapt, self.may_go_inline = 1, False, False
         self._auto_processes = False
+        self._watch()
 
     @property
     def base_inflight(self) -> int:

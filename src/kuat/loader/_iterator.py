@@ -55,11 +55,13 @@ class LoaderIter:
         self._lease = plan.lease
         self._epoch, self._base_seed = plan.epoch, plan.base_seed
         self._keys = PacedKeys(plan.keys, *plan.pace) if plan.pace is not None else plan.keys
+        self._paced = plan.pace is not None
         self._returned = 0
         self._taken = 0  # results of kind OK taken from the engine (yielded or discarded)
         self._keys_done = False
         self._discard = plan.discard
         self._position = plan.position
+        self._done = plan.position.keys  # which keys are done (set before the epoch starts)
         self._adapt: _adaptive.Adaptation = plan.adaptation
         self._nw = self._lease.engine.num_workers
         self._active = [True] * self._nw
@@ -78,6 +80,7 @@ class LoaderIter:
         self._deferred: BaseException | None = None
         self._transform = plan.transform
         self._feed = plan.feed
+        self._plain = self._copier is None and self._transform is None  # host batches as taken
         self._observer = plan.observer
         self._epoch_batches = None
         self._look_ahead = False
@@ -87,6 +90,7 @@ class LoaderIter:
             self._look_ahead = plan.batches is None
             self._observer.epoch_started(plan.batches)
         self._t_mark: float | None = None
+        self._wait_s = self._wait_cpu_s = 0.0  # of this next(), waiting for results (_take)
         self._events = plan.events
 
     @property
@@ -116,30 +120,37 @@ class LoaderIter:
             if self._closed:
                 raise StopIteration
             self._begin()
-        self._position.opened = False  # (an epoch opened by iter() is started: _state)
+        position, adapt = self._position, self._adapt
+        position.opened = False  # (an epoch opened by iter() is started: _state)
         if self._t_mark is None:
             self._t_mark = t0
-        self._adapt.loop_resumed()
+        # every second inside next() is a second the training loop waited for input
         try:
+            if adapt.watching:
+                adapt.loop_resumed()
             batch = self._next_looking_ahead() if self._look_ahead else self._produce()
-        finally:  # every second inside next() is a second the training loop waited for input
-            self._account_time(t0, c0)
-        self._adapt.loop_paused()
-        self._position.advance()
-        self._returned += 1
-        if isinstance(self._keys, PacedKeys):
-            self._keys.keep_up(self._returned)
-        if self._epoch_batches is not None and self._position.served >= self._epoch_batches:
-            self._plan.observer.last_batch()
-        with self._stats.lock:
-            self._stats.batches += 1
+            if adapt.watching:
+                adapt.loop_paused()
+            position.advance()
+            self._returned += 1
+            if self._paced:
+                self._keys.keep_up(self._returned)
+            if self._epoch_batches is not None and position.served >= self._epoch_batches:
+                self._plan.observer.last_batch()
+        except BaseException:
+            self._account_time(t0, c0, 0)
+            raise
+        self._account_time(t0, c0, 1)
         return batch
 
     def _produce(self):
         """The next batch, transformed; raises StopIteration at the end of the epoch."""
         failed = None
         try:  # fetched here, or received from the replica group's leader (_plan.BatchFeed)
-            batch = self._fetch() if self._feed is None else self._feed.next(self._fetch, _BatchError)
+            if self._feed is not None:
+                batch = self._feed.next(self._fetch, _BatchError)
+            else:
+                batch = self._next_batch() if self._plain else self._fetch()
         except StopIteration:
             self._finish()
             raise
@@ -192,6 +203,7 @@ class LoaderIter:
         return batch
 
     def _next_batch(self):
+        done = self._done
         while True:
             self._dispatch()
             r = self._take()
@@ -199,14 +211,14 @@ class LoaderIter:
                 raise StopIteration
             self._account(r)
             ordinal = self._ordinals.pop(r.task_id, None)
-            if r.kind == OK:
-                if self._discard:  # (a replayed batch, served before)
-                    self._discard -= 1
-                    self._position.took_key(ordinal, False)
-                    continue
-                self._position.took_key(ordinal, True)  # done once returned
+            batch = r.kind == OK and not self._discard  # one to return: done once returned
+            if ordinal is not None and done is not None:
+                done.took(ordinal, batch)  # (failed, empty, replayed: done now, not fetched
+            if batch:  # again on resume)
                 return r.value
-            self._position.took_key(ordinal, False)  # done: resume does not fetch it again
+            if r.kind == OK:  # (a replayed batch, served before)
+                self._discard -= 1
+                continue
             if r.kind == END:
                 self._active[r.worker_id] = False
                 continue
@@ -230,15 +242,15 @@ class LoaderIter:
         sample order) are those of an unsplit fetch.
         """
         adapt = self._adapt
-        if adapt.holding is not None or self._to_processes() or self._to_inline():
+        if adapt.holding is not None or (
+                not adapt.steady() and (self._to_processes() or self._to_inline())):
             return
-        while len(self._tasks) + len(self._ready) < adapt.max_inflight and not self._keys_done:
+        tasks, ready, done = self._tasks, self._ready, self._done
+        while len(tasks) + len(ready) < adapt.max_inflight and not self._keys_done:
             w = self._next_worker()
             if w is None:
                 return
-            if isinstance(self._keys, PacedKeys) and not self._keys.may_pull(
-                self._returned, len(self._tasks) + len(self._ready)
-            ):
+            if self._paced and not self._keys.may_pull(self._returned, len(tasks) + len(ready)):
                 return  # torch would not pull the sampler's end yet (see PacedKeys)
             try:
                 key = next(self._keys)
@@ -246,12 +258,13 @@ class LoaderIter:
                 self._keys_done = True
                 return
             tid = next(_TASK_IDS)
-            self._tasks[tid] = w
-            self._ordinals[tid] = self._position.dispatched()
+            tasks[tid] = w
+            self._ordinals[tid] = done.dispatched() if done is not None else None
             self._load[w] += 1
             if self._in_order:
                 self._order.append(tid)
-            width = adapt.first_batch_width(self._returned, len(self._tasks), len(self._ready))
+            width = (adapt.first_batch_width(self._returned, len(tasks), len(ready))
+                     if adapt.first_width > 1 else 1)
             if width > 1:
                 adapt.holding = tid
             self._lease.engine.submit(w, Task(tid, self._epoch, key, self._base_seed, width))
@@ -329,7 +342,14 @@ class LoaderIter:
                 if not self._tasks:
                     return None
             self._adapt.blocked += 1
-            r = self._get()
+            t0, c0 = time.perf_counter(), time.thread_time()
+            try:
+                r = self._lease.engine.get(self._timeout if self._timeout > 0 else None)
+            except queue.Empty:
+                raise self._timed_out() from None
+            finally:  # (added to the stats with the rest of next(): _account_time)
+                self._wait_s += time.perf_counter() - t0
+                self._wait_cpu_s += time.thread_time() - c0
             if self._tasks.pop(r.task_id, None) is None:
                 continue  # stale: from an abandoned epoch of persistent workers
             self._ready[r.task_id] = r
@@ -337,17 +357,10 @@ class LoaderIter:
                 self._adapt.holding = None
                 self._dispatch()
 
-    def _get(self):
-        t0, c0 = time.perf_counter(), time.thread_time()
-        try:
-            return self._lease.engine.get(self._timeout if self._timeout > 0 else None)
-        except queue.Empty:
-            raise LoaderTimeoutError(
-                f"DataLoader timed out after {self._timeout} seconds waiting for a batch from its "
-                f"{self._nw} {self._lease.worker_type} workers ({len(self._tasks)} batches in flight)"
-            ) from None
-        finally:
-            self._stats.waited(time.perf_counter() - t0, time.thread_time() - c0)
+    def _timed_out(self) -> LoaderTimeoutError:
+        return LoaderTimeoutError(
+            f"DataLoader timed out after {self._timeout} seconds waiting for a batch from its "
+            f"{self._nw} {self._lease.worker_type} workers ({len(self._tasks)} batches in flight)")
 
     def _next_device_batch(self):
         """Stage the next host batch's copy before returning the current one (one ahead)."""
@@ -391,14 +404,20 @@ class LoaderIter:
         if st.worker_info_consulted is False and self._plan.iterable:
             self._events.unsplit_iterable()
 
-    def _account_time(self, t0: float, c0: float) -> None:
+    def _account_time(self, t0: float, c0: float, batches: int) -> None:
         # wall time from the first next() of the epoch to the end of the latest one, and the
-        # part of it spent inside next() (from t0); this thread's CPU time since c0
+        # part of it spent inside next() (from t0); this thread's CPU time since c0; the waits
+        # for results in it (stats.waited's, one lock for all); ``batches`` returned (0 or 1)
         now, cpu = time.perf_counter(), time.thread_time() - c0
-        with self._stats.lock:
-            self._stats.consumer_cpu_s += cpu
-            self._stats.elapsed_s += now - self._t_mark
-            self._stats.wait_s += now - t0
+        st = self._stats
+        with st.lock:
+            st.consumer_cpu_s += cpu
+            st.elapsed_s += now - self._t_mark
+            st.wait_s += now - t0
+            st.worker_wait_s += self._wait_s
+            st.wait_cpu_s += self._wait_cpu_s
+            st.batches += batches
+        self._wait_s = self._wait_cpu_s = 0.0
         self._t_mark = now
 
     def _finish(self) -> None:

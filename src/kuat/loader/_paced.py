@@ -45,7 +45,15 @@ class PacedKeys:
     def __next__(self):
         if self._queue:
             return self._queue.popleft()
-        return self._pull()
+        if self.exhausted:  # (_pull, inlined: once per batch)
+            raise StopIteration
+        try:
+            key = next(self._keys)
+        except StopIteration:
+            self.exhausted = True
+            raise
+        self.pulled += 1
+        return key
 
     def _pull(self):
         if self.exhausted:

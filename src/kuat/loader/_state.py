@@ -131,7 +131,11 @@ class KeysDone:
 
     def returned(self) -> None:
         if self._taken:
-            self._done(self._taken.popleft())
+            ordinal = self._taken.popleft()
+            if ordinal == self.prefix and not self.ahead:  # (in order: _done's first step)
+                self.prefix += 1
+            else:
+                self._done(ordinal)
 
     def _done(self, ordinal: int) -> None:
         if ordinal != self.prefix:
@@ -173,18 +177,12 @@ class Position:
     base: int = 0
     # called with ``yielded`` after each batch (torch's IterableDataset length warning)
     on_batch: Callable[[int], None] | None = None
-    keys: KeysDone | None = None  # which keys are done (map-style; None: the first ``served``)
+    # which keys are done (map-style; None: the first ``served``); the epoch's iterator names
+    # each key it dispatches and takes to it (KeysDone.dispatched, took)
+    keys: KeysDone | None = None
     # started by iter() (num_workers=0 over a torch IterableDataset: _epoch.opens_at_iter) and
     # not next()-ed yet: an iterator dropped unused leaves the epoch to the next one started
     opened: bool = False
-
-    def dispatched(self) -> int | None:
-        """The ordinal of the key the iterator dispatches now (None: not tracked)."""
-        return self.keys.dispatched() if self.keys is not None else None
-
-    def took_key(self, ordinal: int | None, batch: bool) -> None:
-        if self.keys is not None and ordinal is not None:
-            self.keys.took(ordinal, batch)
 
     def took(self, worker_id: int, state: bytes, batch: bool) -> None:
         """The iterator took a result carrying worker ``worker_id``'s dataset state."""

@@ -36,7 +36,12 @@ class LoaderStats:
 
     def reset(self):
         self.fetch_s = self.fetch_cpu_s = self.collate_s = self.pin_s = self.rng_wait_s = 0.0
-        self.native_s = self.native_cpu_s = self.consumer_cpu_s = self.wait_cpu_s = 0.0
+        self.native_s = self.native_cpu_s = self.consumer_cpu_s = 0.0
+        # the loop's waits for a worker's result (added by the iterator once per next()):
+        # worker_wait_s of wall time, wait_cpu_s of it on a CPU (waking up, taking the GIL
+        # back: not Python, left out of python_us_per_sample's consumer; an inline fetch runs
+        # inside this wait, and is counted as a worker's)
+        self.wait_cpu_s = 0.0
         self.runq_s = 0.0  # of fetch + collate, waiting for a core (when measured)
         # CPU seconds outside GIL-releasing kernels (WorkStats.python_s), by worker kind
         self.python_s = {"inline": 0.0, "thread": 0.0, "process": 0.0}
@@ -61,14 +66,6 @@ class LoaderStats:
             if counted:
                 self.samples += st.samples
             self.skipped += len(st.skipped)
-
-    def waited(self, wall_s: float, cpu_s: float) -> None:
-        """The loop waited ``wall_s`` for a worker's result, ``cpu_s`` of it on a CPU (waking
-        up, taking the GIL back: not Python, left out of ``python_us_per_sample``'s consumer;
-        an inline fetch runs inside this wait, and is counted as a worker's)."""
-        with self.lock:
-            self.worker_wait_s += wall_s
-            self.wait_cpu_s += cpu_s
 
     def overhead_s(self, num_workers: int) -> float:
         """Seconds ``next()`` spent in kuat's own machinery (see :meth:`report`)."""

@@ -17,7 +17,9 @@ from their streams), as ``apply_encoded_many`` takes them.
 
 from __future__ import annotations
 
+import functools
 import logging
+import time
 
 from kuat import _native, _parallel
 from kuat.rng import BatchGenerators, current_epoch
@@ -38,7 +40,7 @@ def rows_filler(t):
     view (its transforms are fixed when it is made)."""
     if type(t) is not Compose or t._c_plan is None or roi_function("plan_decode_rows") is None:
         return None
-    return lambda rows, out, paths: _fill(t, rows, out, paths)
+    return functools.partial(_fill, t)  # fill(rows, out, paths) (no Python frame of its own)
 
 
 def _fill(t, rows, out, paths: list) -> bool:
@@ -56,12 +58,12 @@ def _fill(t, rows, out, paths: list) -> bool:
             shards' columns.
     """
     size = t._output_size
-    if (t.exact_resize or _parallel.width() > 1 or out.shape != (len(rows), 3, *size)
+    if (t.exact_resize or _parallel.width() > 1 or out.shape != (len(rows.sid), 3, *size)
             or not out.flags.c_contiguous):
         return False  # (split over idle cores, or a layout apply_encoded_many reports)
     rrc, flips = t._c_plan
     seed, epoch = current_epoch()
-    t0 = _native.clock()
+    t0 = time.perf_counter(), time.thread_time()  # (_native.clock(), inlined)
     res = roi_function("plan_decode_rows")(
         rows.table, rows.sid, rows.local, rows.idx, out, *size,
         *rrc_params(rrc, flips, t.max_pixels), seed & _MASK64, epoch & _MASK64)
