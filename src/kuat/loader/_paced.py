@@ -43,17 +43,7 @@ class PacedKeys:
         return self
 
     def __next__(self):
-        if self._queue:
-            return self._queue.popleft()
-        if self.exhausted:  # (_pull, inlined: once per batch)
-            raise StopIteration
-        try:
-            key = next(self._keys)
-        except StopIteration:
-            self.exhausted = True
-            raise
-        self.pulled += 1
-        return key
+        return self._queue.popleft() if self._queue else self._pull()
 
     def _pull(self):
         if self.exhausted:
