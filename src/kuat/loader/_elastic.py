@@ -34,6 +34,7 @@ from typing import Any
 
 from kuat import distributed
 from kuat.sampling import EpochSampler, exact_count, exact_share
+from kuat.sources import protocol
 
 __all__ = ["layout", "samples_consumed", "resume_offset", "same_stride", "stride", "stream_starts",
            "start_stream", "rest_size", "rest_of", "rest_indices", "rest_iter"]
@@ -286,6 +287,4 @@ def start_stream(loader, epoch: int, start: int | None, resumed: bool = False) -
     state then is not applied too, as torchdata applies the position once)."""
     if loader._traits.iterable and stream_starts(loader._source, loader._traits):
         loader._source.start_at(epoch, start or 0)
-    hook = getattr(loader._source, "kuat_resumed", None)
-    if hook is not None:
-        hook(epoch, resumed)
+    protocol.resumed(loader._source, epoch, resumed)

@@ -60,27 +60,10 @@ if TYPE_CHECKING:
     from torch.utils.data import IterableDataset
 
 __all__ = [
-    "Source",
-    "Batching",
-    "BatchFetch",
-    "CollatedFetch",
-    "CollatedStream",
-    "Distributed",
-    "EpochAware",
-    "MapSource",
-    "PlanState",
-    "Prefetching",
-    "ResumableIterable",
-    "Stateful",
-    "all_use_sample_rng",
-    "batch_transform",
-    "common_batch_transform",
-    "fetch_collated",
-    "never_draws",
-    "prefetcher",
-    "provides",
-    "splits_batches",
-    "thread_agnostic",
+    "Source", "Batching", "BatchFetch", "CollatedFetch", "CollatedStream", "Distributed",
+    "EpochAware", "MapSource", "PlanState", "Prefetching", "ResumableIterable", "Stateful",
+    "all_use_sample_rng", "batch_transform", "common_batch_transform", "fetch_collated",
+    "never_draws", "prefetcher", "provides", "resumed", "splits_batches", "thread_agnostic",
     "uses_sample_rng",
 ]
 
@@ -414,6 +397,13 @@ def epoch_request(source: object) -> int | None:
     consumes it."""
     hook = getattr(source, "kuat_epoch_request", None)
     return hook() if callable(hook) else None
+
+
+def resumed(source: object, epoch: int, by_loader: bool) -> None:
+    """Tell the source (``kuat_resumed``) whether the loader resumes ``epoch`` itself."""
+    hook = getattr(source, "kuat_resumed", None)
+    if callable(hook):
+        hook(epoch, by_loader)
 
 
 def uses_sample_rng(source: object) -> bool:
