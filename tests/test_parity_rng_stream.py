@@ -165,3 +165,31 @@ def test_an_epoch_left_early_leaves_the_generator_as_torchs(order_from, take, nu
         return out
 
     assert run(kuat.DataLoader) == run(TorchDataLoader)
+
+
+class DrawsPerSample(torch.utils.data.Dataset):
+    """Draws from torch's default generator in every ``__getitem__`` (as torchvision's random
+    transforms do): in torch that is each worker process's own generator."""
+
+    def __len__(self):
+        return 40
+
+    def __getitem__(self, i):
+        return torch.tensor([i, 0]) + torch.rand(2)
+
+
+@pytest.mark.parametrize("worker_type", ["thread", None])
+def test_a_drawing_dataset_in_thread_workers_leaves_the_callers_stream_as_torch(worker_type):
+    # thread workers watch their first batches unisolated: the dataset's draws there came
+    # from the generator the training loop reads on (each epoch's shuffle seed), which torch's
+    # worker processes never touch; the isolated re-fetch rewinds them. Before, epoch 1's order
+    # and the loop's next draw differed from torch's, and from run to run
+    def run(loader_cls, **kw):
+        torch.manual_seed(0)
+        loader = loader_cls(DrawsPerSample(), batch_size=4, shuffle=True, num_workers=2, **kw)
+        epochs = [[int(i) for b in loader for i in b[:, 0]] for _ in range(2)]
+        return epochs, torch.rand(3).tolist()
+
+    expected = run(TorchDataLoader)
+    for _ in range(8):  # fresh loaders: which worker saw the first draw varies
+        assert run(kuat.DataLoader, worker_type=worker_type) == expected

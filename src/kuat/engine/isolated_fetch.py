@@ -115,7 +115,7 @@ class IsolatedFetch:
                 return data
             del data
             if not reseeded:  # something drew (the dataset, or another thread): isolated
-                data = self._isolated(ctx, epoch, key, st)
+                data = self._isolated(ctx, epoch, key, st, rewind=True)
                 if not use.draws:
                     use.false_alarm()
                 return data
@@ -151,7 +151,7 @@ class IsolatedFetch:
             use.stuck_hold = hold  # (the same hold stuck: the next fetches do not wait)
             return data
         del data  # fetched with unseeded draws (or another thread drew): fetch it isolated
-        data = self._isolated(ctx, epoch, key, st)
+        data = self._isolated(ctx, epoch, key, st, rewind=True)
         if locked and not use.draws:
             use.false_alarm()
         return data
@@ -179,7 +179,7 @@ class IsolatedFetch:
         return ctx.method == "thread" or (ctx.method != "process" and use.probed)
 
     def _isolated(self, ctx: WorkerCtx, epoch: int, key, st: WorkStats, first: bool = False,
-                  grace_until: float | None = None, join: bool = False):
+                  grace_until: float | None = None, join: bool = False, rewind: bool = False):
         """The samples of ``key`` with the global RNGs reseeded per sample (``__getitem__``)
         or per batch (``__getitems__``), under the exclusive lock; probes whether the dataset
         draws until that is known. With ``first`` (a worker's first batch), returns ``_WATCH``
@@ -213,6 +213,12 @@ class IsolatedFetch:
             st.rng_wait_s += time.perf_counter() - t0
             if first and self._may_watch_first(ctx):
                 return _WATCH
+            caller = use.caller_state
+            if rewind and caller is not None and ctx.method == "thread":
+                # the batch drew, watched, before the loop had its first batch: those draws
+                # were the workers' own, from the generators the caller will read on (its
+                # next epoch's shuffle): rewind them, as a worker process never draws from them
+                isolate.restore(caller)
             # the caller's generator states stay as they were; a worker process's own too
             # while its dataset is not known to draw (a probed batch: code outside the dataset,
             # a collate_fn, then draws from base_seed + worker_id's stream, as in torch); once

@@ -89,6 +89,7 @@ class Adaptation:
         self.holding: int | None = None  # task id of the split first batch while it is fetched
         self._auto_processes = auto_processes and thread_engine
         self._engine_kind = "thread" if thread_engine else "process"
+        self._thread_workers = thread_engine and not inline
         self._rng_use = rng_use
         self._seen = self._cheap = self.blocked = 0
         self._work_s = self._loop_s = 0.0  # of the batches seen: their work; the loop's own time
@@ -123,6 +124,18 @@ class Adaptation:
             self._loop_s += cpu
         if self._choice is not None and self._wall_mark is not None:
             self._choice.loop(time.perf_counter() - self._wall_mark, cpu)
+
+    def threads_start(self) -> None:
+        """The epoch's thread workers are about to get their first tasks: the caller's
+        generator states are kept until the loop has its first batch
+        (``kuat.engine.isolate.RngUse.caller_state``)."""
+        if self._thread_workers and self._rng_use is not None:
+            self._rng_use.threads_start()
+
+    def loop_has_batch(self) -> None:
+        """The loop got the epoch's first batch (it may draw from here on)."""
+        if self._rng_use is not None:
+            self._rng_use.caller_state = None
 
     def loop_paused(self) -> None:
         """``next()`` returns a batch."""

@@ -90,6 +90,7 @@ class LoaderIter:
             self._look_ahead = plan.batches is None
             self._observer.epoch_started(plan.batches)
         self._t_mark: float | None = None
+        self._adapt.threads_start()  # (before the first task: the caller's generators now)
         self._wait_s = self._wait_cpu_s = 0.0  # of this next(), waiting for results (_take)
         self._events = plan.events
 
@@ -132,6 +133,8 @@ class LoaderIter:
             if adapt.watching:
                 adapt.loop_paused()
             position.advance()
+            if not self._returned:
+                adapt.loop_has_batch()
             self._returned += 1
             if self._paced:
                 self._keys.keep_up(self._returned)
