@@ -185,3 +185,12 @@ def test_a_mistyped_option_is_reported_with_the_commands_own_usage_and_not_abbre
         assert e.value.code == 2
         err = capsys.readouterr().err
         assert err.startswith("usage: kuat convert") and f"unrecognized arguments: {typo}" in err
+
+
+def test_python_dash_m_kuat_is_the_kuat_command():
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "kuat", "--version"], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0 and kuat.__version__ in out.stdout + out.stderr, out

@@ -119,9 +119,13 @@ def test_the_command_line_runs_a_scripts_loader(tmp_path):
     assert "Traceback" not in out.stderr
 
 
-def test_an_empty_loop_gets_no_speed_up_and_process_workers_no_advice_to_use_them():
+def test_an_empty_loop_gets_no_speed_up_and_process_workers_no_advice_to_use_them(monkeypatch):
     """A loop that does nothing else (no step) has no meaningful "x faster with instant input";
-    Python-bound process workers are told to add workers, not to use process workers."""
+    Python-bound process workers are told to add workers (while there are cores for them), not
+    to use process workers."""
+    from kuat.loader import _auto
+
+    monkeypatch.setattr(_auto, "usable_cores", lambda: 8)
     d = kuat.doctor(kuat.DataLoader(Python(), batch_size=8, num_workers=0), steps=6)
     assert d.input_bound and "faster with instant input" not in d.line, d.line
     assert "runs at the input's rate" in d.line
@@ -129,5 +133,8 @@ def test_an_empty_loop_gets_no_speed_up_and_process_workers_no_advice_to_use_the
     advice = {kind: _doctor._evidence("Python/GIL", {**numbers, "workers": kind}) for kind in ("process", "thread")}
     assert "more process workers" in advice["process"] and "worker_type=None chooses" not in advice["process"]
     assert "worker_type=None chooses" in advice["thread"]
+    monkeypatch.setattr(_auto, "usable_cores", lambda: 2)  # 2 workers already have every core
+    assert "have every core already" in _doctor._evidence("Python/GIL", {**numbers,
+                                                                         "workers": "process"})
     assert "(type still being measured)" in _doctor._evidence("Python/GIL", {**numbers, "workers": "thread",
                                                                              "chosen": "measuring"})

@@ -185,7 +185,7 @@ def diagnose(before: dict, after: dict, steps: int, step_s: float, total_s: floa
     head = (f"input-bound: the loop waited {100 * wait_share:.0f}% of {total_s:.2f} s "
             f"({numbers['wait']:.2f} ms per batch, its own step {numbers['step']:.2f} ms); "
             + (f"{_times(speedup)} faster with instant input" if numbers["step"] >= MIN_STEP_MS
-               else "the loop does nothing else (time a real step, or give --step), so it "
+               else "the loop does nothing else (time a real step: step_fn=, or --step), so it "
                     "runs at the input's rate") if bound else
             f"not input-bound: the loop waited {100 * wait_share:.0f}% of {total_s:.2f} s "
             f"({numbers['wait']:.2f} ms per batch against a step of {numbers['step']:.2f} ms): "
@@ -239,8 +239,12 @@ def _evidence(stage: str, n: dict) -> str:
         return (f"fetches took {n['fetch']:.2f} {per}, only {n['fetch_cpu']:.2f} of it on CPU "
                 f"({n['runqueue']:.2f} waiting for a core): waiting on reads; {who}: more "
                 "workers, a local copy, or larger reads")
-    fix = ("more process workers (num_workers=), or batched reads (__getitems__, kuat's "
-           "formats)" if n["workers"] == "process" else
+    from kuat.loader._auto import usable_cores
+
+    more = ("more process workers (num_workers=)" if (n["num_workers"] or 0) < usable_cores()
+            else "the workers have every core already: less Python per sample")
+    fix = (f"{more}, or batched reads (__getitems__, kuat's formats)"
+           if n["workers"] == "process" else
            "process workers (worker_type=None chooses them when this holds the GIL), or "
            "batched reads (__getitems__, kuat's formats)")
     return (f"fetches took {n['fetch']:.2f} {per} ({n['fetch_cpu']:.2f} on CPU, "
@@ -248,4 +252,6 @@ def _evidence(stage: str, n: dict) -> str:
 
 
 # stats()["workers"]["chosen"] in words
-_CHOSEN = {"measuring": "type still being measured", "measured": "type chosen by measurement"}
+_CHOSEN = {"measuring": "type still being measured", "measured": "type chosen by measurement",
+           "rng": "processes: the dataset draws from the global random generators",
+           "given": "as given"}

@@ -61,7 +61,8 @@ def run(args) -> int:
         msg = str(e).removeprefix(f"shard {e.path} ")  # the path is said once, up front
         print(f"BAD {e.path}: {msg}")
     if report.ok:
-        print(f"OK {report.path}: {report.rows} rows, {report.shards} shards, {report.bytes} bytes")
+        shards = f"{report.shards} shard" + ("" if report.shards == 1 else "s")
+        print(f"OK {report.path}: {report.rows} rows, {shards}, {report.bytes} bytes")
         return 0
     print(f"FAILED {report.path}: {len(report.errors)} of {report.shards} shards are bad")
     return 1

@@ -200,8 +200,8 @@ class WorkerChoice:
         self.decided = not (auto_type or auto_count)
         self.by = "measured" if not self.decided else "given"
         self.reason = "as given" if self.decided else (
-            f"not decided yet: {PROBE_BATCHES} batches after each worker's first decide (an "
-            "epoch shorter than that keeps the type it started with)")
+            f"not decided yet: measured over {PROBE_BATCHES} batches after each worker's "
+            "first (warm-up) batch; an epoch shorter than that keeps the type it started with")
         self.numbers: dict[str, float] = {}
         self._skip = num_workers  # each worker's first batch warms up: not measured
         self._n = 0
