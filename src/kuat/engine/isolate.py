@@ -39,8 +39,8 @@ done only for datasets seen to draw:
    first result is dropped. Only a dataset whose own samples draw in that re-fetch is marked;
    draws of another thread (the training loop's) are not the dataset's. (So a sample runs
    twice only where the generators changed while its batch ran: a dataset that draws, its
-   first batches; the training loop's draws, up to :data:`MAX_FALSE_ALARMS` batches.)  In thread mode the
-   training loop may draw while a batch runs; after :data:`MAX_FALSE_ALARMS` re-fetches that
+   first batches; the training loop's draws, up to :data:`MAX_FALSE_ALARMS` batches.) In
+   thread mode the training loop may draw while a batch runs; after :data:`MAX_FALSE_ALARMS` re-fetches that
    found no draw, watching stops for that loader (logged at INFO), and only the probe decides.
 3. **Isolated.** A dataset that draws runs every sample (``__getitem__`` path) or every batch
    (``__getitems__`` path, seeded from the batch's indices, which do not depend on the worker

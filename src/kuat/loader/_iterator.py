@@ -214,10 +214,12 @@ class LoaderIter:
                 raise StopIteration
             self._account(r)
             ordinal = self._ordinals.pop(r.task_id, None)
-            batch = r.kind == OK and not self._discard  # one to return: done once returned
+            # a batch to return is done once returned; a failed, empty or replayed one is done
+            # now (resume does not fetch it again)
+            batch = r.kind == OK and not self._discard
             if ordinal is not None and done is not None:
-                done.took(ordinal, batch)  # (failed, empty, replayed: done now, not fetched
-            if batch:  # again on resume)
+                done.took(ordinal, batch)
+            if batch:
                 return r.value
             if r.kind == OK:  # (a replayed batch, served before)
                 self._discard -= 1

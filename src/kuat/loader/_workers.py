@@ -57,11 +57,11 @@ class WorkerPool:
         if loader.num_workers == 0:
             return InlineEngine(job, base_seed)
         auto = loader._options.auto_worker_type
+        why = None
         if auto and self.no_processes is not None:
-            loader.worker_type = "thread"
-        why = None  # (a move to processes for the RNG mid-epoch comes with worker_type set)
-        if auto and (loader.worker_type == "thread" and self.no_processes is None
-                     or not loader._choice.decided):
+            loader.worker_type = "thread"  # (processes could not start: not tried again)
+        elif auto and (loader.worker_type == "thread" or not loader._choice.decided):
+            # (a move to processes for the RNG mid-epoch comes with worker_type set)
             why = _why_processes(job.rng_use, job.dataset)
         if why is not None:
             loader.worker_type = "process"

@@ -109,7 +109,7 @@ class Replayed:
 
     def state(self) -> dict:
         ds = self.stream._copy(self.epoch)
-        ds._starting_state_dict = None  # (the columnar path never reads a resumed stream)
+        ds._starting_state_dict = None  # (the rows counted are from the epoch's start)
         it = iter(ds)
         deque(islice(it, self.rows), maxlen=0)
         return ds.state_dict()

@@ -329,7 +329,7 @@ class HFIterableSource(Stream):
         self.dataset = dataset
         self.split = split
         self._seen_epoch = 0  # the user's dataset.epoch the loader last saw (datasets starts at 0)
-        self._seen_state = None  # the state given to its load_state_dict the loader last saw
+        self._seen_state = self._resumed = None  # last loaded state seen; kuat_resumed's epoch
         # what workers copy: a private snapshot that nothing else reads or writes (the user's
         # object may be touched while a worker copies; datasets sets attributes lazily)
         self._prototype = copy.deepcopy(dataset, _shared_memo() | _hf_progress.memo(dataset))
@@ -375,7 +375,7 @@ class HFIterableSource(Stream):
         ``load_state_dict`` is read from the dataset itself, as torch's DataLoader would
         (also after the loader was built), unless the loader resumes ``epoch`` from its own
         state (:meth:`kuat_resumed`: the position is taken once, as torchdata takes it)."""
-        resumed = getattr(self, "_resumed", None) == epoch
+        resumed = self._resumed == epoch
         start = None if resumed else getattr(self.dataset, "_starting_state_dict", None)
         with _COPY_LOCK:
             ds = copy.deepcopy(self._prototype, _shared_memo())
@@ -392,8 +392,8 @@ class HFIterableSource(Stream):
         rank, world_size = self._rank_and_world()
         if world_size > 1:
             ds = split_dataset_by_node(ds, rank=rank, world_size=world_size)
-        rows = iter(ds)  # datasets shards by worker itself (get_worker_info)
-        return _hf_progress.live_rows(self, ds, rows) if _hf_progress.follows(self) else rows
+        # datasets shards by worker itself (get_worker_info); its own iteration: live state
+        return _hf_progress.following(self, ds, iter(ds), live=True)
 
     def _position_share(self):
         """``split="position"``: this rank's and worker's share of the epoch, taken before the
