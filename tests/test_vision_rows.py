@@ -16,6 +16,7 @@ from kuat.vision import Compose, RandomHorizontalFlip, RandomResizedCrop
 from kuat.vision.steps import rrc_params
 
 kdecode = pytest.importorskip("kuat.vision.decode")
+import kuat.sources._rows_fetch as krf  # noqa: E402
 import kuat.vision._rows as krows  # noqa: E402
 
 roi = kdecode._roi
@@ -79,6 +80,7 @@ def test_the_rows_path_gives_the_per_image_pixels(dataset, t, seed, epoch, monke
     taken = []
     fill = krows._fill
     monkeypatch.setattr(krows, "_fill", lambda *a: taken.append(fill(*a)) or taken[-1])
+    monkeypatch.setattr(krf, "rows_fetcher", lambda *a: None)  # (tests/test_rows_fetch.py)
     stored = kuat.open(path).read_batch(range(len(imgs)), ["image"])["image"]
     ds = kuat.open(path).with_transform({"image": t})  # its own store: no shard mapped yet
     idx = [5, 0, len(imgs) - 1, 14, 15, 16, 17, 18, 3, 3, 30, 7, 21]
@@ -100,6 +102,7 @@ def test_unmapped_shards_take_the_views_path_then_the_rows(dataset, tmp_path, mo
     taken = []
     fill = krows._fill
     monkeypatch.setattr(krows, "_fill", lambda *a: taken.append(fill(*a)) or taken[-1])
+    monkeypatch.setattr(krf, "rows_fetcher", lambda *a: None)  # (tests/test_rows_fetch.py)
     t = TRANSFORMS[0]
     stored = kuat.open(tmp_path / "d").read_batch(range(len(imgs)), ["image"])["image"]
     idx = [3, 20, 11, 0, 29]

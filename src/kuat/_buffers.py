@@ -25,6 +25,12 @@ it, a slice the user keeps) uses the memory; when it dies, a weak reference's ca
 the mapping back on the free list. So reuse can never overwrite memory the user still holds.
 (A plain ``weakref.ref`` with a callback, kept in the pool, rather than ``weakref.finalize``,
 whose registry bookkeeping is Python: both ends run once per batch, with the GIL held.)
+:meth:`BufferPool.take_array` goes one step further for a batch's arrays of a known shape and
+dtype (a kuat dataset's image buffer and labels, ``kuat.sources._rows_fetch``): the callback
+makes the next lease and its tensor right away, in the thread that freed the batch (the
+training loop's, where torch is warm), so a worker thread takes its batch's tensors with no
+NumPy or torch call, which cost tens of microseconds each in a worker right after a batch
+decode has evicted the caches (issue 31).
 
 Thread-safety: :meth:`take` and the callbacks may run in any thread (a lock guards the lists).
 Pickling gives an empty pool (process workers each keep their own). A scope is the thread's own.
@@ -34,6 +40,7 @@ from __future__ import annotations
 
 import math
 import mmap
+import sys
 import threading
 import weakref
 
@@ -48,13 +55,36 @@ __all__ = [
 # Below this, malloc is cheap and its arenas hold little: the pool is for batch-sized buffers.
 MIN_POOLED_BYTES = 1 << 20
 _HUGEPAGE = getattr(mmap, "MADV_HUGEPAGE", None)  # Linux only
+_U8 = np.dtype(np.uint8)
+
+
+def _mapped(nbytes: int) -> mmap.mmap:
+    """``nbytes`` of private anonymous memory, huge pages advised where the kernel allows."""
+    # private anonymous pages (Python's default, MAP_SHARED, would be shmem: the same memory,
+    # but counted as shared); munmap'ed when the last reference dies
+    mm = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    if _HUGEPAGE is not None:
+        # Transparent huge pages where the kernel allows them ("madvise" mode): a fresh
+        # 9.2 MiB buffer then costs 1.9 ms of CPU to fault in instead of 4.6 (measured), most
+        # of it in an epoch's first batch; the memory is the same, as every byte of a batch
+        # buffer is written. Checked again when first batches stalled
+        # (benchmarks/first_batch.py, a 2-core VM): 1.5-3.5 ms against 5-8 ms, an occasional
+        # 20 ms, no compaction or reclaim stall even with the page cache filling memory; the
+        # stalls were a cold page cache (format/shard.py).
+        try:
+            mm.madvise(_HUGEPAGE)
+        except OSError:
+            pass
+    return mm
 
 
 class BufferPool:
-    """Reusable, mmap-backed uint8 buffers, by exact byte size.
+    """Reusable, mmap-backed uint8 buffers, by exact byte size (:meth:`take`), or arrays with
+    their tensors made ready, by shape and dtype (:meth:`take_array`).
 
     Args:
-        max_free: idle buffers kept per size (more are unmapped when freed).
+        max_free: idle buffers kept per size, and ready pairs per shape and dtype (more are
+            unmapped when freed).
     """
 
     def __init__(self, max_free: int = 4):
@@ -65,8 +95,11 @@ class BufferPool:
         # (_returned) then runs in this same thread
         self._lock = threading.RLock()
         self._free: dict[int, list[mmap.mmap]] = {}
-        self._leased: dict[int, tuple] = {}  # id(weakref) -> (weakref to the lease, mapping)
-        self._closed = False
+        # id(weakref) -> (weakref to the lease, mapping, take_array's (shape, dtype) or None)
+        self._leased: dict[int, tuple] = {}
+        # take_array's (shape, dtype) -> ready (tensor, array) pairs, made as memory came back
+        self._ready: dict[tuple, list[tuple[torch.Tensor, np.ndarray]]] = {}
+        self._closed = self._clearing = False
         self.created = self.reused = 0  # counters, for tests and stats
         # bytes mapped now (leased + idle) and the most ever mapped at once: what the pool adds
         # to the process's anonymous memory (benchmarks attribute a loader's memory with it)
@@ -74,60 +107,111 @@ class BufferPool:
 
     def take(self, nbytes: int) -> np.ndarray:
         """A ``(nbytes,)`` uint8 array, uninitialised, that returns to the pool when freed."""
-        with self._lock:
-            free = self._free.get(nbytes)
-            mm = free.pop() if free else None
+        return self._lease(nbytes, None)
+
+    def take_array(self, shape: tuple[int, ...],
+                   dtype: np.dtype = _U8) -> tuple[torch.Tensor, np.ndarray]:
+        """``(t, a)``: an uninitialised ``shape`` array ``a`` of ``dtype`` (a ``np.dtype``) and the tensor
+        ``t`` viewing it (``torch.from_numpy(a)``); the memory returns to the pool when both
+        (and every view of them) are freed. ``shape``: a tuple of ints.
+
+        The pair is made ready when its memory comes back (:meth:`_returned`, in the thread
+        that freed the last view: the training loop's, where torch is warm), so that a worker
+        takes a batch's tensors with no torch call: after a batch decode has evicted the
+        caches, a ``torch.from_numpy`` costs about 45 us there (measured), most of a thread
+        worker's GIL time per batch. Arrays under :data:`MIN_POOLED_BYTES` (a batch's labels)
+        are kept ready too, in memory of their own (not mapped, not in the counters)."""
+        layout = (shape, dtype)
+        ready = self._ready.get(layout)
+        if ready:
+            try:
+                pair = ready.pop()  # (atomic under the GIL: no lock for the usual case)
+            except IndexError:  # another thread took the last one
+                pair = None
+            if pair is not None:
+                if pair[1].nbytes >= MIN_POOLED_BYTES:
+                    self.reused += 1
+                return pair
+        a = self._lease(math.prod(shape) * dtype.itemsize, layout)
+        a = (a if dtype == _U8 else a.view(dtype)).reshape(shape)
+        return torch.from_numpy(a), a
+
+    def _lease(self, nbytes: int, layout) -> np.ndarray:
+        mm = None
+        if nbytes < MIN_POOLED_BYTES:  # (take_array's small arrays: plain memory)
+            mm = bytearray(nbytes)
+        else:
+            with self._lock:
+                free = self._free.get(nbytes)
+                mm = free.pop() if free else None
+                if mm is None:
+                    self.created += 1
+                    self.mapped_bytes += nbytes
+                    self.peak_bytes = max(self.peak_bytes, self.mapped_bytes)
+                else:
+                    self.reused += 1
             if mm is None:
-                self.created += 1
-                self.mapped_bytes += nbytes
-                self.peak_bytes = max(self.peak_bytes, self.mapped_bytes)
-            else:
-                self.reused += 1
-        if mm is None:
-            # private anonymous pages (Python's default, MAP_SHARED, would be shmem: the same
-            # memory, but counted as shared); munmap'ed when the last reference dies
-            mm = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-            if _HUGEPAGE is not None:
-                # Transparent huge pages where the kernel allows them ("madvise" mode): a
-                # fresh 9.2 MiB buffer then costs 1.9 ms of CPU to fault in instead of 4.6
-                # (measured), most of it in an epoch's first batch; the memory is the same, as
-                # every byte of a batch buffer is written. Checked again when first batches
-                # stalled (benchmarks/first_batch.py, a 2-core VM): 1.5-3.5 ms against 5-8 ms,
-                # an occasional 20 ms, no compaction or reclaim stall even with the page cache
-                # filling memory; the stalls were a cold page cache (format/shard.py).
-                try:
-                    mm.madvise(_HUGEPAGE)
-                except OSError:
-                    pass
+                mm = _mapped(nbytes)
+        return self._leased_view(mm, layout)
+
+    def _leased_view(self, mm, layout) -> np.ndarray:
         lease = np.frombuffer(mm, np.uint8)  # (nbytes,) writable view (mmap is read-write)
         ref = weakref.ref(lease, self._returned)
-        self._leased[id(ref)] = (ref, mm)  # (one dict store: atomic under the GIL)
+        self._leased[id(ref)] = (ref, mm, layout)  # (one dict store: atomic under the GIL)
         return lease
 
-    def _returned(self, ref: weakref.ref) -> None:
+    def _returned(self, ref: weakref.ref, _finalizing=sys.is_finalizing) -> None:
         # the lease died (its last tensor was freed), in whichever thread freed it (the
-        # training loop's, dropping a batch: one Python call, the mapping back in the pool)
-        mm = self._leased.pop(id(ref))[1]
+        # training loop's, dropping a batch: the memory back in the pool, for take_array
+        # as a ready (tensor, array) pair)
+        entry = self._leased.pop(id(ref), None)
+        if entry is None:  # dropped by clear() while ready
+            return
+        mm, layout = entry[1], entry[2]
+        mapped = type(mm) is not bytearray
+        if layout is not None:
+            ready = self._ready.get(layout)
+            if ready is None:
+                ready = self._ready.setdefault(layout, [])
+            if (not (self._closed or self._clearing) and len(ready) < self.max_free
+                    and not _finalizing()):  # (no tensor made while Python shuts down:
+                # module globals are gone then, a bound default is not)
+                shape, dtype = layout
+                a = self._leased_view(mm, layout)
+                a = (a if dtype == _U8 else a.view(dtype)).reshape(shape)
+                ready.append((torch.from_numpy(a), a))
+                return
+            if not mapped:
+                return
         new_list = []  # allocated outside the lock
         with self._lock:
-            free = None if self._closed else self._free.setdefault(len(mm), new_list)
-            if free is not None and len(free) < self.max_free:
+            free = (None if self._closed or self._clearing
+                    else self._free.setdefault(len(mm), new_list))
+            if mapped and free is not None and len(free) < self.max_free:
                 free.append(mm)
-            else:  # dropped: unmapped once this last reference goes
+            elif mapped:  # dropped: unmapped once this last reference goes
                 self.mapped_bytes -= len(mm)
 
     def idle_bytes(self) -> int:
-        """Bytes held by idle buffers."""
+        """Bytes held by idle mapped buffers (ready pairs included)."""
         with self._lock:
-            return sum(len(m) for free in self._free.values() for m in free)
+            return (sum(len(m) for free in self._free.values() for m in free) +
+                    sum(a.nbytes for ready in list(self._ready.values()) for _, a in list(ready)
+                        if a.nbytes >= MIN_POOLED_BYTES))
 
     def clear(self, close: bool = False) -> None:
         """Drop the idle buffers (their memory goes back to the OS); ``close=True`` also stops
         taking freed buffers back."""
         with self._lock:
+            self._closed = self._closed or close
             self.mapped_bytes -= sum(len(m) for free in self._free.values() for m in free)
             self._free.clear()
-            self._closed = self._closed or close
+            ready, self._ready = self._ready, {}
+            self._clearing = True
+            try:
+                del ready  # the ready pairs' leases die here: _returned unmaps them
+            finally:
+                self._clearing = False
 
     def __reduce__(self):
         return (BufferPool, (self.max_free,))
@@ -209,8 +293,7 @@ def new_batch_array(shape: tuple[int, ...]) -> tuple[torch.Tensor, np.ndarray]:
     pool = _owned.pool
     nbytes = math.prod(shape)
     if pool is not None and nbytes >= MIN_POOLED_BYTES:
-        a = pool.take(nbytes).reshape(shape)  # (nbytes,) uint8 lease -> shape; keeps it alive
-        t = torch.from_numpy(a)
+        t, a = pool.take_array(shape)  # (a ready pair: no torch call here)
         owned = _owned.buffers
         if owned is not None:
             owned.append(t)

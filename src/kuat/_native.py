@@ -33,9 +33,12 @@ class _Total(threading.local):
 _total = _Total()
 
 
-def add(seconds_: float) -> None:
-    """Add ``seconds_`` (wall seconds spent in a GIL-releasing kernel) to this thread's total."""
+def add(seconds_: float, cpu: float = 0.0) -> None:
+    """Add ``seconds_`` (wall seconds spent in a GIL-releasing kernel) to this thread's total,
+    and ``cpu`` (this thread's CPU seconds in it, where the kernel measured them) to
+    :func:`cpu_seconds`."""
     _total.s += seconds_
+    _total.cpu += cpu
 
 
 def seconds() -> float:

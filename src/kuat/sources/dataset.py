@@ -200,12 +200,16 @@ class Dataset:
         built per sample and collated per field. With a whole-sample transform the samples are
         built and collated as they would be. Thread-safe (as ``__getitems__``).
         """
+        names, own, routes, whole = self.__dict__.get("_routes") or self._collated_routes()
+        if whole is not None:  # the batch in one C call (sources/_rows_fetch.py), if it takes it
+            batch = whole(indices)
+            if batch is not None:
+                return batch
         idx = self._store.indices(indices)
         if self._sample_transform is not None or len(idx) == 0:
             from kuat.collate import default_collate
 
             return default_collate(self._samples(idx, batch_buffer=True))
-        names, own, routes = self.__dict__.get("_routes") or self._collated_routes()
         sid, cols = self._store.gather(idx, names, own)
         out = dict.fromkeys(names)  # the schema's order; filled in the routes' order
         index_list = None
@@ -234,10 +238,11 @@ class Dataset:
                     out[name] = default_collate(self._field_values(f, c, index_list, sid, True))
         return out
 
-    def _collated_routes(self) -> tuple[list, tuple, tuple]:
+    def _collated_routes(self) -> tuple[list, tuple, tuple, object]:
         """How :meth:`kuat_fetch_collated` builds each field, decided once per view (its
         transforms are fixed when it is made): ``(field names, image fields whose transform
-        advises its own reads, ((name, route, arg), ...))``."""
+        advises its own reads, ((name, route, arg), ...), the whole batch's one C call or
+        None)`` (:func:`kuat.sources._rows_fetch.rows_fetcher`)."""
         routes = self.__dict__.get("_routes")
         if routes is None:
             global _torch  # imported when first needed, not with kuat
@@ -267,7 +272,12 @@ class Dataset:
             # decode evicts the caches (it then costs several times its warm price); fields
             # that may raise keep the schema's order (the first one fails the batch)
             per.sort(key=lambda r: r[1] is _FILL or r[1] is _OTHER)
-            routes = self._routes = (self.schema.names, own, tuple(per))
+            whole = None
+            if self._sample_transform is None:
+                from kuat.sources._rows_fetch import rows_fetcher
+
+                whole = rows_fetcher(self._store, self.schema.names, per, ft, _NUMBER)
+            routes = self._routes = (self.schema.names, own, tuple(per), whole)
         return routes
 
     def __iter__(self):

@@ -81,6 +81,7 @@
 #include <dlfcn.h>
 #include <sys/mman.h>
 #include <unistd.h>
+#include <time.h>
 #include <jpeglib.h> /* the vendored _libjpeg_turbo/include comes first on the include path */
 
 /* libjpeg is not linked. load() dlopens one (RTLD_LOCAL: its symbols never interpose on
@@ -1802,38 +1803,15 @@ static void release_shards(held_shard *hs, Py_ssize_t n) {
         }
 }
 
-/* plan_decode_rows(tables, sid, local, idx, out, out_h, out_w, scale_lo, scale_hi,
- * log_ratio_lo, log_ratio_hi, ratio_lo, ratio_hi, flip_ps, max_pixels, seed, epoch)
- *   -> (unplanned, failed) or k
- * plan_decode_rrc with the unhashed words (seed, epoch), for a batch given as rows of a kuat
- * image column instead of B views and sizes: `tables` is image_rows' (per shard None or
- * (view, offsets, width, height)), `sid` and `local` (B,) int64 each row's shard and row in it,
- * `idx` (B,) int64 the sample indices (hashed into each sample's words). Each row's bytes and
- * oriented size are read from its shard's column here: no per-row Python object, no (B,)
- * array made. The same boxes and pixels as image_rows then plan_decode_rrc (no draws: a
- * sample the per-image path takes was drawn from by nothing). Returns the first shard k of the
- * batch whose entry is None (nothing decoded: the caller maps it, or gathers the views), else
- * (unplanned, failed) as plan_decode_rrc. ValueError: a shard id, row or offsets out of range,
- * or sizes that do not fit. Holds the GIL only to take the shards' buffers and to build the
- * answer. */
-static PyObject *plan_decode_rows(PyObject *self, PyObject *args) {
-#ifndef __SIZEOF_INT128__
-    PyErr_SetString(PyExc_NotImplementedError, "plan_decode_rows needs 128-bit integers");
-    return NULL;
-#else
-    if (kj.read_scanlines == NULL)
-        return PyErr_Format(PyExc_RuntimeError, "no libjpeg loaded: call load(path) first");
-    PyObject *tables, *flips_obj;
-    Py_buffer sidb, locb, idxb, out;
-    int out_h, out_w;
-    rrc_params p;
-    long long max_pixels;
-    unsigned long long ss_seed, ss_epoch;
-    if (!PyArg_ParseTuple(args, "O!y*y*y*w*iiddddddOLKK", &PyList_Type, &tables, &sidb, &locb,
-                          &idxb, &out, &out_h, &out_w, &p.scale_lo, &p.scale_hi, &p.log_lo,
-                          &p.log_hi, &p.ratio_lo, &p.ratio_hi, &flips_obj, &max_pixels,
-                          &ss_seed, &ss_epoch))
-        return NULL;
+#ifdef __SIZEOF_INT128__
+/* plan_decode_rows' work on rows (sid[j], loc[j]) of `tables`, sample indices ix[j], into `out`
+ * (the caller checked that sid, loc and ix hold B values each): a new reference, (unplanned,
+ * failed) or the first unmapped shard k, or NULL with an exception set. */
+static PyObject *decode_rows(PyObject *tables, const int64_t *sid, const int64_t *loc,
+                             const int64_t *ix, Py_ssize_t b, Py_buffer *out, int out_h,
+                             int out_w, const rrc_params *p, PyObject *flips_obj,
+                             long long max_pixels, unsigned long long ss_seed,
+                             unsigned long long ss_epoch) {
     PyObject *result = NULL, *flips = NULL;
     held_shard *hs = NULL;
     Py_ssize_t n_slots = 0;
@@ -1843,18 +1821,16 @@ static PyObject *plan_decode_rows(PyObject *self, PyObject *args) {
     int *codes = NULL;
     char *msgs = NULL;
     double flip_p[16];
-    const Py_ssize_t b = sidb.len / 8, n_shards = PyList_GET_SIZE(tables);
+    const Py_ssize_t n_shards = PyList_GET_SIZE(tables);
     const size_t slot_bytes = (size_t)3 * (size_t)(out_h > 0 ? out_h : 0) * (out_w > 0 ? out_w : 0);
     flips = PySequence_Fast(flips_obj, "plan_decode_rows: flip_ps must be a sequence");
     if (flips == NULL)
         goto done;
     Py_ssize_t n_flips = PySequence_Fast_GET_SIZE(flips);
-    if (sidb.len % 8 || locb.len != sidb.len || idxb.len != sidb.len || n_flips > 16 ||
-        out_h <= 0 || out_w <= 0 || (size_t)out.len != slot_bytes * (size_t)b) {
+    if (n_flips > 16 || out_h <= 0 || out_w <= 0 || (size_t)out->len != slot_bytes * (size_t)b) {
         PyErr_Format(PyExc_ValueError,
-                     "plan_decode_rows: want (B,) int64 sid, local and idx (%zd, %zd and %zd "
-                     "bytes), a (B, 3, out_h, out_w) uint8 out (%zd bytes), at most 16 flips and "
-                     "a positive output size", sidb.len, locb.len, idxb.len, out.len);
+                     "plan_decode_rows: want a (B, 3, out_h, out_w) uint8 out (B = %zd, %zd "
+                     "bytes), at most 16 flips and a positive output size", b, out->len);
         goto done;
     }
     for (Py_ssize_t f = 0; f < n_flips; f++) {
@@ -1879,7 +1855,6 @@ static PyObject *plan_decode_rows(PyObject *self, PyObject *args) {
         PyErr_NoMemory();
         goto done;
     }
-    const int64_t *sid = (const int64_t *)sidb.buf, *loc = (const int64_t *)locb.buf;
     for (Py_ssize_t j = 0; j < b; j++) {
         long long k = sid[j], r = loc[j];
         if (k < 0 || k >= n_shards) {
@@ -1941,7 +1916,6 @@ static PyObject *plan_decode_rows(PyObject *self, PyObject *args) {
         sizes[2 * j + 1] = ((const int32_t *)h->hei.buf)[r];
     }
     int oom = 0;
-    const int64_t *ix = (const int64_t *)idxb.buf;
     Py_BEGIN_ALLOW_THREADS
     unsigned char *tmp_buf = NULL;
     size_t tmp_size = 0;
@@ -1952,8 +1926,8 @@ static PyObject *plan_decode_rows(PyObject *self, PyObject *args) {
         uint64_t words[4], own_seed;
         sample_words_one(ss_seed, ss_epoch, (uint64_t)ix[j], &own_seed, words);
         oom = plan_decode_one(ptrs[j], lens[j], sizes[2 * j], sizes[2 * j + 1],
-                              (const char *)words, &p, flip_p, n_flips, out_h, out_w, max_pixels,
-                              (unsigned char *)out.buf + slot_bytes * j, &tmp_buf, &tmp_size,
+                              (const char *)words, p, flip_p, n_flips, out_h, out_w, max_pixels,
+                              (unsigned char *)out->buf + slot_bytes * j, &tmp_buf, &tmp_size,
                               &codes[j], msgs + (size_t)j * ROI_MSG, &n_drawn);
     }
     free(tmp_buf);
@@ -1972,6 +1946,51 @@ done:
     free(codes);
     free(msgs);
     Py_XDECREF(flips);
+    return result;
+}
+
+#endif
+
+/* plan_decode_rows(tables, sid, local, idx, out, out_h, out_w, scale_lo, scale_hi,
+ * log_ratio_lo, log_ratio_hi, ratio_lo, ratio_hi, flip_ps, max_pixels, seed, epoch)
+ *   -> (unplanned, failed) or k
+ * plan_decode_rrc with the unhashed words (seed, epoch), for a batch given as rows of a kuat
+ * image column instead of B views and sizes: `tables` is image_rows' (per shard None or
+ * (view, offsets, width, height)), `sid` and `local` (B,) int64 each row's shard and row in it,
+ * `idx` (B,) int64 the sample indices (hashed into each sample's words). Each row's bytes and
+ * oriented size are read from its shard's column here: no per-row Python object, no (B,)
+ * array made. The same boxes and pixels as image_rows then plan_decode_rrc (no draws: a
+ * sample the per-image path takes was drawn from by nothing). Returns the first shard k of the
+ * batch whose entry is None (nothing decoded: the caller maps it, or gathers the views), else
+ * (unplanned, failed) as plan_decode_rrc. ValueError: a shard id, row or offsets out of range,
+ * or sizes that do not fit. Holds the GIL only to take the shards' buffers and to build the
+ * answer. */
+static PyObject *plan_decode_rows(PyObject *self, PyObject *args) {
+#ifndef __SIZEOF_INT128__
+    PyErr_SetString(PyExc_NotImplementedError, "plan_decode_rows needs 128-bit integers");
+    return NULL;
+#else
+    if (kj.read_scanlines == NULL)
+        return PyErr_Format(PyExc_RuntimeError, "no libjpeg loaded: call load(path) first");
+    PyObject *tables, *flips_obj;
+    Py_buffer sidb, locb, idxb, out;
+    int out_h, out_w;
+    rrc_params p;
+    long long max_pixels;
+    unsigned long long ss_seed, ss_epoch;
+    if (!PyArg_ParseTuple(args, "O!y*y*y*w*iiddddddOLKK", &PyList_Type, &tables, &sidb, &locb,
+                          &idxb, &out, &out_h, &out_w, &p.scale_lo, &p.scale_hi, &p.log_lo,
+                          &p.log_hi, &p.ratio_lo, &p.ratio_hi, &flips_obj, &max_pixels,
+                          &ss_seed, &ss_epoch))
+        return NULL;
+    PyObject *result = NULL;
+    if (sidb.len % 8 || locb.len != sidb.len || idxb.len != sidb.len)
+        PyErr_Format(PyExc_ValueError, "plan_decode_rows: want (B,) int64 sid, local and idx "
+                     "(%zd, %zd and %zd bytes)", sidb.len, locb.len, idxb.len);
+    else
+        result = decode_rows(tables, (const int64_t *)sidb.buf, (const int64_t *)locb.buf,
+                             (const int64_t *)idxb.buf, sidb.len / 8, &out, out_h, out_w, &p,
+                             flips_obj, max_pixels, ss_seed, ss_epoch);
     PyBuffer_Release(&sidb);
     PyBuffer_Release(&locb);
     PyBuffer_Release(&idxb);
@@ -1990,23 +2009,20 @@ done:
  * Returns -1 when done, else the first shard k whose entry is None (rows from the first row
  * of that shard on are not written: the caller maps shard k and calls again). ValueError: a
  * shard id or row out of range, or sizes that do not fit. Holds the GIL (a memcpy per row). */
-static PyObject *take_rows(PyObject *self, PyObject *args) {
-    PyObject *cols;
-    Py_buffer sidb, locb, out, cur;
-    if (!PyArg_ParseTuple(args, "O!y*y*w*", &PyList_Type, &cols, &sidb, &locb, &out))
-        return NULL;
-    PyObject *result = NULL;
+/* take_rows' copy of rows (sid[j], loc[j]), j < b, into `out` (B * itemsize bytes): -1 when
+ * done, the first unmapped shard k, or -2 with an exception set. */
+static long long take_located(PyObject *cols, const int64_t *sid, const int64_t *loc,
+                              Py_ssize_t b, Py_buffer *out) {
+    long long result = -2, cur_k = -1;
     int have = 0;
-    long long cur_k = -1, missing = -1;
-    Py_ssize_t b = sidb.len / 8, n_shards = PyList_GET_SIZE(cols);
-    if (sidb.len % 8 || locb.len != sidb.len || (b > 0 && out.len % b) || (b == 0 && out.len)) {
-        PyErr_Format(PyExc_ValueError,
-                     "take_rows: want (B,) int64 sid and local and an out of B rows, got %zd, "
-                     "%zd and %zd bytes", sidb.len, locb.len, out.len);
-        goto done;
+    Py_buffer cur;
+    const Py_ssize_t n_shards = PyList_GET_SIZE(cols);
+    if ((b > 0 && out->len % b) || (b == 0 && out->len)) {
+        PyErr_Format(PyExc_ValueError, "take_rows: want an out of %zd rows, got %zd bytes", b,
+                     out->len);
+        return -2;
     }
-    const size_t itemsize = b > 0 ? (size_t)(out.len / b) : 0;
-    const int64_t *sid = (const int64_t *)sidb.buf, *loc = (const int64_t *)locb.buf;
+    const size_t itemsize = b > 0 ? (size_t)(out->len / b) : 0;
     for (Py_ssize_t j = 0; j < b; j++) {
         long long k = sid[j], r = loc[j];
         if (k != cur_k) {
@@ -2019,8 +2035,8 @@ static PyObject *take_rows(PyObject *self, PyObject *args) {
             have = 0;
             PyObject *col = PyList_GET_ITEM(cols, k);
             if (col == Py_None) {
-                missing = k;
-                break;
+                result = k;
+                goto done;
             }
             if (PyObject_GetBuffer(col, &cur, PyBUF_SIMPLE) < 0)
                 goto done;
@@ -2032,13 +2048,31 @@ static PyObject *take_rows(PyObject *self, PyObject *args) {
                          "%zd bytes (%zu per row)", r, k, cur.len, itemsize);
             goto done;
         }
-        memcpy((char *)out.buf + (size_t)j * itemsize, (const char *)cur.buf + (size_t)r * itemsize,
-               itemsize);
+        memcpy((char *)out->buf + (size_t)j * itemsize,
+               (const char *)cur.buf + (size_t)r * itemsize, itemsize);
     }
-    result = PyLong_FromLongLong(missing);
+    result = -1;
 done:
     if (have)
         PyBuffer_Release(&cur);
+    return result;
+}
+
+static PyObject *take_rows(PyObject *self, PyObject *args) {
+    PyObject *cols;
+    Py_buffer sidb, locb, out;
+    if (!PyArg_ParseTuple(args, "O!y*y*w*", &PyList_Type, &cols, &sidb, &locb, &out))
+        return NULL;
+    PyObject *result = NULL;
+    if (sidb.len % 8 || locb.len != sidb.len) {
+        PyErr_Format(PyExc_ValueError,
+                     "take_rows: want (B,) int64 sid and local and an out of B rows, got %zd, "
+                     "%zd and %zd bytes", sidb.len, locb.len, out.len);
+    } else {
+        long long k = take_located(cols, (const int64_t *)sidb.buf, (const int64_t *)locb.buf,
+                                   sidb.len / 8, &out);
+        result = k == -2 ? NULL : PyLong_FromLongLong(k);
+    }
     PyBuffer_Release(&sidb);
     PyBuffer_Release(&locb);
     PyBuffer_Release(&out);
@@ -2162,25 +2196,16 @@ done:
  *           starts[k] <= idx[j]) and its row within that shard
  * What np.searchsorted(starts, idx, "right") - 1 and idx - starts[sid] give, in one call.
  * ValueError: a row before starts[0], or sizes that do not fit. */
-static PyObject *locate_rows(PyObject *self, PyObject *args) {
-    Py_buffer sb, ib, so, lo;
-    if (!PyArg_ParseTuple(args, "y*y*w*w*", &sb, &ib, &so, &lo))
-        return NULL;
-    PyObject *result = NULL;
-    Py_ssize_t n_shards = sb.len / 8, b = ib.len / 8;
-    if (sb.len % 8 || n_shards == 0 || ib.len % 8 || so.len != ib.len || lo.len != ib.len) {
-        PyErr_SetString(PyExc_ValueError, "locate_rows: want (S,) int64 starts (S >= 1) and (B,) "
-                        "int64 rows, shard ids and local rows");
-        goto done;
-    }
-    const int64_t *st = (const int64_t *)sb.buf, *ix = (const int64_t *)ib.buf;
-    int64_t *sid = (int64_t *)so.buf, *loc = (int64_t *)lo.buf;
+/* locate_rows' search: each row ix[j]'s shard sid[j] and row loc[j] in it, from the shards'
+ * first rows st[0..n_shards); 0, or -1 with an exception set (a row before the first shard). */
+static int locate(const int64_t *st, Py_ssize_t n_shards, const int64_t *ix, Py_ssize_t b,
+                  int64_t *sid, int64_t *loc) {
     for (Py_ssize_t j = 0; j < b; j++) {
         int64_t i = ix[j];
         if (i < st[0]) {
             PyErr_Format(PyExc_ValueError, "locate_rows: row %lld before the first shard",
                          (long long)i);
-            goto done;
+            return -1;
         }
         Py_ssize_t lo_k = 0, hi_k = n_shards; /* the last k with st[k] <= i: in [lo_k, hi_k) */
         while (hi_k - lo_k > 1) {
@@ -2193,14 +2218,136 @@ static PyObject *locate_rows(PyObject *self, PyObject *args) {
         sid[j] = lo_k;
         loc[j] = i - st[lo_k];
     }
-    result = Py_None;
-    Py_INCREF(result);
-done:
+    return 0;
+}
+
+static PyObject *locate_rows(PyObject *self, PyObject *args) {
+    Py_buffer sb, ib, so, lo;
+    if (!PyArg_ParseTuple(args, "y*y*w*w*", &sb, &ib, &so, &lo))
+        return NULL;
+    PyObject *result = NULL;
+    Py_ssize_t n_shards = sb.len / 8, b = ib.len / 8;
+    if (sb.len % 8 || n_shards == 0 || ib.len % 8 || so.len != ib.len || lo.len != ib.len) {
+        PyErr_SetString(PyExc_ValueError, "locate_rows: want (S,) int64 starts (S >= 1) and (B,) "
+                        "int64 rows, shard ids and local rows");
+    } else if (locate((const int64_t *)sb.buf, n_shards, (const int64_t *)ib.buf, b,
+                      (int64_t *)so.buf, (int64_t *)lo.buf) == 0) {
+        result = Py_None;
+        Py_INCREF(result);
+    }
     PyBuffer_Release(&sb);
     PyBuffer_Release(&ib);
     PyBuffer_Release(&so);
     PyBuffer_Release(&lo);
     return result;
+}
+
+static double seconds_of(clockid_t clock) {
+    struct timespec ts;
+    clock_gettime(clock, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* fetch_rows(indices, num_rows, starts, fixed, tables, out, out_h, out_w, scale_lo, scale_hi,
+ * log_ratio_lo, log_ratio_hi, ratio_lo, ratio_hi, flip_ps, max_pixels, seed, epoch)
+ *   -> None, k, or (unplanned, failed, wall_s, cpu_s)
+ * A kuat dataset's batch, from the sampler's list of indices to its finished columns, in one
+ * call (kuat.sources._rows_fetch): `indices` a list of B Python ints, each checked to lie in
+ * [0, num_rows) (else None is returned, nothing written: the caller's Python path raises or
+ * takes them); their shards and rows located from `starts` ((S,) int64 each shard's first
+ * row, as locate_rows); each (columns, out) pair of the list `fixed` gathered as take_rows;
+ * then the image column's rows decoded into `out` as plan_decode_rows (`tables` and the rest
+ * are its arguments; the GIL released once, for the decodes). Returns the first shard k whose
+ * entry in a field's table is None (the fixed fields' outs may be partly written, no image
+ * decoded: the caller maps it), else plan_decode_rows' (unplanned, failed) with the call's
+ * wall and this thread's CPU seconds (kuat._native's totals). ValueError and MemoryError as
+ * plan_decode_rows and take_rows. */
+static PyObject *fetch_rows(PyObject *self, PyObject *args) {
+#ifndef __SIZEOF_INT128__
+    PyErr_SetString(PyExc_NotImplementedError, "fetch_rows needs 128-bit integers");
+    return NULL;
+#else
+    const double wall0 = seconds_of(CLOCK_MONOTONIC), cpu0 = seconds_of(CLOCK_THREAD_CPUTIME_ID);
+    if (kj.read_scanlines == NULL)
+        return PyErr_Format(PyExc_RuntimeError, "no libjpeg loaded: call load(path) first");
+    PyObject *indices, *fixed, *tables, *flips_obj;
+    long long num_rows, max_pixels;
+    Py_buffer stb, out;
+    int out_h, out_w;
+    rrc_params p;
+    unsigned long long ss_seed, ss_epoch;
+    if (!PyArg_ParseTuple(args, "O!Ly*O!O!w*iiddddddOLKK", &PyList_Type, &indices, &num_rows,
+                          &stb, &PyList_Type, &fixed, &PyList_Type, &tables, &out, &out_h,
+                          &out_w, &p.scale_lo, &p.scale_hi, &p.log_lo, &p.log_hi, &p.ratio_lo,
+                          &p.ratio_hi, &flips_obj, &max_pixels, &ss_seed, &ss_epoch))
+        return NULL;
+    PyObject *result = NULL;
+    const Py_ssize_t b = PyList_GET_SIZE(indices), n_shards = stb.len / 8;
+    int64_t *ix = (int64_t *)malloc((size_t)(b > 0 ? b : 1) * 3 * sizeof(int64_t));
+    if (ix == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    int64_t *sid = ix + b, *loc = ix + 2 * b;
+    if (stb.len % 8 || n_shards == 0) {
+        PyErr_SetString(PyExc_ValueError, "fetch_rows: want (S,) int64 starts (S >= 1)");
+        goto done;
+    }
+    for (Py_ssize_t j = 0; j < b; j++) {
+        PyObject *o = PyList_GET_ITEM(indices, j);
+        int overflow = 0;
+        long long v = PyLong_CheckExact(o) ? PyLong_AsLongLongAndOverflow(o, &overflow) : -1;
+        if (overflow || v < 0 || v >= num_rows) { /* not an int in range: the caller's path */
+            PyErr_Clear();
+            result = Py_None;
+            Py_INCREF(result);
+            goto done;
+        }
+        ix[j] = v;
+    }
+    if (b == 0) {
+        result = Py_None;
+        Py_INCREF(result);
+        goto done;
+    }
+    if (locate((const int64_t *)stb.buf, n_shards, ix, b, sid, loc) != 0)
+        goto done;
+    for (Py_ssize_t f = 0; f < PyList_GET_SIZE(fixed); f++) {
+        PyObject *pair = PyList_GET_ITEM(fixed, f);
+        Py_buffer col_out;
+        if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2 ||
+            !PyList_Check(PyTuple_GET_ITEM(pair, 0))) {
+            PyErr_SetString(PyExc_TypeError, "fetch_rows: fixed holds (columns, out) pairs");
+            goto done;
+        }
+        if (PyObject_GetBuffer(PyTuple_GET_ITEM(pair, 1), &col_out, PyBUF_WRITABLE) < 0)
+            goto done;
+        long long k = take_located(PyTuple_GET_ITEM(pair, 0), sid, loc, b, &col_out);
+        PyBuffer_Release(&col_out);
+        if (k == -2)
+            goto done;
+        if (k >= 0) {
+            result = PyLong_FromLongLong(k);
+            goto done;
+        }
+    }
+    PyObject *decoded = decode_rows(tables, sid, loc, ix, b, &out, out_h, out_w, &p, flips_obj,
+                                    max_pixels, ss_seed, ss_epoch);
+    if (decoded == NULL || !PyTuple_Check(decoded)) {
+        result = decoded; /* NULL, or the unmapped shard k */
+        goto done;
+    }
+    const double wall = seconds_of(CLOCK_MONOTONIC) - wall0;
+    const double cpu = seconds_of(CLOCK_THREAD_CPUTIME_ID) - cpu0;
+    result = Py_BuildValue("(OOdd)", PyTuple_GET_ITEM(decoded, 0), PyTuple_GET_ITEM(decoded, 1),
+                           wall, cpu);
+    Py_DECREF(decoded);
+done:
+    free(ix);
+    PyBuffer_Release(&stb);
+    PyBuffer_Release(&out);
+    return result;
+#endif
 }
 
 static PyObject *simd_py(PyObject *self, PyObject *args) {
@@ -2261,6 +2408,12 @@ static PyMethodDef methods[] = {
      "log_ratio_lo, log_ratio_hi, ratio_lo, ratio_hi, flip_ps, max_pixels, seed, epoch) -> "
      "(unplanned, failed) or the first unmapped shard: plan_decode_rrc of an image column's "
      "rows, read from the shards' tables"},
+    {"fetch_rows", fetch_rows, METH_VARARGS,
+     "fetch_rows(indices, num_rows, starts, fixed, tables, out, out_h, out_w, scale_lo, "
+     "scale_hi, log_ratio_lo, log_ratio_hi, ratio_lo, ratio_hi, flip_ps, max_pixels, seed, "
+     "epoch) -> None, the first unmapped shard, or (unplanned, failed, wall_s, cpu_s): a "
+     "kuat dataset's batch from its list of indices, fixed-size fields and one image column, "
+     "in one call"},
     {"decode_crop", decode_crop, METH_VARARGS,
      "decode_crop(data, scale_num, y0, y1, x0, x1, out, channels=3) -> None: the crop, contiguous"},
     {NULL, NULL, 0, NULL}};
