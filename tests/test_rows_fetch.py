@@ -148,6 +148,30 @@ def test_views_it_cannot_take_have_no_fetcher(dataset, tmp_path):
         assert kuat.open(p).with_transform(tr)._collated_routes()[3] is None
 
 
+def test_fields_with_a_transform_or_uint64_are_not_taken(tmp_path, monkeypatch):
+    """A label's or tensor's own transform and a uint64 scalar (collated as Python ints, to
+    int64) are not fields collated as stored: the general path's batch, not the stored
+    values."""
+    p = tmp_path / "d"
+    with kuat.Writer(p, {"image": kf.image(), "label": kf.int64(), "u": kf.uint64(),
+                         "box": kf.tensor((2,), "float32")}) as w:
+        w.write_batch({"image": [photo_jpeg(k) for k in range(3)], "label": np.arange(3),
+                       "u": np.arange(3, dtype=np.uint64), "box": np.ones((3, 2), np.float32)})
+    t = TRANSFORMS[0]
+    for tr in ({"image": t, "label": lambda x: x + 100}, {"image": t, "box": lambda x: x * 2},
+               {"image": t}):  # fmt: skip
+        ds = _mapped(kuat.open(p).with_transform(tr))
+        with monkeypatch.context() as m:
+            m.setattr(krf, "rows_fetcher", lambda *a: None)
+            general = _mapped(kuat.open(p).with_transform(tr))
+            general._collated_routes()
+        with rng.epoch_context(2, 0):
+            got, want = ds.kuat_fetch_collated([2, 0]), general.kuat_fetch_collated([2, 0])
+        assert_same(got, want)
+        assert got["u"].dtype == torch.int64
+    assert (got["label"] == torch.tensor([2, 0])).all()
+
+
 def test_exact_resize_and_split_fetches_take_the_general_path(dataset, monkeypatch):
     path, _ = dataset
     taken = Taken(monkeypatch)

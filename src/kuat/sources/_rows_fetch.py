@@ -48,11 +48,14 @@ _MASK64 = (1 << 64) - 1
 _owned = thread_state()  # this thread's batch scope: its pool
 
 
-def rows_fetcher(store, names: list, routes: list, transforms: dict, number: str):
+def rows_fetcher(store, names: list, routes: list, transforms: dict, number: str,
+                 tensor: str):
     """``fetch(indices) -> dict | None`` for a view whose ``routes`` (``Dataset``'s
     ``(name, route, arg)``) it can take, else ``None``: every field fixed-size and gathered in
-    C, collated as stored (``number`` routes only where the stored dtype is the collated one),
-    and exactly one image field with a rows path. ``transforms``: the view's field transforms.
+    C, collated as stored (``tensor`` routes, and ``number`` routes only where the stored dtype
+    is the collated one: not a field with a transform, nor a uint64 scalar, whose routes are
+    others), and exactly one image field with a rows path. ``transforms``: the view's field
+    transforms.
     """
     if native() is None or roi_function("fetch_rows") is None:
         return None
@@ -64,7 +67,7 @@ def rows_fetcher(store, names: list, routes: list, transforms: dict, number: str
                 return None
             image = name
             continue
-        if ftype.kind not in ("scalar", "bool", "tensor"):
+        if ftype.kind not in ("scalar", "bool", "tensor") or route not in (number, tensor):
             return None
         dt = ftype.np_dtype if ftype.kind != "bool" else np.dtype(bool)
         if route == number:  # as torch.tensor of Python numbers: (B,) int64, float64 or bool

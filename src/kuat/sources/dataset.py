@@ -276,7 +276,7 @@ class Dataset:
             if self._sample_transform is None:
                 from kuat.sources._rows_fetch import rows_fetcher
 
-                whole = rows_fetcher(self._store, self.schema.names, per, ft, _NUMBER)
+                whole = rows_fetcher(self._store, self.schema.names, per, ft, _NUMBER, _TENSOR)
             routes = self._routes = (self.schema.names, own, tuple(per), whole)
         return routes
 
