@@ -206,6 +206,21 @@ def test_indices_it_refuses_go_to_the_general_path(dataset, indices, monkeypatch
         assert_same(answers[0], answers[1])
 
 
+def test_an_empty_dataset_raises_the_general_paths_index_error(tmp_path, monkeypatch):
+    """No rows, no shards (no starts): every index is out of range, the general path's
+    IndexError, not the C call's complaint about its starts."""
+    with kuat.Writer(tmp_path / "d", {"image": kf.image(), "label": kf.int64()}):
+        pass
+    t = TRANSFORMS[0]
+    errors = []
+    for ds in (kuat.open(tmp_path / "d").with_transform({"image": t}),
+               _general(tmp_path / "d", t, monkeypatch)):  # fmt: skip
+        with pytest.raises(IndexError) as e:
+            ds.kuat_fetch_collated([0])
+        errors.append(str(e.value))
+    assert errors[0] == errors[1]
+
+
 def test_unmapped_shards_go_to_the_general_path_which_maps_them(dataset, monkeypatch):
     path, _ = dataset
     taken = Taken(monkeypatch)

@@ -2289,10 +2289,8 @@ static PyObject *fetch_rows(PyObject *self, PyObject *args) {
         goto done;
     }
     int64_t *sid = ix + b, *loc = ix + 2 * b;
-    if (stb.len % 8 || n_shards == 0) {
-        PyErr_SetString(PyExc_ValueError, "fetch_rows: want (S,) int64 starts (S >= 1)");
-        goto done;
-    }
+    /* the indices first: an empty dataset (no shard, no start) refuses every index as any
+     * dataset refuses one out of range, with the caller's IndexError */
     for (Py_ssize_t j = 0; j < b; j++) {
         PyObject *o = PyList_GET_ITEM(indices, j);
         int overflow = 0;
@@ -2308,6 +2306,10 @@ static PyObject *fetch_rows(PyObject *self, PyObject *args) {
     if (b == 0) {
         result = Py_None;
         Py_INCREF(result);
+        goto done;
+    }
+    if (stb.len % 8 || n_shards == 0) {
+        PyErr_SetString(PyExc_ValueError, "fetch_rows: want (S,) int64 starts (S >= 1)");
         goto done;
     }
     if (locate((const int64_t *)stb.buf, n_shards, ix, b, sid, loc) != 0)
