@@ -295,6 +295,32 @@ def test_fetch_rows_refuses_bad_arguments_clearly():
     assert (out == 7).all()
 
 
+def test_a_flip_that_empties_the_tables_is_refused_not_a_crash():
+    """A flip probability's ``__float__`` runs Python code while the flips are read; the
+    tables' length is read after it (it was read before: an emptied list was then indexed
+    past its end, a segfault)."""
+    jpg = photo_jpeg(1)
+    entry = (memoryview(jpg), np.array([0, len(jpg)], np.int32), np.array([200], np.int32),
+             np.array([150], np.int32))
+    tables = [entry] * 3
+
+    class Emptying:
+        def __float__(self):
+            tables.clear()
+            return 0.5
+
+    params = list(krf.rrc_params(*TRANSFORMS[0]._c_plan, None))
+    params[6] = [Emptying()]  # flip_ps
+    out = np.zeros((1, 3, 48, 48), np.uint8)
+    with pytest.raises(ValueError, match="shard 2 of 0"):
+        kdecode._roi.fetch_rows([2], 3, np.arange(3, dtype=np.int64), [], tables, out, 48, 48,
+                                *params, 1, 2)
+    tables[:] = [entry] * 3
+    with pytest.raises(ValueError, match="shard 2 of 0"):  # the same core, the rows path's
+        kdecode._roi.plan_decode_rows(tables, np.array([2]), np.array([0]), np.array([2]),
+                                      out, 48, 48, *params, 1, 2)
+
+
 @pytest.mark.parametrize("worker_type", ["thread", "process"])
 def test_a_loader_epoch_matches_torch_and_held_labels_stay_intact(dataset, worker_type,
                                                                    monkeypatch):

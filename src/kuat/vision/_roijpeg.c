@@ -1821,7 +1821,6 @@ static PyObject *decode_rows(PyObject *tables, const int64_t *sid, const int64_t
     int *codes = NULL;
     char *msgs = NULL;
     double flip_p[16];
-    const Py_ssize_t n_shards = PyList_GET_SIZE(tables);
     const size_t slot_bytes = (size_t)3 * (size_t)(out_h > 0 ? out_h : 0) * (out_w > 0 ? out_w : 0);
     flips = PySequence_Fast(flips_obj, "plan_decode_rows: flip_ps must be a sequence");
     if (flips == NULL)
@@ -1838,6 +1837,9 @@ static PyObject *decode_rows(PyObject *tables, const int64_t *sid, const int64_t
         if (flip_p[f] == -1.0 && PyErr_Occurred())
             goto done;
     }
+    /* read after the flips: their sequence and __float__ may run Python code that changes
+     * the list (no Python code runs from here until the tables are read) */
+    const Py_ssize_t n_shards = PyList_GET_SIZE(tables);
     /* the batch's shards in an open-addressed table of a power of two >= 2B slots */
     n_slots = 16;
     while (n_slots < 2 * b)
