@@ -321,6 +321,35 @@ def test_a_flip_that_empties_the_tables_is_refused_not_a_crash():
                                       out, 48, 48, *params, 1, 2)
 
 
+@pytest.mark.parametrize("emptied", ["flips", "datas"])
+def test_plan_calls_read_their_lists_after_the_flips(emptied):
+    """plan_rrc and plan_decode_rrc (the per-batch planners of views): a flip's ``__float__``
+    that empties the flips or the images list makes a clear error or a batch, not a read past
+    the list's end (a segfault)."""
+    jpg = photo_jpeg(1)
+    params = krf.rrc_params(*TRANSFORMS[0]._c_plan, None)
+    w, h = np.array([200, 200], np.int64), np.array([150, 150], np.int64)
+    words, out = np.zeros((2, 4), np.uint64), np.zeros((2, 3, 48, 48), np.uint8)
+    for call in (lambda d, f: kdecode._roi.plan_rrc(d, w, h, words, 48, 48, *params[:6], f,
+                                                    params[7]),
+                 lambda d, f: kdecode._roi.plan_decode_rrc(d, w, h, words, out, 48, 48,
+                                                           *params[:6], f, params[7],
+                                                           np.zeros(2, np.int64))):
+        datas, flips = [jpg, jpg], []
+
+        class Emptying:
+            def __float__(self, target=flips if emptied == "flips" else datas):
+                target.clear()
+                return 0.5
+
+        flips[:] = [Emptying(), Emptying(), 0.3]
+        if emptied == "flips":
+            assert len(call(datas, flips)) == 2
+        else:
+            with pytest.raises(ValueError, match="B=0"):
+                call(datas, flips)
+
+
 @pytest.mark.parametrize("worker_type", ["thread", "process"])
 def test_a_loader_epoch_matches_torch_and_held_labels_stay_intact(dataset, worker_type,
                                                                    monkeypatch):

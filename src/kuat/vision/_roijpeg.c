@@ -1503,6 +1503,17 @@ static int plan_one(const uint8_t *buf, Py_ssize_t len, long long width, long lo
     return 1;
 }
 
+/* PySequence_Fast's `flips` as a tuple (a list is copied): the flips' __float__ may run Python
+ * code that changes the caller's list while they are read. 0, or -1 with an exception set. */
+static int own_flips(PyObject **flips) {
+    if (*flips == NULL || !PyList_CheckExact(*flips))
+        return *flips == NULL ? -1 : 0;
+    PyObject *t = PyList_AsTuple(*flips);
+    Py_DECREF(*flips);
+    *flips = t;
+    return t == NULL ? -1 : 0;
+}
+
 static PyObject *plan_rrc(PyObject *self, PyObject *args) {
 #ifndef __SIZEOF_INT128__
     PyErr_SetString(PyExc_NotImplementedError, "plan_rrc needs a compiler with 128-bit integers");
@@ -1521,20 +1532,22 @@ static PyObject *plan_rrc(PyObject *self, PyObject *args) {
     double flip_p[16];
     datas = PySequence_Fast(datas_obj, "plan_rrc: datas must be a sequence");
     flips = datas ? PySequence_Fast(flips_obj, "plan_rrc: flip_ps must be a sequence") : NULL;
-    if (flips == NULL)
+    if (own_flips(&flips) < 0)
         goto done;
-    Py_ssize_t b = PySequence_Fast_GET_SIZE(datas), n_flips = PySequence_Fast_GET_SIZE(flips);
+    Py_ssize_t n_flips = PySequence_Fast_GET_SIZE(flips);
+    for (Py_ssize_t f = 0; f < n_flips && f < 16; f++) {
+        flip_p[f] = PyFloat_AsDouble(PySequence_Fast_GET_ITEM(flips, f));
+        if (flip_p[f] == -1.0 && PyErr_Occurred())
+            goto done;
+    }
+    /* B read after the flips (their __float__ may change a datas list) */
+    Py_ssize_t b = PySequence_Fast_GET_SIZE(datas);
     if (wb.len != b * 8 || hb.len != b * 8 || wordsb.len != b * 32 || n_flips > 16 ||
         out_h <= 0 || out_w <= 0 || (drawsb.obj != NULL && drawsb.len != b * 8)) {
         PyErr_Format(PyExc_ValueError,
                      "plan_rrc: want B=%zd images, (B,) int64 widths and heights, (B, 4) uint64 "
                      "words, at most 16 flips, a positive output size and (B,) int64 draws", b);
         goto done;
-    }
-    for (Py_ssize_t f = 0; f < n_flips; f++) {
-        flip_p[f] = PyFloat_AsDouble(PySequence_Fast_GET_ITEM(flips, f));
-        if (flip_p[f] == -1.0 && PyErr_Occurred())
-            goto done;
     }
     result = PyList_New(b);
     if (result == NULL)
@@ -1702,10 +1715,15 @@ static PyObject *plan_decode_rrc(PyObject *self, PyObject *args) {
     datas = PySequence_Fast(datas_obj, "plan_decode_rrc: datas must be a sequence");
     flips = datas ? PySequence_Fast(flips_obj, "plan_decode_rrc: flip_ps must be a sequence")
                   : NULL;
-    if (flips == NULL)
+    if (own_flips(&flips) < 0)
         goto done;
-    b = PySequence_Fast_GET_SIZE(datas);
     Py_ssize_t n_flips = PySequence_Fast_GET_SIZE(flips);
+    for (Py_ssize_t f = 0; f < n_flips && f < 16; f++) {
+        flip_p[f] = PyFloat_AsDouble(PySequence_Fast_GET_ITEM(flips, f));
+        if (flip_p[f] == -1.0 && PyErr_Occurred())
+            goto done;
+    }
+    b = PySequence_Fast_GET_SIZE(datas); /* after the flips (their __float__ may change it) */
     const size_t slot_bytes = (size_t)3 * (size_t)(out_h > 0 ? out_h : 0) * (out_w > 0 ? out_w : 0);
     if (wb.len != b * 8 || hb.len != b * 8 || wordsb.len != b * (hash_here ? 8 : 32) || n_flips > 16 ||
         out_h <= 0 || out_w <= 0 || drawsb.len != b * 8 || (size_t)out.len < slot_bytes * b) {
@@ -1714,11 +1732,6 @@ static PyObject *plan_decode_rrc(PyObject *self, PyObject *args) {
                      "uint64 words (or (B,) int64 indices with unhashed), a (B, 3, out_h, out_w) uint8 out, at most 16 flips, a "
                      "positive output size and (B,) int64 draws", b);
         goto done;
-    }
-    for (Py_ssize_t f = 0; f < n_flips; f++) {
-        flip_p[f] = PyFloat_AsDouble(PySequence_Fast_GET_ITEM(flips, f));
-        if (flip_p[f] == -1.0 && PyErr_Occurred())
-            goto done;
     }
     bufs = (Py_buffer *)calloc(b > 0 ? b : 1, sizeof(Py_buffer));
     held = (char *)calloc(b > 0 ? b : 1, 1);
@@ -1823,7 +1836,7 @@ static PyObject *decode_rows(PyObject *tables, const int64_t *sid, const int64_t
     double flip_p[16];
     const size_t slot_bytes = (size_t)3 * (size_t)(out_h > 0 ? out_h : 0) * (out_w > 0 ? out_w : 0);
     flips = PySequence_Fast(flips_obj, "plan_decode_rows: flip_ps must be a sequence");
-    if (flips == NULL)
+    if (own_flips(&flips) < 0)
         goto done;
     Py_ssize_t n_flips = PySequence_Fast_GET_SIZE(flips);
     if (n_flips > 16 || out_h <= 0 || out_w <= 0 || (size_t)out->len != slot_bytes * (size_t)b) {
