@@ -51,3 +51,37 @@ def jpeg_dataset(path: Path, images: Sequence[bytes], truncated: Iterable[int] =
     with kuat.Writer(path, {"image": kf.image(), "label": kf.int64()}) as w:
         w.write_batch({"image": images, "label": np.arange(len(images))})
     return path
+
+
+def exif(orientation: int) -> bytes:
+    """An EXIF block whose Orientation tag (0x0112) is ``orientation`` (Pillow's ``exif=``)."""
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    return exif.tobytes()
+
+
+def planner_images() -> list[bytes]:
+    """14 photo-like JPEGs the C planner decodes, then one of each kind it leaves to the
+    per-image path: a PNG, a JPEG rotated and one mirrored by EXIF, a progressive JPEG, a CMYK
+    JPEG (indices 14-18)."""
+    cmyk = io.BytesIO()
+    Image.new("CMYK", (70, 50), (10, 20, 30, 40)).save(cmyk, "JPEG")
+    return [*(photo_jpeg(k) for k in range(14)),
+            noise_image(90, 60, 1, "PNG"),  # not a JPEG
+            noise_image(160, 120, 2, "JPEG", quality=90, exif=exif(6)),  # rotated by EXIF
+            noise_image(160, 120, 3, "JPEG", quality=90, exif=exif(2)),  # mirrored by EXIF
+            noise_image(120, 90, 4, "JPEG", quality=90, progressive=True),
+            cmyk.getvalue()]  # fmt: skip
+
+
+def rrc_transforms() -> list:
+    """``RandomResizedCrop`` + flips chains the C planner takes: the recipe, the fallback box
+    with two flips, a non-square output."""
+    from kuat.vision import Compose, RandomHorizontalFlip, RandomResizedCrop
+
+    return [
+        Compose([RandomResizedCrop(48), RandomHorizontalFlip()]),
+        Compose([RandomResizedCrop(32, scale=(0.9, 1.0), ratio=(0.1, 0.2)),  # the fallback box
+                 RandomHorizontalFlip(0.3), RandomHorizontalFlip(0.8)]),
+        Compose([RandomResizedCrop((24, 40))]),
+    ]

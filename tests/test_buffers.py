@@ -115,3 +115,29 @@ def test_mapped_and_peak_bytes_follow_leases_idle_buffers_and_clear():
     del c  # after close, a freed buffer is unmapped, not kept
     gc.collect()
     assert pool.mapped_bytes == 0 and pool.idle_bytes() == 0 and pool.peak_bytes == 2 * nb
+
+
+def test_take_array_keeps_at_most_max_free_ready_pairs_per_layout_and_close_drops_them():
+    """Returned arrays come back ready (tensor made) up to ``max_free`` per (shape, dtype);
+    the rest are unmapped (not also kept as free buffers), and ``clear(close=True)`` unmaps
+    the ready ones; memory a caller still holds is never handed out again."""
+    nb = int(np.prod(SHAPE))
+    pool = BufferPool(max_free=1)
+    pairs = [pool.take_array(SHAPE) for _ in range(3)]
+    for k, (t, _a) in enumerate(pairs):
+        t.fill_(k)
+    held = pairs[0][0]
+    del pairs, t, _a
+    gc.collect()
+    assert pool.mapped_bytes == 2 * nb and pool.idle_bytes() == nb  # 1 held, 1 ready
+    t2, _ = pool.take_array(SHAPE)
+    assert pool.reused == 1 and t2.data_ptr() != held.data_ptr() and int(held.max()) == 0
+    labels, _ = pool.take_array((64,), np.dtype(np.int64))  # small: own memory, not counted
+    assert labels.dtype == torch.int64 and labels.shape == (64,) and pool.created == 3
+    del t2, labels
+    gc.collect()
+    pool.clear(close=True)
+    assert pool.idle_bytes() == 0 and pool.mapped_bytes == nb  # only the held one
+    del held
+    gc.collect()
+    assert pool.mapped_bytes == 0

@@ -6,12 +6,11 @@ every index the general path refuses or wraps left to it; labels as torch's ``de
 of the samples; and the loader's pool never reusing memory a caller still holds."""
 
 import gc
-import io
 
 import numpy as np
 import pytest
 import torch
-from _images import noise_image, photo_jpeg
+from _images import photo_jpeg, planner_images, rrc_transforms
 from _same import assert_same
 
 import kuat
@@ -26,38 +25,13 @@ if getattr(kdecode._roi, "fetch_rows", None) is None:
 
 import kuat.sources._rows_fetch as krf  # noqa: E402
 
-TRANSFORMS = [
-    Compose([RandomResizedCrop(48), RandomHorizontalFlip()]),
-    Compose([RandomResizedCrop(32, scale=(0.9, 1.0), ratio=(0.1, 0.2)),  # the fallback box
-             RandomHorizontalFlip(0.3), RandomHorizontalFlip(0.8)]),
-    Compose([RandomResizedCrop((24, 40))]),
-]
-
-
-def _exif(orientation: int) -> bytes:
-    from PIL import Image
-
-    exif = Image.Exif()
-    exif[0x0112] = orientation
-    return exif.tobytes()
-
-
-def _images() -> list[bytes]:
-    from PIL import Image
-
-    cmyk = io.BytesIO()
-    Image.new("CMYK", (70, 50), (10, 20, 30, 40)).save(cmyk, "JPEG")
-    return [*(photo_jpeg(k) for k in range(14)),
-            noise_image(90, 60, 1, "PNG"),  # not a JPEG: left to the per-image path
-            noise_image(160, 120, 2, "JPEG", quality=90, exif=_exif(6)),  # rotated by EXIF
-            noise_image(120, 90, 4, "JPEG", quality=90, progressive=True),
-            cmyk.getvalue()]  # fmt: skip
+TRANSFORMS = rrc_transforms()
 
 
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory):
     """Images with every fixed-size field kind the one call takes (several shards)."""
-    imgs = _images() * 2
+    imgs = planner_images() * 2
     n = len(imgs)
     g = np.random.default_rng(0)
     p = tmp_path_factory.mktemp("rowsfetch") / "ds"

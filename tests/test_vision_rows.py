@@ -7,12 +7,12 @@ bad rows and shard tables are refused with a clear error."""
 
 import numpy as np
 import pytest
-from _images import noise_image, photo_jpeg
+from _images import photo_jpeg, planner_images, rrc_transforms
 
 import kuat
 import kuat.format as kf
 from kuat import rng
-from kuat.vision import Compose, RandomHorizontalFlip, RandomResizedCrop
+from kuat.vision import Compose, RandomResizedCrop
 from kuat.vision.steps import rrc_params
 
 kdecode = pytest.importorskip("kuat.vision.decode")
@@ -23,40 +23,12 @@ roi = kdecode._roi
 if getattr(roi, "plan_decode_rows", None) is None:
     pytest.skip("the ROI decoder predates plan_decode_rows", allow_module_level=True)
 
-TRANSFORMS = [
-    Compose([RandomResizedCrop(48), RandomHorizontalFlip()]),
-    Compose([RandomResizedCrop(32, scale=(0.9, 1.0), ratio=(0.1, 0.2)),  # the fallback box
-             RandomHorizontalFlip(0.3), RandomHorizontalFlip(0.8)]),
-    Compose([RandomResizedCrop((24, 40))]),
-]
-
-
-def _images() -> list[bytes]:
-    imgs = [photo_jpeg(k) for k in range(14)]
-    imgs += [noise_image(90, 60, 1, "PNG"),  # not a JPEG
-             noise_image(160, 120, 2, "JPEG", quality=90, exif=_exif(6)),  # rotated by EXIF
-             noise_image(160, 120, 3, "JPEG", quality=90, exif=_exif(2)),  # mirrored by EXIF
-             noise_image(120, 90, 4, "JPEG", quality=90, progressive=True)]
-    import io
-
-    from PIL import Image
-
-    cmyk = io.BytesIO()
-    Image.new("CMYK", (70, 50), (10, 20, 30, 40)).save(cmyk, "JPEG")
-    return [*imgs, cmyk.getvalue()]
-
-
-def _exif(orientation: int) -> bytes:
-    from PIL import Image
-
-    exif = Image.Exif()
-    exif[0x0112] = orientation
-    return exif.tobytes()
+TRANSFORMS = rrc_transforms()
 
 
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory):
-    imgs = _images() * 2
+    imgs = planner_images() * 2
     p = tmp_path_factory.mktemp("rows") / "ds"
     with kuat.Writer(p, {"image": kf.image(), "label": kf.int64()}, shard_bytes=24 << 10) as w:
         w.write_batch({"image": imgs, "label": np.arange(len(imgs))})

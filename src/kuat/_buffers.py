@@ -169,20 +169,25 @@ class BufferPool:
             return
         mm, layout = entry[1], entry[2]
         mapped = type(mm) is not bytearray
-        if layout is not None:
-            ready = self._ready.get(layout)
-            if ready is None:
-                ready = self._ready.setdefault(layout, [])
-            if (not (self._closed or self._clearing) and len(ready) < self.max_free
-                    and not _finalizing()):  # (no tensor made while Python shuts down:
-                # module globals are gone then, a bound default is not)
+        if layout is not None:  # take_array's: back as a ready pair, or dropped
+            if (not (self._closed or self._clearing) and not _finalizing()
+                    and len(self._ready.get(layout, ())) < self.max_free):
+                # (made outside the lock; no tensor made while Python shuts down: module
+                # globals are gone then, a bound default is not)
                 shape, dtype = layout
                 a = self._leased_view(mm, layout)
                 a = (a if dtype == _U8 else a.view(dtype)).reshape(shape)
-                ready.append((torch.from_numpy(a), a))
-                return
-            if not mapped:
-                return
+                pair = (torch.from_numpy(a), a)
+                with self._lock:  # (checked again: a close() or another return meanwhile)
+                    ready = self._ready.setdefault(layout, [])
+                    if not (self._closed or self._clearing) and len(ready) < self.max_free:
+                        ready.append(pair)
+                        return
+                return  # (the pair dies here: its lease comes back, and is dropped)
+            if mapped:  # at most max_free idle per layout: this one is unmapped
+                with self._lock:
+                    self.mapped_bytes -= len(mm)
+            return
         new_list = []  # allocated outside the lock
         with self._lock:
             free = (None if self._closed or self._clearing

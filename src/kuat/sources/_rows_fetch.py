@@ -13,7 +13,7 @@ where each Python call costs several microseconds instead of a fraction of one, 
 NumPy or torch call tens. Measured with timestamps in one thread worker (batch 64,
 ``RandomResizedCrop(224)`` + flip, 2026-12-02, docs/benchmarks.md): the general path's Python
 from ``ctx.fetch`` to its return (index checks, shard location, the gather, the label tensor,
-the buffer, the rows call) took about 258 us per batch; this path about 67 (the batch's
+the buffer, the rows call) took about 258 us per batch; this path about 65 (the batch's
 tensors come ready from the loader's pool, :meth:`kuat._buffers.BufferPool.take_array`).
 
 The same batches as the general path (tests/test_rows_fetch.py compares them): the same
