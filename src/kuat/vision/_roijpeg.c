@@ -1503,15 +1503,30 @@ static int plan_one(const uint8_t *buf, Py_ssize_t len, long long width, long lo
     return 1;
 }
 
-/* PySequence_Fast's `flips` as a tuple (a list is copied): the flips' __float__ may run Python
- * code that changes the caller's list while they are read. 0, or -1 with an exception set. */
-static int own_flips(PyObject **flips) {
-    if (*flips == NULL || !PyList_CheckExact(*flips))
-        return *flips == NULL ? -1 : 0;
-    PyObject *t = PyList_AsTuple(*flips);
-    Py_DECREF(*flips);
-    *flips = t;
-    return t == NULL ? -1 : 0;
+/* The flip probabilities of `obj` (a sequence of floats; `what` is the TypeError's message
+ * when it is not one): *n_flips its length, flip_p[f] for f < min(*n_flips, 16) (the callers
+ * refuse more than 16). Read from a tuple (a list is copied first): a flip's __float__ may run
+ * Python code that changes the caller's list, or any other list the caller reads, so read
+ * those after this. 0, or -1 with an exception set. */
+static int read_flips(PyObject *obj, const char *what, double *flip_p, Py_ssize_t *n_flips) {
+    PyObject *flips = PySequence_Fast(obj, what);
+    if (flips != NULL && PyList_CheckExact(flips)) {
+        PyObject *t = PyList_AsTuple(flips);
+        Py_DECREF(flips);
+        flips = t;
+    }
+    if (flips == NULL)
+        return -1;
+    *n_flips = PySequence_Fast_GET_SIZE(flips);
+    for (Py_ssize_t f = 0; f < *n_flips && f < 16; f++) {
+        flip_p[f] = PyFloat_AsDouble(PySequence_Fast_GET_ITEM(flips, f));
+        if (flip_p[f] == -1.0 && PyErr_Occurred()) {
+            Py_DECREF(flips);
+            return -1;
+        }
+    }
+    Py_DECREF(flips);
+    return 0;
 }
 
 static PyObject *plan_rrc(PyObject *self, PyObject *args) {
@@ -1528,18 +1543,13 @@ static PyObject *plan_rrc(PyObject *self, PyObject *args) {
                           &out_w, &p.scale_lo, &p.scale_hi, &p.log_lo, &p.log_hi, &p.ratio_lo,
                           &p.ratio_hi, &flips_obj, &max_pixels, &drawsb))
         return NULL;
-    PyObject *result = NULL, *datas = NULL, *flips = NULL;
+    PyObject *result = NULL, *datas = NULL;
     double flip_p[16];
+    Py_ssize_t n_flips = 0;
     datas = PySequence_Fast(datas_obj, "plan_rrc: datas must be a sequence");
-    flips = datas ? PySequence_Fast(flips_obj, "plan_rrc: flip_ps must be a sequence") : NULL;
-    if (own_flips(&flips) < 0)
+    if (datas == NULL ||
+        read_flips(flips_obj, "plan_rrc: flip_ps must be a sequence", flip_p, &n_flips) < 0)
         goto done;
-    Py_ssize_t n_flips = PySequence_Fast_GET_SIZE(flips);
-    for (Py_ssize_t f = 0; f < n_flips && f < 16; f++) {
-        flip_p[f] = PyFloat_AsDouble(PySequence_Fast_GET_ITEM(flips, f));
-        if (flip_p[f] == -1.0 && PyErr_Occurred())
-            goto done;
-    }
     /* B read after the flips (their __float__ may change a datas list) */
     Py_ssize_t b = PySequence_Fast_GET_SIZE(datas);
     if (wb.len != b * 8 || hb.len != b * 8 || wordsb.len != b * 32 || n_flips > 16 ||
@@ -1583,7 +1593,6 @@ static PyObject *plan_rrc(PyObject *self, PyObject *args) {
     }
 done:
     Py_XDECREF(datas);
-    Py_XDECREF(flips);
     PyBuffer_Release(&wb);
     PyBuffer_Release(&hb);
     PyBuffer_Release(&wordsb);
@@ -1706,23 +1715,16 @@ static PyObject *plan_decode_rrc(PyObject *self, PyObject *args) {
         PyBuffer_Release(&drawsb);
         return NULL;
     }
-    PyObject *result = NULL, *datas = NULL, *flips = NULL;
+    PyObject *result = NULL, *datas = NULL;
     Py_buffer *bufs = NULL;
     char *held = NULL, *msgs = NULL;
     int *codes = NULL;
     double flip_p[16];
-    Py_ssize_t b = 0;
+    Py_ssize_t b = 0, n_flips = 0;
     datas = PySequence_Fast(datas_obj, "plan_decode_rrc: datas must be a sequence");
-    flips = datas ? PySequence_Fast(flips_obj, "plan_decode_rrc: flip_ps must be a sequence")
-                  : NULL;
-    if (own_flips(&flips) < 0)
+    if (datas == NULL || read_flips(flips_obj, "plan_decode_rrc: flip_ps must be a sequence",
+                                    flip_p, &n_flips) < 0)
         goto done;
-    Py_ssize_t n_flips = PySequence_Fast_GET_SIZE(flips);
-    for (Py_ssize_t f = 0; f < n_flips && f < 16; f++) {
-        flip_p[f] = PyFloat_AsDouble(PySequence_Fast_GET_ITEM(flips, f));
-        if (flip_p[f] == -1.0 && PyErr_Occurred())
-            goto done;
-    }
     b = PySequence_Fast_GET_SIZE(datas); /* after the flips (their __float__ may change it) */
     const size_t slot_bytes = (size_t)3 * (size_t)(out_h > 0 ? out_h : 0) * (out_w > 0 ? out_w : 0);
     if (wb.len != b * 8 || hb.len != b * 8 || wordsb.len != b * (hash_here ? 8 : 32) || n_flips > 16 ||
@@ -1789,7 +1791,6 @@ done:
     free(codes);
     free(msgs);
     Py_XDECREF(datas);
-    Py_XDECREF(flips);
     PyBuffer_Release(&wb);
     PyBuffer_Release(&hb);
     PyBuffer_Release(&wordsb);
@@ -1825,7 +1826,7 @@ static PyObject *decode_rows(PyObject *tables, const int64_t *sid, const int64_t
                              int out_w, const rrc_params *p, PyObject *flips_obj,
                              long long max_pixels, unsigned long long ss_seed,
                              unsigned long long ss_epoch) {
-    PyObject *result = NULL, *flips = NULL;
+    PyObject *result = NULL;
     held_shard *hs = NULL;
     Py_ssize_t n_slots = 0;
     const uint8_t **ptrs = NULL;
@@ -1835,20 +1836,15 @@ static PyObject *decode_rows(PyObject *tables, const int64_t *sid, const int64_t
     char *msgs = NULL;
     double flip_p[16];
     const size_t slot_bytes = (size_t)3 * (size_t)(out_h > 0 ? out_h : 0) * (out_w > 0 ? out_w : 0);
-    flips = PySequence_Fast(flips_obj, "plan_decode_rows: flip_ps must be a sequence");
-    if (own_flips(&flips) < 0)
+    Py_ssize_t n_flips = 0;
+    if (read_flips(flips_obj, "plan_decode_rows: flip_ps must be a sequence", flip_p,
+                   &n_flips) < 0)
         goto done;
-    Py_ssize_t n_flips = PySequence_Fast_GET_SIZE(flips);
     if (n_flips > 16 || out_h <= 0 || out_w <= 0 || (size_t)out->len != slot_bytes * (size_t)b) {
         PyErr_Format(PyExc_ValueError,
                      "plan_decode_rows: want a (B, 3, out_h, out_w) uint8 out (B = %zd, %zd "
                      "bytes), at most 16 flips and a positive output size", b, out->len);
         goto done;
-    }
-    for (Py_ssize_t f = 0; f < n_flips; f++) {
-        flip_p[f] = PyFloat_AsDouble(PySequence_Fast_GET_ITEM(flips, f));
-        if (flip_p[f] == -1.0 && PyErr_Occurred())
-            goto done;
     }
     /* read after the flips: their sequence and __float__ may run Python code that changes
      * the list (no Python code runs from here until the tables are read) */
@@ -1960,7 +1956,6 @@ done:
     free(sizes);
     free(codes);
     free(msgs);
-    Py_XDECREF(flips);
     return result;
 }
 
