@@ -133,11 +133,9 @@ class BufferPool:
                     self.reused += 1
                 return pair
         a = self._lease(math.prod(shape) * dtype.itemsize, layout)
-        a = (a if dtype == _U8 else a.view(dtype)).reshape(shape)
         return torch.from_numpy(a), a
 
     def _lease(self, nbytes: int, layout) -> np.ndarray:
-        mm = None
         if nbytes < MIN_POOLED_BYTES:  # (take_array's small arrays: plain memory)
             mm = bytearray(nbytes)
         else:
@@ -155,10 +153,15 @@ class BufferPool:
         return self._leased_view(mm, layout)
 
     def _leased_view(self, mm, layout) -> np.ndarray:
+        """A new lease of ``mm``: its ``(nbytes,)`` uint8 view, or shaped as ``layout`` (a
+        ``(shape, dtype)``, :meth:`take_array`'s), which keeps the lease alive."""
         lease = np.frombuffer(mm, np.uint8)  # (nbytes,) writable view (mmap is read-write)
         ref = weakref.ref(lease, self._returned)
         self._leased[id(ref)] = (ref, mm, layout)  # (one dict store: atomic under the GIL)
-        return lease
+        if layout is None:
+            return lease
+        shape, dtype = layout
+        return (lease if dtype == _U8 else lease.view(dtype)).reshape(shape)
 
     def _returned(self, ref: weakref.ref, _finalizing=sys.is_finalizing) -> None:
         # the lease died (its last tensor was freed), in whichever thread freed it (the
@@ -174,9 +177,7 @@ class BufferPool:
                     and len(self._ready.get(layout, ())) < self.max_free):
                 # (made outside the lock; no tensor made while Python shuts down: module
                 # globals are gone then, a bound default is not)
-                shape, dtype = layout
                 a = self._leased_view(mm, layout)
-                a = (a if dtype == _U8 else a.view(dtype)).reshape(shape)
                 pair = (torch.from_numpy(a), a)
                 with self._lock:  # (checked again: a close() or another return meanwhile)
                     ready = self._ready.setdefault(layout, [])

@@ -38,6 +38,7 @@ from kuat import _native, _parallel
 from kuat._buffers import new_batch_array, thread_state
 from kuat.format.gather import ImageRows, native
 from kuat.rng import current_epoch
+from kuat.sources._routes import FILL, NUMBER, TENSOR
 from kuat.vision._rows import _rest
 from kuat.vision.decode import roi_function
 from kuat.vision.steps import rrc_params
@@ -48,33 +49,29 @@ _MASK64 = (1 << 64) - 1
 _owned = thread_state()  # this thread's batch scope: its pool
 
 
-def rows_fetcher(store, names: list, routes: list, transforms: dict, number: str,
-                 tensor: str):
+def rows_fetcher(store, names: list, routes: list, transforms: dict):
     """``fetch(indices) -> dict | None`` for a view whose ``routes`` (``Dataset``'s
-    ``(name, route, arg)``) it can take, else ``None``: every field fixed-size and gathered in
-    C, collated as stored (``tensor`` routes, and ``number`` routes only where the stored dtype
-    is the collated one: not a field with a transform, nor a uint64 scalar, whose routes are
-    others), and exactly one image field with a rows path. ``transforms``: the view's field
-    transforms.
+    ``(name, route, arg)``) it can take, else ``None``: every field but the image on the
+    general path's tensor route, or on its number route where the stored dtype is the
+    collated one (a field with a transform, a uint64 scalar or a float32 one are not), and
+    exactly one image field on the fill route with a rows path. ``transforms``: the view's
+    field transforms.
     """
     if native() is None or roi_function("fetch_rows") is None:
         return None
     image, fixed = None, []
     for name, route, arg in routes:
-        ftype = store.schema[name].type
-        if ftype.kind == "image":
-            if image is not None or arg is None or not isinstance(arg, tuple) or arg[1] is None:
+        if route is FILL:  # (size, the transform's rows path or None)
+            if image is not None or arg[1] is None:
                 return None
             image = name
             continue
-        if ftype.kind not in ("scalar", "bool", "tensor") or route not in (number, tensor):
+        if route is not TENSOR and route is not NUMBER:
             return None
-        dt = ftype.np_dtype if ftype.kind != "bool" else np.dtype(bool)
-        if route == number:  # as torch.tensor of Python numbers: (B,) int64, float64 or bool
-            want = np.dtype(bool) if ftype.kind == "bool" else np.dtype(
-                np.float64 if dt.kind == "f" else np.int64)
-            if dt != want:
-                return None
+        ftype = store.schema[name].type
+        dt = np.dtype(bool) if ftype.kind == "bool" else ftype.np_dtype  # as stored
+        if route is NUMBER and dt != arg:  # (arg: the collated dtype)
+            return None
         fixed.append((name, tuple(ftype.shape or ()), dt))
     if image is None:
         return None

@@ -27,12 +27,11 @@ from kuat.format.schema import Schema
 from kuat.format.store import Store, open_store
 from kuat.rng import map_samples
 from kuat.sources._images import fill_batch, fills_batch, image_batch, image_values
+from kuat.sources._routes import AS_IS, FILL, NUMBER, OTHER, TENSOR
 from kuat.vision import protocol as vision_protocol
 
 __all__ = ["Dataset", "open_dataset"]
 
-# how kuat_fetch_collated builds a field (Dataset._collated_routes)
-_TENSOR, _NUMBER, _AS_IS, _FILL, _OTHER = "tensor", "number", "as is", "fill", "other"
 _torch = None  # torch, once a view has decided its routes
 
 
@@ -215,14 +214,13 @@ class Dataset:
         index_list = None
         for name, route, arg in routes:
             c = cols[name]
-            if route is _TENSOR:
+            if route is TENSOR:
                 out[name] = _torch.from_numpy(c)  # (B, *shape): the gather's fresh copy
-            elif route is _NUMBER:  # as torch.tensor(list of Python numbers): (B,) int64,
-                want = arg or (np.float64 if c.dtype.kind == "f" else np.int64)  # float64, bool
-                out[name] = _torch.from_numpy(c.astype(want, copy=False))
-            elif route is _AS_IS:
+            elif route is NUMBER:  # as torch.tensor(list of Python numbers): arg's dtype
+                out[name] = _torch.from_numpy(c.astype(arg, copy=False))
+            elif route is AS_IS:
                 out[name] = c  # B str, as default_collate leaves strings
-            elif route is _FILL:  # a fused transform's batch buffer is the batch as it is
+            elif route is FILL:  # a fused transform's batch buffer is the batch as it is
                 out[name] = fill_batch(c, idx, sid, self._store.shard_paths,
                                        self._field_transforms[name], arg)
             else:
@@ -255,28 +253,31 @@ class Dataset:
                 kind, t = f.type.kind, ft.get(f.name)
                 size = fills_batch(t) if kind == "image" else None
                 if t is None and kind == "tensor":
-                    per.append((f.name, _TENSOR, None))
+                    per.append((f.name, TENSOR, None))
                 elif t is None and kind in ("scalar", "bool") and f.type.np_dtype != np.uint64:
-                    per.append((f.name, _NUMBER, np.bool_ if kind == "bool" else None))
+                    # collated as torch.tensor of Python numbers: (B,) int64, float64 or bool
+                    want = (bool if kind == "bool"
+                            else np.float64 if f.type.np_dtype.kind == "f" else np.int64)
+                    per.append((f.name, NUMBER, np.dtype(want)))
                 elif t is None and kind == "string":
-                    per.append((f.name, _AS_IS, None))
+                    per.append((f.name, AS_IS, None))
                 elif size is not None:  # (with the transform's rows path, if it has one)
                     from kuat.vision._rows import rows_filler
 
-                    per.append((f.name, _FILL, (size, rows_filler(t))))
+                    per.append((f.name, FILL, (size, rows_filler(t))))
                 else:
-                    per.append((f.name, _OTHER, kind))
+                    per.append((f.name, OTHER, kind))
             own = tuple(n for n, route, _ in per  # (their gather makes no codec names)
-                        if route is _FILL and vision_protocol.advises_reads(ft[n]))
+                        if route is FILL and vision_protocol.advises_reads(ft[n]))
             # the columns that cannot fail first: their Python runs before an image batch's
             # decode evicts the caches (it then costs several times its warm price); fields
             # that may raise keep the schema's order (the first one fails the batch)
-            per.sort(key=lambda r: r[1] is _FILL or r[1] is _OTHER)
+            per.sort(key=lambda r: r[1] is FILL or r[1] is OTHER)
             whole = None
             if self._sample_transform is None:
                 from kuat.sources._rows_fetch import rows_fetcher
 
-                whole = rows_fetcher(self._store, self.schema.names, per, ft, _NUMBER, _TENSOR)
+                whole = rows_fetcher(self._store, self.schema.names, per, ft)
             routes = self._routes = (self.schema.names, own, tuple(per), whole)
         return routes
 
