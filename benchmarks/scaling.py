@@ -8,14 +8,19 @@ child process (:mod:`benchmarks.scaling_child`) measures:
 - **rate**: items/s over a window with nothing sampling the process (``seconds`` long, after
   ``warmup_s`` of batches), and from it the **efficiency against linear**,
   ``rate(n) / (n * rate(1))``, each ratio within one round;
-- **GIL-held time per item**, measured from outside the process with py-spy
-  (https://github.com/benfred/py-spy), a sampling profiler that reads the interpreter's state
-  through ptrace: during a second window the parent runs ``py-spy record --gil --idle
-  --subprocesses --rate R --duration D`` on the child. ``--gil`` keeps only the samples taken
-  while some thread of a process holds that process's GIL (``--idle`` keeps them even when the
-  holder sits in a system call), so the main process's samples divided by the ``R * D`` sampling
-  instants is the fraction of wall time its GIL was held; times the window's wall seconds over
-  its items, that is microseconds of GIL per item. Thread workers share the main process's GIL,
+- **GIL-held time per item**, measured from outside the process: during a second window the
+  parent reads the child's GIL (and each worker process's) from outside.
+  The default sampler, ``gil_sampler="reader"`` (:mod:`benchmarks.gil_reader`), reads the
+  interpreter's ``locked`` word with ``process_vm_readv`` every 200 us (5,000 instants a
+  second) without stopping the process; the share of instants that find it set is the share of
+  wall time the GIL was held, reported with its binomial 95% interval. ``gil_sampler="py-spy"``
+  (https://github.com/benfred/py-spy, also the fallback where the reader cannot locate the
+  word) runs ``py-spy record --gil --idle --subprocesses --rate R --duration D``: ``--gil``
+  keeps only the samples taken while some thread holds the GIL, over ``R * D`` instants. At the
+  fused image path's 0.3% of wall time, py-spy's 100 to 500 samples a second give a handful of
+  held samples per window, and its reading moved 2-4x with its own rate and mode on unchanged
+  code (docs/benchmarks.md); hence the reader. Times the window's wall seconds over its items,
+  the share is microseconds of GIL per item. Thread workers share the main process's GIL,
   so for them it is the whole loader's cost; worker processes each have their own GIL, reported
   apart (summed over the workers); the main process's is what limits a training process.
   ``1e6 / (us per item)`` is the rate at which that GIL would be held all the time: the ceiling
@@ -52,11 +57,14 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 
+from benchmarks import gil_reader
+
 WORKLOADS = ("imagenet-jpeg", "tabular", "packed-text")
 LOADERS = ("kuat", "kuat-proc", "torch")
 UNITS = {"imagenet-jpeg": "images", "tabular": "rows", "packed-text": "packed rows"}
 BATCH = {"imagenet-jpeg": 64, "tabular": 256, "packed-text": 8}
 TABULAR_WIDTH = 32  # float32 features per row, plus an int64 label
+GIL_SAMPLERS = {"reader": 5000, "py-spy": 100}  # each sampler's default readings a second
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -84,9 +92,10 @@ class ScalingConfig:
     max_workers: int | None = None  # default os.cpu_count()
     runs: int | None = None  # interleaved rounds; default 3 (quick 2)
     seconds: float | None = None  # rate window per point; default 10 (quick 3)
-    gil_seconds: float | None = None  # py-spy window; default 10 (quick 3)
+    gil_seconds: float | None = None  # GIL window; default 10 (quick 3)
     warmup_s: float | None = None  # default 3 (quick 1)
-    sample_hz: int = 100  # py-spy's sampling rate
+    gil_sampler: str = "reader"  # "reader" (benchmarks.gil_reader) or "py-spy"
+    sample_hz: int | None = None  # readings a second; default 5,000 (reader), 100 (py-spy)
     loop_ms: float = 10.0  # the competing loop's Python per batch; 0: no competing case
     num_images: int | None = None  # default 2000 (quick 512), >= 512 per worker
     tabular_rows: int | None = None  # default 1,000,000 (quick 200,000)
@@ -105,6 +114,8 @@ class ScalingConfig:
             raise ValueError(f"max_workers={self.max_workers} must be >= 1")
         if self.runs is not None and self.runs < 1:
             raise ValueError(f"runs={self.runs} must be >= 1")
+        if self.gil_sampler not in GIL_SAMPLERS:
+            raise ValueError(f"gil_sampler={self.gil_sampler!r}: one of {list(GIL_SAMPLERS)}")
         if self.loop_ms < 0:
             raise ValueError(f"loop_ms={self.loop_ms} must be >= 0")
         q = self.quick
@@ -112,6 +123,7 @@ class ScalingConfig:
         self.runs = self.runs or (2 if q else 3)
         self.seconds = self.seconds or (3.0 if q else 10.0)
         self.gil_seconds = self.gil_seconds or (3.0 if q else 10.0)
+        self.sample_hz = self.sample_hz or GIL_SAMPLERS[self.gil_sampler]
         self.warmup_s = self.warmup_s or (1.0 if q else 3.0)
         # enough data that every worker reads 8 or more batches per epoch at the largest
         # count: a short epoch leaves workers idle at its end and measures epoch turnover
@@ -184,10 +196,40 @@ def gil_record(pid: int, seconds: float, hz: int, out: Path) -> dict:
     # py-spy samples at fixed instants and catches up when late, so the instants are rate x
     # duration; a failed sample is not one of them
     instants = max(1, int(round(seconds)) * hz - errors)
-    return {"main_samples": main, "workers_samples": workers, "instants": instants,
-            "errors": errors, "main_fraction": main / instants,
+    return {"sampler": "py-spy", "main_samples": main, "workers_samples": workers,
+            "instants": instants, "errors": errors, "main_fraction": main / instants,
             "workers_fraction": workers / instants,
+            "main_ci95": gil_reader.binomial_ci95(main, instants),
             "behind": "behind in sampling" in log}  # fmt: skip
+
+
+def reader_record(pid: int, where: dict | None, seconds: float, hz: int) -> dict:
+    """Read the GIL of ``pid`` and of its worker processes with :mod:`benchmarks.gil_reader`
+    for ``seconds`` at ``hz``; the same keys as :func:`gil_record` (``main_fraction``,
+    ``workers_fraction``, ``instants``, ...) plus ``sampler_cpu_s`` (the reader's own CPU
+    seconds) and ``workers`` (processes read), or ``{"error"}``."""
+    if where is None:
+        return {"error": "the GIL reader found no GIL struct in the child (not Linux, or a "
+                         "CPython build it does not know)"}
+    targets = {pid: gil_reader.address_in(pid, where)}
+    for child in gil_reader.descendants(pid):
+        addr = gil_reader.address_in(child, where)
+        if addr is not None:  # (a process running another program has no such word)
+            targets[child] = addr
+    if targets[pid] is None:
+        return {"error": f"the GIL reader found no {where['path']} in process {pid}"}
+    try:
+        r = gil_reader.sample(targets, seconds, 1.0 / hz)
+    except OSError as e:
+        return {"error": f"the GIL reader cannot read process {pid}: {e}"}
+    n = max(1, r["readings"])
+    main = r["held"][pid]
+    workers = sum(v for k, v in r["held"].items() if k != pid)
+    return {"sampler": "reader", "main_samples": main, "workers_samples": workers,
+            "instants": r["readings"], "errors": sum(r["errors"].values()),
+            "main_fraction": main / n, "workers_fraction": workers / n,
+            "main_ci95": gil_reader.binomial_ci95(main, n), "workers": len(targets) - 1,
+            "sampler_cpu_s": r["cpu_s"], "behind": False}  # fmt: skip
 
 
 def schedstat(pid: int) -> tuple[int, int]:
@@ -224,7 +266,11 @@ def run_point(python: str, spec: dict, work: Path, cfg: ScalingConfig) -> dict:
            f"{'loop-' if spec['loop_iters'] else ''}r{spec['round']}"  # fmt: skip
     r_ready, w_ready = os.pipe()
     r_done, w_done = os.pipe()
+    located = work / f"{name}.gil.json"
+    located.unlink(missing_ok=True)
     spec = {**spec, "ready_fd": w_ready, "done_fd": r_done}
+    if cfg.gil_sampler == "reader":
+        spec["locate_path"] = str(located)
     spec_path, out_path = work / f"{name}.spec.json", work / f"{name}.out.json"
     spec_path.write_text(json.dumps(spec, indent=1))
     t0 = time.perf_counter()
@@ -241,7 +287,7 @@ def run_point(python: str, spec: dict, work: Path, cfg: ScalingConfig) -> dict:
         ready = select.select([r_ready], [], [], cfg.timeout_s)[0]
         if ready and os.read(r_ready, 1) == b"1":
             before = schedstat(proc.pid)
-            gil = gil_record(proc.pid, cfg.gil_seconds, cfg.sample_hz, work / f"{name}.pyspy")
+            gil = sample_gil(proc.pid, located, cfg, work / f"{name}.pyspy")
             gil["on_cpu_share"] = on_cpu_share(before, schedstat(proc.pid))
         os.write(w_done, b"1")
     except BrokenPipeError:  # the child died; its result (or its absence) says why
@@ -267,6 +313,24 @@ def run_point(python: str, spec: dict, work: Path, cfg: ScalingConfig) -> dict:
     res["gil"] = gil
     res["process_wall_s"] = time.perf_counter() - t0
     return res
+
+
+def sample_gil(pid: int, located: Path, cfg: ScalingConfig, pyspy_out: Path) -> dict:
+    """The GIL window's record by ``cfg.gil_sampler``; where the reader cannot run (its
+    ``located`` file says where the child's GIL is, or that it found none), py-spy at its
+    default rate, with ``fallback`` saying why."""
+    if cfg.gil_sampler == "py-spy":
+        return gil_record(pid, cfg.gil_seconds, cfg.sample_hz, pyspy_out)
+    try:
+        where = json.loads(located.read_text())
+    except (OSError, ValueError):
+        where = None
+    gil = reader_record(pid, where, cfg.gil_seconds, cfg.sample_hz)
+    if "error" in gil and pyspy() is not None:
+        why = gil["error"]
+        gil = gil_record(pid, cfg.gil_seconds, GIL_SAMPLERS["py-spy"], pyspy_out)
+        gil["fallback"] = why
+    return gil
 
 
 def calibrate_loop(loop_ms: float) -> int:
@@ -329,7 +393,8 @@ def run_scaling(cfg: ScalingConfig, progress: Callable[[str], None] = lambda s: 
     torch_image = torch_image_loader()
     iters = calibrate_loop(cfg.loop_ms) if cfg.loop_ms and "imagenet-jpeg" in data else 0
     progress(f"worker counts {counts}; torch on images: {torch_image}; competing loop "
-             f"{cfg.loop_ms:g} ms = {iters:,} iterations; py-spy: {pyspy() or 'not installed'}")
+             f"{cfg.loop_ms:g} ms = {iters:,} iterations; GIL sampler: {cfg.gil_sampler} at "
+             f"{cfg.sample_hz} Hz (py-spy: {pyspy() or 'not installed'})")
 
     def points():
         for w in cfg.workloads:

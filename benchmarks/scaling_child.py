@@ -8,8 +8,9 @@ closes it, when its sampler has finished). The spec holds ``workload`` (``imagen
 ``tabular``, ``packed-text``), ``loader`` (a :data:`benchmarks.adapters.LOADERS` name for the
 image path; ``kuat``, ``kuat-proc`` or ``torch`` for the others), ``num_workers``,
 ``batch_size``, ``data`` (paths the parent prepared), ``warmup_s``, ``seconds`` (the rate
-window), ``loop_iters`` (the competing training loop's pure-Python work per batch; 0: none)
-and ``seed``.
+window), ``loop_iters`` (the competing training loop's pure-Python work per batch; 0: none),
+``seed`` and ``locate_path`` (where to write :func:`benchmarks.gil_reader.locate`'s answer
+first, for the parent's GIL reader; absent under py-spy).
 
 What it does, in order:
 
@@ -21,9 +22,9 @@ What it does, in order:
    (``rate``: items/s; ``cpu_us_per_item``: CPU microseconds of the process tree per item;
    with a loop, ``loop_ms``: the loop's own time per step while the loader runs);
 4. the **GIL window**: writes to ``ready_fd`` and keeps reading batches (and running the loop)
-   until the parent, whose sampler (py-spy) watches this process meanwhile, writes to
-   ``done_fd``; ``gil_window`` gets its items and wall seconds, which turn the sampler's GIL
-   fraction into microseconds per item.
+   until the parent, whose sampler (``benchmarks.gil_reader``, or py-spy) reads this
+   process's GIL meanwhile, writes to ``done_fd``; ``gil_window`` gets its items and wall
+   seconds, which turn the sampler's GIL fraction into microseconds per item.
 
 ``OUT.json`` gets ``{"ok": true, ...}`` or ``{"ok": false, "error", "traceback"}``.
 """
@@ -179,6 +180,10 @@ def _readable(fd: int) -> bool:
 def run(spec: dict) -> dict:
     workload, loop_iters = spec["workload"], int(spec.get("loop_iters") or 0)
     result: dict = {}
+    if spec.get("locate_path"):  # where the parent's GIL reader finds this process's GIL;
+        from benchmarks import gil_reader  # (before any thread starts: gil_reader.locate)
+
+        Path(spec["locate_path"]).write_text(json.dumps(gil_reader.locate()))
     if loop_iters:
         result["loop_alone_ms"] = loop_alone_ms(loop_iters)
     t0 = time.perf_counter()

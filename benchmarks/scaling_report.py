@@ -84,6 +84,14 @@ def record(res: dict, workload: str, loader: str, workers: int, loop: bool, rnd:
             "window_s": gw["wall_s"],
             "instants": gil["instants"],
             "behind": gil.get("behind", False),
+            # which sampler read it (benchmarks.gil_reader, or py-spy), its held readings and
+            # the binomial 95% interval of this window's us per item
+            "sampler": gil.get("sampler", "py-spy"),
+            "samples": gil.get("main_samples"),
+            "us_ci95": ([gil_us_per_item(f, gw["rate"]) for f in gil["main_ci95"]]
+                        if gil.get("main_ci95") else None),
+            "sampler_cpu_s": gil.get("sampler_cpu_s"),
+            "fallback": gil.get("fallback"),
         }
     else:
         rec["gil_error"] = gil.get("error", "no GIL window")
@@ -138,6 +146,7 @@ def summarize(records: list[dict]) -> dict:
                 "gil_fraction": spread(g["fraction"] for g in gils),
                 "gil_us": gil_us,
                 "workers_gil_us": spread(g["workers_us_per_item"] for g in gils),
+                "gil_samples": spread(g.get("samples") for g in gils),
                 "gil_us_on_cpu": spread(g.get("us_per_item_on_cpu") for g in gils),
                 "on_cpu_share": spread(g.get("on_cpu_share") for g in gils),
                 "gil_ceiling": 1e6 / gil_us["median"] if gil_us and gil_us["median"] else None,
@@ -196,7 +205,9 @@ GIL_BUDGET_US = 5.0  # issue 31: GIL per image on the fused image path, so threa
 def _budget(rows: list[dict]) -> str:
     """Issue 31's GIL budget against kuat's rows of the image table."""
     got = [f"{LABELS[r['loader']]} at {r['workers']} workers {_f(r['gil_us'], '{:.1f}')} us "
-           f"(on-CPU estimate {_f(r.get('gil_us_on_cpu'), '{:.1f}') or '-'})"
+           f"(on-CPU estimate {_f(r.get('gil_us_on_cpu'), '{:.1f}') or '-'}"
+           + (f"; {r['gil_samples']['median']:,.0f} held readings per window"
+              if r.get("gil_samples") else "") + ")"
            for r in rows if r["loader"] in ("kuat", "kuat-proc") and r["gil_us"]]  # fmt: skip
     return (f"GIL budget (issue 31): at most {GIL_BUDGET_US:g} us per image in the main "
             f"process, so that one process's threads pass 64 cores. Measured: "
@@ -215,9 +226,32 @@ def _loads(result: dict) -> str:
             "holds it, so GIL times per item are inflated and rates low" if busy else ""))  # fmt: skip
 
 
+_SAMPLER_NAMES = {"reader": "kuat's GIL reader (`benchmarks/gil_reader.py`)", "py-spy": "py-spy"}
+_SAMPLER_TEXT = {
+    "reader": "kuat's GIL reader (`benchmarks/gil_reader.py`) reads the GIL's `locked` word of "
+              "the main process and of each worker process with `process_vm_readv`, without "
+              "stopping them, every 200 us; the share of readings that find it set is the "
+              "share of wall time the GIL was held (several hundred held readings per window "
+              "at the image path's rates, where py-spy's 100 Hz gives a handful: see \"GIL per "
+              "image at batch 64\" below for why it replaced py-spy here).",
+    "py-spy": "py-spy (`py-spy record --gil --idle --subprocesses`, a sampling profiler "
+              "reading the interpreter's state through ptrace) keeps the main process's "
+              "samples with its GIL held by any thread; over the sampling instants (rate x "
+              "duration) they are the share of wall time the GIL was held.",
+}
+
+
+def _fallbacks(result: dict) -> str:
+    """Where the reader could not run and py-spy read the GIL instead, and why."""
+    why = sorted({g["fallback"] for r in result["records"] if (g := r.get("gil"))
+                  and g.get("fallback")})  # fmt: skip
+    return f"; py-spy read the GIL where the reader could not: {'; '.join(why)}" if why else ""
+
+
 def markdown(result: dict, chart_link: str | None = None) -> str:
     """The scaling tables, the competing-loop table and the method, in Markdown."""
     m, c = result["machine"], result["config"]
+    sampler = c.get("gil_sampler", "py-spy")  # (results before the reader: py-spy)
     lines = [
         f"- Machine: {m['cpu_count']} cores, {m['cpu_model']}, Python {m['python']}; 1-minute "
         f"load average {m['load_avg_1min']:.1f} at the start, {result['load_avg_1min_end']:.1f} "
@@ -225,16 +259,15 @@ def markdown(result: dict, chart_link: str | None = None) -> str:
         f"- Date: {result['started_utc']} to {result['finished_utc']} (UTC)" + _loads(result),
         f"- Settings: {'`--quick`, ' if c['quick'] else ''}{c['runs']} interleaved rounds; per "
         f"point a fresh process, {c['warmup_s']:g} s of warm-up, a {c['seconds']:g} s rate window "
-        f"with nothing sampling it, then a {c['gil_seconds']:g} s GIL window under py-spy at "
-        f"{c['sample_hz']} Hz; worker counts {', '.join(map(str, result['worker_counts']))}",
+        f"with nothing sampling it, then a {c['gil_seconds']:g} s GIL window read by "
+        f"{_SAMPLER_NAMES[sampler]} at {c['sample_hz']:,} Hz; worker counts "
+        f"{', '.join(map(str, result['worker_counts']))}" + _fallbacks(result),
         "",
         "Rates are medians over rounds (min-max in brackets). **vs linear** is "
         "`rate(n) / (n * rate(1))` within each round (1.00 = linear). **GIL** is measured from "
-        "outside the process by py-spy (`py-spy record --gil --idle --subprocesses`, a sampling "
-        "profiler reading the interpreter's state through ptrace): the main process's samples "
-        "with its GIL held by any thread, over the sampling instants (rate x duration), is the "
-        "share of wall time the GIL was held; times the window's wall time over its items, "
-        "microseconds per item. Thread workers share that GIL (the column is the whole "
+        f"outside the process: {_SAMPLER_TEXT[sampler]} "
+        "That share of wall time the GIL was held, times the window's wall time over its items, "
+        "is microseconds per item. Thread workers share that GIL (the column is the whole "
         "loader's cost); worker processes have their own, summed in the last column. The "
         "ceiling is `1e6 / (us per item)`: the rate at which the main process's GIL would be "
         "held all the time, before a training loop takes its share. On a busy machine a thread "

@@ -157,8 +157,16 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         action="store_true",
         help="sweep worker counts 1, 2, 4, ... up to --workers (default: all cores) for kuat "
         "(threads, processes) and torch on images, tabular rows and packed text: rate, "
-        "efficiency against linear, GIL-held us per item measured by py-spy, a competing "
-        "training loop, a plot (benchmarks/scaling.py)",
+        "efficiency against linear, GIL-held us per item measured from outside the process, "
+        "a competing training loop, a plot (benchmarks/scaling.py)",
+    )
+    p.add_argument(
+        "--gil-sampler",
+        choices=("reader", "py-spy"),
+        default="reader",
+        help="with --scaling: what reads the GIL from outside: kuat's reader of the GIL word "
+        "(benchmarks/gil_reader.py, 5,000 readings/s, never stops the process; default) or "
+        "py-spy --gil (100 samples/s)",
     )
     p.add_argument(
         "--loop-ms",
@@ -194,7 +202,7 @@ def _scaling(args: argparse.Namespace) -> int:
     try:
         cfg = scaling.ScalingConfig(
             out_dir=args.out, quick=args.quick, loop_ms=args.loop_ms,
-            timeout_s=min(args.timeout, 600.0), **kw,
+            gil_sampler=args.gil_sampler, timeout_s=min(args.timeout, 600.0), **kw,
         )  # fmt: skip
     except ValueError as e:
         print(f"kuat bench: {e}", file=sys.stderr)

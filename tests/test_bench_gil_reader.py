@@ -1,0 +1,113 @@
+"""``benchmarks.gil_reader``: it finds a child's GIL word and reads it from outside.
+
+Children whose GIL state is known at every instant: one spinning in pure Python holds it all
+the time (the reading holds however busy the machine is: a preempted holder still holds it),
+one sleeping in ``time.sleep`` (which releases it) almost never. Nothing is timed.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from benchmarks import gil_reader  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux /proc")
+
+# prints where its GIL is, then (argv[1]) spins or sleeps; "fork": a worker process spins
+CHILD = r"""
+import json, os, sys, time
+sys.path.insert(0, sys.argv[2])
+from benchmarks import gil_reader
+print(json.dumps(gil_reader.locate()), flush=True)
+mode = sys.argv[1]
+if mode == "fork" and os.fork() == 0:
+    mode = "spin"
+t0 = time.monotonic()
+while time.monotonic() - t0 < 20:
+    if mode == "spin":
+        for _ in range(10000):
+            pass
+    else:
+        time.sleep(0.05)
+"""
+
+
+def _child(mode: str):
+    p = subprocess.Popen([sys.executable, "-c", CHILD, mode, str(REPO)],
+                         stdout=subprocess.PIPE, text=True)  # fmt: skip
+    return p, json.loads(p.stdout.readline())
+
+
+def _read(mode: str, seconds: float = 0.5) -> tuple[dict, dict, int]:
+    p, where = _child(mode)
+    try:
+        assert where is not None, "locate() found no GIL struct in this CPython"
+        targets = {p.pid: gil_reader.address_in(p.pid, where)}
+        if mode == "fork":
+            import time
+
+            for _ in range(200):  # the worker process appears
+                kids = gil_reader.descendants(p.pid)
+                if kids:
+                    break
+                time.sleep(0.01)
+            targets.update({k: gil_reader.address_in(k, where) for k in kids})
+        return gil_reader.sample(targets, seconds), targets, p.pid
+    finally:
+        for k in gil_reader.descendants(p.pid):
+            subprocess.run(["kill", "-9", str(k)], check=False)
+        p.kill()
+        p.wait()
+
+
+def test_locate_names_a_file_mapped_in_this_process() -> None:
+    import os
+
+    p, where = _child("sleep")
+    p.kill()
+    p.wait()
+    assert where is not None and Path(where["path"]).is_file() and where["offset"] > 0
+    assert where["python"] == sys.version.split()[0]
+    # the same build mapped here: the word's address here reads this process's GIL, held now
+    import ctypes
+
+    addr = gil_reader.address_in(os.getpid(), where)
+    assert addr is not None and ctypes.c_int.from_address(addr).value == 1
+    assert gil_reader.address_in(os.getpid(), {**where, "path": "/nonexistent"}) is None
+
+
+def test_a_spinning_process_holds_its_gil_and_a_sleeping_one_does_not() -> None:
+    spin, _, pid = _read("spin")
+    assert spin["readings"] >= 100 and spin["errors"][pid] == 0
+    assert spin["held"][pid] / spin["readings"] > 0.97
+    idle, _, pid = _read("sleep")
+    assert idle["held"][pid] / idle["readings"] < 0.05
+
+
+def test_worker_processes_are_read_apart_from_their_parent() -> None:
+    r, targets, pid = _read("fork")
+    (worker,) = [k for k in targets if k != pid]
+    assert r["held"][worker] / r["readings"] > 0.97  # the spinning worker
+    assert r["held"][pid] / r["readings"] < 0.05  # its sleeping parent
+
+
+def test_an_unreadable_process_raises_instead_of_reading_zero() -> None:
+    with pytest.raises(OSError, match="process_vm_readv"):
+        gil_reader.sample({2**22 + 12345: 4096}, 0.01)  # no such pid
+
+
+def test_binomial_interval() -> None:
+    lo, hi = gil_reader.binomial_ci95(30, 10_000)
+    assert lo < 0.003 < hi and hi - lo < 0.0025
+    assert gil_reader.binomial_ci95(0, 100)[0] == 0.0
+    assert gil_reader.binomial_ci95(100, 100)[1] == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="n=0"):
+        gil_reader.binomial_ci95(0, 0)
