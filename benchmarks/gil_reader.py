@@ -18,7 +18,8 @@ load address in ``/proc/PID/maps`` of the target and of each of its worker proce
 (through ctypes: no compiler; unlike py-spy's default mode it never stops the process) every
 ``interval_s`` (default 200 us, about 5,000 readings a second against py-spy's 100 to 500), and
 counts the readings that find it set. ``held / readings`` estimates the share of wall time the
-GIL was held; the binomial 95% interval of that estimate is reported with it, because at a
+GIL was held (and, from ``last_holder`` read in the same call, the share one thread held it:
+the training loop's, the main thread); the binomial 95% interval of that estimate is reported with it, because at a
 fraction of 0.3% (about 3 us per image at 1,000 images/s) py-spy's 1,000 to 2,000 instants give
 3 to 6 held samples, and its reading then varies more with its own rate and mode than with
 the code (docs/benchmarks.md, "GIL per image at batch 64").
@@ -71,8 +72,9 @@ def _released_read(addr: int, size: int) -> int:
 def locate() -> dict | None:
     """Find this process's GIL ``locked`` word; call before starting any thread.
 
-    Returns ``{"path": file, "offset": bytes from its load address, "python": version}`` or
-    ``None`` (not Linux, a free-threaded or unknown build, or no single match). Thread-safety:
+    Returns ``{"path": file, "offset": bytes from its load address, "python": version,
+    "main_thread": the calling thread's ``PyThreadState *`` (what ``last_holder`` reads while it
+    holds the GIL)}`` or ``None`` (not Linux, a free-threaded or unknown build, or no single match). Thread-safety:
     call from the main thread while it is the only Python thread.
     """
     gil_enabled = getattr(sys, "_is_gil_enabled", None)  # (3.13+: False in a free-threaded run)
@@ -117,7 +119,8 @@ def locate() -> dict | None:
     base = _load_base(maps, path) if path else None
     if base is None:
         return None
-    return {"path": path, "offset": addr - base, "python": sys.version.split()[0]}
+    return {"path": path, "offset": addr - base, "python": sys.version.split()[0],
+            "main_thread": me}
 
 
 def address_in(pid: int, where: dict) -> int | None:
@@ -165,24 +168,34 @@ def _reader():
     return f
 
 
-def sample(targets: dict[int, int], seconds: float, interval_s: float = 200e-6) -> dict:
+def sample(targets: dict[int, int], seconds: float, interval_s: float = 200e-6,
+           thread: tuple[int, int] | None = None) -> dict:
     """Read the GIL word of each ``{pid: address}`` every ``interval_s`` for ``seconds``.
 
+    ``thread``: ``(pid, PyThreadState address)`` of one thread (the training loop's: the
+    child's main thread, :func:`locate`'s ``main_thread``) whose share is counted apart, from
+    ``last_holder``, read with ``locked`` in the same call (``take_gil`` sets it right after
+    taking the lock, when the taker is not already the last holder).
+
     Returns ``{"readings": instants, "held": {pid: readings that found it held}, "errors":
-    {pid: failed reads}, "wall_s", "cpu_s": this reader's own CPU seconds, "interval_s"}``.
+    {pid: failed reads}, "thread_held": readings that found ``thread`` holding it, "wall_s",
+    "cpu_s": this reader's own CPU seconds, "interval_s"}``.
     The instants are paced from one clock and never bunched to catch up after a late wake-up,
     so they fall independently of the target's work. Raises ``OSError`` when the first reading
     of every target fails (no permission to read their memory).
     """
     readv = _reader()
-    bufs = {pid: ctypes.c_uint32(0) for pid in targets}
-    local = {pid: _Iovec(ctypes.cast(ctypes.byref(b), ctypes.c_void_p), 4) for pid, b in bufs.items()}
-    remote = {pid: _Iovec(addr, 4) for pid, addr in targets.items()}
+    # each reading: [last_holder (8 bytes)][locked (4)], from 8 bytes before the located word
+    bufs = {pid: (ctypes.c_uint64 * 2)() for pid in targets}
+    local = {pid: _Iovec(ctypes.cast(b, ctypes.c_void_p), 12) for pid, b in bufs.items()}
+    remote = {pid: _Iovec(addr - 8, 12) for pid, addr in targets.items()}
     plan = [(pid, ctypes.byref(local[pid]), ctypes.byref(remote[pid]), bufs[pid]) for pid in targets]
     held = dict.fromkeys(targets, 0)
     errors = dict.fromkeys(targets, 0)
+    who, whom = thread if thread is not None else (None, None)
+    thread_held = 0
     first = [readv(pid, loc, 1, rem, 1, 0) for pid, loc, rem, _ in plan]
-    if targets and all(r != 4 for r in first):
+    if targets and all(r != 12 for r in first):
         err = ctypes.get_errno()
         raise OSError(err, f"process_vm_readv of pids {sorted(targets)}: {os.strerror(err)}")
     readings = 0
@@ -194,10 +207,12 @@ def sample(targets: dict[int, int], seconds: float, interval_s: float = 200e-6) 
         if now >= end:
             break
         for pid, loc, rem, buf in plan:
-            if readv(pid, loc, 1, rem, 1, 0) != 4:
+            if readv(pid, loc, 1, rem, 1, 0) != 12:
                 errors[pid] += 1
-            elif buf.value:
+            elif buf[1] & 0xFFFFFFFF:
                 held[pid] += 1
+                if pid == who and buf[0] == whom:
+                    thread_held += 1
         readings += 1
         due += interval_s
         wait = due - clock()
@@ -205,8 +220,9 @@ def sample(targets: dict[int, int], seconds: float, interval_s: float = 200e-6) 
             time.sleep(wait)
         else:  # late: the next instant is one interval from now, not a burst to catch up
             due = clock()
-    return {"readings": readings, "held": held, "errors": errors, "wall_s": clock() - t0,
-            "cpu_s": time.process_time() - c0, "interval_s": interval_s}  # fmt: skip
+    return {"readings": readings, "held": held, "errors": errors, "thread_held": thread_held,
+            "wall_s": clock() - t0, "cpu_s": time.process_time() - c0,
+            "interval_s": interval_s}  # fmt: skip
 
 
 def binomial_ci95(held: int, n: int) -> tuple[float, float]:

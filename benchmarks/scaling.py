@@ -206,8 +206,9 @@ def gil_record(pid: int, seconds: float, hz: int, out: Path) -> dict:
 def reader_record(pid: int, where: dict | None, seconds: float, hz: int) -> dict:
     """Read the GIL of ``pid`` and of its worker processes with :mod:`benchmarks.gil_reader`
     for ``seconds`` at ``hz``; the same keys as :func:`gil_record` (``main_fraction``,
-    ``workers_fraction``, ``instants``, ...) plus ``sampler_cpu_s`` (the reader's own CPU
-    seconds) and ``workers`` (processes read), or ``{"error"}``."""
+    ``workers_fraction``, ``instants``, ...) plus ``loop_fraction`` (the child's main thread,
+    the training loop's, holding it), ``sampler_cpu_s`` (the reader's own CPU seconds) and
+    ``workers`` (processes read), or ``{"error"}``."""
     if where is None:
         return {"error": "the GIL reader found no GIL struct in the child (not Linux, or a "
                          "CPython build it does not know)"}
@@ -219,7 +220,7 @@ def reader_record(pid: int, where: dict | None, seconds: float, hz: int) -> dict
     if targets[pid] is None:
         return {"error": f"the GIL reader found no {where['path']} in process {pid}"}
     try:
-        r = gil_reader.sample(targets, seconds, 1.0 / hz)
+        r = gil_reader.sample(targets, seconds, 1.0 / hz, thread=(pid, where["main_thread"]))
     except OSError as e:
         return {"error": f"the GIL reader cannot read process {pid}: {e}"}
     n = max(1, r["readings"])
@@ -228,6 +229,7 @@ def reader_record(pid: int, where: dict | None, seconds: float, hz: int) -> dict
     return {"sampler": "reader", "main_samples": main, "workers_samples": workers,
             "instants": r["readings"], "errors": sum(r["errors"].values()),
             "main_fraction": main / n, "workers_fraction": workers / n,
+            "loop_fraction": r["thread_held"] / n,
             "main_ci95": gil_reader.binomial_ci95(main, n), "workers": len(targets) - 1,
             "sampler_cpu_s": r["cpu_s"], "behind": False}  # fmt: skip
 

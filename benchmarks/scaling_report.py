@@ -91,6 +91,9 @@ def record(res: dict, workload: str, loader: str, workers: int, loop: bool, rnd:
             "us_ci95": ([gil_us_per_item(f, gw["rate"]) for f in gil["main_ci95"]]
                         if gil.get("main_ci95") else None),
             "sampler_cpu_s": gil.get("sampler_cpu_s"),
+            # of us_per_item, the main thread's (the training loop's): the reader's only
+            "loop_us_per_item": (gil_us_per_item(gil["loop_fraction"], gw["rate"])
+                                 if gil.get("loop_fraction") is not None else None),
             "fallback": gil.get("fallback"),
         }
     else:
@@ -147,6 +150,7 @@ def summarize(records: list[dict]) -> dict:
                 "gil_us": gil_us,
                 "workers_gil_us": spread(g["workers_us_per_item"] for g in gils),
                 "gil_samples": spread(g.get("samples") for g in gils),
+                "loop_gil_us": spread(g.get("loop_us_per_item") for g in gils),
                 "gil_us_on_cpu": spread(g.get("us_per_item_on_cpu") for g in gils),
                 "on_cpu_share": spread(g.get("on_cpu_share") for g in gils),
                 "gil_ceiling": 1e6 / gil_us["median"] if gil_us and gil_us["median"] else None,
@@ -267,8 +271,11 @@ def markdown(result: dict, chart_link: str | None = None) -> str:
         "`rate(n) / (n * rate(1))` within each round (1.00 = linear). **GIL** is measured from "
         f"outside the process: {_SAMPLER_TEXT[sampler]} "
         "That share of wall time the GIL was held, times the window's wall time over its items, "
-        "is microseconds per item. Thread workers share that GIL (the column is the whole "
-        "loader's cost); worker processes have their own, summed in the last column. The "
+        "is microseconds per item; **of which the loop thread** is the share the main thread "
+        "(the training loop's, the one calling `next()`) held it, read from the GIL's "
+        "`last_holder` beside `locked` (the reader only). Thread workers share that GIL (the "
+        "column is the whole "
+        "loader's cost); worker processes have their own, summed in their own column. The "
         "ceiling is `1e6 / (us per item)`: the rate at which the main process's GIL would be "
         "held all the time, before a training loop takes its share. On a busy machine a thread "
         "the OS preempts while it holds the GIL still holds it: the **on-CPU share** is the "
@@ -281,21 +288,23 @@ def markdown(result: dict, chart_link: str | None = None) -> str:
         unit = result["units"][w]
         lines += ["", f"#### {TITLES.get(w, w)}", "",
                   f"| loader | workers | {unit}/s | vs linear | GIL held, % of wall | "
-                  f"GIL us per {unit[:-1]} (main process) | on-CPU share | GIL us, on-CPU "
+                  f"GIL us per {unit[:-1]} (main process) | of which the loop thread | "
+                  f"on-CPU share | GIL us, on-CPU "
                   f"estimate | GIL ceiling {unit}/s | GIL us per {unit[:-1]} in worker "
                   f"processes | CPU us per {unit[:-1]} |",
-                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
         for r in s["rows"]:
             if not r["rate"]:
                 lines.append(f"| {label(result, r['loader'], w)} | {r['workers']} | failed: "
-                             f"{'; '.join(r['errors'])[:120]} | | | | | | | | |")  # fmt: skip
+                             f"{'; '.join(r['errors'])[:120]} | | | | | | | | | |")  # fmt: skip
                 continue
             ceiling = f"{r['gil_ceiling']:,.0f}" if r["gil_ceiling"] else ""
             workers_gil = "" if r["loader"] == "kuat" else _f(r["workers_gil_us"], "{:.1f}")
             lines.append(
                 f"| {label(result, r['loader'], w)} | {r['workers']} | {_f(r['rate'])} | "
                 f"{_f(r['efficiency'], '{:.2f}')} | {_f(r['gil_fraction'], pct=True)} | "
-                f"{_f(r['gil_us'], '{:.1f}')} | {_f(r.get('on_cpu_share'), '{:.2f}')} | "
+                f"{_f(r['gil_us'], '{:.1f}')} | {_f(r.get('loop_gil_us'), '{:.1f}')} | "
+                f"{_f(r.get('on_cpu_share'), '{:.2f}')} | "
                 f"{_f(r.get('gil_us_on_cpu'), '{:.1f}')} | {ceiling} | {workers_gil} | "
                 f"{_f(r['cpu_us_per_item'], '{:,.1f}')} |"
             )

@@ -21,15 +21,22 @@ from benchmarks import gil_reader  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux /proc")
 
-# prints where its GIL is, then (argv[1]) spins or sleeps; "fork": a worker process spins
+# prints where its GIL is, then (argv[1]) spins or sleeps; "fork": a worker process spins;
+# "thread": another thread spins while the main thread sleeps
 CHILD = r"""
-import json, os, sys, time
+import json, os, sys, threading, time
 sys.path.insert(0, sys.argv[2])
 from benchmarks import gil_reader
 print(json.dumps(gil_reader.locate()), flush=True)
 mode = sys.argv[1]
 if mode == "fork" and os.fork() == 0:
     mode = "spin"
+if mode == "thread":
+    def spin():
+        while True:
+            pass
+    threading.Thread(target=spin, daemon=True).start()
+    mode = "sleep"
 t0 = time.monotonic()
 while time.monotonic() - t0 < 20:
     if mode == "spin":
@@ -60,7 +67,8 @@ def _read(mode: str, seconds: float = 0.5) -> tuple[dict, dict, int]:
                     break
                 time.sleep(0.01)
             targets.update({k: gil_reader.address_in(k, where) for k in kids})
-        return gil_reader.sample(targets, seconds), targets, p.pid
+        thread = (p.pid, where["main_thread"])
+        return gil_reader.sample(targets, seconds, thread=thread), targets, p.pid
     finally:
         for k in gil_reader.descendants(p.pid):
             subprocess.run(["kill", "-9", str(k)], check=False)
@@ -88,8 +96,15 @@ def test_a_spinning_process_holds_its_gil_and_a_sleeping_one_does_not() -> None:
     spin, _, pid = _read("spin")
     assert spin["readings"] >= 100 and spin["errors"][pid] == 0
     assert spin["held"][pid] / spin["readings"] > 0.97
+    assert spin["thread_held"] / spin["held"][pid] > 0.97  # by its main thread
     idle, _, pid = _read("sleep")
     assert idle["held"][pid] / idle["readings"] < 0.05
+
+
+def test_the_main_threads_share_is_told_from_other_threads() -> None:
+    r, _, pid = _read("thread")
+    assert r["held"][pid] / r["readings"] > 0.97  # the spinning thread
+    assert r["thread_held"] / r["readings"] < 0.05  # not the sleeping main thread
 
 
 def test_worker_processes_are_read_apart_from_their_parent() -> None:
