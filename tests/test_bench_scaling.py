@@ -176,11 +176,23 @@ def test_one_point_through_the_child_protocol(tmp_path: Path) -> None:
     assert res["rate_window"]["loop_ms"] > 0 and res["loop_alone_ms"] > 0
     assert res["gil_window"]["items"] > 0
     rec = scaling_report.record(res, "tabular", "kuat", 1, True, 0)
-    if scaling.pyspy() is None:
-        assert "py-spy" in rec["gil_error"]
-    else:
-        assert "gil" in rec, rec.get("gil_error")
-        assert 0.0 <= rec["gil"]["fraction"] <= 1.0 and rec["gil"]["instants"] >= 50
+    # the default sampler, kuat's GIL reader (no py-spy needed: CI installs none)
+    assert "gil" in rec, rec.get("gil_error")
+    g = rec["gil"]
+    assert g["sampler"] == "reader" and not g["fallback"], g
+    assert 0.0 <= g["fraction"] <= 1.0 and g["instants"] >= 50
+    assert 0.0 <= g["loop_us_per_item"] <= g["us_per_item"]
+    assert g["us_ci95"][0] <= g["us_per_item"] <= g["us_ci95"][1]
+
+
+def test_py_spy_missing_is_said(tmp_path: Path, monkeypatch) -> None:
+    """``--gil-sampler py-spy`` without py-spy, and the reader's fallback without it, record
+    why there is no GIL reading instead of a number."""
+    monkeypatch.setattr(scaling, "pyspy", lambda: None)
+    assert "py-spy not installed" in scaling.gil_record(1, 1.0, 100, tmp_path / "x")["error"]
+    cfg = scaling.ScalingConfig(quick=True, cache_dir=tmp_path, out_dir=tmp_path)
+    gil = scaling.sample_gil(1, tmp_path / "none.json", cfg, tmp_path / "x")
+    assert "found no GIL struct" in gil["error"]
 
 
 def test_docs_section_is_generated_from_the_committed_results() -> None:
