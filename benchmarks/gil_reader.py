@@ -43,15 +43,33 @@ __all__ = ["locate", "address_in", "descendants", "sample", "binomial_ci95"]
 _SCAN_BYTES = 1 << 20  # how far into _PyRuntime to look (3.11's struct: ~100 KiB)
 
 
-def _maps(pid: int | str) -> list[tuple[int, int, int, str]]:
-    """``(start, end, file offset, path)`` of each mapping of ``pid`` (``"self"``)."""
+def _maps(pid: int | str, perms: bool = False) -> list[tuple]:
+    """``(start, end, file offset, path)`` of each mapping of ``pid`` (``"self"``), with
+    ``perms`` (``"rw-p"``...) after them when asked."""
     out = []
     with open(f"/proc/{pid}/maps") as f:
         for line in f:
             parts = line.split(maxsplit=5)
             lo, hi = (int(x, 16) for x in parts[0].split("-"))
-            out.append((lo, hi, int(parts[2], 16), parts[5].strip() if len(parts) > 5 else ""))
+            m = (lo, hi, int(parts[2], 16), parts[5].strip() if len(parts) > 5 else "")
+            out.append((*m, parts[1]) if perms else m)
     return out
+
+
+def _scan_end(maps, runtime: int) -> int | None:
+    """Where the scan of ``_PyRuntime`` at ``runtime`` stops: ``_SCAN_BYTES`` on, or the end
+    of the mapping holding it and of those right after it that continue the same object's
+    data, readable: its own file's next mapping or an anonymous one (its ``.bss``). Not
+    another file's, and not an unreadable one (a thread stack's guard page placed right after
+    the ``.bss``: reading it would kill the process). None where no mapping holds it."""
+    here = next((m for m in maps if m[0] <= runtime < m[1]), None)
+    if here is None:
+        return None
+    end = min(here[1], runtime + _SCAN_BYTES)
+    for lo, hi, _, path, perms in maps:  # (sorted by address, as /proc lists them)
+        if lo == end and hi > end and perms.startswith("r") and path in ("", here[3]):
+            end = min(hi, runtime + _SCAN_BYTES)
+    return end
 
 
 def _load_base(maps, path: str) -> int | None:
@@ -88,15 +106,11 @@ def locate() -> dict | None:
     get.restype = ctypes.c_size_t
     me = get()
     interval = round(sys.getswitchinterval() * 1e6)
-    maps = _maps("self")
-    here = next(((lo, hi, p) for lo, hi, _, p in maps if lo <= runtime < hi), None)
-    if here is None:
+    maps = _maps("self", perms=True)
+    # the struct runs on past its mapping's end when that is a file's .data followed by .bss
+    end = _scan_end(maps, runtime)
+    if end is None:
         return None
-    end = min(here[1], runtime + _SCAN_BYTES)
-    # the struct runs on past this mapping's end when that is a file's .data followed by .bss
-    for lo, hi, _, _ in maps:
-        if lo == end and hi > end:
-            end = min(hi, runtime + _SCAN_BYTES)
     n = (end - runtime) // 8
     words = (ctypes.c_uint64 * n).from_address(runtime)
     found = []
@@ -111,12 +125,12 @@ def locate() -> dict | None:
     # the file the word is mapped from: the mapping holding it, or the file mapped just
     # before an anonymous one (a statically linked python's .bss)
     path = ""
-    for lo, _, _, p in maps:
+    for lo, _, _, p, _ in maps:
         if lo > addr:
             break
         if p.startswith("/"):
             path = p
-    base = _load_base(maps, path) if path else None
+    base = _load_base([m[:4] for m in maps], path) if path else None
     if base is None:
         return None
     return {"path": path, "offset": addr - base, "python": sys.version.split()[0],

@@ -128,3 +128,48 @@ def test_binomial_interval() -> None:
     assert gil_reader.binomial_ci95(100, 100)[1] == pytest.approx(1.0)
     with pytest.raises(ValueError, match="n=0"):
         gil_reader.binomial_ci95(0, 0)
+
+
+def test_the_scan_stays_in_the_runtimes_own_readable_mappings() -> None:
+    lib = "/usr/lib/libpython3.so"
+    data, bss = (0x1000, 0x3000, 0x100, lib, "rw-p"), (0x3000, 0x5000, 0, "", "rw-p")
+    end = gil_reader._scan_end
+    assert end([data], 0x2000) == 0x3000
+    assert end([data, bss], 0x2000) == 0x5000  # the .bss after the file's .data
+    guard = (0x5000, 0x6000, 0, "", "---p")  # a thread stack's guard page right after it
+    assert end([data, bss, guard], 0x2000) == 0x5000
+    other = (0x5000, 0x6000, 0, "/usr/lib/libffi.so", "r--p")  # another file's
+    assert end([data, bss, other], 0x2000) == 0x5000
+    assert end([data], 0x9000) is None
+
+
+# an unreadable page mapped right after the .bss holding _PyRuntime (where a thread stack's
+# guard page can land): locate() used to read on into it and die of SIGSEGV
+GUARDED = r"""
+import ctypes, json, sys
+sys.path.insert(0, sys.argv[1])
+from benchmarks import gil_reader
+rt = ctypes.addressof(ctypes.c_char.in_dll(ctypes.pythonapi, "_PyRuntime"))
+maps = gil_reader._maps("self")
+end = next(hi for lo, hi, _, _ in maps if lo <= rt < hi)
+for lo, hi, _, _ in maps:
+    if lo == end:
+        end = hi
+libc = ctypes.CDLL(None)
+libc.mmap.restype = ctypes.c_void_p
+libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                      ctypes.c_int, ctypes.c_long]
+placed = end - rt < (1 << 20) and libc.mmap(end, 4096, 0, 0x2 | 0x20 | 0x100000, -1, 0) == end
+print(json.dumps([bool(placed), gil_reader.locate() if placed else None]), flush=True)
+"""
+
+
+def test_locate_survives_an_unreadable_page_after_the_runtime() -> None:
+    p = subprocess.run([sys.executable, "-c", GUARDED, str(REPO)], capture_output=True,
+                       text=True, timeout=120)  # fmt: skip
+    assert p.returncode == 0, p.stderr[-500:]
+    placed, where = json.loads(p.stdout)
+    if not placed:
+        pytest.skip("no free page right after _PyRuntime's mappings in this layout")
+    assert where is not None and where["offset"] > 0
+
