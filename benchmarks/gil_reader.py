@@ -230,10 +230,10 @@ def sample(targets: dict[int, int], seconds: float, interval_s: float = 200e-6,
         readings += 1
         due += interval_s
         wait = due - clock()
-        if wait > 0:
-            time.sleep(wait)
-        else:  # late: the next instant is one interval from now, not a burst to catch up
-            due = clock()
+        if wait <= 0:  # late: the next instant is one interval from now, not a burst to
+            wait = interval_s  # catch up (nor one reading right after this late one)
+            due = clock() + wait
+        time.sleep(wait)
     return {"readings": readings, "held": held, "errors": errors, "thread_held": thread_held,
             "wall_s": clock() - t0, "cpu_s": time.process_time() - c0,
             "interval_s": interval_s}  # fmt: skip

@@ -173,3 +173,32 @@ def test_locate_survives_an_unreadable_page_after_the_runtime() -> None:
         pytest.skip("no free page right after _PyRuntime's mappings in this layout")
     assert where is not None and where["offset"] > 0
 
+
+def test_a_late_reading_is_not_followed_by_another_at_once(monkeypatch) -> None:
+    # a fake clock: sleeping advances it, one sleep oversleeps by 10 intervals (the reader
+    # descheduled); each reading's instant is recorded
+    now, at = [0.0], []
+
+    class FakeTime:
+        @staticmethod
+        def perf_counter():
+            return now[0]
+
+        @staticmethod
+        def process_time():
+            return 0.0
+
+        @staticmethod
+        def sleep(s):
+            now[0] += s + (10e-3 if len(at) == 5 else 0.0)
+
+    def readv(pid, loc, n, rem, m, flags):
+        at.append(now[0])
+        now[0] += 1e-5  # a reading's own cost
+        return 12
+
+    monkeypatch.setattr(gil_reader, "time", FakeTime)
+    monkeypatch.setattr(gil_reader, "_reader", lambda: readv)
+    r = gil_reader.sample({1: 4096}, 0.05, interval_s=1e-3)
+    gaps = [b - a for a, b in zip(at[1:], at[2:])]  # (the first is the permission check)
+    assert r["readings"] == len(at) - 1 and min(gaps) >= 1e-3 - 1e-9
