@@ -230,19 +230,28 @@ def _loads(result: dict) -> str:
             "holds it, so GIL times per item are inflated and rates low" if busy else ""))  # fmt: skip
 
 
+_PYSPY_HZ = 100  # py-spy's rate in the bench (benchmarks.scaling.GIL_SAMPLERS)
 _SAMPLER_NAMES = {"reader": "kuat's GIL reader (`benchmarks/gil_reader.py`)", "py-spy": "py-spy"}
 _SAMPLER_TEXT = {
     "reader": "kuat's GIL reader (`benchmarks/gil_reader.py`) reads the GIL's `locked` word of "
               "the main process and of each worker process with `process_vm_readv`, without "
-              "stopping them, every 200 us; the share of readings that find it set is the "
-              "share of wall time the GIL was held (several hundred held readings per window "
-              "at the image path's rates, where py-spy's 100 Hz gives a handful: see \"GIL per "
-              "image at batch 64\" below for why it replaced py-spy here).",
+              "stopping them, every {interval_us:g} us; the share of readings that find it set "
+              "is the share of wall time the GIL was held ({hz_vs_pyspy} the held readings "
+              "py-spy's 100 Hz gives in the same window: see \"GIL per image at batch 64\" "
+              "below for why it replaced py-spy here).",
     "py-spy": "py-spy (`py-spy record --gil --idle --subprocesses`, a sampling profiler "
               "reading the interpreter's state through ptrace) keeps the main process's "
               "samples with its GIL held by any thread; over the sampling instants (rate x "
               "duration) they are the share of wall time the GIL was held.",
 }
+
+
+def _sampler_text(sampler: str, hz: float) -> str:
+    """The method's sentence on ``sampler`` at the configured ``hz`` (its interval and how
+    many more held readings than py-spy's 100 Hz that gives, not a count it did not get)."""
+    ratio = hz / _PYSPY_HZ
+    more = f"about {ratio:,.0f}x" if ratio > 1 else "no more than"
+    return _SAMPLER_TEXT[sampler].format(interval_us=1e6 / hz, hz_vs_pyspy=more)
 
 
 def _fallbacks(result: dict) -> str:
@@ -269,7 +278,7 @@ def markdown(result: dict, chart_link: str | None = None) -> str:
         "",
         "Rates are medians over rounds (min-max in brackets). **vs linear** is "
         "`rate(n) / (n * rate(1))` within each round (1.00 = linear). **GIL** is measured from "
-        f"outside the process: {_SAMPLER_TEXT[sampler]} "
+        f"outside the process: {_sampler_text(sampler, c['sample_hz'])} "
         "That share of wall time the GIL was held, times the window's wall time over its items, "
         "is microseconds per item; **of which the loop thread** is the share the main thread "
         "(the training loop's, the one calling `next()`) held it, read from the GIL's "

@@ -142,6 +142,26 @@ def test_markdown_and_chart_show_every_row(tmp_path: Path) -> None:
     assert (tmp_path / "s.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_the_method_text_states_the_readers_rate_not_a_count_it_did_not_get() -> None:
+    records = [_rec("kuat", 1, 0, 1000.0, 0.003, samples=4)]  # 4 held readings: not hundreds
+    result = {
+        "machine": {"cpu_count": 2, "cpu_model": "Test CPU", "python": "3.11",
+                    "load_avg_1min": 0.5},
+        "load_avg_1min_end": 0.7, "started_utc": "2026-12-01T00:00:00+00:00",
+        "finished_utc": "2026-12-01T00:10:00+00:00",
+        "config": {"quick": True, "runs": 1, "warmup_s": 1.0, "seconds": 3.0,
+                   "gil_seconds": 3.0, "gil_sampler": "reader", "sample_hz": 1000,
+                   "loop_ms": 0.0},
+        "worker_counts": [1], "torch_image_loader": "torch-decode-jpeg",
+        "units": {"imagenet-jpeg": "images"}, "records": records,
+        "summary": scaling_report.summarize(records),
+    }  # fmt: skip
+    md = scaling_report.markdown(result)
+    assert "read by kuat's GIL reader" in md and "at 1,000 Hz" in md
+    assert "every 1000 us" in md and "every 200 us" not in md
+    assert "several hundred" not in md and "about 10x the held readings" in md
+
+
 def test_config_validates_and_sizes_the_data_to_the_workers() -> None:
     with pytest.raises(ValueError, match="unknown workloads"):
         scaling.ScalingConfig(workloads=("nope",))
