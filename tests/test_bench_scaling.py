@@ -205,14 +205,25 @@ def test_one_point_through_the_child_protocol(tmp_path: Path) -> None:
     assert g["us_ci95"][0] <= g["us_per_item"] <= g["us_ci95"][1]
 
 
-def test_py_spy_missing_is_said(tmp_path: Path, monkeypatch) -> None:
-    """``--gil-sampler py-spy`` without py-spy, and the reader's fallback without it, record
-    why there is no GIL reading instead of a number."""
+def test_the_reader_falls_back_to_py_spy_and_says_why(tmp_path: Path, monkeypatch) -> None:
+    """Where the child found no GIL struct, py-spy at its 100 Hz reads the window, with the
+    reason recorded; without py-spy either, the record says why there is no reading.
+    ``--gil-sampler py-spy`` never falls back (nothing to fall back from)."""
+    cfg = scaling.ScalingConfig(quick=True, out_dir=tmp_path, cache_dir=tmp_path)
+    located = tmp_path / "x.gil.json"
+    located.write_text("null")  # the child's locate() found no GIL struct
     monkeypatch.setattr(scaling, "pyspy", lambda: None)
-    assert "py-spy not installed" in scaling.gil_record(1, 1.0, 100, tmp_path / "x")["error"]
-    cfg = scaling.ScalingConfig(quick=True, cache_dir=tmp_path, out_dir=tmp_path)
-    gil = scaling.sample_gil(1, tmp_path / "none.json", cfg, tmp_path / "x")
-    assert "found no GIL struct" in gil["error"]
+    assert "py-spy not installed" in scaling.gil_record(1, 1.0, 100, tmp_path / "p")["error"]
+    assert "found no GIL struct" in scaling.sample_gil(1, located, cfg, tmp_path / "p")["error"]
+    calls = []
+    monkeypatch.setattr(scaling, "pyspy", lambda: "/bin/py-spy")
+    monkeypatch.setattr(scaling, "gil_record",
+                        lambda pid, s, hz, out: calls.append(hz) or {"main_fraction": 0.1})  # fmt: skip
+    gil = scaling.sample_gil(1, tmp_path / "missing.json", cfg, tmp_path / "p")
+    assert calls == [100] and "found no GIL struct" in gil["fallback"]
+    pyspy_cfg = scaling.ScalingConfig(quick=True, gil_sampler="py-spy", out_dir=tmp_path,
+                                      cache_dir=tmp_path)  # fmt: skip
+    assert "fallback" not in scaling.sample_gil(1, located, pyspy_cfg, tmp_path / "p")
 
 
 def test_docs_section_is_generated_from_the_committed_results() -> None:
