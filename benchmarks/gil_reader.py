@@ -241,9 +241,14 @@ def sample(targets: dict[int, int], seconds: float, interval_s: float = 200e-6,
 
 def binomial_ci95(held: int, n: int) -> tuple[float, float]:
     """Wilson's 95% interval of a proportion ``held / n`` (E. B. Wilson, "Probable inference,
-    the law of succession, and statistical inference", JASA 22, 1927), as ``(low, high)``."""
-    if n <= 0:
-        raise ValueError(f"n={n} must be > 0")
+    the law of succession, and statistical inference", JASA 22, 1927), as ``(low, high)``.
+
+    It assumes independent readings: where the GIL is held in stretches longer than the
+    interval between readings (the tabular path holds it most of the time), neighbouring
+    readings agree more often than chance and the true interval is wider. Raises
+    ``ValueError`` unless ``0 <= held <= n`` and ``n > 0``."""
+    if n <= 0 or not 0 <= held <= n:
+        raise ValueError(f"held={held}, n={n}: need 0 <= held <= n and n > 0")
     z, p = 1.959964, held / n
     centre = (p + z * z / (2 * n)) / (1 + z * z / n)
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)

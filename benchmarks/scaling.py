@@ -179,8 +179,9 @@ def gil_record(pid: int, seconds: float, hz: int, out: Path) -> dict:
     exe = pyspy()
     if exe is None:
         return {"error": "py-spy not installed (pip install 'kuat[bench]')"}
+    duration = max(1, int(round(seconds)))  # (py-spy takes whole seconds)
     cmd = [exe, "record", "--pid", str(pid), "--gil", "--idle", "--subprocesses",
-           "--rate", str(hz), "--duration", str(int(round(seconds))), "--format", "raw",
+           "--rate", str(hz), "--duration", str(duration), "--format", "raw",
            "--output", str(out)]  # fmt: skip
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 60)
@@ -195,11 +196,11 @@ def gil_record(pid: int, seconds: float, hz: int, out: Path) -> dict:
         errors = int(word.split()[0]) if word.split() and word.split()[0].isdigit() else 0
     # py-spy samples at fixed instants and catches up when late, so the instants are rate x
     # duration; a failed sample is not one of them
-    instants = max(1, int(round(seconds)) * hz - errors)
+    instants = max(1, duration * hz - errors)
     return {"sampler": "py-spy", "main_samples": main, "workers_samples": workers,
             "instants": instants, "errors": errors, "main_fraction": main / instants,
             "workers_fraction": workers / instants,
-            "main_ci95": gil_reader.binomial_ci95(main, instants),
+            "main_ci95": gil_reader.binomial_ci95(min(main, instants), instants),
             "behind": "behind in sampling" in log}  # fmt: skip
 
 
@@ -223,12 +224,14 @@ def reader_record(pid: int, where: dict | None, seconds: float, hz: int) -> dict
         r = gil_reader.sample(targets, seconds, 1.0 / hz, thread=(pid, where["main_thread"]))
     except OSError as e:
         return {"error": f"the GIL reader cannot read process {pid}: {e}"}
-    n = max(1, r["readings"])
+    # the main process's share over its readings that succeeded (a failed one, the child
+    # exiting, says nothing); the workers' over all instants (one that exits holds nothing)
+    n = max(1, r["readings"] - r["errors"][pid])
     main = r["held"][pid]
     workers = sum(v for k, v in r["held"].items() if k != pid)
     return {"sampler": "reader", "main_samples": main, "workers_samples": workers,
             "instants": r["readings"], "errors": sum(r["errors"].values()),
-            "main_fraction": main / n, "workers_fraction": workers / n,
+            "main_fraction": main / n, "workers_fraction": workers / max(1, r["readings"]),
             "loop_fraction": r["thread_held"] / n,
             "main_ci95": gil_reader.binomial_ci95(main, n), "workers": len(targets) - 1,
             "sampler_cpu_s": r["cpu_s"], "behind": False}  # fmt: skip

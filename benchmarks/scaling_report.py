@@ -115,6 +115,13 @@ def one_line(rec: dict) -> str:
     return f"{rec['rate']:,.0f} items/s, {gil}{loop}"
 
 
+def _median_window_ci(gils: list[dict]) -> list[float] | None:
+    """The 95% interval (us per item) of the window whose reading is the (lower) median of
+    ``gils``: how precise one window is, beside the spread over rounds; None without one."""
+    have = sorted((g for g in gils if g.get("us_ci95")), key=lambda g: g["us_per_item"])
+    return have[(len(have) - 1) // 2]["us_ci95"] if have else None
+
+
 def summarize(records: list[dict]) -> dict:
     """Per workload: ``rows`` (one per loader and worker count, without the loop) with the
     median and min-max over rounds of the rate, the efficiency (each round's ratio to that
@@ -150,6 +157,7 @@ def summarize(records: list[dict]) -> dict:
                 "gil_us": gil_us,
                 "workers_gil_us": spread(g["workers_us_per_item"] for g in gils),
                 "gil_samples": spread(g.get("samples") for g in gils),
+                "gil_us_ci95": _median_window_ci(gils),
                 "loop_gil_us": spread(g.get("loop_us_per_item") for g in gils),
                 "gil_us_on_cpu": spread(g.get("us_per_item_on_cpu") for g in gils),
                 "on_cpu_share": spread(g.get("on_cpu_share") for g in gils),
@@ -211,7 +219,9 @@ def _budget(rows: list[dict]) -> str:
     got = [f"{LABELS[r['loader']]} at {r['workers']} workers {_f(r['gil_us'], '{:.1f}')} us "
            f"(on-CPU estimate {_f(r.get('gil_us_on_cpu'), '{:.1f}') or '-'}"
            + (f"; {r['gil_samples']['median']:,.0f} held readings per window"
-              if r.get("gil_samples") else "") + ")"
+              if r.get("gil_samples") else "")
+           + (f"; the median window's 95% interval {r['gil_us_ci95'][0]:.1f}-"
+              f"{r['gil_us_ci95'][1]:.1f}" if r.get("gil_us_ci95") else "") + ")"
            for r in rows if r["loader"] in ("kuat", "kuat-proc") and r["gil_us"]]  # fmt: skip
     return (f"GIL budget (issue 31): at most {GIL_BUDGET_US:g} us per image in the main "
             f"process, so that one process's threads pass 64 cores. Measured: "

@@ -128,6 +128,8 @@ def test_binomial_interval() -> None:
     assert gil_reader.binomial_ci95(100, 100)[1] == pytest.approx(1.0)
     with pytest.raises(ValueError, match="n=0"):
         gil_reader.binomial_ci95(0, 0)
+    with pytest.raises(ValueError, match="held=5, n=3"):  # (more held than readings)
+        gil_reader.binomial_ci95(5, 3)
 
 
 def test_the_scan_stays_in_the_runtimes_own_readable_mappings() -> None:
