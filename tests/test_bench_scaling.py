@@ -119,19 +119,24 @@ def test_summary_takes_each_ratio_within_its_round() -> None:
     assert comp["workers"] == 2
 
 
-def test_markdown_and_chart_show_every_row(tmp_path: Path) -> None:
-    records = _records()
-    result = {
+def _result(records: list[dict], counts: list[int], **config) -> dict:
+    """A scaling result around ``records`` as :func:`benchmarks.scaling.run_scaling` writes it."""
+    return {
         "machine": {"cpu_count": 2, "cpu_model": "Test CPU", "python": "3.11",
                     "load_avg_1min": 0.5},
         "load_avg_1min_end": 0.7, "started_utc": "2026-12-01T00:00:00+00:00",
         "finished_utc": "2026-12-01T00:10:00+00:00",
-        "config": {"quick": True, "runs": 2, "warmup_s": 1.0, "seconds": 3.0,
-                   "gil_seconds": 3.0, "sample_hz": 100, "loop_ms": 10.0},
-        "worker_counts": [1, 2], "torch_image_loader": "torch-decode-jpeg",
+        "config": {"quick": True, "warmup_s": 1.0, "seconds": 3.0, "gil_seconds": 3.0,
+                   **config},
+        "worker_counts": counts, "torch_image_loader": "torch-decode-jpeg",
         "units": {"imagenet-jpeg": "images"}, "records": records,
         "summary": scaling_report.summarize(records),
     }  # fmt: skip
+
+
+def test_markdown_and_chart_show_every_row(tmp_path: Path) -> None:
+    # (a result from before the reader: py-spy, no gil_sampler in its config)
+    result = _result(_records(), [1, 2], runs=2, sample_hz=100, loop_ms=10.0)
     md = scaling_report.markdown(result, "img/scaling.png")
     assert "| kuat (threads) | 2 | 175 (150-200) | 0.62 (0.50-0.75) |" in md
     assert "| torch + decode_jpeg (processes) | 2 | failed: RuntimeError: worker died" in md
@@ -144,18 +149,7 @@ def test_markdown_and_chart_show_every_row(tmp_path: Path) -> None:
 
 def test_the_method_text_states_the_readers_rate_not_a_count_it_did_not_get() -> None:
     records = [_rec("kuat", 1, 0, 1000.0, 0.003, samples=4)]  # 4 held readings: not hundreds
-    result = {
-        "machine": {"cpu_count": 2, "cpu_model": "Test CPU", "python": "3.11",
-                    "load_avg_1min": 0.5},
-        "load_avg_1min_end": 0.7, "started_utc": "2026-12-01T00:00:00+00:00",
-        "finished_utc": "2026-12-01T00:10:00+00:00",
-        "config": {"quick": True, "runs": 1, "warmup_s": 1.0, "seconds": 3.0,
-                   "gil_seconds": 3.0, "gil_sampler": "reader", "sample_hz": 1000,
-                   "loop_ms": 0.0},
-        "worker_counts": [1], "torch_image_loader": "torch-decode-jpeg",
-        "units": {"imagenet-jpeg": "images"}, "records": records,
-        "summary": scaling_report.summarize(records),
-    }  # fmt: skip
+    result = _result(records, [1], runs=1, gil_sampler="reader", sample_hz=1000, loop_ms=0.0)
     md = scaling_report.markdown(result)
     assert "read by kuat's GIL reader" in md and "at 1,000 Hz" in md
     assert "every 1000 us" in md and "every 200 us" not in md
