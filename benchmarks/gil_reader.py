@@ -19,10 +19,10 @@ load address in ``/proc/PID/maps`` of the target and of each of its worker proce
 ``interval_s`` (default 200 us, about 5,000 readings a second against py-spy's 100 to 500), and
 counts the readings that find it set. ``held / readings`` estimates the share of wall time the
 GIL was held (and, from ``last_holder`` read in the same call, the share one thread held it:
-the training loop's, the main thread); the binomial 95% interval of that estimate is reported with it, because at a
-fraction of 0.3% (about 3 us per image at 1,000 images/s) py-spy's 1,000 to 2,000 instants give
-3 to 6 held samples, and its reading then varies more with its own rate and mode than with
-the code (docs/benchmarks.md, "GIL per image at batch 64").
+the training loop's, the main thread); the binomial 95% interval of that estimate is reported
+with it, because at a fraction of 0.3% (about 3 us per image at 1,000 images/s) py-spy's 1,000
+to 2,000 instants give 3 to 6 held samples, and its reading then varies more with its own rate
+and mode than with the code (docs/benchmarks.md, "The bench's own reading of the GIL").
 
 Needs Linux, CPython 3.9+ with a GIL (not the free-threaded build) and permission to read the
 target's memory (the same as py-spy's: the reader is its parent, or ``ptrace_scope`` 0, or

@@ -247,8 +247,8 @@ _SAMPLER_TEXT = {
               "the main process and of each worker process with `process_vm_readv`, without "
               "stopping them, every {interval_us:g} us; the share of readings that find it set "
               "is the share of wall time the GIL was held ({hz_vs_pyspy} the held readings "
-              "py-spy's 100 Hz gives in the same window: see \"GIL per image at batch 64\" "
-              "below for why it replaced py-spy here).",
+              "py-spy's 100 Hz gives in the same window: see \"The bench's own reading of "
+              "the GIL\" below for why it replaced py-spy here).",
     "py-spy": "py-spy (`py-spy record --gil --idle --subprocesses`, a sampling profiler "
               "reading the interpreter's state through ptrace) keeps the main process's "
               "samples with its GIL held by any thread; over the sampling instants (rate x "
