@@ -183,7 +183,7 @@ def _reader():
 
 
 def sample(targets: dict[int, int], seconds: float, interval_s: float = 200e-6,
-           thread: tuple[int, int] | None = None) -> dict:
+           thread: tuple[int, int] | None = None, phase: int | None = None) -> dict:
     """Read the GIL word of each ``{pid: address}`` every ``interval_s`` for ``seconds``.
 
     ``thread``: ``(pid, PyThreadState address)`` of one thread (the training loop's: the
@@ -191,25 +191,42 @@ def sample(targets: dict[int, int], seconds: float, interval_s: float = 200e-6,
     ``last_holder``, read with ``locked`` in the same call (``take_gil`` sets it right after
     taking the lock, when the taker is not already the last holder).
 
+    ``phase``: the address, in ``thread``'s process, of a 4-byte int that thread sets to say
+    what it is doing (the bench's child: 1 inside the loader's ``next()``, 2 while it frees a
+    batch, 0 in its own code), read in the same ``process_vm_readv`` call as the GIL word, so
+    that each of ``thread``'s held readings is told apart by what it was doing at that instant.
+
     Returns ``{"readings": instants, "held": {pid: readings that found it held}, "errors":
-    {pid: failed reads}, "thread_held": readings that found ``thread`` holding it, "wall_s",
-    "cpu_s": this reader's own CPU seconds, "interval_s"}``.
+    {pid: failed reads}, "thread_held": readings that found ``thread`` holding it,
+    "thread_held_by_phase": {phase value: those of them with ``phase`` reading that value}
+    (empty without ``phase``), "wall_s", "cpu_s": this reader's own CPU seconds,
+    "interval_s"}``.
     The instants are paced from one clock and never bunched to catch up after a late wake-up,
     so they fall independently of the target's work. Raises ``OSError`` when the first reading
     of every target fails (no permission to read their memory).
     """
     readv = _reader()
-    # each reading: [last_holder (8 bytes)][locked (4)], from 8 bytes before the located word
-    bufs = {pid: (ctypes.c_uint64 * 2)() for pid in targets}
-    local = {pid: _Iovec(ctypes.cast(b, ctypes.c_void_p), 12) for pid, b in bufs.items()}
-    remote = {pid: _Iovec(addr - 8, 12) for pid, addr in targets.items()}
-    plan = [(pid, ctypes.byref(local[pid]), ctypes.byref(remote[pid]), bufs[pid]) for pid in targets]
+    who, whom = thread if thread is not None else (None, None)
+    if phase is not None and who not in targets:
+        raise ValueError("phase needs thread=(pid, tstate) with pid among the targets")
+    # each reading: [last_holder (8 bytes)][locked (4)], from 8 bytes before the located word;
+    # for thread's process with a phase word, then [phase (4)] in the same call (bytes 16-19)
+    bufs = {pid: (ctypes.c_uint64 * 3)() for pid in targets}
+    plan = []
+    for pid, addr in targets.items():
+        base = ctypes.addressof(bufs[pid])
+        loc, rem = [_Iovec(base, 12)], [_Iovec(addr - 8, 12)]
+        if pid == who and phase is not None:
+            loc.append(_Iovec(base + 16, 4))
+            rem.append(_Iovec(phase, 4))
+        n = len(loc)
+        plan.append((pid, (_Iovec * n)(*loc), n, (_Iovec * n)(*rem), 12 + 4 * (n - 1), bufs[pid]))
     held = dict.fromkeys(targets, 0)
     errors = dict.fromkeys(targets, 0)
-    who, whom = thread if thread is not None else (None, None)
     thread_held = 0
-    first = [readv(pid, loc, 1, rem, 1, 0) for pid, loc, rem, _ in plan]
-    if targets and all(r != 12 for r in first):
+    by_phase: dict[int, int] = {}
+    first = [readv(pid, loc, n, rem, n, 0) == size for pid, loc, n, rem, size, _ in plan]
+    if targets and not any(first):
         err = ctypes.get_errno()
         raise OSError(err, f"process_vm_readv of pids {sorted(targets)}: {os.strerror(err)}")
     readings = 0
@@ -220,13 +237,16 @@ def sample(targets: dict[int, int], seconds: float, interval_s: float = 200e-6,
         now = clock()
         if now >= end:
             break
-        for pid, loc, rem, buf in plan:
-            if readv(pid, loc, 1, rem, 1, 0) != 12:
+        for pid, loc, n, rem, size, buf in plan:
+            if readv(pid, loc, n, rem, n, 0) != size:
                 errors[pid] += 1
             elif buf[1] & 0xFFFFFFFF:
                 held[pid] += 1
                 if pid == who and buf[0] == whom:
                     thread_held += 1
+                    if n == 2:
+                        p = buf[2] & 0xFFFFFFFF
+                        by_phase[p] = by_phase.get(p, 0) + 1
         readings += 1
         due += interval_s
         wait = due - clock()
@@ -235,7 +255,7 @@ def sample(targets: dict[int, int], seconds: float, interval_s: float = 200e-6,
             due = clock() + wait
         time.sleep(wait)
     return {"readings": readings, "held": held, "errors": errors, "thread_held": thread_held,
-            "wall_s": clock() - t0, "cpu_s": time.process_time() - c0,
+            "thread_held_by_phase": by_phase, "wall_s": clock() - t0, "cpu_s": time.process_time() - c0,
             "interval_s": interval_s}  # fmt: skip
 
 

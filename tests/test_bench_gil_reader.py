@@ -27,7 +27,12 @@ CHILD = r"""
 import json, os, sys, threading, time
 sys.path.insert(0, sys.argv[2])
 from benchmarks import gil_reader
-print(json.dumps(gil_reader.locate()), flush=True)
+import ctypes
+PHASE = ctypes.c_int32(0)
+where = gil_reader.locate()
+if where is not None:
+    where["phase"] = ctypes.addressof(PHASE)
+print(json.dumps(where), flush=True)
 mode = sys.argv[1]
 if mode == "fork" and os.fork() == 0:
     mode = "spin"
@@ -39,7 +44,11 @@ if mode == "thread":
     mode = "sleep"
 t0 = time.monotonic()
 while time.monotonic() - t0 < 20:
-    if mode == "spin":
+    if mode == "phases":  # spins all the time, saying 1 for 20 ms, then 2 for 20 ms
+        PHASE.value = 1 + (int((time.monotonic() - t0) / 0.02) & 1)
+        for _ in range(1000):
+            pass
+    elif mode == "spin":
         for _ in range(10000):
             pass
     else:
@@ -68,7 +77,8 @@ def _read(mode: str, seconds: float = 0.5) -> tuple[dict, dict, int]:
                 time.sleep(0.01)
             targets.update({k: gil_reader.address_in(k, where) for k in kids})
         thread = (p.pid, where["main_thread"])
-        return gil_reader.sample(targets, seconds, thread=thread), targets, p.pid
+        phase = where["phase"] if mode == "phases" else None
+        return gil_reader.sample(targets, seconds, thread=thread, phase=phase), targets, p.pid
     finally:
         for k in gil_reader.descendants(p.pid):
             subprocess.run(["kill", "-9", str(k)], check=False)
@@ -107,6 +117,20 @@ def test_the_main_threads_share_is_told_from_other_threads() -> None:
     # GIL, it is free until the main thread gets a core, which a busy machine delays)
     assert r["held"][pid] / r["readings"] > 0.5
     assert r["thread_held"] / r["held"][pid] < 0.05  # not the sleeping main thread
+
+
+def test_the_loop_threads_readings_are_told_apart_by_its_phase_word() -> None:
+    """The child spins (holding its GIL) and says 1 for 20 ms, then 2 for 20 ms: each held
+    reading carries the phase word read in the same call, so both show, about half each,
+    and nothing else."""
+    r, _, pid = _read("phases", seconds=1.0)
+    by = r["thread_held_by_phase"]
+    assert set(by) <= {1, 2} and sum(by.values()) == r["thread_held"] > 0.97 * r["readings"]
+    assert 0.25 < by.get(1, 0) / r["thread_held"] < 0.75
+    # without a phase word, no split; a phase word needs the thread's process
+    assert _read("spin")[0]["thread_held_by_phase"] == {}
+    with pytest.raises(ValueError, match="phase needs thread"):
+        gil_reader.sample({pid: 4096}, 0.01, phase=4096)
 
 
 def test_worker_processes_are_read_apart_from_their_parent() -> None:
