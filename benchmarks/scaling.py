@@ -31,6 +31,16 @@ child process (:mod:`benchmarks.scaling_child`) measures:
   in the run queue)), what the same work would hold on an idle machine if the GIL holder
   waits for a core as often as the process's other runnable threads do.
 
+With the reader, each held reading of the child's main thread (the training loop's, told by
+the GIL's ``last_holder``) carries what that thread was doing, read in the same call from a
+word the child sets (:data:`benchmarks.scaling_child.PHASE`): inside the loader's ``next()``,
+freeing a batch, or its own code. The **loader's own** GIL per item is the main process's
+less the loop thread's own code. Every child first runs
+:func:`benchmarks.scaling_child.wake_probe`, how much slower the host runs a fixed snippet
+right after a 30 ms wait than back to back: the loop thread runs its per-batch part of the
+loader in that state whenever it waits for a batch, so GIL times per item compare across
+hosts only with it.
+
 A **competing training loop** case: the image path at the largest worker count with, after
 each batch, ``loop_ms`` of pure-Python work in the consuming thread
 (:func:`benchmarks.scaling_child.python_work`, a model's Python dispatch stand-in): the loader's
@@ -208,8 +218,10 @@ def reader_record(pid: int, where: dict | None, seconds: float, hz: int) -> dict
     """Read the GIL of ``pid`` and of its worker processes with :mod:`benchmarks.gil_reader`
     for ``seconds`` at ``hz``; the same keys as :func:`gil_record` (``main_fraction``,
     ``workers_fraction``, ``instants``, ...) plus ``loop_fraction`` (the child's main thread,
-    the training loop's, holding it), ``sampler_cpu_s`` (the reader's own CPU seconds) and
-    ``workers`` (processes read), or ``{"error"}``."""
+    the training loop's, holding it), of that ``loop_next_fraction`` and
+    ``loop_free_fraction`` (while it was inside the loader's ``next()``, and freeing a batch:
+    :data:`benchmarks.scaling_child.PHASE`), ``sampler_cpu_s`` (the reader's own CPU seconds)
+    and ``workers`` (processes read), or ``{"error"}``."""
     if where is None:
         return {"error": "the GIL reader found no GIL struct in the child (not Linux, or a "
                          "CPython build it does not know)"}
@@ -221,7 +233,8 @@ def reader_record(pid: int, where: dict | None, seconds: float, hz: int) -> dict
     if targets[pid] is None:
         return {"error": f"the GIL reader found no {where['path']} in process {pid}"}
     try:
-        r = gil_reader.sample(targets, seconds, 1.0 / hz, thread=(pid, where["main_thread"]))
+        r = gil_reader.sample(targets, seconds, 1.0 / hz, thread=(pid, where["main_thread"]),
+                              phase=where.get("phase"))  # fmt: skip
     except OSError as e:
         return {"error": f"the GIL reader cannot read process {pid}: {e}"}
     # the main process's share over its readings that succeeded (a failed one, the child
@@ -233,6 +246,11 @@ def reader_record(pid: int, where: dict | None, seconds: float, hz: int) -> dict
             "instants": r["readings"], "errors": sum(r["errors"].values()),
             "main_fraction": main / n, "workers_fraction": workers / max(1, r["readings"]),
             "loop_fraction": r["thread_held"] / n,
+            # of it, the loop thread inside the loader's next() and freeing its batches
+            # (scaling_child.PHASE), where the child said
+            **({"loop_next_fraction": r["thread_held_by_phase"].get(1, 0) / n,
+                "loop_free_fraction": r["thread_held_by_phase"].get(2, 0) / n}
+               if where.get("phase") else {}),
             "main_ci95": gil_reader.binomial_ci95(main, n), "workers": len(targets) - 1,
             "sampler_cpu_s": r["cpu_s"], "behind": False}  # fmt: skip
 

@@ -12,8 +12,14 @@ window), ``loop_iters`` (the competing training loop's pure-Python work per batc
 ``seed`` and ``locate_path`` (where to write :func:`benchmarks.gil_reader.locate`'s answer
 first, for the parent's GIL reader; absent under py-spy).
 
+While it reads batches, the training loop's thread says in :data:`PHASE` (a 4-byte int
+whose address goes to the parent with ``locate()``'s answer) whether it is inside the loader's
+``next()``, freeing a batch, or in its own code; the parent's reader reads it with each GIL
+reading.
+
 What it does, in order:
 
+0. :func:`wake_probe`: how much slower this host runs a fixed snippet right after a wait;
 1. with a competing loop, times that loop alone (``loop_alone_ms``: median of 15 steps, before
    the loader exists);
 2. builds the loader and reads batches for ``warmup_s`` (worker start-up, first epoch's caches;
@@ -31,6 +37,7 @@ What it does, in order:
 
 from __future__ import annotations
 
+import ctypes
 import itertools
 import json
 import os
@@ -43,6 +50,12 @@ from pathlib import Path
 
 PACK_SEQ_LEN = 2048  # tokens per packed row (packed-text)
 PACK_BUFFER = 1024  # documents in the packer's buffer
+
+# What the training loop's thread is doing, for the parent's GIL reader (gil_reader.sample's
+# ``phase``; its address goes to the parent with locate()'s answer): the reader then tells the
+# loop thread's GIL time inside the loader's calls from the harness's own Python.
+IN_OWN, IN_NEXT, IN_FREE = 0, 1, 2  # its own code; the loader's next(); freeing a batch
+PHASE = ctypes.c_int32(IN_OWN)
 
 
 def python_work(iters: int) -> int:
@@ -63,6 +76,39 @@ def loop_alone_ms(iters: int, steps: int = 15) -> float:
         python_work(iters)
         times.append(time.perf_counter() - t0)
     return 1e3 * statistics.median(times)
+
+
+def wake_probe(waits: int = 15, wait_s: float = 0.03) -> dict:
+    """How much slower this host runs a fixed snippet right after the thread waited
+    ``wait_s`` than back to back: the same code and data, so the difference is what the wait
+    cost (caches, TLBs and branch predictors another task or the hypervisor took meanwhile,
+    and the core's wake-up). A loader's training-loop thread that waits for each batch runs
+    its per-batch Python in that state; on a host where the factor is large, the loop thread's
+    GIL time per item is large with it (docs/benchmarks.md, "GIL per image on another day").
+
+    The snippet: ``torch.from_numpy`` of a ``(64, 3, 224, 224)`` uint8 array (a batch's
+    tensor, as kuat's pool makes one when a batch is freed) and a 100-step Python loop.
+    Returns ``{"after_wait_us", "warm_us"}`` (medians over ``waits``) and ``wait_s``."""
+    import numpy as np
+    import torch
+
+    a = np.zeros((64, 3, 224, 224), np.uint8)
+
+    def timed() -> float:
+        t0 = time.perf_counter()
+        torch.from_numpy(a)
+        s = 0
+        for i in range(100):
+            s += i
+        return time.perf_counter() - t0
+
+    cold, warm = [], []
+    for _ in range(waits):
+        time.sleep(wait_s)
+        cold.append(timed())
+        warm.append(min(timed() for _ in range(3)))
+    return {"after_wait_us": 1e6 * statistics.median(cold), "warm_us": 1e6 * statistics.median(warm),
+            "wait_s": wait_s}  # fmt: skip
 
 
 def _count(batch, workload: str) -> int:
@@ -129,15 +175,20 @@ def _window(batches, workload: str, loop_iters: int, until) -> dict:
     items = steps = 0
     loop_s = 0.0
     cpu0, t0 = measure.tree_cpu_seconds(), time.perf_counter()
+    phase = PHASE
     while True:
+        phase.value = IN_NEXT
         batch = next(batches)
+        phase.value = IN_OWN
         items += _count(batch, workload)
         steps += 1
         if loop_iters:
             tl = time.perf_counter()
             python_work(loop_iters)
             loop_s += time.perf_counter() - tl
-        del batch
+        phase.value = IN_FREE
+        del batch  # (the loader's memory comes back here: kuat's pool, torch's shared memory)
+        phase.value = IN_OWN
         if until(time.perf_counter() - t0):
             break
     wall = time.perf_counter() - t0
@@ -183,7 +234,11 @@ def run(spec: dict) -> dict:
     if spec.get("locate_path"):  # where the parent's GIL reader finds this process's GIL;
         from benchmarks import gil_reader  # (before any thread starts: gil_reader.locate)
 
-        Path(spec["locate_path"]).write_text(json.dumps(gil_reader.locate()))
+        where = gil_reader.locate()
+        if where is not None:
+            where["phase"] = ctypes.addressof(PHASE)
+        Path(spec["locate_path"]).write_text(json.dumps(where))
+    result["wake_probe"] = wake_probe()
     if loop_iters:
         result["loop_alone_ms"] = loop_alone_ms(loop_iters)
     t0 = time.perf_counter()

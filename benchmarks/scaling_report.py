@@ -69,8 +69,12 @@ def record(res: dict, workload: str, loader: str, workers: int, loop: bool, rnd:
     rec.update(rate=rw["rate"], cpu_us_per_item=rw["cpu_us_per_item"], setup_s=res.get("setup_s"))
     if loop:
         rec.update(loop_ms=rw["loop_ms"], loop_alone_ms=res["loop_alone_ms"])
+    if res.get("wake_probe"):
+        rec["wake_probe"] = res["wake_probe"]
     gil, gw = res.get("gil") or {}, res.get("gil_window")
     if gw and "main_fraction" in gil and gw["items"]:
+        per = lambda key: (gil_us_per_item(gil[key], gw["rate"])  # noqa: E731
+                           if gil.get(key) is not None else None)
         rec["gil"] = {
             "fraction": gil["main_fraction"],
             "us_per_item": gil_us_per_item(gil["main_fraction"], gw["rate"]),
@@ -92,10 +96,19 @@ def record(res: dict, workload: str, loader: str, workers: int, loop: bool, rnd:
                         if gil.get("main_ci95") else None),
             "sampler_cpu_s": gil.get("sampler_cpu_s"),
             # of us_per_item, the main thread's (the training loop's): the reader's only
-            "loop_us_per_item": (gil_us_per_item(gil["loop_fraction"], gw["rate"])
-                                 if gil.get("loop_fraction") is not None else None),
+            "loop_us_per_item": per("loop_fraction"),
+            # of that, inside the loader's next() and freeing its batches (the child's phase
+            # word); the rest of the loop thread's is the harness's own Python
+            "loop_next_us_per_item": per("loop_next_fraction"),
+            "loop_free_us_per_item": per("loop_free_fraction"),
             "fallback": gil.get("fallback"),
         }
+        g = rec["gil"]
+        if g["loop_next_us_per_item"] is not None:
+            # the loader's own: the main process's GIL less the loop thread's own code
+            g["loader_us_per_item"] = (g["us_per_item"] - g["loop_us_per_item"]
+                                       + g["loop_next_us_per_item"]
+                                       + g["loop_free_us_per_item"])  # fmt: skip
     else:
         rec["gil_error"] = gil.get("error", "no GIL window")
     return rec
@@ -159,6 +172,9 @@ def summarize(records: list[dict]) -> dict:
                 "gil_samples": spread(g.get("samples") for g in gils),
                 "gil_us_ci95": _median_window_ci(gils),
                 "loop_gil_us": spread(g.get("loop_us_per_item") for g in gils),
+                "loop_next_gil_us": spread(g.get("loop_next_us_per_item") for g in gils),
+                "loop_free_gil_us": spread(g.get("loop_free_us_per_item") for g in gils),
+                "loader_gil_us": spread(g.get("loader_us_per_item") for g in gils),
                 "gil_us_on_cpu": spread(g.get("us_per_item_on_cpu") for g in gils),
                 "on_cpu_share": spread(g.get("on_cpu_share") for g in gils),
                 "gil_ceiling": 1e6 / gil_us["median"] if gil_us and gil_us["median"] else None,
@@ -188,6 +204,8 @@ def summarize(records: list[dict]) -> dict:
                 "loop_ms": spread(r["loop_ms"] for r in looped),
                 "loop_slowdown": spread(r["loop_ms"] / r["loop_alone_ms"] for r in looped),
                 "gil_us": spread(r["gil"]["us_per_item"] for r in looped if r.get("gil")),
+                "loader_gil_us": spread(r["gil"].get("loader_us_per_item") for r in looped
+                                        if r.get("gil")),
             })  # fmt: skip
         out[w] = {"rows": rows, "competing": competing}
     return out
@@ -214,10 +232,19 @@ def label(result: dict, loader: str, workload: str) -> str:
 GIL_BUDGET_US = 5.0  # issue 31: GIL per image on the fused image path, so threads pass 64 cores
 
 
+def _verdict(r: dict) -> str:
+    """Within the budget or over it, by the loader's own GIL (the whole main process's where
+    the record has no split)."""
+    us = r.get("loader_gil_us") or r["gil_us"]
+    return "within the budget" if us["median"] <= GIL_BUDGET_US else "over it"
+
+
 def _budget(rows: list[dict]) -> str:
     """Issue 31's GIL budget against kuat's rows of the image table."""
     got = [f"{LABELS[r['loader']]} at {r['workers']} workers {_f(r['gil_us'], '{:.1f}')} us "
-           f"(on-CPU estimate {_f(r.get('gil_us_on_cpu'), '{:.1f}') or '-'}"
+           + (f"(the loader's own {_f(r['loader_gil_us'], '{:.1f}')}, {_verdict(r)}; "
+              if r.get("loader_gil_us") else f"({_verdict(r)}; ")
+           + f"on-CPU estimate {_f(r.get('gil_us_on_cpu'), '{:.1f}') or '-'}"
            + (f"; {r['gil_samples']['median']:,.0f} held readings per window"
               if r.get("gil_samples") else "")
            + (f"; the median window's 95% interval {r['gil_us_ci95'][0]:.1f}-"
@@ -226,6 +253,24 @@ def _budget(rows: list[dict]) -> str:
     return (f"GIL budget (issue 31): at most {GIL_BUDGET_US:g} us per image in the main "
             f"process, so that one process's threads pass 64 cores. Measured: "
             + ("; ".join(got) if got else "nothing (no GIL window succeeded)") + ".")
+
+
+def _wake(result: dict) -> str:
+    """The host's wake-up cost over the points (:func:`benchmarks.scaling_child.wake_probe`),
+    where the records have it."""
+    probes = [r["wake_probe"] for r in result["records"] if r.get("wake_probe")]
+    if not probes:
+        return ""
+    cold = spread(p["after_wait_us"] for p in probes)
+    warm = spread(p["warm_us"] for p in probes)
+    ratio = spread(p["after_wait_us"] / p["warm_us"] for p in probes if p["warm_us"] > 0)
+    return (f"\n- Wake-up cost: a fixed snippet (a batch tensor's `torch.from_numpy` and a "
+            f"100-step Python loop; `benchmarks/scaling_child.py`'s `wake_probe`) took "
+            f"{_f(cold, '{:.1f}')} us right after a {1e3 * probes[0]['wait_s']:g} ms wait "
+            f"against {_f(warm, '{:.1f}')} back to back ({_f(ratio, '{:.1f}', suffix='x')}, "
+            f"over the points): a training loop that waits for each batch runs its share of "
+            f"the loader's Python in that state, so its GIL time per item follows this "
+            f"factor from host to host")  # fmt: skip
 
 
 def _loads(result: dict) -> str:
@@ -279,7 +324,8 @@ def markdown(result: dict, chart_link: str | None = None) -> str:
         f"- Machine: {m['cpu_count']} cores, {m['cpu_model']}, Python {m['python']}; 1-minute "
         f"load average {m['load_avg_1min']:.1f} at the start, {result['load_avg_1min_end']:.1f} "
         f"at the end",
-        f"- Date: {result['started_utc']} to {result['finished_utc']} (UTC)" + _loads(result),
+        f"- Date: {result['started_utc']} to {result['finished_utc']} (UTC)" + _loads(result)
+        + _wake(result),
         f"- Settings: {'`--quick`, ' if c['quick'] else ''}{c['runs']} interleaved rounds; per "
         f"point a fresh process, {c['warmup_s']:g} s of warm-up, a {c['seconds']:g} s rate window "
         f"with nothing sampling it, then a {c['gil_seconds']:g} s GIL window read by "
@@ -290,10 +336,13 @@ def markdown(result: dict, chart_link: str | None = None) -> str:
         "`rate(n) / (n * rate(1))` within each round (1.00 = linear). **GIL** is measured from "
         f"outside the process: {_sampler_text(sampler, c['sample_hz'])} "
         "That share of wall time the GIL was held, times the window's wall time over its items, "
-        "is microseconds per item; **of which the loop thread** is the share the main thread "
-        "(the training loop's, the one calling `next()`) held it, read from the GIL's "
-        "`last_holder` beside `locked` (the reader only). Thread workers share that GIL (the "
-        "column is the whole "
+        "is microseconds per item. The main thread (the training loop's, the one calling "
+        "`next()`) is told from the others by the GIL's `last_holder`, read beside `locked`, "
+        "and what it was doing by a word the bench's child sets around each `next()` and each "
+        "freeing of a batch, read in the same call (the reader only): **the loop thread in "
+        "`next()`** and **freeing batches** are its shares there, and **the loader's own** is "
+        "the main process's GIL less the loop thread's time in the bench's own code (its "
+        "counting and loop). Thread workers share that GIL (the column is the whole "
         "loader's cost); worker processes have their own, summed in their own column. The "
         "ceiling is `1e6 / (us per item)`: the rate at which the main process's GIL would be "
         "held all the time, before a training loop takes its share. On a busy machine a thread "
@@ -307,22 +356,24 @@ def markdown(result: dict, chart_link: str | None = None) -> str:
         unit = result["units"][w]
         lines += ["", f"#### {TITLES.get(w, w)}", "",
                   f"| loader | workers | {unit}/s | vs linear | GIL held, % of wall | "
-                  f"GIL us per {unit[:-1]} (main process) | of which the loop thread | "
-                  f"on-CPU share | GIL us, on-CPU "
+                  f"GIL us per {unit[:-1]} (main process) | the loader's own | of which the "
+                  f"loop thread in `next()` | freeing batches | on-CPU share | GIL us, on-CPU "
                   f"estimate | GIL ceiling {unit}/s | GIL us per {unit[:-1]} in worker "
                   f"processes | CPU us per {unit[:-1]} |",
-                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
         for r in s["rows"]:
             if not r["rate"]:
                 lines.append(f"| {label(result, r['loader'], w)} | {r['workers']} | failed: "
-                             f"{'; '.join(r['errors'])[:120]} | | | | | | | | | |")  # fmt: skip
+                             f"{'; '.join(r['errors'])[:120]} | | | | | | | | | | | |")  # fmt: skip
                 continue
             ceiling = f"{r['gil_ceiling']:,.0f}" if r["gil_ceiling"] else ""
             workers_gil = "" if r["loader"] == "kuat" else _f(r["workers_gil_us"], "{:.1f}")
             lines.append(
                 f"| {label(result, r['loader'], w)} | {r['workers']} | {_f(r['rate'])} | "
                 f"{_f(r['efficiency'], '{:.2f}')} | {_f(r['gil_fraction'], pct=True)} | "
-                f"{_f(r['gil_us'], '{:.1f}')} | {_f(r.get('loop_gil_us'), '{:.1f}')} | "
+                f"{_f(r['gil_us'], '{:.1f}')} | {_f(r.get('loader_gil_us'), '{:.1f}')} | "
+                f"{_f(r.get('loop_next_gil_us'), '{:.1f}')} | "
+                f"{_f(r.get('loop_free_gil_us'), '{:.1f}')} | "
                 f"{_f(r.get('on_cpu_share'), '{:.2f}')} | "
                 f"{_f(r.get('gil_us_on_cpu'), '{:.1f}')} | {ceiling} | {workers_gil} | "
                 f"{_f(r['cpu_us_per_item'], '{:,.1f}')} |"
@@ -340,19 +391,19 @@ def markdown(result: dict, chart_link: str | None = None) -> str:
                       f"same work alone:", "",
                       f"| loader | workers | {unit}/s without loop | with loop | ratio | loop ms "
                       f"alone | loop ms beside the loader | loop slowed | GIL us per {unit_s}, "
-                      f"loop's own included |",
-                      "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+                      f"loop's own included | the loader's own |",
+                      "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
             for r in s["competing"]:
                 if "rate_with" not in r:
                     lines.append(f"| {label(result, r['loader'], w)} | | failed: "
-                                 f"{'; '.join(r['errors'])[:120]} | | | | | | |")  # fmt: skip
+                                 f"{'; '.join(r['errors'])[:120]} | | | | | | | |")  # fmt: skip
                     continue
                 lines.append(
                     f"| {label(result, r['loader'], w)} | {r['workers']} | "
                     f"{_f(r['rate_without'])} | {_f(r['rate_with'])} | "
                     f"{_f(r['rate_ratio'], '{:.2f}', suffix='x')} | {_f(r['loop_alone_ms'], '{:.1f}')} | "
                     f"{_f(r['loop_ms'], '{:.1f}')} | {_f(r['loop_slowdown'], '{:.2f}', suffix='x')} | "
-                    f"{_f(r['gil_us'], '{:.1f}')} |"
+                    f"{_f(r['gil_us'], '{:.1f}')} | {_f(r.get('loader_gil_us'), '{:.1f}')} |"
                 )
     if chart_link:
         lines += ["", f"![rate against workers]({chart_link})"]

@@ -197,6 +197,17 @@ def test_one_point_through_the_child_protocol(tmp_path: Path) -> None:
     assert 0.0 <= g["fraction"] <= 1.0 and g["instants"] >= 50
     assert 0.0 <= g["loop_us_per_item"] <= g["us_per_item"]
     assert g["us_ci95"][0] <= g["us_per_item"] <= g["us_ci95"][1]
+    # the loop thread's time told apart by the child's phase word: inside the loader's next()
+    # and freeing batches are parts of it; the loader's own is the whole less the rest
+    parts = g["loop_next_us_per_item"] + g["loop_free_us_per_item"]
+    assert 0.0 <= parts <= g["loop_us_per_item"] + 1e-9
+    assert g["loader_us_per_item"] == pytest.approx(
+        g["us_per_item"] - g["loop_us_per_item"] + parts)
+    # the competing loop (1,000 iterations a batch) is the loop thread's own code: with the
+    # GIL held by it often, most of its readings fall outside the loader
+    assert g["loop_us_per_item"] > parts
+    probe = rec["wake_probe"]
+    assert probe["after_wait_us"] > 0 and probe["warm_us"] > 0 and probe["wait_s"] == 0.03
 
 
 def test_the_reader_falls_back_to_py_spy_and_says_why(tmp_path: Path, monkeypatch) -> None:
