@@ -141,3 +141,32 @@ def test_take_array_keeps_at_most_max_free_ready_pairs_per_layout_and_close_drop
     del held
     gc.collect()
     assert pool.mapped_bytes == 0
+
+
+@pytest.mark.parametrize("dtype", [np.dtype(np.uint8), np.dtype(np.int64)])
+@pytest.mark.parametrize("shape", [SHAPE, (64,)])  # pooled (mapped) and small (own memory)
+def test_take_array_memory_stays_leased_while_any_view_of_it_lives(shape, dtype):
+    """Whatever a caller derives from a taken pair (a NumPy view of the array, a NumPy view
+    of that view, a torch view, ``tensor.numpy()``) keeps the memory leased: the pool never
+    hands it out again while one lives, on a fresh lease or a reused ready pair. (It leases
+    the first array over the memory, which every NumPy view keeps as its base: a shaped
+    array kept per buffer with a ``.view()`` per lease would not be, as NumPy collapses a
+    view's base past such a lease.)"""
+    pool = BufferPool(max_free=4)
+    for round_ in range(3):  # round 0 fresh leases; then ready pairs made as memory came back
+        derived = []
+        for k in range(4):
+            t, a = pool.take_array(shape, dtype)
+            t.fill_(10 * round_ + k)
+            view = [a[1:], a[1:][1:], t[1:], t.numpy()[1:]][k]
+            derived.append((10 * round_ + k, view))
+            del t, a
+        gc.collect()
+        for _ in range(4):  # while every derived view lives, no taken memory is one of theirs
+            t, _a = pool.take_array(shape, dtype)
+            t.fill_(-1 if dtype == np.int64 else 255)
+        for want, view in derived:
+            got = view if isinstance(view, np.ndarray) else view.numpy()
+            assert (got == want).all(), f"a live view's memory was handed out again ({want})"
+        del derived, view, t, _a
+        gc.collect()
