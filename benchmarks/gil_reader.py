@@ -226,6 +226,10 @@ def sample(targets: dict[int, int], seconds: float, interval_s: float = 200e-6,
     thread_held = 0
     by_phase: dict[int, int] = {}
     first = [readv(pid, loc, n, rem, n, 0) == size for pid, loc, n, rem, size, _ in plan]
+    if phase is not None and not first[list(targets).index(who)]:
+        # (a wrong phase address would fail every reading of that process: read as idle)
+        raise OSError(ctypes.get_errno(), f"process_vm_readv of pid {who}'s GIL word and phase "
+                                          f"word at {phase:#x} failed")  # fmt: skip
     if targets and not any(first):
         err = ctypes.get_errno()
         raise OSError(err, f"process_vm_readv of pids {sorted(targets)}: {os.strerror(err)}")

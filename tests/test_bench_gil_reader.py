@@ -131,6 +131,16 @@ def test_the_loop_threads_readings_are_told_apart_by_its_phase_word() -> None:
     assert _read("spin")[0]["thread_held_by_phase"] == {}
     with pytest.raises(ValueError, match="phase needs thread"):
         gil_reader.sample({pid: 4096}, 0.01, phase=4096)
+    # a readable GIL word (this process's own memory) with an unmapped phase word raises
+    # instead of reading that process as idle
+    import ctypes
+    import os
+
+    word = ctypes.create_string_buffer(16)
+    me, addr = os.getpid(), ctypes.addressof(word) + 8
+    assert gil_reader.sample({me: addr}, 0.01, thread=(me, 0))["errors"][me] == 0
+    with pytest.raises(OSError, match="phase word at 0x10"):
+        gil_reader.sample({me: addr}, 0.01, thread=(me, 0), phase=0x10)
 
 
 def test_worker_processes_are_read_apart_from_their_parent() -> None:
