@@ -203,7 +203,8 @@ def sample(targets: dict[int, int], seconds: float, interval_s: float = 200e-6,
     "interval_s"}``.
     The instants are paced from one clock and never bunched to catch up after a late wake-up,
     so they fall independently of the target's work. Raises ``OSError`` when the first reading
-    of every target fails (no permission to read their memory).
+    of every target fails (no permission to read their memory), or when ``thread``'s GIL word
+    reads but its ``phase`` word does not.
     """
     readv = _reader()
     who, whom = thread if thread is not None else (None, None)
@@ -225,12 +226,16 @@ def sample(targets: dict[int, int], seconds: float, interval_s: float = 200e-6,
     errors = dict.fromkeys(targets, 0)
     thread_held = 0
     by_phase: dict[int, int] = {}
-    first = [readv(pid, loc, n, rem, n, 0) == size for pid, loc, n, rem, size, _ in plan]
-    if phase is not None and not first[list(targets).index(who)]:
-        # (a wrong phase address would fail every reading of that process: read as idle)
-        raise OSError(ctypes.get_errno(), f"process_vm_readv of pid {who}'s GIL word and phase "
-                                          f"word at {phase:#x} failed")  # fmt: skip
-    if targets and not any(first):
+    first = [readv(pid, loc, n, rem, n, 0) for pid, loc, n, rem, size, _ in plan]
+    if phase is not None:
+        # a phase word it cannot read fails every reading of that process, which would read as
+        # an idle GIL: raise, if the GIL word alone reads (else the error below says why)
+        i = list(targets).index(who)
+        pid, loc, n, rem, size, _ = plan[i]
+        if first[i] != size and readv(pid, loc, 1, rem, 1, 0) == 12:
+            raise OSError(f"process_vm_readv of pid {pid}: its GIL word reads but its phase "
+                          f"word at {phase:#x} does not ({first[i]} of {size} bytes read)")
+    if targets and all(got != p[4] for got, p in zip(first, plan)):
         err = ctypes.get_errno()
         raise OSError(err, f"process_vm_readv of pids {sorted(targets)}: {os.strerror(err)}")
     readings = 0

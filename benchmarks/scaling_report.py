@@ -174,7 +174,10 @@ def summarize(records: list[dict]) -> dict:
                 "loop_gil_us": spread(g.get("loop_us_per_item") for g in gils),
                 "loop_next_gil_us": spread(g.get("loop_next_us_per_item") for g in gils),
                 "loop_free_gil_us": spread(g.get("loop_free_us_per_item") for g in gils),
-                "loader_gil_us": spread(g.get("loader_us_per_item") for g in gils),
+                # (only where every round has the split: a round py-spy read has none)
+                "loader_gil_us": (spread(g.get("loader_us_per_item") for g in gils)
+                                  if all(g.get("loader_us_per_item") is not None for g in gils)
+                                  else None),
                 "gil_us_on_cpu": spread(g.get("us_per_item_on_cpu") for g in gils),
                 "on_cpu_share": spread(g.get("on_cpu_share") for g in gils),
                 "gil_ceiling": 1e6 / gil_us["median"] if gil_us and gil_us["median"] else None,
@@ -204,8 +207,10 @@ def summarize(records: list[dict]) -> dict:
                 "loop_ms": spread(r["loop_ms"] for r in looped),
                 "loop_slowdown": spread(r["loop_ms"] / r["loop_alone_ms"] for r in looped),
                 "gil_us": spread(r["gil"]["us_per_item"] for r in looped if r.get("gil")),
-                "loader_gil_us": spread(r["gil"].get("loader_us_per_item") for r in looped
-                                        if r.get("gil")),
+                "loader_gil_us": (spread(r["gil"].get("loader_us_per_item") for r in looped
+                                         if r.get("gil"))
+                                  if all(r["gil"].get("loader_us_per_item") is not None
+                                         for r in looped if r.get("gil")) else None),
             })  # fmt: skip
         out[w] = {"rows": rows, "competing": competing}
     return out
@@ -264,11 +269,11 @@ def _wake(result: dict) -> str:
     cold = spread(p["after_wait_us"] for p in probes)
     warm = spread(p["warm_us"] for p in probes)
     ratio = spread(p["after_wait_us"] / p["warm_us"] for p in probes if p["warm_us"] > 0)
+    factor = f" ({_f(ratio, '{:.1f}', suffix='x')}, over the points)" if ratio else ""
     return (f"\n- Wake-up cost: a fixed snippet (a batch tensor's `torch.from_numpy` and a "
             f"100-step Python loop; `benchmarks/scaling_child.py`'s `wake_probe`) took "
             f"{_f(cold, '{:.1f}')} us right after a {1e3 * probes[0]['wait_s']:g} ms wait "
-            f"against {_f(warm, '{:.1f}')} back to back ({_f(ratio, '{:.1f}', suffix='x')}, "
-            f"over the points): a training loop that waits for each batch runs its share of "
+            f"against {_f(warm, '{:.1f}')} when run again at once{factor}: a training loop that waits for each batch runs its share of "
             f"the loader's Python in that state, so its GIL time per item follows this "
             f"factor from host to host")  # fmt: skip
 

@@ -139,8 +139,11 @@ def test_the_loop_threads_readings_are_told_apart_by_its_phase_word() -> None:
     word = ctypes.create_string_buffer(16)
     me, addr = os.getpid(), ctypes.addressof(word) + 8
     assert gil_reader.sample({me: addr}, 0.01, thread=(me, 0))["errors"][me] == 0
-    with pytest.raises(OSError, match="phase word at 0x10"):
+    with pytest.raises(OSError, match="GIL word reads but its phase word at 0x10 does not"):
         gil_reader.sample({me: addr}, 0.01, thread=(me, 0), phase=0x10)
+    # a process it cannot read at all is not blamed on the phase word
+    with pytest.raises(OSError, match=r"process_vm_readv of pids \[4"):
+        gil_reader.sample({2**22 + 12345: 4096}, 0.01, thread=(2**22 + 12345, 0), phase=4096)
 
 
 def test_worker_processes_are_read_apart_from_their_parent() -> None:

@@ -119,6 +119,33 @@ def test_summary_takes_each_ratio_within_its_round() -> None:
     assert comp["workers"] == 2
 
 
+def test_the_loaders_own_gil_only_where_every_round_has_the_split() -> None:
+    """The loader's own GIL (the loop thread's time in the bench's own code taken out) is a
+    median over the same rounds as the whole, or absent: a round py-spy read (no phase word)
+    would otherwise leave a part larger than the whole. The budget line then judges the
+    whole; the wake-up line omits a factor it cannot compute."""
+    def split(rec, loader_us):
+        rec["gil"].update(loop_us_per_item=1.0, loop_next_us_per_item=0.3,
+                          loop_free_us_per_item=0.2, loader_us_per_item=loader_us)
+        return rec
+
+    both = [split(_rec("kuat", 1, 0, 100.0, 0.0008), 7.5),
+            split(_rec("kuat", 1, 1, 100.0, 0.0009), 8.5)]  # fmt: skip
+    row = scaling_report.summarize(both)["imagenet-jpeg"]["rows"][0]
+    assert row["loader_gil_us"]["median"] == pytest.approx(8.0) and row["loader_gil_us"]["n"] == 2
+    assert "(the loader's own 8.0 (7.5-8.5), over it;" in scaling_report._budget([row])
+    mixed = [both[0], _rec("kuat", 1, 1, 100.0, 0.0003)]  # round 1 read by py-spy: 3 us
+    row = scaling_report.summarize(mixed)["imagenet-jpeg"]["rows"][0]
+    assert row["loader_gil_us"] is None and row["gil_us"]["n"] == 2
+    assert "loader's own" not in scaling_report._budget([row])
+    assert "5.5 (3.0-8.0) us (over it;" in scaling_report._budget([row])  # by the whole
+    probes = {"records": [{"wake_probe": {"after_wait_us": 90.0, "warm_us": 0.0,
+                                          "wait_s": 0.03}}]}  # fmt: skip
+    line = scaling_report._wake(probes)
+    assert "90.0 us right after a 30 ms wait against 0.0 when run again at once:" in line
+    assert scaling_report._wake({"records": [{}]}) == ""
+
+
 def _result(records: list[dict], counts: list[int], **config) -> dict:
     """A scaling result around ``records`` as :func:`benchmarks.scaling.run_scaling` writes it."""
     return {
