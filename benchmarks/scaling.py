@@ -68,6 +68,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from benchmarks import gil_reader
+from benchmarks.scaling_child import IN_FREE, IN_NEXT
 
 WORKLOADS = ("imagenet-jpeg", "tabular", "packed-text")
 LOADERS = ("kuat", "kuat-proc", "torch")
@@ -248,8 +249,8 @@ def reader_record(pid: int, where: dict | None, seconds: float, hz: int) -> dict
             "loop_fraction": r["thread_held"] / n,
             # of it, the loop thread inside the loader's next() and freeing its batches
             # (scaling_child.PHASE), where the child said
-            **({"loop_next_fraction": r["thread_held_by_phase"].get(1, 0) / n,
-                "loop_free_fraction": r["thread_held_by_phase"].get(2, 0) / n}
+            **({"loop_next_fraction": r["thread_held_by_phase"].get(IN_NEXT, 0) / n,
+                "loop_free_fraction": r["thread_held_by_phase"].get(IN_FREE, 0) / n}
                if where.get("phase") else {}),
             "main_ci95": gil_reader.binomial_ci95(main, n), "workers": len(targets) - 1,
             "sampler_cpu_s": r["cpu_s"], "behind": False}  # fmt: skip

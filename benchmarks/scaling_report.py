@@ -50,6 +50,13 @@ def gil_us_per_item(fraction: float, window_rate: float) -> float:
     return fraction * 1e6 / window_rate
 
 
+def spread_of_all(values) -> dict | None:
+    """:func:`spread` of ``values`` where every one is there, else None: a part whose median
+    is over fewer rounds than its whole's could exceed it."""
+    v = list(values)
+    return spread(v) if all(x is not None for x in v) else None
+
+
 def spread(values) -> dict | None:
     """``{"median", "min", "max", "n"}`` of the values that are not None; None if none."""
     v = [x for x in values if x is not None]
@@ -73,8 +80,9 @@ def record(res: dict, workload: str, loader: str, workers: int, loop: bool, rnd:
         rec["wake_probe"] = res["wake_probe"]
     gil, gw = res.get("gil") or {}, res.get("gil_window")
     if gw and "main_fraction" in gil and gw["items"]:
-        per = lambda key: (gil_us_per_item(gil[key], gw["rate"])  # noqa: E731
-                           if gil.get(key) is not None else None)
+        def per(key: str) -> float | None:  # the sampler's fraction `key`, in us per item
+            return gil_us_per_item(gil[key], gw["rate"]) if gil.get(key) is not None else None
+
         rec["gil"] = {
             "fraction": gil["main_fraction"],
             "us_per_item": gil_us_per_item(gil["main_fraction"], gw["rate"]),
@@ -175,9 +183,7 @@ def summarize(records: list[dict]) -> dict:
                 "loop_next_gil_us": spread(g.get("loop_next_us_per_item") for g in gils),
                 "loop_free_gil_us": spread(g.get("loop_free_us_per_item") for g in gils),
                 # (only where every round has the split: a round py-spy read has none)
-                "loader_gil_us": (spread(g.get("loader_us_per_item") for g in gils)
-                                  if all(g.get("loader_us_per_item") is not None for g in gils)
-                                  else None),
+                "loader_gil_us": spread_of_all(g.get("loader_us_per_item") for g in gils),
                 "gil_us_on_cpu": spread(g.get("us_per_item_on_cpu") for g in gils),
                 "on_cpu_share": spread(g.get("on_cpu_share") for g in gils),
                 "gil_ceiling": 1e6 / gil_us["median"] if gil_us and gil_us["median"] else None,
@@ -207,10 +213,8 @@ def summarize(records: list[dict]) -> dict:
                 "loop_ms": spread(r["loop_ms"] for r in looped),
                 "loop_slowdown": spread(r["loop_ms"] / r["loop_alone_ms"] for r in looped),
                 "gil_us": spread(r["gil"]["us_per_item"] for r in looped if r.get("gil")),
-                "loader_gil_us": (spread(r["gil"].get("loader_us_per_item") for r in looped
-                                         if r.get("gil"))
-                                  if all(r["gil"].get("loader_us_per_item") is not None
-                                         for r in looped if r.get("gil")) else None),
+                "loader_gil_us": spread_of_all(r["gil"].get("loader_us_per_item")
+                                               for r in looped if r.get("gil")),
             })  # fmt: skip
         out[w] = {"rows": rows, "competing": competing}
     return out
@@ -273,8 +277,8 @@ def _wake(result: dict) -> str:
     return (f"\n- Wake-up cost: a fixed snippet (a batch tensor's `torch.from_numpy` and a "
             f"100-step Python loop; `benchmarks/scaling_child.py`'s `wake_probe`) took "
             f"{_f(cold, '{:.1f}')} us right after a {1e3 * probes[0]['wait_s']:g} ms wait "
-            f"against {_f(warm, '{:.1f}')} when run again at once{factor}: a training loop that waits for each batch runs its share of "
-            f"the loader's Python in that state, so its GIL time per item follows this "
+            f"against {_f(warm, '{:.1f}')} when run again at once{factor}: a training loop "
+            f"that waits for each batch runs its share of the loader's Python in that state, so its GIL time per item follows this "
             f"factor from host to host")  # fmt: skip
 
 
