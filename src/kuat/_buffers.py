@@ -153,15 +153,21 @@ class BufferPool:
         return self._leased_view(mm, layout)
 
     def _leased_view(self, mm, layout) -> np.ndarray:
-        """A new lease of ``mm``: its ``(nbytes,)`` uint8 view, or shaped as ``layout`` (a
-        ``(shape, dtype)``, :meth:`take_array`'s), which keeps the lease alive."""
-        lease = np.frombuffer(mm, np.uint8)  # (nbytes,) writable view (mmap is read-write)
+        """A new lease of ``mm``: an array over all of it, ``(nbytes,)`` uint8, or shaped as
+        ``layout`` (a ``(shape, dtype)``, :meth:`take_array`'s).
+
+        The lease is one array whose base is the mapping itself, not another array, so every
+        NumPy view of it (of a view of it...) has the lease as its base and keeps it alive,
+        as does a tensor made from it or from such a view (``torch.from_numpy`` holds its
+        array). One ``np.ndarray`` call instead of ``frombuffer`` then ``view``/``reshape``:
+        about 30 us less per batch in a loop thread that has just waited for its batch
+        (issue 31). Such an array holds no buffer export of the mapping, so the pool never
+        closes or resizes one: a mapping goes when its last reference does."""
+        lease = np.ndarray(layout[0], layout[1], mm) if layout is not None else np.ndarray(
+            (len(mm),), _U8, mm)  # (writable: mmap and bytearray are)
         ref = weakref.ref(lease, self._returned)
         self._leased[id(ref)] = (ref, mm, layout)  # (one dict store: atomic under the GIL)
-        if layout is None:
-            return lease
-        shape, dtype = layout
-        return (lease if dtype == _U8 else lease.view(dtype)).reshape(shape)
+        return lease
 
     def _returned(self, ref: weakref.ref, _finalizing=sys.is_finalizing) -> None:
         # the lease died (its last tensor was freed), in whichever thread freed it (the
