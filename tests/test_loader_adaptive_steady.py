@@ -10,6 +10,10 @@ checked against the full questions.
 import copy
 import itertools
 
+import hypothesis
+from hypothesis import strategies as st
+
+from kuat.engine.base import WorkStats
 from kuat.engine.isolate import RngUse
 from kuat.loader import _adaptive
 from kuat.loader._adaptive import NO, Adaptation
@@ -79,3 +83,27 @@ def test_watching_stops_when_the_cheap_batch_test_rejects_the_epoch():
     assert not a.steady()  # (the test is due: ask)
     assert a.inline_wanted(busy=False) == NO
     assert not a.watching and a.steady()
+
+
+def _result(cheap: bool):
+    ws = WorkStats()  # (a worker's measure of one batch: cheap, or 2x the cheap bound)
+    ws.fetch_s = ws.fetch_cpu_s = _adaptive.CHEAP_BATCH_S / (10 if cheap else 0.5)
+    return ws
+
+
+@hypothesis.given(st.lists(st.booleans(), min_size=1, max_size=_adaptive.INLINE_PROBE))
+def test_the_cheap_batch_test_stops_watching_once_its_answer_is_no(cheap_flags):
+    # the first INLINE_PROBE results, cheap or not: watching the loop stops at the result that
+    # makes "at least 75% of them cheap" impossible, and only then; inline_wanted's answer at
+    # the probe (all of them seen, the loop blocked every time, its own time nil) is NO exactly
+    # when it stopped
+    a = Adaptation(num_workers=1, inline=False, prefetch_factor=2, adaptive=True,
+                   thread_engine=True, consumer_may_fetch=True, agnostic=False,
+                   split_first=False, auto_processes=False, rng_use=RngUse())
+    flags = cheap_flags + [True] * (_adaptive.INLINE_PROBE - len(cheap_flags))
+    for i, cheap in enumerate(flags, 1):
+        a.on_result(_result(cheap))
+        impossible = flags[:i].count(False) > _adaptive.INLINE_PROBE * 0.25
+        assert a.watching == (not impossible), (i, flags)
+    a.blocked = a._seen
+    assert (a.inline_wanted(busy=False) == NO) == (flags.count(False) > _adaptive.INLINE_PROBE * 0.25)

@@ -27,6 +27,7 @@ Not thread-safe: the consumer thread's (one policy per epoch iterator).
 
 from __future__ import annotations
 
+import math
 import time
 
 __all__ = ["Adaptation", "CHEAP_BATCH_S", "CHEAP_PREFETCH", "INLINE_PROBE"]
@@ -39,6 +40,7 @@ CHEAP_BATCH_S = 0.5e-3
 CHEAP_WALL_FACTOR = 4
 CHEAP_PREFETCH = 8  # batches in flight per worker while batches are cheap
 INLINE_PROBE = 16  # batches observed before deciding to fetch cheap batches in the consumer
+_INLINE_MIN_CHEAP = math.ceil(0.75 * INLINE_PROBE)  # ... of which at least this many cheap
 # ... and only while the training loop's own time per batch (between next() calls) is under this
 # share of the batch's fetch + collate work: worker threads could hide at most that much
 INLINE_MAX_LOOP_SHARE = 0.25
@@ -161,6 +163,13 @@ class Adaptation:
         self._seen += 1
         self._cheap += cheap
         self._work_s += work
+        if (self._cheap_policy and self._seen <= INLINE_PROBE
+                and self._seen - self._cheap > INLINE_PROBE - _INLINE_MIN_CHEAP):
+            # more of the first INLINE_PROBE batches were not cheap than inline_wanted allows:
+            # its answer is NO already, so stop timing the loop now, not after the probe (the
+            # image path's batches: from the 5th, not the 16th, of every epoch)
+            self._cheap_policy = False
+            self._watch()
         if st.worker_info_consulted and not self._agnostic:
             self.may_go_inline = False  # its batches may depend on the worker
             self._watch()
