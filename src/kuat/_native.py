@@ -33,6 +33,13 @@ class _Total(threading.local):
 _total = _Total()
 
 
+def thread_state() -> _Total:
+    """This module's per-thread totals (a ``threading.local``: ``s``, ``cpu``), for the
+    engine, which reads them around each fetch without a call (:func:`totals` is the same
+    pair). Internal."""
+    return _total
+
+
 def add(seconds_: float, cpu: float = 0.0) -> None:
     """Add ``seconds_`` (wall seconds spent in a GIL-releasing kernel) to this thread's total,
     and ``cpu`` (this thread's CPU seconds in it, where the kernel measured them) to

@@ -13,7 +13,6 @@ do not draw pay two fingerprints and a shared lock per batch (about 3 us).
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import logging
 import pickle
@@ -50,15 +49,17 @@ from kuat.engine.worker_info import (
     clear_worker_info,
     reset_consulted,
     set_worker_info,
-    worker_info_consulted,
 )
+from kuat.engine.worker_info import thread_state as _worker_info_state
 from kuat.sampling import flag_padding, split_padding
 from kuat.sources import protocol
 
 __all__ = ["FetchJob", "WorkerCtx", "per_sample_getitems", "worker_dataset"]
 
 log = logging.getLogger("kuat.engine")
-_NO_STREAM = contextlib.nullcontext()  # (reusable: one fewer object per batch)
+# this thread's kernel seconds (kuat._native) and get_worker_info() use, read around each
+# fetch as attributes of their threading.local objects: no call each
+_NATIVE, _WORKER_INFO = _native.thread_state(), _worker_info_state()
 
 
 def _short_rank(key, skipped) -> RuntimeError:
@@ -324,34 +325,27 @@ class FetchJob(IsolatedFetch):
         st.method = ctx.method
         # buffers kuat allocates while fetching this batch are its own: the collate may return
         # views of them; anything else it copies (collate.py)
+        native = _NATIVE  # (this thread's kernel totals, read without a call)
         with scope:
-            t0, c0, (n0, nc0) = time.perf_counter(), time.thread_time(), _native.totals()
+            t0, c0, n0, nc0 = time.perf_counter(), time.thread_time(), native.s, native.cpu
             h0 = _parallel.helper_totals() if width > 1 else None  # split fetches only
-            # (a new epoch's iter() and state restore, and the state taken after the batch,
-            # run with the worker's own generators too: they may draw, save or set them)
-            # (the worker's own global generators: a thread worker whose worker_init_fn
-            # seeded them, or an iterable's, worker_rng.py; probed at an epoch's first batch)
-            with (_NO_STREAM if ctx.rng is None or ctx.method != "thread" else
-                  worker_rng.own_stream(ctx.rng, st, self.rng_use, ctx.epoch != epoch)
-                  ) as swapped_in:
-                if ctx.epoch != epoch:
-                    self._new_epoch(ctx, epoch, base_seed, key)
-                if self.iterable:
-                    data = self._next_items(ctx, st)
-                elif (ctx.fetch is not None and not self.isolate_rng and self.auto_collation
-                      and self.on_error == "raise"):  # (what _fetch_indices calls then, found
-                    data = ctx.fetch(key)  # at the first batch by _get: three calls fewer)
-                else:
-                    data = self._fetch_indices(ctx, epoch, key, st)
-                if ctx.reports_state and swapped_in is not False:
-                    st.worker_state = self._state_of(ctx)  # where its iterable is now
+            if ctx.rng is None or ctx.method != "thread":  # (the usual case: no context to
+                swapped_in = None  # enter, two calls fewer per batch than a null one)
+                data = self._batch_data(ctx, epoch, key, base_seed, st, swapped_in)
+            else:
+                # the worker's own global generators (a thread worker whose worker_init_fn
+                # seeded them, or an iterable's, worker_rng.py; probed at an epoch's first
+                # batch): a new epoch's iter() and state restore, and the state taken after
+                # the batch, run with them too (they may draw, save or set them)
+                with worker_rng.own_stream(ctx.rng, st, self.rng_use,
+                                           ctx.epoch != epoch) as swapped_in:
+                    data = self._batch_data(ctx, epoch, key, base_seed, st, swapped_in)
             scope.end_fetch()  # (the epoch and width: the state and the collate run without)
             if ctx.reports_state and swapped_in is False:  # (fetched watched: the state
                 with worker_rng.swapped(ctx.rng, st):  # may read its generators)
                     st.worker_state = self._state_of(ctx)
             st.fetch_s, st.fetch_cpu_s = time.perf_counter() - t0, time.thread_time() - c0
-            n1, nc1 = _native.totals()
-            st.native_s, st.native_cpu_s = n1 - n0, nc1 - nc0
+            st.native_s, st.native_cpu_s = native.s - n0, native.cpu - nc0
             if width > 1:  # what helper threads did for this fetch (kuat._parallel)
                 h1 = _parallel.helper_totals()
                 st.fetch_s += h1[0] - h0[0]
@@ -363,7 +357,7 @@ class FetchJob(IsolatedFetch):
             # fetch in place of this worker? (consumer_may_fetch)
             if ctx.method != "inline" and (ctx.num_workers > 1 or not self.iterable):
                 # (an IterDataPipe is sharded by the loader, as torch does)
-                st.worker_info_consulted = worker_info_consulted() or self.datapipe
+                st.worker_info_consulted = _WORKER_INFO.consulted or self.datapipe
             if data is None:
                 self._sched(st, s0, t0)
                 if self.equal_steps and not self.iterable:
@@ -392,6 +386,24 @@ class FetchJob(IsolatedFetch):
             batch = pin_batch(batch)
             st.pin_s = time.perf_counter() - t2
         return OK, batch, st
+
+    def _batch_data(self, ctx: WorkerCtx, epoch: int, key, base_seed: int, st: WorkStats,
+                    swapped_in):
+        """The batch's data (:meth:`run`'s fetch: a new epoch started first), and its iterable's
+        state in ``st`` where the job reports it and the worker's generators are swapped in
+        (``swapped_in`` is not False: :func:`worker_rng.own_stream`'s answer, or None)."""
+        if ctx.epoch != epoch:
+            self._new_epoch(ctx, epoch, base_seed, key)
+        if self.iterable:
+            data = self._next_items(ctx, st)
+        elif (ctx.fetch is not None and not self.isolate_rng and self.auto_collation
+              and self.on_error == "raise"):  # (what _fetch_indices calls then, found at the
+            data = ctx.fetch(key)  # first batch by _get: three calls fewer)
+        else:
+            data = self._fetch_indices(ctx, epoch, key, st)
+        if ctx.reports_state and swapped_in is not False:
+            st.worker_state = self._state_of(ctx)  # where its iterable is now
+        return data
 
     @staticmethod
     def _sched(st: WorkStats, s0, t0: float) -> None:

@@ -90,6 +90,13 @@ def reset_consulted() -> None:
     _thread_info.consulted = False
 
 
+def thread_state():
+    """This module's per-thread state (a ``threading.local``: ``consulted``, ``info``), for
+    the engine, which reads ``consulted`` after each fetch without a call
+    (:func:`worker_info_consulted`). Internal."""
+    return _thread_info
+
+
 def worker_info_consulted() -> bool:
     """Whether ``get_worker_info()`` was called in this worker since it started (:func:`reset_consulted`)."""
     return _thread_info.consulted
