@@ -45,11 +45,7 @@ from kuat.engine.base import (
 from kuat.engine.fetch_scope import FetchScope
 from kuat.engine.isolated_fetch import IsolatedFetch
 from kuat.engine.worker_copy import worker_dataset
-from kuat.engine.worker_info import (
-    clear_worker_info,
-    reset_consulted,
-    set_worker_info,
-)
+from kuat.engine.worker_info import clear_worker_info, reset_consulted, set_worker_info
 from kuat.engine.worker_info import thread_state as _worker_info_state
 from kuat.sampling import flag_padding, split_padding
 from kuat.sources import protocol
@@ -57,8 +53,7 @@ from kuat.sources import protocol
 __all__ = ["FetchJob", "WorkerCtx", "per_sample_getitems", "worker_dataset"]
 
 log = logging.getLogger("kuat.engine")
-# this thread's kernel seconds (kuat._native) and get_worker_info() use, read around each
-# fetch as attributes of their threading.local objects: no call each
+# this thread's kernel seconds and get_worker_info() use (threading.local: read, no call)
 _NATIVE, _WORKER_INFO = _native.thread_state(), _worker_info_state()
 
 
@@ -325,18 +320,15 @@ class FetchJob(IsolatedFetch):
         st.method = ctx.method
         # buffers kuat allocates while fetching this batch are its own: the collate may return
         # views of them; anything else it copies (collate.py)
-        native = _NATIVE  # (this thread's kernel totals, read without a call)
         with scope:
-            t0, c0, n0, nc0 = time.perf_counter(), time.thread_time(), native.s, native.cpu
+            t0, c0, n0, nc0 = time.perf_counter(), time.thread_time(), _NATIVE.s, _NATIVE.cpu
             h0 = _parallel.helper_totals() if width > 1 else None  # split fetches only
             if ctx.rng is None or ctx.method != "thread":  # (the usual case: no context to
                 swapped_in = None  # enter, two calls fewer per batch than a null one)
                 data = self._batch_data(ctx, epoch, key, base_seed, st, swapped_in)
             else:
-                # the worker's own global generators (a thread worker whose worker_init_fn
-                # seeded them, or an iterable's, worker_rng.py; probed at an epoch's first
-                # batch): a new epoch's iter() and state restore, and the state taken after
-                # the batch, run with them too (they may draw, save or set them)
+                # the worker's own global generators (worker_rng.py): a new epoch's iter(),
+                # state restore and state taken run with them too (may draw, save or set them)
                 with worker_rng.own_stream(ctx.rng, st, self.rng_use,
                                            ctx.epoch != epoch) as swapped_in:
                     data = self._batch_data(ctx, epoch, key, base_seed, st, swapped_in)
@@ -345,7 +337,7 @@ class FetchJob(IsolatedFetch):
                 with worker_rng.swapped(ctx.rng, st):  # may read its generators)
                     st.worker_state = self._state_of(ctx)
             st.fetch_s, st.fetch_cpu_s = time.perf_counter() - t0, time.thread_time() - c0
-            st.native_s, st.native_cpu_s = native.s - n0, native.cpu - nc0
+            st.native_s, st.native_cpu_s = _NATIVE.s - n0, _NATIVE.cpu - nc0
             if width > 1:  # what helper threads did for this fetch (kuat._parallel)
                 h1 = _parallel.helper_totals()
                 st.fetch_s += h1[0] - h0[0]
@@ -353,10 +345,9 @@ class FetchJob(IsolatedFetch):
                 st.native_s += h1[2] - h0[2]
                 st.native_cpu_s += h1[3] - h0[3]
             st.python_s = max(0.0, st.fetch_cpu_s - st.native_cpu_s)  # the GIL held, about
-            # iterable: all workers iterating all items? (#11.6); map-style: may the consumer
-            # fetch in place of this worker? (consumer_may_fetch)
+            # iterable: all workers iterating all items? (#11.6; an IterDataPipe is sharded by
+            # the loader, as torch does); map-style: may the consumer fetch in its place?
             if ctx.method != "inline" and (ctx.num_workers > 1 or not self.iterable):
-                # (an IterDataPipe is sharded by the loader, as torch does)
                 st.worker_info_consulted = _WORKER_INFO.consulted or self.datapipe
             if data is None:
                 self._sched(st, s0, t0)
@@ -387,11 +378,9 @@ class FetchJob(IsolatedFetch):
             st.pin_s = time.perf_counter() - t2
         return OK, batch, st
 
-    def _batch_data(self, ctx: WorkerCtx, epoch: int, key, base_seed: int, st: WorkStats,
-                    swapped_in):
-        """The batch's data (:meth:`run`'s fetch: a new epoch started first), and its iterable's
-        state in ``st`` where the job reports it and the worker's generators are swapped in
-        (``swapped_in`` is not False: :func:`worker_rng.own_stream`'s answer, or None)."""
+    def _batch_data(self, ctx: WorkerCtx, epoch: int, key, base_seed: int, st, swapped_in):
+        """:meth:`run`'s fetch (a new epoch started first), and the state in ``st`` where it is
+        reported and ``swapped_in`` (``worker_rng.own_stream``'s answer, or None) is not False."""
         if ctx.epoch != epoch:
             self._new_epoch(ctx, epoch, base_seed, key)
         if self.iterable:
