@@ -40,7 +40,8 @@ CHEAP_BATCH_S = 0.5e-3
 CHEAP_WALL_FACTOR = 4
 CHEAP_PREFETCH = 8  # batches in flight per worker while batches are cheap
 INLINE_PROBE = 16  # batches observed before deciding to fetch cheap batches in the consumer
-_INLINE_MIN_CHEAP = math.ceil(0.75 * INLINE_PROBE)  # ... of which at least this many cheap
+INLINE_MIN_SHARE = 0.75  # ... of which at least this share cheap, and waited for by the loop
+_INLINE_MIN_CHEAP = math.ceil(INLINE_MIN_SHARE * INLINE_PROBE)  # (cheap ones among the probe's)
 # ... and only while the training loop's own time per batch (between next() calls) is under this
 # share of the batch's fetch + collate work: worker threads could hide at most that much
 INLINE_MAX_LOOP_SHARE = 0.25
@@ -236,7 +237,8 @@ class Adaptation:
             return WAIT if busy else NOW
         if not (self._cheap_policy and self._seen >= INLINE_PROBE):
             return NO
-        if (self._cheap < 0.75 * self._seen or self.blocked < 0.75 * self._seen
+        need = INLINE_MIN_SHARE * self._seen
+        if (self._cheap < need or self.blocked < need
                 or self._loop_s > INLINE_MAX_LOOP_SHARE * self._work_s):
             self._cheap_policy = False  # (the worker choice may still decide on inline)
             self._watch()
