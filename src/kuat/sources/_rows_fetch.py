@@ -35,9 +35,9 @@ import numpy as np
 import torch
 
 from kuat import _native, _parallel
-from kuat import rng as krng
 from kuat._buffers import new_batch_array, thread_state
 from kuat.format.gather import ImageRows, native
+from kuat.rng import current_epoch
 from kuat.sources._routes import FILL, NUMBER, TENSOR
 from kuat.vision._rows import _rest
 from kuat.vision.decode import roi_function
@@ -46,10 +46,9 @@ from kuat.vision.steps import rrc_params
 __all__ = ["rows_fetcher"]
 
 _MASK64 = (1 << 64) - 1
-# this thread's batch scope (its pool), fetch width, (seed, epoch) and kernel seconds: read
-# (and the seconds added to) as attributes of their threading.local objects, no call each
-_owned, _PAR, _RNG, _NATIVE = (thread_state(), _parallel.thread_state(), krng.thread_state(),
-                               _native.thread_state())
+# this thread's batch scope (its pool) and fetch width, read as attributes of their
+# threading.local objects
+_owned, _PAR = thread_state(), _parallel.thread_state()
 
 
 def rows_fetcher(store, names: list, routes: list, transforms: dict):
@@ -135,16 +134,13 @@ class RowsFetch:
         if mp is not t.max_pixels or params is None:  # (the planner's parameters, once)
             mp = t.max_pixels
             self._params = mp, (params := rrc_params(*t._c_plan, mp))
-        cur = _RNG.current  # (kuat.rng.current_epoch(): the loader's (seed, epoch))
-        seed, epoch = (0, 0) if cur.seed is None else (cur.seed, cur.epoch)
+        seed, epoch = current_epoch()
         res = self._c(indices, store.num_rows, store.starts, fixed, table, out, h, w, *params,
                       seed & _MASK64, epoch & _MASK64)
         if type(res) is not tuple:  # not taken (None), or a shard to map first (its id)
             return None
         unplanned, failed, wall, cpu = res
-        kernel = _NATIVE  # (_native.add: kernel seconds for stats()["busy_s"]["native"])
-        kernel.s += wall
-        kernel.cpu += cpu
+        _native.add(wall, cpu)  # kernel seconds for stats()["busy_s"]["native"]
         if unplanned or failed:  # (their rows, as the general path's gather has them)
             idx = store.indices(indices)
             sid, local = store._rows(idx, native()[2])
