@@ -27,7 +27,8 @@ BEGIN = (
     "benchmarks/scaling.json; edits here are overwritten -->"
 )
 END = "<!-- /kuat-bench-scaling -->"
-LABELS = {"kuat": "kuat (threads)", "kuat-proc": "kuat (processes)", "torch": "torch"}
+LABELS = {"kuat": "kuat (threads)", "kuat-proc": "kuat (processes)", "torch": "torch",
+          "floor": "floor (reference: least Python)"}
 TITLES = {
     "imagenet-jpeg": "imagenet-jpeg: fused RandomResizedCrop(224) + flip, batch 64",
     "tabular": "tabular: a kuat dataset of (32,) float32 + int64 label rows, shuffled, batch 256",
@@ -143,6 +144,13 @@ def _median_window_ci(gils: list[dict]) -> list[float] | None:
     return have[(len(have) - 1) // 2]["us_ci95"] if have else None
 
 
+def _own_us(gil: dict) -> float:
+    """A record's GIL us per item that the loader holds: its own where the reader split it
+    from the loop thread's code, else the main process's."""
+    own = gil.get("loader_us_per_item")
+    return gil["us_per_item"] if own is None else own
+
+
 def summarize(records: list[dict]) -> dict:
     """Per workload: ``rows`` (one per loader and worker count, without the loop) with the
     median and min-max over rounds of the rate, the efficiency (each round's ratio to that
@@ -155,6 +163,11 @@ def summarize(records: list[dict]) -> dict:
         plain = [r for r in ok if r["workload"] == w and not r["loop"]]
         one = {(r["loader"], r["round"]): r["rate"] for r in plain if r["workers"] == 1}
         rows = []
+        # the floor's (benchmarks/gil_floor.py) GIL per item by (workers, round): kuat's thread
+        # workers' excess over it (the same GIL, the same batch fetch) is taken within each
+        # round, on the same hour of the host
+        floor = {(r["workers"], r["round"]): _own_us(r["gil"]) for r in plain
+                 if r["loader"] == "floor" and r.get("gil")}  # fmt: skip
         keys = dict.fromkeys((r["loader"], r["workers"]) for r in records
                              if r["workload"] == w and not r["loop"])  # fmt: skip
         for loader, n in keys:
@@ -184,6 +197,9 @@ def summarize(records: list[dict]) -> dict:
                 "loop_free_gil_us": spread(g.get("loop_free_us_per_item") for g in gils),
                 # (only where every round has the split: a round py-spy read has none)
                 "loader_gil_us": spread_of_all(g.get("loader_us_per_item") for g in gils),
+                "over_floor_gil_us": spread(_own_us(r["gil"]) - floor[(n, r["round"])]
+                                            for r in mine if r.get("gil") and loader == "kuat"
+                                            and (n, r["round"]) in floor),  # fmt: skip
                 "gil_us_on_cpu": spread(g.get("us_per_item_on_cpu") for g in gils),
                 "on_cpu_share": spread(g.get("on_cpu_share") for g in gils),
                 "gil_ceiling": 1e6 / gil_us["median"] if gil_us and gil_us["median"] else None,
@@ -257,11 +273,21 @@ def _budget(rows: list[dict]) -> str:
            + (f"; {r['gil_samples']['median']:,.0f} held readings per window"
               if r.get("gil_samples") else "")
            + (f"; the median window's 95% interval {r['gil_us_ci95'][0]:.1f}-"
-              f"{r['gil_us_ci95'][1]:.1f}" if r.get("gil_us_ci95") else "") + ")"
+              f"{r['gil_us_ci95'][1]:.1f}" if r.get("gil_us_ci95") else "")
+           + (f"; {_f(r['over_floor_gil_us'], '{:.1f}')} over the floor"
+              if r.get("over_floor_gil_us") else "") + ")"
            for r in rows if r["loader"] in ("kuat", "kuat-proc") and r["gil_us"]]  # fmt: skip
+    floor = [f"{_f(r.get('loader_gil_us') or r['gil_us'], '{:.1f}')} us at {r['workers']} "
+             f"workers" for r in rows if r["loader"] == "floor" and r["gil_us"]]  # fmt: skip
     return (f"GIL budget (issue 31): at most {GIL_BUDGET_US:g} us per image in the main "
             f"process, so that one process's threads pass 64 cores. Measured: "
-            + ("; ".join(got) if got else "nothing (no GIL window succeeded)") + ".")
+            + ("; ".join(got) if got else "nothing (no GIL window succeeded)") + "."
+            + (" The floor (`benchmarks/gil_floor.py`: thread workers calling the same "
+               "one-call batch fetch into the same pooled buffers, with nothing else around it: "
+               "no stats, state, adaptation or per-worker RNG) held " + "; ".join(floor)
+               + " of its own; \"over the floor\" is a loader's own GIL less the floor's, "
+               "taken within each round (the same hour of the host): what the loader's engine "
+               "adds per image." if floor else ""))
 
 
 def _wake(result: dict) -> str:
@@ -431,7 +457,8 @@ def chart(result: dict, path: Path) -> None:
     if not panels:
         return
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.8), squeeze=False)
-    colors = {"kuat": "tab:orange", "kuat-proc": "tab:red", "torch": "tab:blue"}
+    colors = {"kuat": "tab:orange", "kuat-proc": "tab:red", "torch": "tab:blue",
+              "floor": "tab:gray"}
     for ax, (w, s) in zip(axes[0], panels):
         for loader in dict.fromkeys(r["loader"] for r in s["rows"]):
             rows = [r for r in s["rows"] if r["loader"] == loader and r["rate"]]

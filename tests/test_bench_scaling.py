@@ -146,6 +146,78 @@ def test_the_loaders_own_gil_only_where_every_round_has_the_split() -> None:
     assert scaling_report._wake({"records": [{}]}) == ""
 
 
+def test_the_excess_over_the_floor_is_taken_within_each_round() -> None:
+    """kuat's thread workers' GIL over the floor's (benchmarks/gil_floor.py) is their own less
+    the floor's in the same round and at the same workers: a slow hour moves both. The floor
+    and process workers (whose Python holds other GILs) have none."""
+    def own(rec, us):
+        rec["gil"].update(loop_us_per_item=1.0, loop_next_us_per_item=0.3,
+                          loop_free_us_per_item=0.2, loader_us_per_item=us)
+        return rec
+
+    recs = [own(_rec("kuat", 1, 0, 100.0, 0.0008), 8.0), own(_rec("floor", 1, 0, 100.0, 0.0005), 4.0),
+            own(_rec("kuat", 1, 1, 100.0, 0.0008), 6.0), own(_rec("floor", 1, 1, 100.0, 0.0005), 3.0),
+            own(_rec("kuat", 2, 0, 100.0, 0.0008), 9.0),
+            own(_rec("kuat-proc", 1, 0, 100.0, 0.0008), 7.0)]  # fmt: skip
+    rows = {(r["loader"], r["workers"]): r
+            for r in scaling_report.summarize(recs)["imagenet-jpeg"]["rows"]}  # fmt: skip
+    over = rows[("kuat", 1)]["over_floor_gil_us"]
+    assert (over["min"], over["max"], over["median"]) == pytest.approx((3.0, 4.0, 3.5))
+    assert rows[("floor", 1)]["over_floor_gil_us"] is None
+    assert rows[("kuat", 2)]["over_floor_gil_us"] is None  # no floor at 2 workers
+    assert rows[("kuat-proc", 1)]["over_floor_gil_us"] is None
+    line = scaling_report._budget(list(rows.values()))
+    assert "3.5 (3.0-4.0) over the floor)" in line
+    assert "held 3.5 (3.0-4.0) us at 1 workers of its own" in line
+
+
+def test_the_floor_returns_each_epoch_in_order_and_raises_a_failed_fetch(tmp_path) -> None:
+    """benchmarks/gil_floor.py: the batches of a seeded permutation, in order, each what the
+    dataset's own batch fetch gives for its indices; a fetch's error in the loop thread."""
+    import kuat
+    import kuat.format as kf
+    from benchmarks.gil_floor import Floor
+
+    path = tmp_path / "rows.kuat"
+    with kuat.Writer(path, {"x": kf.tensor((3,), "float32"), "label": kf.int64()}) as w:
+        w.write_batch({"x": np.arange(300, dtype=np.float32).reshape(100, 3),
+                       "label": np.arange(100)})  # fmt: skip
+    ds = kuat.open(path)
+    floor = Floor(ds, num_workers=2, batch_size=8, seed=3)
+    try:
+        rng = np.random.default_rng(3)
+        for e in range(2):
+            perm = rng.permutation(100)
+            batches = list(floor.epoch(e))
+            assert len(batches) == 12  # drop_last
+            for k, b in enumerate(batches):
+                want = ds.kuat_fetch_collated(perm[8 * k:8 * k + 8].tolist())
+                assert b["label"].tolist() == want["label"].tolist() == perm[8 * k:8 * k + 8].tolist()
+                assert torch_equal(b["x"], want["x"])
+    finally:
+        floor.close()
+
+    class Broken:
+        def __len__(self):
+            return 16
+
+        def kuat_fetch_collated(self, indices):
+            raise ValueError(f"bad rows {indices[:2]}")
+
+    floor = Floor(Broken(), num_workers=1, batch_size=4)
+    try:
+        with pytest.raises(ValueError, match="bad rows"):
+            next(floor.epoch(0))
+    finally:
+        floor.close()
+
+
+def torch_equal(a, b) -> bool:
+    import torch
+
+    return bool(torch.equal(a, b))
+
+
 def _result(records: list[dict], counts: list[int], **config) -> dict:
     """A scaling result around ``records`` as :func:`benchmarks.scaling.run_scaling` writes it."""
     return {
@@ -193,9 +265,11 @@ def test_config_validates_and_sizes_the_data_to_the_workers() -> None:
     assert cfg.runs == 2
 
 
-def test_one_point_through_the_child_protocol(tmp_path: Path) -> None:
+@pytest.mark.parametrize("loader", ["kuat", "floor"])
+def test_one_point_through_the_child_protocol(tmp_path: Path, loader: str) -> None:
     """A real child: warm-up, an unsampled rate window, then a GIL window the parent samples
-    with py-spy (when installed) and ends through the pipe."""
+    with kuat's reader and ends through the pipe (kuat's loader, and the floor the bench
+    compares it with)."""
     import kuat
     import kuat.format as kf
 
@@ -208,7 +282,7 @@ def test_one_point_through_the_child_protocol(tmp_path: Path) -> None:
         quick=True, seconds=0.3, gil_seconds=1.0, warmup_s=0.2, timeout_s=60.0,
         cache_dir=tmp_path / "cache", out_dir=tmp_path,
     )  # fmt: skip
-    spec = {"workload": "tabular", "loader": "kuat", "num_workers": 1, "batch_size": 256,
+    spec = {"workload": "tabular", "loader": loader, "num_workers": 1, "batch_size": 256,
             "data": {"path": str(path)}, "warmup_s": 0.2, "seconds": 0.3, "loop_iters": 1000,
             "seed": 0, "round": 0, "gil_window_max_s": 30.0}  # fmt: skip
     res = scaling.run_point(sys.executable, spec, tmp_path, cfg)
@@ -216,7 +290,7 @@ def test_one_point_through_the_child_protocol(tmp_path: Path) -> None:
     assert res["rate_window"]["items"] % 256 == 0 and res["rate_window"]["rate"] > 0
     assert res["rate_window"]["loop_ms"] > 0 and res["loop_alone_ms"] > 0
     assert res["gil_window"]["items"] > 0
-    rec = scaling_report.record(res, "tabular", "kuat", 1, True, 0)
+    rec = scaling_report.record(res, "tabular", loader, 1, True, 0)
     # the default sampler, kuat's GIL reader (no py-spy needed: CI installs none)
     assert "gil" in rec, rec.get("gil_error")
     g = rec["gil"]

@@ -53,7 +53,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         nargs="+",
         default=None,
         metavar="NAME",
-        help="loaders to run (default: all; see --list); with --scaling: kuat kuat-proc torch",
+        help="loaders to run (default: all; see --list); with --scaling: kuat kuat-proc torch "
+        "floor (a reference, benchmarks/gil_floor.py)",
     )
     p.add_argument(
         "--workloads",
