@@ -11,6 +11,8 @@ values come from torch's DataLoader in the same test.
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 from torch.utils.data import DataLoader as TorchDataLoader
@@ -192,4 +194,43 @@ def test_a_drawing_dataset_in_thread_workers_leaves_the_callers_stream_as_torch(
 
     expected = run(TorchDataLoader)
     for _ in range(8):  # fresh loaders: which worker saw the first draw varies
+        assert run(kuat.DataLoader, worker_type=worker_type) == expected
+
+
+class DrawsLateInSecondBatch(torch.utils.data.Dataset):
+    """Samples 4-7 (the second batch at batch size 4, unshuffled) draw from torch's default
+    generator, the first of them after 0.5 s; the others draw nothing. The first batch takes
+    0.4 s: the second worker begins the second batch beside it, and the first batch reaches
+    the loop, seen drawing nothing, before the second batch's first draw (and the loop waits
+    up to as long again for batches begun with it: kuat.engine.isolate.RngUse)."""
+
+    def __len__(self):
+        return 16
+
+    def __getitem__(self, i):
+        if i < 4:
+            time.sleep(0.1)
+        if 4 <= i < 8:
+            if i == 4:
+                time.sleep(0.5)
+            return torch.tensor([float(i)]) + torch.rand(1)
+        return torch.tensor([float(i)])
+
+
+@pytest.mark.parametrize("worker_type", ["thread", None])
+def test_draws_seen_after_the_loops_first_batch_are_rewound_before_it_can_draw(worker_type):
+    # a thread worker's batch begun before the loop had the epoch's first batch, watched,
+    # draws only after the loop got that batch: its isolated re-fetch must still rewind the
+    # generators the loop reads on, and the loop must not draw before it has (before, the
+    # loop's next draws were shifted by the worker's four: torch.rand after the epoch
+    # differed). A batch begun after the loop's first batch is not covered: the loop may
+    # have drawn by then (kuat.engine.isolate's docstring)
+    def run(loader_cls, **kw):
+        torch.manual_seed(0)
+        loader = loader_cls(DrawsLateInSecondBatch(), batch_size=4, num_workers=2, **kw)
+        firsts = [int(b[0, 0]) for b in loader]  # (the draws themselves are kuat's own)
+        return firsts, torch.rand(3).tolist()
+
+    expected = run(TorchDataLoader)
+    for _ in range(2):
         assert run(kuat.DataLoader, worker_type=worker_type) == expected

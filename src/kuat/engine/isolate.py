@@ -48,8 +48,13 @@ done only for datasets seen to draw:
 
 The result is the same whatever the number and type of workers; the caller's own generator
 states are saved and restored around isolated runs in thread and inline mode, and draws of thread
-workers' watched batches made before the loop had its epoch's first batch are rewound
-(:attr:`RngUse.caller_state`): the training loop's stream stays torch's.
+workers' watched batches begun before the loop had its epoch's first batch are rewound
+(:attr:`RngUse.caller_state`; the loop's first batch waits for those batches to end, so that
+it cannot draw before the rewind): the training loop's stream stays torch's. A batch found
+drawing while it waited for the lock (another worker's probe saw the draws) is fetched
+isolated, not watched. Not covered: a dataset whose first draw comes in a batch begun after
+the loop's first batch (the loop may have drawn by then): that batch's draws stay in the
+caller's generators, as any draw another thread makes.
 
 Fingerprints read the generators' states in place, without copying them through an accessor:
 NumPy's MT19937 through ``MT19937.ctypes`` (public); Python's ``random``, the legacy
@@ -67,18 +72,24 @@ import os
 import random
 import sys
 import threading
+import time
 
 import numpy as np
 import torch
 
 from kuat.engine.rng_lock import JOINED, SharedExclusiveLock
 
-__all__ = ["GLOBAL_RNG_LOCK", "JOINED", "RngUse", "STALL_S", "STALL_GRACE_S", "fingerprint",
+__all__ = ["CALLER_WAIT_S", "GLOBAL_RNG_LOCK", "JOINED", "RngUse", "STALL_S", "STALL_GRACE_S",
+           "fingerprint",
            "seed_globals_cpu", "save", "restore", "warn_stalled"]
 
 log = logging.getLogger("kuat.engine")
 
 MAX_FALSE_ALARMS = 3
+# The longest the loop's first batch of an epoch waits for thread workers' fetches begun
+# before it (RngUse.loop_has_batch: otherwise as long again as the first batch took)
+CALLER_WAIT_S = 10.0
+_late_logged = False  # loop_has_batch's note, once per process
 _MASK32 = (1 << 32) - 1
 
 
@@ -375,6 +386,14 @@ class RngUse:
         # meanwhile was the workers' (their first batches run watched, unisolated; the loop
         # waits), so the isolated re-fetch rewinds the generators to it (isolated_fetch.py)
         self.caller_state: tuple | None = None
+        self._init_pending()
+
+    def _init_pending(self) -> None:
+        # thread workers' fetches begun while caller_state was kept whose unisolated part (and
+        # its rewind) has not ended yet: the loop's first batch waits for them (loop_has_batch)
+        self._pending = 0
+        self._ended = threading.Condition(threading.Lock())
+        self._since = 0.0  # time.monotonic() at threads_start
 
     def __getstate__(self):
         return {"draws": self.draws, "false_alarms": self.false_alarms, "watch": self.watch,
@@ -383,12 +402,66 @@ class RngUse:
     def __setstate__(self, state):
         self.probed = False
         self.stuck_hold = self.caller_state = None
+        self._init_pending()
         self.__dict__.update(state)
 
     def threads_start(self) -> None:
         """The consumer starts an epoch on thread workers: keep the caller's generator states
         while the dataset is not known to draw (:attr:`caller_state`; about 80 us)."""
-        self.caller_state = save() if self.watch and not self.draws else None
+        state = save() if self.watch and not self.draws else None
+        with self._ended:
+            self.caller_state, self._since = state, time.monotonic()
+
+    def fetch_begins(self) -> bool:
+        """A thread worker begins a fetch that may run watched. True while
+        :attr:`caller_state` is kept: the caller must then call :meth:`fetch_ends` once
+        nothing of the fetch can draw from the caller's generators any more (it ended
+        unisolated, or its isolated re-fetch rewound them and runs with them saved), which
+        the loop's first batch waits for (:meth:`loop_has_batch`)."""
+        with self._ended:
+            if self.caller_state is None:
+                return False
+            self._pending += 1
+            return True
+
+    def fetch_ends(self) -> None:
+        with self._ended:
+            self._pending -= 1
+            if not self._pending:
+                self._ended.notify_all()
+
+    def loop_has_batch(self) -> None:
+        """The loop got its epoch's first batch and may draw from the generators from now on:
+        first let the unisolated part of every thread worker's fetch begun while
+        :attr:`caller_state` was kept end (:meth:`fetch_ends`), then drop that state.
+
+        Why wait: such a fetch, watched, may draw from the generators the loop reads on (the
+        dataset is not known to draw yet), and its isolated re-fetch rewinds them to
+        :attr:`caller_state`. A rewind after the loop drew would undo the loop's draws, and
+        none would leave the workers' draws in the loop's stream (the next epoch's shuffle
+        then differs from torch's, where worker processes never touch the caller's
+        generators). How long: batches begun with the first one take about as long, so the
+        loop waits at most as long again as it waited for its first batch since the epoch
+        started (at most :data:`CALLER_WAIT_S`); a slower one (a sample waiting on something,
+        or much slower than the rest) is not waited for, as ``in_order=False`` never waits
+        for a slow worker, and its draws, if its dataset draws for the first time there,
+        stay in the caller's generators (logged once)."""
+        global _late_logged
+        with self._ended:
+            if self.caller_state is None:
+                return
+            if self._pending:
+                waited = time.monotonic() - self._since
+                ended = self._ended.wait_for(lambda: not self._pending,
+                                             min(CALLER_WAIT_S, max(waited, 1e-3)))
+            else:
+                ended = True
+            self.caller_state = None
+        if not ended and not _late_logged:
+            _late_logged = True
+            log.info("kuat: a thread worker's batch begun before the loop's first batch of the "
+                     "epoch ran on; if its dataset draws from the global random generators for "
+                     "the first time there, those draws reach the training loop's stream")
 
     def false_alarm(self) -> None:
         self.false_alarms += 1

@@ -9,6 +9,7 @@ A mixin: :class:`IsolatedFetch` reads the job's ``isolate_rng``, ``rng_use``, ``
 from __future__ import annotations
 
 import operator
+import threading
 import time
 import zlib
 
@@ -46,6 +47,20 @@ def _batch_key(key) -> int:
 
 
 
+class _Pending(threading.local):
+    on = False  # this thread's fetch counted by RngUse.fetch_begins, not yet ended
+
+
+_PENDING = _Pending()
+
+
+def _pending_ends(use) -> None:
+    """End this thread's counted fetch (:meth:`kuat.engine.isolate.RngUse.fetch_ends`), once."""
+    if _PENDING.on:
+        _PENDING.on = False
+        use.fetch_ends()
+
+
 class IsolatedFetch:
     """``_fetch(ctx, epoch, key, st)``: the samples of ``key``, isolated where needed."""
 
@@ -53,6 +68,16 @@ class IsolatedFetch:
         """The samples of ``key``, with global-RNG isolation where the dataset needs it."""
         if not self.isolate_rng or ctx.rng is not None:  # (a worker_init_fn's own stream)
             return self._get(ctx, key)
+        # a thread worker's fetch begun before the loop has its epoch's first batch: the loop
+        # does not draw until its unisolated part has ended, any draws of it rewound
+        # (RngUse.loop_has_batch; _isolated ends it early, once it has rewound)
+        _PENDING.on = ctx.method == "thread" and self.rng_use.fetch_begins()
+        try:
+            return self._fetch_isolating(ctx, epoch, key, st)
+        finally:
+            _pending_ends(self.rng_use)
+
+    def _fetch_isolating(self, ctx: WorkerCtx, epoch: int, key, st: WorkStats) -> list:
         use = self.rng_use
         if use.draws or not ctx.probed:
             ctx.probed = True
@@ -88,10 +113,15 @@ class IsolatedFetch:
         # draw, the batch is then fetched without the lock, watched all the same. A probe
         # (an open holder) is not waited for: the batch is fetched beside it (_beside)
         lock = isolate.GLOBAL_RNG_LOCK
-        locked = lock.acquire_shared(patience=None if use.draws else isolate.STALL_S,
-                                     join=join and not use.draws)
+        draws = use.draws
+        locked = lock.acquire_shared(patience=None if draws else isolate.STALL_S,
+                                     join=join and not draws)
         if locked is isolate.JOINED:
             return self._beside(ctx, epoch, key, st, first=False)
+        if use.draws and not draws:  # found drawing (another worker's probe) while this
+            if locked:  # waited for the lock: fetch isolated, not unisolated and again
+                lock.release_shared()
+            return self._isolated(ctx, epoch, key, st)
         return self._watched(ctx, epoch, key, st, locked)
 
     def _beside(self, ctx: WorkerCtx, epoch: int, key, st: WorkStats, first: bool):
@@ -219,6 +249,7 @@ class IsolatedFetch:
                 # were the workers' own, from the generators the caller will read on (its
                 # next epoch's shuffle): rewind them, as a worker process never draws from them
                 isolate.restore(caller)
+            _pending_ends(use)  # (from here the caller's generators are saved and restored)
             # the caller's generator states stay as they were; a worker process's own too
             # while its dataset is not known to draw (a probed batch: code outside the dataset,
             # a collate_fn, then draws from base_seed + worker_id's stream, as in torch); once

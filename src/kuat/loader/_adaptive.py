@@ -136,9 +136,10 @@ class Adaptation:
             self._rng_use.threads_start()
 
     def loop_has_batch(self) -> None:
-        """The loop got the epoch's first batch (it may draw from here on)."""
+        """The loop got the epoch's first batch (it may draw from here on): once the thread
+        workers' fetches begun before it have ended (``RngUse.loop_has_batch``)."""
         if self._rng_use is not None:
-            self._rng_use.caller_state = None
+            self._rng_use.loop_has_batch()
 
     def loop_paused(self) -> None:
         """``next()`` returns a batch."""
