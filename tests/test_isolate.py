@@ -355,3 +355,55 @@ def test_a_draw_beside_a_probed_sample_has_both_fetched_again_isolated():
     rows = {int(b[0]): tuple(float(v) for v in b[1:]) for b in dl}
     assert rows == {i: pytest.approx(expected(i)) for i in range(8)}
     assert dl._job.rng_use.draws
+
+
+def test_the_loops_first_batch_waits_only_for_fetches_begun_before_any_ended():
+    """RngUse's count of thread fetches the loop's first batch of an epoch waits for (their
+    draws rewound first): the workers' first batches, begun before any fetch ended, not a
+    worker's next one; nothing once the loop has its batch; a new epoch counts afresh."""
+    use = isolate.RngUse()
+    use.threads_start()  # (the dataset not known to draw: the caller's state kept)
+    assert use.caller_state is not None
+    assert use.fetch_begins() and use.fetch_begins()  # two workers' first batches
+    use.fetch_ends()
+    use.fetch_done()  # worker 0's first batch is back
+    assert not use.fetch_begins()  # its next batch is not waited for
+    use.fetch_ends()
+    use.fetch_done()
+    use.loop_has_batch()  # nothing pending: returns at once, the state dropped
+    assert use.caller_state is None and not use.fetch_begins()
+    use.threads_start()
+    assert use.fetch_begins()
+    use.fetch_ends()
+    assert use._pending == 0
+
+
+class _Inner(torch.utils.data.Dataset):
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        return torch.tensor([float(i)])
+
+
+class _IteratesALoader(torch.utils.data.Dataset):
+    """Each sample iterates a kuat loader of its own in the fetching thread (no workers)."""
+
+    def __init__(self):
+        self.inner = kuat.DataLoader(_Inner(), batch_size=2, num_workers=0,
+                                     generator=torch.Generator().manual_seed(0))
+
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        return torch.tensor([float(i) + sum(float(b.sum()) for b in self.inner)])
+
+
+def test_a_loader_inside_a_thread_workers_sample_leaves_the_outer_count_alone():
+    # the inner loader's fetches run in the outer worker's thread: each keeps its own pending
+    # fetch (before, the inner one cleared the outer's, whose count then grew every epoch
+    # and made every first batch wait its longest)
+    dl = kuat.DataLoader(_IteratesALoader(), batch_size=2, num_workers=2, worker_type="thread")
+    assert [float(x) for b in dl for x in b[:, 0]] == [i + 6.0 for i in range(4)]
+    assert dl._job.rng_use._pending == 0

@@ -79,8 +79,8 @@ import torch
 
 from kuat.engine.rng_lock import JOINED, SharedExclusiveLock
 
-__all__ = ["CALLER_WAIT_S", "GLOBAL_RNG_LOCK", "JOINED", "RngUse", "STALL_S", "STALL_GRACE_S",
-           "fingerprint",
+__all__ = ["CALLER_WAIT_MIN_S", "CALLER_WAIT_S", "GLOBAL_RNG_LOCK", "JOINED", "RngUse",
+           "STALL_S", "STALL_GRACE_S", "fingerprint", "late_draws",
            "seed_globals_cpu", "save", "restore", "warn_stalled"]
 
 log = logging.getLogger("kuat.engine")
@@ -89,7 +89,21 @@ MAX_FALSE_ALARMS = 3
 # The longest the loop's first batch of an epoch waits for thread workers' fetches begun
 # before it (RngUse.loop_has_batch: otherwise as long again as the first batch took)
 CALLER_WAIT_S = 10.0
-_late_logged = False  # loop_has_batch's note, once per process
+CALLER_WAIT_MIN_S = 0.05  # (so that a very short first batch does not leave the others)
+_late_logged = False  # late_draws's note, once per process
+
+
+def late_draws() -> None:
+    """A thread worker's batch begun before the loop had its epoch's first batch drew after
+    the loop stopped waiting for it (:meth:`RngUse.loop_has_batch`): its draws stay in the
+    caller's generators. Logged once per process."""
+    global _late_logged
+    if not _late_logged:
+        _late_logged = True
+        log.info("kuat: a thread worker's batch begun before the loop's first batch of the "
+                 "epoch drew from the global random generators after the loop stopped waiting "
+                 "for it: those draws reached the training loop's stream (worker_type="
+                 "'process' keeps them apart)")
 _MASK32 = (1 << 32) - 1
 
 
@@ -394,6 +408,9 @@ class RngUse:
         self._pending = 0
         self._ended = threading.Condition(threading.Lock())
         self._since = 0.0  # time.monotonic() at threads_start
+        # a thread worker's fetch of this epoch has ended: fetches begun later are not
+        # counted (they began after the first batches; the loop waits for those only)
+        self._one_done = False
 
     def __getstate__(self):
         return {"draws": self.draws, "false_alarms": self.false_alarms, "watch": self.watch,
@@ -411,6 +428,7 @@ class RngUse:
         state = save() if self.watch and not self.draws else None
         with self._ended:
             self.caller_state, self._since = state, time.monotonic()
+            self._one_done = False
 
     def fetch_begins(self) -> bool:
         """A thread worker begins a fetch that may run watched. True while
@@ -418,11 +436,19 @@ class RngUse:
         nothing of the fetch can draw from the caller's generators any more (it ended
         unisolated, or its isolated re-fetch rewound them and runs with them saved), which
         the loop's first batch waits for (:meth:`loop_has_batch`)."""
+        if self.caller_state is None:  # (the usual case: no lock)
+            return False
         with self._ended:
-            if self.caller_state is None:
+            if self.caller_state is None or self._one_done:
                 return False
             self._pending += 1
             return True
+
+    def fetch_done(self) -> None:
+        """A thread worker's fetch ended (counted or not): fetches begun from now on are not
+        the epoch's first ones and are not waited for."""
+        if self.caller_state is not None and not self._one_done:
+            self._one_done = True  # (a plain store: at worst one more fetch is counted)
 
     def fetch_ends(self) -> None:
         with self._ended:
@@ -440,28 +466,23 @@ class RngUse:
         :attr:`caller_state`. A rewind after the loop drew would undo the loop's draws, and
         none would leave the workers' draws in the loop's stream (the next epoch's shuffle
         then differs from torch's, where worker processes never touch the caller's
-        generators). How long: batches begun with the first one take about as long, so the
-        loop waits at most as long again as it waited for its first batch since the epoch
-        started (at most :data:`CALLER_WAIT_S`); a slower one (a sample waiting on something,
-        or much slower than the rest) is not waited for, as ``in_order=False`` never waits
-        for a slow worker, and its draws, if its dataset draws for the first time there,
-        stay in the caller's generators (logged once)."""
-        global _late_logged
+        generators). Which: only fetches begun before any fetch of the epoch ended (the
+        other workers' first batches; a worker's next batch, begun once its first was done,
+        is not waited for). How long: those take about as long as the first, so the loop
+        waits at most as long again as it waited for its first batch since the epoch started
+        (at least :data:`CALLER_WAIT_MIN_S`, at most :data:`CALLER_WAIT_S`); a slower one (a
+        sample waiting on something, or much slower than the rest) is not waited for, as
+        ``in_order=False`` never waits for a slow worker, and its draws, if its dataset draws
+        for the first time there, stay in the caller's generators (:func:`late_draws` logs
+        it)."""
         with self._ended:
             if self.caller_state is None:
                 return
             if self._pending:
                 waited = time.monotonic() - self._since
-                ended = self._ended.wait_for(lambda: not self._pending,
-                                             min(CALLER_WAIT_S, max(waited, 1e-3)))
-            else:
-                ended = True
+                self._ended.wait_for(lambda: not self._pending,
+                                     min(CALLER_WAIT_S, max(waited, CALLER_WAIT_MIN_S)))
             self.caller_state = None
-        if not ended and not _late_logged:
-            _late_logged = True
-            log.info("kuat: a thread worker's batch begun before the loop's first batch of the "
-                     "epoch ran on; if its dataset draws from the global random generators for "
-                     "the first time there, those draws reach the training loop's stream")
 
     def false_alarm(self) -> None:
         self.false_alarms += 1

@@ -48,16 +48,19 @@ def _batch_key(key) -> int:
 
 
 class _Pending(threading.local):
-    on = False  # this thread's fetch counted by RngUse.fetch_begins, not yet ended
+    # the RngUse whose RngUse.fetch_begins counted this thread's fetch, not yet ended (per
+    # thread, and saved and restored around each fetch: a dataset may iterate another loader)
+    use = None
+    began = None  # the same RngUse while that fetch runs, ended or not (_isolated's note)
 
 
 _PENDING = _Pending()
 
 
 def _pending_ends(use) -> None:
-    """End this thread's counted fetch (:meth:`kuat.engine.isolate.RngUse.fetch_ends`), once."""
-    if _PENDING.on:
-        _PENDING.on = False
+    """End this thread's fetch counted for ``use`` (``RngUse.fetch_ends``), once."""
+    if _PENDING.use is use:
+        _PENDING.use = None
         use.fetch_ends()
 
 
@@ -71,11 +74,17 @@ class IsolatedFetch:
         # a thread worker's fetch begun before the loop has its epoch's first batch: the loop
         # does not draw until its unisolated part has ended, any draws of it rewound
         # (RngUse.loop_has_batch; _isolated ends it early, once it has rewound)
-        _PENDING.on = ctx.method == "thread" and self.rng_use.fetch_begins()
+        use, pending = self.rng_use, _PENDING
+        prev = pending.use, pending.began
+        counted = ctx.method == "thread" and use.fetch_begins()
+        pending.use = pending.began = use if counted else None
         try:
             return self._fetch_isolating(ctx, epoch, key, st)
         finally:
-            _pending_ends(self.rng_use)
+            _pending_ends(use)
+            if ctx.method == "thread":
+                use.fetch_done()
+            pending.use, pending.began = prev
 
     def _fetch_isolating(self, ctx: WorkerCtx, epoch: int, key, st: WorkStats) -> list:
         use = self.rng_use
@@ -118,10 +127,10 @@ class IsolatedFetch:
                                      join=join and not draws)
         if locked is isolate.JOINED:
             return self._beside(ctx, epoch, key, st, first=False)
-        if use.draws and not draws:  # found drawing (another worker's probe) while this
-            if locked:  # waited for the lock: fetch isolated, not unisolated and again
-                lock.release_shared()
-            return self._isolated(ctx, epoch, key, st)
+        if locked is True and use.draws:  # known to draw (another worker's probe, maybe
+            lock.release_shared()  # while this one waited): isolated, not unisolated and
+            return self._isolated(ctx, epoch, key, st)  # again (not after a stall: the
+            # stuck holder may be waiting for this worker's sample, fetched watched first)
         return self._watched(ctx, epoch, key, st, locked)
 
     def _beside(self, ctx: WorkerCtx, epoch: int, key, st: WorkStats, first: bool):
@@ -249,6 +258,8 @@ class IsolatedFetch:
                 # were the workers' own, from the generators the caller will read on (its
                 # next epoch's shuffle): rewind them, as a worker process never draws from them
                 isolate.restore(caller)
+            elif rewind and _PENDING.began is use and caller is None:
+                isolate.late_draws()  # begun before the loop's first batch, not waited for
             _pending_ends(use)  # (from here the caller's generators are saved and restored)
             # the caller's generator states stay as they were; a worker process's own too
             # while its dataset is not known to draw (a probed batch: code outside the dataset,

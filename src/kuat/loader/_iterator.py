@@ -130,11 +130,11 @@ class LoaderIter:
             if adapt.watching:
                 adapt.loop_resumed()
             batch = self._next_looking_ahead() if self._look_ahead else self._produce()
+            if not self._returned:  # (may wait for other first batches: before the loop's
+                adapt.loop_has_batch()  # own time starts)
             if adapt.watching:
                 adapt.loop_paused()
             position.advance()
-            if not self._returned:
-                adapt.loop_has_batch()
             self._returned += 1
             if self._paced:
                 self._keys.keep_up(self._returned)
