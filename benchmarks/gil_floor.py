@@ -31,7 +31,8 @@ class Floor:
     batches of a shuffled epoch (``drop_last``), as ``dataset.kuat_fetch_collated`` builds
     them (``{field: tensor}``, an image field ``(B, 3, H, W)`` uint8). ``dataset``: a kuat
     ``Dataset`` (``kuat.open``, with or without a transform). Raises what a fetch raised, in
-    the loop thread, at the batch that failed."""
+    the loop thread, at the batch that failed; an epoch left early leaves nothing to the
+    next (its batches still in flight are dropped when they arrive)."""
 
     def __init__(self, dataset, num_workers: int, batch_size: int, seed: int = 0):
         from kuat._buffers import BufferPool
@@ -61,9 +62,9 @@ class Floor:
             k, epoch, indices = task
             current.epoch = epoch
             try:
-                put((k, fetch(indices)))
-            except Exception as e:  # the loop raises it at batch k
-                put((k, e))
+                put((epoch, k, fetch(indices)))
+            except BaseException as e:  # the loop raises it at batch k
+                put((epoch, k, e))
 
     def epoch(self, e: int):
         """The batches of epoch ``e`` (a generator; one at a time)."""
@@ -77,11 +78,13 @@ class Floor:
         get = self._results.get
         for k in range(len(keys)):
             while k not in got:
-                got.update((get(),))  # ((k, batch),): no local keeps a batch alive
+                # ((k, batch),) of this epoch: an epoch left early (an error, a break) leaves
+                # its batches in flight, dropped here; no local keeps a batch alive
+                got.update(r[1:] for r in (get(),) if r[0] == e)
             if sent < len(keys):
                 self._tasks[sent % n].put((sent, e, keys[sent]))
                 sent += 1
-            if isinstance(got[k], Exception):
+            if isinstance(got[k], BaseException):
                 raise got.pop(k)
             yield got.pop(k)  # (not kept here: the loop frees it, as it would kuat's)
 

@@ -144,11 +144,20 @@ def _median_window_ci(gils: list[dict]) -> list[float] | None:
     return have[(len(have) - 1) // 2]["us_ci95"] if have else None
 
 
-def _own_us(gil: dict) -> float:
-    """A record's GIL us per item that the loader holds: its own where the reader split it
-    from the loop thread's code, else the main process's."""
+def _own_us(gil: dict) -> tuple[float, bool]:
+    """``(us, split)``: a record's GIL us per item that the loader holds: its own where the
+    reader split it from the loop thread's code (``split``), else the main process's."""
     own = gil.get("loader_us_per_item")
-    return gil["us_per_item"] if own is None else own
+    return (gil["us_per_item"], False) if own is None else (own, True)
+
+
+def _excess(gil: dict, floor: tuple[float, bool] | None) -> float | None:
+    """A record's GIL over the floor's of its round, or None where there is no floor or the
+    two were not read alike (one split by the reader's phase word, the other not)."""
+    if floor is None:
+        return None
+    us, split = _own_us(gil)
+    return us - floor[0] if split == floor[1] else None
 
 
 def summarize(records: list[dict]) -> dict:
@@ -197,9 +206,9 @@ def summarize(records: list[dict]) -> dict:
                 "loop_free_gil_us": spread(g.get("loop_free_us_per_item") for g in gils),
                 # (only where every round has the split: a round py-spy read has none)
                 "loader_gil_us": spread_of_all(g.get("loader_us_per_item") for g in gils),
-                "over_floor_gil_us": spread(_own_us(r["gil"]) - floor[(n, r["round"])]
-                                            for r in mine if r.get("gil") and loader == "kuat"
-                                            and (n, r["round"]) in floor),  # fmt: skip
+                "over_floor_gil_us": spread(
+                    x for r in mine if r.get("gil") and loader == "kuat"
+                    and (x := _excess(r["gil"], floor.get((n, r["round"])))) is not None),
                 "gil_us_on_cpu": spread(g.get("us_per_item_on_cpu") for g in gils),
                 "on_cpu_share": spread(g.get("on_cpu_share") for g in gils),
                 "gil_ceiling": 1e6 / gil_us["median"] if gil_us and gil_us["median"] else None,
@@ -278,7 +287,8 @@ def _budget(rows: list[dict]) -> str:
               if r.get("over_floor_gil_us") else "") + ")"
            for r in rows if r["loader"] in ("kuat", "kuat-proc") and r["gil_us"]]  # fmt: skip
     floor = [f"{_f(r.get('loader_gil_us') or r['gil_us'], '{:.1f}')} us at {r['workers']} "
-             f"workers" for r in rows if r["loader"] == "floor" and r["gil_us"]]  # fmt: skip
+             f"workers" + ("" if r.get("loader_gil_us") else " (main process)")
+             for r in rows if r["loader"] == "floor" and r["gil_us"]]  # fmt: skip
     return (f"GIL budget (issue 31): at most {GIL_BUDGET_US:g} us per image in the main "
             f"process, so that one process's threads pass 64 cores. Measured: "
             + ("; ".join(got) if got else "nothing (no GIL window succeeded)") + "."
