@@ -7,7 +7,7 @@ threads, each taking a batch's index list from its own queue, calling the datase
 one result queue; the loop thread hands tasks out round robin, ``2 * num_workers`` ahead as
 torch does, and returns batches in order. Nothing else: no ``stats()``, no state to save or
 resume, no adaptation (inline fetch, moving to processes), no per-worker RNG streams or
-``get_worker_info()``, no timeouts, no pinning, an error ends it. What kuat's engine does per
+``get_worker_info()``, no timeouts, no pinning; an error ends the epoch. What kuat's engine does per
 batch on top of this (the steps above, for every dataset and every option) is what its GIL
 time per image has over this one's, measured in the same hour on the same host: on a host
 whose wake-up cost moves the absolute reading by 2x from one hour to the next, the difference

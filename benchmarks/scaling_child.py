@@ -132,14 +132,11 @@ def build(spec: dict):
     workload, loader, n = spec["workload"], spec["loader"], spec["num_workers"]
     data, bs, seed = spec["data"], spec["batch_size"], spec.get("seed", 0)
     if loader == "floor":  # the reference: kuat's batch fetch with the least Python around it
-        from benchmarks.adapters import IMAGE_SIZE
+        from benchmarks.adapters.kuat import image_dataset
         from benchmarks.gil_floor import Floor
-        from kuat import vision as kv
 
         if workload == "imagenet-jpeg":
-            ds = kuat.open(data["kuat_path"]).with_transform(  # (the kuat adapter's transform)
-                {"image": kv.Compose([kv.RandomResizedCrop(IMAGE_SIZE),
-                                      kv.RandomHorizontalFlip()])})  # fmt: skip
+            ds = image_dataset(data["kuat_path"])  # (the kuat adapter's)
         elif workload == "tabular":
             ds = kuat.open(data["path"])
         else:

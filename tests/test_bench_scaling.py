@@ -179,6 +179,8 @@ def test_the_excess_over_the_floor_is_taken_within_each_round() -> None:
 def test_the_floor_returns_each_epoch_in_order_and_raises_a_failed_fetch(tmp_path) -> None:
     """benchmarks/gil_floor.py: the batches of a seeded permutation, in order, each what the
     dataset's own batch fetch gives for its indices; a fetch's error in the loop thread."""
+    import torch
+
     import kuat
     import kuat.format as kf
     from benchmarks.gil_floor import Floor
@@ -198,7 +200,7 @@ def test_the_floor_returns_each_epoch_in_order_and_raises_a_failed_fetch(tmp_pat
             for k, b in enumerate(batches):
                 want = ds.kuat_fetch_collated(perm[8 * k:8 * k + 8].tolist())
                 assert b["label"].tolist() == want["label"].tolist() == perm[8 * k:8 * k + 8].tolist()
-                assert torch_equal(b["x"], want["x"])
+                assert torch.equal(b["x"], want["x"])
     finally:
         floor.close()
 
@@ -228,12 +230,6 @@ def test_the_floor_returns_each_epoch_in_order_and_raises_a_failed_fetch(tmp_pat
         assert list(floor.epoch(1)) == [perm[i:i + 2] for i in range(0, 16, 2)]
     finally:
         floor.close()
-
-
-def torch_equal(a, b) -> bool:
-    import torch
-
-    return bool(torch.equal(a, b))
 
 
 def _result(records: list[dict], counts: list[int], **config) -> dict:

@@ -80,9 +80,20 @@ def ingest(data: dict, out_dir: Path, workers: int) -> int:
     return len(kuat.open(dst))
 
 
-def build(workload: str, data: dict, spec: dict) -> Loader:
+def image_dataset(path):
+    """The kuat dataset at ``path`` with the image workloads' fused transform:
+    ``RandomResizedCrop(IMAGE_SIZE)`` then ``RandomHorizontalFlip()`` (also what
+    ``benchmarks/gil_floor.py`` reads in ``kuat bench --scaling``)."""
     import kuat
     from kuat import vision as kv
+
+    return kuat.open(path).with_transform(
+        {"image": kv.Compose([kv.RandomResizedCrop(IMAGE_SIZE), kv.RandomHorizontalFlip()])}
+    )
+
+
+def build(workload: str, data: dict, spec: dict) -> Loader:
+    import kuat
 
     opts = spec.get("options", {})
     workers = num_workers(spec)
@@ -93,9 +104,7 @@ def build(workload: str, data: dict, spec: dict) -> Loader:
         loader = bench_hf.kuat_loader(data, workers, indices, opts.get("worker_type", "thread"))
         return Loader(lambda e: iter(loader), getattr(loader, "close", None))
     if workload.startswith("imagenet-jpeg"):
-        ds = kuat.open(data["kuat_path"]).with_transform(
-            {"image": kv.Compose([kv.RandomResizedCrop(IMAGE_SIZE), kv.RandomHorizontalFlip()])}
-        )
+        ds = image_dataset(data["kuat_path"])
     elif workload == "tokens":
         from benchmarks.workloads import TokenWindows
 

@@ -104,6 +104,8 @@ def late_draws() -> None:
                  "epoch drew from the global random generators after the loop stopped waiting "
                  "for it: those draws reached the training loop's stream (worker_type="
                  "'process' keeps them apart)")
+
+
 _MASK32 = (1 << 32) - 1
 
 
