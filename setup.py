@@ -22,9 +22,11 @@ setup(
                 f"src/kuat/vision/_libjpeg_turbo/include/{h}"
                 for h in ("jpeglib.h", "jconfig.h", "jmorecfg.h", "jerror.h")
             ],
-            # dlopen/dlsym: in libc from glibc 2.34 and on macOS; libdl before that
-            libraries=["dl"] if sys.platform.startswith("linux") else [],
-            extra_compile_args=["-O2", "-ffp-contract=off"],  # plan_rrc: Python's float results
+            # dlopen/dlsym and pthreads: in libc from glibc 2.34 and on macOS; libdl and
+            # libpthread before that
+            libraries=["dl", "pthread"] if sys.platform.startswith("linux") else [],
+            # plan_rrc: Python's float results; fetch_rows' helper threads
+            extra_compile_args=["-O2", "-ffp-contract=off", "-pthread"],
             optional=True,
         )
     ]

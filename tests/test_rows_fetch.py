@@ -15,7 +15,7 @@ from _same import assert_same
 
 import kuat
 import kuat.format as kf
-from kuat import rng
+from kuat import _parallel, rng
 from kuat._buffers import BufferPool, batch_scope
 from kuat.vision import Compose, RandomHorizontalFlip, RandomResizedCrop
 
@@ -146,7 +146,7 @@ def test_fields_with_a_transform_or_uint64_are_not_taken(tmp_path, monkeypatch):
     assert (got["label"] == torch.tensor([2, 0])).all()
 
 
-def test_exact_resize_and_split_fetches_take_the_general_path(dataset, monkeypatch):
+def test_exact_resize_takes_the_general_path(dataset, monkeypatch):
     path, _ = dataset
     taken = Taken(monkeypatch)
     t = Compose([RandomResizedCrop(48), RandomHorizontalFlip()], exact_resize=True)
@@ -155,6 +155,35 @@ def test_exact_resize_and_split_fetches_take_the_general_path(dataset, monkeypat
     with rng.epoch_context(1, 2):
         assert_same(ds.kuat_fetch_collated([1, 2, 3]), general.kuat_fetch_collated([1, 2, 3]))
     assert taken.n == 0
+
+
+@pytest.mark.parametrize("width", [2, 3, 64])
+def test_a_split_fetch_is_taken_with_the_same_batch_and_its_helpers_counted(
+        dataset, width, monkeypatch):
+    """An epoch's first batch, given a width (kuat._parallel): its decodes shared by helper
+    threads inside the call (64: more threads than rows), the general path's batch all the
+    same (PNG, EXIF, progressive and CMYK samples among them, left to the per-image path),
+    and the helpers' seconds added to the calling thread's helper totals, as run_parts'."""
+    path, n = dataset
+    t = TRANSFORMS[0]
+    general = _general(path, t, monkeypatch)
+    taken = Taken(monkeypatch)
+    ds = _mapped(kuat.open(path).with_transform({"image": t}))
+    idx = [5, 0, n - 1, 14, 15, 16, 17, 3, 3, 30, 7, 21]
+    with rng.epoch_context(3, 1):
+        want = general.kuat_fetch_collated(idx)
+    for w in (1, width):
+        h0 = _parallel.helper_totals()
+        with rng.epoch_context(3, 1), _parallel.share(w):
+            got = ds.kuat_fetch_collated(idx)
+        h1 = _parallel.helper_totals()
+        assert_same(got, want)
+        busy, cpu, native, native_cpu = (b - a for a, b in zip(h0, h1))
+        if w == 1:
+            assert (busy, cpu, native, native_cpu) == (0, 0, 0, 0)
+        else:  # (helpers run only the C kernels: all their time is native)
+            assert busy > 0 and native == busy and native_cpu == cpu >= 0
+    assert taken.n == 2
 
 
 @pytest.mark.parametrize("indices", [
@@ -227,12 +256,15 @@ def test_errors_are_the_general_paths(tmp_path, monkeypatch):
               big[0]))  # fmt: skip
     for t, bad, want in cases:
         errors = []
-        for ds in (_mapped(kuat.open(tmp_path / "d").with_transform({"image": t})),
-                   _mapped(_general(tmp_path / "d", t, monkeypatch))):  # fmt: skip
-            with pytest.raises(kuat.DecodeError) as e:
+        ds = _mapped(kuat.open(tmp_path / "d").with_transform({"image": t}))
+        for width in (1, 3):  # (3: the decodes split over helper threads)
+            with pytest.raises(kuat.DecodeError) as e, _parallel.share(width):
                 ds.kuat_fetch_collated(bad)
             errors.append((str(e.value), e.value.index))
-        assert errors[0] == errors[1] and errors[0][1] == want
+        with pytest.raises(kuat.DecodeError) as e:
+            _mapped(_general(tmp_path / "d", t, monkeypatch)).kuat_fetch_collated(bad)
+        errors.append((str(e.value), e.value.index))
+        assert errors[0] == errors[1] == errors[2] and errors[0][1] == want
 
 
 def test_fetch_rows_refuses_bad_arguments_clearly():
@@ -251,9 +283,9 @@ def test_fetch_rows_refuses_bad_arguments_clearly():
         return fetch(indices, num_rows, st, fixed, [entry] if table is None else table, o,
                      48, 48, *params)
 
-    unplanned, failed, wall, cpu = call([0])
+    unplanned, failed, wall, cpu, helper_s, helper_cpu = call([0])
     assert (unplanned, failed) == ([], []) and label[0] == 42 and (out != 7).any()
-    assert wall >= 0 and cpu >= 0
+    assert wall >= 0 and cpu >= 0 and helper_s == helper_cpu == 0.0  # (no helper: one row)
     out[:] = 7
     assert call([1]) is None and call([-1]) is None and call(["0"]) is None  # general path's
     assert call([0], table=[None]) == 0 and (out == 7).all()  # a shard to map first

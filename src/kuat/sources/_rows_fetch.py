@@ -5,7 +5,11 @@ bools and tensors that collate as they are stored) plus one image field whose tr
 the rows path (:func:`kuat.vision._rows.rows_filler`: ``RandomResizedCrop`` then flips, fixed
 output size): ``_roijpeg.c``'s ``fetch_rows`` checks the B indices, locates their shards,
 gathers the fixed fields and plans and decodes the images into the batch buffer, with the GIL
-released once, for the decodes.
+released once, for the decodes. An epoch's first batch, given a width of several threads
+(:mod:`kuat._parallel`), has its decodes shared by helper threads the C call starts and joins
+without the GIL: no Python thread is started for it (starting and joining one took about
+230 us of the calling thread's CPU after a 10 ms wait, 2026-12-03, this 2-core host: more
+than three steady batches' Python).
 
 Why: a thread worker's Python between two batch decodes is what its batches cost the
 interpreter lock (issue 31), and it runs with cold caches (a batch of 64 decodes evicts them),
@@ -21,7 +25,7 @@ The same batches as the general path (tests/test_rows_fetch.py compares them): t
 path calls), the same errors. Whatever this path does not take, it leaves to the general path
 by returning ``None`` with nothing kept: indices that are not a list of in-range Python ints
 (the general path then raises or wraps them as a sequence does), a shard not mapped yet (the
-general path maps it), a fetch split over idle cores, ``exact_resize``. Samples the C planner
+general path maps it), ``exact_resize``. Samples the C planner
 leaves (not a JPEG the ROI decoder takes, EXIF-rotated, over ``max_pixels``, a failed decode)
 go through the per-image path afterwards, as on the rows path (:func:`kuat.vision._rows._rest`).
 
@@ -107,7 +111,7 @@ class RowsFetch:
                 shards' columns.
         """
         t = self._t
-        if type(indices) is not list or not indices or t.exact_resize or _PAR.width > 1:
+        if type(indices) is not list or not indices or t.exact_resize:
             return None
         store, image = self._store, self._image
         tables = store._tables  # (per field, the C gather's table: read, never written, here)
@@ -135,12 +139,18 @@ class RowsFetch:
             mp = t.max_pixels
             self._params = mp, (params := rrc_params(*t._c_plan, mp))
         seed, epoch = current_epoch()
+        par = _PAR  # (an epoch's first batch: its decodes shared by width threads, in C)
         res = self._c(indices, store.num_rows, store.starts, fixed, table, out, h, w, *params,
-                      seed & _MASK64, epoch & _MASK64)
+                      seed & _MASK64, epoch & _MASK64, par.width)
         if type(res) is not tuple:  # not taken (None), or a shard to map first (its id)
             return None
-        unplanned, failed, wall, cpu = res
+        unplanned, failed, wall, cpu, helper_s, helper_cpu = res
         _native.add(wall, cpu)  # kernel seconds for stats()["busy_s"]["native"]
+        if helper_s:  # the helpers' decodes, as kuat._parallel.run_parts counts its parts'
+            par.busy_s += helper_s
+            par.native_s += helper_s
+            par.cpu_s += helper_cpu
+            par.native_cpu_s += helper_cpu
         if unplanned or failed:  # (their rows, as the general path's gather has them)
             idx = store.indices(indices)
             sid, local = store._rows(idx, native()[2])

@@ -51,10 +51,11 @@ def build(out_dir: str | Path | None = None, *, include: str | Path = INCLUDE) -
     """
     out_dir = Path(out_dir) if out_dir is not None else SOURCE.parent
     target = out_dir / ("_roijpeg" + sysconfig.get_config_var("EXT_SUFFIX"))
-    libdl = ["-ldl"] if sys.platform.startswith("linux") else []  # in libc since glibc 2.34
+    # dlopen and pthreads: in libc since glibc 2.34, in libdl and libpthread before
+    libs = ["-ldl", "-lpthread"] if sys.platform.startswith("linux") else []
     cmd = [
-        compiler(), "-O2", "-ffp-contract=off", "-shared", "-fPIC", *compile_flags(include),
-        str(SOURCE), *libdl, "-o", str(target),
+        compiler(), "-O2", "-ffp-contract=off", "-pthread", "-shared", "-fPIC",
+        *compile_flags(include), str(SOURCE), *libs, "-o", str(target),
     ]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:

@@ -79,6 +79,7 @@
 #include <string.h>
 #include <math.h>
 #include <dlfcn.h>
+#include <pthread.h>
 #include <sys/mman.h>
 #include <unistd.h>
 #include <time.h>
@@ -1821,11 +1822,104 @@ static void release_shards(held_shard *hs, Py_ssize_t n) {
 /* plan_decode_rows' work on rows (sid[j], loc[j]) of `tables`, sample indices ix[j], into `out`
  * (the caller checked that sid, loc and ix hold B values each): a new reference, (unplanned,
  * failed) or the first unmapped shard k, or NULL with an exception set. */
+static double seconds_of(clockid_t clock) {
+    struct timespec ts;
+    clock_gettime(clock, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+#define ROWS_MAX_THREADS 64 /* a split fetch's threads, at most */
+
+/* decode_rows' decodes, shared by the threads of one call: each takes the next row not yet
+ * taken (an atomic counter: images differ in cost, so no thread waits on a fixed share) and
+ * plans and decodes it into its own slot. A row's pixels depend only on its data and its
+ * sample words, never on the thread that takes it. */
+typedef struct {
+    const uint8_t *const *ptrs;
+    const Py_ssize_t *lens;
+    const int64_t *sizes, *ix;
+    const rrc_params *p;
+    const double *flip_p;
+    Py_ssize_t n_flips, b, next; /* next: the next row to take (atomic) */
+    int out_h, out_w, oom;       /* oom: set (atomic) when a thread ran out of memory */
+    long long max_pixels;
+    unsigned long long ss_seed, ss_epoch;
+    unsigned char *out;
+    size_t slot_bytes;
+    int *codes;
+    char *msgs;
+} rows_job;
+
+typedef struct {
+    rows_job *job;
+    pthread_t tid;
+    double busy_s, cpu_s; /* a helper's wall and CPU seconds, for the loader's stats() */
+} rows_helper;
+
+/* Rows of `job` until none is left (or a thread ran out of memory). Calls no Python API. */
+static void rows_take(rows_job *job) {
+    unsigned char *tmp_buf = NULL;
+    size_t tmp_size = 0;
+    for (;;) {
+        if (__atomic_load_n(&job->oom, __ATOMIC_RELAXED))
+            break;
+        const Py_ssize_t j = __atomic_fetch_add(&job->next, 1, __ATOMIC_RELAXED);
+        if (j >= job->b)
+            break;
+        long long n_drawn = 0;
+        uint64_t words[4], own_seed;
+        sample_words_one(job->ss_seed, job->ss_epoch, (uint64_t)job->ix[j], &own_seed, words);
+        if (plan_decode_one(job->ptrs[j], job->lens[j], job->sizes[2 * j],
+                            job->sizes[2 * j + 1], (const char *)words, job->p, job->flip_p,
+                            job->n_flips, job->out_h, job->out_w, job->max_pixels,
+                            job->out + job->slot_bytes * j, &tmp_buf, &tmp_size, &job->codes[j],
+                            job->msgs + (size_t)j * ROI_MSG, &n_drawn))
+            __atomic_store_n(&job->oom, 1, __ATOMIC_RELAXED);
+    }
+    free(tmp_buf);
+}
+
+static void *rows_helper_main(void *arg) {
+    rows_helper *h = (rows_helper *)arg;
+    const double wall0 = seconds_of(CLOCK_MONOTONIC), cpu0 = seconds_of(CLOCK_THREAD_CPUTIME_ID);
+    rows_take(h->job);
+    h->busy_s = seconds_of(CLOCK_MONOTONIC) - wall0;
+    h->cpu_s = seconds_of(CLOCK_THREAD_CPUTIME_ID) - cpu0;
+    return NULL;
+}
+
+/* The rows of `job` decoded by the calling thread and up to threads - 1 helper threads
+ * started for this call and joined before it returns (none outlives it; where one cannot be
+ * started, the others take its rows). Adds the helpers' wall and CPU seconds to *busy_s and
+ * *cpu_s. Called with the GIL released. */
+static void rows_run(rows_job *job, int threads, double *busy_s, double *cpu_s) {
+    rows_helper helpers[ROWS_MAX_THREADS];
+    int started = 0;
+    if (threads > ROWS_MAX_THREADS)
+        threads = ROWS_MAX_THREADS;
+    if (threads > job->b)
+        threads = (int)job->b;
+    for (int k = 0; k + 1 < threads; k++) {
+        helpers[started].job = job;
+        helpers[started].busy_s = helpers[started].cpu_s = 0.0;
+        if (pthread_create(&helpers[started].tid, NULL, rows_helper_main, &helpers[started]) != 0)
+            break;
+        started++;
+    }
+    rows_take(job);
+    for (int k = 0; k < started; k++) {
+        pthread_join(helpers[k].tid, NULL);
+        *busy_s += helpers[k].busy_s;
+        *cpu_s += helpers[k].cpu_s;
+    }
+}
+
 static PyObject *decode_rows(PyObject *tables, const int64_t *sid, const int64_t *loc,
                              const int64_t *ix, Py_ssize_t b, Py_buffer *out, int out_h,
                              int out_w, const rrc_params *p, PyObject *flips_obj,
                              long long max_pixels, unsigned long long ss_seed,
-                             unsigned long long ss_epoch) {
+                             unsigned long long ss_epoch, int threads, double *helper_busy_s,
+                             double *helper_cpu_s) {
     PyObject *result = NULL;
     held_shard *hs = NULL;
     Py_ssize_t n_slots = 0;
@@ -1926,24 +2020,20 @@ static PyObject *decode_rows(PyObject *tables, const int64_t *sid, const int64_t
         sizes[2 * j] = ((const int32_t *)h->wid.buf)[r];
         sizes[2 * j + 1] = ((const int32_t *)h->hei.buf)[r];
     }
-    int oom = 0;
+    rows_job job = {ptrs, lens, sizes, ix, p, flip_p, n_flips, b, 0, out_h, out_w, 0,
+                    max_pixels, ss_seed, ss_epoch, (unsigned char *)out->buf, slot_bytes, codes,
+                    msgs};
+    double busy_s = 0.0, cpu_s = 0.0;
     Py_BEGIN_ALLOW_THREADS
-    unsigned char *tmp_buf = NULL;
-    size_t tmp_size = 0;
     for (Py_ssize_t j = 0; j < b; j++) /* all the batch's pages read at once */
         advise_willneed(ptrs[j], (size_t)lens[j]);
-    for (Py_ssize_t j = 0; j < b && !oom; j++) {
-        long long n_drawn = 0;
-        uint64_t words[4], own_seed;
-        sample_words_one(ss_seed, ss_epoch, (uint64_t)ix[j], &own_seed, words);
-        oom = plan_decode_one(ptrs[j], lens[j], sizes[2 * j], sizes[2 * j + 1],
-                              (const char *)words, p, flip_p, n_flips, out_h, out_w, max_pixels,
-                              (unsigned char *)out->buf + slot_bytes * j, &tmp_buf, &tmp_size,
-                              &codes[j], msgs + (size_t)j * ROI_MSG, &n_drawn);
-    }
-    free(tmp_buf);
+    rows_run(&job, threads, &busy_s, &cpu_s);
     Py_END_ALLOW_THREADS
-    if (oom) {
+    if (helper_busy_s != NULL) {
+        *helper_busy_s += busy_s;
+        *helper_cpu_s += cpu_s;
+    }
+    if (job.oom) {
         PyErr_NoMemory();
         goto done;
     }
@@ -2000,7 +2090,7 @@ static PyObject *plan_decode_rows(PyObject *self, PyObject *args) {
     else
         result = decode_rows(tables, (const int64_t *)sidb.buf, (const int64_t *)locb.buf,
                              (const int64_t *)idxb.buf, sidb.len / 8, &out, out_h, out_w, &p,
-                             flips_obj, max_pixels, ss_seed, ss_epoch);
+                             flips_obj, max_pixels, ss_seed, ss_epoch, 1, NULL, NULL);
     PyBuffer_Release(&sidb);
     PyBuffer_Release(&locb);
     PyBuffer_Release(&idxb);
@@ -2252,15 +2342,9 @@ static PyObject *locate_rows(PyObject *self, PyObject *args) {
     return result;
 }
 
-static double seconds_of(clockid_t clock) {
-    struct timespec ts;
-    clock_gettime(clock, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 /* fetch_rows(indices, num_rows, starts, fixed, tables, out, out_h, out_w, scale_lo, scale_hi,
- * log_ratio_lo, log_ratio_hi, ratio_lo, ratio_hi, flip_ps, max_pixels, seed, epoch)
- *   -> None, k, or (unplanned, failed, wall_s, cpu_s)
+ * log_ratio_lo, log_ratio_hi, ratio_lo, ratio_hi, flip_ps, max_pixels, seed, epoch,
+ * threads=1) -> None, k, or (unplanned, failed, wall_s, cpu_s, helper_busy_s, helper_cpu_s)
  * A kuat dataset's batch, from the sampler's list of indices to its finished columns, in one
  * call (kuat.sources._rows_fetch): `indices` a list of B Python ints, each checked to lie in
  * [0, num_rows) (else None is returned, nothing written: the caller's Python path raises or
@@ -2270,8 +2354,11 @@ static double seconds_of(clockid_t clock) {
  * are its arguments; the GIL released once, for the decodes). Returns the first shard k whose
  * entry in a field's table is None (the fixed fields' outs may be partly written, no image
  * decoded: the caller maps it), else plan_decode_rows' (unplanned, failed) with the call's
- * wall and this thread's CPU seconds (kuat._native's totals). ValueError and MemoryError as
- * plan_decode_rows and take_rows. */
+ * wall and this thread's CPU seconds (kuat._native's totals). `threads` > 1 (an epoch's first
+ * batch, kuat._parallel's width): the decodes are shared with threads - 1 helper threads
+ * started and joined in the call, without the GIL (rows_run); their summed wall and CPU
+ * seconds come last (0.0 without helpers). ValueError and MemoryError as plan_decode_rows and
+ * take_rows. */
 static PyObject *fetch_rows(PyObject *self, PyObject *args) {
 #ifndef __SIZEOF_INT128__
     PyErr_SetString(PyExc_NotImplementedError, "fetch_rows needs 128-bit integers");
@@ -2286,11 +2373,13 @@ static PyObject *fetch_rows(PyObject *self, PyObject *args) {
     int out_h, out_w;
     rrc_params p;
     unsigned long long ss_seed, ss_epoch;
-    if (!PyArg_ParseTuple(args, "O!Ly*O!O!w*iiddddddOLKK", &PyList_Type, &indices, &num_rows,
+    int threads = 1;
+    if (!PyArg_ParseTuple(args, "O!Ly*O!O!w*iiddddddOLKK|i", &PyList_Type, &indices, &num_rows,
                           &stb, &PyList_Type, &fixed, &PyList_Type, &tables, &out, &out_h,
                           &out_w, &p.scale_lo, &p.scale_hi, &p.log_lo, &p.log_hi, &p.ratio_lo,
-                          &p.ratio_hi, &flips_obj, &max_pixels, &ss_seed, &ss_epoch))
+                          &p.ratio_hi, &flips_obj, &max_pixels, &ss_seed, &ss_epoch, &threads))
         return NULL;
+    double helper_busy_s = 0.0, helper_cpu_s = 0.0;
     PyObject *result = NULL;
     const Py_ssize_t b = PyList_GET_SIZE(indices), n_shards = stb.len / 8;
     int64_t *ix = (int64_t *)malloc((size_t)(b > 0 ? b : 1) * 3 * sizeof(int64_t));
@@ -2344,15 +2433,16 @@ static PyObject *fetch_rows(PyObject *self, PyObject *args) {
         }
     }
     PyObject *decoded = decode_rows(tables, sid, loc, ix, b, &out, out_h, out_w, &p, flips_obj,
-                                    max_pixels, ss_seed, ss_epoch);
+                                    max_pixels, ss_seed, ss_epoch, threads, &helper_busy_s,
+                                    &helper_cpu_s);
     if (decoded == NULL || !PyTuple_Check(decoded)) {
         result = decoded; /* NULL, or the unmapped shard k */
         goto done;
     }
     const double wall = seconds_of(CLOCK_MONOTONIC) - wall0;
     const double cpu = seconds_of(CLOCK_THREAD_CPUTIME_ID) - cpu0;
-    result = Py_BuildValue("(OOdd)", PyTuple_GET_ITEM(decoded, 0), PyTuple_GET_ITEM(decoded, 1),
-                           wall, cpu);
+    result = Py_BuildValue("(OOdddd)", PyTuple_GET_ITEM(decoded, 0),
+                           PyTuple_GET_ITEM(decoded, 1), wall, cpu, helper_busy_s, helper_cpu_s);
     Py_DECREF(decoded);
 done:
     free(ix);
@@ -2423,9 +2513,10 @@ static PyMethodDef methods[] = {
     {"fetch_rows", fetch_rows, METH_VARARGS,
      "fetch_rows(indices, num_rows, starts, fixed, tables, out, out_h, out_w, scale_lo, "
      "scale_hi, log_ratio_lo, log_ratio_hi, ratio_lo, ratio_hi, flip_ps, max_pixels, seed, "
-     "epoch) -> None, the first unmapped shard, or (unplanned, failed, wall_s, cpu_s): a "
-     "kuat dataset's batch from its list of indices, fixed-size fields and one image column, "
-     "in one call"},
+     "epoch, threads=1) -> None, the first unmapped shard, or (unplanned, failed, wall_s, "
+     "cpu_s, helper_busy_s, helper_cpu_s): a kuat dataset's batch from its list of indices, "
+     "fixed-size fields and one image column, in one call (its decodes shared by `threads` "
+     "threads)"},
     {"decode_crop", decode_crop, METH_VARARGS,
      "decode_crop(data, scale_num, y0, y1, x0, x1, out, channels=3) -> None: the crop, contiguous"},
     {NULL, NULL, 0, NULL}};
