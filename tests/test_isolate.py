@@ -407,3 +407,33 @@ def test_a_loader_inside_a_thread_workers_sample_leaves_the_outer_count_alone():
     dl = kuat.DataLoader(_IteratesALoader(), batch_size=2, num_workers=2, worker_type="thread")
     assert [float(x) for b in dl for x in b[:, 0]] == [i + 6.0 for i in range(4)]
     assert dl._job.rng_use._pending == 0
+
+
+class _Plain(torch.utils.data.Dataset):
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        return torch.tensor([float(i)])
+
+
+@pytest.mark.parametrize("isolate_global_rng", [True, False])
+def test_the_callers_generators_are_kept_at_an_epoch_start_only_where_fetches_are_isolated(
+        isolate_global_rng, monkeypatch):
+    """A loader that does not isolate (``isolate_global_rng=False``, the default for a source
+    drawing from ``kuat.sample_rng``) never watches nor rewinds a fetch, so it keeps nothing of
+    the caller's generators at an epoch's start (a save reads all three); one that isolates
+    keeps them until its first batch. The caller's stream is torch's either way."""
+    saves = []
+    real = isolate.save
+    monkeypatch.setattr(isolate, "save", lambda: saves.append(1) or real())
+    g = torch.Generator().manual_seed(3)
+    dl = kuat.DataLoader(_Plain(), batch_size=2, num_workers=2, worker_type="thread",
+                         shuffle=True, generator=g, isolate_global_rng=isolate_global_rng)
+    tg = torch.Generator().manual_seed(3)
+    ref = torch.utils.data.DataLoader(_Plain(), batch_size=2, shuffle=True, generator=tg)
+    for _ in range(2):
+        assert [b.tolist() for b in dl] == [b.tolist() for b in ref]
+    assert (len(saves) > 0) == isolate_global_rng
+    assert dl._job.rng_use.caller_state is None
+    assert g.get_state().equal(tg.get_state())

@@ -63,6 +63,9 @@ class Adaptation:
         split_first: the source splits batches and this is a map-style epoch.
         auto_processes: ``worker_type=None`` with workers.
         rng_use: the job's ``kuat.engine.isolate.RngUse`` (``draws`` once seen drawing).
+        isolates: the job fetches with global-RNG isolation (``FetchJob.isolate_rng``); only
+            then do thread workers' first batches of an epoch run watched, and their draws
+            get rewound (:meth:`threads_start`, :meth:`loop_has_batch`).
         choice: the loader's ``_auto.WorkerChoice`` while it measures, else ``None``.
         probe: the job's ``SchedProbe`` (on while ``choice`` measures thread workers).
         iterable: an iterable dataset's epoch (moved mid-epoch only when ``replay``).
@@ -78,8 +81,9 @@ class Adaptation:
 
     def __init__(self, *, num_workers: int, inline: bool, prefetch_factor: int, adaptive: bool,
                  thread_engine: bool, consumer_may_fetch: bool, agnostic: bool,
-                 split_first: bool, auto_processes: bool, rng_use, choice=None, probe=None,
-                 iterable: bool = False, persistent: bool = False, replay: bool = False):
+                 split_first: bool, auto_processes: bool, rng_use, isolates: bool = True,
+                 choice=None, probe=None, iterable: bool = False, persistent: bool = False,
+                 replay: bool = False):
         self.num_workers = num_workers
         self.max_inflight = 1 if inline else max(1, prefetch_factor * num_workers)
         self._base_inflight = self.max_inflight
@@ -92,8 +96,10 @@ class Adaptation:
         self.holding: int | None = None  # task id of the split first batch while it is fetched
         self._auto_processes = auto_processes and thread_engine
         self._engine_kind = "thread" if thread_engine else "process"
-        self._thread_workers = thread_engine and not inline
         self._rng_use = rng_use
+        # the caller's generators kept at an epoch's start: only where a watched fetch may
+        # rewind them (a save reads all three generators: about 80 us, with cold caches more)
+        self._keeps_caller = thread_engine and not inline and rng_use is not None and isolates
         self._seen = self._cheap = self.blocked = 0
         self._work_s = self._loop_s = 0.0  # of the batches seen: their work; the loop's own time
         self._loop_mark: float | None = None  # thread_time() when next() last returned
@@ -132,13 +138,13 @@ class Adaptation:
         """The epoch's thread workers are about to get their first tasks: the caller's
         generator states are kept until the loop has its first batch
         (``kuat.engine.isolate.RngUse.caller_state``)."""
-        if self._thread_workers and self._rng_use is not None:
+        if self._keeps_caller:
             self._rng_use.threads_start()
 
     def loop_has_batch(self) -> None:
         """The loop got the epoch's first batch (it may draw from here on): once the thread
         workers' fetches begun before it have ended (``RngUse.loop_has_batch``)."""
-        if self._rng_use is not None:
+        if self._keeps_caller:
             self._rng_use.loop_has_batch()
 
     def loop_paused(self) -> None:

@@ -406,7 +406,7 @@ def _plan(loader, epoch, base_seed, keys, discard, position, lease, first_worker
         split_first=(nw > 1 and not traits.iterable
                      and _protocol.splits_batches(loader._source)),
         auto_processes=opts.auto_worker_type,
-        rng_use=job.rng_use,
+        rng_use=job.rng_use, isolates=job.isolate_rng,
         choice=loader._choice,  # (measures while undecided: kuat.loader._auto)
         probe=job.sched_probe,
         iterable=traits.iterable,

@@ -10,6 +10,7 @@ prefetch bound, takes results in order (or as completed), and hands the batch on
 from __future__ import annotations
 
 import collections
+import functools
 import itertools
 import queue
 import time
@@ -26,6 +27,8 @@ from kuat.loader._paced import PacedKeys
 __all__ = ["LoaderIter", "PacedKeys"]
 
 _TASK_IDS = itertools.count()  # unique across iterators, so stale results are recognised
+# Task((task_id, epoch, key, base_seed, width)) without the namedtuple's Python __new__
+_task = functools.partial(tuple.__new__, Task)
 
 
 class LoaderIter:
@@ -250,18 +253,26 @@ class LoaderIter:
         if adapt.holding is not None or (
                 not adapt.steady() and (self._to_processes() or self._to_inline())):
             return
-        tasks, ready, done = self._tasks, self._ready, self._done
+        tasks, ready, done, keys = self._tasks, self._ready, self._done, self._keys
+        # (the steady in-order case inlined: a batch's Python runs with cold caches, about a
+        # microsecond a call; issue 31)
+        queued = keys.queue if self._paced else None  # keys keep_up pulled, taken first
         while len(tasks) + len(ready) < adapt.max_inflight and not self._keys_done:
-            w = self._next_worker()
-            if w is None:
+            w = self._rr
+            if self._in_order and self._active[w]:  # (_next_worker's first answer)
+                self._rr = (w + 1) % self._nw
+            elif (w := self._next_worker()) is None:
                 return
-            if self._paced and not self._keys.may_pull(self._returned, len(tasks) + len(ready)):
-                return  # torch would not pull the sampler's end yet (see PacedKeys)
-            try:
-                key = next(self._keys)
-            except StopIteration:
-                self._keys_done = True
-                return
+            if queued:
+                key = queued.popleft()
+            else:
+                if self._paced and not keys.may_pull(self._returned, len(tasks) + len(ready)):
+                    return  # torch would not pull the sampler's end yet (see PacedKeys)
+                try:
+                    key = next(keys)
+                except StopIteration:
+                    self._keys_done = True
+                    return
             tid = next(_TASK_IDS)
             tasks[tid] = w
             self._ordinals[tid] = done.dispatched() if done is not None else None
@@ -269,10 +280,10 @@ class LoaderIter:
             if self._in_order:
                 self._order.append(tid)
             width = (adapt.first_batch_width(self._returned, len(tasks), len(ready))
-                     if adapt.first_width > 1 else 1)
+                     if adapt.first_width > 1 and not self._returned else 1)
             if width > 1:
                 adapt.holding = tid
-            self._lease.engine.submit(w, Task(tid, self._epoch, key, self._base_seed, width))
+            self._lease.engine.submit(w, _task((tid, self._epoch, key, self._base_seed, width)))
             if width > 1:
                 return
 

@@ -21,11 +21,13 @@ class PacedKeys:
     ``_adaptive.CHEAP_PREFETCH``) from making the exhausting pull before torch
     would, when the number of keys is known. Not thread-safe (the consumer thread's)."""
 
-    __slots__ = ("_keys", "_queue", "_ahead", "_count", "pulled", "exhausted")
+    __slots__ = ("_keys", "queue", "_ahead", "_count", "pulled", "exhausted")
 
     def __init__(self, keys: Iterator, ahead: int, count: int | None):
         self._keys = keys
-        self._queue: collections.deque = collections.deque()
+        # keys pulled by keep_up, taken first (the iterator's dispatch pops them itself: one
+        # Python call fewer per batch than next())
+        self.queue: collections.deque = collections.deque()
         self._ahead = ahead
         self._count = count  # keys in the epoch (len of the batch sampler), None if unknown
         self.pulled = 0
@@ -35,7 +37,7 @@ class PacedKeys:
         """False when the next pull would be the exhausting one (all ``count`` keys pulled)
         and torch would not make it yet; never False with nothing in flight (a sampler whose
         ``len`` is short of its keys still ends its epoch only when it is exhausted)."""
-        if self._queue or self.exhausted or in_flight == 0 or self._count is None:
+        if self.queue or self.exhausted or in_flight == 0 or self._count is None:
             return True
         return self.pulled < self._count or self.pulled < self._ahead + returned
 
@@ -43,7 +45,7 @@ class PacedKeys:
         return self
 
     def __next__(self):
-        return self._queue.popleft() if self._queue else self._pull()
+        return self.queue.popleft() if self.queue else self._pull()
 
     def _pull(self):
         if self.exhausted:
@@ -61,6 +63,6 @@ class PacedKeys:
         batches."""
         while not self.exhausted and self.pulled < self._ahead + returned:
             try:
-                self._queue.append(self._pull())
+                self.queue.append(self._pull())
             except StopIteration:
                 return
