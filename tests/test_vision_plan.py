@@ -51,6 +51,28 @@ def test_c_sample_words_equal_numpys_seed_sequence(seed, epoch, monkeypatch):
         np.testing.assert_array_equal(w, np.random.SeedSequence(s).generate_state(4, np.uint64))
 
 
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(-(2**80), 2**80) | st.sampled_from([0, 2**32 - 1, 2**32, 2**64 - 1]),
+                max_size=16), st.integers(1, 64))
+def test_c_derive_seed_equals_numpys_seed_sequence(words, bits):
+    """kuat.rng.derive_seed (an epoch's shuffle and worker seeds, a mix's...) in C gives
+    NumPy's SeedSequence value for any words (each modulo 2**64, 0 to 16 of them)."""
+    assert rng._native_seed is not None  # (registered with the ROI decoder)
+    ss = np.random.SeedSequence([w % 2**64 for w in words]).generate_state(2, np.uint32)
+    want = (int(ss[0]) | int(ss[1]) << 32) & ((1 << bits) - 1)
+    assert rng.derive_seed(*words, bits=bits) == want
+    with pytest.raises(TypeError, match="int"):
+        roi.derive_seed((*words, 1.5))
+
+
+def test_c_derive_seed_refuses_more_words_than_it_takes_and_numpy_takes_them():
+    with pytest.raises(TypeError, match="16"):
+        roi.derive_seed(tuple(range(17)))
+    words = tuple(range(40))
+    ss = np.random.SeedSequence(list(words)).generate_state(2, np.uint32)
+    assert rng.derive_seed(*words) == int(ss[0]) | int(ss[1]) << 32
+
+
 def test_batch_generators_are_sample_rngs_made_on_demand():
     with rng.epoch_context(3, 2):
         gens = rng.BatchGenerators(np.array([5, 0, 2**40]))

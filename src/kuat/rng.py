@@ -7,9 +7,7 @@ to get the generators of the sample it is producing. The result is the same what
 number of workers, whether they are threads or processes, and in what order they run.
 
 Outside a loader, the seed and epoch default to 0, so a dataset can be indexed directly
-and still gets reproducible draws.
-
-Thread-safety: the context is thread-local; each :class:`SampleRNG` is owned by one sample
+and still gets reproducible draws. Thread-safety: the context is thread-local; each :class:`SampleRNG` is owned by one sample
 and must not be shared between threads.
 """
 
@@ -30,8 +28,7 @@ __all__ = [
     "worker_base_seed", "global_rng_seed",
 ]
 
-_MASK64 = (1 << 64) - 1
-_MASK32 = (1 << 32) - 1
+_MASK64, _MASK32 = (1 << 64) - 1, (1 << 32) - 1
 
 # --- every seed kuat derives, in one place ------------------------------------------------------
 # Each family of random streams mixes its own salt into NumPy's SeedSequence, so no two families
@@ -48,7 +45,9 @@ def derive_seed(*words: int, bits: int = 64) -> int:
     """A ``bits``-bit seed from ``words`` (each taken modulo 2**64): the first two 32-bit words
     of NumPy's ``SeedSequence(words).generate_state`` (hash-based mixing, so neighbouring
     inputs give unrelated seeds). Every per-sample, per-epoch and per-source seed of kuat is one
-    of these (salts above); about 20 us."""
+    of these (salts above); about 20 us in NumPy (90 cold, at an epoch's start), a few in C."""
+    if _native_seed is not None and len(words) <= 16:
+        return _native_seed(words) & ((1 << bits) - 1)
     ss = np.random.SeedSequence([w & _MASK64 for w in words])
     lo, hi = ss.generate_state(2, np.uint32)
     return (int(lo) | (int(hi) << 32)) & ((1 << bits) - 1)
@@ -313,14 +312,15 @@ class BatchGenerators(Sequence):
 
 _min = np.minimum.reduce
 _native_words = None  # sample_words(seed, epoch, idx, seeds_out, words_out), when registered
+_native_seed = None  # derive_seed(words) -> int, when registered
 
 
-def use_native_words(fn) -> None:
-    """Hash the batch's seeds with ``fn(seed, epoch, indices, seeds_out, words_out)``: the
-    same values as the NumPy path, computed in C (``kuat.vision._roijpeg.sample_words``,
-    registered when the ROI decoder loads; tests compare the two). Not for users."""
-    global _native_words
-    _native_words = fn
+def use_native_words(fn, seed_fn=None) -> None:
+    """Hash the batch's seeds with ``fn(seed, epoch, indices, seeds_out, words_out)`` (and
+    :func:`derive_seed`'s with ``seed_fn(words)``): NumPy's values, computed in C (``_roijpeg``'s
+    ``sample_words``, ``derive_seed``; registered when it loads; tested). Not for users."""
+    global _native_words, _native_seed
+    _native_words, _native_seed = fn, seed_fn
 
 
 def _batch_words(indices, context: tuple[int, int] | None = None) -> tuple[np.ndarray, np.ndarray]:

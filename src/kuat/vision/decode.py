@@ -63,7 +63,7 @@ _local = threading.local()
 _roi, _roi_libjpeg = load_roi()
 if getattr(_roi, "sample_words", None) is not None:
     # the batch's sample seeds hashed in C (same values as kuat._seedseq's NumPy; tested)
-    rng.use_native_words(_roi.sample_words)
+    rng.use_native_words(_roi.sample_words, getattr(_roi, "derive_seed", None))
 if getattr(_roi, "locate_rows", None) is not None:
     # a batch's fixed-size and batch-decoded image columns gathered in C (kuat.format.gather)
     from kuat.format import gather as _gather
