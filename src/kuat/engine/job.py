@@ -4,11 +4,8 @@ A :class:`FetchJob` is built once by the loader, shared by every worker thread (
 pickled once for worker processes. Each worker calls :meth:`FetchJob.start` once, then
 :meth:`FetchJob.run` per task; per-worker state lives in the returned :class:`WorkerCtx`.
 
-Global RNG isolation (``isolate_rng``): see :mod:`kuat.engine.isolate`. Map-style datasets that
-are seen to draw from Python's ``random``, NumPy's legacy global generator or torch's default CPU
-generator run with those reseeded from ``(seed, epoch, index)`` per sample (``__getitem__``
-path) or from ``(seed, epoch, batch indices)`` per batch (``__getitems__`` path); datasets that
-do not draw pay two fingerprints and a shared lock per batch (about 3 us).
+Global RNG isolation (``isolate_rng``): :mod:`kuat.engine.isolate` (reseeded per sample, or per
+``__getitems__`` batch; about 3 us a batch for datasets that do not draw).
 """
 
 from __future__ import annotations
@@ -143,6 +140,9 @@ class FetchJob(IsolatedFetch):
         if protocol.never_draws(self.dataset):
             # nothing to isolate: not even the watch's fingerprints
             self.isolate_rng = self.worker_rng = False
+        # a map-style batch is ctx.fetch(key) and nothing around it (once _get has found it)
+        self._plain = (not self.iterable and not self.isolate_rng and self.auto_collation
+                       and self.on_error == "raise")
 
     # -- worker lifecycle -------------------------------------------------------------------
     def start(self, worker_id: int, num_workers: int, method: str, base_seed: int, *,
@@ -285,23 +285,20 @@ class FetchJob(IsolatedFetch):
     def run(self, ctx: WorkerCtx, epoch: int, key, base_seed: int, width: int = 1):
         """Fetch and collate the batch of ``key`` in epoch ``epoch``.
 
-        ``width``: threads the fetch may use (:mod:`kuat._parallel`; the loader gives an
-        epoch's first batch its number of workers when the source splits batches). Work done
-        by helper threads is added to ``stats`` (``fetch_s`` and ``native_s``: their busy
-        seconds, ``fetch_cpu_s`` and ``native_cpu_s``: their CPU seconds), as if the worker had
-        done it. ``stats.python_s``: CPU seconds of the fetch outside the GIL-releasing kernels
+        ``width``: threads the fetch may use (:mod:`kuat._parallel`: an epoch's first batch of a
+        source that splits batches); helpers' busy and CPU seconds count in ``stats``' fetch and
+        native times as the worker's own. ``stats.python_s``: CPU seconds of the fetch outside the GIL-releasing kernels
         that report themselves (:mod:`kuat._native`), plus the collate's CPU seconds: about
         the time this task held the GIL (an upper bound: other code that releases it, a
         system call, a NumPy copy, counts too).
 
         Returns ``(kind, batch, stats)``: ``(OK, batch, stats)``; ``(EMPTY, None, stats)`` when
         ``on_error="skip"`` dropped every sample; ``(END, None, stats)`` when this worker's
-        iterator is exhausted (iterable datasets). ``stats`` holds the fetch/collate/pin times,
-        the global-RNG lock wait and the skipped samples. The batch is built inside a
-        :class:`kuat.collate.batch_scope`, so it shares memory only with buffers allocated for
-        it. Raises whatever the dataset, ``collate_fn`` or pinning raise (with
-        ``on_error="raise"``), ``ctx.stage`` then naming which of them (``FETCH``, ``COLLATE``,
-        ``PIN``); the engine turns that into a ``FAIL`` result.
+        iterator is exhausted (iterable datasets). ``stats``: fetch/collate/pin times, RNG lock
+        wait, skipped samples. Built in a :class:`kuat.collate.batch_scope` (it shares memory
+        only with buffers allocated for it). Raises what the dataset, ``collate_fn`` or
+        pinning raise (``on_error="raise"``), ``ctx.stage`` naming which (``FETCH``,
+        ``COLLATE``, ``PIN``); the engine turns that into a ``FAIL`` result.
         """
         ctx.stage = FETCH
         scope = ctx.scope  # batch_scope, epoch_context, _parallel.share and seed_view.showing
@@ -325,14 +322,18 @@ class FetchJob(IsolatedFetch):
             h0 = _parallel.helper_totals() if width > 1 else None  # split fetches only
             if ctx.rng is None or ctx.method != "thread":  # (the usual case: no context to
                 swapped_in = None  # enter, two calls fewer per batch than a null one)
-                data = self._batch_data(ctx, epoch, key, base_seed, st, swapped_in)
+                if self._plain and ctx.epoch == epoch and ctx.fetch and not ctx.reports_state:
+                    data = ctx.fetch(key)  # (_batch_data's steady case, inline; fetch: a function)
+                else:
+                    data = self._batch_data(ctx, epoch, key, base_seed, st, swapped_in)
             else:
                 # the worker's own global generators (worker_rng.py): a new epoch's iter(),
                 # state restore and state taken run with them too (may draw, save or set them)
                 with worker_rng.own_stream(ctx.rng, st, self.rng_use,
                                            ctx.epoch != epoch) as swapped_in:
                     data = self._batch_data(ctx, epoch, key, base_seed, st, swapped_in)
-            scope.end_fetch()  # (the epoch and width: the state and the collate run without)
+            if ctx.reports_state or not self.fetch_collated:  # (the epoch and width: the
+                scope.end_fetch()  # state and the collate run without; __exit__ restores all)
             if ctx.reports_state and swapped_in is False:  # (fetched watched: the state
                 with worker_rng.swapped(ctx.rng, st):  # may read its generators)
                     st.worker_state = self._state_of(ctx)
@@ -385,9 +386,8 @@ class FetchJob(IsolatedFetch):
             self._new_epoch(ctx, epoch, base_seed, key)
         if self.iterable:
             data = self._next_items(ctx, st)
-        elif (ctx.fetch is not None and not self.isolate_rng and self.auto_collation
-              and self.on_error == "raise"):  # (what _fetch_indices calls then, found at the
-            data = ctx.fetch(key)  # first batch by _get: three calls fewer)
+        elif self._plain and ctx.fetch is not None:  # (what _fetch_indices calls then, found
+            data = ctx.fetch(key)  # at the first batch by _get: three calls fewer)
         else:
             data = self._fetch_indices(ctx, epoch, key, st)
         if ctx.reports_state and swapped_in is not False:

@@ -20,6 +20,13 @@ log = logging.getLogger("kuat.engine")
 _JOIN_S = 0.05  # close(): how long to wait for idle workers to end (busy ones are not waited for)
 
 
+class _Closing:
+    __slots__ = ("now",)
+
+    def __init__(self):
+        self.now = False
+
+
 class ThreadEngine(ClosedOnExit):
     """``num_workers`` daemon threads running ``job``; see the package docstring for the API."""
 
@@ -32,6 +39,9 @@ class ThreadEngine(ClosedOnExit):
         self._threads = []
         self._closed = False
         self._stop = threading.Event()
+        # set with _stop, read by each worker's recv as a plain attribute (Event.is_set() is a
+        # Python call per task)
+        self._closing = _Closing()
         self._track()
         for i in range(num_workers):
             t = threading.Thread(
@@ -47,12 +57,12 @@ class ThreadEngine(ClosedOnExit):
 
     def _recv_for(self, worker_id: int):
         # The closure holds the queue and the event, not the engine (which must stay collectable).
-        tasks, stop = self._tasks[worker_id], self._stop
+        tasks, closing = self._tasks[worker_id], self._closing
 
         def recv() -> Task | None:
             task = tasks.get()
             # once closed, tasks still queued are dropped: a worker ends after its current one
-            return None if stop.is_set() else task
+            return None if closing.now else task
 
         return recv
 
@@ -81,6 +91,7 @@ class ThreadEngine(ClosedOnExit):
         if self._closed:
             return
         self._closed = True
+        self._closing.now = True
         self._stop.set()
         for q in self._tasks:
             q.put(None)
