@@ -27,8 +27,7 @@ from kuat.loader._paced import PacedKeys
 __all__ = ["LoaderIter", "PacedKeys"]
 
 _TASK_IDS = itertools.count()  # unique across iterators, so stale results are recognised
-# Task((task_id, epoch, key, base_seed, width)) without the namedtuple's Python __new__
-_task = functools.partial(tuple.__new__, Task)
+_task = functools.partial(tuple.__new__, Task)  # Task((...)) without its Python __new__
 
 
 class LoaderIter:
@@ -254,9 +253,8 @@ class LoaderIter:
                 not adapt.steady() and (self._to_processes() or self._to_inline())):
             return
         tasks, ready, done, keys = self._tasks, self._ready, self._done, self._keys
-        # (the steady in-order case inlined: a batch's Python runs with cold caches, about a
-        # microsecond a call; issue 31)
-        queued = keys.queue if self._paced else None  # keys keep_up pulled, taken first
+        queued = keys.queue if self._paced else None  # (keys keep_up pulled, taken first; the
+        # steady in-order case inline: a batch's Python runs cold, ~1 us a call, issue 31)
         while len(tasks) + len(ready) < adapt.max_inflight and not self._keys_done:
             w = self._rr
             if self._in_order and self._active[w]:  # (_next_worker's first answer)
