@@ -287,10 +287,10 @@ class FetchJob(IsolatedFetch):
 
         ``width``: threads the fetch may use (:mod:`kuat._parallel`: an epoch's first batch of a
         source that splits batches); helpers' busy and CPU seconds count in ``stats``' fetch and
-        native times as the worker's own. ``stats.python_s``: CPU seconds of the fetch outside the GIL-releasing kernels
-        that report themselves (:mod:`kuat._native`), plus the collate's CPU seconds: about
-        the time this task held the GIL (an upper bound: other code that releases it, a
-        system call, a NumPy copy, counts too).
+        native times as the worker's own. ``stats.python_s``: CPU seconds of the fetch outside
+        the GIL-releasing kernels that report themselves (:mod:`kuat._native`), plus the
+        collate's CPU seconds: about the time this task held the GIL (an upper bound: other code
+        that releases it, a system call, a NumPy copy, counts too).
 
         Returns ``(kind, batch, stats)``: ``(OK, batch, stats)``; ``(EMPTY, None, stats)`` when
         ``on_error="skip"`` dropped every sample; ``(END, None, stats)`` when this worker's
