@@ -34,7 +34,8 @@ from typing import Any
 
 from kuat import _native
 
-__all__ = ["share", "width", "run_parts", "helper_totals", "split_even"]
+__all__ = ["share", "width", "run_parts", "helper_totals", "add_helper_times",
+           "split_even"]
 
 
 class _Local(threading.local):
@@ -81,6 +82,15 @@ def helper_totals() -> tuple[float, float, float, float]:
     cumulative (only differences are meaningful): wall seconds, CPU seconds, native-kernel
     wall and CPU seconds (:mod:`kuat._native`)."""
     return _local.busy_s, _local.cpu_s, _local.native_s, _local.native_cpu_s
+
+
+def add_helper_times(busy_s: float, cpu_s: float, native_s: float, native_cpu_s: float) -> None:
+    """Count a helper's seconds for the calling thread (:func:`helper_totals`): :func:`run_parts`
+    does for its parts, a C kernel that starts its own helper threads for its own."""
+    _local.busy_s += busy_s
+    _local.cpu_s += cpu_s
+    _local.native_s += native_s
+    _local.native_cpu_s += native_cpu_s
 
 
 def split_even(costs: Sequence[float], parts: int) -> list[tuple[int, int]]:
@@ -152,10 +162,7 @@ def run_parts(fns: Sequence[Callable[[], Any]]) -> list[Any]:
         t.join()
     _native.add_since(t0)  # waiting for the helpers' kernels: no Python runs
     for p in parts:
-        _local.busy_s += p.busy_s
-        _local.cpu_s += p.cpu_s
-        _local.native_s += p.native_s
-        _local.native_cpu_s += p.native_cpu_s
+        add_helper_times(p.busy_s, p.cpu_s, p.native_s, p.native_cpu_s)
         if first_error is None and p.error is not None:
             first_error = p.error
         results.append(p.result)

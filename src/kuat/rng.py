@@ -6,9 +6,9 @@ thread (or process) that fetches a batch; code inside a dataset calls :func:`sam
 to get the generators of the sample it is producing. The result is the same whatever the
 number of workers, whether they are threads or processes, and in what order they run.
 
-Outside a loader, the seed and epoch default to 0, so a dataset can be indexed directly
-and still gets reproducible draws. Thread-safety: the context is thread-local; each :class:`SampleRNG` is owned by one sample
-and must not be shared between threads.
+Outside a loader, the seed and epoch default to 0, so a dataset can be indexed directly and
+still gets reproducible draws. Thread-safety: the context is thread-local; each
+:class:`SampleRNG` is owned by one sample and must not be shared between threads.
 """
 
 from __future__ import annotations

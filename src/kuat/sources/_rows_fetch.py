@@ -139,18 +139,14 @@ class RowsFetch:
             mp = t.max_pixels
             self._params = mp, (params := rrc_params(*t._c_plan, mp))
         seed, epoch = current_epoch()
-        par = _PAR  # (an epoch's first batch: its decodes shared by width threads, in C)
         res = self._c(indices, store.num_rows, store.starts, fixed, table, out, h, w, *params,
-                      seed & _MASK64, epoch & _MASK64, par.width)
+                      seed & _MASK64, epoch & _MASK64, _PAR.width)  # (width > 1: in C threads)
         if type(res) is not tuple:  # not taken (None), or a shard to map first (its id)
             return None
         unplanned, failed, wall, cpu, helper_s, helper_cpu = res
         _native.add(wall, cpu)  # kernel seconds for stats()["busy_s"]["native"]
-        if helper_s:  # the helpers' decodes, as kuat._parallel.run_parts counts its parts'
-            par.busy_s += helper_s
-            par.native_s += helper_s
-            par.cpu_s += helper_cpu
-            par.native_cpu_s += helper_cpu
+        if helper_s:  # the helpers' decodes (all native), as run_parts counts its parts'
+            _parallel.add_helper_times(helper_s, helper_cpu, helper_s, helper_cpu)
         if unplanned or failed:  # (their rows, as the general path's gather has them)
             idx = store.indices(indices)
             sid, local = store._rows(idx, native()[2])

@@ -1841,9 +1841,6 @@ static void release_shards(held_shard *hs, Py_ssize_t n) {
 }
 
 #ifdef __SIZEOF_INT128__
-/* plan_decode_rows' work on rows (sid[j], loc[j]) of `tables`, sample indices ix[j], into `out`
- * (the caller checked that sid, loc and ix hold B values each): a new reference, (unplanned,
- * failed) or the first unmapped shard k, or NULL with an exception set. */
 static double seconds_of(clockid_t clock) {
     struct timespec ts;
     clock_gettime(clock, &ts);
@@ -1936,6 +1933,10 @@ static void rows_run(rows_job *job, int threads, double *busy_s, double *cpu_s) 
     }
 }
 
+/* plan_decode_rows' work on rows (sid[j], loc[j]) of `tables`, sample indices ix[j], into `out`
+ * (the caller checked that sid, loc and ix hold B values each): a new reference, (unplanned,
+ * failed) or the first unmapped shard k, or NULL with an exception set. `threads`,
+ * helper_busy_s and helper_cpu_s: rows_run's (helper_busy_s NULL: not counted). */
 static PyObject *decode_rows(PyObject *tables, const int64_t *sid, const int64_t *loc,
                              const int64_t *ix, Py_ssize_t b, Py_buffer *out, int out_h,
                              int out_w, const rrc_params *p, PyObject *flips_obj,
