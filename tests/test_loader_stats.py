@@ -50,3 +50,39 @@ def test_input_bound_fraction_counts_every_second_inside_next(num_workers):
     assert s["input_bound_fraction"] == pytest.approx(inside / total, abs=0.05)
     assert s["worker_wait_s"] <= s["consumer_wait_s"]
     assert s["busy_s"]["batch_transform"] <= s["consumer_wait_s"]
+
+
+class Skips(torch.utils.data.Dataset):
+    """Sample ``i`` is ``i``; every 7th raises (skipped with ``on_error="skip"``)."""
+
+    def __len__(self):
+        return 400
+
+    def __getitem__(self, i):
+        if i % 7 == 3:
+            raise ValueError(f"bad sample {i}")
+        return i
+
+
+@pytest.mark.parametrize("worker_type", ["thread", "process"])
+def test_counts_are_exact_at_every_batch_whether_or_not_the_work_was_summed_yet(worker_type):
+    """The workers' results are queued and summed in groups (``LoaderStats.fold``, issue 31):
+    ``stats()`` at any batch, before, at and after a group is summed, and a pickled loader's,
+    count every sample returned and every sample skipped so far, as the loop counts them."""
+    import pickle
+    import warnings
+
+    loader = kuat.DataLoader(Skips(), batch_size=3, num_workers=2, worker_type=worker_type,
+                             on_error="skip")
+    seen = skipped = 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # (the first skip's warning)
+        for k, batch in enumerate(loader, 1):
+            seen += len(batch)
+            skipped = sum(1 for i in range(3 * k) if i % 7 == 3)  # batch k covers 3k samples
+            st = loader.stats()
+            assert (st["batches"], st["samples"], st["skipped_samples"]) == (k, seen, skipped)
+            if k == 40:  # past a group (kuat.loader._stats.FOLD_EVERY)
+                copy = pickle.loads(pickle.dumps(loader._stats))
+                assert (copy.samples, copy.skipped, len(copy.work)) == (seen, skipped, 0)
+    assert seen == 400 - skipped and k == 134

@@ -201,20 +201,26 @@ class _Spy:
 
     def __init__(self, monkeypatch):
         self.events = []
-        submit, get = ThreadEngine.submit, ThreadEngine.get
+        calls = ThreadEngine.calls  # (what the loader's loop submits and gets through)
         spy = self
 
-        def spy_submit(engine, worker_id, task):
-            spy.events.append(("submit", task.task_id, task.width))
-            return submit(engine, worker_id, task)
+        def spy_calls(engine):
+            submits, get = calls(engine)
 
-        def spy_get(engine, timeout_s=None):
-            r = get(engine, timeout_s)
-            spy.events.append(("result", r.task_id, None))
-            return r
+            def spy_submit(put):
+                def submit(task):
+                    spy.events.append(("submit", task.task_id, task.width))
+                    return put(task)
+                return submit
 
-        monkeypatch.setattr(ThreadEngine, "submit", spy_submit)
-        monkeypatch.setattr(ThreadEngine, "get", spy_get)
+            def spy_get(timeout_s=None):
+                r = get(timeout_s)
+                spy.events.append(("result", r.task_id, None))
+                return r
+
+            return [spy_submit(put) for put in submits], spy_get
+
+        monkeypatch.setattr(ThreadEngine, "calls", spy_calls)
 
 
 @needs_roi

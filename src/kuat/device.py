@@ -18,13 +18,15 @@ Thread-safety: one copier per loader iterator, used from the consumer thread onl
 from __future__ import annotations
 
 import copy
+import time
 from collections import abc
+from typing import Any
 
 import torch
 
 from kuat.collate import map_structure
 
-__all__ = ["accelerator_available", "pin_batch", "DeviceCopier", "FieldSteps"]
+__all__ = ["accelerator_available", "pin_batch", "DeviceCopier", "CopiesAhead", "FieldSteps"]
 
 
 def accelerator_available() -> bool:
@@ -118,6 +120,47 @@ class DeviceCopier:
 
         map_structure(record, out)
         return out
+
+
+class CopiesAhead:
+    """Batches on ``device``, one copy ahead: ``copies(next_batch)`` stages the copy of the
+    host batch after the current one (``next_batch()``'s; :class:`DeviceCopier`) before it waits
+    for and returns the current one, so a CUDA copy overlaps the training step. Raises
+    ``StopIteration`` after the last; an error fetching the batch after the current one is
+    raised at the next call. Seconds spent staging and waiting are added to ``stats.device_s``
+    under ``stats.lock`` (the loader's ``LoaderStats``). ``next_batch`` is passed at each call,
+    not kept: the iterator that owns this object holds no reference cycle through it. Not
+    thread-safe (the loop thread's)."""
+
+    def __init__(self, device: torch.device, stats):
+        self._copier, self._stats = DeviceCopier(device), stats
+        self._staged = self._deferred = None
+
+    def __call__(self, next_batch: abc.Callable[[], Any]):
+        if self._deferred is not None:
+            exc, self._deferred = self._deferred, None
+            raise exc
+        if self._staged is None:
+            self._staged = self._stage(next_batch())
+        current, self._staged = self._staged, None
+        try:
+            self._staged = self._stage(next_batch())
+        except StopIteration:
+            pass
+        except BaseException as e:
+            self._deferred = e
+        t0 = time.perf_counter()
+        batch = self._copier.wait(current)
+        with self._stats.lock:
+            self._stats.device_s += time.perf_counter() - t0
+        return batch
+
+    def _stage(self, batch):
+        t0 = time.perf_counter()
+        staged = self._copier.stage(batch)
+        with self._stats.lock:
+            self._stats.device_s += time.perf_counter() - t0
+        return staged
 
 
 class FieldSteps:

@@ -29,6 +29,7 @@ The engine runs *any* work; it knows nothing of images or storage. Files, in lif
 
 Every engine has the same consumer-side interface: ``submit(worker_id, task)``,
 ``get(timeout_s) -> Result`` (raises ``queue.Empty`` on time-out), ``close()`` (idempotent, and
-prompt: it never waits for a worker busy in the dataset).
+prompt: it never waits for a worker busy in the dataset). The thread engine also gives the
+first two as its queues' own methods (``calls()``: what the loader's per-batch loop calls).
 The loader (``kuat/loader/``) owns ordering, prefetch bounds, epochs and state.
 """

@@ -17,12 +17,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from kuat.device import DeviceCopier
+from kuat.device import CopiesAhead
 from kuat.engine.base import END, FAIL, OK, Task
 from kuat.engine.inline import InlineEngine
 from kuat.errors import LoaderTimeoutError
 from kuat.loader import _adaptive, _plan
 from kuat.loader._paced import PacedKeys
+from kuat.loader._stats import FOLD_EVERY
 
 __all__ = ["LoaderIter", "PacedKeys"]
 
@@ -66,6 +67,7 @@ class LoaderIter:
         self._done = plan.position.keys  # which keys are done (set before the epoch starts)
         self._adapt: _adaptive.Adaptation = plan.adaptation
         self._nw = self._lease.engine.num_workers
+        self._bind()
         self._active = [True] * self._nw
         self._rr = plan.first_worker
         # per worker, its tasks from submission until taken (in_order=False's capacity)
@@ -77,12 +79,10 @@ class LoaderIter:
         self._in_order = plan.in_order
         self._timeout = plan.timeout
         self._stats = plan.stats
-        self._copier = DeviceCopier(plan.device) if plan.device is not None else None
-        self._staged = None
-        self._deferred: BaseException | None = None
+        self._copies = CopiesAhead(plan.device, plan.stats) if plan.device is not None else None
         self._transform = plan.transform
         self._feed = plan.feed
-        self._plain = self._copier is None and self._transform is None  # host batches as taken
+        self._plain = self._copies is None and self._transform is None  # host batches as taken
         self._observer = plan.observer
         self._epoch_batches = None
         self._look_ahead = False
@@ -95,6 +95,13 @@ class LoaderIter:
         self._adapt.threads_start()  # (before the first task: the caller's generators now)
         self._wait_s = self._wait_cpu_s = 0.0  # of this next(), waiting for results (_take)
         self._events = plan.events
+
+    def _bind(self) -> None:
+        """The engine's ``submit`` per worker and its ``get``, as the per-batch loop calls
+        them: a thread engine's queue methods themselves (``calls()``: no Python frame)."""
+        eng = self._lease.engine
+        self._submit, self._get = eng.calls() if hasattr(eng, "calls") else (
+            [functools.partial(eng.submit, w) for w in range(eng.num_workers)], eng.get)
 
     @property
     def _engine(self):
@@ -178,7 +185,7 @@ class LoaderIter:
         return batch
 
     def _fetch(self):
-        batch = self._next_device_batch() if self._copier else self._next_batch()
+        batch = self._copies(self._next_batch) if self._copies else self._next_batch()
         if self._transform is not None:
             t1 = time.perf_counter()
             batch = self._transform(batch)
@@ -208,22 +215,33 @@ class LoaderIter:
         return batch
 
     def _next_batch(self):
-        done = self._done
+        done, order, ready = self._done, self._order, self._ready
         while True:
             self._dispatch()
-            r = self._take()
-            if r is None:
+            if order and order[0] in ready:  # (in order, here already: _take's first answer)
+                r = ready.pop(order.popleft())
+            elif (r := self._take()) is None:
                 raise StopIteration
-            self._account(r)
+            ok = r.kind == OK
+            batch = ok and not self._discard  # (a replayed batch, served before, is not)
+            self._taken += ok
+            if (st := r.stats) is not None:  # (the worker's measurements)
+                self._adapt.on_result(st)
+                self._stats.work.append((st, batch))  # (LoaderStats.add_work's queue)
+                if st.worker_state is not None:  # committed when its batch is returned (advance)
+                    self._position.took(r.worker_id, st.worker_state, ok)
+                if st.skipped:
+                    self._events.skipped(st.skipped)
+                if st.worker_info_consulted is False and self._plan.iterable:
+                    self._events.unsplit_iterable()
             ordinal = self._ordinals.pop(r.task_id, None)
             # a batch to return is done once returned; a failed, empty or replayed one is done
             # now (resume does not fetch it again)
-            batch = r.kind == OK and not self._discard
             if ordinal is not None and done is not None:
                 done.took(ordinal, batch)
             if batch:
                 return r.value
-            if r.kind == OK:  # (a replayed batch, served before)
+            if ok:  # (a replayed batch)
                 self._discard -= 1
                 continue
             if r.kind == END:
@@ -281,7 +299,7 @@ class LoaderIter:
                      if adapt.first_width > 1 and not self._returned else 1)
             if width > 1:
                 adapt.holding = tid
-            self._lease.engine.submit(w, _task((tid, self._epoch, key, self._base_seed, width)))
+            self._submit[w](_task((tid, self._epoch, key, self._base_seed, width)))
             if width > 1:
                 return
 
@@ -297,6 +315,7 @@ class LoaderIter:
             self._adapt.moved_to_processes(self._nw, kind="thread")
             return False
         self._nw = new.num_workers
+        self._bind()
         self._active, self._rr, self._load = [True] * self._nw, self._rr % self._nw, [0] * self._nw
         if self._plan.iterable:  # a replayable stream (_adaptive): the new workers start the
             # epoch again and skip every batch the old ones produced (as a replayed resume)
@@ -314,6 +333,7 @@ class LoaderIter:
         if answer != _adaptive.NOW:
             return answer == _adaptive.WAIT
         self._lease.to_inline(own_copy=not self._adapt.agnostic)
+        self._bind()
         self._nw, self._active, self._rr, self._load = 1, [True], 0, [0]
         self._adapt.moved_inline()
         return False
@@ -358,7 +378,7 @@ class LoaderIter:
             self._adapt.blocked += 1
             t0, c0 = time.perf_counter(), time.thread_time()
             try:
-                r = self._lease.engine.get(self._timeout if self._timeout > 0 else None)
+                r = self._get(self._timeout if self._timeout > 0 else None)
             except queue.Empty:
                 raise self._timed_out() from None
             finally:  # (added to the stats with the rest of next(): _account_time)
@@ -376,48 +396,7 @@ class LoaderIter:
             f"DataLoader timed out after {self._timeout} seconds waiting for a batch from its "
             f"{self._nw} {self._lease.worker_type} workers ({len(self._tasks)} batches in flight)")
 
-    def _next_device_batch(self):
-        """Stage the next host batch's copy before returning the current one (one ahead)."""
-        if self._deferred is not None:
-            exc, self._deferred = self._deferred, None
-            raise exc
-        if self._staged is None:
-            self._staged = self._stage(self._next_batch())
-        current, self._staged = self._staged, None
-        try:
-            self._staged = self._stage(self._next_batch())
-        except StopIteration:
-            pass
-        except BaseException as e:
-            self._deferred = e
-        t0 = time.perf_counter()
-        batch = self._copier.wait(current)
-        with self._stats.lock:
-            self._stats.device_s += time.perf_counter() - t0
-        return batch
-
-    def _stage(self, batch):
-        t0 = time.perf_counter()
-        staged = self._copier.stage(batch)
-        with self._stats.lock:
-            self._stats.device_s += time.perf_counter() - t0
-        return staged
-
     # --- bookkeeping --------------------------------------------------------------------------
-    def _account(self, r) -> None:
-        self._taken += r.kind == OK
-        st = r.stats
-        if st is None:
-            return
-        self._adapt.on_result(st)
-        self._stats.add_work(st, counted=r.kind == OK and not self._discard)
-        if st.worker_state is not None:  # committed when its batch is returned (advance)
-            self._position.took(r.worker_id, st.worker_state, r.kind == OK)
-        if st.skipped:
-            self._events.skipped(st.skipped)
-        if st.worker_info_consulted is False and self._plan.iterable:
-            self._events.unsplit_iterable()
-
     def _account_time(self, t0: float, c0: float, batches: int) -> None:
         # wall time from the first next() of the epoch to the end of the latest one, and the
         # part of it spent inside next() (from t0); this thread's CPU time since c0; the waits
@@ -431,6 +410,8 @@ class LoaderIter:
             st.worker_wait_s += self._wait_s
             st.wait_cpu_s += self._wait_cpu_s
             st.batches += batches
+            if len(st.work) >= FOLD_EVERY:
+                st.fold()
         self._wait_s = self._wait_cpu_s = 0.0
         self._t_mark = now
 
@@ -451,7 +432,7 @@ class LoaderIter:
         self._tasks.clear()
         self._ready.clear()
         self._order.clear()
-        self._staged = self._deferred = None
+        self._copies = None  # (a staged copy's memory goes now)
         self._closed = True
         self._end_observation()
 

@@ -8,10 +8,13 @@ thread while a loop iterates).
 
 from __future__ import annotations
 
+import collections
 import threading
 from typing import Any
 
 __all__ = ["LoaderStats"]
+
+FOLD_EVERY = 32  # results queued in LoaderStats.work before the iterator sums them
 
 
 class LoaderStats:
@@ -26,7 +29,9 @@ class LoaderStats:
         self.reset()
 
     def __getstate__(self):
-        state = dict(self.__dict__)
+        with self.lock:
+            self.fold()
+            state = dict(self.__dict__)
         del state["lock"]
         return state
 
@@ -47,17 +52,29 @@ class LoaderStats:
         self.python_s = {"inline": 0.0, "thread": 0.0, "process": 0.0}
         self.device_s = self.transform_s = self.wait_s = self.worker_wait_s = self.elapsed_s = 0.0
         self.batches = self.samples = self.skipped = 0
+        # (WorkStats, counted) of results taken and not yet summed (add_work); a deque, so the
+        # iterator's append needs no lock
+        self.work: collections.deque = collections.deque()
 
     def add_work(self, st, counted: bool) -> None:
         """Add one result's worker-side times (``WorkStats``); its samples when ``counted``
-        (a batch that is yielded, not one discarded on resume)."""
-        with self.lock:
+        (a batch that is yielded, not one discarded on resume). Queued in :attr:`work` (what
+        the iterator appends to itself) and summed by :meth:`fold`, which :meth:`report` runs
+        first: the loop thread sums ``FOLD_EVERY`` results in one warm loop under one lock, not
+        one cold call and lock per batch (issue 31). Thread-safe."""
+        self.work.append((st, counted))
+
+    def fold(self) -> None:
+        """Sum the queued results (:meth:`add_work`) into the counters. Caller holds ``lock``."""
+        work, python_s = self.work, self.python_s
+        while work:
+            st, counted = work.popleft()
             self.fetch_s += st.fetch_s
             self.fetch_cpu_s += st.fetch_cpu_s
             self.native_s += st.native_s
             self.native_cpu_s += st.native_cpu_s
-            if st.method in self.python_s:
-                self.python_s[st.method] += st.python_s
+            if st.method in python_s:
+                python_s[st.method] += st.python_s
             self.collate_s += st.collate_s
             self.pin_s += st.pin_s
             self.rng_wait_s += st.rng_wait_s
@@ -76,6 +93,7 @@ class LoaderStats:
         """The dict :meth:`kuat.DataLoader.stats` returns (its docstring says what each key is);
         ``workers``: the worker choice's report (``kuat.loader._auto``), under ``"workers"``."""
         with self.lock:
+            self.fold()
             el = self.elapsed_s
             overhead = self.overhead_s(num_workers)
             return {
