@@ -65,6 +65,26 @@ def test_c_derive_seed_equals_numpys_seed_sequence(words, bits):
         roi.derive_seed((*words, 1.5))
 
 
+@pytest.mark.parametrize("native", [True, False], ids=["C", "NumPy"])
+def test_derive_seed_takes_numpys_integers_as_the_ints_they_are(native, monkeypatch):
+    """A sample index from a sampler yielding NumPy integers (``kuat.sample_rng(np.int64(i))``),
+    or a seed or epoch given as one, is the same word as its Python int, on both paths; a
+    float is refused with a TypeError."""
+    if not native:
+        monkeypatch.setattr(rng, "_native_seed", None)
+    words = [(np.int64(5), np.uint32(7), True), (np.uint64(2**64 - 1), np.int64(-3), 0),
+             (np.int8(-1), np.uint16(65535), np.int64(2**62))]
+    for w in words:
+        ints = [int(x) % 2**64 for x in w]
+        ss = np.random.SeedSequence(ints).generate_state(2, np.uint32)
+        assert rng.derive_seed(*w) == int(ss[0]) | int(ss[1]) << 32
+    with rng.epoch_context(3, 1):
+        a, b = rng.sample_rng(np.int64(11)).numpy, rng.sample_rng(11).numpy
+    np.testing.assert_array_equal(a.random(4), b.random(4))
+    with pytest.raises(TypeError):
+        rng.derive_seed(3, 1.0)
+
+
 def test_c_derive_seed_refuses_more_words_than_it_takes_and_numpy_takes_them():
     with pytest.raises(TypeError, match="16"):
         roi.derive_seed(tuple(range(17)))

@@ -13,6 +13,7 @@ still gets reproducible draws. Thread-safety: the context is thread-local; each
 
 from __future__ import annotations
 
+import operator
 import random
 import threading
 from collections.abc import Sequence
@@ -42,13 +43,14 @@ SALT_TOKEN_BATCHES = 0x544F4B42  # "TOKB": TokenBudgetBatchSampler's batch order
 
 
 def derive_seed(*words: int, bits: int = 64) -> int:
-    """A ``bits``-bit seed from ``words`` (each taken modulo 2**64): the first two 32-bit words
+    """A ``bits``-bit seed from ``words`` (integers: Python's, NumPy's, anything with
+    ``__index__``; each taken modulo 2**64; TypeError for others): the first two 32-bit words
     of NumPy's ``SeedSequence(words).generate_state`` (hash-based mixing, so neighbouring
     inputs give unrelated seeds). Every per-sample, per-epoch and per-source seed of kuat is one
     of these (salts above); about 20 us in NumPy (90 cold, at an epoch's start), a few in C."""
     if _native_seed is not None and len(words) <= 16:
         return _native_seed(words) & ((1 << bits) - 1)
-    ss = np.random.SeedSequence([w & _MASK64 for w in words])
+    ss = np.random.SeedSequence([operator.index(w) & _MASK64 for w in words])
     lo, hi = ss.generate_state(2, np.uint32)
     return (int(lo) | (int(hi) << 32)) & ((1 << bits) - 1)
 

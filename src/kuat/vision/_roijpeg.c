@@ -1221,18 +1221,20 @@ static void sample_words_one(uint64_t seed, uint64_t epoch, uint64_t index, uint
 }
 
 /* derive_seed(words) -> int: kuat.rng.derive_seed's 64-bit value for a tuple of at most 16
- * Python ints, each taken modulo 2**64: SeedSequence(words).generate_state(2, uint32) as
- * lo | hi << 32 (an epoch's seeds: about 20 us through NumPy, 90 with cold caches). */
+ * integers (anything with __index__: Python's, NumPy's, bools), each taken modulo 2**64:
+ * SeedSequence(words).generate_state(2, uint32) as lo | hi << 32 (an epoch's seeds: about
+ * 20 us through NumPy, 90 with cold caches). */
 static PyObject *derive_seed_py(PyObject *self, PyObject *words) {
     uint32_t ent[32], st[2];
     if (!PyTuple_Check(words) || PyTuple_GET_SIZE(words) > 16)
         return PyErr_Format(PyExc_TypeError, "derive_seed: want a tuple of at most 16 ints");
     int n = 0;
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(words); i++) {
-        PyObject *w = PyTuple_GET_ITEM(words, i);
-        if (!PyLong_Check(w))
+        PyObject *w = PyNumber_Index(PyTuple_GET_ITEM(words, i));
+        if (w == NULL)
             return PyErr_Format(PyExc_TypeError, "derive_seed: word %zd is not an int", i);
         unsigned long long v = PyLong_AsUnsignedLongLongMask(w);
+        Py_DECREF(w);
         if (v == (unsigned long long)-1 && PyErr_Occurred())
             return NULL;
         n += ss_words((uint64_t)v, ent + n);
