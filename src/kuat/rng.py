@@ -43,11 +43,10 @@ SALT_TOKEN_BATCHES = 0x544F4B42  # "TOKB": TokenBudgetBatchSampler's batch order
 
 
 def derive_seed(*words: int, bits: int = 64) -> int:
-    """A ``bits``-bit seed from ``words`` (integers: Python's, NumPy's, anything with
-    ``__index__``; each taken modulo 2**64; TypeError for others): the first two 32-bit words
-    of NumPy's ``SeedSequence(words).generate_state`` (hash-based mixing, so neighbouring
-    inputs give unrelated seeds). Every per-sample, per-epoch and per-source seed of kuat is one
-    of these (salts above); about 20 us in NumPy (90 cold, at an epoch's start), a few in C."""
+    """A ``bits``-bit seed from ``words`` (integers, NumPy's too, each modulo 2**64; else a
+    TypeError): the first two 32-bit words of NumPy's ``SeedSequence(words).generate_state``
+    (hash mixing: neighbouring inputs give unrelated seeds). Every per-sample, per-epoch and
+    per-source seed of kuat is one (salts above); 20 us in NumPy (90 cold), a few in C."""
     if _native_seed is not None and len(words) <= 16:
         return _native_seed(words) & ((1 << bits) - 1)
     ss = np.random.SeedSequence([operator.index(w) & _MASK64 for w in words])
@@ -313,8 +312,7 @@ class BatchGenerators(Sequence):
 
 
 _min = np.minimum.reduce
-_native_words = None  # sample_words(seed, epoch, idx, seeds_out, words_out), when registered
-_native_seed = None  # derive_seed(words) -> int, when registered
+_native_words = _native_seed = None  # C sample_words and derive_seed, once registered
 
 
 def use_native_words(fn, seed_fn=None) -> None:
