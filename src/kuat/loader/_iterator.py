@@ -227,7 +227,7 @@ class LoaderIter:
             self._taken += ok
             if (st := r.stats) is not None:  # (the worker's measurements)
                 self._adapt.on_result(st)
-                self._stats.work.append((st, batch))  # (LoaderStats.add_work's queue)
+                self._stats.work.append((st, batch))  # (summed by LoaderStats.fold)
                 if st.worker_state is not None:  # committed when its batch is returned (advance)
                     self._position.took(r.worker_id, st.worker_state, ok)
                 if st.skipped:

@@ -62,10 +62,7 @@ class PacedKeys:
         """Pull (and queue) keys until torch would have pulled as many after ``returned``
         batches."""
         while not self.exhausted and self.pulled < self._ahead + returned:
-            try:  # (_pull's, inlined: a batch's Python runs cold, issue 31)
-                key = next(self._keys)
+            try:
+                self.queue.append(self._pull())
             except StopIteration:
-                self.exhausted = True
                 return
-            self.pulled += 1
-            self.queue.append(key)

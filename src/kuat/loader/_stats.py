@@ -52,20 +52,15 @@ class LoaderStats:
         self.python_s = {"inline": 0.0, "thread": 0.0, "process": 0.0}
         self.device_s = self.transform_s = self.wait_s = self.worker_wait_s = self.elapsed_s = 0.0
         self.batches = self.samples = self.skipped = 0
-        # (WorkStats, counted) of results taken and not yet summed (add_work); a deque, so the
-        # iterator's append needs no lock
+        # (WorkStats, counted) of results taken and not yet summed: the iterator appends each
+        # result's worker-side times, and its samples when counted (a batch yielded, not one
+        # discarded on resume); a deque, so that append needs no lock
         self.work: collections.deque = collections.deque()
 
-    def add_work(self, st, counted: bool) -> None:
-        """Add one result's worker-side times (``WorkStats``); its samples when ``counted``
-        (a batch that is yielded, not one discarded on resume). Queued in :attr:`work` (what
-        the iterator appends to itself) and summed by :meth:`fold`, which :meth:`report` runs
-        first: the loop thread sums ``FOLD_EVERY`` results in one warm loop under one lock, not
-        one cold call and lock per batch (issue 31). Thread-safe."""
-        self.work.append((st, counted))
-
     def fold(self) -> None:
-        """Sum the queued results (:meth:`add_work`) into the counters. Caller holds ``lock``."""
+        """Sum the queued results (:attr:`work`) into the counters: :meth:`report` first, and
+        the iterator each ``FOLD_EVERY`` results, in one warm loop under the lock its ``next()``
+        takes anyway, not one cold call and lock per batch (issue 31). Caller holds ``lock``."""
         work, python_s = self.work, self.python_s
         while work:
             st, counted = work.popleft()
