@@ -170,3 +170,39 @@ def test_take_array_memory_stays_leased_while_any_view_of_it_lives(shape, dtype)
             assert (got == want).all(), f"a live view's memory was handed out again ({want})"
         del derived, view, t, _a
         gc.collect()
+
+
+def test_take_array_memory_is_made_ready_refill_at_a_time_for_every_layout_at_once():
+    """``refill=3``: a batch's image and labels come back as each batch is freed and wait
+    until three of a layout's buffers are back; then every layout's memory is made ready in
+    that one free (only the first tensor of a free is made cold, issue 31). At most
+    ``max_free`` ready pairs and under ``max_free + refill`` idle buffers per layout;
+    ``clear`` unmaps what waits; a pickle keeps both settings."""
+    nb = int(np.prod(SHAPE))
+    img, lab = (SHAPE, np.dtype(np.uint8)), ((64,), np.dtype(np.int64))
+    pool = BufferPool(max_free=4, refill=3)
+    imgs = [pool.take_array(*img) for _ in range(8)]
+    labs = [pool.take_array(*lab) for _ in range(8)]
+    ptrs = {t.data_ptr() for t, _ in imgs}
+    assert pool.created == 8 and pool.mapped_bytes == 8 * nb
+    for k in range(8):  # one batch at a time, its image then its labels (a dict's order)
+        imgs[k] = None
+        labs[k] = None
+        gc.collect()
+        ready = {layout: len(v) for layout, v in pool._ready.items()}
+        if k < 2:  # nothing made ready before three are back
+            assert not any(ready.values()), (k, ready)
+        if k == 2:  # the third image back: both layouts made ready in this free (the labels'
+            assert ready == {img: 3, lab: 2}, ready  # two back then; the third came after)
+        assert max(ready.values(), default=0) <= 4 and pool.idle_bytes() < (4 + 3) * nb
+    assert pool.mapped_bytes == pool.idle_bytes() <= (4 + 2) * nb
+    again = [pool.take_array(*img) for _ in range(4)]  # ready pairs over freed memory
+    assert {t.data_ptr() for t, _ in again} <= ptrs and pool.reused == 4 and pool.created == 8
+    del again
+    gc.collect()
+    pool.clear()
+    assert pool.mapped_bytes == pool.idle_bytes() == 0 and not pool._back
+    copy = pickle.loads(pickle.dumps(pool))
+    assert (copy.max_free, copy.refill) == (4, 3)
+    with pytest.raises(ValueError, match="refill"):
+        BufferPool(refill=0)

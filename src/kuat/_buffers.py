@@ -27,10 +27,15 @@ the mapping back on the free list. So reuse can never overwrite memory the user 
 whose registry bookkeeping is Python: both ends run once per batch, with the GIL held.)
 :meth:`BufferPool.take_array` goes one step further for a batch's arrays of a known shape and
 dtype (a kuat dataset's image buffer and labels, ``kuat.sources._rows_fetch``): the callback
-makes the next lease and its tensor right away, in the thread that freed the batch (the
-training loop's, where torch is warm), so a worker thread takes its batch's tensors with no
-NumPy or torch call, which cost tens of microseconds each in a worker right after a batch
-decode has evicted the caches (issue 31).
+makes the next lease and its tensor in the thread that freed the batch (the training
+loop's, where torch is warm), so a worker thread takes its batch's tensors with no NumPy or
+torch call, which cost tens of microseconds each in a worker right after a batch decode has
+evicted the caches (issue 31). It makes them ``refill`` buffers at a time, for every layout
+at once: only the first NumPy and torch calls of a run are cold (49 us for a
+``torch.from_numpy`` after the loop thread waited for its batch, 2 us for the next one, on a
+2-core VM), so freeing a batch of a thread-worker loader took 95-114 us of the loop thread's
+CPU with ``refill=3`` against 123-140 with each pair made as its memory came back
+(``benchmarks/gil_floor.py``, 1 worker, batch 64, 2026-12-03).
 
 Thread-safety: :meth:`take` and the callbacks may run in any thread (a lock guards the lists).
 Pickling gives an empty pool (process workers each keep their own). A scope is the thread's own.
@@ -85,12 +90,20 @@ class BufferPool:
     Args:
         max_free: idle buffers kept per size, and ready pairs per shape and dtype (more are
             unmapped when freed).
+        refill: :meth:`take_array` memory is made ready this many buffers at a time (at most
+            ``max_free``): a layout's memory waits until ``refill`` of its buffers are back,
+            then every layout's is made ready in that one free. Idle memory per shape and
+            dtype is then under ``max_free + refill`` buffers; a loader keeps about
+            ``refill`` more batches mapped than it has in flight (3 x 9.2 MiB at batch 64 of
+            224 x 224 images). 1 makes each pair as its memory comes back.
     """
 
-    def __init__(self, max_free: int = 4):
+    def __init__(self, max_free: int = 4, refill: int = 3):
         if not isinstance(max_free, int) or max_free < 0:
             raise ValueError(f"max_free must be an int >= 0, got {max_free!r}")
-        self.max_free = max_free
+        if not isinstance(refill, int) or refill < 1:
+            raise ValueError(f"refill must be an int >= 1, got {refill!r}")
+        self.max_free, self.refill = max_free, refill
         # reentrant: a collection triggered inside the lock may free a lease, whose callback
         # (_returned) then runs in this same thread
         self._lock = threading.RLock()
@@ -99,6 +112,8 @@ class BufferPool:
         self._leased: dict[int, tuple] = {}
         # take_array's (shape, dtype) -> ready (tensor, array) pairs, made as memory came back
         self._ready: dict[tuple, list[tuple[torch.Tensor, np.ndarray]]] = {}
+        # take_array's (shape, dtype) -> memory back from its leases, not made ready yet
+        self._back: dict[tuple, list] = {}
         self._closed = self._clearing = False
         self.created = self.reused = 0  # counters, for tests and stats
         # bytes mapped now (leased + idle) and the most ever mapped at once: what the pool adds
@@ -178,22 +193,23 @@ class BufferPool:
             return
         mm, layout = entry[1], entry[2]
         mapped = type(mm) is not bytearray
-        if layout is not None:  # take_array's: back as a ready pair, or dropped
-            if (not (self._closed or self._clearing) and not _finalizing()
-                    and len(self._ready.get(layout, ())) < self.max_free):
-                # (made outside the lock; no tensor made while Python shuts down: module
-                # globals are gone then, a bound default is not)
-                a = self._leased_view(mm, layout)
-                pair = (torch.from_numpy(a), a)
-                with self._lock:  # (checked again: a close() or another return meanwhile)
-                    ready = self._ready.setdefault(layout, [])
-                    if not (self._closed or self._clearing) and len(ready) < self.max_free:
-                        ready.append(pair)
-                        return
-                return  # (the pair dies here: its lease comes back, and is dropped)
-            if mapped:  # at most max_free idle per layout: this one is unmapped
-                with self._lock:
-                    self.mapped_bytes -= len(mm)
+        if layout is not None:  # take_array's: made ready, `refill` at a time, or dropped
+            todo = None
+            with self._lock:
+                if (self._closed or self._clearing or _finalizing()
+                        or len(self._ready.get(layout, ())) >= self.max_free):
+                    if mapped:  # (unmapped once this last reference goes)
+                        self.mapped_bytes -= len(mm)
+                    return
+                back = self._back.setdefault(layout, [])
+                back.append(mm)
+                if len(back) >= min(self.refill, self.max_free):
+                    # every layout's memory back at once (a batch's image and labels come
+                    # back together: made ready in the same free, only the first pair cold)
+                    todo, self._back = self._back, {}
+            if todo is not None:
+                for each, mms in todo.items():
+                    self._make_ready(each, mms)
             return
         new_list = []  # allocated outside the lock
         with self._lock:
@@ -204,12 +220,34 @@ class BufferPool:
             elif mapped:  # dropped: unmapped once this last reference goes
                 self.mapped_bytes -= len(mm)
 
+    def _make_ready(self, layout, todo: list) -> None:
+        """``todo``'s memory (back from take_array leases of ``layout``) as ready pairs, made
+        outside the lock, one after the other: only the first ``np.ndarray`` and
+        ``torch.from_numpy`` of a batch's free run cold (after a wait, 15 and 49 us in a loop
+        thread on this 2-core VM; the next ones 3 and 2, measured 2026-12-03), so making
+        ``refill`` pairs each ``refill`` batches costs the batch about a ``refill``-th of it
+        (issue 31). No tensor is made while Python shuts down (module globals are gone then)."""
+        pairs = []
+        for mm in todo:
+            a = self._leased_view(mm, layout)
+            pairs.append((torch.from_numpy(a), a))
+        with self._lock:  # (checked again: a close() or other returns meanwhile)
+            ready = self._ready.setdefault(layout, [])
+            if not (self._closed or self._clearing):
+                keep = max(0, self.max_free - len(ready))  # (the rest: unmapped)
+                ready.extend(pairs[:keep])
+                del pairs[:keep]
+        del pairs  # (those not kept die here, outside the lock: their leases come back and
+        # are dropped, as the pool is full or closed)
+
     def idle_bytes(self) -> int:
         """Bytes held by idle mapped buffers (ready pairs included)."""
         with self._lock:
             return (sum(len(m) for free in self._free.values() for m in free) +
                     sum(a.nbytes for ready in list(self._ready.values()) for _, a in list(ready)
-                        if a.nbytes >= MIN_POOLED_BYTES))
+                        if a.nbytes >= MIN_POOLED_BYTES) +
+                    sum(len(m) for back in self._back.values() for m in back
+                        if type(m) is not bytearray))
 
     def clear(self, close: bool = False) -> None:
         """Drop the idle buffers (their memory goes back to the OS); ``close=True`` also stops
@@ -218,6 +256,9 @@ class BufferPool:
             self._closed = self._closed or close
             self.mapped_bytes -= sum(len(m) for free in self._free.values() for m in free)
             self._free.clear()
+            self.mapped_bytes -= sum(len(m) for back in self._back.values() for m in back
+                                     if type(m) is not bytearray)
+            self._back.clear()
             ready, self._ready = self._ready, {}
             self._clearing = True
             try:
@@ -226,7 +267,7 @@ class BufferPool:
                 self._clearing = False
 
     def __reduce__(self):
-        return (BufferPool, (self.max_free,))
+        return (BufferPool, (self.max_free, self.refill))
 
 
 class _Owned(threading.local):
