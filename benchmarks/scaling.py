@@ -110,7 +110,8 @@ class ScalingConfig:
     gil_sampler: str = "reader"  # "reader" (benchmarks.gil_reader) or "py-spy"
     sample_hz: int | None = None  # readings a second; default 5,000 (reader), 100 (py-spy)
     loop_ms: float = 10.0  # the competing loop's Python per batch; 0: no competing case
-    num_images: int | None = None  # default 2000 (quick 512), >= 512 per worker
+    num_images: int | None = None  # default 2000 (quick 512), >= 8 batches per worker
+    image_batch: int | None = None  # images per batch on the image path; default 64
     tabular_rows: int | None = None  # default 1,000,000 (quick 200,000)
     text_docs: int | None = None  # default 50,000 (quick 20,000), >= 10,000 per worker
     cache_dir: Path | None = None
@@ -131,6 +132,9 @@ class ScalingConfig:
             raise ValueError(f"gil_sampler={self.gil_sampler!r}: one of {list(GIL_SAMPLERS)}")
         if self.loop_ms < 0:
             raise ValueError(f"loop_ms={self.loop_ms} must be >= 0")
+        if self.image_batch is not None and self.image_batch < 1:
+            raise ValueError(f"image_batch={self.image_batch} must be >= 1")
+        self.image_batch = self.image_batch or BATCH["imagenet-jpeg"]
         q = self.quick
         self.max_workers = self.max_workers or os.cpu_count() or 1
         self.runs = self.runs or (2 if q else 3)
@@ -141,7 +145,7 @@ class ScalingConfig:
         # enough data that every worker reads 8 or more batches per epoch at the largest
         # count: a short epoch leaves workers idle at its end and measures epoch turnover
         w = self.max_workers
-        self.num_images = self.num_images or max(512 if q else 2000, 8 * BATCH["imagenet-jpeg"] * w)
+        self.num_images = self.num_images or max(512 if q else 2000, 8 * self.image_batch * w)
         self.tabular_rows = self.tabular_rows or (200_000 if q else 1_000_000)
         self.text_docs = self.text_docs or max(20_000 if q else 50_000, 10_000 * w)
         if self.cache_dir is None:
@@ -150,6 +154,10 @@ class ScalingConfig:
             self.cache_dir = cache_root() / "bench"
         self.cache_dir = Path(self.cache_dir).resolve()
         self.out_dir = Path(self.out_dir).resolve()
+
+    def batch_size(self, workload: str) -> int:
+        """Items per batch of ``workload``: :data:`BATCH`'s, the image path's ``image_batch``."""
+        return self.image_batch if workload == "imagenet-jpeg" else BATCH[workload]
 
 
 def torch_image_loader() -> str:
@@ -436,7 +444,7 @@ def run_scaling(cfg: ScalingConfig, progress: Callable[[str], None] = lambda s: 
     records: list[dict] = []
     for done, (rnd, w, loader, n, loop) in enumerate(schedule, 1):
         real = torch_image if (w == "imagenet-jpeg" and loader == "torch") else loader
-        spec = {"workload": w, "loader": real, "num_workers": n, "batch_size": BATCH[w],
+        spec = {"workload": w, "loader": real, "num_workers": n, "batch_size": cfg.batch_size(w),
                 "data": data[w], "warmup_s": cfg.warmup_s, "seconds": cfg.seconds,
                 "loop_iters": loop, "seed": 0, "round": rnd,
                 "gil_window_max_s": cfg.gil_seconds + 120}  # fmt: skip
@@ -463,7 +471,7 @@ def run_scaling(cfg: ScalingConfig, progress: Callable[[str], None] = lambda s: 
         "torch_image_loader": torch_image,
         "loop_iters": iters,
         "units": {w: UNITS[w] for w in cfg.workloads},
-        "batch_sizes": {w: BATCH[w] for w in cfg.workloads},
+        "batch_sizes": {w: cfg.batch_size(w) for w in cfg.workloads},
         "records": records,
     }
     result["summary"] = scaling_report.summarize(records)

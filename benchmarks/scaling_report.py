@@ -30,9 +30,11 @@ END = "<!-- /kuat-bench-scaling -->"
 LABELS = {"kuat": "kuat (threads)", "kuat-proc": "kuat (processes)", "torch": "torch",
           "floor": "floor (reference: least Python)"}
 TITLES = {
-    "imagenet-jpeg": "imagenet-jpeg: fused RandomResizedCrop(224) + flip, batch 64",
-    "tabular": "tabular: a kuat dataset of (32,) float32 + int64 label rows, shuffled, batch 256",
-    "packed-text": "packed-text: best-fit packing into 2,048-token rows, pack_collate, batch 8",
+    "imagenet-jpeg": "imagenet-jpeg: fused RandomResizedCrop(224) + flip, batch {batch}",
+    "tabular": "tabular: a kuat dataset of (32,) float32 + int64 label rows, shuffled, "
+               "batch {batch}",
+    "packed-text": "packed-text: best-fit packing into 2,048-token rows, pack_collate, "
+                   "batch {batch}",
 }
 
 
@@ -399,7 +401,8 @@ def markdown(result: dict, chart_link: str | None = None) -> str:
     ]
     for w, s in result["summary"].items():
         unit = result["units"][w]
-        lines += ["", f"#### {TITLES.get(w, w)}", "",
+        title = TITLES.get(w, w).format(batch=result.get("batch_sizes", {}).get(w, "?"))
+        lines += ["", f"#### {title}", "",
                   f"| loader | workers | {unit}/s | vs linear | GIL held, % of wall | "
                   f"GIL us per {unit[:-1]} (main process) | the loader's own | of which the "
                   f"loop thread in `next()` | freeing batches | on-CPU share | GIL us, on-CPU "

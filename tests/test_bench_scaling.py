@@ -242,7 +242,8 @@ def _result(records: list[dict], counts: list[int], **config) -> dict:
         "config": {"quick": True, "warmup_s": 1.0, "seconds": 3.0, "gil_seconds": 3.0,
                    **config},
         "worker_counts": counts, "torch_image_loader": "torch-decode-jpeg",
-        "units": {"imagenet-jpeg": "images"}, "records": records,
+        "units": {"imagenet-jpeg": "images"}, "batch_sizes": {"imagenet-jpeg": 64},
+        "records": records,
         "summary": scaling_report.summarize(records),
     }  # fmt: skip
 
@@ -251,6 +252,7 @@ def test_markdown_and_chart_show_every_row(tmp_path: Path) -> None:
     # (a result from before the reader: py-spy, no gil_sampler in its config)
     result = _result(_records(), [1, 2], runs=2, sample_hz=100, loop_ms=10.0)
     md = scaling_report.markdown(result, "img/scaling.png")
+    assert "#### imagenet-jpeg: fused RandomResizedCrop(224) + flip, batch 64" in md
     assert "| kuat (threads) | 2 | 175 (150-200) | 0.62 (0.50-0.75) |" in md
     assert "| torch + decode_jpeg (processes) | 2 | failed: RuntimeError: worker died" in md
     assert "py-spy" in md and "![rate against workers](img/scaling.png)" in md
@@ -277,6 +279,11 @@ def test_config_validates_and_sizes_the_data_to_the_workers() -> None:
     cfg = scaling.ScalingConfig(quick=True, max_workers=16)
     assert cfg.num_images == 8 * 64 * 16  # 8 batches per worker per epoch at 16 workers
     assert cfg.runs == 2
+    big = scaling.ScalingConfig(quick=True, max_workers=2, image_batch=256)  # --batch-size
+    assert big.num_images == 8 * 256 * 2 and big.batch_size("imagenet-jpeg") == 256
+    assert big.batch_size("tabular") == scaling.BATCH["tabular"]
+    with pytest.raises(ValueError, match="image_batch"):
+        scaling.ScalingConfig(image_batch=0)
 
 
 @pytest.mark.parametrize("loader", ["kuat", "floor"])

@@ -176,6 +176,13 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         help="with --scaling: pure-Python ms per batch of the competing training loop "
         "(default 10; 0 skips that case)",
     )
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        default=None,
+        help="with --scaling: images per batch on the image path (default 64; most of a "
+        "loader's GIL time is per batch, so its GIL per image falls as the batch grows)",
+    )
     return p
 
 
@@ -199,6 +206,7 @@ def _scaling(args: argparse.Namespace) -> int:
         runs=args.runs,
         num_images=args.num_images,
         cache_dir=args.cache_dir,
+        image_batch=args.batch_size,
     )
     try:
         cfg = scaling.ScalingConfig(
