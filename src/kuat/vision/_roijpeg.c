@@ -1938,13 +1938,15 @@ static void rows_run(rows_job *job, int threads, double *busy_s, double *cpu_s) 
 /* plan_decode_rows' work on rows (sid[j], loc[j]) of `tables`, sample indices ix[j], into `out`
  * (the caller checked that sid, loc and ix hold B values each): a new reference, (unplanned,
  * failed) or the first unmapped shard k, or NULL with an exception set. `threads`,
- * helper_busy_s and helper_cpu_s: rows_run's (helper_busy_s NULL: not counted). */
+ * helper_busy_s and helper_cpu_s: rows_run's (helper_busy_s NULL: not counted); kernel_s and
+ * kernel_cpu_s (NULL: not read): the wall and this thread's CPU seconds of the decodes, read
+ * with the GIL released. */
 static PyObject *decode_rows(PyObject *tables, const int64_t *sid, const int64_t *loc,
                              const int64_t *ix, Py_ssize_t b, Py_buffer *out, int out_h,
                              int out_w, const rrc_params *p, PyObject *flips_obj,
                              long long max_pixels, unsigned long long ss_seed,
                              unsigned long long ss_epoch, int threads, double *helper_busy_s,
-                             double *helper_cpu_s) {
+                             double *helper_cpu_s, double *kernel_s, double *kernel_cpu_s) {
     PyObject *result = NULL;
     held_shard *hs = NULL;
     Py_ssize_t n_slots = 0;
@@ -2050,9 +2052,18 @@ static PyObject *decode_rows(PyObject *tables, const int64_t *sid, const int64_t
                     msgs};
     double busy_s = 0.0, cpu_s = 0.0;
     Py_BEGIN_ALLOW_THREADS
+    /* the kernel's clocks read without the GIL: a thread's CPU clock is a system call (1 us
+     * warm, 15 after a wait on a 2-core VM), and what runs with the GIL held around the kernel
+     * is the caller's Python time (what an outside reader of the GIL sees), not the kernel's */
+    const double wall0 = kernel_s != NULL ? seconds_of(CLOCK_MONOTONIC) : 0.0;
+    const double cpu0 = kernel_s != NULL ? seconds_of(CLOCK_THREAD_CPUTIME_ID) : 0.0;
     for (Py_ssize_t j = 0; j < b; j++) /* all the batch's pages read at once */
         advise_willneed(ptrs[j], (size_t)lens[j]);
     rows_run(&job, threads, &busy_s, &cpu_s);
+    if (kernel_s != NULL) {
+        *kernel_cpu_s = seconds_of(CLOCK_THREAD_CPUTIME_ID) - cpu0;
+        *kernel_s = seconds_of(CLOCK_MONOTONIC) - wall0;
+    }
     Py_END_ALLOW_THREADS
     if (helper_busy_s != NULL) {
         *helper_busy_s += busy_s;
@@ -2115,7 +2126,7 @@ static PyObject *plan_decode_rows(PyObject *self, PyObject *args) {
     else
         result = decode_rows(tables, (const int64_t *)sidb.buf, (const int64_t *)locb.buf,
                              (const int64_t *)idxb.buf, sidb.len / 8, &out, out_h, out_w, &p,
-                             flips_obj, max_pixels, ss_seed, ss_epoch, 1, NULL, NULL);
+                             flips_obj, max_pixels, ss_seed, ss_epoch, 1, NULL, NULL, NULL, NULL);
     PyBuffer_Release(&sidb);
     PyBuffer_Release(&locb);
     PyBuffer_Release(&idxb);
@@ -2378,18 +2389,17 @@ static PyObject *locate_rows(PyObject *self, PyObject *args) {
  * then the image column's rows decoded into `out` as plan_decode_rows (`tables` and the rest
  * are its arguments; the GIL released once, for the decodes). Returns the first shard k whose
  * entry in a field's table is None (the fixed fields' outs may be partly written, no image
- * decoded: the caller maps it), else plan_decode_rows' (unplanned, failed) with the call's
- * wall and this thread's CPU seconds (kuat._native's totals). `threads` > 1 (an epoch's first
- * batch, kuat._parallel's width): the decodes are shared with threads - 1 helper threads
- * started and joined in the call, without the GIL (rows_run); their summed wall and CPU
- * seconds come last (0.0 without helpers). ValueError and MemoryError as plan_decode_rows and
- * take_rows. */
+ * decoded: the caller maps it), else plan_decode_rows' (unplanned, failed) with the decodes'
+ * wall and this thread's CPU seconds, read with the GIL released (kuat._native's totals).
+ * `threads` > 1 (an epoch's first batch, kuat._parallel's width): the decodes are shared
+ * with threads - 1 helper threads started and joined in the call, without the GIL
+ * (rows_run); their summed wall and CPU seconds come last (0.0 without helpers). ValueError
+ * and MemoryError as plan_decode_rows and take_rows. */
 static PyObject *fetch_rows(PyObject *self, PyObject *args) {
 #ifndef __SIZEOF_INT128__
     PyErr_SetString(PyExc_NotImplementedError, "fetch_rows needs 128-bit integers");
     return NULL;
 #else
-    const double wall0 = seconds_of(CLOCK_MONOTONIC), cpu0 = seconds_of(CLOCK_THREAD_CPUTIME_ID);
     if (kj.read_scanlines == NULL)
         return PyErr_Format(PyExc_RuntimeError, "no libjpeg loaded: call load(path) first");
     PyObject *indices, *fixed, *tables, *flips_obj;
@@ -2457,15 +2467,14 @@ static PyObject *fetch_rows(PyObject *self, PyObject *args) {
             goto done;
         }
     }
+    double wall = 0.0, cpu = 0.0;
     PyObject *decoded = decode_rows(tables, sid, loc, ix, b, &out, out_h, out_w, &p, flips_obj,
                                     max_pixels, ss_seed, ss_epoch, threads, &helper_busy_s,
-                                    &helper_cpu_s);
+                                    &helper_cpu_s, &wall, &cpu);
     if (decoded == NULL || !PyTuple_Check(decoded)) {
         result = decoded; /* NULL, or the unmapped shard k */
         goto done;
     }
-    const double wall = seconds_of(CLOCK_MONOTONIC) - wall0;
-    const double cpu = seconds_of(CLOCK_THREAD_CPUTIME_ID) - cpu0;
     result = Py_BuildValue("(OOdddd)", PyTuple_GET_ITEM(decoded, 0),
                            PyTuple_GET_ITEM(decoded, 1), wall, cpu, helper_busy_s, helper_cpu_s);
     Py_DECREF(decoded);
