@@ -226,7 +226,8 @@ class BufferPool:
         ``torch.from_numpy`` of a batch's free run cold (after a wait, 15 and 49 us in a loop
         thread on this 2-core VM; the next ones 3 and 2, measured 2026-12-03), so making
         ``refill`` pairs each ``refill`` batches costs the batch about a ``refill``-th of it
-        (issue 31). No tensor is made while Python shuts down (module globals are gone then)."""
+        (issue 31). Called by :meth:`_returned` only, which calls it for no memory while
+        Python shuts down (module globals are gone then)."""
         pairs = []
         for mm in todo:
             a = self._leased_view(mm, layout)
@@ -245,9 +246,13 @@ class BufferPool:
         with self._lock:
             return (sum(len(m) for free in self._free.values() for m in free) +
                     sum(a.nbytes for ready in list(self._ready.values()) for _, a in list(ready)
-                        if a.nbytes >= MIN_POOLED_BYTES) +
-                    sum(len(m) for back in self._back.values() for m in back
-                        if type(m) is not bytearray))
+                        if a.nbytes >= MIN_POOLED_BYTES) + self._back_bytes())
+
+    def _back_bytes(self) -> int:
+        """Bytes of mapped memory back from take_array leases and not made ready yet (caller
+        holds the lock)."""
+        return sum(len(m) for back in self._back.values() for m in back
+                   if type(m) is not bytearray)
 
     def clear(self, close: bool = False) -> None:
         """Drop the idle buffers (their memory goes back to the OS); ``close=True`` also stops
@@ -256,8 +261,7 @@ class BufferPool:
             self._closed = self._closed or close
             self.mapped_bytes -= sum(len(m) for free in self._free.values() for m in free)
             self._free.clear()
-            self.mapped_bytes -= sum(len(m) for back in self._back.values() for m in back
-                                     if type(m) is not bytearray)
+            self.mapped_bytes -= self._back_bytes()
             self._back.clear()
             ready, self._ready = self._ready, {}
             self._clearing = True
